@@ -1,0 +1,32 @@
+/* Subcommands of the pipeshard command and the helpers they share. Each
+ * subcommand returns the process exit status: 0 success, 1 failure (message
+ * already printed as "pipeshard: ..."), 2 bad usage. */
+#ifndef PS_CLI_CLI_H
+#define PS_CLI_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+int ps_cmd_models(int argc, char **argv);
+int ps_cmd_clusters(int argc, char **argv);
+int ps_cmd_graph(int argc, char **argv);
+int ps_cmd_demo(int argc, char **argv);
+
+/* Prints "pipeshard: <msg>" for a failed status and returns 1. */
+int ps_cli_fail(const ps_error *err, ps_status st);
+/* Prints "pipeshard: <command>: <msg>" plus a --help hint; returns 2. */
+int ps_cli_usage_error(const char *command, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Strict number parsing for option values: the whole text must be a number
+ * within [min, max]. */
+bool ps_cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
+bool ps_cli_parse_double(const char *text, double min, double max, double *out);
+
+/* "1.23 GiB", "456 MiB" into buf. */
+const char *ps_cli_bytes(double bytes, char *buf, int cap);
+/* "1.23e+15" style with SI prefixes: "12.3 PFLOP". */
+const char *ps_cli_si(double v, const char *unit, char *buf, int cap);
+
+#endif

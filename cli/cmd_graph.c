@@ -1,0 +1,406 @@
+/* pipeshard graph: what one training step of a model costs: parameters,
+ * FLOPs (with and without remat), memory for weights, optimizer state and the
+ * activations one micro-batch keeps for its backward pass. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/json.h"
+#include "planner/models/zoo.h"
+#include "planner/train_step.h"
+
+static void help(void)
+{
+    printf(
+        "usage: pipeshard graph (--model M | --graph G.json) [OPTIONS]\n\n"
+        "Builds the training step of a model (forward, backward, Adam update) for one\n"
+        "micro-batch and reports parameters, FLOPs per step with and without activation\n"
+        "recomputation (remat), and memory for weights, optimizer state and activations.\n\n"
+        "  --model M            a built-in model (see 'pipeshard models')\n"
+        "  --graph G.json       a forward graph file (docs/graph-format.md)\n"
+        "  --batch B            samples per micro-batch (default: the model's global batch)\n"
+        "  --hidden H --layers L --heads A --seq S --vocab V --ffn F\n"
+        "  --experts E --expert-group S --top-k K --capacity-factor X\n"
+        "  --image-size P --channels C --width-factor W --classes N\n"
+        "                       override the model's configuration (with --model only)\n"
+        "  --dtype T            parameters and activations: fp32, fp16 or bf16\n"
+        "  --optimizer-dtype T  Adam state (default fp32)\n"
+        "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"
+        "  --remat              report the remat step's ops and per-layer numbers\n"
+        "  --per-layer          add a table per layer tag\n"
+        "  --json               machine-readable output\n"
+        "  --export G.json      write the forward graph (use '-' for stdout)\n"
+        "  -h, --help           this help\n");
+}
+
+enum {
+    OPT_MODEL = 256, OPT_GRAPH, OPT_BATCH, OPT_HIDDEN, OPT_LAYERS, OPT_HEADS, OPT_SEQ,
+    OPT_VOCAB, OPT_FFN, OPT_EXPERTS, OPT_GROUP, OPT_TOPK, OPT_CAPACITY, OPT_IMAGE,
+    OPT_CHANNELS, OPT_WIDTH, OPT_CLASSES, OPT_DTYPE, OPT_OPT_DTYPE, OPT_NO_MASTER, OPT_REMAT,
+    OPT_PER_LAYER, OPT_JSON, OPT_EXPORT
+};
+
+static const struct option long_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"graph", required_argument, NULL, OPT_GRAPH},
+    {"batch", required_argument, NULL, OPT_BATCH},
+    {"hidden", required_argument, NULL, OPT_HIDDEN},
+    {"layers", required_argument, NULL, OPT_LAYERS},
+    {"heads", required_argument, NULL, OPT_HEADS},
+    {"seq", required_argument, NULL, OPT_SEQ},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"ffn", required_argument, NULL, OPT_FFN},
+    {"experts", required_argument, NULL, OPT_EXPERTS},
+    {"expert-group", required_argument, NULL, OPT_GROUP},
+    {"top-k", required_argument, NULL, OPT_TOPK},
+    {"capacity-factor", required_argument, NULL, OPT_CAPACITY},
+    {"image-size", required_argument, NULL, OPT_IMAGE},
+    {"channels", required_argument, NULL, OPT_CHANNELS},
+    {"width-factor", required_argument, NULL, OPT_WIDTH},
+    {"classes", required_argument, NULL, OPT_CLASSES},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"optimizer-dtype", required_argument, NULL, OPT_OPT_DTYPE},
+    {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
+    {"remat", no_argument, NULL, OPT_REMAT},
+    {"per-layer", no_argument, NULL, OPT_PER_LAYER},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"export", required_argument, NULL, OPT_EXPORT},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct layer_row {
+    int forward_ops;
+    int64_t params;
+    double forward_flops;
+    double boundary_bytes; /* activations crossing from this layer to later ones */
+} layer_row;
+
+static layer_row *layer_table(const ps_graph *g)
+{
+    layer_row *rows = calloc((size_t)g->n_layers + 1, sizeof *rows);
+    int *last_use = malloc(((size_t)g->n_tensors + 1) * sizeof *last_use);
+    if (rows == NULL || last_use == NULL) {
+        free(rows);
+        free(last_use);
+        return NULL;
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        last_use[t] = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->pass != PS_PASS_FORWARD)
+            continue;
+        rows[op->layer].forward_ops++;
+        rows[op->layer].forward_flops += op->cost.flops;
+        for (int k = 0; k < op->n_in; k++)
+            if (op->layer > last_use[op->in[k]])
+                last_use[op->in[k]] = op->layer;
+    }
+    for (int t = 0; t < g->n_tensors; t++) {
+        const ps_tensor *x = &g->tensors[t];
+        if (x->kind == PS_TENSOR_PARAM)
+            rows[x->layer].params += ps_tensor_numel(x);
+        if (x->kind != PS_TENSOR_ACTIVATION || g->ops[x->producer].pass != PS_PASS_FORWARD)
+            continue;
+        for (int l = x->layer; l < last_use[t]; l++)
+            rows[l].boundary_bytes += ps_tensor_bytes(x);
+    }
+    free(last_use);
+    return rows;
+}
+
+typedef struct report {
+    ps_graph_stats plain, remat;
+    const ps_graph *step; /* the one shown in detail */
+} report;
+
+static const char *family_line(const ps_model_config *c, char *buf, int cap)
+{
+    switch (c->family) {
+    case PS_MODEL_MLP:
+        snprintf(buf, (size_t)cap, "mlp: hidden %lld, layers %lld", (long long)c->hidden,
+                 (long long)c->layers);
+        break;
+    case PS_MODEL_GPT:
+        snprintf(buf, (size_t)cap, "gpt: hidden %lld, layers %lld, heads %lld, seq %lld, vocab %lld",
+                 (long long)c->hidden, (long long)c->layers, (long long)c->heads,
+                 (long long)c->seq, (long long)c->vocab);
+        break;
+    case PS_MODEL_MOE:
+        snprintf(buf, (size_t)cap,
+                 "moe: hidden %lld, layers %lld, heads %lld, seq %lld, vocab %lld, experts %lld, "
+                 "top-%lld",
+                 (long long)c->hidden, (long long)c->layers, (long long)c->heads,
+                 (long long)c->seq, (long long)c->vocab, (long long)c->experts,
+                 (long long)c->top_k);
+        break;
+    case PS_MODEL_WRESNET:
+        snprintf(buf, (size_t)cap, "wresnet: depth %lld, channels %lld, width x%lld, %lld px",
+                 (long long)c->layers, (long long)c->channels, (long long)c->width_factor,
+                 (long long)c->image_size);
+        break;
+    default: snprintf(buf, (size_t)cap, "?"); break;
+    }
+    return buf;
+}
+
+static void print_text(const ps_graph *fwd, const ps_model_config *cfg, int64_t batch,
+                       const ps_train_options *opt, const report *r, const layer_row *rows)
+{
+    char a[64], b[64], c[64], line[400];
+    const ps_graph_stats *p = &r->plain, *m = &r->remat;
+    printf("model         %s", fwd->name);
+    if (cfg != NULL)
+        printf(" (%s)", family_line(cfg, line, sizeof line));
+    printf("\n");
+    printf("micro-batch   %lld samples; Adam state %s\n", (long long)batch,
+           ps_dtype_name(opt->optimizer_dtype));
+    printf("parameters    %s (%lld)\n", ps_cli_si((double)p->params, "", a, sizeof a),
+           (long long)p->params);
+    printf("weights       %s   gradients %s   optimizer state %s\n",
+           ps_cli_bytes(p->weight_bytes, a, sizeof a), ps_cli_bytes(p->gradient_bytes, b, sizeof b),
+           ps_cli_bytes(p->optimizer_bytes, c, sizeof c));
+    printf("activations   %s per micro-batch kept for backward (with remat: %s)\n",
+           ps_cli_bytes(p->activation_bytes, a, sizeof a),
+           ps_cli_bytes(m->activation_bytes, b, sizeof b));
+    printf("FLOPs/step    %s (with remat: %s)\n", ps_cli_si(p->flops_total, "FLOP", a, sizeof a),
+           ps_cli_si(m->flops_total, "FLOP", b, sizeof b));
+    const ps_graph_stats *s = r->step == NULL ? p : (opt->remat ? m : p);
+    printf("  by pass     forward %s, recompute %s, backward %s, update %s\n",
+           ps_cli_si(s->flops[PS_PASS_FORWARD], "FLOP", a, sizeof a),
+           ps_cli_si(s->flops[PS_PASS_RECOMPUTE], "FLOP", b, sizeof b),
+           ps_cli_si(s->flops[PS_PASS_BACKWARD], "FLOP", c, sizeof c),
+           ps_cli_si(s->flops[PS_PASS_UPDATE], "FLOP", line, sizeof line));
+    printf("graph         %d ops (%d forward, %d recompute, %d backward, %d update), %d tensors\n",
+           r->step->n_ops, s->ops[PS_PASS_FORWARD], s->ops[PS_PASS_RECOMPUTE],
+           s->ops[PS_PASS_BACKWARD], s->ops[PS_PASS_UPDATE], r->step->n_tensors);
+    printf("layers        %d layer tags; manual pipeline boundaries:", fwd->n_layers);
+    if (fwd->n_boundaries == 0)
+        printf(" none");
+    for (int i = 0; i < fwd->n_boundaries; i++)
+        printf("%s after %d", i ? "," : "", fwd->boundaries[i]);
+    printf("\n");
+    if (rows != NULL) {
+        printf("\n%6s %8s %14s %14s %14s\n", "layer", "fwd ops", "params", "fwd FLOPs",
+               "boundary out");
+        for (int l = 0; l < fwd->n_layers; l++)
+            printf("%6d %8d %14lld %14s %14s\n", l, rows[l].forward_ops,
+                   (long long)rows[l].params, ps_cli_si(rows[l].forward_flops, "FLOP", a, sizeof a),
+                   ps_cli_bytes(rows[l].boundary_bytes, b, sizeof b));
+    }
+}
+
+static ps_status to_json(const ps_graph *fwd, const ps_model_config *cfg, int64_t batch,
+                         const ps_train_options *opt, const report *r, const layer_row *rows,
+                         json_t **out)
+{
+    ps_status st = PS_OK;
+    const ps_graph_stats *p = &r->plain, *m = &r->remat;
+    json_t *o = json_object(), *flops = NULL, *layers = NULL;
+    *out = NULL;
+    if (o == NULL)
+        return PS_ERR_NOMEM;
+    PS_TRY(ps_json_set(o, "model", json_string(fwd->name)));
+    if (cfg != NULL)
+        PS_TRY(ps_json_set(o, "family", json_string(ps_model_family_names[cfg->family])));
+    PS_TRY(ps_json_set(o, "batch", json_integer(batch)));
+    PS_TRY(ps_json_set(o, "params", json_integer(p->params)));
+    PS_TRY(ps_json_set(o, "flops_per_step", json_real(p->flops_total)));
+    PS_TRY(ps_json_set(o, "flops_per_step_remat", json_real(m->flops_total)));
+    PS_TRY(ps_json_set(o, "weight_bytes", json_real(p->weight_bytes)));
+    PS_TRY(ps_json_set(o, "gradient_bytes", json_real(p->gradient_bytes)));
+    PS_TRY(ps_json_set(o, "optimizer_bytes", json_real(p->optimizer_bytes)));
+    PS_TRY(ps_json_set(o, "optimizer_dtype", json_string(ps_dtype_name(opt->optimizer_dtype))));
+    PS_TRY(ps_json_set(o, "activation_bytes_per_microbatch", json_real(p->activation_bytes)));
+    PS_TRY(ps_json_set(o, "activation_bytes_per_microbatch_remat",
+                       json_real(m->activation_bytes)));
+    flops = json_object();
+    PS_TRY(ps_json_set(o, "flops_by_pass", flops));
+    const ps_graph_stats *s = opt->remat ? m : p;
+    for (int i = 0; i < PS_PASS_COUNT; i++)
+        PS_TRY(ps_json_set(flops, ps_pass_names[i], json_real(s->flops[i])));
+    PS_TRY(ps_json_set(o, "ops", json_integer(r->step->n_ops)));
+    PS_TRY(ps_json_set(o, "tensors", json_integer(r->step->n_tensors)));
+    PS_TRY(ps_json_set(o, "layers", json_integer(fwd->n_layers)));
+    json_t *bounds = json_array();
+    PS_TRY(ps_json_set(o, "boundaries", bounds));
+    for (int i = 0; i < fwd->n_boundaries; i++)
+        PS_TRY(ps_json_append(bounds, json_integer(fwd->boundaries[i])));
+    if (rows != NULL) {
+        layers = json_array();
+        PS_TRY(ps_json_set(o, "per_layer", layers));
+        for (int l = 0; l < fwd->n_layers; l++) {
+            json_t *row = json_object();
+            PS_TRY(ps_json_append(layers, row));
+            PS_TRY(ps_json_set(row, "layer", json_integer(l)));
+            PS_TRY(ps_json_set(row, "forward_ops", json_integer(rows[l].forward_ops)));
+            PS_TRY(ps_json_set(row, "params", json_integer(rows[l].params)));
+            PS_TRY(ps_json_set(row, "forward_flops", json_real(rows[l].forward_flops)));
+            PS_TRY(ps_json_set(row, "boundary_bytes", json_real(rows[l].boundary_bytes)));
+        }
+    }
+    *out = o;
+    o = NULL;
+out:
+    json_decref(o);
+    return st;
+}
+
+int ps_cmd_graph(int argc, char **argv)
+{
+    const char *model = NULL, *graph_path = NULL, *export_path = NULL;
+    bool json = false, per_layer = false, overrides = false;
+    ps_train_options opt = ps_train_options_default();
+    int64_t batch = 0, v;
+    double x;
+    ps_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    struct {
+        int opt;
+        int64_t value;
+        bool set;
+    } ints[] = {{OPT_HIDDEN, 0, 0},  {OPT_LAYERS, 0, 0},   {OPT_HEADS, 0, 0},
+                {OPT_SEQ, 0, 0},     {OPT_VOCAB, 0, 0},    {OPT_FFN, 0, 0},
+                {OPT_EXPERTS, 0, 0}, {OPT_GROUP, 0, 0},    {OPT_TOPK, 0, 0},
+                {OPT_IMAGE, 0, 0},   {OPT_CHANNELS, 0, 0}, {OPT_WIDTH, 0, 0},
+                {OPT_CLASSES, 0, 0}};
+    const int n_ints = (int)(sizeof ints / sizeof ints[0]);
+    double capacity = 0;
+    bool capacity_set = false, dtype_set = false;
+    ps_dtype dtype = PS_DTYPE_F32;
+
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        switch (c) {
+        case 'h': help(); return 0;
+        case OPT_MODEL: model = optarg; break;
+        case OPT_GRAPH: graph_path = optarg; break;
+        case OPT_BATCH:
+            if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &batch))
+                return ps_cli_usage_error("graph", "--batch wants a positive integer, not \"%s\"",
+                                          optarg);
+            overrides = true;
+            break;
+        case OPT_CAPACITY:
+            if (!ps_cli_parse_double(optarg, 1e-6, 64, &x))
+                return ps_cli_usage_error("graph", "--capacity-factor wants a number in (0, 64]");
+            capacity = x;
+            capacity_set = overrides = true;
+            break;
+        case OPT_DTYPE:
+        case OPT_OPT_DTYPE: {
+            ps_dtype d;
+            if (ps_dtype_parse(optarg, &d) != 0 || d == PS_DTYPE_I32)
+                return ps_cli_usage_error("graph", "unknown dtype \"%s\" (fp32, fp16, bf16)",
+                                          optarg);
+            if (c == OPT_DTYPE) {
+                dtype = d;
+                dtype_set = overrides = true;
+            } else {
+                opt.optimizer_dtype = d;
+            }
+            break;
+        }
+        case OPT_NO_MASTER: opt.master_weights = false; break;
+        case OPT_REMAT: opt.remat = true; break;
+        case OPT_PER_LAYER: per_layer = true; break;
+        case OPT_JSON: json = true; break;
+        case OPT_EXPORT: export_path = optarg; break;
+        case '?':
+            return ps_cli_usage_error("graph", "unknown or incomplete option \"%s\"",
+                                      argv[optind - 1]);
+        default: {
+            bool found = false;
+            for (int i = 0; i < n_ints; i++) {
+                if (ints[i].opt != c)
+                    continue;
+                if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &v))
+                    return ps_cli_usage_error("graph", "--%s wants a positive integer, not \"%s\"",
+                                              argv[optind - 1] + 2, optarg);
+                ints[i].value = v;
+                ints[i].set = found = overrides = true;
+            }
+            if (!found)
+                return ps_cli_usage_error("graph", "unexpected option");
+        }
+        }
+    }
+    if (optind < argc)
+        return ps_cli_usage_error("graph", "unexpected argument \"%s\"", argv[optind]);
+    if ((model == NULL) == (graph_path == NULL))
+        return ps_cli_usage_error("graph", "give exactly one of --model and --graph");
+    if (graph_path != NULL && overrides)
+        return ps_cli_usage_error("graph",
+                                  "--batch, --dtype and size overrides apply to --model only "
+                                  "(a graph file fixes its shapes)");
+
+    ps_error err = {0};
+    ps_status st = PS_OK;
+    ps_graph *fwd = NULL, *step = NULL, *step_remat = NULL;
+    layer_row *rows = NULL;
+    json_t *out_json = NULL;
+    const ps_model_config *cfgp = NULL;
+    if (model != NULL) {
+        PS_TRY(ps_zoo_lookup(model, &cfg, &err));
+        int64_t *fields[] = {&cfg.hidden, &cfg.layers, &cfg.heads, &cfg.seq,
+                             &cfg.vocab, &cfg.ffn, &cfg.experts, &cfg.expert_group,
+                             &cfg.top_k, &cfg.image_size, &cfg.channels, &cfg.width_factor,
+                             &cfg.classes};
+        for (int i = 0; i < n_ints; i++)
+            if (ints[i].set)
+                *fields[i] = ints[i].value;
+        if (ints[0].set && !ints[5].set)
+            cfg.ffn = 4 * cfg.hidden; /* a new width implies the usual 4h FFN */
+        if (capacity_set)
+            cfg.capacity_factor = capacity;
+        if (dtype_set)
+            cfg.dtype = dtype;
+        if (batch > 0)
+            cfg.batch = batch;
+        cfgp = &cfg;
+        PS_TRY(ps_model_build(&cfg, &fwd, &err));
+    } else {
+        PS_TRY(ps_graph_load(graph_path, &fwd, &err));
+    }
+    if (export_path != NULL)
+        PS_TRY(ps_graph_save(fwd, export_path, &err));
+
+    ps_train_options plain = opt, remat = opt;
+    plain.remat = false;
+    remat.remat = true;
+    report r;
+    PS_TRY(ps_train_step_build(fwd, &plain, &step, &err));
+    PS_TRY(ps_train_step_build(fwd, &remat, &step_remat, &err));
+    PS_TRY(ps_graph_stats_compute(step, &r.plain));
+    PS_TRY(ps_graph_stats_compute(step_remat, &r.remat));
+    r.step = opt.remat ? step_remat : step;
+    if (per_layer) {
+        rows = layer_table(r.step);
+        PS_TRY_ALLOC(rows, &err);
+    }
+    int64_t shown_batch = cfgp ? cfgp->batch : 0;
+    if (cfgp == NULL) /* a graph file: the leading dim of its first input */
+        for (int t = 0; t < fwd->n_tensors && shown_batch == 0; t++)
+            if (fwd->tensors[t].kind == PS_TENSOR_INPUT && fwd->tensors[t].desc.rank > 0)
+                shown_batch = fwd->tensors[t].desc.shape[0];
+    if (export_path != NULL && strcmp(export_path, "-") == 0)
+        goto out; /* stdout carries the graph */
+    if (json) {
+        PS_TRY(to_json(fwd, cfgp, shown_batch, &opt, &r, rows, &out_json));
+        PS_TRY(ps_json_save(out_json, "-", &err));
+    } else {
+        print_text(fwd, cfgp, shown_batch, &opt, &r, rows);
+    }
+out:
+    json_decref(out_json);
+    free(rows);
+    ps_graph_free(step_remat);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+    return st == PS_OK ? 0 : ps_cli_fail(&err, st);
+}

@@ -1,0 +1,52 @@
+/* pipeshard: the command line. Dispatches to one subcommand per file. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"models", ps_cmd_models, "list the built-in models"},
+    {"clusters", ps_cmd_clusters, "list cluster presets, or show one cluster"},
+    {"graph", ps_cmd_graph, "parameters, FLOPs and memory of a model's training step"},
+    {"demo", ps_cmd_demo, "the main job on an embedded default"},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pipeshard COMMAND [OPTIONS]\n\n"
+               "pipeshard plans, simulates and runs Alpa-style pipeshard parallel training.\n\n"
+               "commands:\n");
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nRun 'pipeshard COMMAND --help' for the options of a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("pipeshard 0.1.0\n");
+        return 0;
+    }
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "pipeshard: unknown command \"%s\"\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

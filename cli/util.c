@@ -1,0 +1,73 @@
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+
+int ps_cli_fail(const ps_error *err, ps_status st)
+{
+    if (err != NULL && err->status != PS_OK && err->msg[0] != '\0')
+        fprintf(stderr, "pipeshard: %s\n", err->msg);
+    else
+        fprintf(stderr, "pipeshard: %s\n", ps_status_str(st));
+    return 1;
+}
+
+int ps_cli_usage_error(const char *command, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pipeshard: %s: ", command);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nRun 'pipeshard %s --help' for its options.\n", command);
+    va_end(ap);
+    return 2;
+}
+
+bool ps_cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool ps_cli_parse_double(const char *text, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+const char *ps_cli_bytes(double bytes, char *buf, int cap)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 5) {
+        bytes /= 1024;
+        u++;
+    }
+    snprintf(buf, (size_t)cap, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+const char *ps_cli_si(double v, const char *unit, char *buf, int cap)
+{
+    static const char *const prefixes[] = {"", "K", "M", "G", "T", "P", "E", "Z"};
+    int p = 0;
+    while (fabs(v) >= 1000 && p < 7) {
+        v /= 1000;
+        p++;
+    }
+    snprintf(buf, (size_t)cap, "%.3g %s%s", v, prefixes[p], unit);
+    return buf;
+}

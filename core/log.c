@@ -1,0 +1,58 @@
+#include "core/log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+static _Thread_local int thread_rank = -1;
+
+/* The threshold is a pure function of the environment, computed once. */
+static pthread_once_t threshold_once = PTHREAD_ONCE_INIT;
+static ps_log_level threshold = PS_LOG_LEVEL_WARN;
+
+static void threshold_init(void)
+{
+    const char *env = getenv("PIPESHARD_LOG");
+    if (env == NULL)
+        return;
+    if (strcasecmp(env, "debug") == 0)
+        threshold = PS_LOG_LEVEL_DEBUG;
+    else if (strcasecmp(env, "info") == 0)
+        threshold = PS_LOG_LEVEL_INFO;
+    else if (strcasecmp(env, "warn") == 0)
+        threshold = PS_LOG_LEVEL_WARN;
+    else if (strcasecmp(env, "error") == 0)
+        threshold = PS_LOG_LEVEL_ERROR;
+}
+
+bool ps_log_enabled(ps_log_level level)
+{
+    pthread_once(&threshold_once, threshold_init);
+    return level >= threshold;
+}
+
+void ps_log_set_thread_rank(int rank) { thread_rank = rank; }
+
+bool ps_log_progress_enabled(void) { return isatty(STDERR_FILENO) != 0; }
+
+void ps_log_write(ps_log_level level, const char *file, int line, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (!ps_log_enabled(level))
+        return;
+    char text[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (thread_rank >= 0)
+        fprintf(stderr, "pipeshard[%d] %s %s:%d: %s\n", thread_rank, names[level], base, line, text);
+    else
+        fprintf(stderr, "pipeshard %s %s:%d: %s\n", names[level], base, line, text);
+}

@@ -1,0 +1,36 @@
+/* Training-step builder: from a forward graph, the backward pass (one
+ * reverse-mode gradient rule per op kind), optional activation recomputation
+ * (remat) and the Adam update with its state tensors.
+ *
+ * The result holds, in this order: the forward ops (copied), then per layer
+ * from last to first its recompute ops (when remat is on for that layer)
+ * followed by its backward ops, then one ADAM op per parameter. It is built
+ * for one micro-batch: gradient accumulation across micro-batches and the
+ * gradient all-reduce belong to the plan and its lowering. */
+#ifndef PS_PLANNER_TRAIN_STEP_H
+#define PS_PLANNER_TRAIN_STEP_H
+
+#include <stdbool.h>
+
+#include "core/graph.h"
+
+typedef struct ps_train_options {
+    /* Recompute the forward ops of every layer except the one holding the
+     * loss (whose backward follows its forward at once), keeping only the
+     * tensors that cross layer boundaries: Megatron's full recomputation. */
+    bool remat;
+    /* Per layer override (n_layers entries), or NULL to follow `remat`. */
+    const bool *remat_layers;
+    ps_dtype optimizer_dtype; /* Adam m and v (fp32 by default) */
+    /* When parameters are not in optimizer_dtype (fp16/bf16 training), keep
+     * an optimizer_dtype master copy too (mixed precision). Default true. */
+    bool master_weights;
+    ps_op_attrs adam; /* lr, beta1, beta2, adam_eps, weight_decay */
+} ps_train_options;
+
+ps_train_options ps_train_options_default(void);
+
+ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *opt,
+                              ps_graph **out, ps_error *err);
+
+#endif
