@@ -161,8 +161,9 @@ out:
     return st;
 }
 
-/* A reference to a tensor: its name, or its index in the file's list. */
-static ps_status resolve_ref(const ps_jv *ref, const file_tensor *ts, int n_ts, int *out,
+/* A reference to a tensor: its name, or its index in the file's list.
+ * by_name maps names to indices (a jansson object used as a hash table). */
+static ps_status resolve_ref(const ps_jv *ref, const json_t *by_name, int n_ts, int *out,
                              ps_error *err)
 {
     if (json_is_integer(ref->v)) {
@@ -178,13 +179,11 @@ static ps_status resolve_ref(const ps_jv *ref, const file_tensor *ts, int n_ts, 
         return ps_jv_fail(ref, err, PS_ERR_INVALID,
                           "expected a tensor name or id (string or integer)");
     const char *name = json_string_value(ref->v);
-    for (int i = 0; i < n_ts; i++) {
-        if (strcmp(ts[i].name, name) == 0) {
-            *out = i;
-            return PS_OK;
-        }
-    }
-    return ps_jv_fail(ref, err, PS_ERR_INVALID, "unknown tensor \"%s\"", name);
+    json_t *idx = json_object_get(by_name, name);
+    if (idx == NULL)
+        return ps_jv_fail(ref, err, PS_ERR_INVALID, "unknown tensor \"%s\"", name);
+    *out = (int)json_integer_value(idx);
+    return PS_OK;
 }
 
 static ps_status read_tensor(const ps_jv *tv, file_tensor *t, ps_error *err)
@@ -227,8 +226,8 @@ out:
     return st;
 }
 
-static ps_status read_op(const ps_jv *ov, int index, file_tensor *ts, int n_ts, file_op *op,
-                         ps_error *err)
+static ps_status read_op(const ps_jv *ov, int index, file_tensor *ts, int n_ts,
+                         const json_t *by_name, file_op *op, ps_error *err)
 {
     static const char *const common[] = {"name", "op", "layer", "in", "out"};
     static const char *const attr_keys[] = {
@@ -284,7 +283,7 @@ static ps_status read_op(const ps_jv *ov, int index, file_tensor *ts, int n_ts, 
     op->def.n_in = (int)n;
     for (size_t i = 0; i < n; i++) {
         ps_jv e = ps_jv_element(&v, i);
-        PS_TRY(resolve_ref(&e, ts, n_ts, &op->in_file[i], err));
+        PS_TRY(resolve_ref(&e, by_name, n_ts, &op->in_file[i], err));
     }
     if (kind == PS_OP_TRANSPOSE) {
         size_t n_perm;
@@ -307,7 +306,7 @@ static ps_status read_op(const ps_jv *ov, int index, file_tensor *ts, int n_ts, 
     for (size_t i = 0; i < n; i++) {
         ps_jv e = ps_jv_element(&v, i);
         int t;
-        PS_TRY(resolve_ref(&e, ts, n_ts, &t, err));
+        PS_TRY(resolve_ref(&e, by_name, n_ts, &t, err));
         if (ts[t].kind != PS_TENSOR_ACTIVATION) {
             st = ps_jv_fail(&e, err, PS_ERR_INVALID,
                             "tensor \"%s\" is a %s; only activations are produced by ops",
@@ -326,33 +325,58 @@ out:
     return st;
 }
 
-/* Orders ops so that producers come first (Kahn's algorithm); a cycle is
- * reported at one op on it. */
+/* Orders ops so that producers come first (Kahn's algorithm over consumer
+ * lists, linear in the number of edges); a cycle is reported at one op on it. */
 static ps_status topo_order(const ps_jv *ops_v, const file_op *ops, int n_ops,
                             const file_tensor *ts, int *order, ps_error *err)
 {
     ps_status st = PS_OK;
     int *pending = calloc((size_t)n_ops + 1, sizeof *pending);
-    int *queue = order;
+    int *first = calloc((size_t)n_ops + 2, sizeof *first); /* CSR offsets per producer */
+    int *edges = malloc(((size_t)n_ops * PS_MAX_OP_IO + 1) * sizeof *edges);
     PS_TRY_ALLOC(pending, err);
-    int head = 0, tail = 0;
-    for (int i = 0; i < n_ops; i++) {
-        for (int k = 0; k < ops[i].def.n_in; k++)
-            if (ts[ops[i].in_file[k]].producer >= 0)
-                pending[i]++;
-        if (pending[i] == 0)
-            queue[tail++] = i;
-    }
-    while (head < tail) {
-        int i = queue[head++];
-        /* release consumers of i's outputs; n_ops is small enough for O(V*E)
-         * at file sizes (a 1T-parameter GPT has ~4k forward ops) */
-        for (int j = 0; j < n_ops; j++) {
-            for (int k = 0; k < ops[j].def.n_in; k++) {
-                if (ts[ops[j].in_file[k]].producer == i && --pending[j] == 0)
-                    queue[tail++] = j;
+    PS_TRY_ALLOC(first, err);
+    PS_TRY_ALLOC(edges, err);
+    for (int j = 0; j < n_ops; j++)
+        for (int k = 0; k < ops[j].def.n_in; k++) {
+            int p = ts[ops[j].in_file[k]].producer;
+            if (p >= 0) {
+                first[p + 1]++;
+                pending[j]++;
             }
         }
+    for (int i = 0; i < n_ops; i++)
+        first[i + 1] += first[i];
+    int *fill = order; /* borrow `order` as fill cursors, then reset it below */
+    for (int i = 0; i < n_ops; i++)
+        fill[i] = first[i];
+    for (int j = 0; j < n_ops; j++)
+        for (int k = 0; k < ops[j].def.n_in; k++) {
+            int p = ts[ops[j].in_file[k]].producer;
+            if (p >= 0)
+                edges[fill[p]++] = j;
+        }
+    /* A file already in topological order keeps its order (so that saving a
+     * loaded graph reproduces the file); otherwise Kahn's order. */
+    bool ordered = true;
+    for (int j = 0; j < n_ops && ordered; j++)
+        for (int k = 0; k < ops[j].def.n_in; k++)
+            if (ts[ops[j].in_file[k]].producer >= j)
+                ordered = false;
+    if (ordered) {
+        for (int i = 0; i < n_ops; i++)
+            order[i] = i;
+        goto out;
+    }
+    int head = 0, tail = 0;
+    for (int i = 0; i < n_ops; i++)
+        if (pending[i] == 0)
+            order[tail++] = i;
+    while (head < tail) {
+        int i = order[head++];
+        for (int e = first[i]; e < first[i + 1]; e++)
+            if (--pending[edges[e]] == 0)
+                order[tail++] = edges[e];
     }
     if (tail < n_ops) {
         for (int i = 0; i < n_ops; i++) {
@@ -367,6 +391,8 @@ static ps_status topo_order(const ps_jv *ops_v, const file_op *ops, int n_ops,
     }
 out:
     free(pending);
+    free(first);
+    free(edges);
     return st;
 }
 
@@ -379,6 +405,7 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
     file_tensor *ts = NULL;
     file_op *ops = NULL;
     int *order = NULL;
+    json_t *by_name = NULL, *op_names = NULL;
     ps_jv v, tensors_v, ops_v;
     const char *s;
     int64_t version;
@@ -408,16 +435,24 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
         goto out;
     }
     ts = calloc(n_ts, sizeof *ts);
+    by_name = json_object();
+    op_names = json_object();
     PS_TRY_ALLOC(ts, err);
+    PS_TRY_ALLOC(by_name, err);
+    PS_TRY_ALLOC(op_names, err);
     for (size_t i = 0; i < n_ts; i++) {
         ps_jv tv = ps_jv_element(&tensors_v, i);
         PS_TRY(read_tensor(&tv, &ts[i], err));
-        for (size_t j = 0; j < i; j++) {
-            if (strcmp(ts[j].name, ts[i].name) == 0) {
-                st = ps_jv_fail(&tv, err, PS_ERR_INVALID,
-                                "duplicate tensor name \"%s\" (also tensor %zu)", ts[i].name, j);
-                goto out;
-            }
+        json_t *dup = json_object_get(by_name, ts[i].name);
+        if (dup != NULL) {
+            st = ps_jv_fail(&tv, err, PS_ERR_INVALID,
+                            "duplicate tensor name \"%s\" (also tensor %lld)", ts[i].name,
+                            (long long)json_integer_value(dup));
+            goto out;
+        }
+        if (ps_json_set(by_name, ts[i].name, json_integer((json_int_t)i)) != PS_OK) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
         }
     }
 
@@ -433,13 +468,15 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
     PS_TRY_ALLOC(order, err);
     for (size_t i = 0; i < n_ops; i++) {
         ps_jv ov = ps_jv_element(&ops_v, i);
-        PS_TRY(read_op(&ov, (int)i, ts, (int)n_ts, &ops[i], err));
-        for (size_t j = 0; j < i; j++) {
-            if (strcmp(ops[j].def.name, ops[i].def.name) == 0) {
-                st = ps_jv_fail(&ov, err, PS_ERR_INVALID, "duplicate op name \"%s\"",
-                                ops[i].def.name);
-                goto out;
-            }
+        PS_TRY(read_op(&ov, (int)i, ts, (int)n_ts, by_name, &ops[i], err));
+        if (json_object_get(op_names, ops[i].def.name) != NULL) {
+            st = ps_jv_fail(&ov, err, PS_ERR_INVALID, "duplicate op name \"%s\"",
+                            ops[i].def.name);
+            goto out;
+        }
+        if (ps_json_set(op_names, ops[i].def.name, json_true()) != PS_OK) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
         }
     }
     for (size_t i = 0; i < n_ts; i++) {
@@ -524,7 +561,7 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
     }
     PS_TRY(ps_jv_member(root, "loss", &v, err));
     int loss_file;
-    PS_TRY(resolve_ref(&v, ts, (int)n_ts, &loss_file, err));
+    PS_TRY(resolve_ref(&v, by_name, (int)n_ts, &loss_file, err));
     if (ts[loss_file].kind != PS_TENSOR_ACTIVATION || ts[loss_file].desc.rank != 0 ||
         ts[loss_file].desc.dtype == PS_DTYPE_I32) {
         st = ps_jv_fail(&v, err, PS_ERR_INVALID,
@@ -541,6 +578,8 @@ out:
     free(ts);
     free(ops);
     free(order);
+    json_decref(by_name);
+    json_decref(op_names);
     return st;
 }
 
@@ -655,9 +694,12 @@ ps_status ps_graph_to_json(const ps_graph *g, json_t **out)
     }
     if (g->loss >= 0)
         PS_TRY(ps_json_set(root, "loss", json_string(g->tensors[g->loss].name)));
+    /* Canonical order (what the loader builds): sources, then activations in
+     * the order of their producers; so export -> load -> export is the same. */
+    for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < g->n_tensors; i++) {
         const ps_tensor *t = &g->tensors[i];
-        if (!in_forward_file(g, t))
+        if (!in_forward_file(g, t) || (t->kind == PS_TENSOR_ACTIVATION) != (pass == 1))
             continue;
         json_t *o = json_object();
         PS_TRY(ps_json_append(tensors, o));
