@@ -26,6 +26,8 @@ bool ps_cli_parse_double(const char *text, double min, double max, double *out);
 
 /* "1.23 GiB", "456 MiB" into buf. */
 const char *ps_cli_bytes(double bytes, char *buf, int cap);
+/* Counts the way model sizes are spoken of: "350 M", "2.65 B", "1.01 T". */
+const char *ps_cli_count(double v, char *buf, int cap);
 /* "1.23e+15" style with SI prefixes: "12.3 PFLOP". */
 const char *ps_cli_si(double v, const char *unit, char *buf, int cap);
 

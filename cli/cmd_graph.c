@@ -158,7 +158,7 @@ static void print_text(const ps_graph *fwd, const ps_model_config *cfg, int64_t 
     printf("\n");
     printf("micro-batch   %lld samples; Adam state %s\n", (long long)batch,
            ps_dtype_name(opt->optimizer_dtype));
-    printf("parameters    %s (%lld)\n", ps_cli_si((double)p->params, "", a, sizeof a),
+    printf("parameters    %s (%lld)\n", ps_cli_count((double)p->params, a, sizeof a),
            (long long)p->params);
     printf("weights       %s   gradients %s   optimizer state %s\n",
            ps_cli_bytes(p->weight_bytes, a, sizeof a), ps_cli_bytes(p->gradient_bytes, b, sizeof b),

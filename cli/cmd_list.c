@@ -61,7 +61,7 @@ int ps_cmd_models(int argc, char **argv)
         } else {
             char p[32];
             printf("%-14s %-8s %12s  %s\n", e->name, ps_model_family_names[e->config.family],
-                   ps_cli_si((double)params, "", p, sizeof p), e->description);
+                   ps_cli_count((double)params, p, sizeof p), e->description);
         }
     }
     if (json)
@@ -73,7 +73,7 @@ out:
 
 static void print_cluster(const ps_cluster *c)
 {
-    char a[64], b[64], d[64];
+    char a[64], b[64], d[64], m[64], bw[64];
     int n = ps_cluster_device_count(c);
     printf("cluster       %s: %d node(s) x %d devices = %d devices\n", c->name, c->nodes,
            c->devices_per_node, n);
@@ -84,12 +84,17 @@ static void print_cluster(const ps_cluster *c)
         if (count == 0)
             continue;
         const ps_device_kind *dk = &c->kinds[k];
+        char *peak[3] = {a, b, d};
+        for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++) {
+            if (dk->peak_flops[t] > 0)
+                ps_cli_si(dk->peak_flops[t], "FLOP/s", peak[t], sizeof a);
+            else
+                snprintf(peak[t], sizeof a, "no");
+        }
         printf("device        %d x %s: %s fp32, %s fp16, %s bf16; %s at %s\n", count, dk->name,
-               ps_cli_si(dk->peak_flops[PS_DTYPE_F32], "FLOP/s", a, sizeof a),
-               ps_cli_si(dk->peak_flops[PS_DTYPE_F16], "FLOP/s", b, sizeof b),
-               ps_cli_si(dk->peak_flops[PS_DTYPE_BF16], "FLOP/s", d, sizeof d),
-               ps_cli_bytes(dk->memory_bytes, a, sizeof a),
-               ps_cli_si(dk->memory_bandwidth_bytes_per_s, "B/s", b, sizeof b));
+               a, b, d,
+               ps_cli_bytes(dk->memory_bytes, m, sizeof m),
+               ps_cli_si(dk->memory_bandwidth_bytes_per_s, "B/s", bw, sizeof bw));
     }
     printf("intra-node    %s, %s per device, latency %g us\n",
            ps_intra_topology_names[c->intra.topology],

@@ -71,3 +71,15 @@ const char *ps_cli_si(double v, const char *unit, char *buf, int cap)
     snprintf(buf, (size_t)cap, "%.3g %s%s", v, prefixes[p], unit);
     return buf;
 }
+
+const char *ps_cli_count(double v, char *buf, int cap)
+{
+    static const char *const suffixes[] = {"", " K", " M", " B", " T"};
+    int p = 0;
+    while (v >= 1000 && p < 4) {
+        v /= 1000;
+        p++;
+    }
+    snprintf(buf, (size_t)cap, "%.3g%s", v, suffixes[p]);
+    return buf;
+}

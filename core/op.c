@@ -87,9 +87,12 @@ ps_op_attrs ps_op_attrs_default(ps_op_kind kind)
 
 int64_t ps_tensor_desc_numel(const ps_tensor_desc *t)
 {
+    /* saturates, so that absurd shapes from a file compare unequal instead
+     * of overflowing */
     int64_t n = 1;
     for (int i = 0; i < t->rank; i++)
-        n *= t->shape[i];
+        if (__builtin_mul_overflow(n, t->shape[i], &n))
+            return INT64_MAX;
     return n;
 }
 
