@@ -374,8 +374,14 @@ int ps_cmd_graph(int argc, char **argv)
     plain.remat = false;
     remat.remat = true;
     report r;
-    PS_TRY(ps_train_step_build(fwd, &plain, &step, &err));
-    PS_TRY(ps_train_step_build(fwd, &remat, &step_remat, &err));
+    ps_error step_err = {0};
+    if ((st = ps_train_step_build(fwd, &plain, &step, &step_err)) != PS_OK ||
+        (st = ps_train_step_build(fwd, &remat, &step_remat, &step_err)) != PS_OK) {
+        /* name the file whose graph cannot be trained */
+        ps_error_set(&err, st, "%s%s%s", graph_path ? graph_path : "", graph_path ? ": " : "",
+                     step_err.msg);
+        goto out;
+    }
     PS_TRY(ps_graph_stats_compute(step, &r.plain));
     PS_TRY(ps_graph_stats_compute(step_remat, &r.remat));
     r.step = opt.remat ? step_remat : step;

@@ -110,24 +110,24 @@ static ps_status push_tensor(ps_graph *g, const char *name, ps_tensor_kind kind,
     return PS_OK;
 }
 
-static ps_status check_desc(const ps_tensor_desc *d, const char *name, ps_error *err)
+static ps_status check_desc(const ps_tensor_desc *d, const char *what, ps_error *err)
 {
     if ((unsigned)d->dtype >= PS_DTYPE_COUNT)
-        return ps_error_set(err, PS_ERR_INVALID, "tensor \"%s\": invalid dtype", name);
+        return ps_error_set(err, PS_ERR_INVALID, "%s: invalid dtype", what);
     if (d->rank < 0 || d->rank > PS_MAX_RANK)
-        return ps_error_set(err, PS_ERR_INVALID, "tensor \"%s\": rank %d is not 0 to %d", name,
+        return ps_error_set(err, PS_ERR_INVALID, "%s: rank %d is not 0 to %d", what,
                             d->rank, PS_MAX_RANK);
     /* Element counts stay below 2^53 so that byte counts are exact doubles. */
     double numel = 1;
     for (int i = 0; i < d->rank; i++) {
         if (d->shape[i] <= 0)
             return ps_error_set(err, PS_ERR_INVALID,
-                                "tensor \"%s\": dimension %d is %lld; dimensions must be positive",
-                                name, i, (long long)d->shape[i]);
+                                "%s: dimension %d is %lld; dimensions must be positive",
+                                what, i, (long long)d->shape[i]);
         numel *= (double)d->shape[i];
     }
     if (numel > 9007199254740992.0 / 8)
-        return ps_error_set(err, PS_ERR_INVALID, "tensor \"%s\": %g elements is too many", name,
+        return ps_error_set(err, PS_ERR_INVALID, "%s: %g elements is too many", what,
                             numel);
     return PS_OK;
 }
@@ -135,7 +135,9 @@ static ps_status check_desc(const ps_tensor_desc *d, const char *name, ps_error 
 ps_status ps_graph_add_source(ps_graph *g, const char *name, ps_tensor_kind kind,
                               const ps_tensor_desc *desc, int layer, int *id_out, ps_error *err)
 {
-    ps_status st = check_desc(desc, name, err);
+    char what[300];
+    snprintf(what, sizeof what, "tensor \"%s\"", name);
+    ps_status st = check_desc(desc, what, err);
     if (st != PS_OK)
         return st;
     if (kind == PS_TENSOR_ACTIVATION || kind == PS_TENSOR_GRADIENT)
@@ -178,9 +180,12 @@ ps_status ps_graph_add_op(ps_graph *g, const ps_op_def *def, int *op_id_out, ps_
     st = ps_op_infer(def->kind, &def->attrs, in, def->n_in, outs, &n_out, &inner);
     if (st != PS_OK)
         return ps_error_set(err, st, "op \"%s\" (%s): %s", def->name, info->name, inner.msg);
-    for (int i = 0; i < n_out; i++)
-        if ((st = check_desc(&outs[i], def->name, err)) != PS_OK)
+    for (int i = 0; i < n_out; i++) {
+        char what[300];
+        snprintf(what, sizeof what, "output %d of op \"%s\"", i, def->name);
+        if ((st = check_desc(&outs[i], what, err)) != PS_OK)
             return st;
+    }
     if (grow((void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops) != PS_OK)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     int id = g->n_ops;

@@ -43,8 +43,14 @@ static ps_status read_dims(const ps_jv *arr, int64_t *dims, int *n, int max, int
                           max);
     for (size_t i = 0; i < count; i++) {
         ps_jv e = ps_jv_element(arr, i);
-        if ((st = ps_jv_int(&e, lo, INT64_MAX / 2, &dims[i], err)) != PS_OK)
+        if ((st = ps_jv_int(&e, INT64_MIN, INT64_MAX, &dims[i], err)) != PS_OK)
             return st;
+        if (dims[i] < lo)
+            return ps_jv_fail(&e, err, PS_ERR_INVALID, "%s, found %lld",
+                              lo == 1 ? "dimensions must be positive" : "must not be negative",
+                              (long long)dims[i]);
+        if (dims[i] > INT64_MAX / 2)
+            return ps_jv_fail(&e, err, PS_ERR_INVALID, "%lld is too large", (long long)dims[i]);
     }
     *n = (int)count;
     return PS_OK;
@@ -114,9 +120,14 @@ static ps_status read_attrs(const ps_jv *op, ps_op_kind kind, ps_op_attrs *a, ps
         PS_TRY(ps_jv_member(op, "axes", &v, err));
         PS_TRY(read_dims(&v, dims, &n, PS_MAX_RANK, 0, err));
         for (int i = 0; i < n; i++) {
+            ps_jv e = ps_jv_element(&v, (size_t)i);
             if (dims[i] >= PS_MAX_RANK) {
-                ps_jv e = ps_jv_element(&v, (size_t)i);
                 st = ps_jv_fail(&e, err, PS_ERR_INVALID, "axis %lld out of range",
+                                (long long)dims[i]);
+                goto out;
+            }
+            if (a->axes & (1u << dims[i])) {
+                st = ps_jv_fail(&e, err, PS_ERR_INVALID, "axis %lld listed twice",
                                 (long long)dims[i]);
                 goto out;
             }
@@ -420,9 +431,19 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
         goto out;
     }
     PS_TRY(ps_jv_member(root, "version", &v, err));
-    PS_TRY(ps_jv_int(&v, GRAPH_VERSION, GRAPH_VERSION, &version, err));
+    PS_TRY(ps_jv_int(&v, INT64_MIN, INT64_MAX, &version, err));
+    if (version != GRAPH_VERSION) {
+        st = ps_jv_fail(&v, err, PS_ERR_UNSUPPORTED,
+                        "unsupported version %lld (this build reads version %d)",
+                        (long long)version, GRAPH_VERSION);
+        goto out;
+    }
     PS_TRY(ps_jv_member(root, "name", &v, err));
     PS_TRY(ps_jv_string(&v, &s, err));
+    if (s[0] == '\0' || strlen(s) > 200) {
+        st = ps_jv_fail(&v, err, PS_ERR_INVALID, "a graph name must have 1 to 200 characters");
+        goto out;
+    }
     if ((st = ps_graph_create(s, &g)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
         goto out;

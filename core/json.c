@@ -79,10 +79,19 @@ ps_status ps_json_doc_load(const char *path, ps_json_doc **out, ps_error *err)
         st = ps_error_set(err, PS_ERR_IO, "%s: cannot read", path);
         goto out;
     }
-    if (strlen(text) != len) {
-        st = ps_error_set(err, PS_ERR_PARSE, "%s:1:1: file contains a NUL byte; not JSON text",
-                          path);
-        goto out;
+    /* binary data gets a plain answer instead of a parser message quoting
+     * control bytes */
+    for (size_t i = 0, line = 1, col = 1; i < len; i++, col++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch == '\n') {
+            line++;
+            col = 0;
+        } else if ((ch < 0x20 && ch != '\t' && ch != '\r') || ch == 0x7f) {
+            st = ps_error_set(err, PS_ERR_PARSE,
+                              "%s:%zu:%zu: control byte 0x%02x; this is not a JSON text file",
+                              path, line, col, ch);
+            goto out;
+        }
     }
     st = ps_json_doc_parse(is_stdin ? "<stdin>" : path, text, out, err);
 out:

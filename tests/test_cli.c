@@ -1,0 +1,830 @@
+/* The pipeshard command as users and scripts see it: the built binary is run
+ * as a child process (posix_spawn, stdout and stderr captured in files) and
+ * its exit status, stdout and stderr are checked. Covers every malformed file
+ * of tests/data/bad/graph.manifest (and cluster.manifest), usage errors,
+ * --help of every subcommand, the stable keys of `graph --json`, the graph
+ * export round trip, the model and cluster lists, and the demo. Under
+ * PS_SANITIZE the binary is the sanitized one, so leaks and undefined
+ * behaviour on error paths fail here. */
+/* cmocka needs these before it, in this order. */
+/* clang-format off */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+extern char **environ;
+
+#define BAD_DIR PS_TEST_DATA_DIR "/bad"
+#define MAX_ARGS 16
+/* A child that runs longer is killed (a hang is a failure, not a stall). */
+#define CHILD_TIMEOUT_S 120.0
+
+/* Group state: one temporary directory for captured output and exports. */
+typedef struct fixture {
+    char dir[256];
+} fixture;
+
+/* What one run of the binary did. */
+typedef struct run_result {
+    bool exited;     /* terminated normally (not by a signal) */
+    int status;      /* exit status when exited */
+    int signal;      /* the signal when !exited */
+    char *out, *err; /* captured stdout and stderr, NUL-terminated */
+    size_t out_len, err_len;
+    char cmdline[1024]; /* for messages */
+} run_result;
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf != NULL) {
+        if (len + 1 >= cap) {
+            char *bigger = realloc(buf, cap * 2);
+            if (bigger == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0)
+            break;
+    }
+    if (buf != NULL && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf != NULL) {
+        buf[len] = '\0';
+        if (len_out != NULL)
+            *len_out = len;
+    }
+    return buf;
+}
+
+/* Whether buf[0..len) contains needle (buf may hold NUL bytes). */
+static bool contains(const char *buf, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n == 0)
+        return true;
+    for (size_t i = 0; i + n <= len; i++)
+        if (buf[i] == needle[0] && memcmp(buf + i, needle, n) == 0)
+            return true;
+    return false;
+}
+
+static void run_result_free(run_result *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+/* Runs PS_PIPESHARD_BIN with args (NULL-terminated, without argv[0]); stdin is
+ * /dev/null, stdout and stderr go to files in dir. Returns false (with a
+ * message printed) when the child could not be run or waited for. */
+static bool run_bin(const char *dir, const char *const *args, run_result *r)
+{
+    char out_path[512], err_path[512];
+    char *argv[MAX_ARGS + 2];
+    int argc = 0;
+    bool ok = false;
+    posix_spawn_file_actions_t fa;
+    memset(r, 0, sizeof *r);
+    snprintf(out_path, sizeof out_path, "%s/stdout.txt", dir);
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", dir);
+
+    argv[argc++] = (char *)PS_PIPESHARD_BIN;
+    size_t used = (size_t)snprintf(r->cmdline, sizeof r->cmdline, "pipeshard");
+    for (int i = 0; args[i] != NULL; i++) {
+        if (argc > MAX_ARGS) {
+            print_error("too many arguments\n");
+            return false;
+        }
+        argv[argc++] = (char *)args[i];
+        if (used < sizeof r->cmdline)
+            used += (size_t)snprintf(r->cmdline + used, sizeof r->cmdline - used, " %s", args[i]);
+    }
+    argv[argc] = NULL;
+
+    if (posix_spawn_file_actions_init(&fa) != 0) {
+        print_error("posix_spawn_file_actions_init failed\n");
+        return false;
+    }
+    int rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (rc == 0)
+        rc = posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (rc == 0)
+        rc = posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid = -1;
+    if (rc == 0)
+        rc = posix_spawn(&pid, PS_PIPESHARD_BIN, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        print_error("%s: cannot run %s: %s\n", r->cmdline, PS_PIPESHARD_BIN, strerror(rc));
+        return false;
+    }
+
+    /* Wait, polling so that a hanging child is killed rather than waited on. */
+    int wstatus = 0;
+    double waited_s = 0;
+    for (;;) {
+        pid_t got = waitpid(pid, &wstatus, WNOHANG);
+        if (got == pid)
+            break;
+        if (got < 0 && errno != EINTR) {
+            print_error("%s: waitpid: %s\n", r->cmdline, strerror(errno));
+            goto out;
+        }
+        if (waited_s > CHILD_TIMEOUT_S) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &wstatus, 0);
+            print_error("%s: still running after %.0f s; killed\n", r->cmdline, CHILD_TIMEOUT_S);
+            goto out;
+        }
+        struct timespec ts = {0, 1000000}; /* 1 ms */
+        nanosleep(&ts, NULL);
+        waited_s += 1e-3;
+    }
+    r->exited = WIFEXITED(wstatus);
+    r->status = r->exited ? WEXITSTATUS(wstatus) : -1;
+    r->signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
+    r->out = read_file(out_path, &r->out_len);
+    r->err = read_file(err_path, &r->err_len);
+    if (r->out == NULL || r->err == NULL) {
+        print_error("%s: cannot read the captured output\n", r->cmdline);
+        goto out;
+    }
+    ok = true;
+out:
+    unlink(out_path);
+    unlink(err_path);
+    if (!ok)
+        run_result_free(r);
+    return ok;
+}
+
+/* Runs and fails the test at once if the child could not be run. */
+static void run_ok(const fixture *fx, const char *const *args, run_result *r)
+{
+    if (!run_bin(fx->dir, args, r))
+        fail_msg("could not run the pipeshard binary");
+}
+
+/* Prints the child's output when a check fails. */
+static void dump(const run_result *r)
+{
+    print_error("  command: %s\n", r->cmdline);
+    if (r->exited)
+        print_error("  exit status: %d\n", r->status);
+    else
+        print_error("  killed by signal %d\n", r->signal);
+    print_error("  stdout (%zu bytes): %.600s\n", r->out_len, r->out ? r->out : "");
+    print_error("  stderr (%zu bytes): %.2000s\n", r->err_len, r->err ? r->err : "");
+}
+
+/* Sanitizer reports on stderr (the binary under test may be instrumented). */
+static bool sanitizer_report(const run_result *r)
+{
+    return contains(r->err, r->err_len, "Sanitizer") ||
+           contains(r->err, r->err_len, "runtime error:");
+}
+
+/* Checks the exit status and the absence of sanitizer reports; prints and
+ * returns false on a mismatch. */
+static bool check_exit(const run_result *r, int want)
+{
+    if (r->exited && r->status == want && !sanitizer_report(r))
+        return true;
+    if (sanitizer_report(r))
+        print_error("sanitizer report (expected exit status %d)\n", want);
+    else
+        print_error("expected exit status %d\n", want);
+    dump(r);
+    return false;
+}
+
+static void expect_exit(const run_result *r, int want)
+{
+    if (!check_exit(r, want))
+        fail();
+}
+
+static void expect_in(const run_result *r, bool on_stdout, const char *needle)
+{
+    const char *buf = on_stdout ? r->out : r->err;
+    size_t len = on_stdout ? r->out_len : r->err_len;
+    if (!contains(buf, len, needle)) {
+        print_error("expected \"%s\" on %s\n", needle, on_stdout ? "stdout" : "stderr");
+        dump(r);
+        fail();
+    }
+}
+
+static void expect_empty(const run_result *r, bool on_stdout)
+{
+    if ((on_stdout ? r->out_len : r->err_len) != 0) {
+        print_error("expected nothing on %s\n", on_stdout ? "stdout" : "stderr");
+        dump(r);
+        fail();
+    }
+}
+
+static json_t *parse_stdout(const run_result *r)
+{
+    json_error_t jerr;
+    json_t *j = json_loadb(r->out, r->out_len, 0, &jerr);
+    if (j == NULL) {
+        print_error("stdout is not JSON: %d:%d: %s\n", jerr.line, jerr.column, jerr.text);
+        dump(r);
+        fail();
+    }
+    return j;
+}
+
+/* ---- malformed files ----------------------------------------------------- */
+
+/* Files whose error is found after loading (building the training step), so
+ * that the message names the file but no position. */
+static const char *const no_position[] = {"graph-unused-param.json", NULL};
+
+static bool wants_position(const char *name)
+{
+    for (int i = 0; no_position[i] != NULL; i++)
+        if (strcmp(no_position[i], name) == 0)
+            return false;
+    return true;
+}
+
+/* Checks one malformed file; prints every problem, returns false if any. */
+static bool check_bad_file(const fixture *fx, const char *command, const char *option,
+                           const char *name, const char *expected)
+{
+    char path[1024], prefix[1100];
+    run_result r;
+    snprintf(path, sizeof path, "%s/%s", BAD_DIR, name);
+    if (access(path, R_OK) != 0) {
+        print_error("%s: listed in the manifest but cannot be read\n", path);
+        return false;
+    }
+    const char *args[] = {command, option, path, NULL};
+    if (!run_bin(fx->dir, args, &r))
+        return false;
+    bool ok = check_exit(&r, 1);
+    if (ok && r.out_len != 0) {
+        print_error("%s: expected nothing on stdout\n", name);
+        dump(&r);
+        ok = false;
+    }
+    snprintf(prefix, sizeof prefix, "pipeshard: %s", path);
+    size_t n = strlen(prefix);
+    if (ok && (r.err_len < n || memcmp(r.err, prefix, n) != 0)) {
+        print_error("%s: stderr does not start with \"%s\"\n", name, prefix);
+        dump(&r);
+        ok = false;
+    }
+    if (ok) {
+        const char *p = r.err + n;
+        bool positioned = false;
+        if (p[0] == ':') { /* ":LINE:COL: " */
+            char *end;
+            long line = strtol(p + 1, &end, 10);
+            if (end != p + 1 && line >= 1 && *end == ':') {
+                const char *col_start = end + 1;
+                long col = strtol(col_start, &end, 10);
+                positioned = end != col_start && col >= 1 && end[0] == ':' && end[1] == ' ';
+            }
+        }
+        if (wants_position(name) && !positioned) {
+            print_error("%s: expected \"%s:LINE:COL: \" at the start of stderr\n", name, path);
+            dump(&r);
+            ok = false;
+        } else if (!wants_position(name) && !positioned && strncmp(p, ": ", 2) != 0) {
+            print_error("%s: expected \"%s: \" at the start of stderr\n", name, path);
+            dump(&r);
+            ok = false;
+        }
+    }
+    if (ok && !contains(r.err, r.err_len, expected)) {
+        print_error("%s: expected \"%s\" in the message\n", name, expected);
+        dump(&r);
+        ok = false;
+    }
+    run_result_free(&r);
+    return ok;
+}
+
+/* Runs every line of a manifest; returns the number of entries, or -1 when
+ * the manifest does not exist. Fails the test after reporting all problems. */
+static int check_manifest(const fixture *fx, const char *manifest, const char *command,
+                          const char *option)
+{
+    char path[512], line[2048];
+    snprintf(path, sizeof path, "%s/%s", BAD_DIR, manifest);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int entries = 0, failures = 0, line_no = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        line_no++;
+        size_t len = strlen(line);
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0 || line[0] == '#')
+            continue;
+        char *tab = strchr(line, '\t');
+        if (tab == NULL || tab == line || tab[1] == '\0') {
+            print_error("%s:%d: expected FILENAME<TAB>EXPECTED_SUBSTRING\n", path, line_no);
+            failures++;
+            continue;
+        }
+        *tab = '\0';
+        entries++;
+        if (!check_bad_file(fx, command, option, line, tab + 1))
+            failures++;
+    }
+    fclose(f);
+    if (failures > 0)
+        fail_msg("%s: %d of %d entries failed (see above)", manifest, failures, entries);
+    return entries;
+}
+
+/* Counts (and prints) the PREFIX*.json files of the bad directory that the
+ * manifest does not list (a file nobody checks is worse than none). */
+static int count_unlisted(const char *manifest, const char *prefix)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", BAD_DIR, manifest);
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    if (text == NULL)
+        return 0;
+    DIR *d = opendir(BAD_DIR);
+    assert_non_null(d);
+    int missing = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || n < 5 ||
+            strcmp(e->d_name + n - 5, ".json") != 0)
+            continue;
+        char entry[512];
+        snprintf(entry, sizeof entry, "\n%s\t", e->d_name);
+        bool listed =
+            contains(text, len, entry) || (strncmp(text, entry + 1, strlen(entry + 1)) == 0);
+        if (!listed) {
+            print_error("%s/%s is not listed in %s\n", BAD_DIR, e->d_name, manifest);
+            missing++;
+        }
+    }
+    closedir(d);
+    free(text);
+    return missing;
+}
+
+static void test_graph_manifest(void **state)
+{
+    const fixture *fx = *state;
+    int unlisted = count_unlisted("graph.manifest", "graph-");
+    int n = check_manifest(fx, "graph.manifest", "graph", "--graph");
+    if (n < 0)
+        fail_msg("%s/graph.manifest is missing", BAD_DIR);
+    assert_true(n >= 16);
+    if (unlisted > 0)
+        fail_msg("%d graph-*.json file(s) missing from graph.manifest", unlisted);
+}
+
+static void test_cluster_manifest(void **state)
+{
+    const fixture *fx = *state;
+    int unlisted = count_unlisted("cluster.manifest", "cluster-");
+    int n = check_manifest(fx, "cluster.manifest", "clusters", "--cluster-file");
+    if (n < 0)
+        skip(); /* no cluster files yet */
+    assert_true(n >= 1);
+    if (unlisted > 0)
+        fail_msg("%d cluster-*.json file(s) missing from cluster.manifest", unlisted);
+}
+
+/* ---- usage errors and help ------------------------------------------------- */
+
+static void expect_usage_error(const fixture *fx, const char *const *args, const char *needle)
+{
+    run_result r;
+    run_ok(fx, args, &r);
+    expect_exit(&r, 2);
+    expect_empty(&r, true);
+    if (strncmp(r.err, "pipeshard: ", 11) != 0) {
+        print_error("expected stderr to start with \"pipeshard: \"\n");
+        dump(&r);
+        fail();
+    }
+    expect_in(&r, false, needle);
+    run_result_free(&r);
+}
+
+static void test_usage_errors(void **state)
+{
+    const fixture *fx = *state;
+    {
+        const char *a[] = {"frobnicate", NULL};
+        expect_usage_error(fx, a, "unknown command \"frobnicate\"");
+    }
+    {
+        const char *a[] = {NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 2);
+        expect_in(&r, false, "usage:");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"graph", NULL};
+        expect_usage_error(fx, a, "--model");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "--batch", "abc", NULL};
+        expect_usage_error(fx, a, "--batch");
+        expect_usage_error(fx, a, "abc");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "--batch", "0", NULL};
+        expect_usage_error(fx, a, "--batch");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "--batch", "-3", NULL};
+        expect_usage_error(fx, a, "--batch");
+    }
+    {
+        const char *a[] = {"graph", "--graph", "X", "--hidden", "8", NULL};
+        expect_usage_error(fx, a, "--model only");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "--no-such-option", NULL};
+        expect_usage_error(fx, a, "--no-such-option");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "--graph", "X", NULL};
+        expect_usage_error(fx, a, "exactly one of --model and --graph");
+    }
+    {
+        const char *a[] = {"graph", "--model", "mlp", "stray", NULL};
+        expect_usage_error(fx, a, "stray");
+    }
+    {
+        const char *a[] = {"models", "--no-such-option", NULL};
+        expect_usage_error(fx, a, "--no-such-option");
+    }
+}
+
+/* A missing graph file is a failure (1) that names the file, not a usage error. */
+static void test_missing_graph_file(void **state)
+{
+    const fixture *fx = *state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/no-such-graph.json", fx->dir);
+    const char *a[] = {"graph", "--graph", path, NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 1);
+    expect_empty(&r, true);
+    expect_in(&r, false, path);
+    expect_in(&r, false, "cannot open");
+    run_result_free(&r);
+}
+
+static void test_help(void **state)
+{
+    const fixture *fx = *state;
+    static const char *const cmds[][3] = {{"--help", NULL, NULL},     {"-h", NULL, NULL},
+                                          {"graph", "--help", NULL},  {"graph", "-h", NULL},
+                                          {"models", "--help", NULL}, {"clusters", "--help", NULL},
+                                          {"demo", "--help", NULL}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        run_result r;
+        run_ok(fx, cmds[i], &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "usage:");
+        expect_empty(&r, false);
+        run_result_free(&r);
+    }
+}
+
+/* ---- models, graph --json, export ---------------------------------------- */
+
+/* The names listed by `models --json` (an array of objects with "name"). */
+static json_t *model_list(const fixture *fx)
+{
+    const char *a[] = {"models", "--json", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    json_t *j = parse_stdout(&r);
+    run_result_free(&r);
+    assert_true(json_is_array(j));
+    return j;
+}
+
+static void test_models(void **state)
+{
+    const fixture *fx = *state;
+    json_t *list = model_list(fx);
+    assert_int_equal(json_array_size(list), 26);
+
+    const char *a[] = {"models", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    size_t i;
+    json_t *m;
+    json_array_foreach(list, i, m)
+    {
+        const char *name = json_string_value(json_object_get(m, "name"));
+        assert_non_null(name);
+        char at_line_start[128];
+        snprintf(at_line_start, sizeof at_line_start, "\n%s ", name);
+        expect_in(&r, true, at_line_start);
+    }
+    /* the names the design promises are among them */
+    static const char *const promised[] = {"mlp",      "gpt-2.6b",   "gpt-175b",
+                                           "moe-1.3b", "wresnet-1b", NULL};
+    for (int k = 0; promised[k] != NULL; k++) {
+        bool found = false;
+        json_array_foreach(list, i, m)
+        {
+            const char *name = json_string_value(json_object_get(m, "name"));
+            found = found || (name != NULL && strcmp(name, promised[k]) == 0);
+        }
+        if (!found)
+            fail_msg("models --json does not list \"%s\"", promised[k]);
+    }
+    run_result_free(&r);
+    json_decref(list);
+}
+
+static void test_unknown_model(void **state)
+{
+    const fixture *fx = *state;
+    const char *a[] = {"graph", "--model", "gpt-9000t", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 1);
+    expect_empty(&r, true);
+    expect_in(&r, false, "pipeshard: ");
+    expect_in(&r, false, "gpt-9000t");
+    json_t *list = model_list(fx);
+    size_t i;
+    json_t *m;
+    json_array_foreach(list, i, m) /* every known model is listed */
+        expect_in(&r, false, json_string_value(json_object_get(m, "name")));
+    json_decref(list);
+    run_result_free(&r);
+}
+
+static double number_at(const json_t *j, const char *key)
+{
+    json_t *v = json_object_get(j, key);
+    if (!json_is_number(v))
+        fail_msg("graph --json: \"%s\" is missing or not a number", key);
+    return json_number_value(v);
+}
+
+static void test_graph_json_gpt175b(void **state)
+{
+    const fixture *fx = *state;
+    const char *a[] = {"graph", "--model", "gpt-175b", "--json", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    json_t *j = parse_stdout(&r);
+    run_result_free(&r);
+    assert_true(json_is_object(j));
+    static const char *const keys[] = {"params",
+                                       "flops_per_step",
+                                       "flops_per_step_remat",
+                                       "weight_bytes",
+                                       "optimizer_bytes",
+                                       "activation_bytes_per_microbatch",
+                                       NULL};
+    for (int i = 0; keys[i] != NULL; i++)
+        assert_true(number_at(j, keys[i]) > 0);
+    assert_true(json_is_integer(json_object_get(j, "params")));
+    double params = number_at(j, "params");
+    if (!(params > 174.5e9 && params < 174.7e9))
+        fail_msg("gpt-175b: %.0f parameters, expected 174.5e9 to 174.7e9", params);
+    /* remat replays forward ops: more FLOPs, never fewer */
+    assert_true(number_at(j, "flops_per_step_remat") >= number_at(j, "flops_per_step"));
+    json_decref(j);
+}
+
+static bool same_bytes(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = read_file(a, &na), *y = read_file(b, &nb);
+    bool same = x != NULL && y != NULL && na == nb && memcmp(x, y, na) == 0;
+    if (x == NULL || y == NULL)
+        print_error("cannot read %s or %s\n", a, b);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* --model M --export T1, then --graph T1 --export T2: the files are equal and
+ * both runs report the same parameters and FLOPs. */
+static void test_export_round_trip(void **state)
+{
+    const fixture *fx = *state;
+    char t1[512], t2[512];
+    snprintf(t1, sizeof t1, "%s/T1.json", fx->dir);
+    snprintf(t2, sizeof t2, "%s/T2.json", fx->dir);
+    run_result r1, r2;
+    const char *a1[] = {"graph",    "--model", "gpt-350m", "--batch", "2",
+                        "--export", t1,        "--json",   NULL};
+    run_ok(fx, a1, &r1);
+    expect_exit(&r1, 0);
+    json_t *j1 = parse_stdout(&r1);
+    run_result_free(&r1);
+    const char *a2[] = {"graph", "--graph", t1, "--export", t2, "--json", NULL};
+    run_ok(fx, a2, &r2);
+    expect_exit(&r2, 0);
+    json_t *j2 = parse_stdout(&r2);
+    run_result_free(&r2);
+    if (!same_bytes(t1, t2))
+        fail_msg("%s and %s differ", t1, t2);
+    assert_true(json_is_integer(json_object_get(j1, "params")));
+    assert_int_equal(json_integer_value(json_object_get(j1, "params")),
+                     json_integer_value(json_object_get(j2, "params")));
+    double f1 = number_at(j1, "flops_per_step"), f2 = number_at(j2, "flops_per_step");
+    if (!(f1 > 0 && fabs(f1 - f2) <= 1e-12 * f1))
+        fail_msg("flops_per_step: %.17g from the model, %.17g from its export", f1, f2);
+    double m1 = number_at(j1, "flops_per_step_remat"), m2 = number_at(j2, "flops_per_step_remat");
+    if (!(fabs(m1 - m2) <= 1e-12 * m1))
+        fail_msg("flops_per_step_remat: %.17g from the model, %.17g from its export", m1, m2);
+    json_decref(j1);
+    json_decref(j2);
+    unlink(t1);
+    unlink(t2);
+}
+
+/* --export - writes the graph to stdout and nothing else. */
+static void test_export_stdout(void **state)
+{
+    const fixture *fx = *state;
+    const char *a[] = {"graph", "--model", "mlp", "--batch", "2", "--export", "-", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    json_t *j = parse_stdout(&r);
+    run_result_free(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "format")), "pipeshard-graph");
+    json_decref(j);
+}
+
+/* ---- clusters and demo ------------------------------------------------------ */
+
+static void test_clusters(void **state)
+{
+    const fixture *fx = *state;
+    {
+        const char *a[] = {"clusters", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "p3.16xlarge");
+        expect_in(&r, true, "dgx-a100");
+        expect_in(&r, true, "dgx-h100");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"clusters", "--show", "dgx-a100:2", "--json", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        json_t *j = parse_stdout(&r);
+        run_result_free(&r);
+        assert_true(json_is_object(j));
+        assert_int_equal(json_integer_value(json_object_get(j, "nodes")), 2);
+        assert_int_equal(json_integer_value(json_object_get(j, "devices_per_node")), 8);
+        json_decref(j);
+    }
+    {
+        const char *a[] = {"clusters", "--show", "dgx-z100:2", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        assert_true(r.exited && r.status != 0 && !sanitizer_report(&r));
+        expect_empty(&r, true);
+        expect_in(&r, false, "pipeshard: ");
+        expect_in(&r, false, "dgx-z100");
+        run_result_free(&r);
+    }
+}
+
+static void test_demo(void **state)
+{
+    const fixture *fx = *state;
+    const char *a[] = {"demo", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "parameters");
+    run_result_free(&r);
+}
+
+/* ---- fixture ------------------------------------------------------------------ */
+
+static int group_setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    if (fx == NULL)
+        return -1;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(fx->dir, sizeof fx->dir, "%s/ps-test-cli-XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(fx->dir) == NULL) {
+        fprintf(stderr, "mkdtemp %s: %s\n", fx->dir, strerror(errno));
+        free(fx);
+        return -1;
+    }
+    if (access(PS_PIPESHARD_BIN, X_OK) != 0) {
+        fprintf(stderr, "%s: not executable: %s\n", PS_PIPESHARD_BIN, strerror(errno));
+        rmdir(fx->dir);
+        free(fx);
+        return -1;
+    }
+    *state = fx;
+    return 0;
+}
+
+/* Removes whatever the tests left in the directory (a failed test stops
+ * before its own cleanup), then the directory. */
+static int group_teardown(void **state)
+{
+    fixture *fx = *state;
+    if (fx == NULL)
+        return 0;
+    DIR *d = opendir(fx->dir);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", fx->dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    int rc = rmdir(fx->dir);
+    free(fx);
+    return rc == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_manifest),
+        cmocka_unit_test(test_cluster_manifest),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_missing_graph_file),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_models),
+        cmocka_unit_test(test_unknown_model),
+        cmocka_unit_test(test_graph_json_gpt175b),
+        cmocka_unit_test(test_export_round_trip),
+        cmocka_unit_test(test_export_stdout),
+        cmocka_unit_test(test_clusters),
+        cmocka_unit_test(test_demo),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
