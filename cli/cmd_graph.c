@@ -28,7 +28,9 @@ static void help(void)
         "  --dtype T            parameters and activations: fp32, fp16 or bf16\n"
         "  --optimizer-dtype T  Adam state (default fp32)\n"
         "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"
-        "  --remat              report the remat step's ops and per-layer numbers\n"
+        "  --remat              detail the step with every layer recomputed (but the loss's)\n"
+        "  --remat-layers LIST  detail the step with only these layer tags recomputed,\n"
+        "                       e.g. 1-16,20 (see --per-layer for the tags)\n"
         "  --per-layer          add a table per layer tag\n"
         "  --json               machine-readable output\n"
         "  --export G.json      write the forward graph (use '-' for stdout)\n"
@@ -38,7 +40,7 @@ static void help(void)
 enum {
     OPT_MODEL = 256, OPT_GRAPH, OPT_BATCH, OPT_HIDDEN, OPT_LAYERS, OPT_HEADS, OPT_SEQ,
     OPT_VOCAB, OPT_FFN, OPT_EXPERTS, OPT_GROUP, OPT_TOPK, OPT_CAPACITY, OPT_IMAGE,
-    OPT_CHANNELS, OPT_WIDTH, OPT_CLASSES, OPT_DTYPE, OPT_OPT_DTYPE, OPT_NO_MASTER, OPT_REMAT,
+    OPT_CHANNELS, OPT_WIDTH, OPT_CLASSES, OPT_DTYPE, OPT_OPT_DTYPE, OPT_NO_MASTER, OPT_REMAT, OPT_REMAT_LAYERS,
     OPT_PER_LAYER, OPT_JSON, OPT_EXPORT
 };
 
@@ -64,6 +66,7 @@ static const struct option long_options[] = {
     {"optimizer-dtype", required_argument, NULL, OPT_OPT_DTYPE},
     {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
     {"remat", no_argument, NULL, OPT_REMAT},
+    {"remat-layers", required_argument, NULL, OPT_REMAT_LAYERS},
     {"per-layer", no_argument, NULL, OPT_PER_LAYER},
     {"json", no_argument, NULL, OPT_JSON},
     {"export", required_argument, NULL, OPT_EXPORT},
@@ -113,9 +116,44 @@ static layer_row *layer_table(const ps_graph *g)
 }
 
 typedef struct report {
-    ps_graph_stats plain, remat;
-    const ps_graph *step; /* the one shown in detail */
+    ps_graph_stats plain, remat, shown;
+    const ps_graph *step;     /* the step shown in detail */
+    const char *remat_layers; /* the user's list, or NULL */
 } report;
+
+/* Parses "1-16,20" into flags over n layer tags. */
+static ps_status parse_layer_list(const char *text, int n, bool *flags, ps_error *err)
+{
+    const char *p = text;
+    while (*p != '\0') {
+        char *end;
+        long lo = strtol(p, &end, 10), hi;
+        if (end == p || lo < 0)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "--remat-layers: expected a list like 1-16,20, not \"%s\"", text);
+        hi = lo;
+        p = end;
+        if (*p == '-') {
+            hi = strtol(p + 1, &end, 10);
+            if (end == p + 1 || hi < lo)
+                return ps_error_set(err, PS_ERR_INVALID,
+                                    "--remat-layers: bad range in \"%s\"", text);
+            p = end;
+        }
+        if (hi >= n)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "--remat-layers: layer %ld does not exist (layer tags are 0 to %d)",
+                                hi, n - 1);
+        for (long l = lo; l <= hi; l++)
+            flags[l] = true;
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "--remat-layers: expected a list like 1-16,20, not \"%s\"", text);
+    }
+    return PS_OK;
+}
 
 static const char *family_line(const ps_model_config *c, char *buf, int cap)
 {
@@ -168,7 +206,11 @@ static void print_text(const ps_graph *fwd, const ps_model_config *cfg, int64_t 
            ps_cli_bytes(m->activation_bytes, b, sizeof b));
     printf("FLOPs/step    %s (with remat: %s)\n", ps_cli_si(p->flops_total, "FLOP", a, sizeof a),
            ps_cli_si(m->flops_total, "FLOP", b, sizeof b));
-    const ps_graph_stats *s = r->step == NULL ? p : (opt->remat ? m : p);
+    if (r->remat_layers != NULL)
+        printf("remat layers  %s: %s, activations %s\n", r->remat_layers,
+               ps_cli_si(r->shown.flops_total, "FLOP", a, sizeof a),
+               ps_cli_bytes(r->shown.activation_bytes, b, sizeof b));
+    const ps_graph_stats *s = &r->shown;
     printf("  by pass     forward %s, recompute %s, backward %s, update %s\n",
            ps_cli_si(s->flops[PS_PASS_FORWARD], "FLOP", a, sizeof a),
            ps_cli_si(s->flops[PS_PASS_RECOMPUTE], "FLOP", b, sizeof b),
@@ -219,7 +261,13 @@ static ps_status to_json(const ps_graph *fwd, const ps_model_config *cfg, int64_
                        json_real(m->activation_bytes)));
     flops = json_object();
     PS_TRY(ps_json_set(o, "flops_by_pass", flops));
-    const ps_graph_stats *s = opt->remat ? m : p;
+    const ps_graph_stats *s = &r->shown;
+    if (r->remat_layers != NULL) {
+        PS_TRY(ps_json_set(o, "remat_layers", json_string(r->remat_layers)));
+        PS_TRY(ps_json_set(o, "flops_per_step_remat_layers", json_real(s->flops_total)));
+        PS_TRY(ps_json_set(o, "activation_bytes_per_microbatch_remat_layers",
+                           json_real(s->activation_bytes)));
+    }
     for (int i = 0; i < PS_PASS_COUNT; i++)
         PS_TRY(ps_json_set(flops, ps_pass_names[i], json_real(s->flops[i])));
     PS_TRY(ps_json_set(o, "ops", json_integer(r->step->n_ops)));
@@ -251,7 +299,7 @@ out:
 
 int ps_cmd_graph(int argc, char **argv)
 {
-    const char *model = NULL, *graph_path = NULL, *export_path = NULL;
+    const char *model = NULL, *graph_path = NULL, *export_path = NULL, *remat_list = NULL;
     bool json = false, per_layer = false, overrides = false;
     ps_train_options opt = ps_train_options_default();
     int64_t batch = 0, v;
@@ -308,6 +356,7 @@ int ps_cmd_graph(int argc, char **argv)
         }
         case OPT_NO_MASTER: opt.master_weights = false; break;
         case OPT_REMAT: opt.remat = true; break;
+        case OPT_REMAT_LAYERS: remat_list = optarg; break;
         case OPT_PER_LAYER: per_layer = true; break;
         case OPT_JSON: json = true; break;
         case OPT_EXPORT: export_path = optarg; break;
@@ -341,7 +390,8 @@ int ps_cmd_graph(int argc, char **argv)
 
     ps_error err = {0};
     ps_status st = PS_OK;
-    ps_graph *fwd = NULL, *step = NULL, *step_remat = NULL;
+    ps_graph *fwd = NULL, *step = NULL, *step_remat = NULL, *step_selected = NULL;
+    bool *remat_flags = NULL;
     layer_row *rows = NULL;
     json_t *out_json = NULL;
     const ps_model_config *cfgp = NULL;
@@ -373,7 +423,7 @@ int ps_cmd_graph(int argc, char **argv)
     ps_train_options plain = opt, remat = opt;
     plain.remat = false;
     remat.remat = true;
-    report r;
+    report r = {.remat_layers = remat_list};
     ps_error step_err = {0};
     if ((st = ps_train_step_build(fwd, &plain, &step, &step_err)) != PS_OK ||
         (st = ps_train_step_build(fwd, &remat, &step_remat, &step_err)) != PS_OK) {
@@ -385,6 +435,17 @@ int ps_cmd_graph(int argc, char **argv)
     PS_TRY(ps_graph_stats_compute(step, &r.plain));
     PS_TRY(ps_graph_stats_compute(step_remat, &r.remat));
     r.step = opt.remat ? step_remat : step;
+    r.shown = opt.remat ? r.remat : r.plain;
+    if (remat_list != NULL) {
+        remat_flags = calloc((size_t)fwd->n_layers, sizeof *remat_flags);
+        PS_TRY_ALLOC(remat_flags, &err);
+        PS_TRY(parse_layer_list(remat_list, fwd->n_layers, remat_flags, &err));
+        ps_train_options selected = opt;
+        selected.remat_layers = remat_flags;
+        PS_TRY(ps_train_step_build(fwd, &selected, &step_selected, &err));
+        PS_TRY(ps_graph_stats_compute(step_selected, &r.shown));
+        r.step = step_selected;
+    }
     if (per_layer) {
         rows = layer_table(r.step);
         PS_TRY_ALLOC(rows, &err);
@@ -405,6 +466,8 @@ int ps_cmd_graph(int argc, char **argv)
 out:
     json_decref(out_json);
     free(rows);
+    ps_graph_free(step_selected);
+    free(remat_flags);
     ps_graph_free(step_remat);
     ps_graph_free(step);
     ps_graph_free(fwd);

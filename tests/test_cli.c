@@ -810,6 +810,31 @@ static int group_teardown(void **state)
     return rc == 0 ? 0 : -1;
 }
 
+/* --remat-layers: recomputing half the blocks lands between none and all. */
+static void test_remat_layers(void **state)
+{
+    const fixture *fx = *state;
+    const char *a[] = {"graph", "--model", "gpt-350m", "--batch", "2", "--remat-layers",
+                       "1-12", "--json", NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    json_t *j = parse_stdout(&r);
+    run_result_free(&r);
+    double plain = number_at(j, "flops_per_step"), full = number_at(j, "flops_per_step_remat");
+    double half = number_at(j, "flops_per_step_remat_layers");
+    assert_true(plain < half && half < full);
+    double act = number_at(j, "activation_bytes_per_microbatch_remat_layers");
+    assert_true(act < number_at(j, "activation_bytes_per_microbatch"));
+    assert_true(act > number_at(j, "activation_bytes_per_microbatch_remat"));
+    json_decref(j);
+    const char *bad[] = {"graph", "--model", "gpt-350m", "--remat-layers", "3-99", NULL};
+    run_ok(fx, bad, &r);
+    expect_exit(&r, 1);
+    expect_in(&r, false, "layer 99 does not exist");
+    run_result_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -821,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_graph_json_gpt175b),
+        cmocka_unit_test(test_remat_layers),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_export_stdout),
         cmocka_unit_test(test_clusters),
