@@ -1,0 +1,1010 @@
+#include "planner/intra_ilp.h"
+
+#include <float.h>
+#include <glpk.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+
+/* ---- problem construction -------------------------------------------------- */
+
+ps_status ps_ilp_problem_create(ps_ilp_problem **out)
+{
+    *out = calloc(1, sizeof **out);
+    return *out ? PS_OK : PS_ERR_NOMEM;
+}
+
+void ps_ilp_problem_free(ps_ilp_problem *p)
+{
+    if (p == NULL)
+        return;
+    for (int i = 0; i < p->n_nodes; i++) {
+        free(p->nodes[i].cost);
+        free(p->nodes[i].mem);
+    }
+    for (int i = 0; i < p->n_edges; i++)
+        free(p->edges[i].cost);
+    free(p->nodes);
+    free(p->edges);
+    free(p);
+}
+
+static ps_status grow(void **items, int *cap, int need, size_t size)
+{
+    if (need <= *cap)
+        return PS_OK;
+    int cap2 = *cap ? *cap * 2 : 64;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *bigger = realloc(*items, (size_t)cap2 * size);
+    if (bigger == NULL)
+        return PS_ERR_NOMEM;
+    *items = bigger;
+    *cap = cap2;
+    return PS_OK;
+}
+
+ps_status ps_ilp_add_node(ps_ilp_problem *p, int k, const double *cost, const double *mem,
+                          int *id_out)
+{
+    if (k < 1)
+        return PS_ERR_INVALID;
+    if (grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes) != PS_OK)
+        return PS_ERR_NOMEM;
+    ps_ilp_node n = {.k = k, .cost = malloc((size_t)k * sizeof(double)),
+                     .mem = calloc((size_t)k, sizeof(double))};
+    if (n.cost == NULL || n.mem == NULL) {
+        free(n.cost);
+        free(n.mem);
+        return PS_ERR_NOMEM;
+    }
+    memcpy(n.cost, cost, (size_t)k * sizeof(double));
+    if (mem != NULL)
+        memcpy(n.mem, mem, (size_t)k * sizeof(double));
+    p->nodes[p->n_nodes] = n;
+    if (id_out != NULL)
+        *id_out = p->n_nodes;
+    p->n_nodes++;
+    return PS_OK;
+}
+
+ps_status ps_ilp_add_edge(ps_ilp_problem *p, int u, int v, const double *cost)
+{
+    if (u < 0 || v < 0 || u >= p->n_nodes || v >= p->n_nodes || u == v)
+        return PS_ERR_INVALID;
+    if (grow((void **)&p->edges, &p->cap_edges, p->n_edges + 1, sizeof *p->edges) != PS_OK)
+        return PS_ERR_NOMEM;
+    size_t n = (size_t)p->nodes[u].k * (size_t)p->nodes[v].k;
+    double *c = malloc(n * sizeof *c);
+    if (c == NULL)
+        return PS_ERR_NOMEM;
+    memcpy(c, cost, n * sizeof *c);
+    p->edges[p->n_edges++] = (ps_ilp_edge){.u = u, .v = v, .cost = c};
+    return PS_OK;
+}
+
+static bool bad_cost(double c) { return isnan(c) || c < 0 || (isinf(c) && c < 0); }
+
+ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err)
+{
+    for (int i = 0; i < p->n_nodes; i++) {
+        const ps_ilp_node *n = &p->nodes[i];
+        if (n->k < 1)
+            return ps_error_set(err, PS_ERR_INTERNAL, "ilp node %d has no strategy", i);
+        for (int s = 0; s < n->k; s++)
+            if (bad_cost(n->cost[s]) || !isfinite(n->mem[s]) || n->mem[s] < 0)
+                return ps_error_set(err, PS_ERR_INTERNAL, "ilp node %d strategy %d: bad cost",
+                                    i, s);
+    }
+    for (int e = 0; e < p->n_edges; e++) {
+        const ps_ilp_edge *ed = &p->edges[e];
+        if (ed->u < 0 || ed->v < 0 || ed->u >= p->n_nodes || ed->v >= p->n_nodes ||
+            ed->u == ed->v)
+            return ps_error_set(err, PS_ERR_INTERNAL, "ilp edge %d: bad endpoints", e);
+        int n = p->nodes[ed->u].k * p->nodes[ed->v].k;
+        for (int i = 0; i < n; i++)
+            if (bad_cost(ed->cost[i]))
+                return ps_error_set(err, PS_ERR_INTERNAL, "ilp edge %d: bad cost", e);
+    }
+    return PS_OK;
+}
+
+ps_ilp_options ps_ilp_options_default(void)
+{
+    return (ps_ilp_options){.time_limit_s = 60, .mip_gap = 1e-4, .reduce = true};
+}
+
+void ps_ilp_result_clear(ps_ilp_result *r)
+{
+    free(r->choice);
+    memset(r, 0, sizeof *r);
+}
+
+double ps_ilp_evaluate(const ps_ilp_problem *p, const int *choice, double *memory_out)
+{
+    double cost = 0, mem = 0;
+    for (int i = 0; i < p->n_nodes; i++) {
+        cost += p->nodes[i].cost[choice[i]];
+        mem += p->nodes[i].mem[choice[i]];
+    }
+    for (int e = 0; e < p->n_edges; e++) {
+        const ps_ilp_edge *ed = &p->edges[e];
+        cost += ed->cost[choice[ed->u] * p->nodes[ed->v].k + choice[ed->v]];
+    }
+    if (memory_out != NULL)
+        *memory_out = mem;
+    return cost;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- brute force -------------------------------------------------------------- */
+
+ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
+                             ps_ilp_result *out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    double t0 = now_s(), combos = 1;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < p->n_nodes; i++)
+        combos *= p->nodes[i].k;
+    if (combos > max_combinations)
+        return ps_error_set(err, PS_ERR_INVALID, "brute force: %g combinations", combos);
+    int *cur = calloc((size_t)p->n_nodes + 1, sizeof *cur);
+    int *best = malloc(((size_t)p->n_nodes + 1) * sizeof *best);
+    PS_TRY_ALLOC(cur, err);
+    PS_TRY_ALLOC(best, err);
+    double best_cost = INFINITY, best_mem = 0;
+    for (;;) {
+        double mem;
+        double c = ps_ilp_evaluate(p, cur, &mem);
+        if (c < best_cost && (p->mem_budget <= 0 || mem <= p->mem_budget)) {
+            best_cost = c;
+            best_mem = mem;
+            memcpy(best, cur, (size_t)p->n_nodes * sizeof *cur);
+        }
+        int i = 0;
+        while (i < p->n_nodes && ++cur[i] == p->nodes[i].k)
+            cur[i++] = 0;
+        if (i == p->n_nodes)
+            break;
+    }
+    if (!isfinite(best_cost)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "no choice is feasible");
+        goto out;
+    }
+    out->choice = best;
+    best = NULL;
+    out->objective = best_cost;
+    out->memory = best_mem;
+    out->optimal = true;
+    out->method = "brute-force";
+    out->solve_s = now_s() - t0;
+out:
+    free(cur);
+    free(best);
+    return st;
+}
+
+/* ---- exact reductions ---------------------------------------------------------- *
+ * The working copy keeps, per node, which original strategies are still alive
+ * (`orig`), and drops edges whose cost has been folded into node costs. */
+
+typedef struct work {
+    ps_ilp_problem *p; /* reduced copy; nodes keep their ids */
+    int **orig;        /* [node][reduced strategy] -> original strategy */
+    bool *edge_dead;
+    bool with_memory;
+} work;
+
+static void work_free(work *w)
+{
+    if (w->p != NULL)
+        for (int i = 0; i < w->p->n_nodes; i++)
+            free(w->orig[i]);
+    free(w->orig);
+    free(w->edge_dead);
+    ps_ilp_problem_free(w->p);
+}
+
+static ps_status work_init(work *w, const ps_ilp_problem *p)
+{
+    memset(w, 0, sizeof *w);
+    ps_status st = ps_ilp_problem_create(&w->p);
+    if (st != PS_OK)
+        return st;
+    w->with_memory = p->mem_budget > 0;
+    w->p->mem_budget = p->mem_budget;
+    w->orig = calloc((size_t)p->n_nodes + 1, sizeof *w->orig);
+    w->edge_dead = calloc((size_t)p->n_edges + 1, sizeof *w->edge_dead);
+    if (w->orig == NULL || w->edge_dead == NULL)
+        return PS_ERR_NOMEM;
+    for (int i = 0; i < p->n_nodes; i++) {
+        const ps_ilp_node *n = &p->nodes[i];
+        if ((st = ps_ilp_add_node(w->p, n->k, n->cost, n->mem, NULL)) != PS_OK)
+            return st;
+        w->orig[i] = malloc((size_t)n->k * sizeof(int));
+        if (w->orig[i] == NULL)
+            return PS_ERR_NOMEM;
+        for (int s = 0; s < n->k; s++)
+            w->orig[i][s] = s;
+    }
+    for (int e = 0; e < p->n_edges; e++)
+        if ((st = ps_ilp_add_edge(w->p, p->edges[e].u, p->edges[e].v, p->edges[e].cost)) !=
+            PS_OK)
+            return st;
+    return PS_OK;
+}
+
+/* Keeps the strategies of node v with keep[s] set, in order. */
+static void node_keep(work *w, int v, const bool *keep)
+{
+    ps_ilp_node *n = &w->p->nodes[v];
+    int k_old = n->k, k = 0;
+    int map[k_old];
+    for (int s = 0; s < k_old; s++) {
+        map[s] = keep[s] ? k : -1;
+        if (keep[s]) {
+            n->cost[k] = n->cost[s];
+            n->mem[k] = n->mem[s];
+            w->orig[v][k] = w->orig[v][s];
+            k++;
+        }
+    }
+    n->k = k;
+    for (int e = 0; e < w->p->n_edges; e++) {
+        ps_ilp_edge *ed = &w->p->edges[e];
+        if (w->edge_dead[e] || (ed->u != v && ed->v != v))
+            continue;
+        int ku = ed->u == v ? k_old : w->p->nodes[ed->u].k;
+        int kv = ed->v == v ? k_old : w->p->nodes[ed->v].k;
+        int nu = w->p->nodes[ed->u].k, nv = w->p->nodes[ed->v].k, idx = 0;
+        for (int i = 0; i < ku; i++) {
+            if (ed->u == v && map[i] < 0)
+                continue;
+            for (int j = 0; j < kv; j++) {
+                if (ed->v == v && map[j] < 0)
+                    continue;
+                ed->cost[idx++] = ed->cost[i * kv + j];
+            }
+        }
+        (void)nu;
+        (void)nv;
+    }
+}
+
+/* Node costs are finite for every surviving strategy; false if none survives. */
+static bool drop_infinite(work *w, int v, bool *changed)
+{
+    ps_ilp_node *n = &w->p->nodes[v];
+    bool keep[n->k];
+    int alive = 0;
+    for (int s = 0; s < n->k; s++) {
+        keep[s] = isfinite(n->cost[s]) &&
+                  !(w->with_memory && n->mem[s] > w->p->mem_budget);
+        alive += keep[s];
+    }
+    if (alive == 0)
+        return false;
+    if (alive < n->k) {
+        node_keep(w, v, keep);
+        *changed = true;
+    }
+    return true;
+}
+
+/* Folds edge e into its endpoints when one side has a single strategy or its
+ * matrix is separable (a_i + b_j). */
+static void fold_edge(work *w, int e, bool *changed)
+{
+    ps_ilp_edge *ed = &w->p->edges[e];
+    ps_ilp_node *u = &w->p->nodes[ed->u], *v = &w->p->nodes[ed->v];
+    int ku = u->k, kv = v->k;
+    double *c = ed->cost;
+    if (ku == 1 || kv == 1) {
+        for (int i = 0; i < ku; i++)
+            for (int j = 0; j < kv; j++) {
+                if (ku == 1)
+                    v->cost[j] += c[i * kv + j];
+                else
+                    u->cost[i] += c[i * kv + j];
+            }
+        w->edge_dead[e] = true;
+        *changed = true;
+        return;
+    }
+    for (int i = 0; i < ku * kv; i++)
+        if (!isfinite(c[i]))
+            return;
+    for (int i = 0; i < ku; i++)
+        for (int j = 0; j < kv; j++)
+            if (fabs(c[i * kv + j] - c[i * kv] - c[j] + c[0]) >
+                1e-12 * (fabs(c[i * kv + j]) + fabs(c[0]) + 1e-30))
+                return;
+    for (int i = 0; i < ku; i++)
+        u->cost[i] += c[i * kv];
+    for (int j = 0; j < kv; j++)
+        v->cost[j] += c[j] - c[0];
+    w->edge_dead[e] = true;
+    *changed = true;
+}
+
+/* Merges edge b into edge a (same endpoints, maybe reversed). */
+static void merge_edges(work *w, int a, int b)
+{
+    ps_ilp_edge *ea = &w->p->edges[a], *eb = &w->p->edges[b];
+    int kv = w->p->nodes[ea->v].k, ku = w->p->nodes[ea->u].k;
+    for (int i = 0; i < ku; i++)
+        for (int j = 0; j < kv; j++)
+            ea->cost[i * kv + j] += eb->u == ea->u ? eb->cost[i * kv + j] : eb->cost[j * ku + i];
+    w->edge_dead[b] = true;
+}
+
+/* Strategy a of v is dominated by b when b is no worse in node cost, memory
+ * (if constrained) and every edge entry: removing a loses no optimum. */
+static void drop_dominated(work *w, int v, bool *changed)
+{
+    ps_ilp_node *n = &w->p->nodes[v];
+    int k = n->k;
+    if (k < 2)
+        return;
+    bool keep[k];
+    for (int s = 0; s < k; s++)
+        keep[s] = true;
+    for (int a = 0; a < k; a++) {
+        for (int b = 0; b < k && keep[a]; b++) {
+            if (a == b || !keep[b] || n->cost[b] > n->cost[a] ||
+                (w->with_memory && n->mem[b] > n->mem[a]))
+                continue;
+            bool dominated = true;
+            for (int e = 0; e < w->p->n_edges && dominated; e++) {
+                ps_ilp_edge *ed = &w->p->edges[e];
+                if (w->edge_dead[e] || (ed->u != v && ed->v != v))
+                    continue;
+                int ku = w->p->nodes[ed->u].k, kv = w->p->nodes[ed->v].k;
+                int other = ed->u == v ? kv : ku;
+                for (int j = 0; j < other && dominated; j++) {
+                    double ca = ed->u == v ? ed->cost[a * kv + j] : ed->cost[j * kv + a];
+                    double cb = ed->u == v ? ed->cost[b * kv + j] : ed->cost[j * kv + b];
+                    if (cb > ca)
+                        dominated = false;
+                }
+            }
+            if (dominated)
+                keep[a] = false;
+        }
+    }
+    int alive = 0;
+    for (int s = 0; s < k; s++)
+        alive += keep[s];
+    if (alive < k) {
+        node_keep(w, v, keep);
+        *changed = true;
+    }
+}
+
+static int cmp_pair(const void *x, const void *y)
+{
+    const long long *a = x, *b = y;
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+static ps_status reduce(work *w, ps_error *err)
+{
+    ps_ilp_problem *p = w->p;
+    long long *keys = malloc(((size_t)p->n_edges + 1) * 2 * sizeof *keys);
+    if (keys == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    bool changed = true;
+    for (int round = 0; changed && round < 1000; round++) {
+        changed = false;
+        for (int v = 0; v < p->n_nodes; v++) {
+            if (!drop_infinite(w, v, &changed)) {
+                free(keys);
+                return ps_error_set(err, PS_ERR_INFEASIBLE,
+                                    "every strategy of node %d is forbidden or over the memory "
+                                    "budget",
+                                    v);
+            }
+        }
+        for (int e = 0; e < p->n_edges; e++)
+            if (!w->edge_dead[e])
+                fold_edge(w, e, &changed);
+        /* parallel edges: sort by unordered endpoint pair */
+        int m = 0;
+        for (int e = 0; e < p->n_edges; e++) {
+            if (w->edge_dead[e])
+                continue;
+            int a = p->edges[e].u < p->edges[e].v ? p->edges[e].u : p->edges[e].v;
+            int b = p->edges[e].u ^ p->edges[e].v ^ a;
+            keys[2 * m] = (long long)a * p->n_nodes + b;
+            keys[2 * m + 1] = e;
+            m++;
+        }
+        qsort(keys, (size_t)m, 2 * sizeof *keys, cmp_pair);
+        for (int i = 1; i < m; i++) {
+            int j = i - 1;
+            while (j >= 0 && keys[2 * j] == keys[2 * i] && w->edge_dead[keys[2 * j + 1]])
+                j--;
+            if (j >= 0 && keys[2 * j] == keys[2 * i]) {
+                merge_edges(w, (int)keys[2 * j + 1], (int)keys[2 * i + 1]);
+                changed = true;
+            }
+        }
+        for (int v = 0; v < p->n_nodes; v++)
+            drop_dominated(w, v, &changed);
+    }
+    free(keys);
+    return PS_OK;
+}
+
+/* ---- incumbents ------------------------------------------------------------------ */
+
+/* Adjacency of live edges, CSR. */
+typedef struct adjacency {
+    int *first, *edge;
+} adjacency;
+
+static ps_status adjacency_build(const work *w, adjacency *a)
+{
+    const ps_ilp_problem *p = w->p;
+    a->first = calloc((size_t)p->n_nodes + 2, sizeof *a->first);
+    a->edge = malloc(((size_t)p->n_edges * 2 + 1) * sizeof *a->edge);
+    if (a->first == NULL || a->edge == NULL)
+        return PS_ERR_NOMEM;
+    for (int e = 0; e < p->n_edges; e++)
+        if (!w->edge_dead[e]) {
+            a->first[p->edges[e].u + 1]++;
+            a->first[p->edges[e].v + 1]++;
+        }
+    for (int v = 0; v < p->n_nodes; v++)
+        a->first[v + 1] += a->first[v];
+    int *fill = malloc(((size_t)p->n_nodes + 1) * sizeof *fill);
+    if (fill == NULL)
+        return PS_ERR_NOMEM;
+    memcpy(fill, a->first, (size_t)p->n_nodes * sizeof *fill);
+    for (int e = 0; e < p->n_edges; e++)
+        if (!w->edge_dead[e]) {
+            a->edge[fill[p->edges[e].u]++] = e;
+            a->edge[fill[p->edges[e].v]++] = e;
+        }
+    free(fill);
+    return PS_OK;
+}
+
+static void adjacency_free(adjacency *a)
+{
+    free(a->first);
+    free(a->edge);
+}
+
+static double edge_at(const ps_ilp_problem *p, const ps_ilp_edge *ed, int v, int sv, int so)
+{
+    int kv = p->nodes[ed->v].k;
+    return ed->u == v ? ed->cost[sv * kv + so] : ed->cost[so * kv + sv];
+}
+
+/* Cost of node v taking strategy s with its neighbours fixed by choice. */
+static double local_cost(const work *w, const adjacency *a, const int *choice, int v, int s)
+{
+    const ps_ilp_problem *p = w->p;
+    double c = p->nodes[v].cost[s];
+    for (int i = a->first[v]; i < a->first[v + 1]; i++) {
+        const ps_ilp_edge *ed = &p->edges[a->edge[i]];
+        int other = ed->u == v ? ed->v : ed->u;
+        c += edge_at(p, ed, v, s, choice[other]);
+    }
+    return c;
+}
+
+/* Exact dynamic program when the live edges form a forest; false otherwise. */
+static bool forest_dp(const work *w, const adjacency *a, int *choice)
+{
+    const ps_ilp_problem *p = w->p;
+    int n = p->n_nodes;
+    int *parent = malloc((size_t)n * sizeof *parent), *parent_edge = malloc((size_t)n * sizeof(int));
+    int *order = malloc((size_t)n * sizeof *order);
+    double **f = calloc((size_t)n, sizeof *f);
+    int **pick = calloc((size_t)n, sizeof *pick); /* child's best strategy per parent strategy */
+    bool ok = parent && parent_edge && order && f && pick;
+    int head = 0, tail = 0;
+    for (int v = 0; ok && v < n; v++)
+        parent[v] = -2; /* unvisited */
+    for (int r = 0; ok && r < n; r++) {
+        if (parent[r] != -2)
+            continue;
+        parent[r] = -1;
+        parent_edge[r] = -1;
+        order[tail++] = r;
+        while (ok && head < tail) {
+            int v = order[head++];
+            for (int i = a->first[v]; i < a->first[v + 1]; i++) {
+                int e = a->edge[i];
+                if (e == parent_edge[v])
+                    continue;
+                int o = p->edges[e].u == v ? p->edges[e].v : p->edges[e].u;
+                if (parent[o] != -2) {
+                    ok = false; /* a cycle */
+                    break;
+                }
+                parent[o] = v;
+                parent_edge[o] = e;
+                order[tail++] = o;
+            }
+        }
+    }
+    for (int i = tail - 1; ok && i >= 0; i--) {
+        int v = order[i], k = p->nodes[v].k;
+        f[v] = malloc((size_t)k * sizeof(double));
+        pick[v] = parent[v] >= 0 ? malloc((size_t)p->nodes[parent[v]].k * sizeof(int)) : NULL;
+        if (f[v] == NULL || (parent[v] >= 0 && pick[v] == NULL)) {
+            ok = false;
+            break;
+        }
+        for (int s = 0; s < k; s++)
+            f[v][s] = p->nodes[v].cost[s];
+        /* children were finished earlier (reverse BFS order) */
+        for (int j = a->first[v]; j < a->first[v + 1]; j++) {
+            int e = a->edge[j];
+            int c = p->edges[e].u == v ? p->edges[e].v : p->edges[e].u;
+            if (parent[c] != v || parent_edge[c] != e)
+                continue;
+            for (int s = 0; s < k; s++) {
+                double best = INFINITY;
+                int arg = 0;
+                for (int t = 0; t < p->nodes[c].k; t++) {
+                    double x = f[c][t] + edge_at(p, &p->edges[e], v, s, t);
+                    if (x < best) {
+                        best = x;
+                        arg = t;
+                    }
+                }
+                f[v][s] += best;
+                pick[c][s] = arg;
+            }
+        }
+    }
+    for (int i = 0; ok && i < tail; i++) {
+        int v = order[i];
+        if (parent[v] >= 0) {
+            choice[v] = pick[v][choice[parent[v]]];
+        } else {
+            int arg = 0;
+            for (int s = 1; s < p->nodes[v].k; s++)
+                if (f[v][s] < f[v][arg])
+                    arg = s;
+            choice[v] = arg;
+        }
+    }
+    for (int v = 0; f != NULL && v < n; v++) {
+        free(f[v]);
+        if (pick != NULL)
+            free(pick[v]);
+    }
+    free(f);
+    free(pick);
+    free(parent);
+    free(parent_edge);
+    free(order);
+    return ok;
+}
+
+/* Local search from the cheapest node strategies, then a memory repair that
+ * moves to lower-memory strategies by least cost per byte saved. Returns false
+ * when it cannot meet the budget. */
+static bool local_search(const work *w, const adjacency *a, int *choice)
+{
+    const ps_ilp_problem *p = w->p;
+    for (int v = 0; v < p->n_nodes; v++) {
+        choice[v] = 0;
+        for (int s = 1; s < p->nodes[v].k; s++)
+            if (p->nodes[v].cost[s] < p->nodes[v].cost[choice[v]])
+                choice[v] = s;
+    }
+    for (int pass = 0; pass < 100; pass++) {
+        bool moved = false;
+        for (int v = 0; v < p->n_nodes; v++) {
+            double cur = local_cost(w, a, choice, v, choice[v]);
+            for (int s = 0; s < p->nodes[v].k; s++) {
+                double c = local_cost(w, a, choice, v, s);
+                if (c < cur - 1e-15 * fabs(cur)) {
+                    cur = c;
+                    choice[v] = s;
+                    moved = true;
+                }
+            }
+        }
+        if (!moved)
+            break;
+    }
+    if (!w->with_memory)
+        return true;
+    double mem = 0;
+    for (int v = 0; v < p->n_nodes; v++)
+        mem += p->nodes[v].mem[choice[v]];
+    while (mem > p->mem_budget) {
+        int bv = -1, bs = -1;
+        double best = INFINITY;
+        for (int v = 0; v < p->n_nodes; v++) {
+            double cur = local_cost(w, a, choice, v, choice[v]);
+            for (int s = 0; s < p->nodes[v].k; s++) {
+                double saved = p->nodes[v].mem[choice[v]] - p->nodes[v].mem[s];
+                if (saved <= 0)
+                    continue;
+                double ratio = (local_cost(w, a, choice, v, s) - cur) / saved;
+                if (ratio < best) {
+                    best = ratio;
+                    bv = v;
+                    bs = s;
+                }
+            }
+        }
+        if (bv < 0)
+            return false;
+        mem -= p->nodes[bv].mem[choice[bv]] - p->nodes[bv].mem[bs];
+        choice[bv] = bs;
+    }
+    return true;
+}
+
+/* ---- GLPK ------------------------------------------------------------------------ */
+
+static int glpk_to_log(void *info, const char *s)
+{
+    (void)info;
+    if (ps_log_enabled(PS_LOG_LEVEL_DEBUG))
+        PS_LOG_DEBUG("glpk: %s", s);
+    return 1; /* we printed it (or chose not to) */
+}
+
+typedef struct glpk_ctx {
+    const double *start; /* incumbent column values [1..n], or NULL */
+    double gap;
+} glpk_ctx;
+
+static void glpk_callback(glp_tree *tree, void *info)
+{
+    glpk_ctx *ctx = info;
+    if (glp_ios_reason(tree) == GLP_IHEUR && ctx->start != NULL) {
+        glp_ios_heur_sol(tree, ctx->start);
+        ctx->start = NULL; /* once is enough */
+    }
+    double gap = glp_ios_mip_gap(tree);
+    if (gap < ctx->gap)
+        ctx->gap = gap;
+}
+
+/* Builds and solves the 0-1 program of the live part of w; on success
+ * choice holds GLPK's answer and optimal and gap say how good it is. */
+static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int *incumbent,
+                            int *choice, bool *optimal, double *gap, int *cols_out,
+                            int *rows_out, ps_error *err)
+{
+    const ps_ilp_problem *p = w->p;
+    ps_status st = PS_OK;
+    int n = p->n_nodes;
+    int *node_col = malloc(((size_t)n + 1) * sizeof *node_col); /* first column or 0 */
+    int *edge_col = malloc(((size_t)p->n_edges + 1) * sizeof *edge_col);
+    int *ia = NULL, *ja = NULL;
+    double *ar = NULL, *start = NULL;
+    glp_prob *lp = NULL;
+    PS_TRY_ALLOC(node_col, err);
+    PS_TRY_ALLOC(edge_col, err);
+    int cols = 0, rows = 0;
+    size_t nnz = 0;
+    /* Nodes with one strategy get no column unless a live edge touches them
+     * (possible when reductions are off). */
+    bool *touched = calloc((size_t)n + 1, sizeof *touched);
+    PS_TRY_ALLOC(touched, err);
+    for (int e = 0; e < p->n_edges; e++)
+        if (!w->edge_dead[e])
+            touched[p->edges[e].u] = touched[p->edges[e].v] = true;
+    for (int v = 0; v < n; v++) {
+        bool has_cols = p->nodes[v].k > 1 || touched[v];
+        node_col[v] = has_cols ? cols + 1 : 0;
+        if (has_cols) {
+            cols += p->nodes[v].k;
+            rows++;
+            nnz += (size_t)p->nodes[v].k;
+        }
+    }
+    free(touched);
+    for (int e = 0; e < p->n_edges; e++) {
+        edge_col[e] = 0;
+        if (w->edge_dead[e])
+            continue;
+        int ku = p->nodes[p->edges[e].u].k, kv = p->nodes[p->edges[e].v].k;
+        edge_col[e] = cols + 1;
+        cols += ku * kv;
+        rows += ku + kv;
+        nnz += (size_t)ku * kv * 2 + (size_t)ku + (size_t)kv;
+    }
+    bool mem_row = w->with_memory;
+    if (mem_row) {
+        rows++;
+        nnz += (size_t)cols;
+    }
+    *cols_out = cols;
+    *rows_out = rows;
+    if (cols == 0) { /* every node is down to one strategy (GLPK rejects empty programs) */
+        double mem = 0;
+        for (int v = 0; v < n; v++) {
+            choice[v] = 0;
+            mem += p->nodes[v].mem[0];
+        }
+        if (w->with_memory && mem > p->mem_budget)
+            st = ps_error_set(err, PS_ERR_INFEASIBLE, "no strategy choice fits the memory budget");
+        *optimal = true;
+        *gap = 0;
+        *rows_out = 0;
+        goto out;
+    }
+    ia = malloc((nnz + 1) * sizeof *ia);
+    ja = malloc((nnz + 1) * sizeof *ja);
+    ar = malloc((nnz + 1) * sizeof *ar);
+    start = calloc((size_t)cols + 1, sizeof *start);
+    PS_TRY_ALLOC(ia, err);
+    PS_TRY_ALLOC(ja, err);
+    PS_TRY_ALLOC(ar, err);
+    PS_TRY_ALLOC(start, err);
+
+    glp_term_hook(glpk_to_log, NULL);
+    lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MIN);
+    glp_add_cols(lp, cols);
+    glp_add_rows(lp, rows);
+    double const_cost = 0, const_mem = 0;
+    size_t k_nz = 0;
+    int row = 0;
+    for (int v = 0; v < n; v++) {
+        const ps_ilp_node *nd = &p->nodes[v];
+        if (node_col[v] == 0) {
+            const_cost += nd->cost[0];
+            const_mem += nd->mem[0];
+            continue;
+        }
+        row++;
+        glp_set_row_bnds(lp, row, GLP_FX, 1, 1);
+        for (int s = 0; s < nd->k; s++) {
+            int c = node_col[v] + s;
+            glp_set_col_kind(lp, c, GLP_BV);
+            glp_set_obj_coef(lp, c, nd->cost[s]);
+            k_nz++, ia[k_nz] = row, ja[k_nz] = c, ar[k_nz] = 1;
+        }
+    }
+    for (int e = 0; e < p->n_edges; e++) {
+        if (w->edge_dead[e])
+            continue;
+        const ps_ilp_edge *ed = &p->edges[e];
+        int ku = p->nodes[ed->u].k, kv = p->nodes[ed->v].k;
+        int row_u = row + 1, row_v = row + 1 + ku;
+        for (int i = 0; i < ku; i++) {
+            glp_set_row_bnds(lp, row_u + i, GLP_FX, 0, 0);
+            k_nz++, ia[k_nz] = row_u + i, ja[k_nz] = node_col[ed->u] + i, ar[k_nz] = -1;
+        }
+        for (int j = 0; j < kv; j++) {
+            glp_set_row_bnds(lp, row_v + j, GLP_FX, 0, 0);
+            k_nz++, ia[k_nz] = row_v + j, ja[k_nz] = node_col[ed->v] + j, ar[k_nz] = -1;
+        }
+        for (int i = 0; i < ku; i++)
+            for (int j = 0; j < kv; j++) {
+                int c = edge_col[e] + i * kv + j;
+                double x = ed->cost[i * kv + j];
+                glp_set_col_kind(lp, c, GLP_BV);
+                if (isfinite(x))
+                    glp_set_obj_coef(lp, c, x);
+                else
+                    glp_set_col_bnds(lp, c, GLP_FX, 0, 0); /* forbidden pair */
+                k_nz++, ia[k_nz] = row_u + i, ja[k_nz] = c, ar[k_nz] = 1;
+                k_nz++, ia[k_nz] = row_v + j, ja[k_nz] = c, ar[k_nz] = 1;
+            }
+        row += ku + kv;
+    }
+    if (mem_row) {
+        row++;
+        glp_set_row_bnds(lp, row, GLP_UP, 0, p->mem_budget - const_mem);
+        for (int v = 0; v < n; v++)
+            if (node_col[v] != 0)
+                for (int s = 0; s < p->nodes[v].k; s++)
+                    if (p->nodes[v].mem[s] != 0) {
+                        k_nz++, ia[k_nz] = row, ja[k_nz] = node_col[v] + s;
+                        ar[k_nz] = p->nodes[v].mem[s];
+                    }
+    }
+    glp_set_obj_coef(lp, 0, const_cost);
+    glp_load_matrix(lp, (int)k_nz, ia, ja, ar);
+
+    glpk_ctx ctx = {.start = NULL, .gap = INFINITY};
+    if (incumbent != NULL) {
+        for (int v = 0; v < n; v++)
+            if (node_col[v] != 0)
+                start[node_col[v] + incumbent[v]] = 1;
+        for (int e = 0; e < p->n_edges; e++)
+            if (!w->edge_dead[e]) {
+                int kv = p->nodes[p->edges[e].v].k;
+                start[edge_col[e] + incumbent[p->edges[e].u] * kv + incumbent[p->edges[e].v]] = 1;
+            }
+        ctx.start = start;
+    }
+    glp_smcp smcp;
+    glp_init_smcp(&smcp);
+    smcp.msg_lev = GLP_MSG_OFF;
+    smcp.tm_lim = (int)(opt->time_limit_s * 1000);
+    int ret = glp_simplex(lp, &smcp);
+    if (ret != 0 || glp_get_status(lp) == GLP_NOFEAS) {
+        st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
+                          ret == 0 ? "no strategy choice fits the memory budget"
+                                   : "GLPK could not solve the relaxation (code %d)",
+                          ret);
+        goto out;
+    }
+    glp_iocp iocp;
+    glp_init_iocp(&iocp);
+    iocp.msg_lev = GLP_MSG_OFF;
+    iocp.presolve = GLP_OFF; /* so that the callback may hand over the incumbent */
+    iocp.cb_func = glpk_callback;
+    iocp.cb_info = &ctx;
+    iocp.tm_lim = (int)(opt->time_limit_s * 1000);
+    iocp.mip_gap = opt->mip_gap;
+    ret = glp_intopt(lp, &iocp);
+    int status = glp_mip_status(lp);
+    if (status != GLP_OPT && status != GLP_FEAS) {
+        st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
+                          status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
+                                               : "GLPK found no solution (code %d)",
+                          ret);
+        goto out;
+    }
+    for (int v = 0; v < n; v++) {
+        choice[v] = 0;
+        if (node_col[v] == 0)
+            continue;
+        for (int s = 0; s < p->nodes[v].k; s++)
+            if (glp_mip_col_val(lp, node_col[v] + s) > 0.5)
+                choice[v] = s;
+    }
+    *optimal = status == GLP_OPT || ret == GLP_EMIPGAP;
+    *gap = *optimal ? 0 : (isfinite(ctx.gap) ? ctx.gap : 1);
+out:
+    if (lp != NULL)
+        glp_delete_prob(lp);
+    glp_term_hook(NULL, NULL);
+    free(node_col);
+    free(edge_col);
+    free(ia);
+    free(ja);
+    free(ar);
+    free(start);
+    return st;
+}
+
+/* ---- the solver ---------------------------------------------------------------- */
+
+/* Cost of a choice over the reduced problem (live edges only). */
+static double work_evaluate(const work *w, const int *choice)
+{
+    const ps_ilp_problem *p = w->p;
+    double c = 0;
+    for (int v = 0; v < p->n_nodes; v++)
+        c += p->nodes[v].cost[choice[v]];
+    for (int e = 0; e < p->n_edges; e++)
+        if (!w->edge_dead[e])
+            c += p->edges[e].cost[choice[p->edges[e].u] * p->nodes[p->edges[e].v].k +
+                                  choice[p->edges[e].v]];
+    return c;
+}
+
+static double min_memory(const ps_ilp_problem *p)
+{
+    double m = 0;
+    for (int v = 0; v < p->n_nodes; v++) {
+        double best = INFINITY;
+        for (int s = 0; s < p->nodes[v].k; s++)
+            if (isfinite(p->nodes[v].cost[s]) && p->nodes[v].mem[s] < best)
+                best = p->nodes[v].mem[s];
+        m += best;
+    }
+    return m;
+}
+
+ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
+                       ps_error *err)
+{
+    ps_status st = PS_OK;
+    double t0 = now_s();
+    work w;
+    adjacency adj = {0};
+    int *choice = NULL, *incumbent = NULL;
+    memset(out, 0, sizeof *out);
+    memset(&w, 0, sizeof w);
+    PS_TRY(ps_ilp_problem_validate(p, err));
+    if (p->mem_budget > 0 && min_memory(p) > p->mem_budget) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                          "no strategy choice fits in memory: it needs at least %.4g GB per "
+                          "device, %.4g GB are available",
+                          min_memory(p) / 1e9, p->mem_budget / 1e9);
+        goto out;
+    }
+    if ((st = work_init(&w, p)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    if (opt->reduce)
+        PS_TRY(reduce(&w, err));
+    if ((st = adjacency_build(&w, &adj)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    choice = calloc((size_t)p->n_nodes + 1, sizeof *choice);
+    incumbent = calloc((size_t)p->n_nodes + 1, sizeof *incumbent);
+    PS_TRY_ALLOC(choice, err);
+    PS_TRY_ALLOC(incumbent, err);
+    out->reduced_nodes = 0;
+    for (int v = 0; v < p->n_nodes; v++)
+        out->reduced_nodes += w.p->nodes[v].k > 1;
+    out->reduced_edges = 0;
+    for (int e = 0; e < p->n_edges; e++)
+        out->reduced_edges += !w.edge_dead[e];
+
+    bool solved = false;
+    if (!w.with_memory && forest_dp(&w, &adj, choice)) {
+        out->method = out->reduced_edges == 0 && out->reduced_nodes == 0 ? "empty" : "forest-dp";
+        out->optimal = true;
+        solved = true;
+    }
+    if (!solved) {
+        bool have_incumbent = local_search(&w, &adj, incumbent);
+        if (have_incumbent && !isfinite(work_evaluate(&w, incumbent)))
+            have_incumbent = false;
+        bool optimal = false;
+        double gap = 1;
+        ps_error inner = {0};
+        st = solve_glpk(&w, opt, have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
+                        &out->glpk_cols, &out->glpk_rows, &inner);
+        if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
+            PS_LOG_WARN("ILP: %s; keeping the heuristic answer", inner.msg);
+            memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);
+            st = PS_OK;
+        } else if (st != PS_OK) {
+            if (st == PS_ERR_INFEASIBLE)
+                st = ps_error_set(err, st,
+                                  "no strategy choice fits in memory: the budget is %.4g GB per "
+                                  "device and the least memory of any single choice per op "
+                                  "adds up to %.4g GB",
+                                  p->mem_budget / 1e9, min_memory(p) / 1e9);
+            else
+                st = ps_error_set(err, st, "%s", inner.msg);
+            goto out;
+        }
+        out->method = "glpk";
+        out->optimal = optimal;
+        out->gap = gap;
+    }
+    /* map back to the original strategies */
+    out->choice = malloc(((size_t)p->n_nodes + 1) * sizeof *out->choice);
+    PS_TRY_ALLOC(out->choice, err);
+    for (int v = 0; v < p->n_nodes; v++)
+        out->choice[v] = w.orig[v][choice[v]];
+    out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
+    if (!isfinite(out->objective)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "every strategy choice has a forbidden pair");
+        ps_ilp_result_clear(out);
+        goto out;
+    }
+    out->solve_s = now_s() - t0;
+out:
+    adjacency_free(&adj);
+    work_free(&w);
+    free(choice);
+    free(incumbent);
+    return st;
+}

@@ -1,0 +1,81 @@
+/* The intra-op integer program, independent of what its nodes mean.
+ *
+ * Nodes pick one of k strategies (node cost in seconds, memory in bytes per
+ * device); an edge (u, v) adds cost[i * k_v + j] when u picks i and v picks j
+ * (resharding); INFINITY forbids a pair. Minimize total cost, optionally with
+ * total memory <= budget. This module makes the instance small by exact
+ * reductions, computes an incumbent (exact on forests, local search plus a
+ * memory repair otherwise), and hands the rest to GLPK as a 0-1 program with
+ * one-hot node variables and linearized edge variables. It is the only module
+ * that includes glpk.h. */
+#ifndef PS_PLANNER_INTRA_ILP_H
+#define PS_PLANNER_INTRA_ILP_H
+
+#include <stdbool.h>
+
+#include "core/status.h"
+
+typedef struct ps_ilp_node {
+    int k;
+    double *cost; /* [k] seconds */
+    double *mem;  /* [k] bytes per device */
+} ps_ilp_node;
+
+typedef struct ps_ilp_edge {
+    int u, v;
+    double *cost; /* [k_u * k_v], row-major in u's strategy */
+} ps_ilp_edge;
+
+typedef struct ps_ilp_problem {
+    int n_nodes, n_edges, cap_nodes, cap_edges;
+    ps_ilp_node *nodes;
+    ps_ilp_edge *edges;
+    double mem_budget; /* bytes per device; <= 0: no memory constraint */
+} ps_ilp_problem;
+
+ps_status ps_ilp_problem_create(ps_ilp_problem **out);
+void ps_ilp_problem_free(ps_ilp_problem *p);
+/* Copies cost/mem (mem may be NULL: zeros). */
+ps_status ps_ilp_add_node(ps_ilp_problem *p, int k, const double *cost, const double *mem,
+                          int *id_out);
+/* Copies cost (k_u * k_v entries). u != v, both existing. */
+ps_status ps_ilp_add_edge(ps_ilp_problem *p, int u, int v, const double *cost);
+/* Checks sizes, indices and values (no NaN, costs >= 0 or INFINITY). */
+ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err);
+
+typedef struct ps_ilp_options {
+    double time_limit_s; /* GLPK's limit (default 60) */
+    double mip_gap;      /* relative gap at which GLPK may stop (default 1e-4) */
+    bool reduce;         /* apply the exact reductions first (default true) */
+} ps_ilp_options;
+
+ps_ilp_options ps_ilp_options_default(void);
+
+typedef struct ps_ilp_result {
+    int *choice;       /* [n_nodes] strategy per node (owned; free with ps_ilp_result_clear) */
+    double objective;  /* total cost of `choice` */
+    double memory;     /* total memory of `choice` */
+    bool optimal;      /* proven optimal (within mip_gap) */
+    double gap;        /* relative gap of the answer when not proven (0 when optimal) */
+    double solve_s;    /* wall time of the whole solve */
+    int reduced_nodes, reduced_edges; /* size after reductions */
+    int glpk_cols, glpk_rows;         /* 0 when GLPK was not needed */
+    const char *method; /* "empty", "forest-dp", "glpk" */
+} ps_ilp_result;
+
+void ps_ilp_result_clear(ps_ilp_result *r);
+
+/* Total cost and memory of a given choice (INFINITY if a pair is forbidden). */
+double ps_ilp_evaluate(const ps_ilp_problem *p, const int *choice, double *memory_out);
+
+/* Solves p. PS_ERR_INFEASIBLE (with the least memory any choice needs and the
+ * budget in the message) when no choice fits the budget or every choice has
+ * a forbidden pair. */
+ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
+                       ps_error *err);
+
+/* Exhaustive search, for tests: at most max_combinations choices. */
+ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
+                             ps_ilp_result *out, ps_error *err);
+
+#endif

@@ -1,0 +1,248 @@
+/* planner/intra_ilp: GLPK's optimum against exhaustive search, exactness of
+ * the reductions, forest DP, infeasibility reports. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "planner/intra_ilp.h"
+
+/* Deterministic generator (xorshift), so failures reproduce. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+static int below(int n) { return (int)(uniform() * n); }
+
+/* A random DAG: nodes 2..8, 1..4 strategies, edges between random pairs
+ * (about a third of them), costs in [0, 10), a few forbidden pairs. */
+static ps_ilp_problem *random_problem(bool with_memory, bool allow_forbidden)
+{
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    int n = 2 + below(7);
+    for (int v = 0; v < n; v++) {
+        int k = 1 + below(4);
+        double cost[4], mem[4];
+        for (int s = 0; s < k; s++) {
+            cost[s] = 10 * uniform();
+            mem[s] = 10 * uniform();
+        }
+        assert_int_equal(ps_ilp_add_node(p, k, cost, mem, NULL), PS_OK);
+    }
+    for (int u = 0; u < n; u++)
+        for (int v = u + 1; v < n; v++) {
+            if (uniform() > 0.35)
+                continue;
+            double c[16];
+            int kk = p->nodes[u].k * p->nodes[v].k;
+            for (int i = 0; i < kk; i++)
+                c[i] = allow_forbidden && uniform() < 0.05 ? INFINITY : 10 * uniform();
+            assert_int_equal(ps_ilp_add_edge(p, u, v, c), PS_OK);
+            if (uniform() < 0.1) /* a parallel edge, sometimes reversed */
+                assert_int_equal(ps_ilp_add_edge(p, v, u, (double[16]){1, 2, 3, 4, 5, 6, 7, 8,
+                                                                     9, 1, 2, 3, 4, 5, 6, 7}),
+                                 PS_OK);
+        }
+    if (with_memory) {
+        double lo = 0, hi = 0;
+        for (int v = 0; v < n; v++) {
+            double mn = INFINITY, mx = 0;
+            for (int s = 0; s < p->nodes[v].k; s++) {
+                mn = fmin(mn, p->nodes[v].mem[s]);
+                mx = fmax(mx, p->nodes[v].mem[s]);
+            }
+            lo += mn;
+            hi += mx;
+        }
+        p->mem_budget = lo + (hi - lo) * uniform() * 0.7 + 1e-9;
+    }
+    return p;
+}
+
+static void check_against_brute_force(bool with_memory, bool reduce)
+{
+    int solved = 0, infeasible = 0;
+    for (int t = 0; t < 200; t++) {
+        ps_ilp_problem *p = random_problem(with_memory, true);
+        ps_ilp_result bf = {0}, ilp = {0};
+        ps_error e1 = {0}, e2 = {0};
+        ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, &e1);
+        ps_ilp_options o = ps_ilp_options_default();
+        o.reduce = reduce;
+        o.mip_gap = 0;
+        ps_status s2 = ps_ilp_solve(p, &o, &ilp, &e2);
+        if ((s1 == PS_OK) != (s2 == PS_OK))
+            fail_msg("instance %d: brute force %d (%s), ilp %d (%s)", t, s1, e1.msg, s2, e2.msg);
+        if (s1 == PS_OK) {
+            if (fabs(bf.objective - ilp.objective) > 1e-9 * (1 + bf.objective))
+                fail_msg("instance %d: brute force %.12g, ilp %.12g (%s)", t, bf.objective,
+                         ilp.objective, ilp.method);
+            assert_true(ilp.optimal);
+            if (with_memory)
+                assert_true(ilp.memory <= p->mem_budget);
+            solved++;
+        } else {
+            assert_int_equal(s2, PS_ERR_INFEASIBLE);
+            infeasible++;
+        }
+        ps_ilp_result_clear(&bf);
+        ps_ilp_result_clear(&ilp);
+        ps_ilp_problem_free(p);
+    }
+    assert_true(solved >= 150);
+    (void)infeasible;
+}
+
+static void matches_brute_force(void **state)
+{
+    (void)state;
+    check_against_brute_force(false, true);
+}
+static void matches_brute_force_with_memory(void **state)
+{
+    (void)state;
+    check_against_brute_force(true, true);
+}
+/* The reductions are exact: the unreduced program has the same optimum. */
+static void matches_brute_force_unreduced(void **state)
+{
+    (void)state;
+    check_against_brute_force(false, false);
+    check_against_brute_force(true, false);
+}
+
+/* A chain is a forest: solved by dynamic programming, no GLPK. */
+static void chain_uses_forest_dp(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    for (int v = 0; v < 50; v++) {
+        double c[3] = {3 * uniform(), 3 * uniform(), 3 * uniform()};
+        assert_int_equal(ps_ilp_add_node(p, 3, c, NULL, NULL), PS_OK);
+        if (v > 0) {
+            double e[9];
+            for (int i = 0; i < 9; i++)
+                e[i] = (i % 4 == 0) ? 0 : 1 + uniform(); /* diagonal free, like resharding */
+            assert_int_equal(ps_ilp_add_edge(p, v - 1, v, e), PS_OK);
+        }
+    }
+    ps_ilp_options o = ps_ilp_options_default();
+    ps_ilp_result r = {0};
+    assert_int_equal(ps_ilp_solve(p, &o, &r, NULL), PS_OK);
+    assert_string_equal(r.method, "forest-dp");
+    assert_true(r.optimal);
+    assert_int_equal(r.glpk_cols, 0);
+    /* and GLPK agrees when forced (a budget above everything) */
+    p->mem_budget = 1e30;
+    ps_ilp_result g = {0};
+    p->nodes[0].mem[0] = 1; /* keep the memory row non-trivial */
+    assert_int_equal(ps_ilp_solve(p, &o, &g, NULL), PS_OK);
+    assert_true(fabs(g.objective - r.objective) < 1e-9 * (1 + r.objective));
+    ps_ilp_result_clear(&r);
+    ps_ilp_result_clear(&g);
+    ps_ilp_problem_free(p);
+}
+
+static void infeasible_memory_names_the_numbers(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    double c[2] = {1, 2}, m[2] = {4e9, 3e9};
+    assert_int_equal(ps_ilp_add_node(p, 2, c, m, NULL), PS_OK);
+    assert_int_equal(ps_ilp_add_node(p, 2, c, m, NULL), PS_OK);
+    p->mem_budget = 5e9;
+    ps_ilp_options o = ps_ilp_options_default();
+    ps_ilp_result r = {0};
+    ps_error err = {0};
+    assert_int_equal(ps_ilp_solve(p, &o, &r, &err), PS_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.msg, "at least 6 GB"));
+    assert_non_null(strstr(err.msg, "5 GB are available"));
+    assert_null(r.choice);
+    ps_ilp_problem_free(p);
+}
+
+/* Alpa-shaped: a chain with skip edges and one binding memory constraint. */
+static void medium_instance_with_memory(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    int n = 200, k = 6;
+    double max_mem = 0, min_mem = 0;
+    for (int v = 0; v < n; v++) {
+        double c[6], m[6];
+        for (int s = 0; s < k; s++) {
+            m[s] = 1 + s + uniform();           /* more sharding: less memory ... */
+            c[s] = (k - s) * 0.1 + uniform();    /* ... and more time */
+        }
+        min_mem += m[0];
+        max_mem += m[k - 1];
+        assert_int_equal(ps_ilp_add_node(p, k, c, m, NULL), PS_OK);
+        for (int back = 1; back <= 3 && back <= v; back++) {
+            if (back > 1 && uniform() > 0.3)
+                continue;
+            double e[36];
+            for (int i = 0; i < 36; i++)
+                e[i] = i / k == i % k ? 0 : 0.5 * uniform();
+            assert_int_equal(ps_ilp_add_edge(p, v - back, v, e), PS_OK);
+        }
+    }
+    p->mem_budget = min_mem + 0.4 * (max_mem - min_mem);
+    ps_ilp_options o = ps_ilp_options_default();
+    o.time_limit_s = 20;
+    o.mip_gap = 0.01;
+    ps_ilp_result r = {0};
+    ps_error err = {0};
+    if (ps_ilp_solve(p, &o, &r, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(r.memory <= p->mem_budget);
+    assert_true(r.optimal || r.gap <= 0.05);
+    printf("# 200 x 6 with memory: %s, %d cols, %d rows, %.3f s, optimal %d, gap %.4f\n",
+           r.method, r.glpk_cols, r.glpk_rows, r.solve_s, r.optimal, r.gap);
+    ps_ilp_result_clear(&r);
+    ps_ilp_problem_free(p);
+}
+
+static void rejects_bad_input(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    double c[2] = {1, NAN};
+    assert_int_equal(ps_ilp_add_node(p, 0, c, NULL, NULL), PS_ERR_INVALID);
+    assert_int_equal(ps_ilp_add_node(p, 2, c, NULL, NULL), PS_OK);
+    assert_int_equal(ps_ilp_add_edge(p, 0, 0, c), PS_ERR_INVALID);
+    assert_int_equal(ps_ilp_add_edge(p, 0, 3, c), PS_ERR_INVALID);
+    ps_ilp_result r = {0};
+    ps_ilp_options o = ps_ilp_options_default();
+    assert_int_equal(ps_ilp_solve(p, &o, &r, NULL), PS_ERR_INTERNAL);
+    ps_ilp_problem_free(p);
+    ps_ilp_problem_free(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matches_brute_force),
+        cmocka_unit_test(matches_brute_force_with_memory),
+        cmocka_unit_test(matches_brute_force_unreduced),
+        cmocka_unit_test(chain_uses_forest_dp),
+        cmocka_unit_test(infeasible_memory_names_the_numbers),
+        cmocka_unit_test(medium_instance_with_memory),
+        cmocka_unit_test(rejects_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
