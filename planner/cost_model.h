@@ -1,0 +1,78 @@
+/* The cost model: logical meshes with per-axis link parameters, collective
+ * times, compute times and resharding costs.
+ *
+ * A physical submesh (hosts x devices per host, starting at a host boundary
+ * or inside one host) is flattened host-major and reshaped to a logical
+ * d0 x d1 mesh, so axis 1 runs over consecutive devices. An axis whose groups
+ * stay inside one node uses the intra-node link; one that crosses nodes uses
+ * each device's share of its node's NICs. Collectives are rings: with n
+ * devices on the axis, bytes B per device, latency a and seconds per byte b,
+ *   all-reduce       2(n-1)a + 2(n-1)/n B b
+ *   all-gather       (n-1)a + (n-1)/n B b      (B: the gathered size)
+ *   reduce-scatter   (n-1)a + (n-1)/n B b      (B: the input size)
+ *   all-to-all       (n-1)a + (n-1)/n B b
+ * Compute is a roofline: max(FLOPs / (peak * efficiency), bytes / (memory
+ * bandwidth * efficiency)), on the slowest device of the mesh. A measured
+ * profile DB will replace these defaults (see ps_cost_params). */
+#ifndef PS_PLANNER_COST_MODEL_H
+#define PS_PLANNER_COST_MODEL_H
+
+#include "core/cluster.h"
+#include "core/graph.h"
+#include "core/sharding.h"
+
+typedef enum ps_collective {
+    PS_COLL_ALL_REDUCE = 0,
+    PS_COLL_ALL_GATHER = 1,
+    PS_COLL_REDUCE_SCATTER = 2,
+    PS_COLL_ALL_TO_ALL = 3,
+    PS_COLL_COUNT
+} ps_collective;
+
+extern const char *const ps_collective_names[PS_COLL_COUNT];
+
+/* Tunable efficiencies of the analytic model. */
+typedef struct ps_cost_params {
+    double gemm_efficiency;      /* fraction of peak FLOP/s a GEMM or conv reaches */
+    double other_efficiency;     /* fraction of peak FLOP/s for other ops */
+    double bandwidth_efficiency; /* fraction of memory bandwidth reached */
+} ps_cost_params;
+
+ps_cost_params ps_cost_params_default(void);
+
+typedef struct ps_logical_mesh {
+    int shape[PS_MESH_AXES]; /* d0 x d1 */
+    int hosts, devices_per_host; /* the physical submesh */
+    int n_devices;
+    int *devices;            /* [d0 * d1] global device ids, row-major */
+    double alpha_s[PS_MESH_AXES];
+    double beta_s_per_byte[PS_MESH_AXES];
+    bool crosses_nodes[PS_MESH_AXES];
+    double peak_flops[PS_FLOAT_DTYPE_COUNT]; /* slowest device */
+    double memory_bandwidth_bytes_per_s;     /* slowest device */
+    double memory_bytes;                     /* smallest device */
+    ps_cost_params params;
+} ps_logical_mesh;
+
+/* The submesh of `hosts` x `devices_per_host` devices whose first device is
+ * first_device, viewed as d0 x d1 (d0 * d1 = hosts * devices_per_host). */
+ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
+                         int d0, int d1, ps_logical_mesh **out, ps_error *err);
+void ps_mesh_free(ps_logical_mesh *m);
+
+/* Time of a collective over the mesh axes in `axes` (bit mask; both axes =
+ * hierarchical: axis 1 first, then axis 0 on the reduced share). */
+double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes);
+
+/* Roofline time of local work of the given dtype. */
+double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
+                    bool gemm);
+
+/* Cost of turning a tensor laid out as `from` into `to` (to is never partial):
+ * per mesh axis, a partial sum is all-reduced or reduce-scattered, a split
+ * that goes away is all-gathered, a split that moves to another dimension is
+ * an all-to-all, a new split is a free slice. INFINITY if `to` does not tile. */
+double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
+                    const ps_sharding_spec *from, const ps_sharding_spec *to);
+
+#endif

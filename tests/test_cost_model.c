@@ -1,0 +1,212 @@
+/* core/sharding + planner/cost_model: specs, tiles, meshes, collectives and
+ * resharding against closed forms and exhaustive coverage checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "planner/cost_model.h"
+
+static bool close_to(double a, double b) { return fabs(a - b) <= 1e-12 + 1e-9 * fabs(b); }
+
+/* Every well-formed spec of rank <= 3 formats and parses back to itself. */
+static void spec_text_round_trip(void **state)
+{
+    (void)state;
+    int count = 0;
+    for (int rank = 0; rank <= 3; rank++) {
+        int combos = 1;
+        for (int d = 0; d < rank; d++)
+            combos *= 4;
+        for (int c = 0; c < combos; c++)
+            for (int partial = 0; partial < 4; partial++) {
+                ps_sharding_spec s = ps_spec_replicated(rank);
+                for (int d = 0, x = c; d < rank; d++, x /= 4)
+                    s.dim_axes[d] = (uint8_t)(x % 4);
+                s.partial = (uint8_t)partial;
+                if (!ps_spec_well_formed(&s))
+                    continue;
+                char buf[PS_SPEC_STR_MAX];
+                ps_spec_format(&s, buf, sizeof buf);
+                ps_sharding_spec back;
+                if (!ps_spec_parse(buf, rank, &back) || !ps_spec_equal(&s, &back))
+                    fail_msg("\"%s\" does not parse back", buf);
+                count++;
+            }
+    }
+    assert_true(count > 40);
+    static const char *const bad[] = {"", "S2", "S0,S0", "S01,S1", "R,", ",R", "S0|P0", "R|Q",
+                                      "S0,R,R,R,R,R,R"};
+    ps_sharding_spec s;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (ps_spec_parse(bad[i], 2, &s))
+            fail_msg("\"%s\" parsed", bad[i]);
+    assert_false(ps_spec_parse("S0,R", 3, &s)); /* wrong rank */
+    assert_true(ps_spec_parse("R", 0, &s) && s.rank == 0);
+}
+
+/* The tiles of all devices cover every element exactly (number of replicas)
+ * times, for every spec of a 4 x 6 tensor on a 2 x 3 mesh. */
+static void tiles_cover_the_tensor(void **state)
+{
+    (void)state;
+    int mesh[2] = {2, 3};
+    ps_tensor_desc t = {.dtype = PS_DTYPE_F32, .rank = 2, .shape = {6, 12}};
+    for (int c = 0; c < 16; c++) {
+        ps_sharding_spec s = ps_spec_replicated(2);
+        s.dim_axes[0] = (uint8_t)(c % 4);
+        s.dim_axes[1] = (uint8_t)(c / 4);
+        if (!ps_spec_well_formed(&s))
+            continue;
+        ps_tensor_desc tile;
+        assert_true(ps_spec_tile(&s, &t, mesh, &tile));
+        int replicas = 1;
+        for (int a = 0; a < 2; a++)
+            if (ps_spec_dim_of_axis(&s, a) < 0)
+                replicas *= mesh[a];
+        int cover[6][12] = {{0}};
+        for (int i0 = 0; i0 < 2; i0++)
+            for (int i1 = 0; i1 < 3; i1++) {
+                int64_t off[2];
+                ps_spec_tile_offset(&s, &t, mesh, i0, i1, off);
+                for (int64_t x = 0; x < tile.shape[0]; x++)
+                    for (int64_t y = 0; y < tile.shape[1]; y++)
+                        cover[off[0] + x][off[1] + y]++;
+            }
+        for (int x = 0; x < 6; x++)
+            for (int y = 0; y < 12; y++)
+                assert_int_equal(cover[x][y], replicas);
+        assert_true(ps_spec_tile_bytes(&s, &t, mesh) == 4.0 * 72 / (6 / replicas));
+    }
+    ps_sharding_spec s = ps_spec_replicated(2);
+    s.dim_axes[0] = 3; /* 6 rows over 6 devices: fine; 7 would not divide */
+    ps_tensor_desc tile;
+    assert_true(ps_spec_tile(&s, &t, mesh, &tile));
+    t.shape[0] = 7;
+    assert_false(ps_spec_tile(&s, &t, mesh, &tile));
+}
+
+static ps_cluster *preset(const char *name)
+{
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset(name, &c, NULL), PS_OK);
+    return c;
+}
+
+/* Axes inside a node use NVLink; an axis across nodes gets each device's
+ * share of its node's NICs. */
+static void mesh_link_parameters(void **state)
+{
+    (void)state;
+    ps_cluster *c = preset("dgx-a100:2");
+    ps_logical_mesh *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 2, 4, &m, NULL), PS_OK);
+    for (int a = 0; a < 2; a++) {
+        assert_false(m->crosses_nodes[a]);
+        assert_true(close_to(m->beta_s_per_byte[a], 1 / 300e9));
+        assert_true(close_to(m->alpha_s[a], 2e-6));
+    }
+    assert_int_equal(m->devices[7], 7);
+    ps_mesh_free(m);
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &m, NULL), PS_OK);
+    assert_true(m->crosses_nodes[0]);
+    assert_false(m->crosses_nodes[1]);
+    assert_true(close_to(m->beta_s_per_byte[0], 1 / 25e9)); /* 8 NICs x 25e9 / 8 devices */
+    assert_true(close_to(m->alpha_s[0], 5e-6));
+    assert_true(close_to(m->peak_flops[PS_DTYPE_F16], 312e12));
+    ps_mesh_free(m);
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 16, 1, &m, NULL), PS_OK);
+    assert_true(m->crosses_nodes[0]);
+    ps_mesh_free(m);
+    /* a sub-node slice of 4 devices at device 8 lies on node 1 */
+    assert_int_equal(ps_mesh_create(c, 8, 1, 4, 1, 4, &m, NULL), PS_OK);
+    assert_int_equal(m->devices[0], 8);
+    ps_mesh_free(m);
+    ps_error err = {0};
+    assert_int_equal(ps_mesh_create(c, 6, 1, 4, 1, 4, &m, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "does not fit"));
+    assert_int_equal(ps_mesh_create(c, 0, 2, 4, 2, 4, &m, NULL), PS_ERR_INVALID);
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 3, 3, &m, NULL), PS_ERR_INVALID);
+    ps_cluster_free(c);
+}
+
+/* Ring collectives equal their closed forms. */
+static void collective_closed_forms(void **state)
+{
+    (void)state;
+    ps_cluster *c = preset("p3.16xlarge:1");
+    ps_logical_mesh *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 1, 8, &m, NULL), PS_OK);
+    double B = 1 << 30, a = 2e-6, b = 1 / 150e9, n = 8;
+    assert_true(close_to(ps_collective_s(m, PS_COLL_ALL_REDUCE, 2, B),
+                         2 * (n - 1) * a + 2 * (n - 1) / n * B * b));
+    assert_true(close_to(ps_collective_s(m, PS_COLL_ALL_GATHER, 2, B),
+                         (n - 1) * a + (n - 1) / n * B * b));
+    assert_true(close_to(ps_collective_s(m, PS_COLL_REDUCE_SCATTER, 2, B),
+                         (n - 1) * a + (n - 1) / n * B * b));
+    assert_true(ps_collective_s(m, PS_COLL_ALL_REDUCE, 1, B) == 0); /* axis of size 1 */
+    /* both axes of a 2 x 4 mesh: reduce-scatter(4) + all-reduce(2) + all-gather(4) */
+    ps_mesh_free(m);
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 2, 4, &m, NULL), PS_OK);
+    double want = (3 * a + 0.75 * B * b) + (2 * a + 2 * 0.5 * (B / 4) * b) + (3 * a + 0.75 * B * b);
+    assert_true(close_to(ps_collective_s(m, PS_COLL_ALL_REDUCE, 3, B), want));
+    /* the roofline: a GEMM is FLOP-bound, a copy bandwidth-bound */
+    double gemm = ps_compute_s(m, PS_DTYPE_F16, 1e12, 1e6, true);
+    assert_true(close_to(gemm, 1e12 / (125e12 * m->params.gemm_efficiency)));
+    double copy = ps_compute_s(m, PS_DTYPE_F16, 1e6, 9e8, false);
+    assert_true(close_to(copy, 9e8 / (900e9 * m->params.bandwidth_efficiency)));
+    /* bf16 on a V100 falls back to fp32 peak */
+    assert_true(ps_compute_s(m, PS_DTYPE_BF16, 1e12, 0, true) >
+                ps_compute_s(m, PS_DTYPE_F16, 1e12, 0, true));
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+}
+
+/* Resharding: partial -> replicated is an all-reduce, partial -> split a
+ * reduce-scatter, split -> replicated an all-gather, a split moving to another
+ * dimension an all-to-all, replicated -> split free. */
+static void resharding_rules(void **state)
+{
+    (void)state;
+    ps_cluster *c = preset("dgx-a100:1");
+    ps_logical_mesh *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 1, 8, &m, NULL), PS_OK);
+    ps_tensor_desc t = {.dtype = PS_DTYPE_F16, .rank = 2, .shape = {1024, 4096}};
+    double full = 1024.0 * 4096 * 2;
+    ps_sharding_spec R, S1_0, S1_1, P1;
+    assert_true(ps_spec_parse("R,R", 2, &R));
+    assert_true(ps_spec_parse("S1,R", 2, &S1_0));
+    assert_true(ps_spec_parse("R,S1", 2, &S1_1));
+    assert_true(ps_spec_parse("R,R|P1", 2, &P1));
+    assert_true(ps_reshard_s(m, &t, &R, &R) == 0);
+    assert_true(ps_reshard_s(m, &t, &R, &S1_0) == 0);
+    assert_true(close_to(ps_reshard_s(m, &t, &P1, &R),
+                         ps_collective_s(m, PS_COLL_ALL_REDUCE, 2, full)));
+    assert_true(close_to(ps_reshard_s(m, &t, &P1, &S1_1),
+                         ps_collective_s(m, PS_COLL_REDUCE_SCATTER, 2, full)));
+    assert_true(close_to(ps_reshard_s(m, &t, &S1_0, &R),
+                         ps_collective_s(m, PS_COLL_ALL_GATHER, 2, full)));
+    assert_true(close_to(ps_reshard_s(m, &t, &S1_0, &S1_1),
+                         ps_collective_s(m, PS_COLL_ALL_TO_ALL, 2, full / 8)));
+    /* a partial target or one that does not tile is impossible */
+    assert_true(isinf(ps_reshard_s(m, &t, &R, &P1)));
+    ps_tensor_desc odd = {.dtype = PS_DTYPE_F16, .rank = 2, .shape = {1023, 4096}};
+    assert_true(isinf(ps_reshard_s(m, &odd, &R, &S1_0)));
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(spec_text_round_trip),  cmocka_unit_test(tiles_cover_the_tensor),
+        cmocka_unit_test(mesh_link_parameters),  cmocka_unit_test(collective_closed_forms),
+        cmocka_unit_test(resharding_rules),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
