@@ -149,7 +149,7 @@ double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
                     const ps_sharding_spec *from, const ps_sharding_spec *to)
 {
     ps_tensor_desc tile;
-    if (to->partial != 0 || !ps_spec_tile(to, t, m->shape, &tile))
+    if (!ps_spec_tile(to, t, m->shape, &tile))
         return INFINITY;
     if (ps_spec_equal(from, to))
         return 0;
@@ -162,7 +162,15 @@ double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
             continue;
         int src = ps_spec_dim_of_axis(&cur, a), dst = ps_spec_dim_of_axis(to, a);
         double local = ps_spec_tile_bytes(&cur, t, m->shape);
-        if (cur.partial & bit) {
+        if (to->partial & bit) {
+            /* a partial sum is wanted: a replica becomes one free of charge
+             * (one device keeps the value, the others zeros) */
+            if (!(cur.partial & bit) && src >= 0) {
+                cost += ps_collective_s(m, PS_COLL_ALL_GATHER, bit, local * m->shape[a]);
+                cur.dim_axes[src] &= (uint8_t)~bit;
+            }
+            cur.partial |= (uint8_t)bit;
+        } else if (cur.partial & bit) {
             if (dst >= 0) {
                 cost += ps_collective_s(m, PS_COLL_REDUCE_SCATTER, bit, local);
                 cur.dim_axes[dst] |= (uint8_t)bit;

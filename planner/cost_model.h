@@ -68,10 +68,12 @@ double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned ax
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
                     bool gemm);
 
-/* Cost of turning a tensor laid out as `from` into `to` (to is never partial):
- * per mesh axis, a partial sum is all-reduced or reduce-scattered, a split
- * that goes away is all-gathered, a split that moves to another dimension is
- * an all-to-all, a new split is a free slice. INFINITY if `to` does not tile. */
+/* Cost of turning a tensor laid out as `from` into `to`: per mesh axis, a
+ * partial sum is all-reduced or reduce-scattered (or kept, when `to` is
+ * partial there too), a split that goes away is all-gathered, a split that
+ * moves to another dimension is an all-to-all, a new split is a free slice,
+ * and a replica becomes a partial sum for free. INFINITY if `to` does not
+ * tile. */
 double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
                     const ps_sharding_spec *from, const ps_sharding_spec *to);
 

@@ -193,8 +193,13 @@ static void resharding_rules(void **state)
                          ps_collective_s(m, PS_COLL_ALL_GATHER, 2, full)));
     assert_true(close_to(ps_reshard_s(m, &t, &S1_0, &S1_1),
                          ps_collective_s(m, PS_COLL_ALL_TO_ALL, 2, full / 8)));
-    /* a partial target or one that does not tile is impossible */
-    assert_true(isinf(ps_reshard_s(m, &t, &R, &P1)));
+    /* a replica becomes a partial sum for free; a split one is gathered
+     * first; a partial sum stays one for free */
+    assert_true(ps_reshard_s(m, &t, &R, &P1) == 0);
+    assert_true(ps_reshard_s(m, &t, &P1, &P1) == 0);
+    assert_true(close_to(ps_reshard_s(m, &t, &S1_1, &P1),
+                         ps_collective_s(m, PS_COLL_ALL_GATHER, 2, full)));
+    /* a target that does not tile is impossible */
     ps_tensor_desc odd = {.dtype = PS_DTYPE_F16, .rank = 2, .shape = {1023, 4096}};
     assert_true(isinf(ps_reshard_s(m, &odd, &R, &S1_0)));
     ps_mesh_free(m);

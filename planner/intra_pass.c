@@ -1,0 +1,394 @@
+#include "planner/intra_pass.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const ps_intra_method_names[PS_METHOD_COUNT] = {"shard", "data", "zero2", "zero3"};
+
+ps_intra_options ps_intra_options_default(void)
+{
+    return (ps_intra_options){.method = PS_METHOD_SHARD, .force_batch_axis0 = false,
+                              .micro_batches = 1, .memory_budget_bytes = 0,
+                              .ilp = ps_ilp_options_default()};
+}
+
+void ps_intra_result_free(ps_intra_result *r)
+{
+    if (r == NULL)
+        return;
+    free(r->op_strategy);
+    free(r->tensor_spec);
+    free(r->reshard_in_s);
+    ps_ilp_result_clear(&r->ilp);
+    free(r);
+}
+
+/* Per-op and per-source candidate lists, indexed by ILP node. */
+typedef struct candidates {
+    int n_ops, n_sources;
+    ps_strategy **op;      /* [n_ops] */
+    int *n_op;
+    ps_sharding_spec **src; /* [n_tensors], NULL for produced tensors */
+    int *n_src;
+    int *node_of_tensor;   /* source tensor -> ILP node */
+} candidates;
+
+static void candidates_free(candidates *c, int n_tensors)
+{
+    for (int i = 0; c->op != NULL && i < c->n_ops; i++)
+        free(c->op[i]);
+    for (int t = 0; c->src != NULL && t < n_tensors; t++)
+        free(c->src[t]);
+    free(c->op);
+    free(c->n_op);
+    free(c->src);
+    free(c->n_src);
+    free(c->node_of_tensor);
+}
+
+static bool is_batch_method(ps_intra_method m) { return m != PS_METHOD_SHARD; }
+
+/* Keeps the strategies a method allows (always at least one). */
+static void filter_op(const ps_op *op, const ps_op_signature *sig, ps_intra_method method,
+                      ps_strategy *list, int *n)
+{
+    if (!is_batch_method(method))
+        return;
+    int batch = -1;
+    for (int l = 0; l < sig->n_labels; l++)
+        if (sig->batch[l] && batch < 0)
+            batch = l;
+    int keep = 0;
+    for (int pass = 0; pass < 2 && keep == 0; pass++) {
+        for (int i = 0; i < *n; i++) {
+            const ps_strategy *s = &list[i];
+            bool ok;
+            if (op->kind == PS_OP_ADAM && method != PS_METHOD_DATA)
+                ok = pass == 0 ? (s->assign[0] >= 0 && s->assign[1] == PS_LABEL_NONE)
+                               : (s->assign[0] == PS_LABEL_NONE && s->assign[1] == PS_LABEL_NONE);
+            else if (pass == 0 && batch >= 0)
+                ok = s->assign[0] == batch && s->assign[1] == PS_LABEL_NONE;
+            else
+                ok = s->assign[0] == PS_LABEL_NONE && s->assign[1] == PS_LABEL_NONE;
+            if (ok)
+                list[keep++] = *s;
+        }
+    }
+    *n = keep;
+}
+
+static void filter_source(const ps_tensor *t, ps_intra_method method, ps_sharding_spec *list,
+                          int *n)
+{
+    if (!is_batch_method(method) || t->kind == PS_TENSOR_INPUT)
+        return;
+    bool want_sharded = (t->kind == PS_TENSOR_OPT_STATE && method != PS_METHOD_DATA) ||
+                        (t->kind == PS_TENSOR_PARAM && method == PS_METHOD_ZERO3);
+    int keep = 0;
+    for (int i = 0; i < *n; i++) {
+        bool replicated = ps_spec_dim_of_axis(&list[i], 0) < 0 &&
+                          ps_spec_dim_of_axis(&list[i], 1) < 0;
+        bool ok = want_sharded ? (!replicated && ps_spec_dim_of_axis(&list[i], 1) < 0)
+                               : replicated;
+        if (ok)
+            list[keep++] = list[i];
+    }
+    if (keep == 0) { /* nothing divides: stay replicated (list[0]) */
+        keep = 1;
+    }
+    *n = keep;
+}
+
+/* Names a matmul strategy by its einsum letters ("b@0 n@1"), other ops by
+ * their output layout. */
+static void readable_name(const ps_graph *g, const ps_op *op, const ps_op_signature *sig,
+                          ps_strategy *s)
+{
+    char buf[40] = "", suffix[16] = "";
+    int used = 0;
+    const char *plus = strchr(s->name, '+');
+    if (plus != NULL)
+        snprintf(suffix, sizeof suffix, "%s", plus);
+    if (op->kind == PS_OP_MATMUL) {
+        ps_einsum e;
+        if (ps_einsum_parse(op->attrs.einsum, &e, NULL) != PS_OK)
+            return;
+        for (int a = 0; a < PS_MESH_AXES; a++) {
+            int l = s->assign[a];
+            if (l < 0)
+                continue;
+            char letter = '?';
+            for (int o = 0; o < 2; o++)
+                for (int k = 0; k < e.rank[o]; k++)
+                    if (sig->in[o][k] == l)
+                        letter = e.labels[o][k];
+            used += snprintf(buf + used, sizeof buf - (size_t)used, "%s%c@%d", used ? " " : "",
+                             letter, a);
+        }
+        snprintf(s->name, sizeof s->name, "%.22s%s", used ? buf : "R", suffix);
+        return;
+    }
+    (void)g;
+    if (op->n_out > 0)
+        ps_spec_format(&s->out[0], s->name, sizeof s->name);
+    else
+        ps_spec_format(&s->in[0], s->name, sizeof s->name);
+}
+
+/* Tensors that must live through the step (weights, state, the gradients
+ * the update reads) or through a micro-batch (forward tensors the backward
+ * pass reads). */
+static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_error *err)
+{
+    unsigned char *kept = calloc((size_t)g->n_tensors + 1, 1);
+    if (kept == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->pass != PS_PASS_BACKWARD && op->pass != PS_PASS_RECOMPUTE)
+            continue;
+        for (int k = 0; k < op->n_in; k++) {
+            const ps_tensor *t = &g->tensors[op->in[k]];
+            if (t->kind == PS_TENSOR_INPUT ||
+                (t->producer >= 0 && g->ops[t->producer].pass == PS_PASS_FORWARD))
+                kept[op->in[k]] = 1;
+        }
+    }
+    *kept_out = kept;
+    return PS_OK;
+}
+
+static int output_index(const ps_op *op, int t)
+{
+    for (int k = 0; k < op->n_out; k++)
+        if (op->out[k] == t)
+            return k;
+    return -1;
+}
+
+ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
+                         const ps_intra_options *opt, ps_intra_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    candidates c = {0};
+    unsigned char *batch = NULL, *kept = NULL, *keep_partial = NULL;
+    ps_op_signature *sigs = NULL;
+    ps_ilp_problem *p = NULL;
+    ps_intra_result *r = NULL;
+    double *cost = NULL, *mem = NULL, *ecost = NULL;
+    *out = NULL;
+    int n_ops = g->n_ops, n_t = g->n_tensors;
+    double inv_b = 1.0 / (opt->micro_batches > 0 ? opt->micro_batches : 1);
+    ps_strategy_options so = {.force_batch_axis0 = opt->force_batch_axis0 ||
+                                                   is_batch_method(opt->method)};
+
+    PS_TRY(ps_batch_dims(g, &batch, err));
+    PS_TRY(memory_roles(g, &kept, err));
+    keep_partial = malloc((size_t)n_t + 1);
+    PS_TRY_ALLOC(keep_partial, err);
+    /* outputs whose consumers all take partial sums: the update, or gradient
+     * sums that feed it */
+    memset(keep_partial, 1, (size_t)n_t + 1);
+    for (int i = 0; i < n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        bool takes = op->pass == PS_PASS_UPDATE ||
+                     (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD);
+        for (int k = 0; k < op->n_in && !takes; k++)
+            keep_partial[op->in[k]] = 0;
+    }
+    for (int i = n_ops - 1; i >= 0; i--) {
+        const ps_op *op = &g->ops[i];
+        if (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD && !keep_partial[op->out[0]])
+            for (int k = 0; k < op->n_in; k++)
+                keep_partial[op->in[k]] = 0;
+    }
+    so.keep_partial = keep_partial;
+    sigs = calloc((size_t)n_ops + 1, sizeof *sigs);
+    c.n_ops = n_ops;
+    c.op = calloc((size_t)n_ops + 1, sizeof *c.op);
+    c.n_op = calloc((size_t)n_ops + 1, sizeof *c.n_op);
+    c.src = calloc((size_t)n_t + 1, sizeof *c.src);
+    c.n_src = calloc((size_t)n_t + 1, sizeof *c.n_src);
+    c.node_of_tensor = malloc(((size_t)n_t + 1) * sizeof *c.node_of_tensor);
+    r = calloc(1, sizeof *r);
+    PS_TRY_ALLOC(sigs, err);
+    PS_TRY_ALLOC(c.op, err);
+    PS_TRY_ALLOC(c.n_op, err);
+    PS_TRY_ALLOC(c.src, err);
+    PS_TRY_ALLOC(c.n_src, err);
+    PS_TRY_ALLOC(c.node_of_tensor, err);
+    PS_TRY_ALLOC(r, err);
+    if ((st = ps_ilp_problem_create(&p)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    p->mem_budget = opt->memory_budget_bytes;
+
+    /* candidates and nodes: ops first (node i = op i), then sources */
+    int max_k = 1;
+    for (int i = 0; i < n_ops; i++) {
+        PS_TRY(ps_op_signature_of(g, i, batch, &sigs[i], err));
+        PS_TRY(ps_op_strategies(g, i, &sigs[i], m, &so, &c.op[i], &c.n_op[i], err));
+        filter_op(&g->ops[i], &sigs[i], opt->method, c.op[i], &c.n_op[i]);
+        for (int s = 0; s < c.n_op[i]; s++)
+            readable_name(g, &g->ops[i], &sigs[i], &c.op[i][s]);
+        if (c.n_op[i] > max_k)
+            max_k = c.n_op[i];
+        r->strategies_total += c.n_op[i];
+    }
+    for (int t = 0; t < n_t; t++) {
+        c.node_of_tensor[t] = -1;
+        if (g->tensors[t].producer >= 0)
+            continue;
+        PS_TRY(ps_source_specs(g, t, m, &c.src[t], &c.n_src[t], err));
+        filter_source(&g->tensors[t], opt->method, c.src[t], &c.n_src[t]);
+        if (c.n_src[t] > max_k)
+            max_k = c.n_src[t];
+        r->strategies_total += c.n_src[t];
+    }
+    cost = malloc((size_t)max_k * sizeof *cost);
+    mem = malloc((size_t)max_k * sizeof *mem);
+    ecost = malloc((size_t)max_k * (size_t)max_k * sizeof *ecost);
+    PS_TRY_ALLOC(cost, err);
+    PS_TRY_ALLOC(mem, err);
+    PS_TRY_ALLOC(ecost, err);
+    for (int i = 0; i < n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        double scale = op->pass == PS_PASS_UPDATE ? inv_b : 1;
+        for (int s = 0; s < c.n_op[i]; s++) {
+            const ps_strategy *sg = &c.op[i][s];
+            cost[s] = (sg->compute_s + sg->comm_s) * scale;
+            mem[s] = 0;
+            for (int k = 0; k < op->n_out; k++)
+                if (kept[op->out[k]])
+                    mem[s] += ps_spec_tile_bytes(&sg->out[k], &g->tensors[op->out[k]].desc,
+                                                 m->shape);
+            if (op->kind == PS_OP_ADAM) /* the gradient buffer, in the update's layout */
+                mem[s] += ps_spec_tile_bytes(&sg->in[1], &g->tensors[op->in[1]].desc, m->shape);
+        }
+        if ((st = ps_ilp_add_node(p, c.n_op[i], cost, mem, NULL)) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    for (int t = 0; t < n_t; t++) {
+        if (c.src[t] == NULL)
+            continue;
+        const ps_tensor *x = &g->tensors[t];
+        bool counts = x->kind != PS_TENSOR_INPUT || kept[t];
+        for (int s = 0; s < c.n_src[t]; s++) {
+            cost[s] = 0;
+            mem[s] = counts ? ps_spec_tile_bytes(&c.src[t][s], &x->desc, m->shape) : 0;
+        }
+        if ((st = ps_ilp_add_node(p, c.n_src[t], cost, mem, &c.node_of_tensor[t])) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    /* edges: producer (or source) layout -> the layout each consumer needs */
+    for (int i = 0; i < n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        double scale = op->pass == PS_PASS_UPDATE ? inv_b : 1;
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            const ps_tensor *x = &g->tensors[t];
+            int from = x->producer >= 0 ? x->producer : c.node_of_tensor[t];
+            int kf = x->producer >= 0 ? c.n_op[from] : c.n_src[t];
+            int oi = x->producer >= 0 ? output_index(&g->ops[from], t) : -1;
+            bool in_place = op->kind == PS_OP_ADAM && k != 1;
+            for (int a = 0; a < kf; a++) {
+                const ps_sharding_spec *fs =
+                    x->producer >= 0 ? &c.op[from][a].out[oi] : &c.src[t][a];
+                for (int b = 0; b < c.n_op[i]; b++) {
+                    const ps_sharding_spec *ts = &c.op[i][b].in[k];
+                    double e = ps_reshard_s(m, &x->desc, fs, ts);
+                    if (in_place && isfinite(e))
+                        e += ps_reshard_s(m, &x->desc, ts, fs);
+                    ecost[a * c.n_op[i] + b] = e * scale;
+                }
+            }
+            if (from == i)
+                continue; /* cannot happen in a DAG; keep GLPK safe anyway */
+            if ((st = ps_ilp_add_edge(p, from, i, ecost)) != PS_OK) {
+                st = ps_error_set(err, st, "out of memory");
+                goto out;
+            }
+        }
+    }
+    r->ilp_nodes = p->n_nodes;
+    r->ilp_edges = p->n_edges;
+    PS_TRY(ps_ilp_solve(p, &opt->ilp, &r->ilp, err));
+
+    /* the answer */
+    r->n_ops = n_ops;
+    r->n_tensors = n_t;
+    r->op_strategy = calloc((size_t)n_ops + 1, sizeof *r->op_strategy);
+    r->tensor_spec = calloc((size_t)n_t + 1, sizeof *r->tensor_spec);
+    r->reshard_in_s = calloc((size_t)n_ops + 1, sizeof *r->reshard_in_s);
+    PS_TRY_ALLOC(r->op_strategy, err);
+    PS_TRY_ALLOC(r->tensor_spec, err);
+    PS_TRY_ALLOC(r->reshard_in_s, err);
+    r->objective_s = r->ilp.objective;
+    for (int i = 0; i < n_ops; i++)
+        r->op_strategy[i] = c.op[i][r->ilp.choice[i]];
+    for (int t = 0; t < n_t; t++) {
+        const ps_tensor *x = &g->tensors[t];
+        if (x->producer >= 0)
+            r->tensor_spec[t] = r->op_strategy[x->producer].out[output_index(&g->ops[x->producer], t)];
+        else
+            r->tensor_spec[t] = c.src[t][r->ilp.choice[c.node_of_tensor[t]]];
+    }
+    double transient = 0;
+    for (int i = 0; i < n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        const ps_strategy *s = &r->op_strategy[i];
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            const ps_tensor *x = &g->tensors[t];
+            double e = ps_reshard_s(m, &x->desc, &r->tensor_spec[t], &s->in[k]);
+            if (op->kind == PS_OP_ADAM && k != 1)
+                e += ps_reshard_s(m, &x->desc, &s->in[k], &r->tensor_spec[t]);
+            r->reshard_in_s[i] += e;
+        }
+        r->compute_s[op->pass] += s->compute_s;
+        r->comm_s[op->pass] += s->comm_s + r->reshard_in_s[i];
+        for (int k = 0; k < op->n_out; k++) {
+            double b = ps_spec_tile_bytes(&s->out[k], &g->tensors[op->out[k]].desc, m->shape);
+            if (kept[op->out[k]])
+                r->activation_bytes += b;
+            else if (b > transient)
+                transient = b;
+        }
+        if (op->kind == PS_OP_ADAM)
+            r->gradient_bytes += ps_spec_tile_bytes(&s->in[1], &g->tensors[op->in[1]].desc,
+                                                    m->shape);
+    }
+    for (int t = 0; t < n_t; t++) {
+        const ps_tensor *x = &g->tensors[t];
+        double b = ps_spec_tile_bytes(&r->tensor_spec[t], &x->desc, m->shape);
+        if (x->kind == PS_TENSOR_PARAM)
+            r->weight_bytes += b;
+        else if (x->kind == PS_TENSOR_OPT_STATE)
+            r->optimizer_bytes += b;
+        else if (x->kind == PS_TENSOR_INPUT && kept[t])
+            r->activation_bytes += b;
+    }
+    r->peak_memory_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
+                           r->activation_bytes + transient;
+    *out = r;
+    r = NULL;
+out:
+    candidates_free(&c, n_t);
+    free(batch);
+    free(kept);
+    free(keep_partial);
+    free(sigs);
+    free(cost);
+    free(mem);
+    free(ecost);
+    ps_ilp_problem_free(p);
+    ps_intra_result_free(r);
+    return st;
+}

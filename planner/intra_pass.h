@@ -1,0 +1,56 @@
+/* The intra-op pass: a sharding strategy for every op of a training step on
+ * one logical mesh, chosen by the ILP of planner/intra_ilp.c.
+ *
+ * Nodes are the ops and the source tensors (inputs, parameters, optimizer
+ * state); a node's cost is its compute plus in-op collectives, an edge's cost
+ * the resharding between a producer's layout and a consumer's. Costs are per
+ * micro-batch; what runs once per step (the update, and the gradient
+ * reductions that feed it) is divided by the number of micro-batches. The
+ * in-place operands of the update (parameter, Adam state) also pay for
+ * returning to their own layout (ZeRO's all-gather of updated shards). */
+#ifndef PS_PLANNER_INTRA_PASS_H
+#define PS_PLANNER_INTRA_PASS_H
+
+#include "planner/intra_ilp.h"
+#include "planner/strategy.h"
+
+typedef enum ps_intra_method {
+    PS_METHOD_SHARD = 0, /* free ILP */
+    PS_METHOD_DATA = 1,  /* batch split over axis 0, everything else replicated */
+    PS_METHOD_ZERO2 = 2, /* data + optimizer state (and the update) sharded */
+    PS_METHOD_ZERO3 = 3, /* zero2 + parameters sharded, gathered on use */
+    PS_METHOD_COUNT
+} ps_intra_method;
+
+extern const char *const ps_intra_method_names[PS_METHOD_COUNT];
+
+typedef struct ps_intra_options {
+    ps_intra_method method;
+    bool force_batch_axis0;
+    int micro_batches;         /* per-step costs are divided by this (>= 1) */
+    double memory_budget_bytes; /* per device; 0 = no memory constraint */
+    ps_ilp_options ilp;
+} ps_intra_options;
+
+ps_intra_options ps_intra_options_default(void);
+
+typedef struct ps_intra_result {
+    int n_ops, n_tensors;
+    ps_strategy *op_strategy;      /* [n_ops] the chosen strategy of each op */
+    ps_sharding_spec *tensor_spec; /* [n_tensors] each tensor's layout as produced/stored */
+    double *reshard_in_s;          /* [n_ops] resharding paid on the op's inputs */
+    double compute_s[PS_PASS_COUNT]; /* per micro-batch; update: per step */
+    double comm_s[PS_PASS_COUNT];    /* in-op collectives + resharding, same units */
+    double objective_s;            /* ILP objective: per micro-batch, update amortized */
+    double weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes; /* per device */
+    double peak_memory_bytes;      /* persistent + one micro-batch's activations */
+    ps_ilp_result ilp;
+    int ilp_nodes, ilp_edges;
+    double strategies_total;       /* before reductions */
+} ps_intra_result;
+
+ps_status ps_intra_solve(const ps_graph *step, const ps_logical_mesh *m,
+                         const ps_intra_options *opt, ps_intra_result **out, ps_error *err);
+void ps_intra_result_free(ps_intra_result *r);
+
+#endif
