@@ -114,10 +114,133 @@ static void mlp_shard_is_megatron(void **state)
     ps_graph_free(g);
 }
 
+static double param_allreduce_s(const ps_graph *g, const ps_logical_mesh *m, unsigned axes)
+{
+    double total = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].kind == PS_TENSOR_PARAM)
+            total += ps_collective_s(m, PS_COLL_ALL_REDUCE, axes, ps_tensor_bytes(&g->tensors[t]));
+    return total;
+}
+
+/* Data parallel: no communication but one all-reduce of every gradient per
+ * step. */
+static void data_parallel_all_reduces_gradients(void **state)
+{
+    (void)state;
+    ps_graph *g = mlp_block(64, 1024);
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("dgx-a100:1", 8, 1, &c);
+    ps_intra_result *r = solve(g, m, PS_METHOD_DATA);
+    if (getenv("PS_TEST_VERBOSE"))
+        print_plan(g, r);
+    assert_true(r->comm_s[PS_PASS_FORWARD] == 0);
+    assert_true(r->comm_s[PS_PASS_BACKWARD] == 0);
+    double want = param_allreduce_s(g, m, 1);
+    if (!close_to(r->comm_s[PS_PASS_UPDATE], want))
+        fail_msg("update communication %.6g s, all-reduces of the gradients %.6g s",
+                 r->comm_s[PS_PASS_UPDATE], want);
+    char spec[PS_SPEC_STR_MAX];
+    assert_string_equal(ps_spec_format(spec_of(g, r, "x"), spec, sizeof spec), "S0,R");
+    assert_string_equal(ps_spec_format(spec_of(g, r, "fc1.w"), spec, sizeof spec), "R,R");
+    ps_intra_result_free(r);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+}
+
+/* ZeRO-2 shards the optimizer state: less memory than data parallel for the
+ * same per-step traffic (reduce-scatter + all-gather = one all-reduce);
+ * ZeRO-3 also shards the weights and gathers them on use. */
+static void zero_saves_memory(void **state)
+{
+    (void)state;
+    ps_graph *g = mlp_block(64, 1024);
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("dgx-a100:1", 8, 1, &c);
+    ps_intra_result *data = solve(g, m, PS_METHOD_DATA);
+    ps_intra_result *z2 = solve(g, m, PS_METHOD_ZERO2);
+    ps_intra_result *z3 = solve(g, m, PS_METHOD_ZERO3);
+    if (getenv("PS_TEST_VERBOSE"))
+        print_plan(g, z3);
+    assert_true(z2->optimizer_bytes * 8 == data->optimizer_bytes);
+    assert_true(z2->peak_memory_bytes < data->peak_memory_bytes);
+    assert_true(z3->weight_bytes * 8 == data->weight_bytes);
+    assert_true(z3->peak_memory_bytes < z2->peak_memory_bytes);
+    /* per step, the bandwidth terms match an all-reduce; rings add latency */
+    assert_true(z2->comm_s[PS_PASS_UPDATE] >= data->comm_s[PS_PASS_UPDATE] * 0.99);
+    assert_true(z2->comm_s[PS_PASS_UPDATE] <= data->comm_s[PS_PASS_UPDATE] * 1.01);
+    /* ZeRO-3 gathers each weight before its forward and backward use */
+    assert_true(z3->comm_s[PS_PASS_FORWARD] > 0);
+    ps_intra_result_free(data);
+    ps_intra_result_free(z2);
+    ps_intra_result_free(z3);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+}
+
+/* One GPT block on (1, 8): attention heads are split (q/k/v column split,
+ * the output projection row split) and the MLP is column-then-row. */
+static void transformer_layer_megatron(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-1.3b", &cfg, NULL), PS_OK);
+    cfg.layers = 1;
+    cfg.batch = 4;
+    ps_graph *fwd = NULL, *g = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options o = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &o, &g, &err), PS_OK);
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("dgx-a100:1", 1, 8, &c);
+    ps_intra_result *r = solve(g, m, PS_METHOD_SHARD);
+    if (getenv("PS_TEST_VERBOSE"))
+        print_plan(g, r);
+    /* forward ops: the strategy names say which einsum letter each axis splits
+     * (n: output columns, k: the contraction, a: heads) */
+    static const struct {
+        const char *op, *prefix;
+    } want[] = {{"block1.q", "n@1"},       {"block1.k", "n@1"},    {"block1.v", "n@1"},
+                {"block1.scores", "a@1"},  {"block1.context", "a@1"}, {"block1.out", "k@1"},
+                {"block1.fc1", "n@1"},     {"block1.fc2", "k@1"}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        int op = -1;
+        for (int j = 0; j < g->n_ops && op < 0; j++)
+            if (strcmp(g->ops[j].name, want[i].op) == 0)
+                op = j;
+        assert_true(op >= 0);
+        const char *name = r->op_strategy[op].name;
+        if (strncmp(name, want[i].prefix, strlen(want[i].prefix)) != 0)
+            fail_msg("%s: strategy %s, expected %s", want[i].op, name, want[i].prefix);
+    }
+    /* and the weights they read are split the same way */
+    char spec[PS_SPEC_STR_MAX];
+    int fc1 = -1;
+    for (int j = 0; j < g->n_ops && fc1 < 0; j++)
+        if (strcmp(g->ops[j].name, "block1.fc1") == 0)
+            fc1 = j;
+    assert_string_equal(ps_spec_format(&r->op_strategy[fc1].in[1], spec, sizeof spec), "R,S1");
+    printf("# gpt block on (1,8): %d ILP nodes, %d edges, %.0f strategies; reduced to %d nodes, "
+           "%d edges; %s in %.3f s\n",
+           r->ilp_nodes, r->ilp_edges, r->strategies_total, r->ilp.reduced_nodes,
+           r->ilp.reduced_edges, r->ilp.method, r->ilp.solve_s);
+    ps_intra_result_free(r);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mlp_shard_is_megatron),
+        cmocka_unit_test(data_parallel_all_reduces_gradients),
+        cmocka_unit_test(zero_saves_memory),
+        cmocka_unit_test(transformer_layer_megatron),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
