@@ -1008,3 +1008,82 @@ out:
     free(incumbent);
     return st;
 }
+
+/* ---- tied nodes ----------------------------------------------------------------- */
+
+ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
+                            ps_ilp_result *out, ps_error *err)
+{
+    if (tie == NULL)
+        return ps_ilp_solve(p, opt, out, err);
+    ps_status st = PS_OK;
+    ps_ilp_problem *q = NULL;
+    int *cid = malloc(((size_t)p->n_nodes + 1) * sizeof *cid);
+    double *cost = NULL, *mem = NULL;
+    ps_ilp_result qr = {0};
+    memset(out, 0, sizeof *out);
+    PS_TRY_ALLOC(cid, err);
+    if ((st = ps_ilp_problem_create(&q)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    q->mem_budget = p->mem_budget;
+    int max_k = 1;
+    for (int v = 0; v < p->n_nodes; v++) {
+        int t = tie[v];
+        if (t < 0 || t >= p->n_nodes || tie[t] != t || p->nodes[t].k != p->nodes[v].k) {
+            st = ps_error_set(err, PS_ERR_INTERNAL, "ilp: bad tie of node %d to %d", v, t);
+            goto out;
+        }
+        if (p->nodes[v].k > max_k)
+            max_k = p->nodes[v].k;
+    }
+    cost = calloc((size_t)max_k, sizeof *cost);
+    mem = calloc((size_t)max_k, sizeof *mem);
+    PS_TRY_ALLOC(cost, err);
+    PS_TRY_ALLOC(mem, err);
+    for (int v = 0; v < p->n_nodes; v++) {
+        cid[v] = -1;
+        if (tie[v] != v)
+            continue;
+        if ((st = ps_ilp_add_node(q, p->nodes[v].k, cost, mem, &cid[v])) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    for (int v = 0; v < p->n_nodes; v++) { /* members add their costs */
+        ps_ilp_node *n = &q->nodes[cid[tie[v]]];
+        for (int s = 0; s < n->k; s++) {
+            n->cost[s] += p->nodes[v].cost[s];
+            n->mem[s] += p->nodes[v].mem[s];
+        }
+    }
+    for (int e = 0; e < p->n_edges; e++) {
+        const ps_ilp_edge *ed = &p->edges[e];
+        int u = tie[ed->u], v = tie[ed->v];
+        if (u == v) { /* both ends tied together: only the diagonal can happen */
+            ps_ilp_node *n = &q->nodes[cid[u]];
+            for (int s = 0; s < n->k; s++)
+                n->cost[s] += ed->cost[s * n->k + s];
+            continue;
+        }
+        if ((st = ps_ilp_add_edge(q, cid[u], cid[v], ed->cost)) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    PS_TRY(ps_ilp_solve(q, opt, &qr, err));
+    *out = qr;
+    out->choice = malloc(((size_t)p->n_nodes + 1) * sizeof *out->choice);
+    PS_TRY_ALLOC(out->choice, err);
+    for (int v = 0; v < p->n_nodes; v++)
+        out->choice[v] = qr.choice[cid[tie[v]]];
+    out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
+out:
+    free(qr.choice);
+    free(cid);
+    free(cost);
+    free(mem);
+    ps_ilp_problem_free(q);
+    return st;
+}

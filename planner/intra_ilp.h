@@ -74,6 +74,14 @@ double ps_ilp_evaluate(const ps_ilp_problem *p, const int *choice, double *memor
 ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
                        ps_error *err);
 
+/* Solves p with tied nodes: node v must take the same strategy as tie[v]
+ * (a representative with tie[tie[v]] == tie[v] and the same k). The program
+ * GLPK sees has one node per representative, carrying the summed costs and
+ * memory of its members, so identical layers cost one layer's solve. The
+ * result covers every node of p. tie == NULL solves p as is. */
+ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
+                            ps_ilp_result *out, ps_error *err);
+
 /* Exhaustive search, for tests: at most max_combinations choices. */
 ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
                              ps_ilp_result *out, ps_error *err);

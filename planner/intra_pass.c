@@ -1,6 +1,8 @@
 #include "planner/intra_pass.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@ const char *const ps_intra_method_names[PS_METHOD_COUNT] = {"shard", "data", "ze
 ps_intra_options ps_intra_options_default(void)
 {
     return (ps_intra_options){.method = PS_METHOD_SHARD, .force_batch_axis0 = false,
+                              .tie_layers = true,
                               .micro_batches = 1, .memory_budget_bytes = 0,
                               .ilp = ps_ilp_options_default()};
 }
@@ -168,12 +171,216 @@ static int output_index(const ps_op *op, int t)
     return -1;
 }
 
+/* ---- identical layers ------------------------------------------------------ *
+ * Layers whose ops, shapes and wiring are the same (the blocks of a
+ * transformer) take the same strategies: the ILP then solves one layer of each
+ * kind. A layer's signature lists its ops in order with kind, pass, attributes
+ * and shapes, and for each input where it comes from: an op of the layer (by
+ * position), a source of the layer (by order of first use), or outside (by
+ * shape only, so that the first and last block match the others). */
+
+typedef struct text {
+    char *s;
+    size_t len, cap;
+} text;
+
+static bool text_add(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool text_add(text *t, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return false;
+        if (t->s != NULL && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return true;
+        }
+        size_t cap = t->cap ? t->cap * 2 : 4096;
+        while (cap < t->len + (size_t)n + 1)
+            cap *= 2;
+        char *bigger = realloc(t->s, cap);
+        if (bigger == NULL)
+            return false;
+        t->s = bigger;
+        t->cap = cap;
+    }
+}
+
+static uint64_t fnv(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static bool desc_text(text *t, const ps_tensor_desc *d)
+{
+    bool ok = text_add(t, "%d[", (int)d->dtype);
+    for (int k = 0; k < d->rank && ok; k++)
+        ok = text_add(t, "%lld,", (long long)d->shape[k]);
+    return ok && text_add(t, "]");
+}
+
+/* tie[node] for the ILP nodes (ops, then sources at node_of_tensor). */
+static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes, int **tie_out,
+                            int *tied_out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    int L = g->n_layers;
+    int *tie = malloc(((size_t)n_nodes + 1) * sizeof *tie);
+    int *pos = malloc(((size_t)g->n_ops + 1) * sizeof *pos);
+    int *first = calloc((size_t)L + 2, sizeof *first), *order = NULL;
+    int *src_local = malloc(((size_t)g->n_tensors + 1) * sizeof *src_local);
+    int **srcs = calloc((size_t)L + 1, sizeof *srcs);
+    int *n_srcs = calloc((size_t)L + 1, sizeof *n_srcs);
+    bool *local_src = calloc((size_t)g->n_tensors + 1, sizeof *local_src);
+    text *sig = calloc((size_t)L + 1, sizeof *sig);
+    int *rep_layer = malloc(((size_t)L + 1) * sizeof *rep_layer);
+    PS_TRY_ALLOC(tie, err);
+    PS_TRY_ALLOC(pos, err);
+    PS_TRY_ALLOC(first, err);
+    PS_TRY_ALLOC(src_local, err);
+    PS_TRY_ALLOC(srcs, err);
+    PS_TRY_ALLOC(n_srcs, err);
+    PS_TRY_ALLOC(local_src, err);
+    PS_TRY_ALLOC(sig, err);
+    PS_TRY_ALLOC(rep_layer, err);
+    *tied_out = 0;
+    for (int v = 0; v < n_nodes; v++)
+        tie[v] = v;
+    /* ops per layer, in graph order (CSR) */
+    for (int i = 0; i < g->n_ops; i++)
+        first[g->ops[i].layer + 1]++;
+    for (int l = 0; l < L; l++)
+        first[l + 1] += first[l];
+    order = malloc(((size_t)g->n_ops + 1) * sizeof *order);
+    PS_TRY_ALLOC(order, err);
+    {
+        int *fill = malloc(((size_t)L + 1) * sizeof *fill);
+        PS_TRY_ALLOC(fill, err);
+        memcpy(fill, first, (size_t)L * sizeof *fill);
+        for (int i = 0; i < g->n_ops; i++) {
+            pos[i] = fill[g->ops[i].layer] - first[g->ops[i].layer];
+            order[fill[g->ops[i].layer]++] = i;
+        }
+        free(fill);
+    }
+    /* a source is local to a layer when every op reading it is in that layer */
+    for (int t = 0; t < g->n_tensors; t++)
+        local_src[t] = g->tensors[t].producer < 0;
+    for (int i = 0; i < g->n_ops; i++)
+        for (int k = 0; k < g->ops[i].n_in; k++) {
+            int t = g->ops[i].in[k];
+            if (g->tensors[t].producer < 0 && g->tensors[t].layer != g->ops[i].layer)
+                local_src[t] = false;
+        }
+    for (int t = 0; t < g->n_tensors; t++)
+        src_local[t] = -1;
+    for (int l = 0; l < L; l++) {
+        srcs[l] = malloc(((size_t)(first[l + 1] - first[l]) * PS_MAX_OP_IO + 1) * sizeof(int));
+        PS_TRY_ALLOC(srcs[l], err);
+        bool ok = true;
+        for (int j = first[l]; j < first[l + 1] && ok; j++) {
+            const ps_op *op = &g->ops[order[j]];
+            ok = text_add(&sig[l], "K%dP%dA%llx:", (int)op->kind, (int)op->pass,
+                          (unsigned long long)fnv(&op->attrs, sizeof op->attrs));
+            for (int k = 0; k < op->n_in && ok; k++) {
+                int t = op->in[k];
+                const ps_tensor *x = &g->tensors[t];
+                if (x->producer >= 0 && g->ops[x->producer].layer == l) {
+                    int oi = 0;
+                    while (g->ops[x->producer].out[oi] != t)
+                        oi++;
+                    ok = text_add(&sig[l], "L%d.%d;", pos[x->producer], oi);
+                } else if (x->producer < 0 && local_src[t]) {
+                    if (src_local[t] < 0) {
+                        src_local[t] = n_srcs[l];
+                        srcs[l][n_srcs[l]++] = t;
+                    }
+                    ok = text_add(&sig[l], "S%d.%d", src_local[t], (int)x->kind) &&
+                         desc_text(&sig[l], &x->desc) && text_add(&sig[l], ";");
+                } else if (x->producer < 0) {
+                    ok = text_add(&sig[l], "X%d;", t); /* shared source: never matches */
+                } else {
+                    ok = text_add(&sig[l], "E") && desc_text(&sig[l], &x->desc) &&
+                         text_add(&sig[l], ";");
+                }
+            }
+            for (int k = 0; k < op->n_out && ok; k++)
+                ok = desc_text(&sig[l], &g->tensors[op->out[k]].desc);
+            ok = ok && text_add(&sig[l], "|");
+        }
+        if (!ok) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    for (int l = 0; l < L; l++) {
+        rep_layer[l] = l;
+        for (int r = 0; r < l; r++) {
+            if (rep_layer[r] == r && sig[r].s != NULL && sig[l].s != NULL &&
+                sig[r].len == sig[l].len && memcmp(sig[r].s, sig[l].s, sig[l].len) == 0) {
+                rep_layer[l] = r;
+                break;
+            }
+        }
+        int r = rep_layer[l];
+        if (r == l)
+            continue;
+        /* tie ops position by position, and local sources in order of use,
+         * when their candidate lists agree */
+        bool same = n_srcs[l] == n_srcs[r];
+        for (int j = 0; j < first[l + 1] - first[l] && same; j++) {
+            int a = order[first[l] + j], b = order[first[r] + j];
+            same = c->n_op[a] == c->n_op[b];
+            for (int s = 0; s < c->n_op[a] && same; s++)
+                same = c->op[a][s].compute_s == c->op[b][s].compute_s &&
+                       c->op[a][s].comm_s == c->op[b][s].comm_s &&
+                       memcmp(c->op[a][s].in, c->op[b][s].in, sizeof c->op[a][s].in) == 0 &&
+                       memcmp(c->op[a][s].out, c->op[b][s].out, sizeof c->op[a][s].out) == 0;
+        }
+        for (int k = 0; k < n_srcs[l] && same; k++)
+            same = c->n_src[srcs[l][k]] == c->n_src[srcs[r][k]];
+        if (!same)
+            continue;
+        for (int j = 0; j < first[l + 1] - first[l]; j++)
+            tie[order[first[l] + j]] = order[first[r] + j];
+        for (int k = 0; k < n_srcs[l]; k++)
+            tie[c->node_of_tensor[srcs[l][k]]] = c->node_of_tensor[srcs[r][k]];
+        (*tied_out)++;
+    }
+    *tie_out = tie;
+    tie = NULL;
+out:
+    for (int l = 0; sig != NULL && l < L; l++)
+        free(sig[l].s);
+    for (int l = 0; srcs != NULL && l < L; l++)
+        free(srcs[l]);
+    free(sig);
+    free(srcs);
+    free(n_srcs);
+    free(local_src);
+    free(src_local);
+    free(rep_layer);
+    free(order);
+    free(first);
+    free(pos);
+    free(tie);
+    return st;
+}
+
 ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err)
 {
     ps_status st = PS_OK;
     candidates c = {0};
     unsigned char *batch = NULL, *kept = NULL, *keep_partial = NULL;
+    int *tie = NULL;
     ps_op_signature *sigs = NULL;
     ps_ilp_problem *p = NULL;
     ps_intra_result *r = NULL;
@@ -319,7 +526,9 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     }
     r->ilp_nodes = p->n_nodes;
     r->ilp_edges = p->n_edges;
-    PS_TRY(ps_ilp_solve(p, &opt->ilp, &r->ilp, err));
+    if (opt->tie_layers)
+        PS_TRY(layer_ties(g, &c, p->n_nodes, &tie, &r->tied_layers, err));
+    PS_TRY(ps_ilp_solve_tied(p, r->tied_layers > 0 ? tie : NULL, &opt->ilp, &r->ilp, err));
 
     /* the answer */
     r->n_ops = n_ops;
@@ -384,6 +593,7 @@ out:
     free(batch);
     free(kept);
     free(keep_partial);
+    free(tie);
     free(sigs);
     free(cost);
     free(mem);

@@ -27,6 +27,9 @@ extern const char *const ps_intra_method_names[PS_METHOD_COUNT];
 typedef struct ps_intra_options {
     ps_intra_method method;
     bool force_batch_axis0;
+    /* identical layers take identical strategies, so that the ILP solves
+     * one layer of each kind (default true) */
+    bool tie_layers;
     int micro_batches;         /* per-step costs are divided by this (>= 1) */
     double memory_budget_bytes; /* per device; 0 = no memory constraint */
     ps_ilp_options ilp;
@@ -46,6 +49,7 @@ typedef struct ps_intra_result {
     double peak_memory_bytes;      /* persistent + one micro-batch's activations */
     ps_ilp_result ilp;
     int ilp_nodes, ilp_edges;
+    int tied_layers;               /* layers that reused another layer's strategies */
     double strategies_total;       /* before reductions */
 } ps_intra_result;
 
