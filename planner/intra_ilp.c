@@ -762,6 +762,21 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     glp_set_obj_dir(lp, GLP_MIN);
     glp_add_cols(lp, cols);
     glp_add_rows(lp, rows);
+    /* GLPK's tolerances are partly absolute: costs in seconds (1e-6 and
+     * below) would be pruned as ties. Scale the largest finite cost to 1e6. */
+    double biggest = 0;
+    for (int v = 0; v < n; v++)
+        for (int s = 0; s < p->nodes[v].k; s++)
+            if (isfinite(p->nodes[v].cost[s]))
+                biggest = fmax(biggest, p->nodes[v].cost[s]);
+    for (int e = 0; e < p->n_edges; e++)
+        if (!w->edge_dead[e]) {
+            int kk = p->nodes[p->edges[e].u].k * p->nodes[p->edges[e].v].k;
+            for (int i = 0; i < kk; i++)
+                if (isfinite(p->edges[e].cost[i]))
+                    biggest = fmax(biggest, p->edges[e].cost[i]);
+        }
+    double scale = biggest > 0 ? 1e6 / biggest : 1;
     double const_cost = 0, const_mem = 0;
     size_t k_nz = 0;
     int row = 0;
@@ -777,7 +792,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         for (int s = 0; s < nd->k; s++) {
             int c = node_col[v] + s;
             glp_set_col_kind(lp, c, GLP_BV);
-            glp_set_obj_coef(lp, c, nd->cost[s]);
+            glp_set_obj_coef(lp, c, nd->cost[s] * scale);
             k_nz++, ia[k_nz] = row, ja[k_nz] = c, ar[k_nz] = 1;
         }
     }
@@ -801,7 +816,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
                 double x = ed->cost[i * kv + j];
                 glp_set_col_kind(lp, c, GLP_BV);
                 if (isfinite(x))
-                    glp_set_obj_coef(lp, c, x);
+                    glp_set_obj_coef(lp, c, x * scale);
                 else
                     glp_set_col_bnds(lp, c, GLP_FX, 0, 0); /* forbidden pair */
                 k_nz++, ia[k_nz] = row_u + i, ja[k_nz] = c, ar[k_nz] = 1;
@@ -820,7 +835,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
                         ar[k_nz] = p->nodes[v].mem[s];
                     }
     }
-    glp_set_obj_coef(lp, 0, const_cost);
+    glp_set_obj_coef(lp, 0, const_cost * scale);
     glp_load_matrix(lp, (int)k_nz, ia, ja, ar);
 
     glpk_ctx ctx = {.start = NULL, .gap = INFINITY};

@@ -234,6 +234,62 @@ static void transformer_layer_megatron(void **state)
     ps_graph_free(fwd);
 }
 
+/* Tying identical layers is a restriction: never better than solving every
+ * layer freely, and on three GPT blocks within 1% of it (equal on (1, 8)).
+ * The exact reductions (reduce = false vs true) give the same optimum. */
+static void tied_layers_match_untied(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 3;
+    cfg.batch = 8;
+    ps_graph *fwd = NULL, *g = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options to = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &to, &g, &err), PS_OK);
+    ps_cluster *c;
+    static const int shapes[3][2] = {{1, 8}, {2, 4}, {8, 1}};
+    for (int i = 0; i < 3; i++) {
+        ps_logical_mesh *m = mesh("p3.16xlarge:1", shapes[i][0], shapes[i][1], &c);
+        ps_intra_options o = ps_intra_options_default();
+        o.ilp.mip_gap = 0;
+        o.force_batch_axis0 = true; /* Alpa's default on 2-D meshes; unforced (2,4) takes ~40 s */
+        ps_intra_result *tied = NULL, *free_ = NULL;
+        assert_int_equal(ps_intra_solve(g, m, &o, &tied, &err), PS_OK);
+        o.tie_layers = false;
+        assert_int_equal(ps_intra_solve(g, m, &o, &free_, &err), PS_OK);
+        assert_int_equal(tied->tied_layers, 2);
+        assert_int_equal(free_->tied_layers, 0);
+        assert_true(tied->ilp.optimal && free_->ilp.optimal);
+        if (tied->objective_s < free_->objective_s * (1 - 1e-9) ||
+            tied->objective_s > free_->objective_s * 1.01)
+            fail_msg("mesh (%d,%d): tied %.9g s, free %.9g s", shapes[i][0], shapes[i][1],
+                     tied->objective_s, free_->objective_s);
+        printf("# mesh (%d,%d): tied layers %.6f ms (%.2f s), free %.6f ms (%.2f s)\n",
+               shapes[i][0], shapes[i][1], tied->objective_s * 1e3, tied->ilp.solve_s,
+               free_->objective_s * 1e3, free_->ilp.solve_s);
+        if (i == 0) { /* the unreduced program is slow to prove: one mesh */
+            ps_intra_result *unreduced = NULL;
+            o.ilp.reduce = false;
+            assert_int_equal(ps_intra_solve(g, m, &o, &unreduced, &err), PS_OK);
+            printf("# mesh (%d,%d): unreduced %.3f s, reduced %.3f s\n", shapes[i][0],
+                   shapes[i][1], unreduced->ilp.solve_s, free_->ilp.solve_s);
+            if (!close_to(unreduced->objective_s, free_->objective_s))
+                fail_msg("mesh (%d,%d): unreduced %.9g s, reduced %.9g s", shapes[i][0],
+                         shapes[i][1], unreduced->objective_s, free_->objective_s);
+            ps_intra_result_free(unreduced);
+        }
+        ps_intra_result_free(tied);
+        ps_intra_result_free(free_);
+        ps_mesh_free(m);
+        ps_cluster_free(c);
+    }
+    ps_graph_free(g);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -241,6 +297,7 @@ int main(void)
         cmocka_unit_test(data_parallel_all_reduces_gradients),
         cmocka_unit_test(zero_saves_memory),
         cmocka_unit_test(transformer_layer_megatron),
+        cmocka_unit_test(tied_layers_match_untied),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
