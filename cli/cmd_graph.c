@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/model_opts.h"
 #include "core/json.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
@@ -18,17 +19,8 @@ static void help(void)
         "Builds the training step of a model (forward, backward, Adam update) for one\n"
         "micro-batch and reports parameters, FLOPs per step with and without activation\n"
         "recomputation (remat), and memory for weights, optimizer state and activations.\n\n"
-        "  --model M            a built-in model (see 'pipeshard models')\n"
-        "  --graph G.json       a forward graph file (docs/graph-format.md)\n"
+        PS_MODEL_OPTIONS_HELP
         "  --batch B            samples per micro-batch (default: the model's global batch)\n"
-        "  --hidden H --layers L --heads A --seq S --vocab V --ffn F\n"
-        "  --experts E --expert-group S --top-k K --capacity-factor X\n"
-        "  --image-size P --channels C --width-factor W --classes N\n"
-        "                       override the model's configuration (with --model only)\n"
-        "  --dtype T            parameters and activations: fp32, fp16 or bf16\n"
-        "  --optimizer-dtype T  Adam state (default fp32)\n"
-        "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"
-        "  --remat              detail the step with every layer recomputed (but the loss's)\n"
         "  --remat-layers LIST  detail the step with only these layer tags recomputed,\n"
         "                       e.g. 1-16,20 (see --per-layer for the tags)\n"
         "  --per-layer          add a table per layer tag\n"
@@ -37,35 +29,10 @@ static void help(void)
         "  -h, --help           this help\n");
 }
 
-enum {
-    OPT_MODEL = 256, OPT_GRAPH, OPT_BATCH, OPT_HIDDEN, OPT_LAYERS, OPT_HEADS, OPT_SEQ,
-    OPT_VOCAB, OPT_FFN, OPT_EXPERTS, OPT_GROUP, OPT_TOPK, OPT_CAPACITY, OPT_IMAGE,
-    OPT_CHANNELS, OPT_WIDTH, OPT_CLASSES, OPT_DTYPE, OPT_OPT_DTYPE, OPT_NO_MASTER, OPT_REMAT, OPT_REMAT_LAYERS,
-    OPT_PER_LAYER, OPT_JSON, OPT_EXPORT
-};
+enum { OPT_BATCH = 256, OPT_REMAT_LAYERS, OPT_PER_LAYER, OPT_JSON, OPT_EXPORT };
 
-static const struct option long_options[] = {
-    {"model", required_argument, NULL, OPT_MODEL},
-    {"graph", required_argument, NULL, OPT_GRAPH},
+static const struct option own_options[] = {
     {"batch", required_argument, NULL, OPT_BATCH},
-    {"hidden", required_argument, NULL, OPT_HIDDEN},
-    {"layers", required_argument, NULL, OPT_LAYERS},
-    {"heads", required_argument, NULL, OPT_HEADS},
-    {"seq", required_argument, NULL, OPT_SEQ},
-    {"vocab", required_argument, NULL, OPT_VOCAB},
-    {"ffn", required_argument, NULL, OPT_FFN},
-    {"experts", required_argument, NULL, OPT_EXPERTS},
-    {"expert-group", required_argument, NULL, OPT_GROUP},
-    {"top-k", required_argument, NULL, OPT_TOPK},
-    {"capacity-factor", required_argument, NULL, OPT_CAPACITY},
-    {"image-size", required_argument, NULL, OPT_IMAGE},
-    {"channels", required_argument, NULL, OPT_CHANNELS},
-    {"width-factor", required_argument, NULL, OPT_WIDTH},
-    {"classes", required_argument, NULL, OPT_CLASSES},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
-    {"optimizer-dtype", required_argument, NULL, OPT_OPT_DTYPE},
-    {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
-    {"remat", no_argument, NULL, OPT_REMAT},
     {"remat-layers", required_argument, NULL, OPT_REMAT_LAYERS},
     {"per-layer", no_argument, NULL, OPT_PER_LAYER},
     {"json", no_argument, NULL, OPT_JSON},
@@ -299,63 +266,25 @@ out:
 
 int ps_cmd_graph(int argc, char **argv)
 {
-    const char *model = NULL, *graph_path = NULL, *export_path = NULL, *remat_list = NULL;
-    bool json = false, per_layer = false, overrides = false;
-    ps_train_options opt = ps_train_options_default();
-    int64_t batch = 0, v;
-    double x;
-    ps_model_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct {
-        int opt;
-        int64_t value;
-        bool set;
-    } ints[] = {{OPT_HIDDEN, 0, 0},  {OPT_LAYERS, 0, 0},   {OPT_HEADS, 0, 0},
-                {OPT_SEQ, 0, 0},     {OPT_VOCAB, 0, 0},    {OPT_FFN, 0, 0},
-                {OPT_EXPERTS, 0, 0}, {OPT_GROUP, 0, 0},    {OPT_TOPK, 0, 0},
-                {OPT_IMAGE, 0, 0},   {OPT_CHANNELS, 0, 0}, {OPT_WIDTH, 0, 0},
-                {OPT_CLASSES, 0, 0}};
-    const int n_ints = (int)(sizeof ints / sizeof ints[0]);
-    double capacity = 0;
-    bool capacity_set = false, dtype_set = false;
-    ps_dtype dtype = PS_DTYPE_F32;
+    const char *export_path = NULL, *remat_list = NULL;
+    bool json = false, per_layer = false;
+    int64_t batch = 0;
+    ps_model_opts mo;
+    ps_model_opts_init(&mo);
+    struct option options[64];
+    ps_model_opts_merge(own_options, options, 64);
 
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
         case 'h': help(); return 0;
-        case OPT_MODEL: model = optarg; break;
-        case OPT_GRAPH: graph_path = optarg; break;
         case OPT_BATCH:
             if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &batch))
                 return ps_cli_usage_error("graph", "--batch wants a positive integer, not \"%s\"",
                                           optarg);
-            overrides = true;
             break;
-        case OPT_CAPACITY:
-            if (!ps_cli_parse_double(optarg, 1e-6, 64, &x))
-                return ps_cli_usage_error("graph", "--capacity-factor wants a number in (0, 64]");
-            capacity = x;
-            capacity_set = overrides = true;
-            break;
-        case OPT_DTYPE:
-        case OPT_OPT_DTYPE: {
-            ps_dtype d;
-            if (ps_dtype_parse(optarg, &d) != 0 || d == PS_DTYPE_I32)
-                return ps_cli_usage_error("graph", "unknown dtype \"%s\" (fp32, fp16, bf16)",
-                                          optarg);
-            if (c == OPT_DTYPE) {
-                dtype = d;
-                dtype_set = overrides = true;
-            } else {
-                opt.optimizer_dtype = d;
-            }
-            break;
-        }
-        case OPT_NO_MASTER: opt.master_weights = false; break;
-        case OPT_REMAT: opt.remat = true; break;
         case OPT_REMAT_LAYERS: remat_list = optarg; break;
         case OPT_PER_LAYER: per_layer = true; break;
         case OPT_JSON: json = true; break;
@@ -364,29 +293,23 @@ int ps_cmd_graph(int argc, char **argv)
             return ps_cli_usage_error("graph", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
         default: {
-            bool found = false;
-            for (int i = 0; i < n_ints; i++) {
-                if (ints[i].opt != c)
-                    continue;
-                if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &v))
-                    return ps_cli_usage_error("graph", "--%s wants a positive integer, not \"%s\"",
-                                              argv[optind - 1] + 2, optarg);
-                ints[i].value = v;
-                ints[i].set = found = overrides = true;
-            }
-            if (!found)
+            int taken = ps_model_opts_take(&mo, c, optarg, "graph");
+            if (taken == 2)
+                return 2;
+            if (taken == 1)
                 return ps_cli_usage_error("graph", "unexpected option");
         }
         }
     }
     if (optind < argc)
         return ps_cli_usage_error("graph", "unexpected argument \"%s\"", argv[optind]);
-    if ((model == NULL) == (graph_path == NULL))
-        return ps_cli_usage_error("graph", "give exactly one of --model and --graph");
-    if (graph_path != NULL && overrides)
-        return ps_cli_usage_error("graph",
-                                  "--batch, --dtype and size overrides apply to --model only "
-                                  "(a graph file fixes its shapes)");
+    int usage = ps_model_opts_check(&mo, batch > 0, "graph");
+    if (usage != 0)
+        return usage;
+    const char *graph_path = mo.graph_path;
+    ps_train_options opt = mo.train;
+    ps_model_config cfg;
+    bool from_zoo = false;
 
     ps_error err = {0};
     ps_status st = PS_OK;
@@ -395,28 +318,9 @@ int ps_cmd_graph(int argc, char **argv)
     layer_row *rows = NULL;
     json_t *out_json = NULL;
     const ps_model_config *cfgp = NULL;
-    if (model != NULL) {
-        PS_TRY(ps_zoo_lookup(model, &cfg, &err));
-        int64_t *fields[] = {&cfg.hidden, &cfg.layers, &cfg.heads, &cfg.seq,
-                             &cfg.vocab, &cfg.ffn, &cfg.experts, &cfg.expert_group,
-                             &cfg.top_k, &cfg.image_size, &cfg.channels, &cfg.width_factor,
-                             &cfg.classes};
-        for (int i = 0; i < n_ints; i++)
-            if (ints[i].set)
-                *fields[i] = ints[i].value;
-        if (ints[0].set && !ints[5].set)
-            cfg.ffn = 4 * cfg.hidden; /* a new width implies the usual 4h FFN */
-        if (capacity_set)
-            cfg.capacity_factor = capacity;
-        if (dtype_set)
-            cfg.dtype = dtype;
-        if (batch > 0)
-            cfg.batch = batch;
+    PS_TRY(ps_model_opts_build(&mo, batch, &cfg, &from_zoo, &fwd, &err));
+    if (from_zoo)
         cfgp = &cfg;
-        PS_TRY(ps_model_build(&cfg, &fwd, &err));
-    } else {
-        PS_TRY(ps_graph_load(graph_path, &fwd, &err));
-    }
     if (export_path != NULL)
         PS_TRY(ps_graph_save(fwd, export_path, &err));
 

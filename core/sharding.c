@@ -96,7 +96,7 @@ const char *ps_spec_format(const ps_sharding_spec *s, char *buf, int cap)
 {
     int used = 0;
     if (s->rank == 0)
-        used = snprintf(buf, (size_t)cap, "R");
+        used = snprintf(buf, (size_t)cap, "-");
     for (int d = 0; d < s->rank && used < cap; d++)
         used += snprintf(buf + used, (size_t)(cap - used), "%s%s", d ? "," : "",
                          dim_names[s->dim_axes[d] & 3]);
@@ -106,14 +106,24 @@ const char *ps_spec_format(const ps_sharding_spec *s, char *buf, int cap)
     return buf;
 }
 
+int ps_spec_text_rank(const char *text)
+{
+    if (text[0] == '-' && (text[1] == '\0' || text[1] == '|'))
+        return 0;
+    int rank = 1;
+    for (const char *c = text; *c != '\0' && *c != '|'; c++)
+        rank += *c == ',';
+    return rank;
+}
+
 bool ps_spec_parse(const char *text, int rank, ps_sharding_spec *out)
 {
     ps_sharding_spec s = ps_spec_replicated(0);
     const char *p = text;
     const char *bar = strchr(text, '|');
     size_t body = bar ? (size_t)(bar - text) : strlen(text);
-    if (rank == 0) { /* a scalar is written "R" */
-        if (body != 1 || text[0] != 'R')
+    if (rank == 0) { /* a scalar is written "-" */
+        if (body != 1 || text[0] != '-')
             return false;
         p = text + 1;
     }

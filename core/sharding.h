@@ -6,7 +6,7 @@
  * block i0 * d1 + i1). A tensor may also be a partial sum over some axes: the
  * devices along such an axis hold addends whose sum is the value. Each mesh
  * axis is used at most once in a spec. Written as in Alpa: "S0,R,S01" per
- * dimension, then "|P1" for partial sums ("R" alone for a scalar). */
+ * dimension, then "|P1" for partial sums ("-" for a scalar). */
 #ifndef PS_CORE_SHARDING_H
 #define PS_CORE_SHARDING_H
 
@@ -44,6 +44,8 @@ void ps_spec_tile_offset(const ps_sharding_spec *s, const ps_tensor_desc *t,
 
 /* "S0,R,S01|P1" into buf (at least PS_SPEC_STR_MAX bytes). */
 const char *ps_spec_format(const ps_sharding_spec *s, char *buf, int cap);
+/* The rank a spec text describes (its number of dimensions). */
+int ps_spec_text_rank(const char *text);
 /* Parses the same notation for a tensor of the given rank; false on
  * malformed text or a different number of dimensions. */
 bool ps_spec_parse(const char *text, int rank, ps_sharding_spec *out);

@@ -47,7 +47,11 @@ static void spec_text_round_trip(void **state)
         if (ps_spec_parse(bad[i], 2, &s))
             fail_msg("\"%s\" parsed", bad[i]);
     assert_false(ps_spec_parse("S0,R", 3, &s)); /* wrong rank */
-    assert_true(ps_spec_parse("R", 0, &s) && s.rank == 0);
+    assert_true(ps_spec_parse("-", 0, &s) && s.rank == 0);
+    assert_true(ps_spec_parse("-|P1", 0, &s) && s.partial == 2);
+    assert_int_equal(ps_spec_text_rank("-|P01"), 0);
+    assert_int_equal(ps_spec_text_rank("S0,R,S1|P0"), 3);
+    assert_int_equal(ps_spec_text_rank("R"), 1);
 }
 
 /* The tiles of all devices cover every element exactly (number of replicas)
