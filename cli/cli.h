@@ -12,6 +12,7 @@
 int ps_cmd_models(int argc, char **argv);
 int ps_cmd_clusters(int argc, char **argv);
 int ps_cmd_graph(int argc, char **argv);
+int ps_cmd_plan(int argc, char **argv);
 int ps_cmd_demo(int argc, char **argv);
 
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */

@@ -14,6 +14,7 @@ static const struct {
     {"models", ps_cmd_models, "list the built-in models"},
     {"clusters", ps_cmd_clusters, "list cluster presets, or show one cluster"},
     {"graph", ps_cmd_graph, "parameters, FLOPs and memory of a model's training step"},
+    {"plan", ps_cmd_plan, "plan a model's parallelization on a cluster"},
     {"demo", ps_cmd_demo, "the main job on an embedded default"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

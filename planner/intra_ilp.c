@@ -825,14 +825,17 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         row += ku + kv;
     }
     if (mem_row) {
+        /* in units of the budget, so that the row is as well scaled as the
+         * one-hot rows (bytes would be ~1e10) */
         row++;
-        glp_set_row_bnds(lp, row, GLP_UP, 0, p->mem_budget - const_mem);
+        double unit = 1.0 / p->mem_budget;
+        glp_set_row_bnds(lp, row, GLP_UP, 0, (p->mem_budget - const_mem) * unit);
         for (int v = 0; v < n; v++)
             if (node_col[v] != 0)
                 for (int s = 0; s < p->nodes[v].k; s++)
                     if (p->nodes[v].mem[s] != 0) {
                         k_nz++, ia[k_nz] = row, ja[k_nz] = node_col[v] + s;
-                        ar[k_nz] = p->nodes[v].mem[s];
+                        ar[k_nz] = p->nodes[v].mem[s] * unit;
                     }
     }
     glp_set_obj_coef(lp, 0, const_cost * scale);

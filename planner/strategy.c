@@ -471,7 +471,7 @@ static int add_variants(const ps_graph *g, const ps_op *op, const ps_logical_mes
                 v.in[0].partial |= (uint8_t)p;
                 v.in[1].partial |= (uint8_t)p;
                 v.out[0].partial |= (uint8_t)p;
-                snprintf(v.name, sizeof v.name, "%.30s+P%u", base->name, p);
+                snprintf(v.name, sizeof v.name, "%.24s+P%u", base->name, p);
                 n = push_unique(list, n, &v, op);
             }
         }
@@ -510,7 +510,7 @@ static int add_variants(const ps_graph *g, const ps_op *op, const ps_logical_mes
             v.out[k].partial = 0;
         }
         len = strlen(base->name);
-        snprintf(v.name, sizeof v.name, "%.30s+rs%d", base->name, d);
+        snprintf(v.name, sizeof v.name, "%.24s+rs%d", base->name, d);
         n = push_unique(list, n, &v, op);
     }
     return n;

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json.h"
+
 ps_train_options ps_train_options_default(void)
 {
     ps_train_options o;
@@ -439,5 +441,34 @@ out:
     free(b->needs_grad);
     free(b->layer_remat);
     free(b->layer_recomputed);
+    return st;
+}
+
+ps_status ps_train_options_to_json(const ps_train_options *o, int n_layers, json_t **out)
+{
+    ps_status st = PS_OK;
+    json_t *j = json_object(), *layers = NULL;
+    *out = NULL;
+    if (j == NULL)
+        return PS_ERR_NOMEM;
+    PS_TRY(ps_json_set(j, "remat", json_boolean(o->remat)));
+    if (o->remat_layers != NULL) {
+        layers = json_array();
+        PS_TRY(ps_json_set(j, "remat_layers", layers));
+        for (int l = 0; l < n_layers; l++)
+            if (o->remat_layers[l])
+                PS_TRY(ps_json_append(layers, json_integer(l)));
+    }
+    PS_TRY(ps_json_set(j, "optimizer_dtype", json_string(ps_dtype_name(o->optimizer_dtype))));
+    PS_TRY(ps_json_set(j, "master_weights", json_boolean(o->master_weights)));
+    PS_TRY(ps_json_set(j, "lr", json_real(o->adam.lr)));
+    PS_TRY(ps_json_set(j, "beta1", json_real(o->adam.beta1)));
+    PS_TRY(ps_json_set(j, "beta2", json_real(o->adam.beta2)));
+    PS_TRY(ps_json_set(j, "eps", json_real(o->adam.adam_eps)));
+    PS_TRY(ps_json_set(j, "weight_decay", json_real(o->adam.weight_decay)));
+    *out = j;
+    j = NULL;
+out:
+    json_decref(j);
     return st;
 }

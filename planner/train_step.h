@@ -10,6 +10,7 @@
 #ifndef PS_PLANNER_TRAIN_STEP_H
 #define PS_PLANNER_TRAIN_STEP_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #include "core/graph.h"
@@ -29,6 +30,9 @@ typedef struct ps_train_options {
 } ps_train_options;
 
 ps_train_options ps_train_options_default(void);
+
+/* The options as a JSON object (what plans record). */
+ps_status ps_train_options_to_json(const ps_train_options *o, int n_layers, json_t **out);
 
 ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *opt,
                               ps_graph **out, ps_error *err);

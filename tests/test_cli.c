@@ -13,6 +13,8 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include "core/json.h"
 /* clang-format on */
 
 #include <dirent.h>
@@ -835,6 +837,58 @@ static void test_remat_layers(void **state)
     run_result_free(&r);
 }
 
+/* plan: usage errors, a plan written and explained, a model that does not fit. */
+static void test_plan(void **state)
+{
+    const fixture *fx = *state;
+    char out[512];
+    snprintf(out, sizeof out, "%s/p.json", fx->dir); /* the child runs in our directory */
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", NULL};
+        expect_usage_error(fx, a, "-o PLAN.json is required");
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "-o", out, NULL};
+        expect_usage_error(fx, a, "--cluster");
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method",
+                           "magic", "-o", out, NULL};
+        expect_usage_error(fx, a, "unknown method \"magic\"");
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--mesh", "3x",
+                           "-o", out, NULL};
+        expect_usage_error(fx, a, "--mesh wants D0xD1");
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--global-batch",
+                           "64", "--explain", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "predicted     iteration");
+        expect_in(&r, true, "reduce-scatter over axes 1");
+        run_result_free(&r);
+        ps_json_doc *doc = NULL;
+        assert_int_equal(ps_json_doc_load(out, &doc, NULL), PS_OK);
+        json_t *pred = json_object_get(doc->root, "predicted");
+        assert_true(json_number_value(json_object_get(pred, "iteration_s")) > 0);
+        assert_true(json_is_array(json_object_get(doc->root, "stages")));
+        ps_json_doc_free(doc);
+    }
+    {
+        const char *a[] = {"plan", "--model", "gpt-2.6b", "--cluster", "p3.16xlarge",
+                           "--method", "data", "--micro-batches", "64", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "does not fit in memory with method data");
+        expect_empty(&r, true);
+        run_result_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -851,6 +905,7 @@ int main(void)
         cmocka_unit_test(test_export_stdout),
         cmocka_unit_test(test_clusters),
         cmocka_unit_test(test_demo),
+        cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/json.h"
+
 const char *const ps_model_family_names[PS_MODEL_FAMILY_COUNT] = {"mlp", "gpt", "moe",
                                                                   "wresnet"};
 
@@ -157,5 +159,37 @@ ps_status ps_model_build(const ps_model_config *c, ps_graph **out, ps_error *err
     g = NULL;
 out:
     ps_graph_free(g);
+    return st;
+}
+
+ps_status ps_model_config_to_json(const ps_model_config *c, json_t **out)
+{
+    ps_status st = PS_OK;
+    json_t *o = json_object();
+    *out = NULL;
+    if (o == NULL)
+        return PS_ERR_NOMEM;
+    PS_TRY(ps_json_set(o, "family", json_string(ps_model_family_names[c->family])));
+    PS_TRY(ps_json_set(o, "batch", json_integer(c->batch)));
+    PS_TRY(ps_json_set(o, "dtype", json_string(ps_dtype_name(c->dtype))));
+    const struct {
+        const char *key;
+        int64_t value;
+    } fields[] = {{"hidden", c->hidden},     {"layers", c->layers},
+                  {"heads", c->heads},       {"seq", c->seq},
+                  {"vocab", c->vocab},       {"ffn", c->ffn},
+                  {"experts", c->experts},   {"expert_group", c->expert_group},
+                  {"top_k", c->top_k},       {"image_size", c->image_size},
+                  {"channels", c->channels}, {"width_factor", c->width_factor},
+                  {"classes", c->classes}};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (fields[i].value != 0)
+            PS_TRY(ps_json_set(o, fields[i].key, json_integer(fields[i].value)));
+    if (c->family == PS_MODEL_MOE)
+        PS_TRY(ps_json_set(o, "capacity_factor", json_real(c->capacity_factor)));
+    *out = o;
+    o = NULL;
+out:
+    json_decref(o);
     return st;
 }

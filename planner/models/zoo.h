@@ -5,6 +5,8 @@
 #ifndef PS_PLANNER_MODELS_ZOO_H
 #define PS_PLANNER_MODELS_ZOO_H
 
+#include <jansson.h>
+
 #include "core/graph.h"
 
 typedef enum ps_model_family {
@@ -54,6 +56,9 @@ ps_status ps_zoo_lookup(const char *name, ps_model_config *out, ps_error *err);
 ps_status ps_model_config_validate(const ps_model_config *c, ps_error *err);
 /* Builds the forward graph of one micro-batch of c->batch samples. */
 ps_status ps_model_build(const ps_model_config *c, ps_graph **out, ps_error *err);
+
+/* The config as a JSON object (what plans record to rebuild the model). */
+ps_status ps_model_config_to_json(const ps_model_config *c, json_t **out);
 
 /* Family builders (one file each). */
 ps_status ps_model_build_mlp(const ps_model_config *c, ps_graph *g, ps_error *err);

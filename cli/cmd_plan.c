@@ -1,0 +1,280 @@
+/* pipeshard plan: a parallelization plan for a model on a cluster. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/model_opts.h"
+#include "core/json.h"
+#include "planner/plan_intra.h"
+
+static void help(void)
+{
+    printf(
+        "usage: pipeshard plan (--model M | --graph G.json) (--cluster C | --cluster-file F)\n"
+        "                      [--method shard|data|zero2|zero3] [OPTIONS] -o PLAN.json\n\n"
+        "Plans the training step of a model on a cluster and writes the plan (docs/plan-\n"
+        "format.md). The methods run the whole model as one stage on all devices, viewed as\n"
+        "one logical mesh, and choose every op's sharding with the intra-op ILP:\n"
+        "  data   batch split across devices, gradients all-reduced\n"
+        "  zero2  data + optimizer state and update sharded (gradients reduce-scattered)\n"
+        "  zero3  zero2 + parameters sharded and gathered where used\n"
+        "  shard  any sharding of any op (the free ILP)\n\n"
+        "  --cluster C          a preset, NAME or NAME:NODES (see 'pipeshard clusters')\n"
+        "  --cluster-file F     a cluster file (docs/cluster-format.md)\n"
+        "  --method M           shard (default), data, zero2 or zero3\n"
+        "  --mesh D0xD1         the logical mesh (default: devices x 1 for data/zero,\n"
+        "                       nodes x devices-per-node for shard)\n"
+        "  --global-batch B     samples per step (default: the model's benchmark batch)\n"
+        "  --micro-batches N    gradient accumulation steps (default 1)\n"
+        "  --force-batch-axis0  keep the batch dimension on mesh axis 0 (Alpa's 2-D default)\n"
+        "  --time-limit S       ILP time limit in seconds (default 60)\n"
+        "  --explain            print every op's strategy and its communication\n"
+        "  --json               print the predictions as JSON\n"
+        "  -o, --output P.json  where to write the plan (required)\n"
+        PS_MODEL_OPTIONS_HELP
+        "  -h, --help           this help\n");
+}
+
+enum {
+    OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
+    OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON
+};
+
+static const struct option own_options[] = {
+    {"cluster", required_argument, NULL, OPT_CLUSTER},
+    {"cluster-file", required_argument, NULL, OPT_CLUSTER_FILE},
+    {"method", required_argument, NULL, OPT_METHOD},
+    {"mesh", required_argument, NULL, OPT_MESH},
+    {"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
+    {"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
+    {"force-batch-axis0", no_argument, NULL, OPT_FORCE},
+    {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
+    {"explain", no_argument, NULL, OPT_EXPLAIN},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"output", required_argument, NULL, 'o'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static void explain(const ps_graph *step, const ps_intra_result *r)
+{
+    printf("\n%-40s %-9s %-14s %-26s %s\n", "op", "pass", "strategy", "inputs -> outputs",
+           "communication");
+    for (int i = 0; i < step->n_ops; i++) {
+        const ps_op *op = &step->ops[i];
+        const ps_strategy *s = &r->op_strategy[i];
+        char specs[160] = "", buf[PS_SPEC_STR_MAX];
+        int used = 0;
+        for (int k = 0; k < op->n_in; k++)
+            used += snprintf(specs + used, sizeof specs - (size_t)used, "%s%s", k ? " " : "",
+                             ps_spec_format(&s->in[k], buf, sizeof buf));
+        used += snprintf(specs + used, sizeof specs - (size_t)used, " ->");
+        for (int k = 0; k < op->n_out; k++)
+            used += snprintf(specs + used, sizeof specs - (size_t)used, " %s",
+                             ps_spec_format(&s->out[k], buf, sizeof buf));
+        printf("%-40s %-9s %-14s %-26s", op->name, ps_pass_names[op->pass], s->name, specs);
+        if (s->comm_s > 0)
+            printf(" %s over axes %s %.3g MB: %.3g us", ps_collective_names[s->comm_kind],
+                   s->comm_axes == 3 ? "0,1" : s->comm_axes == 1 ? "0" : "1",
+                   s->comm_bytes / 1e6, s->comm_s * 1e6);
+        if (r->reshard_in_s[i] > 0)
+            printf("%s resharding inputs: %.3g us", s->comm_s > 0 ? ";" : "",
+                   r->reshard_in_s[i] * 1e6);
+        printf("\n");
+    }
+}
+
+static void summary(const ps_plan *p, const ps_intra_result *r)
+{
+    const ps_plan_stage *s = &p->stages[0];
+    char a[64], b[64], c[64], d[64], e[64];
+    printf("plan          %s on %s (%d devices), method %s\n", p->model_name, p->cluster->name,
+           ps_cluster_device_count(p->cluster), p->method);
+    printf("batch         global %lld = %d micro-batch(es) of %lld\n", p->global_batch,
+           p->micro_batches, p->global_batch / p->micro_batches);
+    printf("stage 0       layers %d-%d on devices %d-%d, submesh (%d, %d), logical mesh "
+           "(%d, %d)\n",
+           s->first_layer, s->last_layer, s->devices[0], s->devices[s->n_devices - 1],
+           s->submesh[0], s->submesh[1], s->logical_mesh[0], s->logical_mesh[1]);
+    printf("              forward %.4g ms, backward %.4g ms per micro-batch; update %.4g ms "
+           "per step\n",
+           s->forward_s * 1e3, s->backward_s * 1e3, s->update_s * 1e3);
+    printf("memory        %s per device: weights %s, gradients %s, optimizer %s, "
+           "activations %s\n",
+           ps_cli_bytes(s->peak_memory_bytes, a, sizeof a),
+           ps_cli_bytes(s->weight_bytes, b, sizeof b),
+           ps_cli_bytes(s->gradient_bytes, c, sizeof c),
+           ps_cli_bytes(s->optimizer_bytes, d, sizeof d),
+           ps_cli_bytes(s->activation_bytes, e, sizeof e));
+    printf("predicted     iteration %.4g s, %.4g TFLOP/s per device (%.1f%% of peak)\n",
+           p->iteration_s, p->tflops_per_device, p->mfu * 100);
+    printf("ILP           %d nodes, %d edges, %d layer(s) reusing a solved one; %d columns, "
+           "%d rows; %s%s in %.3g s\n",
+           r->ilp_nodes, r->ilp_edges, r->tied_layers, r->ilp.glpk_cols, r->ilp.glpk_rows,
+           r->ilp.optimal ? "optimal" : "not proven optimal",
+           r->ilp.optimal ? "" : " (the best found; see --time-limit)", r->ilp.solve_s);
+}
+
+static bool parse_mesh(const char *text, int *d0, int *d1)
+{
+    char *end;
+    long a = strtol(text, &end, 10);
+    if (end == text || *end != 'x' || a < 1 || a > PS_CLUSTER_MAX_DEVICES)
+        return false;
+    const char *rest = end + 1;
+    long b = strtol(rest, &end, 10);
+    if (end == rest || *end != '\0' || b < 1 || b > PS_CLUSTER_MAX_DEVICES)
+        return false;
+    *d0 = (int)a;
+    *d1 = (int)b;
+    return true;
+}
+
+int ps_cmd_plan(int argc, char **argv)
+{
+    const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
+    bool do_explain = false, json = false;
+    ps_plan_request req;
+    memset(&req, 0, sizeof req);
+    req.method = PS_METHOD_SHARD;
+    req.micro_batches = 1;
+    req.ilp = ps_ilp_options_default();
+    int64_t global_batch = 0, v;
+    double x;
+    ps_model_opts mo;
+    ps_model_opts_init(&mo);
+    struct option options[64];
+    ps_model_opts_merge(own_options, options, 64);
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "ho:", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': help(); return 0;
+        case 'o': output = optarg; break;
+        case OPT_CLUSTER: cluster_spec = optarg; break;
+        case OPT_CLUSTER_FILE: cluster_file = optarg; break;
+        case OPT_METHOD: {
+            int found = -1;
+            for (int m = 0; m < PS_METHOD_COUNT; m++)
+                if (strcmp(optarg, ps_intra_method_names[m]) == 0)
+                    found = m;
+            if (found < 0 && (strcmp(optarg, "auto") == 0 || strcmp(optarg, "pipeshard") == 0))
+                return ps_cli_usage_error("plan",
+                                          "--method %s (pipeline stages) needs the stage "
+                                          "construction pass, which this version lacks; use "
+                                          "shard, data, zero2 or zero3",
+                                          optarg);
+            if (found < 0)
+                return ps_cli_usage_error("plan", "unknown method \"%s\"", optarg);
+            req.method = (ps_intra_method)found;
+            break;
+        }
+        case OPT_MESH:
+            if (!parse_mesh(optarg, &req.mesh[0], &req.mesh[1]))
+                return ps_cli_usage_error("plan", "--mesh wants D0xD1, e.g. 2x4, not \"%s\"",
+                                          optarg);
+            break;
+        case OPT_GLOBAL_BATCH:
+            if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &global_batch))
+                return ps_cli_usage_error("plan", "--global-batch wants a positive integer");
+            break;
+        case OPT_MICRO_BATCHES:
+            if (!ps_cli_parse_int(optarg, 1, 1 << 20, &v))
+                return ps_cli_usage_error("plan", "--micro-batches wants a positive integer");
+            req.micro_batches = (int)v;
+            break;
+        case OPT_FORCE: req.force_batch_axis0 = true; break;
+        case OPT_TIME_LIMIT:
+            if (!ps_cli_parse_double(optarg, 0.01, 1e6, &x))
+                return ps_cli_usage_error("plan", "--time-limit wants seconds");
+            req.ilp.time_limit_s = x;
+            break;
+        case OPT_EXPLAIN: do_explain = true; break;
+        case OPT_JSON: json = true; break;
+        case '?':
+            return ps_cli_usage_error("plan", "unknown or incomplete option \"%s\"",
+                                      argv[optind - 1]);
+        default: {
+            int taken = ps_model_opts_take(&mo, c, optarg, "plan");
+            if (taken == 2)
+                return 2;
+            if (taken == 1)
+                return ps_cli_usage_error("plan", "unexpected option");
+        }
+        }
+    }
+    if (optind < argc)
+        return ps_cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
+    int usage = ps_model_opts_check(&mo, false, "plan");
+    if (usage != 0)
+        return usage;
+    if ((cluster_spec == NULL) == (cluster_file == NULL))
+        return ps_cli_usage_error("plan", "give exactly one of --cluster and --cluster-file");
+    if (output == NULL)
+        return ps_cli_usage_error("plan", "-o PLAN.json is required");
+    if (mo.graph_path != NULL && global_batch > 0)
+        return ps_cli_usage_error("plan", "--global-batch applies to --model only (a graph "
+                                          "file fixes the micro-batch; use --micro-batches)");
+
+    ps_error err = {0};
+    ps_status st = PS_OK;
+    ps_cluster *cluster = NULL;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_plan *plan = NULL;
+    ps_intra_result *r = NULL;
+    ps_model_config cfg;
+    bool from_zoo = false;
+    if (cluster_spec != NULL)
+        PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
+    else
+        PS_TRY(ps_cluster_load(cluster_file, &cluster, &err));
+    if (mo.model != NULL) {
+        PS_TRY(ps_zoo_lookup(mo.model, &cfg, &err));
+        long long gb = global_batch > 0 ? global_batch : cfg.global_batch;
+        if (gb % req.micro_batches != 0) {
+            st = ps_error_set(&err, PS_ERR_INVALID,
+                              "%d micro-batches do not divide the global batch %lld",
+                              req.micro_batches, gb);
+            goto out;
+        }
+        req.global_batch = gb;
+        PS_TRY(ps_model_opts_build(&mo, gb / req.micro_batches, &cfg, &from_zoo, &fwd, &err));
+    } else {
+        PS_TRY(ps_model_opts_build(&mo, 0, &cfg, &from_zoo, &fwd, &err));
+        int64_t mb = 1;
+        for (int t = 0; t < fwd->n_tensors; t++)
+            if (fwd->tensors[t].kind == PS_TENSOR_INPUT && fwd->tensors[t].desc.rank > 0) {
+                mb = fwd->tensors[t].desc.shape[0];
+                break;
+            }
+        req.global_batch = mb * req.micro_batches;
+    }
+    req.forward = fwd;
+    req.config = from_zoo ? &cfg : NULL;
+    req.train = mo.train;
+    req.cluster = cluster;
+    PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
+    PS_TRY(ps_plan_save(plan, output, &err));
+    if (json) {
+        json_t *j = NULL;
+        PS_TRY(ps_plan_to_json(plan, &j));
+        json_t *pred = json_incref(json_object_get(j, "predicted"));
+        json_decref(j);
+        st = ps_json_save(pred, "-", &err);
+        json_decref(pred);
+    } else {
+        summary(plan, r);
+        if (do_explain)
+            explain(step, r);
+    }
+out:
+    ps_intra_result_free(r);
+    ps_plan_free(plan);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+    ps_cluster_free(cluster);
+    return st == PS_OK ? 0 : ps_cli_fail(&err, st);
+}

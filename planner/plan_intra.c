@@ -1,0 +1,215 @@
+#include "planner/plan_intra.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+
+ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_logical_mesh *m,
+                             const ps_intra_result *r, ps_error *err)
+{
+    ps_status st = PS_OK;
+    memcpy(s->devices, m->devices, (size_t)m->n_devices * sizeof *s->devices);
+    s->submesh[0] = m->hosts;
+    s->submesh[1] = m->devices_per_host;
+    s->logical_mesh[0] = m->shape[0];
+    s->logical_mesh[1] = m->shape[1];
+    for (int i = 0; i < step->n_ops && i < s->n_ops; i++) {
+        const ps_op *op = &step->ops[i];
+        const ps_strategy *sg = &r->op_strategy[i];
+        ps_plan_op *po = &s->ops[i];
+        po->name = strdup(op->name);
+        po->strategy = strdup(sg->name);
+        PS_TRY_ALLOC(po->name, err);
+        PS_TRY_ALLOC(po->strategy, err);
+        po->n_in = op->n_in;
+        po->n_out = op->n_out;
+        memcpy(po->in, sg->in, sizeof po->in);
+        memcpy(po->out, sg->out, sizeof po->out);
+        po->compute_s = sg->compute_s;
+        po->comm_s = sg->comm_s + r->reshard_in_s[i];
+    }
+    for (int t = 0; t < step->n_tensors && t < s->n_tensors; t++) {
+        s->tensors[t].name = strdup(step->tensors[t].name);
+        PS_TRY_ALLOC(s->tensors[t].name, err);
+        s->tensors[t].spec = r->tensor_spec[t];
+    }
+    s->forward_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD];
+    s->backward_s = r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
+                    r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
+    s->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
+    s->time_s = s->forward_s + s->backward_s;
+    s->peak_memory_bytes = r->peak_memory_bytes;
+    s->weight_bytes = r->weight_bytes;
+    s->gradient_bytes = r->gradient_bytes;
+    s->optimizer_bytes = r->optimizer_bytes;
+    s->activation_bytes = r->activation_bytes;
+out:
+    return st;
+}
+
+ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
+                            ps_intra_result **intra_out, ps_graph **step_out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_graph *step = NULL;
+    ps_logical_mesh *m = NULL;
+    ps_intra_result *r = NULL;
+    ps_plan *plan = NULL;
+    *out = NULL;
+    const ps_cluster *c = req->cluster;
+    int n = ps_cluster_device_count(c), dpn = c->devices_per_node;
+    int d0 = req->mesh[0], d1 = req->mesh[1];
+    if (d0 == 0 && d1 == 0) {
+        bool batch_method = req->method != PS_METHOD_SHARD;
+        d0 = batch_method ? n : c->nodes;
+        d1 = batch_method ? 1 : dpn;
+    }
+    if (req->micro_batches < 1 || req->global_batch % req->micro_batches != 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "%d micro-batches do not divide the global batch %lld",
+                            req->micro_batches, req->global_batch);
+    int hosts = n > dpn ? c->nodes : 1;
+    if ((int64_t)d0 * d1 != n) {
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "logical mesh %dx%d does not have the cluster's %d devices", d0, d1, n);
+        goto out;
+    }
+    PS_TRY(ps_mesh_create(c, 0, hosts, n / hosts, d0, d1, &m, err));
+    if (req->method != PS_METHOD_SHARD) {
+        /* the batch methods split every input's leading dimension over axis 0 */
+        for (int t = 0; t < req->forward->n_tensors; t++) {
+            const ps_tensor *x = &req->forward->tensors[t];
+            if (x->kind == PS_TENSOR_INPUT && x->desc.rank > 0 && x->desc.shape[0] % d0 != 0) {
+                st = ps_error_set(err, PS_ERR_INVALID,
+                                  "method %s: a micro-batch of %lld samples does not split over "
+                                  "%d devices; use fewer micro-batches or a larger batch",
+                                  ps_intra_method_names[req->method],
+                                  (long long)x->desc.shape[0], d0);
+                goto out;
+            }
+        }
+    }
+    PS_TRY(ps_train_step_build(req->forward, &req->train, &step, err));
+    ps_intra_options io = ps_intra_options_default();
+    io.method = req->method;
+    io.micro_batches = req->micro_batches;
+    io.force_batch_axis0 = req->force_batch_axis0;
+    io.ilp = req->ilp;
+    PS_TRY(ps_intra_solve(step, m, &io, &r, err));
+    /* Too big: solve again with the memory constraint. The ILP counts what
+     * lives through a micro-batch; leave room for the largest temporary. */
+    for (int attempt = 0; attempt < 3 && r->peak_memory_bytes > m->memory_bytes; attempt++) {
+        double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
+                         r->activation_bytes;
+        double transient = r->peak_memory_bytes - lasting;
+        io.memory_budget_bytes = (io.memory_budget_bytes > 0 ? io.memory_budget_bytes
+                                                               : m->memory_bytes - transient) -
+                                 (attempt > 0 ? r->peak_memory_bytes - m->memory_bytes : 0);
+        ps_intra_result *fit = NULL;
+        ps_error inner = {0};
+        if (io.memory_budget_bytes > 0)
+            st = ps_intra_solve(step, m, &io, &fit, &inner);
+        else
+            st = ps_error_set(&inner, PS_ERR_INFEASIBLE, "temporaries alone need %.4g GB",
+                              transient / 1e9);
+        if (st != PS_OK) {
+            st = ps_error_set(err, st,
+                              "%s does not fit in memory with method %s on %dx%d (%.4g GB per "
+                              "device; %.4g GB left beside the largest temporary): %s",
+                              req->forward->name, ps_intra_method_names[req->method], d0, d1,
+                              m->memory_bytes / 1e9, io.memory_budget_bytes / 1e9, inner.msg);
+            goto out;
+        }
+        ps_intra_result_free(r);
+        r = fit;
+    }
+    if (r->peak_memory_bytes > m->memory_bytes) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                          "%s does not fit in memory with method %s on %dx%d: the best layout "
+                          "needs %.4g GB per device, %.4g GB are available",
+                          req->forward->name, ps_intra_method_names[req->method], d0, d1,
+                          r->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
+        goto out;
+    }
+
+    if ((st = ps_plan_create(&plan)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    plan->model_name = strdup(req->forward->name);
+    PS_TRY_ALLOC(plan->model_name, err);
+    plan->model = json_object();
+    PS_TRY_ALLOC(plan->model, err);
+    if (ps_json_set(plan->model, "name", json_string(req->forward->name)) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    {
+        json_t *j = NULL;
+        st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
+                                 : ps_graph_to_json(req->forward, &j);
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
+        if (st == PS_OK && req->config != NULL)
+            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
+        if (st == PS_OK)
+            st = ps_train_options_to_json(&req->train, req->forward->n_layers, &plan->training);
+        if (st != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    if ((st = ps_cluster_clone(c, &plan->cluster)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    snprintf(plan->method, sizeof plan->method, "%s", ps_intra_method_names[req->method]);
+    plan->global_batch = req->global_batch;
+    plan->micro_batches = req->micro_batches;
+    ps_plan_stage *s;
+    if ((st = ps_plan_add_stage(plan, m->n_devices, step->n_ops, step->n_tensors, &s)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    s->first_layer = 0;
+    s->last_layer = step->n_layers - 1;
+    PS_TRY(ps_plan_fill_stage(s, step, m, r, err));
+
+    /* predictions: micro-batches run back to back, the update once */
+    ps_graph_stats gs;
+    PS_TRY(ps_graph_stats_compute(step, &gs));
+    double per_mb = gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                    gs.flops[PS_PASS_RECOMPUTE];
+    plan->flops_per_step = per_mb * req->micro_batches + gs.flops[PS_PASS_UPDATE];
+    plan->iteration_s = s->time_s * req->micro_batches + s->update_s;
+    plan->tflops_per_device = plan->flops_per_step / plan->iteration_s / m->n_devices / 1e12;
+    ps_dtype dt = PS_DTYPE_F32;
+    for (int t = 0; t < step->n_tensors; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
+            dt = step->tensors[t].desc.dtype;
+            break;
+        }
+    double peak = m->peak_flops[dt] > 0 ? m->peak_flops[dt] : m->peak_flops[PS_DTYPE_F32];
+    plan->mfu = plan->tflops_per_device * 1e12 / peak;
+    plan->peak_memory_bytes = s->peak_memory_bytes;
+    PS_TRY(ps_plan_validate(plan, err));
+    *out = plan;
+    plan = NULL;
+    if (intra_out != NULL) {
+        *intra_out = r;
+        r = NULL;
+    }
+    if (step_out != NULL) {
+        *step_out = step;
+        step = NULL;
+    }
+out:
+    ps_plan_free(plan);
+    ps_intra_result_free(r);
+    ps_graph_free(step);
+    ps_mesh_free(m);
+    return st;
+}

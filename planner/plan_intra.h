@@ -1,0 +1,34 @@
+/* One-stage plans: the whole model on the whole cluster as one logical mesh,
+ * sharded by the intra-op pass (Alpa's data, zero2, zero3 and shard
+ * methods), written as a plan that backends can consume. */
+#ifndef PS_PLANNER_PLAN_INTRA_H
+#define PS_PLANNER_PLAN_INTRA_H
+
+#include "core/plan.h"
+#include "planner/intra_pass.h"
+#include "planner/models/zoo.h"
+#include "planner/train_step.h"
+
+typedef struct ps_plan_request {
+    const ps_graph *forward;       /* built for micro-batches of global_batch / micro_batches */
+    const ps_model_config *config; /* the zoo config it came from, or NULL (graph file) */
+    ps_train_options train;
+    const ps_cluster *cluster;
+    ps_intra_method method;
+    int mesh[2];                   /* logical mesh; {0, 0}: (n, 1) for data/zero, else nodes x devices */
+    long long global_batch;
+    int micro_batches;
+    bool force_batch_axis0;
+    ps_ilp_options ilp;
+} ps_plan_request;
+
+/* Plans req. *intra_out and *step_out (either may be NULL) receive the
+ * intra-op result and the training step it was solved on, for --explain. */
+ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
+                            ps_intra_result **intra_out, ps_graph **step_out, ps_error *err);
+
+/* Writes a solved stage into s: ops, tensors, predictions. */
+ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_logical_mesh *m,
+                             const ps_intra_result *r, ps_error *err);
+
+#endif

@@ -1,0 +1,233 @@
+/* core/plan + planner/plan_intra: one-stage plans, their files, their checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/json.h"
+#include "planner/plan_intra.h"
+
+static ps_plan *mlp_plan(ps_intra_method method, const char *cluster, int micro_batches)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("mlp", &cfg, NULL), PS_OK);
+    cfg.hidden = 256;
+    cfg.batch = 64 / micro_batches;
+    ps_graph *fwd = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset(cluster, &c, &err), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .method = method, .global_batch = 64,
+                           .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
+    ps_plan *p = NULL;
+    if (ps_plan_one_stage(&req, &p, NULL, NULL, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+    return p;
+}
+
+static char *dump(const ps_plan *p)
+{
+    json_t *j = NULL;
+    assert_int_equal(ps_plan_to_json(p, &j), PS_OK);
+    char *text = ps_json_dumps(j);
+    json_decref(j);
+    return text;
+}
+
+static void one_stage_plan_predictions(void **state)
+{
+    (void)state;
+    ps_plan *p = mlp_plan(PS_METHOD_DATA, "dgx-a100:1", 4);
+    assert_int_equal(p->n_stages, 1);
+    const ps_plan_stage *s = &p->stages[0];
+    assert_int_equal(s->n_devices, 8);
+    assert_int_equal(s->logical_mesh[0], 8);
+    assert_int_equal(s->logical_mesh[1], 1);
+    assert_int_equal(s->first_layer, 0);
+    assert_int_equal(s->last_layer, 1);
+    /* iteration = micro-batches x (forward + backward) + update */
+    assert_true(fabs(p->iteration_s - (4 * s->time_s + s->update_s)) < 1e-12);
+    assert_true(p->tflops_per_device > 0 && p->mfu > 0 && p->mfu < 1);
+    assert_true(fabs(p->tflops_per_device * 1e12 * p->iteration_s * 8 - p->flops_per_step) <
+                1e-6 * p->flops_per_step);
+    /* every op and tensor of the step is recorded */
+    assert_true(s->n_ops > 20 && s->n_tensors > s->n_ops);
+    assert_string_equal(p->method, "data");
+    ps_plan_free(p);
+}
+
+static void plan_file_round_trip(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ps-test-plan-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    static const ps_intra_method methods[] = {PS_METHOD_SHARD, PS_METHOD_DATA, PS_METHOD_ZERO2,
+                                              PS_METHOD_ZERO3};
+    for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
+        ps_plan *p = mlp_plan(methods[i], "p3.16xlarge:2", 2);
+        ps_error err = {0};
+        assert_int_equal(ps_plan_save(p, path, &err), PS_OK);
+        ps_plan *back = NULL;
+        if (ps_plan_load(path, &back, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        char *a = dump(p), *b = dump(back);
+        assert_string_equal(a, b);
+        char da[32], db[32];
+        ps_plan_digest(p, da, sizeof da);
+        ps_plan_digest(back, db, sizeof db);
+        assert_string_equal(da, db);
+        free(a);
+        free(b);
+        ps_plan_free(back);
+        ps_plan_free(p);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A plan that uses devices the cluster lacks, or leaves layers out, or whose
+ * micro-batches do not divide the batch, is rejected with a clear error. */
+static void invalid_plans_are_rejected(void **state)
+{
+    (void)state;
+    ps_plan *p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 1);
+    ps_error err = {0};
+    p->stages[0].devices[3] = 8;
+    assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "uses device 8; the cluster has devices 0 to 7"));
+    p->stages[0].devices[3] = 2; /* duplicate of device 2 */
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "device 2 is in two stages"));
+    p->stages[0].devices[3] = 3;
+    p->stages[0].first_layer = 1;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "consecutive layers from 0"));
+    p->stages[0].first_layer = 0;
+    p->micro_batches = 5;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
+    p->micro_batches = 1;
+    p->stages[0].logical_mesh[0] = 3;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
+    p->stages[0].logical_mesh[0] = 1;
+    assert_int_equal(ps_plan_validate(p, NULL), PS_OK);
+    ps_plan_free(p);
+}
+
+/* Malformed plan files give positioned errors. */
+static void malformed_plan_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ps-test-plan-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    ps_plan *p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 1);
+    char *good = dump(p);
+    ps_plan_free(p);
+    static const struct {
+        const char *from, *to, *want;
+    } edits[] = {
+        {"\"format\": \"pipeshard-plan\"", "\"format\": \"plan\"", "expected \"pipeshard-plan\""},
+        {"\"version\": 1", "\"version\": 7", "unsupported version 7"},
+        {"\"method\": \"shard\"", "\"method\": \"magic\"", "unknown value \"magic\""},
+        {"\"micro_batches\": 1", "\"micro_batches\": 0", "micro_batches: 0 is out of range"},
+        {"\"schedule\": \"1f1b\"", "\"schedule\": 3", "expected a string"},
+        {"\"logical_mesh\": [\n    1,", "\"logical_mesh\": [\n    2,", "logical mesh 2x8"},
+        {"\"layers\": [\n    0,", "\"layers\": [\n    1,", "consecutive layers"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        char *at = strstr(good, edits[i].from);
+        if (at == NULL)
+            fail_msg("edit %zu: \"%s\" not in the plan text", i, edits[i].from);
+        FILE *f = fopen(path, "w");
+        fprintf(f, "%.*s%s%s", (int)(at - good), good, edits[i].to, at + strlen(edits[i].from));
+        fclose(f);
+        ps_plan *back = NULL;
+        ps_error err = {0};
+        assert_int_not_equal(ps_plan_load(path, &back, &err), PS_OK);
+        assert_null(back);
+        if (strstr(err.msg, edits[i].want) == NULL || strstr(err.msg, path) != err.msg)
+            fail_msg("edit %zu: \"%s\" lacks \"%s\"", i, err.msg, edits[i].want);
+    }
+    /* truncated */
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%.*s", (int)(strlen(good) / 2), good);
+    fclose(f);
+    ps_plan *back = NULL;
+    assert_int_equal(ps_plan_load(path, &back, NULL), PS_ERR_PARSE);
+    free(good);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* Data parallelism of a model too big for the device is refused with the
+ * memory it needs. */
+static void out_of_memory_is_explained(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-2.6b", &cfg, NULL), PS_OK);
+    cfg.layers = 16; /* 1.4 B parameters: 22 GB of weights, gradients and Adam state */
+    cfg.batch = 8;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .method = PS_METHOD_DATA, .global_batch = 64,
+                           .micro_batches = 8, .ilp = ps_ilp_options_default()};
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_plan_one_stage(&req, &p, NULL, NULL, &err), PS_ERR_INFEASIBLE);
+    assert_null(p);
+    assert_non_null(strstr(err.msg, "does not fit in memory with method data"));
+    assert_non_null(strstr(err.msg, "17.18 GB per device"));
+    assert_non_null(strstr(err.msg, "it needs at least"));
+    /* ZeRO-3 shards it enough */
+    req.method = PS_METHOD_ZERO3;
+    ps_error_clear(&err);
+    if (ps_plan_one_stage(&req, &p, NULL, NULL, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(p->peak_memory_bytes <= 17179869184.0);
+    ps_plan_free(p);
+    /* a micro-batch that does not split over the data-parallel devices */
+    ps_graph_free(fwd);
+    cfg.batch = 4;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    req.forward = fwd;
+    req.global_batch = 32;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_one_stage(&req, &p, NULL, NULL, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "micro-batch of 4 samples does not split over 8"));
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(one_stage_plan_predictions),
+        cmocka_unit_test(plan_file_round_trip),
+        cmocka_unit_test(invalid_plans_are_rejected),
+        cmocka_unit_test(malformed_plan_files),
+        cmocka_unit_test(out_of_memory_is_explained),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
