@@ -199,10 +199,21 @@ out:
  * The working copy keeps, per node, which original strategies are still alive
  * (`orig`), and drops edges whose cost has been folded into node costs. */
 
+/* A node removed by elimination, and how to recover its choice from its
+ * neighbours' (leaf: best per u's strategy; series: per (u, w) pair). */
+typedef struct elim {
+    int v, u, w; /* u, w = -1 when absent */
+    int *best;   /* [k_u] or [k_u * k_w] or [1] */
+} elim;
+
 typedef struct work {
     ps_ilp_problem *p; /* reduced copy; nodes keep their ids */
     int **orig;        /* [node][reduced strategy] -> original strategy */
-    bool *edge_dead;
+    bool *edge_dead;   /* room for one new edge per node (series elimination) */
+    bool *node_dead;
+    int *degree;       /* live edges per node */
+    elim *elims;
+    int n_elims;
     bool with_memory;
 } work;
 
@@ -211,6 +222,11 @@ static void work_free(work *w)
     if (w->p != NULL)
         for (int i = 0; i < w->p->n_nodes; i++)
             free(w->orig[i]);
+    for (int i = 0; i < w->n_elims; i++)
+        free(w->elims[i].best);
+    free(w->elims);
+    free(w->node_dead);
+    free(w->degree);
     free(w->orig);
     free(w->edge_dead);
     ps_ilp_problem_free(w->p);
@@ -225,8 +241,12 @@ static ps_status work_init(work *w, const ps_ilp_problem *p)
     w->with_memory = p->mem_budget > 0;
     w->p->mem_budget = p->mem_budget;
     w->orig = calloc((size_t)p->n_nodes + 1, sizeof *w->orig);
-    w->edge_dead = calloc((size_t)p->n_edges + 1, sizeof *w->edge_dead);
-    if (w->orig == NULL || w->edge_dead == NULL)
+    w->edge_dead = calloc((size_t)p->n_edges + (size_t)p->n_nodes + 1, sizeof *w->edge_dead);
+    w->node_dead = calloc((size_t)p->n_nodes + 1, sizeof *w->node_dead);
+    w->degree = calloc((size_t)p->n_nodes + 1, sizeof *w->degree);
+    w->elims = calloc((size_t)p->n_nodes + 1, sizeof *w->elims);
+    if (w->orig == NULL || w->edge_dead == NULL || w->node_dead == NULL || w->degree == NULL ||
+        w->elims == NULL)
         return PS_ERR_NOMEM;
     for (int i = 0; i < p->n_nodes; i++) {
         const ps_ilp_node *n = &p->nodes[i];
@@ -398,10 +418,133 @@ static int cmp_pair(const void *x, const void *y)
     return (a[0] > b[0]) - (a[0] < b[0]);
 }
 
+/* Merges parallel edges (same unordered pair); keys has room for 2 per edge. */
+static void merge_parallel(work *w, long long *keys, bool *changed)
+{
+    ps_ilp_problem *p = w->p;
+    int m = 0;
+    for (int e = 0; e < p->n_edges; e++) {
+        if (w->edge_dead[e])
+            continue;
+        int a = p->edges[e].u < p->edges[e].v ? p->edges[e].u : p->edges[e].v;
+        int b = p->edges[e].u ^ p->edges[e].v ^ a;
+        keys[2 * m] = (long long)a * p->n_nodes + b;
+        keys[2 * m + 1] = e;
+        m++;
+    }
+    qsort(keys, (size_t)m, 2 * sizeof *keys, cmp_pair);
+    for (int i = 1; i < m; i++) {
+        int j = i - 1;
+        while (j >= 0 && keys[2 * j] == keys[2 * i] && w->edge_dead[keys[2 * j + 1]])
+            j--;
+        if (j >= 0 && keys[2 * j] == keys[2 * i]) {
+            merge_edges(w, (int)keys[2 * j + 1], (int)keys[2 * i + 1]);
+            *changed = true;
+        }
+    }
+}
+
+static double edge_cost_at(const ps_ilp_problem *p, const ps_ilp_edge *ed, int x, int sx, int so)
+{
+    int kv = p->nodes[ed->v].k;
+    return ed->u == x ? ed->cost[sx * kv + so] : ed->cost[so * kv + sx];
+}
+
+/* Without a memory constraint, a node with one neighbour (a leaf: a
+ * follower in a chain's end) folds into it, and a node with two (a chain
+ * link: elementwise followers) becomes an edge between them; both keep the
+ * optimum and record how to recover the node's choice. */
+static bool eliminate(work *w, int v, bool *fail)
+{
+    ps_ilp_problem *p = w->p;
+    int e1 = -1, e2 = -1;
+    for (int e = 0; e < p->n_edges && e2 < 0; e++) {
+        if (w->edge_dead[e] || (p->edges[e].u != v && p->edges[e].v != v))
+            continue;
+        if (e1 < 0)
+            e1 = e;
+        else
+            e2 = e;
+    }
+    const ps_ilp_node *nv = &p->nodes[v];
+    elim *el = &w->elims[w->n_elims];
+    el->v = v;
+    el->u = el->w = -1;
+    if (e1 < 0) { /* isolated: its own best */
+        el->best = malloc(sizeof(int));
+        if (el->best == NULL)
+            return *fail = true, false;
+        el->best[0] = 0;
+        for (int j = 1; j < nv->k; j++)
+            if (nv->cost[j] < nv->cost[el->best[0]])
+                el->best[0] = j;
+    } else if (e2 < 0) { /* leaf */
+        const ps_ilp_edge *ed = &p->edges[e1];
+        int u = ed->u == v ? ed->v : ed->u;
+        ps_ilp_node *nu = &p->nodes[u];
+        el->u = u;
+        el->best = malloc((size_t)nu->k * sizeof(int));
+        if (el->best == NULL)
+            return *fail = true, false;
+        for (int i = 0; i < nu->k; i++) {
+            double best = INFINITY;
+            el->best[i] = 0;
+            for (int j = 0; j < nv->k; j++) {
+                double x = nv->cost[j] + edge_cost_at(p, ed, v, j, i);
+                if (x < best) {
+                    best = x;
+                    el->best[i] = j;
+                }
+            }
+            nu->cost[i] += best;
+        }
+        w->edge_dead[e1] = true;
+        w->degree[u]--;
+    } else { /* series: u - v - w becomes u - w */
+        const ps_ilp_edge *a = &p->edges[e1], *b = &p->edges[e2];
+        int u = a->u == v ? a->v : a->u, x = b->u == v ? b->v : b->u;
+        if (u == x)
+            return false; /* parallel edges: merged on the next round */
+        int ku = p->nodes[u].k, kx = p->nodes[x].k;
+        double *m = malloc((size_t)ku * (size_t)kx * sizeof *m);
+        el->best = malloc((size_t)ku * (size_t)kx * sizeof(int));
+        if (m == NULL || el->best == NULL) {
+            free(m);
+            return *fail = true, false;
+        }
+        for (int i = 0; i < ku; i++)
+            for (int k = 0; k < kx; k++) {
+                double best = INFINITY;
+                el->best[i * kx + k] = 0;
+                for (int j = 0; j < nv->k; j++) {
+                    double c = edge_cost_at(p, a, v, j, i) + nv->cost[j] +
+                               edge_cost_at(p, b, v, j, k);
+                    if (c < best) {
+                        best = c;
+                        el->best[i * kx + k] = j;
+                    }
+                }
+                m[i * kx + k] = best;
+            }
+        el->u = u;
+        el->w = x;
+        w->edge_dead[e1] = w->edge_dead[e2] = true;
+        ps_status st = ps_ilp_add_edge(p, u, x, m); /* edge_dead has room for it */
+        free(m);
+        if (st != PS_OK)
+            return *fail = true, false;
+        w->edge_dead[p->n_edges - 1] = false;
+    }
+    w->node_dead[v] = true;
+    w->n_elims++;
+    return true;
+}
+
 static ps_status reduce(work *w, ps_error *err)
 {
     ps_ilp_problem *p = w->p;
-    long long *keys = malloc(((size_t)p->n_edges + 1) * 2 * sizeof *keys);
+    int max_edges = p->n_edges + p->n_nodes + 1;
+    long long *keys = malloc((size_t)max_edges * 2 * sizeof *keys);
     if (keys == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     bool changed = true;
@@ -419,32 +562,56 @@ static ps_status reduce(work *w, ps_error *err)
         for (int e = 0; e < p->n_edges; e++)
             if (!w->edge_dead[e])
                 fold_edge(w, e, &changed);
-        /* parallel edges: sort by unordered endpoint pair */
-        int m = 0;
-        for (int e = 0; e < p->n_edges; e++) {
-            if (w->edge_dead[e])
-                continue;
-            int a = p->edges[e].u < p->edges[e].v ? p->edges[e].u : p->edges[e].v;
-            int b = p->edges[e].u ^ p->edges[e].v ^ a;
-            keys[2 * m] = (long long)a * p->n_nodes + b;
-            keys[2 * m + 1] = e;
-            m++;
-        }
-        qsort(keys, (size_t)m, 2 * sizeof *keys, cmp_pair);
-        for (int i = 1; i < m; i++) {
-            int j = i - 1;
-            while (j >= 0 && keys[2 * j] == keys[2 * i] && w->edge_dead[keys[2 * j + 1]])
-                j--;
-            if (j >= 0 && keys[2 * j] == keys[2 * i]) {
-                merge_edges(w, (int)keys[2 * j + 1], (int)keys[2 * i + 1]);
-                changed = true;
-            }
-        }
+        merge_parallel(w, keys, &changed);
         for (int v = 0; v < p->n_nodes; v++)
             drop_dominated(w, v, &changed);
     }
+    /* eliminations keep strategy indices, so they come last: only folds and
+     * merges (which keep them too) run with them */
+    changed = !w->with_memory;
+    while (changed) {
+        changed = false;
+        for (int v = 0; v < p->n_nodes; v++)
+            w->degree[v] = 0;
+        for (int e = 0; e < p->n_edges; e++)
+            if (!w->edge_dead[e]) {
+                w->degree[p->edges[e].u]++;
+                w->degree[p->edges[e].v]++;
+            }
+        for (int v = 0; v < p->n_nodes; v++) {
+            if (w->node_dead[v] || w->degree[v] > 2 || (p->nodes[v].k == 1 && w->degree[v] == 0))
+                continue;
+            bool fail = false;
+            if (eliminate(w, v, &fail))
+                changed = true;
+            if (fail) {
+                free(keys);
+                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            }
+            if (changed)
+                break; /* degrees changed: recount */
+        }
+        for (int e = 0; e < p->n_edges; e++)
+            if (!w->edge_dead[e] && !w->node_dead[p->edges[e].u] && !w->node_dead[p->edges[e].v])
+                fold_edge(w, e, &changed);
+        merge_parallel(w, keys, &changed);
+    }
     free(keys);
     return PS_OK;
+}
+
+/* Recovers the eliminated nodes' choices, last eliminated first. */
+static void restore_eliminated(const work *w, int *choice)
+{
+    for (int i = w->n_elims - 1; i >= 0; i--) {
+        const elim *el = &w->elims[i];
+        if (el->u < 0)
+            choice[el->v] = el->best[0];
+        else if (el->w < 0)
+            choice[el->v] = el->best[choice[el->u]];
+        else
+            choice[el->v] = el->best[choice[el->u] * w->p->nodes[el->w].k + choice[el->w]];
+    }
 }
 
 /* ---- incumbents ------------------------------------------------------------------ */
@@ -709,7 +876,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         if (!w->edge_dead[e])
             touched[p->edges[e].u] = touched[p->edges[e].v] = true;
     for (int v = 0; v < n; v++) {
-        bool has_cols = p->nodes[v].k > 1 || touched[v];
+        bool has_cols = !w->node_dead[v] && (p->nodes[v].k > 1 || touched[v]);
         node_col[v] = has_cols ? cols + 1 : 0;
         if (has_cols) {
             cols += p->nodes[v].k;
@@ -766,7 +933,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
      * below) would be pruned as ties. Scale the largest finite cost to 1e6. */
     double biggest = 0;
     for (int v = 0; v < n; v++)
-        for (int s = 0; s < p->nodes[v].k; s++)
+        for (int s = 0; s < p->nodes[v].k && !w->node_dead[v]; s++)
             if (isfinite(p->nodes[v].cost[s]))
                 biggest = fmax(biggest, p->nodes[v].cost[s]);
     for (int e = 0; e < p->n_edges; e++)
@@ -782,6 +949,8 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     int row = 0;
     for (int v = 0; v < n; v++) {
         const ps_ilp_node *nd = &p->nodes[v];
+        if (w->node_dead[v])
+            continue; /* its cost moved into its neighbours */
         if (node_col[v] == 0) {
             const_cost += nd->cost[0];
             const_mem += nd->mem[0];
@@ -792,7 +961,10 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         for (int s = 0; s < nd->k; s++) {
             int c = node_col[v] + s;
             glp_set_col_kind(lp, c, GLP_BV);
-            glp_set_obj_coef(lp, c, nd->cost[s] * scale);
+            if (isfinite(nd->cost[s]))
+                glp_set_obj_coef(lp, c, nd->cost[s] * scale);
+            else
+                glp_set_col_bnds(lp, c, GLP_FX, 0, 0);
             k_nz++, ia[k_nz] = row, ja[k_nz] = c, ar[k_nz] = 1;
         }
     }
@@ -913,7 +1085,8 @@ static double work_evaluate(const work *w, const int *choice)
     const ps_ilp_problem *p = w->p;
     double c = 0;
     for (int v = 0; v < p->n_nodes; v++)
-        c += p->nodes[v].cost[choice[v]];
+        if (!w->node_dead[v])
+            c += p->nodes[v].cost[choice[v]];
     for (int e = 0; e < p->n_edges; e++)
         if (!w->edge_dead[e])
             c += p->edges[e].cost[choice[p->edges[e].u] * p->nodes[p->edges[e].v].k +
@@ -968,14 +1141,15 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     PS_TRY_ALLOC(incumbent, err);
     out->reduced_nodes = 0;
     for (int v = 0; v < p->n_nodes; v++)
-        out->reduced_nodes += w.p->nodes[v].k > 1;
+        out->reduced_nodes += w.p->nodes[v].k > 1 && !w.node_dead[v];
     out->reduced_edges = 0;
-    for (int e = 0; e < p->n_edges; e++)
+    for (int e = 0; e < w.p->n_edges; e++)
         out->reduced_edges += !w.edge_dead[e];
 
     bool solved = false;
     if (!w.with_memory && forest_dp(&w, &adj, choice)) {
-        out->method = out->reduced_edges == 0 && out->reduced_nodes == 0 ? "empty" : "forest-dp";
+        out->method = out->reduced_edges == 0 && out->reduced_nodes == 0 ? "reductions"
+                                                                          : "forest-dp";
         out->optimal = true;
         solved = true;
     }
@@ -1007,6 +1181,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
         out->optimal = optimal;
         out->gap = gap;
     }
+    restore_eliminated(&w, choice);
     /* map back to the original strategies */
     out->choice = malloc(((size_t)p->n_nodes + 1) * sizeof *out->choice);
     PS_TRY_ALLOC(out->choice, err);

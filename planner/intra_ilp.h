@@ -6,8 +6,10 @@
  * total memory <= budget. This module makes the instance small by exact
  * reductions, computes an incumbent (exact on forests, local search plus a
  * memory repair otherwise), and hands the rest to GLPK as a 0-1 program with
- * one-hot node variables and linearized edge variables. It is the only module
- * that includes glpk.h. */
+ * one-hot node variables and linearized edge variables. Without a memory
+ * constraint, nodes with one or two neighbours (followers: elementwise chains,
+ * reshapes) are eliminated exactly first. It is the only module that includes
+ * glpk.h. */
 #ifndef PS_PLANNER_INTRA_ILP_H
 #define PS_PLANNER_INTRA_ILP_H
 
@@ -60,7 +62,7 @@ typedef struct ps_ilp_result {
     double solve_s;    /* wall time of the whole solve */
     int reduced_nodes, reduced_edges; /* size after reductions */
     int glpk_cols, glpk_rows;         /* 0 when GLPK was not needed */
-    const char *method; /* "empty", "forest-dp", "glpk" */
+    const char *method; /* "reductions" (nothing left to search), "forest-dp", "glpk" */
 } ps_ilp_result;
 
 void ps_ilp_result_clear(ps_ilp_result *r);

@@ -122,7 +122,7 @@ static void matches_brute_force_unreduced(void **state)
     check_against_brute_force(true, false);
 }
 
-/* A chain is a forest: solved by dynamic programming, no GLPK. */
+/* A chain needs no search: eliminating its links one by one is exact. */
 static void chain_uses_forest_dp(void **state)
 {
     (void)state;
@@ -141,7 +141,8 @@ static void chain_uses_forest_dp(void **state)
     ps_ilp_options o = ps_ilp_options_default();
     ps_ilp_result r = {0};
     assert_int_equal(ps_ilp_solve(p, &o, &r, NULL), PS_OK);
-    assert_string_equal(r.method, "forest-dp");
+    assert_string_equal(r.method, "reductions");
+    assert_int_equal(r.reduced_nodes, 0);
     assert_true(r.optimal);
     assert_int_equal(r.glpk_cols, 0);
     /* and GLPK agrees when forced (a budget above everything) */
