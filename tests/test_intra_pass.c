@@ -290,6 +290,64 @@ static void tied_layers_match_untied(void **state)
     ps_graph_free(fwd);
 }
 
+/* MoE: dispatch and combine have expert-parallel strategies (tokens split by
+ * group on one side, experts on the other, an all-to-all between); with
+ * expert weights too big to replicate cheaply, the ILP shards the experts. */
+static void moe_expert_parallel(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("moe-1.3b", &cfg, NULL), PS_OK);
+    cfg.layers = 1;
+    cfg.batch = 16;
+    ps_graph *fwd = NULL, *g = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options o = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &o, &g, &err), PS_OK);
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("dgx-a100:1", 8, 1, &c);
+    unsigned char *batch = NULL;
+    assert_int_equal(ps_batch_dims(g, &batch, &err), PS_OK);
+    int dispatch = -1;
+    for (int i = 0; i < g->n_ops && dispatch < 0; i++)
+        if (g->ops[i].kind == PS_OP_MOE_DISPATCH)
+            dispatch = i;
+    ps_op_signature sig;
+    assert_int_equal(ps_op_signature_of(g, dispatch, batch, &sig, &err), PS_OK);
+    ps_strategy *list = NULL;
+    int n = 0;
+    ps_strategy_options so = {0};
+    assert_int_equal(ps_op_strategies(g, dispatch, &sig, m, &so, &list, &n, &err), PS_OK);
+    bool found = false;
+    for (int i = 0; i < n; i++) {
+        char in[PS_SPEC_STR_MAX], out[PS_SPEC_STR_MAX];
+        ps_spec_format(&list[i].in[0], in, sizeof in);
+        ps_spec_format(&list[i].out[0], out, sizeof out);
+        if (strcmp(list[i].name, "a2a@0") == 0) {
+            found = true;
+            assert_string_equal(in, "S0,R,R");    /* tokens by group */
+            assert_string_equal(out, "S0,R,R,R"); /* rows by expert */
+            assert_int_equal(list[i].comm_kind, PS_COLL_ALL_TO_ALL);
+            assert_true(list[i].comm_s > 0);
+        }
+    }
+    assert_true(found);
+    free(list);
+    free(batch);
+    ps_intra_result *r = solve(g, m, PS_METHOD_SHARD);
+    if (getenv("PS_TEST_VERBOSE"))
+        print_plan(g, r);
+    char spec[PS_SPEC_STR_MAX];
+    ps_spec_format(spec_of(g, r, "block1.experts.w1"), spec, sizeof spec);
+    assert_string_equal(spec, "S0,R,R"); /* experts sharded over the devices */
+    ps_intra_result_free(r);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +356,7 @@ int main(void)
         cmocka_unit_test(zero_saves_memory),
         cmocka_unit_test(transformer_layer_megatron),
         cmocka_unit_test(tied_layers_match_untied),
+        cmocka_unit_test(moe_expert_parallel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
