@@ -1,6 +1,7 @@
 /* Intra-op ILP size and solve time for GPT stages on 8-device logical
- * meshes. Prints one row per (model, layers, mesh); the last line is the
- * headline: the slowest whole-stage solve. */
+ * meshes. Prints one row per (model, layers, mesh); "f" marks a 2-D mesh with
+ * the batch forced onto axis 0. The last line is the headline: the slowest
+ * one-layer and whole-stage solves. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,8 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int run(const char *model, int layers, int batch, int d0, int d1, double *solve_s)
+static int run(const char *model, int layers, int batch, int d0, int d1, bool force,
+               double *solve_s)
 {
     ps_model_config cfg;
     ps_error err = {0};
@@ -41,15 +43,15 @@ static int run(const char *model, int layers, int batch, int d0, int d1, double 
     if (ps_mesh_create(c, 0, 1, 8, d0, d1, &m, &err) != PS_OK)
         goto out;
     ps_intra_options io = ps_intra_options_default();
-    io.force_batch_axis0 = d0 > 1 && d1 > 1;
+    io.force_batch_axis0 = force;
     io.ilp.time_limit_s = 60;
     io.ilp.mip_gap = 0.01;
     double t0 = now_s();
     if (ps_intra_solve(step, m, &io, &r, &err) != PS_OK)
         goto out;
     *solve_s = now_s() - t0;
-    printf("%-9s %6d %6d  (%d,%d)  %7d %7d %9.0f %7d %7d %8d %8d  %-9s %-3s %8.4f  %9.3f\n",
-           model, (int)cfg.layers, step->n_ops, d0, d1, r->ilp_nodes, r->ilp_edges,
+    printf("%-9s %6d %6d  (%d,%d)%s %7d %7d %9.0f %7d %7d %8d %8d  %-9s %-3s %8.4f  %9.3f\n",
+           model, (int)cfg.layers, step->n_ops, d0, d1, force ? "f" : " ", r->ilp_nodes, r->ilp_edges,
            r->strategies_total, r->ilp.reduced_nodes, r->ilp.reduced_edges, r->ilp.glpk_cols,
            r->ilp.glpk_rows, r->ilp.method, r->ilp.optimal ? "yes" : "no", r->ilp.gap,
            *solve_s);
@@ -71,19 +73,25 @@ int main(int argc, char **argv)
     /* --quick: one layer only (for CI smoke runs) */
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     static const int meshes[3][2] = {{1, 8}, {2, 4}, {8, 1}};
-    printf("%-9s %6s %6s  %-5s  %7s %7s %9s %7s %7s %8s %8s  %-9s %-3s %8s  %9s\n", "model",
+    printf("%-9s %6s %6s  %-6s %7s %7s %9s %7s %7s %8s %8s  %-9s %-3s %8s  %9s\n", "model",
            "layers", "ops", "mesh", "nodes", "edges", "strategies", "r.nodes", "r.edges",
            "cols", "rows", "method", "opt", "gap", "solve_s");
     double worst_layer = 0, worst_stage = 0, s;
-    for (int i = 0; i < 3; i++) {
-        if (run("gpt-2.6b", 1, 8, meshes[i][0], meshes[i][1], &s) != 0)
-            return 1;
-        worst_layer = s > worst_layer ? s : worst_layer;
-    }
-    for (int i = 0; i < 3 && !quick; i++) {
-        if (run("gpt-2.6b", 0, 8, meshes[i][0], meshes[i][1], &s) != 0)
-            return 1;
-        worst_stage = s > worst_stage ? s : worst_stage;
+    /* 2-D meshes run twice: batch forced onto axis 0 (f, Alpa's default) and free */
+    for (int layers = 1; layers >= 0; layers--) {
+        if (quick && layers == 0)
+            break;
+        for (int i = 0; i < 3; i++) {
+            for (int force = 1; force >= 0; force--) {
+                bool two_d = meshes[i][0] > 1 && meshes[i][1] > 1;
+                if (force && !two_d)
+                    continue;
+                if (run("gpt-2.6b", layers, 8, meshes[i][0], meshes[i][1], force, &s) != 0)
+                    return 1;
+                double *worst = layers == 1 ? &worst_layer : &worst_stage;
+                *worst = s > *worst ? s : *worst;
+            }
+        }
     }
     printf("slowest solve: one GPT-2.6B layer %.3f s, whole 32-layer stage %.3f s\n", worst_layer,
            worst_stage);

@@ -1029,7 +1029,14 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     glp_init_smcp(&smcp);
     smcp.msg_lev = GLP_MSG_OFF;
     smcp.tm_lim = (int)(opt->time_limit_s * 1000);
+    /* dual simplex from Bixby's crash basis: 4x faster than primal simplex
+     * from GLPK's default basis on the root relaxation of an unforced 2-D GPT
+     * layer (1.3 s vs 5.4 s; LP presolve made it slower, 6.7 s) */
+    smcp.meth = GLP_DUALP;
+    double t_lp = now_s();
+    glp_cpx_basis(lp);
     int ret = glp_simplex(lp, &smcp);
+    t_lp = now_s() - t_lp;
     if (ret != 0 || glp_get_status(lp) == GLP_NOFEAS) {
         st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           ret == 0 ? "no strategy choice fits the memory budget"
@@ -1045,8 +1052,12 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     iocp.cb_info = &ctx;
     iocp.tm_lim = (int)(opt->time_limit_s * 1000);
     iocp.mip_gap = opt->mip_gap;
+    double t_mip = now_s();
     ret = glp_intopt(lp, &iocp);
+    t_mip = now_s() - t_mip;
     int status = glp_mip_status(lp);
+    PS_LOG_INFO("ILP: %d columns, %d rows; relaxation %.3f s, branch and cut %.3f s (code %d)",
+                cols, rows, t_lp, t_mip, ret);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
