@@ -1,0 +1,291 @@
+#include "planner/stage_dp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+ps_status ps_stage_table_create(int n_layers, int n_submeshes, int n_configs,
+                                ps_stage_table **out)
+{
+    *out = NULL;
+    if (n_layers < 1 || n_submeshes < 1 || n_configs < 1)
+        return PS_ERR_INVALID;
+    ps_stage_table *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return PS_ERR_NOMEM;
+    size_t n = (size_t)n_layers * n_layers * n_submeshes * n_configs;
+    t->n_layers = n_layers;
+    t->n_submeshes = n_submeshes;
+    t->n_configs = n_configs;
+    t->sub_devices = calloc((size_t)n_submeshes, sizeof *t->sub_devices);
+    t->cost = malloc(n * sizeof *t->cost);
+    t->max_succ = malloc(n * sizeof *t->max_succ);
+    if (t->sub_devices == NULL || t->cost == NULL || t->max_succ == NULL) {
+        ps_stage_table_free(t);
+        return PS_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        t->cost[i] = INFINITY;
+        t->max_succ[i] = -1;
+    }
+    *out = t;
+    return PS_OK;
+}
+
+void ps_stage_table_free(ps_stage_table *t)
+{
+    if (t == NULL)
+        return;
+    free(t->sub_devices);
+    free(t->cost);
+    free(t->max_succ);
+    free(t);
+}
+
+size_t ps_stage_table_index(const ps_stage_table *t, int first, int last, int sub, int cfg)
+{
+    return (((size_t)first * t->n_layers + last) * t->n_submeshes + sub) * t->n_configs + cfg;
+}
+
+void ps_stage_plan_clear(ps_stage_plan *p)
+{
+    free(p->stages);
+    memset(p, 0, sizeof *p);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One DP for a given t_max. f[(s * (L + 1) + l) * (D + 1) + d]; choice arrays
+ * record the argmin for reconstruction. Returns the best total over s, and
+ * its stage count in *best_s (0 if none). */
+static double dp_for(const ps_stage_table *t, int D, double t_max, double *f, int *arg_i,
+                     int *arg_sc, int *best_s)
+{
+    int L = t->n_layers, S = t->n_submeshes, C = t->n_configs;
+    size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
+    for (size_t i = 0; i < n_f; i++)
+        f[i] = INFINITY;
+#define F(s, l, d) f[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
+#define AI(s, l, d) arg_i[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
+#define ASC(s, l, d) arg_sc[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
+    F(0, L, 0) = 0;
+    for (int s = 1; s <= L; s++) {
+        for (int l = L - 1; l >= 0; l--) {
+            for (int d = 1; d <= D; d++) {
+                double best = INFINITY;
+                int bi = -1, bsc = -1;
+                for (int i = l; i < L; i++) {
+                    for (int sub = 0; sub < S; sub++) {
+                        int nd = t->sub_devices[sub];
+                        if (nd > d)
+                            continue;
+                        double rest = F(s - 1, i + 1, d - nd);
+                        if (!isfinite(rest))
+                            continue;
+                        for (int c = 0; c < C; c++) {
+                            size_t k = ps_stage_table_index(t, l, i, sub, c);
+                            double cost = t->cost[k];
+                            if (!(cost <= t_max) || t->max_succ[k] < s - 1)
+                                continue;
+                            if (cost + rest < best) {
+                                best = cost + rest;
+                                bi = i;
+                                bsc = sub * C + c;
+                            }
+                        }
+                    }
+                }
+                F(s, l, d) = best;
+                AI(s, l, d) = bi;
+                ASC(s, l, d) = bsc;
+            }
+        }
+    }
+    double best = INFINITY;
+    *best_s = 0;
+    for (int s = 1; s <= L; s++)
+        if (F(s, 0, D) < best) {
+            best = F(s, 0, D);
+            *best_s = s;
+        }
+    return best;
+#undef F
+#undef AI
+#undef ASC
+}
+
+ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    int L = t->n_layers, C = t->n_configs;
+    memset(out, 0, sizeof *out);
+    size_t n_entries = (size_t)L * L * t->n_submeshes * C;
+    size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
+    double *costs = malloc(n_entries * sizeof *costs);
+    double *f = malloc(n_f * sizeof *f);
+    int *arg_i = malloc(n_f * sizeof *arg_i), *arg_sc = malloc(n_f * sizeof *arg_sc);
+    int *best_i = malloc(n_f * sizeof *best_i), *best_sc = malloc(n_f * sizeof *best_sc);
+    PS_TRY_ALLOC(costs, err);
+    PS_TRY_ALLOC(f, err);
+    PS_TRY_ALLOC(arg_i, err);
+    PS_TRY_ALLOC(arg_sc, err);
+    PS_TRY_ALLOC(best_i, err);
+    PS_TRY_ALLOC(best_sc, err);
+    size_t n_costs = 0;
+    for (int l = 0; l < L; l++)
+        for (int i = l; i < L; i++)
+            for (int s = 0; s < t->n_submeshes; s++)
+                for (int c = 0; c < C; c++) {
+                    size_t k = ps_stage_table_index(t, l, i, s, c);
+                    if (isfinite(t->cost[k]) && t->max_succ[k] >= 0)
+                        costs[n_costs++] = t->cost[k];
+                }
+    qsort(costs, n_costs, sizeof *costs, cmp_double);
+    double best = INFINITY, best_tmax = 0;
+    int best_stages = 0;
+    for (size_t j = 0; j < n_costs; j++) {
+        double t_max = costs[j];
+        if (j > 0 && t_max == costs[j - 1])
+            continue;
+        if ((double)B * t_max >= best) /* every later t_max is worse */
+            break;
+        out->t_max_tried++;
+        int s_count;
+        double total = dp_for(t, D, t_max, f, arg_i, arg_sc, &s_count);
+        if (!isfinite(total))
+            continue;
+        double iteration = total + (double)(B - 1) * t_max;
+        if (iteration < best) {
+            best = iteration;
+            best_tmax = t_max;
+            best_stages = s_count;
+            memcpy(best_i, arg_i, n_f * sizeof *arg_i);
+            memcpy(best_sc, arg_sc, n_f * sizeof *arg_sc);
+        }
+    }
+    if (!isfinite(best)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                          "no pipeline fits: no split of the %d layers into stages on submeshes "
+                          "covering the %d devices fits in memory",
+                          L, D);
+        goto out;
+    }
+    out->stages = calloc((size_t)best_stages, sizeof *out->stages);
+    PS_TRY_ALLOC(out->stages, err);
+    out->n_stages = best_stages;
+    out->iteration_s = best;
+    int l = 0, d = D;
+    for (int s = best_stages, k = 0; s >= 1; s--, k++) {
+        size_t idx = ((size_t)s * (L + 1) + l) * (D + 1) + d;
+        int i = best_i[idx], sc = best_sc[idx];
+        ps_stage_choice *ch = &out->stages[k];
+        ch->first = l;
+        ch->last = i;
+        ch->sub = sc / C;
+        ch->cfg = sc % C;
+        ch->cost_s = t->cost[ps_stage_table_index(t, l, i, ch->sub, ch->cfg)];
+        if (ch->cost_s > out->max_stage_s)
+            out->max_stage_s = ch->cost_s;
+        d -= t->sub_devices[ch->sub];
+        l = i + 1;
+    }
+    /* the iteration with the real slowest stage (<= the t_max it was found at) */
+    double sum = 0;
+    for (int k = 0; k < best_stages; k++)
+        sum += out->stages[k].cost_s;
+    out->iteration_s = sum + (double)(B - 1) * out->max_stage_s;
+    (void)best_tmax;
+out:
+    free(costs);
+    free(f);
+    free(arg_i);
+    free(arg_sc);
+    free(best_i);
+    free(best_sc);
+    return st;
+}
+
+/* ---- brute force -------------------------------------------------------------- */
+
+typedef struct brute {
+    const ps_stage_table *t;
+    int D, B;
+    ps_stage_choice cur[64], best[64];
+    int n_best;
+    double best_iter;
+} brute;
+
+static void brute_rec(brute *b, int l, int n, int d_used)
+{
+    const ps_stage_table *t = b->t;
+    if (l == t->n_layers) {
+        if (d_used != b->D)
+            return;
+        double sum = 0, mx = 0;
+        for (int k = 0; k < n; k++) {
+            /* stage k has n - 1 - k later stages */
+            size_t idx = ps_stage_table_index(t, b->cur[k].first, b->cur[k].last, b->cur[k].sub,
+                                              b->cur[k].cfg);
+            if (t->max_succ[idx] < n - 1 - k)
+                return;
+            sum += b->cur[k].cost_s;
+            mx = fmax(mx, b->cur[k].cost_s);
+        }
+        double iter = sum + (double)(b->B - 1) * mx;
+        if (iter < b->best_iter) {
+            b->best_iter = iter;
+            b->n_best = n;
+            memcpy(b->best, b->cur, (size_t)n * sizeof *b->cur);
+        }
+        return;
+    }
+    for (int i = l; i < t->n_layers; i++)
+        for (int s = 0; s < t->n_submeshes; s++) {
+            if (d_used + t->sub_devices[s] > b->D)
+                continue;
+            for (int c = 0; c < t->n_configs; c++) {
+                size_t idx = ps_stage_table_index(t, l, i, s, c);
+                if (!isfinite(t->cost[idx]) || t->max_succ[idx] < 0)
+                    continue;
+                b->cur[n] = (ps_stage_choice){l, i, s, c, t->cost[idx]};
+                brute_rec(b, i + 1, n + 1, d_used + t->sub_devices[s]);
+            }
+        }
+}
+
+ps_status ps_stage_brute_force(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
+                               ps_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (t->n_layers > 12)
+        return ps_error_set(err, PS_ERR_INVALID, "brute force: too many layers");
+    brute *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    b->t = t;
+    b->D = D;
+    b->B = B;
+    b->best_iter = INFINITY;
+    brute_rec(b, 0, 0, 0);
+    ps_status st = PS_OK;
+    if (!isfinite(b->best_iter)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "no pipeline fits");
+    } else {
+        out->stages = malloc((size_t)b->n_best * sizeof *out->stages);
+        if (out->stages == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        } else {
+            memcpy(out->stages, b->best, (size_t)b->n_best * sizeof *b->best);
+            out->n_stages = b->n_best;
+            out->iteration_s = b->best_iter;
+            for (int k = 0; k < b->n_best; k++)
+                out->max_stage_s = fmax(out->max_stage_s, b->best[k].cost_s);
+        }
+    }
+    free(b);
+    return st;
+}

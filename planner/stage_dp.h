@@ -1,0 +1,62 @@
+/* Alpa's stage-construction dynamic program (inter-op pass), on a table of
+ * stage costs: which consecutive layers form each pipeline stage, on which
+ * submesh and logical-mesh configuration, so that
+ *   iteration = sum of stage times + (B - 1) * the slowest stage time
+ * is least, every stage fits its memory under the schedule, and the
+ * submeshes use exactly all devices.
+ *
+ * t_max runs over the distinct stage costs in increasing order; for each,
+ * F(s, l, d) = least total time of layers l..L-1 as s stages on d devices
+ * with every stage <= t_max and each stage allowed at most max_succ later
+ * stages (1F1B keeps one micro-batch in flight per later stage); the search
+ * stops once B * t_max cannot beat the best found. */
+#ifndef PS_PLANNER_STAGE_DP_H
+#define PS_PLANNER_STAGE_DP_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+
+typedef struct ps_stage_table {
+    int n_layers;
+    int n_submeshes;
+    int n_configs;     /* logical-mesh configurations per submesh (max) */
+    int *sub_devices;  /* [n_submeshes] devices of each submesh */
+    /* [n_layers][n_layers][n_submeshes][n_configs], first layer major; only
+     * entries with first <= last are read. cost: seconds per micro-batch
+     * (forward + backward), INFINITY when absent. max_succ: how many later
+     * stages the stage tolerates in memory (-1: it does not fit at all). */
+    double *cost;
+    int *max_succ;
+} ps_stage_table;
+
+ps_status ps_stage_table_create(int n_layers, int n_submeshes, int n_configs,
+                                ps_stage_table **out);
+void ps_stage_table_free(ps_stage_table *t);
+size_t ps_stage_table_index(const ps_stage_table *t, int first, int last, int sub, int cfg);
+
+typedef struct ps_stage_choice {
+    int first, last, sub, cfg;
+    double cost_s;
+} ps_stage_choice;
+
+typedef struct ps_stage_plan {
+    int n_stages;
+    ps_stage_choice *stages; /* owned */
+    double iteration_s;
+    double max_stage_s;
+    int t_max_tried; /* distinct t_max values the search evaluated */
+} ps_stage_plan;
+
+void ps_stage_plan_clear(ps_stage_plan *p);
+
+/* The DP. PS_ERR_INFEASIBLE when no assignment fits (the message says so). */
+ps_status ps_stage_dp(const ps_stage_table *t, int total_devices, int micro_batches,
+                      ps_stage_plan *out, ps_error *err);
+
+/* Every partition of the layers into consecutive stages and every choice of
+ * submesh and configuration per stage, for tests (small tables only). */
+ps_status ps_stage_brute_force(const ps_stage_table *t, int total_devices, int micro_batches,
+                               ps_stage_plan *out, ps_error *err);
+
+#endif
