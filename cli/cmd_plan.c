@@ -7,23 +7,33 @@
 #include "cli/cli.h"
 #include "cli/model_opts.h"
 #include "core/json.h"
-#include "planner/plan_intra.h"
+#include "planner/inter_pass.h"
 
 static void help(void)
 {
     printf(
         "usage: pipeshard plan (--model M | --graph G.json) (--cluster C | --cluster-file F)\n"
-        "                      [--method shard|data|zero2|zero3] [OPTIONS] -o PLAN.json\n\n"
+        "                      [--method pipeshard|shard|data|zero2|zero3] [OPTIONS] -o PLAN.json\n\n"
         "Plans the training step of a model on a cluster and writes the plan (docs/plan-\n"
-        "format.md). The methods run the whole model as one stage on all devices, viewed as\n"
-        "one logical mesh, and choose every op's sharding with the intra-op ILP:\n"
+        "format.md).\n"
+        "  pipeshard  (or auto, the default) Alpa's plan: layers are clustered, the stage\n"
+        "         DP cuts them into pipeline stages on slices of the cluster, and each\n"
+        "         stage is sharded by the intra-op ILP\n"
+        "The other methods run the whole model as one stage on all devices, viewed as one\n"
+        "logical mesh, and choose every op's sharding with the intra-op ILP:\n"
         "  data   batch split across devices, gradients all-reduced\n"
         "  zero2  data + optimizer state and update sharded (gradients reduce-scattered)\n"
         "  zero3  zero2 + parameters sharded and gathered where used\n"
         "  shard  any sharding of any op (the free ILP)\n\n"
         "  --cluster C          a preset, NAME or NAME:NODES (see 'pipeshard clusters')\n"
         "  --cluster-file F     a cluster file (docs/cluster-format.md)\n"
-        "  --method M           shard (default), data, zero2 or zero3\n"
+        "  --method M           pipeshard (default; also 'auto'), shard, data, zero2, zero3\n"
+        "  --layer-num N|manual layers for the stage DP (default: the model's pipeline\n"
+        "                       boundaries if it has any, else up to 16 clustered layers)\n"
+        "  --submesh-choices C  power_of_two (default), small_power_of_two or all\n"
+        "  --schedule S         1f1b (default) or gpipe\n"
+        "  --rows               print the stage cost table (one row per layer range,\n"
+        "                       submesh and logical mesh)\n"
         "  --mesh D0xD1         the logical mesh (default: devices x 1 for data/zero,\n"
         "                       nodes x devices-per-node for shard)\n"
         "  --global-batch B     samples per step (default: the model's benchmark batch)\n"
@@ -39,7 +49,8 @@ static void help(void)
 
 enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
-    OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON
+    OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
+    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS
 };
 
 static const struct option own_options[] = {
@@ -52,6 +63,10 @@ static const struct option own_options[] = {
     {"force-batch-axis0", no_argument, NULL, OPT_FORCE},
     {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
     {"explain", no_argument, NULL, OPT_EXPLAIN},
+    {"layer-num", required_argument, NULL, OPT_LAYER_NUM},
+    {"submesh-choices", required_argument, NULL, OPT_SUBMESH},
+    {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"rows", no_argument, NULL, OPT_ROWS},
     {"json", no_argument, NULL, OPT_JSON},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
@@ -88,33 +103,38 @@ static void explain(const ps_graph *step, const ps_intra_result *r)
 
 static void summary(const ps_plan *p, const ps_intra_result *r)
 {
-    const ps_plan_stage *s = &p->stages[0];
     char a[64], b[64], c[64], d[64], e[64];
-    printf("plan          %s on %s (%d devices), method %s\n", p->model_name, p->cluster->name,
-           ps_cluster_device_count(p->cluster), p->method);
+    printf("plan          %s on %s (%d devices), method %s, schedule %s\n", p->model_name,
+           p->cluster->name, ps_cluster_device_count(p->cluster), p->method, p->schedule);
     printf("batch         global %lld = %d micro-batch(es) of %lld\n", p->global_batch,
            p->micro_batches, p->global_batch / p->micro_batches);
-    printf("stage 0       layers %d-%d on devices %d-%d, submesh (%d, %d), logical mesh "
-           "(%d, %d)\n",
-           s->first_layer, s->last_layer, s->devices[0], s->devices[s->n_devices - 1],
-           s->submesh[0], s->submesh[1], s->logical_mesh[0], s->logical_mesh[1]);
-    printf("              forward %.4g ms, backward %.4g ms per micro-batch; update %.4g ms "
-           "per step\n",
-           s->forward_s * 1e3, s->backward_s * 1e3, s->update_s * 1e3);
-    printf("memory        %s per device: weights %s, gradients %s, optimizer %s, "
-           "activations %s\n",
-           ps_cli_bytes(s->peak_memory_bytes, a, sizeof a),
-           ps_cli_bytes(s->weight_bytes, b, sizeof b),
-           ps_cli_bytes(s->gradient_bytes, c, sizeof c),
-           ps_cli_bytes(s->optimizer_bytes, d, sizeof d),
-           ps_cli_bytes(s->activation_bytes, e, sizeof e));
-    printf("predicted     iteration %.4g s, %.4g TFLOP/s per device (%.1f%% of peak)\n",
-           p->iteration_s, p->tflops_per_device, p->mfu * 100);
-    printf("ILP           %d nodes, %d edges, %d layer(s) reusing a solved one; %d columns, "
-           "%d rows; %s%s in %.3g s\n",
-           r->ilp_nodes, r->ilp_edges, r->tied_layers, r->ilp.glpk_cols, r->ilp.glpk_rows,
-           r->ilp.optimal ? "optimal" : "not proven optimal",
-           r->ilp.optimal ? "" : " (the best found; see --time-limit)", r->ilp.solve_s);
+    for (int i = 0; i < p->n_stages; i++) {
+        const ps_plan_stage *s = &p->stages[i];
+        printf("stage %-7d layers %d-%d on devices %d-%d, submesh (%d, %d), logical mesh "
+               "(%d, %d)\n",
+               i, s->first_layer, s->last_layer, s->devices[0], s->devices[s->n_devices - 1],
+               s->submesh[0], s->submesh[1], s->logical_mesh[0], s->logical_mesh[1]);
+        printf("              forward %.4g ms, backward %.4g ms per micro-batch; update %.4g ms "
+               "per step\n",
+               s->forward_s * 1e3, s->backward_s * 1e3, s->update_s * 1e3);
+        printf("              memory %s per device: weights %s, gradients %s, optimizer %s, "
+               "activations %s per micro-batch\n",
+               ps_cli_bytes(s->peak_memory_bytes, a, sizeof a),
+               ps_cli_bytes(s->weight_bytes, b, sizeof b),
+               ps_cli_bytes(s->gradient_bytes, c, sizeof c),
+               ps_cli_bytes(s->optimizer_bytes, d, sizeof d),
+               ps_cli_bytes(s->activation_bytes, e, sizeof e));
+    }
+    printf("predicted     iteration %.4g s, %.4g TFLOP/s per device (%.1f%% of peak), peak "
+           "memory %s\n",
+           p->iteration_s, p->tflops_per_device, p->mfu * 100,
+           ps_cli_bytes(p->peak_memory_bytes, a, sizeof a));
+    if (r != NULL)
+        printf("ILP           %d nodes, %d edges, %d layer(s) reusing a solved one; %d columns, "
+               "%d rows; %s%s in %.3g s\n",
+               r->ilp_nodes, r->ilp_edges, r->tied_layers, r->ilp.glpk_cols, r->ilp.glpk_rows,
+               r->ilp.optimal ? "optimal" : "not proven optimal",
+               r->ilp.optimal ? "" : " (the best found; see --time-limit)", r->ilp.solve_s);
 }
 
 static bool parse_mesh(const char *text, int *d0, int *d1)
@@ -135,7 +155,8 @@ static bool parse_mesh(const char *text, int *d0, int *d1)
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
-    bool do_explain = false, json = false;
+    bool do_explain = false, json = false, pipeshard = true;
+    ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
     memset(&req, 0, sizeof req);
     req.method = PS_METHOD_SHARD;
@@ -161,12 +182,11 @@ int ps_cmd_plan(int argc, char **argv)
             for (int m = 0; m < PS_METHOD_COUNT; m++)
                 if (strcmp(optarg, ps_intra_method_names[m]) == 0)
                     found = m;
-            if (found < 0 && (strcmp(optarg, "auto") == 0 || strcmp(optarg, "pipeshard") == 0))
-                return ps_cli_usage_error("plan",
-                                          "--method %s (pipeline stages) needs the stage "
-                                          "construction pass, which this version lacks; use "
-                                          "shard, data, zero2 or zero3",
-                                          optarg);
+            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "pipeshard") == 0) {
+                pipeshard = true;
+                break;
+            }
+            pipeshard = false;
             if (found < 0)
                 return ps_cli_usage_error("plan", "unknown method \"%s\"", optarg);
             req.method = (ps_intra_method)found;
@@ -193,6 +213,33 @@ int ps_cmd_plan(int argc, char **argv)
             req.ilp.time_limit_s = x;
             break;
         case OPT_EXPLAIN: do_explain = true; break;
+        case OPT_LAYER_NUM:
+            if (strcmp(optarg, "manual") == 0) {
+                inter.manual_layers = true;
+            } else if (!ps_cli_parse_int(optarg, 1, 4096, &v)) {
+                return ps_cli_usage_error("plan", "--layer-num wants a positive number or "
+                                                  "'manual'");
+            } else {
+                inter.layer_num = (int)v;
+            }
+            break;
+        case OPT_SUBMESH: {
+            int found = -1;
+            for (int k = 0; k < PS_SUBMESH_CHOICES_COUNT; k++)
+                if (strcmp(optarg, ps_submesh_choices_names[k]) == 0)
+                    found = k;
+            if (found < 0)
+                return ps_cli_usage_error("plan", "--submesh-choices wants power_of_two, "
+                                                  "small_power_of_two or all");
+            inter.submeshes = (ps_submesh_choices)found;
+            break;
+        }
+        case OPT_SCHEDULE:
+            if (strcmp(optarg, "1f1b") != 0 && strcmp(optarg, "gpipe") != 0)
+                return ps_cli_usage_error("plan", "--schedule wants 1f1b or gpipe");
+            inter.gpipe = strcmp(optarg, "gpipe") == 0;
+            break;
+        case OPT_ROWS: inter.print_rows = true; break;
         case OPT_JSON: json = true; break;
         case '?':
             return ps_cli_usage_error("plan", "unknown or incomplete option \"%s\"",
@@ -256,7 +303,23 @@ int ps_cmd_plan(int argc, char **argv)
     req.config = from_zoo ? &cfg : NULL;
     req.train = mo.train;
     req.cluster = cluster;
-    PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
+    if (pipeshard) {
+        if (do_explain) {
+            st = ps_error_set(&err, PS_ERR_UNSUPPORTED,
+                              "--explain prints one stage's strategies; use it with "
+                              "--method shard|data|zero2|zero3 (pipeshard plans list every "
+                              "op's strategy in the plan file)");
+            goto out;
+        }
+        PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
+    } else {
+        if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows) {
+            st = ps_error_set(&err, PS_ERR_INVALID,
+                              "--layer-num, --schedule and --rows apply to --method pipeshard");
+            goto out;
+        }
+        PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
+    }
     PS_TRY(ps_plan_save(plan, output, &err));
     if (json) {
         json_t *j = NULL;

@@ -373,3 +373,68 @@ ps_status ps_graph_stats_compute(const ps_graph *g, ps_graph_stats *out)
     free(kept);
     return PS_OK;
 }
+
+ps_status ps_graph_slice(const ps_graph *g, int lo, int hi, ps_graph **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_graph *s = NULL;
+    int *map = malloc(((size_t)g->n_tensors + 1) * sizeof *map);
+    *out = NULL;
+    if (map == NULL || ps_graph_create(g->name, &s) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        map[t] = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->layer < lo || op->layer > hi)
+            continue;
+        ps_op_def def = {.kind = op->kind, .name = op->name, .layer = op->layer - lo,
+                         .pass = op->pass, .forward_op = -1, .n_in = op->n_in,
+                         .attrs = op->attrs};
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            if (map[t] < 0) { /* from outside the slice (or a source): a source here */
+                const ps_tensor *x = &g->tensors[t];
+                ps_tensor_kind kind = x->producer >= 0 ? PS_TENSOR_INPUT : x->kind;
+                int layer = x->layer >= lo && x->layer <= hi ? x->layer - lo : 0;
+                PS_TRY(ps_graph_add_source(s, x->name, kind, &x->desc, layer, &map[t], err));
+                s->tensors[map[t]].grad_of = -1;
+            }
+            def.in[k] = map[t];
+        }
+        int id;
+        PS_TRY(ps_graph_add_op(s, &def, &id, err));
+        for (int k = 0; k < op->n_out; k++) {
+            int t = op->out[k];
+            map[t] = s->ops[id].out[k];
+            if (ps_graph_rename_tensor(s, map[t], g->tensors[t].name) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            s->tensors[map[t]].kind = g->tensors[t].kind;
+        }
+    }
+    /* state_of / grad_of links inside the slice */
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (map[t] < 0)
+            continue;
+        int so = g->tensors[t].state_of, go = g->tensors[t].grad_of;
+        s->tensors[map[t]].state_of = so >= 0 ? map[so] : -1;
+        s->tensors[map[t]].grad_of = go >= 0 ? map[go] : -1;
+    }
+    for (int t = 0; t < s->n_tensors; t++)
+        if (s->tensors[t].kind == PS_TENSOR_OPT_STATE && s->tensors[t].state_of < 0)
+            s->tensors[t].kind = PS_TENSOR_INPUT; /* its parameter is elsewhere */
+    if (g->loss >= 0 && map[g->loss] >= 0)
+        s->loss = map[g->loss];
+    ps_graph_update_layers(s);
+    PS_TRY(ps_graph_check(s, err));
+    *out = s;
+    s = NULL;
+out:
+    free(map);
+    ps_graph_free(s);
+    return st;
+}

@@ -106,6 +106,12 @@ void ps_graph_update_layers(ps_graph *g);
 /* Renames a tensor (the builder's outputs get generated names). */
 ps_status ps_graph_rename_tensor(ps_graph *g, int tensor, const char *name);
 
+/* The part of g whose ops carry layer tags lo..hi (every pass), as a graph
+ * of its own: tensors produced outside it (activations sent by an earlier
+ * stage, gradients sent back by a later one) become INPUT sources there; the
+ * loss stays the loss if it is produced inside. Ops keep their order. */
+ps_status ps_graph_slice(const ps_graph *g, int lo, int hi, ps_graph **out, ps_error *err);
+
 /* Looks a tensor up by name; -1 when absent. Linear: for loaders and tests. */
 int ps_graph_find_tensor(const ps_graph *g, const char *name);
 

@@ -1,0 +1,520 @@
+#include "planner/inter_pass.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "core/log.h"
+#include "planner/layer_cluster.h"
+#include "planner/stage_dp.h"
+
+const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT] = {
+    "power_of_two", "small_power_of_two", "all"};
+
+ps_inter_options ps_inter_options_default(void)
+{
+    return (ps_inter_options){.layer_num = 0, .manual_layers = false,
+                              .submeshes = PS_SUBMESH_POWER_OF_TWO, .gpipe = false,
+                              .print_rows = false, .exact_ranges = false,
+                              .stage_time_limit_s = 20};
+}
+
+typedef struct submesh {
+    int hosts, devices; /* devices per host */
+} submesh;
+
+typedef struct config {
+    int d0, d1;
+    bool force;
+} config;
+
+#define MAX_SUBMESHES 64
+#define MAX_CONFIGS 16
+
+static int list_submeshes(const ps_cluster *c, ps_submesh_choices ch, submesh *out)
+{
+    int n = 0, M = c->devices_per_node, N = c->nodes;
+    for (int m = 1; m <= M && n < MAX_SUBMESHES; m++) {
+        bool pow2 = (m & (m - 1)) == 0;
+        if (ch != PS_SUBMESH_ALL && !pow2 && m != M)
+            continue;
+        out[n++] = (submesh){1, m};
+    }
+    for (int h = 2; h <= N && n < MAX_SUBMESHES; h++) {
+        bool pow2 = (h & (h - 1)) == 0;
+        if (ch == PS_SUBMESH_POWER_OF_TWO && !pow2)
+            continue;
+        if (ch == PS_SUBMESH_SMALL_POWER_OF_TWO && (!pow2 || h > 4))
+            continue;
+        out[n++] = (submesh){h, M};
+    }
+    return n;
+}
+
+/* Logical meshes of a submesh: (1, n) free, and every (dp, mp) with the
+ * batch forced onto the dp axis. */
+static int list_configs(const submesh *s, config *out)
+{
+    /* (n, 1) free would repeat (1, n): both are the same 1-D mesh */
+    int n = s->hosts * s->devices, k = 0;
+    out[k++] = (config){1, n, false};
+    if (n == 1)
+        return k;
+    for (int dp = 2; dp <= n && k < MAX_CONFIGS; dp++)
+        if (n % dp == 0)
+            out[k++] = (config){dp, n / dp, true};
+    return k;
+}
+
+/* A structural hash of a graph: equal for identical layer ranges. */
+static uint64_t graph_hash(const ps_graph *g)
+{
+    uint64_t h = 1469598103934665603ull;
+#define MIX(x)                                                                                 \
+    do {                                                                                       \
+        uint64_t v_ = (uint64_t)(x);                                                           \
+        for (int b_ = 0; b_ < 8; b_++) {                                                       \
+            h = (h ^ (v_ & 0xff)) * 1099511628211ull;                                          \
+            v_ >>= 8;                                                                          \
+        }                                                                                      \
+    } while (0)
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        MIX(op->kind);
+        MIX(op->pass);
+        const unsigned char *a = (const unsigned char *)&op->attrs;
+        for (size_t k = 0; k < sizeof op->attrs; k++)
+            h = (h ^ a[k]) * 1099511628211ull;
+        for (int k = 0; k < op->n_in; k++) {
+            const ps_tensor *t = &g->tensors[op->in[k]];
+            MIX(t->producer);
+            MIX(t->kind);
+            MIX(t->desc.dtype);
+            for (int d = 0; d < t->desc.rank; d++)
+                MIX(t->desc.shape[d]);
+        }
+    }
+    MIX(g->loss >= 0);
+#undef MIX
+    return h;
+}
+
+typedef struct entry {
+    bool ok;
+    double time_s, update_s;
+    double static_bytes, act_bytes, transient_bytes;
+} entry;
+
+typedef struct cache_item {
+    uint64_t hash;
+    entry *entries; /* [n_sub * n_cfg] */
+} cache_item;
+
+static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const submesh *s,
+                            const config *cf, const ps_plan_request *req, double limit_s,
+                            entry *e)
+{
+    ps_logical_mesh *m = NULL;
+    ps_intra_result *r = NULL;
+    ps_error inner = {0};
+    memset(e, 0, sizeof *e);
+    ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cf->d0, cf->d1, &m, &inner);
+    if (st != PS_OK)
+        return PS_OK; /* not a valid view: absent */
+    ps_intra_options io = ps_intra_options_default();
+    io.method = PS_METHOD_SHARD;
+    io.force_batch_axis0 = cf->force;
+    io.micro_batches = req->micro_batches;
+    io.ilp = req->ilp;
+    io.ilp.time_limit_s = limit_s;
+    io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
+    st = ps_intra_solve(slice, m, &io, &r, &inner);
+    if (st == PS_OK) {
+        e->ok = true;
+        e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
+                    r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
+                    r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
+        e->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
+        e->static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
+        e->act_bytes = r->activation_bytes;
+        e->transient_bytes = r->peak_memory_bytes - e->static_bytes - e->act_bytes;
+    } else if (st == PS_ERR_INFEASIBLE) {
+        st = PS_OK; /* absent */
+    }
+    ps_intra_result_free(r);
+    ps_mesh_free(m);
+    return st;
+}
+
+/* How many later stages a stage tolerates: 1F1B keeps one micro-batch of
+ * activations per later stage plus its own; GPipe keeps all of them. */
+static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpipe)
+{
+    if (!e->ok)
+        return -1;
+    double room = memory - e->static_bytes - e->transient_bytes;
+    if (gpipe)
+        return room >= B * e->act_bytes ? n_layers : -1;
+    if (room < e->act_bytes)
+        return -1;
+    if (e->act_bytes <= 0)
+        return n_layers;
+    double k = floor(room / e->act_bytes) - 1;
+    return k > n_layers ? n_layers : (int)k;
+}
+
+/* Physical places for the chosen submeshes: whole-host ones on consecutive
+ * nodes first, then sub-host ones packed into the remaining nodes, larger
+ * first (power-of-two sizes always pack). */
+static bool place(const ps_cluster *c, const submesh *subs, const ps_stage_plan *sp, int *first)
+{
+    int N = c->nodes, M = c->devices_per_node, n = sp->n_stages;
+    int used[N > 0 ? N : 1];
+    memset(used, 0, sizeof used);
+    int order[64];
+    for (int k = 0; k < n; k++)
+        order[k] = k;
+    for (int a = 0; a < n; a++) /* hosts desc, then devices desc */
+        for (int b = a + 1; b < n; b++) {
+            const submesh *x = &subs[sp->stages[order[a]].sub], *y = &subs[sp->stages[order[b]].sub];
+            if (y->hosts > x->hosts || (y->hosts == x->hosts && y->devices > x->devices)) {
+                int t = order[a];
+                order[a] = order[b];
+                order[b] = t;
+            }
+        }
+    int next_node = 0;
+    for (int a = 0; a < n; a++) {
+        int k = order[a];
+        const submesh *s = &subs[sp->stages[k].sub];
+        if (s->hosts > 1 || s->devices == M) {
+            if (next_node + s->hosts > N)
+                return false;
+            first[k] = next_node * M;
+            for (int h = 0; h < s->hosts; h++)
+                used[next_node + h] = M;
+            next_node += s->hosts;
+            continue;
+        }
+        int node = -1;
+        for (int q = next_node; q < N && node < 0; q++)
+            if (M - used[q] >= s->devices)
+                node = q;
+        if (node < 0)
+            return false;
+        first[k] = node * M + used[node];
+        used[node] += s->devices;
+    }
+    return true;
+}
+
+ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
+                            ps_plan **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_cluster *c = req->cluster;
+    ps_layering lay = {0};
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_stage_table *table = NULL;
+    ps_stage_plan sp = {0};
+    cache_item *cache = NULL;
+    entry **composed = NULL; /* [first * L + last] entries, when composing */
+    int n_cache = 0;
+    ps_plan *plan = NULL;
+    submesh subs[MAX_SUBMESHES];
+    config cfgs[MAX_SUBMESHES][MAX_CONFIGS];
+    int n_cfgs[MAX_SUBMESHES];
+    *out = NULL;
+    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    if (B < 1 || req->global_batch % B != 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "%d micro-batches do not divide the global batch %lld", B,
+                            req->global_batch);
+
+    /* 1. layers */
+    const ps_graph *f0 = req->forward;
+    bool manual = o->manual_layers || (o->layer_num == 0 && f0->n_boundaries > 0);
+    if (manual) {
+        PS_TRY(ps_layer_cluster_manual(f0, &lay, err));
+    } else {
+        int L = o->layer_num > 0 ? o->layer_num : (f0->n_layers < 16 ? f0->n_layers : 16);
+        PS_TRY(ps_layer_cluster_auto(f0, L, 0.5, &lay, err));
+    }
+    PS_TRY(ps_graph_relayer(f0, &lay, &fwd, err));
+    PS_TRY(ps_train_step_build(fwd, &req->train, &step, err));
+    int L = lay.n_layers;
+    PS_LOG_INFO("pipeshard: %d layers (%s)", L, manual ? "manual boundaries" : "clustered");
+
+    /* 2. candidate submeshes and logical meshes */
+    int n_sub = list_submeshes(c, o->submeshes, subs), max_cfg = 1;
+    for (int s = 0; s < n_sub; s++) {
+        n_cfgs[s] = list_configs(&subs[s], cfgs[s]);
+        if (n_cfgs[s] > max_cfg)
+            max_cfg = n_cfgs[s];
+    }
+    if (ps_stage_table_create(L, n_sub, max_cfg, &table) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int s = 0; s < n_sub; s++)
+        table->sub_devices[s] = subs[s].hosts * subs[s].devices;
+
+    /* 3. the stage cost table; identical layer ranges share entries */
+    double memory = INFINITY;
+    for (int d = 0; d < D; d++)
+        memory = fmin(memory, ps_cluster_device(c, d)->memory_bytes);
+    cache = calloc((size_t)L * L + 1, sizeof *cache);
+    PS_TRY_ALLOC(cache, err);
+    composed = calloc((size_t)L * L, sizeof *composed);
+    PS_TRY_ALLOC(composed, err);
+    for (int k = 0; k < L * L && !o->exact_ranges; k++) {
+        composed[k] = calloc((size_t)n_sub * max_cfg, sizeof **composed);
+        PS_TRY_ALLOC(composed[k], err);
+    }
+    int ranges = L * (L + 1) / 2, done = 0, solved = 0;
+    /* Pass 0 solves what must be solved (single layers, or every range with
+     * exact_ranges); pass 1 composes the other ranges from single layers. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int l = 0; l < L; l++) {
+            for (int i = l; i < L; i++) {
+                bool compose = !o->exact_ranges && i > l;
+                if (compose != (pass == 1))
+                    continue;
+                entry *entries = NULL;
+                if (compose) {
+                    /* Alpa's "profile layers and compose": times, weights
+                     * and activations add up */
+                    entries = composed[l * L + i];
+                    for (int s = 0; s < n_sub; s++)
+                        for (int k = 0; k < n_cfgs[s]; k++) {
+                            entry sum = {.ok = true};
+                            for (int q = l; q <= i; q++) {
+                                const entry *e = &composed[q * L + q][s * max_cfg + k];
+                                sum.ok = sum.ok && e->ok;
+                                sum.time_s += e->time_s;
+                                sum.update_s += e->update_s;
+                                sum.static_bytes += e->static_bytes;
+                                sum.act_bytes += e->act_bytes;
+                                sum.transient_bytes =
+                                    fmax(sum.transient_bytes, e->transient_bytes);
+                            }
+                            entries[s * max_cfg + k] = sum;
+                        }
+                } else {
+                    ps_graph *slice = NULL;
+                    PS_TRY(ps_graph_slice(step, l, i, &slice, err));
+                    uint64_t h = graph_hash(slice);
+                    for (int k = 0; k < n_cache && entries == NULL; k++)
+                        if (cache[k].hash == h)
+                            entries = cache[k].entries;
+                    if (entries == NULL) {
+                        entries = calloc((size_t)n_sub * max_cfg, sizeof *entries);
+                        if (entries == NULL) {
+                            ps_graph_free(slice);
+                            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                            goto out;
+                        }
+                        cache[n_cache++] = (cache_item){h, entries};
+                        for (int s = 0; s < n_sub && st == PS_OK; s++)
+                            for (int k = 0; k < n_cfgs[s] && st == PS_OK; k++) {
+                                st = cost_entry(slice, c, &subs[s], &cfgs[s][k], req,
+                                                o->stage_time_limit_s, &entries[s * max_cfg + k]);
+                                solved++;
+                            }
+                    }
+                    ps_graph_free(slice);
+                    if (st != PS_OK) {
+                        st = ps_error_set(err, st, "costing layers %d-%d failed", l, i);
+                        goto out;
+                    }
+                    if (!o->exact_ranges)
+                        memcpy(composed[l * L + i], entries,
+                               (size_t)n_sub * max_cfg * sizeof *entries);
+                }
+                for (int s = 0; s < n_sub; s++)
+                    for (int k = 0; k < n_cfgs[s]; k++) {
+                        const entry *e = &entries[s * max_cfg + k];
+                        size_t idx = ps_stage_table_index(table, l, i, s, k);
+                        /* the update and its gradient reductions, once per step, are
+                         * amortized over the micro-batches as in Alpa's stage costs */
+                        table->cost[idx] = e->ok ? e->time_s + e->update_s / B : INFINITY;
+                        table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
+                        if (o->print_rows && e->ok)
+                            printf("result[(%d, %d, (%d, %d), (%d, %d)%s)] = stage(time %.4g "
+                                   "ms, weights+state %.4g GB, activations %.4g GB per "
+                                   "micro-batch, later stages allowed %d)\n",
+                                   l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
+                                   cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
+                                   e->time_s * 1e3, e->static_bytes / 1e9,
+                                   e->act_bytes / 1e9, table->max_succ[idx]);
+                    }
+                done++;
+                if (ps_log_progress_enabled())
+                    fprintf(stderr, "\rpipeshard: stage costs %d/%d layer ranges (%d solves)",
+                            done, ranges, solved);
+            }
+        }
+    }
+    if (ps_log_progress_enabled())
+        fprintf(stderr, "\n");
+
+    /* 4. the DP */
+    ps_error inner = {0};
+    if ((st = ps_stage_dp(table, D, B, &sp, &inner)) != PS_OK) {
+        if (st == PS_ERR_INFEASIBLE) {
+            /* the closest candidate: the least memory any stage needs for the
+             * whole model with one micro-batch in flight */
+            double need = INFINITY;
+            entry *whole = o->exact_ranges ? NULL : composed[0 * L + L - 1];
+            for (int s = 0; whole != NULL && s < n_sub; s++)
+                for (int k = 0; k < n_cfgs[s]; k++) {
+                    const entry *e = &whole[s * max_cfg + k];
+                    if (e->ok)
+                        need = fmin(need, e->static_bytes + e->transient_bytes + e->act_bytes);
+                }
+            char extra[160] = "";
+            if (isfinite(need))
+                snprintf(extra, sizeof extra,
+                         "; the whole model on all %d devices needs at least %.4g GB per device",
+                         D, need / 1e9);
+            st = ps_error_set(err, st,
+                              "no plan fits in memory: %s on %s with %d micro-batches of %lld: "
+                              "%s%s (devices have %.4g GB); try --remat, more micro-batches or "
+                              "more devices",
+                              f0->name, c->name, B, req->global_batch / B, inner.msg, extra,
+                              memory / 1e9);
+        } else {
+            st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
+        }
+        goto out;
+    }
+
+    /* 5. placement and each stage's sharding */
+    int first[64];
+    if (sp.n_stages > 64 || !place(c, subs, &sp, first)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "the chosen submeshes do not pack into %s",
+                          c->name);
+        goto out;
+    }
+    if ((st = ps_plan_create(&plan)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    plan->model_name = strdup(f0->name);
+    plan->model = json_object();
+    PS_TRY_ALLOC(plan->model_name, err);
+    PS_TRY_ALLOC(plan->model, err);
+    {
+        json_t *j = NULL;
+        st = ps_json_set(plan->model, "name", json_string(f0->name));
+        if (st == PS_OK)
+            st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
+                                     : ps_graph_to_json(f0, &j);
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
+        if (st == PS_OK && req->config != NULL)
+            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, "layer_num", json_integer(L));
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto"));
+        if (st == PS_OK)
+            st = ps_train_options_to_json(&req->train, f0->n_layers, &plan->training);
+        if (st == PS_OK)
+            st = ps_cluster_clone(c, &plan->cluster);
+        if (st != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    snprintf(plan->method, sizeof plan->method, "pipeshard");
+    snprintf(plan->schedule, sizeof plan->schedule, "%s", o->gpipe ? "gpipe" : "1f1b");
+    plan->global_batch = req->global_batch;
+    plan->micro_batches = B;
+    double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
+    for (int k = 0; k < sp.n_stages; k++) {
+        const ps_stage_choice *ch = &sp.stages[k];
+        const submesh *s = &subs[ch->sub];
+        const config *cf = &cfgs[ch->sub][ch->cfg];
+        ps_graph *slice = NULL;
+        ps_logical_mesh *m = NULL;
+        ps_intra_result *r = NULL;
+        ps_plan_stage *ps = NULL;
+        st = ps_graph_slice(step, ch->first, ch->last, &slice, err);
+        if (st == PS_OK)
+            st = ps_mesh_create(c, first[k], s->hosts, s->devices, cf->d0, cf->d1, &m, err);
+        if (st == PS_OK) {
+            ps_intra_options io = ps_intra_options_default();
+            io.force_batch_axis0 = cf->force;
+            io.micro_batches = B;
+            io.ilp = req->ilp;
+            st = ps_intra_solve(slice, m, &io, &r, err);
+        }
+        if (st == PS_OK &&
+            (st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
+                PS_OK)
+            st = ps_error_set(err, st, "out of memory");
+        if (st == PS_OK)
+            st = ps_plan_fill_stage(ps, slice, m, r, err);
+        if (st == PS_OK) {
+            ps->first_layer = ch->first;
+            ps->last_layer = ch->last;
+            int in_flight = o->gpipe ? B : (sp.n_stages - k < B ? sp.n_stages - k : B);
+            ps->peak_memory_bytes = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes +
+                                    (r->peak_memory_bytes - ps->weight_bytes -
+                                     ps->gradient_bytes - ps->optimizer_bytes -
+                                     ps->activation_bytes) +
+                                    in_flight * ps->activation_bytes;
+            sum += ps->time_s;
+            slowest = fmax(slowest, ps->time_s);
+            update = fmax(update, ps->update_s);
+            peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
+            ps_graph_stats gs;
+            if (ps_graph_stats_compute(slice, &gs) == PS_OK)
+                flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                          gs.flops[PS_PASS_RECOMPUTE]) * B +
+                         gs.flops[PS_PASS_UPDATE];
+        }
+        ps_intra_result_free(r);
+        ps_mesh_free(m);
+        ps_graph_free(slice);
+        if (st != PS_OK)
+            goto out;
+    }
+    plan->iteration_s = sum + (B - 1) * slowest + update;
+    plan->flops_per_step = flops;
+    plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
+    ps_dtype dt = PS_DTYPE_F32;
+    for (int t = 0; t < step->n_tensors; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
+            dt = step->tensors[t].desc.dtype;
+            break;
+        }
+    double peak = INFINITY;
+    for (int d = 0; d < D; d++) {
+        double p = ps_cluster_device(c, d)->peak_flops[dt];
+        peak = fmin(peak, p > 0 ? p : ps_cluster_device(c, d)->peak_flops[PS_DTYPE_F32]);
+    }
+    plan->mfu = plan->tflops_per_device * 1e12 / peak;
+    plan->peak_memory_bytes = peak_dev;
+    PS_TRY(ps_plan_validate(plan, err));
+    *out = plan;
+    plan = NULL;
+out:
+    for (int k = 0; k < n_cache; k++)
+        free(cache[k].entries);
+    free(cache);
+    for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
+        free(composed[k]);
+    free(composed);
+    ps_plan_free(plan);
+    ps_stage_plan_clear(&sp);
+    ps_stage_table_free(table);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+    ps_layering_clear(&lay);
+    return st;
+}

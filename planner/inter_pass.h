@@ -1,0 +1,41 @@
+/* The inter-op pass: pipeline stages on slices of the cluster (Alpa's
+ * pipeshard plans). Layers are built (auto clustering or manual
+ * boundaries), every range of consecutive layers is costed on every
+ * candidate submesh and logical mesh by the intra-op pass (identical ranges
+ * share their entries), the stage DP picks stages, submeshes are placed on
+ * physical devices, and each stage's sharding is written into the plan. */
+#ifndef PS_PLANNER_INTER_PASS_H
+#define PS_PLANNER_INTER_PASS_H
+
+#include "planner/plan_intra.h"
+
+typedef enum ps_submesh_choices {
+    PS_SUBMESH_POWER_OF_TWO = 0,       /* (1,1), (1,2), (1,4) ... (1,M), (2,M), (4,M) ... */
+    PS_SUBMESH_SMALL_POWER_OF_TWO = 1, /* the same up to 4 hosts */
+    PS_SUBMESH_ALL = 2,                /* (1,1) ... (1,M), (2,M), (3,M) ... (N,M) */
+    PS_SUBMESH_CHOICES_COUNT
+} ps_submesh_choices;
+
+extern const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT];
+
+typedef struct ps_inter_options {
+    int layer_num;      /* layers to cluster into; 0: the manual boundaries if the model
+                           has any, else min(layer tags, 16) */
+    bool manual_layers; /* use the model's pipeline boundaries */
+    ps_submesh_choices submeshes;
+    bool gpipe;         /* schedule: GPipe (all forwards, then all backwards) instead of 1F1B */
+    bool print_rows;    /* print the stage cost table rows on stdout */
+    /* Solve every range of layers; by default only single layers are solved
+     * and longer ranges composed from them (Alpa's profile-and-compose),
+     * which is L instead of L(L+1)/2 solves per configuration. */
+    bool exact_ranges;
+    double stage_time_limit_s; /* ILP limit per table entry */
+} ps_inter_options;
+
+ps_inter_options ps_inter_options_default(void);
+
+/* Plans req (its method and mesh fields are ignored). */
+ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
+                            ps_plan **out, ps_error *err);
+
+#endif
