@@ -862,8 +862,8 @@ static void test_plan(void **state)
         expect_usage_error(fx, a, "--mesh wants D0xD1");
     }
     {
-        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--global-batch",
-                           "64", "--explain", "-o", out, NULL};
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method", "shard",
+                           "--global-batch", "64", "--explain", "-o", out, NULL};
         run_result r;
         run_ok(fx, a, &r);
         expect_exit(&r, 0);
@@ -885,6 +885,35 @@ static void test_plan(void **state)
         expect_exit(&r, 1);
         expect_in(&r, false, "does not fit in memory with method data");
         expect_empty(&r, true);
+        run_result_free(&r);
+    }
+    {
+        /* the default method: pipeline stages from the stage DP */
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--layer-num",
+                           "manual", "--micro-batches", "16", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "method pipeshard, schedule 1f1b");
+        expect_in(&r, true, "stage 0");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--explain",
+                           "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "--explain prints one stage's strategies");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method",
+                           "data", "--layer-num", "2", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "apply to --method pipeshard");
         run_result_free(&r);
     }
 }
