@@ -1,10 +1,12 @@
 #include "planner/inter_pass.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/json.h"
 #include "core/log.h"
@@ -211,6 +213,78 @@ static bool place(const ps_cluster *c, const submesh *subs, const ps_stage_plan 
     return true;
 }
 
+/* ---- solving the table's entries on all cores ----------------------------------- */
+
+typedef struct work_item {
+    const ps_graph *slice;
+    int sub, cfg;
+    entry *out;
+} work_item;
+
+typedef struct workers {
+    const work_item *items;
+    int n_items;
+    int next, finished; /* guarded by lock */
+    ps_status st;
+    const ps_cluster *cluster;
+    const submesh *subs;
+    config (*cfgs)[MAX_CONFIGS];
+    const ps_plan_request *req;
+    double limit_s;
+    pthread_mutex_t lock;
+} workers;
+
+static void work(workers *w)
+{
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        int k = w->st == PS_OK && w->next < w->n_items ? w->next++ : -1;
+        pthread_mutex_unlock(&w->lock);
+        if (k < 0)
+            return;
+        const work_item *it = &w->items[k];
+        ps_status st = cost_entry(it->slice, w->cluster, &w->subs[it->sub],
+                                  &w->cfgs[it->sub][it->cfg], w->req, w->limit_s, it->out);
+        pthread_mutex_lock(&w->lock);
+        if (st != PS_OK && w->st == PS_OK)
+            w->st = st;
+        w->finished++;
+        if (ps_log_progress_enabled())
+            fprintf(stderr, "\rpipeshard: stage costs: %d/%d intra-op solves", w->finished,
+                    w->n_items);
+        pthread_mutex_unlock(&w->lock);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    work(arg);
+    ps_ilp_thread_done();
+    return NULL;
+}
+
+/* Runs the items on one thread per core (GLPK keeps its state per thread). */
+static ps_status run_workers(workers *w)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+    if (n > w->n_items)
+        n = w->n_items > 0 ? w->n_items : 1;
+    pthread_t threads[64];
+    int started = 0;
+    pthread_mutex_init(&w->lock, NULL);
+    for (int i = 1; i < n; i++)
+        if (pthread_create(&threads[started], NULL, worker_main, w) == 0)
+            started++;
+    work(w); /* this thread works too */
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    pthread_mutex_destroy(&w->lock);
+    if (ps_log_progress_enabled() && w->n_items > 0)
+        fprintf(stderr, "\n");
+    return w->st;
+}
+
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
 {
@@ -221,7 +295,10 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_stage_table *table = NULL;
     ps_stage_plan sp = {0};
     cache_item *cache = NULL;
-    entry **composed = NULL; /* [first * L + last] entries, when composing */
+    entry **composed = NULL;   /* [first * L + last] composed entries */
+    entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
+    ps_graph **slices = NULL;  /* [cache index] the slice each cache item solves */
+    work_item *items = NULL;
     int n_cache = 0;
     ps_plan *plan = NULL;
     submesh subs[MAX_SUBMESHES];
@@ -270,96 +347,96 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     PS_TRY_ALLOC(cache, err);
     composed = calloc((size_t)L * L, sizeof *composed);
     PS_TRY_ALLOC(composed, err);
-    for (int k = 0; k < L * L && !o->exact_ranges; k++) {
-        composed[k] = calloc((size_t)n_sub * max_cfg, sizeof **composed);
-        PS_TRY_ALLOC(composed[k], err);
+    for (int l = 0; l < L && !o->exact_ranges; l++)
+        for (int i = l + 1; i < L; i++) {
+            composed[l * L + i] = calloc((size_t)n_sub * max_cfg, sizeof **composed);
+            PS_TRY_ALLOC(composed[l * L + i], err);
+        }
+    /* Single layers (every range with exact_ranges) are solved: identical
+     * slices once, all entries on all cores. Longer ranges are composed
+     * (Alpa's "profile layers and compose"): times, weights and activations
+     * add up. */
+    slices = calloc((size_t)L * L + 1, sizeof *slices);
+    entries_of = calloc((size_t)L * L + 1, sizeof *entries_of);
+    PS_TRY_ALLOC(slices, err);
+    PS_TRY_ALLOC(entries_of, err);
+    for (int l = 0; l < L; l++)
+        for (int i = l; i < L; i++) {
+            if (!o->exact_ranges && i > l)
+                continue;
+            ps_graph *slice = NULL;
+            PS_TRY(ps_graph_slice(step, l, i, &slice, err));
+            uint64_t h = graph_hash(slice);
+            int found = -1;
+            for (int k = 0; k < n_cache && found < 0; k++)
+                if (cache[k].hash == h)
+                    found = k;
+            if (found >= 0) {
+                ps_graph_free(slice);
+            } else {
+                found = n_cache;
+                cache[n_cache].hash = h;
+                cache[n_cache].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
+                PS_TRY_ALLOC(cache[n_cache].entries, err);
+                slices[n_cache] = slice;
+                n_cache++;
+            }
+            entries_of[l * L + i] = cache[found].entries;
+        }
+    items = calloc((size_t)n_cache * n_sub * max_cfg + 1, sizeof *items);
+    PS_TRY_ALLOC(items, err);
+    int n_items = 0;
+    for (int k = 0; k < n_cache; k++)
+        for (int s = 0; s < n_sub; s++)
+            for (int c2 = 0; c2 < n_cfgs[s]; c2++)
+                items[n_items++] = (work_item){slices[k], s, c2,
+                                               &cache[k].entries[s * max_cfg + c2]};
+    workers w = {.items = items, .n_items = n_items, .st = PS_OK, .cluster = c, .subs = subs,
+                 .cfgs = cfgs, .req = req, .limit_s = o->stage_time_limit_s};
+    if ((st = run_workers(&w)) != PS_OK) {
+        st = ps_error_set(err, st, "costing the stages failed (%s)", ps_status_str(st));
+        goto out;
     }
-    int ranges = L * (L + 1) / 2, done = 0, solved = 0;
-    /* Pass 0 solves what must be solved (single layers, or every range with
-     * exact_ranges); pass 1 composes the other ranges from single layers. */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int l = 0; l < L; l++) {
-            for (int i = l; i < L; i++) {
-                bool compose = !o->exact_ranges && i > l;
-                if (compose != (pass == 1))
-                    continue;
-                entry *entries = NULL;
-                if (compose) {
-                    /* Alpa's "profile layers and compose": times, weights
-                     * and activations add up */
-                    entries = composed[l * L + i];
-                    for (int s = 0; s < n_sub; s++)
-                        for (int k = 0; k < n_cfgs[s]; k++) {
-                            entry sum = {.ok = true};
-                            for (int q = l; q <= i; q++) {
-                                const entry *e = &composed[q * L + q][s * max_cfg + k];
-                                sum.ok = sum.ok && e->ok;
-                                sum.time_s += e->time_s;
-                                sum.update_s += e->update_s;
-                                sum.static_bytes += e->static_bytes;
-                                sum.act_bytes += e->act_bytes;
-                                sum.transient_bytes =
-                                    fmax(sum.transient_bytes, e->transient_bytes);
-                            }
-                            entries[s * max_cfg + k] = sum;
-                        }
-                } else {
-                    ps_graph *slice = NULL;
-                    PS_TRY(ps_graph_slice(step, l, i, &slice, err));
-                    uint64_t h = graph_hash(slice);
-                    for (int k = 0; k < n_cache && entries == NULL; k++)
-                        if (cache[k].hash == h)
-                            entries = cache[k].entries;
-                    if (entries == NULL) {
-                        entries = calloc((size_t)n_sub * max_cfg, sizeof *entries);
-                        if (entries == NULL) {
-                            ps_graph_free(slice);
-                            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-                            goto out;
-                        }
-                        cache[n_cache++] = (cache_item){h, entries};
-                        for (int s = 0; s < n_sub && st == PS_OK; s++)
-                            for (int k = 0; k < n_cfgs[s] && st == PS_OK; k++) {
-                                st = cost_entry(slice, c, &subs[s], &cfgs[s][k], req,
-                                                o->stage_time_limit_s, &entries[s * max_cfg + k]);
-                                solved++;
-                            }
-                    }
-                    ps_graph_free(slice);
-                    if (st != PS_OK) {
-                        st = ps_error_set(err, st, "costing layers %d-%d failed", l, i);
-                        goto out;
-                    }
-                    if (!o->exact_ranges)
-                        memcpy(composed[l * L + i], entries,
-                               (size_t)n_sub * max_cfg * sizeof *entries);
-                }
+    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d intra-op solves", n_cache, n_items);
+    for (int l = 0; l < L; l++) {
+        for (int i = l; i < L; i++) {
+            entry *entries = entries_of[l * L + i];
+            if (entries == NULL) { /* compose */
+                entries = composed[l * L + i];
                 for (int s = 0; s < n_sub; s++)
                     for (int k = 0; k < n_cfgs[s]; k++) {
-                        const entry *e = &entries[s * max_cfg + k];
-                        size_t idx = ps_stage_table_index(table, l, i, s, k);
-                        /* the update and its gradient reductions, once per step, are
-                         * amortized over the micro-batches as in Alpa's stage costs */
-                        table->cost[idx] = e->ok ? e->time_s + e->update_s / B : INFINITY;
-                        table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
-                        if (o->print_rows && e->ok)
-                            printf("result[(%d, %d, (%d, %d), (%d, %d)%s)] = stage(time %.4g "
-                                   "ms, weights+state %.4g GB, activations %.4g GB per "
-                                   "micro-batch, later stages allowed %d)\n",
-                                   l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
-                                   cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
-                                   e->time_s * 1e3, e->static_bytes / 1e9,
-                                   e->act_bytes / 1e9, table->max_succ[idx]);
+                        entry sum = {.ok = true};
+                        for (int q = l; q <= i; q++) {
+                            const entry *e = &entries_of[q * L + q][s * max_cfg + k];
+                            sum.ok = sum.ok && e->ok;
+                            sum.time_s += e->time_s;
+                            sum.update_s += e->update_s;
+                            sum.static_bytes += e->static_bytes;
+                            sum.act_bytes += e->act_bytes;
+                            sum.transient_bytes = fmax(sum.transient_bytes, e->transient_bytes);
+                        }
+                        entries[s * max_cfg + k] = sum;
                     }
-                done++;
-                if (ps_log_progress_enabled())
-                    fprintf(stderr, "\rpipeshard: stage costs %d/%d layer ranges (%d solves)",
-                            done, ranges, solved);
             }
+            for (int s = 0; s < n_sub; s++)
+                for (int k = 0; k < n_cfgs[s]; k++) {
+                    const entry *e = &entries[s * max_cfg + k];
+                    size_t idx = ps_stage_table_index(table, l, i, s, k);
+                    /* the update and its gradient reductions, once per step, are
+                     * amortized over the micro-batches as in Alpa's stage costs */
+                    table->cost[idx] = e->ok ? e->time_s + e->update_s / B : INFINITY;
+                    table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
+                    if (o->print_rows && e->ok)
+                        printf("result[(%d, %d, (%d, %d), (%d, %d)%s)] = stage(time %.4g ms, "
+                               "weights+state %.4g GB, activations %.4g GB per micro-batch, "
+                               "later stages allowed %d)\n",
+                               l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
+                               cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
+                               e->time_s * 1e3, e->static_bytes / 1e9, e->act_bytes / 1e9,
+                               table->max_succ[idx]);
+                }
         }
     }
-    if (ps_log_progress_enabled())
-        fprintf(stderr, "\n");
 
     /* 4. the DP */
     ps_error inner = {0};
@@ -368,7 +445,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             /* the closest candidate: the least memory any stage needs for the
              * whole model with one micro-batch in flight */
             double need = INFINITY;
-            entry *whole = o->exact_ranges ? NULL : composed[0 * L + L - 1];
+            entry *whole = entries_of[L - 1] != NULL ? entries_of[L - 1] : composed[L - 1];
             for (int s = 0; whole != NULL && s < n_sub; s++)
                 for (int k = 0; k < n_cfgs[s]; k++) {
                     const entry *e = &whole[s * max_cfg + k];
@@ -504,9 +581,15 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     *out = plan;
     plan = NULL;
 out:
-    for (int k = 0; k < n_cache; k++)
+    for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
+        if (slices != NULL)
+            ps_graph_free(slices[k]);
+    }
     free(cache);
+    free(slices);
+    free(entries_of);
+    free(items);
     for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
         free(composed[k]);
     free(composed);

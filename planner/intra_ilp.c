@@ -1291,3 +1291,5 @@ out:
     ps_ilp_problem_free(q);
     return st;
 }
+
+void ps_ilp_thread_done(void) { glp_free_env(); }

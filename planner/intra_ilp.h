@@ -84,6 +84,10 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
 ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
                             ps_ilp_result *out, ps_error *err);
 
+/* Releases the solver's per-thread state (GLPK keeps an environment per
+ * thread); call at the end of a thread that solved programs. */
+void ps_ilp_thread_done(void);
+
 /* Exhaustive search, for tests: at most max_combinations choices. */
 ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
                              ps_ilp_result *out, ps_error *err);
