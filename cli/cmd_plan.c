@@ -8,6 +8,7 @@
 #include "cli/model_opts.h"
 #include "core/json.h"
 #include "planner/inter_pass.h"
+#include "planner/stage_file.h"
 
 static void help(void)
 {
@@ -34,6 +35,11 @@ static void help(void)
         "  --schedule S         1f1b (default) or gpipe\n"
         "  --rows               print the stage cost table (one row per layer range,\n"
         "                       submesh and logical mesh)\n"
+        "  --stages FILE        use the stages of a stage file instead of the stage DP\n"
+        "                       (Alpa's manual stage option; docs/plan-format.md)\n"
+        "  --method uniform --dp D --op O --pp P\n"
+        "                       Alpa's uniform 3-D plan: P stages of equal FLOPs, each on a\n"
+        "                       D x O mesh with the batch on D\n"
         "  --mesh D0xD1         the logical mesh (default: devices x 1 for data/zero,\n"
         "                       nodes x devices-per-node for shard)\n"
         "  --global-batch B     samples per step (default: the model's benchmark batch)\n"
@@ -50,7 +56,7 @@ static void help(void)
 enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
-    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS
+    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP
 };
 
 static const struct option own_options[] = {
@@ -67,6 +73,10 @@ static const struct option own_options[] = {
     {"submesh-choices", required_argument, NULL, OPT_SUBMESH},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"rows", no_argument, NULL, OPT_ROWS},
+    {"stages", required_argument, NULL, OPT_STAGES},
+    {"dp", required_argument, NULL, OPT_DP},
+    {"op", required_argument, NULL, OPT_OP},
+    {"pp", required_argument, NULL, OPT_PP},
     {"json", no_argument, NULL, OPT_JSON},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
@@ -155,7 +165,9 @@ static bool parse_mesh(const char *text, int *d0, int *d1)
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
-    bool do_explain = false, json = false, pipeshard = true;
+    bool do_explain = false, json = false, pipeshard = true, uniform = false;
+    const char *stages_file = NULL;
+    int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
     memset(&req, 0, sizeof req);
@@ -182,13 +194,16 @@ int ps_cmd_plan(int argc, char **argv)
             for (int m = 0; m < PS_METHOD_COUNT; m++)
                 if (strcmp(optarg, ps_intra_method_names[m]) == 0)
                     found = m;
-            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "pipeshard") == 0) {
+            uniform = strcmp(optarg, "uniform") == 0;
+            if (uniform || strcmp(optarg, "auto") == 0 || strcmp(optarg, "pipeshard") == 0) {
                 pipeshard = true;
                 break;
             }
             pipeshard = false;
             if (found < 0)
-                return ps_cli_usage_error("plan", "unknown method \"%s\"", optarg);
+                return ps_cli_usage_error("plan", "unknown method \"%s\" (pipeshard, uniform, "
+                                                  "shard, data, zero2, zero3)",
+                                          optarg);
             req.method = (ps_intra_method)found;
             break;
         }
@@ -240,6 +255,14 @@ int ps_cmd_plan(int argc, char **argv)
             inter.gpipe = strcmp(optarg, "gpipe") == 0;
             break;
         case OPT_ROWS: inter.print_rows = true; break;
+        case OPT_STAGES: stages_file = optarg; break;
+        case OPT_DP:
+        case OPT_OP:
+        case OPT_PP:
+            if (!ps_cli_parse_int(optarg, 1, 1 << 20, &v))
+                return ps_cli_usage_error("plan", "--dp, --op and --pp want positive integers");
+            *(c == OPT_DP ? &dp : c == OPT_OP ? &op_degree : &pp) = (int)v;
+            break;
         case OPT_JSON: json = true; break;
         case '?':
             return ps_cli_usage_error("plan", "unknown or incomplete option \"%s\"",
@@ -311,7 +334,29 @@ int ps_cmd_plan(int argc, char **argv)
                               "op's strategy in the plan file)");
             goto out;
         }
-        PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
+        if (uniform) {
+            if (dp == 0 || op_degree == 0 || pp == 0 || stages_file != NULL) {
+                st = ps_error_set(&err, PS_ERR_INVALID,
+                                  "--method uniform needs --dp, --op and --pp (and no --stages)");
+                goto out;
+            }
+            PS_TRY(ps_plan_uniform(&req, &inter, dp, op_degree, pp, &plan, &err));
+        } else if (stages_file != NULL) {
+            ps_manual_stage *ms = NULL;
+            int n_ms = 0;
+            PS_TRY(ps_stage_file_load(stages_file, &inter, &ms, &n_ms, &err));
+            st = ps_plan_manual(&req, &inter, ms, n_ms, &plan, &err);
+            free(ms);
+            if (st != PS_OK)
+                goto out;
+        } else {
+            if (dp || op_degree || pp) {
+                st = ps_error_set(&err, PS_ERR_INVALID, "--dp, --op and --pp go with --method "
+                                                        "uniform");
+                goto out;
+            }
+            PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
+        }
     } else {
         if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows) {
             st = ps_error_set(&err, PS_ERR_INVALID,

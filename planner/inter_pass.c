@@ -168,20 +168,22 @@ static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpi
     return k > n_layers ? n_layers : (int)k;
 }
 
-/* Physical places for the chosen submeshes: whole-host ones on consecutive
+/* Physical places for the stages' submeshes: whole-host ones on consecutive
  * nodes first, then sub-host ones packed into the remaining nodes, larger
  * first (power-of-two sizes always pack). */
-static bool place(const ps_cluster *c, const submesh *subs, const ps_stage_plan *sp, int *first)
+static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *first)
 {
-    int N = c->nodes, M = c->devices_per_node, n = sp->n_stages;
+    int N = c->nodes, M = c->devices_per_node;
     int used[N > 0 ? N : 1];
     memset(used, 0, sizeof used);
     int order[64];
+    if (n > 64)
+        return false;
     for (int k = 0; k < n; k++)
         order[k] = k;
     for (int a = 0; a < n; a++) /* hosts desc, then devices desc */
         for (int b = a + 1; b < n; b++) {
-            const submesh *x = &subs[sp->stages[order[a]].sub], *y = &subs[sp->stages[order[b]].sub];
+            const submesh *x = &stage_sub[order[a]], *y = &stage_sub[order[b]];
             if (y->hosts > x->hosts || (y->hosts == x->hosts && y->devices > x->devices)) {
                 int t = order[a];
                 order[a] = order[b];
@@ -191,7 +193,7 @@ static bool place(const ps_cluster *c, const submesh *subs, const ps_stage_plan 
     int next_node = 0;
     for (int a = 0; a < n; a++) {
         int k = order[a];
-        const submesh *s = &subs[sp->stages[k].sub];
+        const submesh *s = &stage_sub[k];
         if (s->hosts > 1 || s->devices == M) {
             if (next_node + s->hosts > N)
                 return false;
@@ -285,6 +287,168 @@ static ps_status run_workers(workers *w)
     return w->st;
 }
 
+/* Layers (manual boundaries or clustering), the relayered forward graph and
+ * its training step. */
+static ps_status prepare(const ps_plan_request *req, int layer_num, bool manual_layers,
+                         ps_layering *lay, ps_graph **fwd, ps_graph **step, bool *manual_out,
+                         ps_error *err)
+{
+    const ps_graph *f0 = req->forward;
+    bool manual = manual_layers || (layer_num == 0 && f0->n_boundaries > 0);
+    ps_status st;
+    if (manual) {
+        st = ps_layer_cluster_manual(f0, lay, err);
+    } else {
+        int L = layer_num > 0 ? layer_num : (f0->n_layers < 16 ? f0->n_layers : 16);
+        st = ps_layer_cluster_auto(f0, L, 0.5, lay, err);
+    }
+    if (st == PS_OK)
+        st = ps_graph_relayer(f0, lay, fwd, err);
+    if (st == PS_OK)
+        st = ps_train_step_build(*fwd, &req->train, step, err);
+    *manual_out = manual;
+    if (st == PS_OK)
+        PS_LOG_INFO("pipeshard: %d layers (%s)", lay->n_layers,
+                    manual ? "manual boundaries" : "clustered");
+    return st;
+}
+
+typedef struct stage_spec {
+    int first, last;
+    submesh sub;
+    config cfg;
+} stage_spec;
+
+/* Places the stages, solves each on its own devices and writes the plan. */
+static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L, bool manual,
+                         bool gpipe, const char *method, const stage_spec *stages, int n,
+                         ps_plan **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_cluster *c = req->cluster;
+    const ps_graph *f0 = req->forward;
+    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    ps_plan *plan = NULL;
+    submesh stage_sub[64];
+    int first[64];
+    *out = NULL;
+    for (int k = 0; k < n && k < 64; k++)
+        stage_sub[k] = stages[k].sub;
+    if (n > 64 || !place(c, stage_sub, n, first)) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "the stages' submeshes do not pack into %s",
+                          c->name);
+        goto out;
+    }
+    if ((st = ps_plan_create(&plan)) != PS_OK) {
+        st = ps_error_set(err, st, "out of memory");
+        goto out;
+    }
+    plan->model_name = strdup(f0->name);
+    plan->model = json_object();
+    PS_TRY_ALLOC(plan->model_name, err);
+    PS_TRY_ALLOC(plan->model, err);
+    {
+        json_t *j = NULL;
+        st = ps_json_set(plan->model, "name", json_string(f0->name));
+        if (st == PS_OK)
+            st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
+                                     : ps_graph_to_json(f0, &j);
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
+        if (st == PS_OK && req->config != NULL)
+            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, "layer_num", json_integer(L));
+        if (st == PS_OK)
+            st = ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto"));
+        if (st == PS_OK)
+            st = ps_train_options_to_json(&req->train, f0->n_layers, &plan->training);
+        if (st == PS_OK)
+            st = ps_cluster_clone(c, &plan->cluster);
+        if (st != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
+    snprintf(plan->method, sizeof plan->method, "%s", method);
+    snprintf(plan->schedule, sizeof plan->schedule, "%s", gpipe ? "gpipe" : "1f1b");
+    plan->global_batch = req->global_batch;
+    plan->micro_batches = B;
+    double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
+    for (int k = 0; k < n; k++) {
+        const stage_spec *ch = &stages[k];
+        ps_graph *slice = NULL;
+        ps_logical_mesh *m = NULL;
+        ps_intra_result *r = NULL;
+        ps_plan_stage *ps = NULL;
+        st = ps_graph_slice(step, ch->first, ch->last, &slice, err);
+        if (st == PS_OK)
+            st = ps_mesh_create(c, first[k], ch->sub.hosts, ch->sub.devices, ch->cfg.d0,
+                                ch->cfg.d1, &m, err);
+        if (st == PS_OK) {
+            ps_intra_options io = ps_intra_options_default();
+            io.force_batch_axis0 = ch->cfg.force;
+            io.micro_batches = B;
+            io.ilp = req->ilp;
+            st = ps_intra_solve(slice, m, &io, &r, err);
+        }
+        if (st == PS_OK &&
+            (st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
+                PS_OK)
+            st = ps_error_set(err, st, "out of memory");
+        if (st == PS_OK)
+            st = ps_plan_fill_stage(ps, slice, m, r, err);
+        if (st == PS_OK) {
+            ps->first_layer = ch->first;
+            ps->last_layer = ch->last;
+            int in_flight = gpipe ? B : (n - k < B ? n - k : B);
+            double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
+            ps->peak_memory_bytes = lasting +
+                                    (r->peak_memory_bytes - lasting - ps->activation_bytes) +
+                                    in_flight * ps->activation_bytes;
+            sum += ps->time_s;
+            slowest = fmax(slowest, ps->time_s);
+            update = fmax(update, ps->update_s);
+            peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
+            ps_graph_stats gs;
+            if (ps_graph_stats_compute(slice, &gs) == PS_OK)
+                flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                          gs.flops[PS_PASS_RECOMPUTE]) * B +
+                         gs.flops[PS_PASS_UPDATE];
+            if (ps->peak_memory_bytes > m->memory_bytes)
+                PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
+                            ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
+        }
+        ps_intra_result_free(r);
+        ps_mesh_free(m);
+        ps_graph_free(slice);
+        if (st != PS_OK)
+            goto out;
+    }
+    plan->iteration_s = sum + (B - 1) * slowest + update;
+    plan->flops_per_step = flops;
+    plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
+    ps_dtype dt = PS_DTYPE_F32;
+    for (int t = 0; t < step->n_tensors; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
+            dt = step->tensors[t].desc.dtype;
+            break;
+        }
+    double peak = INFINITY;
+    for (int d = 0; d < D; d++) {
+        double p = ps_cluster_device(c, d)->peak_flops[dt];
+        peak = fmin(peak, p > 0 ? p : ps_cluster_device(c, d)->peak_flops[PS_DTYPE_F32]);
+    }
+    plan->mfu = plan->tflops_per_device * 1e12 / peak;
+    plan->peak_memory_bytes = peak_dev;
+    PS_TRY(ps_plan_validate(plan, err));
+    *out = plan;
+    plan = NULL;
+out:
+    ps_plan_free(plan);
+    return st;
+}
+
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
 {
@@ -300,7 +464,6 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_graph **slices = NULL;  /* [cache index] the slice each cache item solves */
     work_item *items = NULL;
     int n_cache = 0;
-    ps_plan *plan = NULL;
     submesh subs[MAX_SUBMESHES];
     config cfgs[MAX_SUBMESHES][MAX_CONFIGS];
     int n_cfgs[MAX_SUBMESHES];
@@ -313,17 +476,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
 
     /* 1. layers */
     const ps_graph *f0 = req->forward;
-    bool manual = o->manual_layers || (o->layer_num == 0 && f0->n_boundaries > 0);
-    if (manual) {
-        PS_TRY(ps_layer_cluster_manual(f0, &lay, err));
-    } else {
-        int L = o->layer_num > 0 ? o->layer_num : (f0->n_layers < 16 ? f0->n_layers : 16);
-        PS_TRY(ps_layer_cluster_auto(f0, L, 0.5, &lay, err));
-    }
-    PS_TRY(ps_graph_relayer(f0, &lay, &fwd, err));
-    PS_TRY(ps_train_step_build(fwd, &req->train, &step, err));
+    bool manual = false;
+    PS_TRY(prepare(req, o->layer_num, o->manual_layers, &lay, &fwd, &step, &manual, err));
     int L = lay.n_layers;
-    PS_LOG_INFO("pipeshard: %d layers (%s)", L, manual ? "manual boundaries" : "clustered");
 
     /* 2. candidate submeshes and logical meshes */
     int n_sub = list_submeshes(c, o->submeshes, subs), max_cfg = 1;
@@ -470,116 +625,15 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
 
     /* 5. placement and each stage's sharding */
-    int first[64];
-    if (sp.n_stages > 64 || !place(c, subs, &sp, first)) {
-        st = ps_error_set(err, PS_ERR_INFEASIBLE, "the chosen submeshes do not pack into %s",
-                          c->name);
+    stage_spec chosen[64];
+    if (sp.n_stages > 64) {
+        st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
         goto out;
     }
-    if ((st = ps_plan_create(&plan)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
-        goto out;
-    }
-    plan->model_name = strdup(f0->name);
-    plan->model = json_object();
-    PS_TRY_ALLOC(plan->model_name, err);
-    PS_TRY_ALLOC(plan->model, err);
-    {
-        json_t *j = NULL;
-        st = ps_json_set(plan->model, "name", json_string(f0->name));
-        if (st == PS_OK)
-            st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
-                                     : ps_graph_to_json(f0, &j);
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
-        if (st == PS_OK && req->config != NULL)
-            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, "layer_num", json_integer(L));
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto"));
-        if (st == PS_OK)
-            st = ps_train_options_to_json(&req->train, f0->n_layers, &plan->training);
-        if (st == PS_OK)
-            st = ps_cluster_clone(c, &plan->cluster);
-        if (st != PS_OK) {
-            st = ps_error_set(err, st, "out of memory");
-            goto out;
-        }
-    }
-    snprintf(plan->method, sizeof plan->method, "pipeshard");
-    snprintf(plan->schedule, sizeof plan->schedule, "%s", o->gpipe ? "gpipe" : "1f1b");
-    plan->global_batch = req->global_batch;
-    plan->micro_batches = B;
-    double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
-    for (int k = 0; k < sp.n_stages; k++) {
-        const ps_stage_choice *ch = &sp.stages[k];
-        const submesh *s = &subs[ch->sub];
-        const config *cf = &cfgs[ch->sub][ch->cfg];
-        ps_graph *slice = NULL;
-        ps_logical_mesh *m = NULL;
-        ps_intra_result *r = NULL;
-        ps_plan_stage *ps = NULL;
-        st = ps_graph_slice(step, ch->first, ch->last, &slice, err);
-        if (st == PS_OK)
-            st = ps_mesh_create(c, first[k], s->hosts, s->devices, cf->d0, cf->d1, &m, err);
-        if (st == PS_OK) {
-            ps_intra_options io = ps_intra_options_default();
-            io.force_batch_axis0 = cf->force;
-            io.micro_batches = B;
-            io.ilp = req->ilp;
-            st = ps_intra_solve(slice, m, &io, &r, err);
-        }
-        if (st == PS_OK &&
-            (st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
-                PS_OK)
-            st = ps_error_set(err, st, "out of memory");
-        if (st == PS_OK)
-            st = ps_plan_fill_stage(ps, slice, m, r, err);
-        if (st == PS_OK) {
-            ps->first_layer = ch->first;
-            ps->last_layer = ch->last;
-            int in_flight = o->gpipe ? B : (sp.n_stages - k < B ? sp.n_stages - k : B);
-            ps->peak_memory_bytes = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes +
-                                    (r->peak_memory_bytes - ps->weight_bytes -
-                                     ps->gradient_bytes - ps->optimizer_bytes -
-                                     ps->activation_bytes) +
-                                    in_flight * ps->activation_bytes;
-            sum += ps->time_s;
-            slowest = fmax(slowest, ps->time_s);
-            update = fmax(update, ps->update_s);
-            peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
-            ps_graph_stats gs;
-            if (ps_graph_stats_compute(slice, &gs) == PS_OK)
-                flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                          gs.flops[PS_PASS_RECOMPUTE]) * B +
-                         gs.flops[PS_PASS_UPDATE];
-        }
-        ps_intra_result_free(r);
-        ps_mesh_free(m);
-        ps_graph_free(slice);
-        if (st != PS_OK)
-            goto out;
-    }
-    plan->iteration_s = sum + (B - 1) * slowest + update;
-    plan->flops_per_step = flops;
-    plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
-    ps_dtype dt = PS_DTYPE_F32;
-    for (int t = 0; t < step->n_tensors; t++)
-        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
-            dt = step->tensors[t].desc.dtype;
-            break;
-        }
-    double peak = INFINITY;
-    for (int d = 0; d < D; d++) {
-        double p = ps_cluster_device(c, d)->peak_flops[dt];
-        peak = fmin(peak, p > 0 ? p : ps_cluster_device(c, d)->peak_flops[PS_DTYPE_F32]);
-    }
-    plan->mfu = plan->tflops_per_device * 1e12 / peak;
-    plan->peak_memory_bytes = peak_dev;
-    PS_TRY(ps_plan_validate(plan, err));
-    *out = plan;
-    plan = NULL;
+    for (int k = 0; k < sp.n_stages; k++)
+        chosen[k] = (stage_spec){sp.stages[k].first, sp.stages[k].last, subs[sp.stages[k].sub],
+                                 cfgs[sp.stages[k].sub][sp.stages[k].cfg]};
+    PS_TRY(realize(req, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out, err));
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
@@ -593,11 +647,109 @@ out:
     for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
         free(composed[k]);
     free(composed);
-    ps_plan_free(plan);
     ps_stage_plan_clear(&sp);
     ps_stage_table_free(table);
     ps_graph_free(step);
     ps_graph_free(fwd);
     ps_layering_clear(&lay);
     return st;
+}
+
+static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options *o,
+                             const ps_manual_stage *stages, int n, const char *method,
+                             int layer_num, bool manual_layers, ps_plan **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_layering lay = {0};
+    ps_graph *fwd = NULL, *step = NULL;
+    stage_spec specs[64];
+    bool manual = false;
+    const ps_cluster *c = req->cluster;
+    int M = c->devices_per_node, used = 0;
+    *out = NULL;
+    if (n < 1 || n > 64)
+        return ps_error_set(err, PS_ERR_INVALID, "a plan needs 1 to 64 stages, not %d", n);
+    if (req->micro_batches < 1 || req->global_batch % req->micro_batches != 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "%d micro-batches do not divide the global batch %lld",
+                            req->micro_batches, req->global_batch);
+    PS_TRY(prepare(req, layer_num, manual_layers, &lay, &fwd, &step, &manual, err));
+    for (int k = 0; k < n; k++) {
+        const ps_manual_stage *m = &stages[k];
+        int h = m->submesh[0], d = m->submesh[1];
+        if (m->first_layer != (k == 0 ? 0 : stages[k - 1].last_layer + 1) ||
+            m->last_layer < m->first_layer || m->last_layer >= lay.n_layers) {
+            st = ps_error_set(err, PS_ERR_INVALID,
+                              "stage %d covers layers %d-%d; stages must cover layers 0-%d in "
+                              "order",
+                              k, m->first_layer, m->last_layer, lay.n_layers - 1);
+            goto out;
+        }
+        if (h < 1 || d < 1 || d > M || (h > 1 && d != M) ||
+            m->logical_mesh[0] * m->logical_mesh[1] != h * d || m->logical_mesh[0] < 1 ||
+            m->logical_mesh[1] < 1) {
+            st = ps_error_set(err, PS_ERR_INVALID,
+                              "stage %d: submesh (%d, %d) with logical mesh (%d, %d) does not fit "
+                              "%s (%d devices per node; a submesh is part of one node or whole "
+                              "nodes)",
+                              k, h, d, m->logical_mesh[0], m->logical_mesh[1], c->name, M);
+            goto out;
+        }
+        used += h * d;
+        specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
+                                {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0}};
+    }
+    if (stages[n - 1].last_layer != lay.n_layers - 1) {
+        st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",
+                          stages[n - 1].last_layer, lay.n_layers - 1);
+        goto out;
+    }
+    if (used > ps_cluster_device_count(c)) {
+        st = ps_error_set(err, PS_ERR_INVALID, "the stages use %d devices; %s has %d", used,
+                          c->name, ps_cluster_device_count(c));
+        goto out;
+    }
+    PS_TRY(realize(req, step, lay.n_layers, manual, o->gpipe, method, specs, n, out, err));
+out:
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+    ps_layering_clear(&lay);
+    return st;
+}
+
+ps_status ps_plan_manual(const ps_plan_request *req, const ps_inter_options *o,
+                         const ps_manual_stage *stages, int n, ps_plan **out, ps_error *err)
+{
+    return plan_stages(req, o, stages, n, "manual", o->layer_num, o->manual_layers, out, err);
+}
+
+ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o, int dp, int op,
+                          int pp, ps_plan **out, ps_error *err)
+{
+    const ps_cluster *c = req->cluster;
+    int D = ps_cluster_device_count(c), M = c->devices_per_node, n = dp * op;
+    *out = NULL;
+    if (dp < 1 || op < 1 || pp < 1 || (int64_t)dp * op * pp != D)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "uniform plan: dp %d x op %d x pp %d must be the %d devices of %s",
+                            dp, op, pp, D, c->name);
+    int hosts, per_host;
+    if (n <= M && M % n == 0) {
+        hosts = 1;
+        per_host = n;
+    } else if (n % M == 0) {
+        hosts = n / M;
+        per_host = M;
+    } else {
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "uniform plan: a stage of dp %d x op %d = %d devices is neither part "
+                            "of a %d-device node nor whole nodes",
+                            dp, op, n, M);
+    }
+    if (pp > 64)
+        return ps_error_set(err, PS_ERR_INVALID, "uniform plan: at most 64 stages");
+    ps_manual_stage stages[64];
+    for (int k = 0; k < pp; k++)
+        stages[k] = (ps_manual_stage){k, k, {hosts, per_host}, {dp, op}, dp > 1};
+    return plan_stages(req, o, stages, pp, "uniform", pp, false, out, err);
 }

@@ -38,4 +38,25 @@ ps_inter_options ps_inter_options_default(void);
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err);
 
+/* A stage given by the user (Alpa's ManualStageOption) or by the uniform
+ * 3-D plan. */
+typedef struct ps_manual_stage {
+    int first_layer, last_layer; /* built layers, inclusive */
+    int submesh[2];              /* hosts, devices per host */
+    int logical_mesh[2];         /* d0, d1 with d0 * d1 = hosts * devices */
+    bool force_batch_axis0;
+} ps_manual_stage;
+
+/* Plans the given stages: layers built as o says (layer_num / manual),
+ * stages checked to cover them in order on submeshes that fit the cluster,
+ * each sharded by the intra-op pass. */
+ps_status ps_plan_manual(const ps_plan_request *req, const ps_inter_options *o,
+                         const ps_manual_stage *stages, int n, ps_plan **out, ps_error *err);
+
+/* Alpa's uniform 3-D plan: pp stages of equal FLOPs (layers clustered into
+ * pp), each on a dp x op mesh with the batch on the dp axis; dp * op * pp
+ * must be the cluster's device count. */
+ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o, int dp, int op,
+                          int pp, ps_plan **out, ps_error *err);
+
 #endif

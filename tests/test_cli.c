@@ -899,6 +899,37 @@ static void test_plan(void **state)
         run_result_free(&r);
     }
     {
+        /* a stage file with a malformed stage: positioned error */
+        char stages[512];
+        snprintf(stages, sizeof stages, "%s/stages.json", fx->dir);
+        FILE *f = fopen(stages, "w");
+        assert_non_null(f);
+        fputs("{\"format\": \"pipeshard-stages\", \"version\": 1,\n"
+              " \"stages\": [{\"layers\": [0, 1], \"submesh\": [1],\n"
+              "   \"logical_mesh\": [1, 8]}]}\n",
+              f);
+        fclose(f);
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--stages", stages,
+                           "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "stages.json:2:43: stages[0].submesh: expected two numbers");
+        run_result_free(&r);
+        /* and a good one */
+        f = fopen(stages, "w");
+        fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
+              " \"stages\": [{\"layers\": [0, 0], \"submesh\": [1, 4], \"logical_mesh\": [4, 1]},\n"
+              "  {\"layers\": [1, 1], \"submesh\": [1, 4], \"logical_mesh\": [1, 4]}]}\n",
+              f);
+        fclose(f);
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "method manual");
+        expect_in(&r, true, "stage 1       layers 1-1 on devices 4-7");
+        run_result_free(&r);
+    }
+    {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--explain",
                            "-o", out, NULL};
         run_result r;

@@ -144,12 +144,74 @@ static void nothing_fits(void **state)
     assert_non_null(strstr(err.msg, "try --remat"));
 }
 
+static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, ps_cluster **c,
+                               const char *cluster, long long global_batch, int micro_batches)
+{
+    cfg->batch = global_batch / micro_batches;
+    assert_int_equal(ps_model_build(cfg, fwd, NULL), PS_OK);
+    assert_int_equal(ps_cluster_from_preset(cluster, c, NULL), PS_OK);
+    return (ps_plan_request){.forward = *fwd, .config = cfg, .train = ps_train_options_default(),
+                             .cluster = *c, .global_batch = global_batch,
+                             .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
+}
+
+/* Alpa's uniform 3-D plan and manual stages, and their checks. */
+static void uniform_and_manual_stages(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 4;
+    ps_graph *fwd = NULL;
+    ps_cluster *c = NULL;
+    ps_plan_request req = request(&cfg, &fwd, &c, "p3.16xlarge:1", 128, 8);
+    ps_inter_options o = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_uniform(&req, &o, 2, 2, 2, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    check_plan(p, 8);
+    assert_int_equal(p->n_stages, 2);
+    assert_string_equal(p->method, "uniform");
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(p->stages[k].logical_mesh[0], 2);
+        assert_int_equal(p->stages[k].logical_mesh[1], 2);
+        assert_int_equal(p->stages[k].first_layer, k);
+    }
+    ps_plan_free(p);
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_uniform(&req, &o, 2, 2, 3, &p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "must be the 8 devices"));
+
+    o.layer_num = 3;
+    ps_manual_stage ms[2] = {{0, 0, {1, 4}, {2, 2}, true}, {1, 2, {1, 4}, {1, 4}, false}};
+    ps_error_clear(&err);
+    if (ps_plan_manual(&req, &o, ms, 2, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    check_plan(p, 8);
+    assert_string_equal(p->method, "manual");
+    assert_int_equal(p->stages[1].last_layer, 2);
+    ps_plan_free(p);
+    ms[1].first_layer = 2; /* a gap */
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_manual(&req, &o, ms, 2, &p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "must cover layers 0-2 in order"));
+    ms[1].first_layer = 1;
+    ms[1].submesh[1] = 16; /* wider than a node */
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_manual(&req, &o, ms, 2, &p, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "does not fit"));
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tutorial_mlp),
         cmocka_unit_test(gpt_two_nodes),
         cmocka_unit_test(nothing_fits),
+        cmocka_unit_test(uniform_and_manual_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
