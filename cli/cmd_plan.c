@@ -43,7 +43,9 @@ static void help(void)
         "  --mesh D0xD1         the logical mesh (default: devices x 1 for data/zero,\n"
         "                       nodes x devices-per-node for shard)\n"
         "  --global-batch B     samples per step (default: the model's benchmark batch)\n"
-        "  --micro-batches N    gradient accumulation steps (default 1)\n"
+        "  --micro-batches N    gradient accumulation steps (default 1); 'auto' (pipeshard\n"
+        "                       with --model) plans every power of two up to 128 that\n"
+        "                       divides the global batch and keeps the fastest\n"
         "  --force-batch-axis0  keep the batch dimension on mesh axis 0 (Alpa's 2-D default)\n"
         "  --time-limit S       ILP time limit in seconds (default 60)\n"
         "  --explain            print every op's strategy and its communication\n"
@@ -165,7 +167,7 @@ static bool parse_mesh(const char *text, int *d0, int *d1)
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
-    bool do_explain = false, json = false, pipeshard = true, uniform = false;
+    bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
     const char *stages_file = NULL;
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
@@ -217,9 +219,15 @@ int ps_cmd_plan(int argc, char **argv)
                 return ps_cli_usage_error("plan", "--global-batch wants a positive integer");
             break;
         case OPT_MICRO_BATCHES:
+            if (strcmp(optarg, "auto") == 0) {
+                auto_micro = true;
+                break;
+            }
             if (!ps_cli_parse_int(optarg, 1, 1 << 20, &v))
-                return ps_cli_usage_error("plan", "--micro-batches wants a positive integer");
+                return ps_cli_usage_error("plan", "--micro-batches wants a positive integer or "
+                                                  "'auto'");
             req.micro_batches = (int)v;
+            auto_micro = false;
             break;
         case OPT_FORCE: req.force_batch_axis0 = true; break;
         case OPT_TIME_LIMIT:
@@ -301,6 +309,13 @@ int ps_cmd_plan(int argc, char **argv)
         PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
     else
         PS_TRY(ps_cluster_load(cluster_file, &cluster, &err));
+    if (auto_micro && (!pipeshard || uniform || stages_file != NULL)) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "--micro-batches auto goes with --method pipeshard (the stage DP)");
+        goto out;
+    }
+    if (auto_micro)
+        req.micro_batches = 1; /* the search rebuilds the model per count */
     if (mo.model != NULL) {
         PS_TRY(ps_zoo_lookup(mo.model, &cfg, &err));
         long long gb = global_batch > 0 ? global_batch : cfg.global_batch;
@@ -355,7 +370,10 @@ int ps_cmd_plan(int argc, char **argv)
                                                         "uniform");
                 goto out;
             }
-            PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
+            if (auto_micro)
+                PS_TRY(ps_plan_pipeshard_search(&req, &inter, &plan, &err));
+            else
+                PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
         }
     } else {
         if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows) {

@@ -753,3 +753,57 @@ ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o,
         stages[k] = (ps_manual_stage){k, k, {hosts, per_host}, {dp, op}, dp > 1};
     return plan_stages(req, o, stages, pp, "uniform", pp, false, out, err);
 }
+
+ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_options *o,
+                                   ps_plan **out, ps_error *err)
+{
+    *out = NULL;
+    if (req->config == NULL)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "choosing the number of micro-batches rebuilds the model for each "
+                            "micro-batch size: it needs a built-in model (--model), not a graph "
+                            "file; give --micro-batches N");
+    ps_plan *best = NULL;
+    ps_error last = {0};
+    int tried = 0;
+    for (long long B = 1; B <= 128 && B <= req->global_batch; B *= 2) {
+        if (req->global_batch % B != 0)
+            continue;
+        ps_model_config cfg = *req->config;
+        cfg.batch = req->global_batch / B;
+        ps_graph *fwd = NULL;
+        ps_plan *p = NULL;
+        ps_error e = {0};
+        ps_status st = ps_model_build(&cfg, &fwd, &e);
+        if (st == PS_OK) {
+            ps_plan_request r = *req;
+            r.forward = fwd;
+            r.config = &cfg;
+            r.micro_batches = (int)B;
+            st = ps_plan_pipeshard(&r, o, &p, &e);
+        }
+        ps_graph_free(fwd);
+        tried++;
+        if (st == PS_OK) {
+            PS_LOG_INFO("pipeshard: %lld micro-batches of %lld: iteration %.4g s", B,
+                        req->global_batch / B, p->iteration_s);
+            if (best == NULL || p->iteration_s < best->iteration_s) {
+                ps_plan_free(best);
+                best = p;
+            } else {
+                ps_plan_free(p);
+            }
+        } else if (st == PS_ERR_INFEASIBLE) {
+            PS_LOG_INFO("pipeshard: %lld micro-batches: %s", B, e.msg);
+            last = e;
+        } else {
+            ps_plan_free(best);
+            return ps_error_set(err, st, "%s", e.msg);
+        }
+    }
+    if (best == NULL)
+        return ps_error_set(err, PS_ERR_INFEASIBLE, "%s (tried %d micro-batch counts)",
+                            last.msg[0] ? last.msg : "no micro-batch count works", tried);
+    *out = best;
+    return PS_OK;
+}

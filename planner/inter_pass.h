@@ -38,6 +38,14 @@ ps_inter_options ps_inter_options_default(void);
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err);
 
+/* Also chooses the number of micro-batches (and so the micro-batch size):
+ * every power of two B up to 128 that divides the global batch is planned
+ * (the model rebuilt for micro-batches of global / B samples) and the
+ * fastest plan that fits is kept. Needs a zoo model (req->config); the
+ * req's forward graph and micro_batches are ignored. */
+ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_options *o,
+                                   ps_plan **out, ps_error *err);
+
 /* A stage given by the user (Alpa's ManualStageOption) or by the uniform
  * 3-D plan. */
 typedef struct ps_manual_stage {

@@ -1056,8 +1056,8 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     ret = glp_intopt(lp, &iocp);
     t_mip = now_s() - t_mip;
     int status = glp_mip_status(lp);
-    PS_LOG_INFO("ILP: %d columns, %d rows; relaxation %.3f s, branch and cut %.3f s (code %d)",
-                cols, rows, t_lp, t_mip, ret);
+    PS_LOG_DEBUG("ILP: %d columns, %d rows; relaxation %.3f s, branch and cut %.3f s (code %d)",
+                 cols, rows, t_lp, t_mip, ret);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"

@@ -144,14 +144,14 @@ static void nothing_fits(void **state)
     assert_non_null(strstr(err.msg, "try --remat"));
 }
 
-static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, ps_cluster **c,
-                               const char *cluster, long long global_batch, int micro_batches)
+/* A request for cfg built with micro-batches of global_batch / micro_batches. */
+static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, const ps_cluster *c,
+                               long long global_batch, int micro_batches)
 {
     cfg->batch = global_batch / micro_batches;
     assert_int_equal(ps_model_build(cfg, fwd, NULL), PS_OK);
-    assert_int_equal(ps_cluster_from_preset(cluster, c, NULL), PS_OK);
     return (ps_plan_request){.forward = *fwd, .config = cfg, .train = ps_train_options_default(),
-                             .cluster = *c, .global_batch = global_batch,
+                             .cluster = c, .global_batch = global_batch,
                              .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
 }
 
@@ -164,7 +164,8 @@ static void uniform_and_manual_stages(void **state)
     cfg.layers = 4;
     ps_graph *fwd = NULL;
     ps_cluster *c = NULL;
-    ps_plan_request req = request(&cfg, &fwd, &c, "p3.16xlarge:1", 128, 8);
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    ps_plan_request req = request(&cfg, &fwd, c, 128, 8);
     ps_inter_options o = ps_inter_options_default();
     ps_plan *p = NULL;
     ps_error err = {0};
@@ -205,6 +206,46 @@ static void uniform_and_manual_stages(void **state)
     ps_graph_free(fwd);
 }
 
+/* --micro-batches auto: the search's plan is at least as fast as the plan of
+ * every count it tries. */
+static void micro_batch_search(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 2;
+    ps_graph *fwd = NULL;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_plan_request req = request(&cfg, &fwd, c, 64, 1);
+    ps_inter_options o = ps_inter_options_default();
+    ps_plan *best = NULL;
+    ps_error err = {0};
+    if (ps_plan_pipeshard_search(&req, &o, &best, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    check_plan(best, 8);
+    for (int B = 1; B <= 64; B *= 2) {
+        ps_graph *f = NULL;
+        ps_plan *p = NULL;
+        ps_model_config k = cfg;
+        ps_plan_request r = request(&k, &f, c, 64, B);
+        if (ps_plan_pipeshard(&r, &o, &p, NULL) == PS_OK) {
+            assert_true(best->iteration_s <= p->iteration_s * (1 + 1e-12));
+            ps_plan_free(p);
+        }
+        ps_graph_free(f);
+    }
+    printf("# gpt-350m (2 layers), global batch 64 on 8 A100: %d micro-batches, %.4g s\n",
+           best->micro_batches, best->iteration_s);
+    ps_plan_free(best);
+    /* a graph file cannot be rebuilt per micro-batch size */
+    req.config = NULL;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_pipeshard_search(&req, &o, &best, &err), PS_ERR_INVALID);
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -212,6 +253,7 @@ int main(void)
         cmocka_unit_test(gpt_two_nodes),
         cmocka_unit_test(nothing_fits),
         cmocka_unit_test(uniform_and_manual_stages),
+        cmocka_unit_test(micro_batch_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
