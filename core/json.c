@@ -101,6 +101,18 @@ out:
     return st;
 }
 
+ps_status ps_json_doc_from_value(const char *name, const json_t *v, ps_json_doc **out,
+                                 ps_error *err)
+{
+    *out = NULL;
+    char *text = ps_json_dumps(v);
+    if (text == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = ps_json_doc_parse(name, text, out, err);
+    free(text);
+    return st;
+}
+
 void ps_json_doc_free(ps_json_doc *doc)
 {
     if (doc == NULL)

@@ -30,6 +30,10 @@ ps_status ps_json_doc_load(const char *path, ps_json_doc **out, ps_error *err);
 /* Parses text held in memory; name is used in messages. */
 ps_status ps_json_doc_parse(const char *name, const char *text, ps_json_doc **out, ps_error *err);
 void ps_json_doc_free(ps_json_doc *doc);
+/* A document over a value already in memory (a part of another file);
+ * positions in messages refer to the value written out as by ps_json_save. */
+ps_status ps_json_doc_from_value(const char *name, const json_t *v, ps_json_doc **out,
+                                 ps_error *err);
 
 /* A cursor on one value of a document (borrowed; valid while doc lives and,
  * through `parent`, while the parent cursor lives). */

@@ -472,3 +472,49 @@ out:
     json_decref(j);
     return st;
 }
+
+ps_status ps_train_options_from_json(const ps_jv *v, ps_train_options *out, bool **remat_layers,
+                                     int n_layers, ps_error *err)
+{
+    static const char *const keys[] = {"remat", "remat_layers", "optimizer_dtype",
+                                       "master_weights", "lr", "beta1", "beta2", "eps",
+                                       "weight_decay", NULL};
+    ps_status st = PS_OK;
+    ps_jv x;
+    int k;
+    *out = ps_train_options_default();
+    *remat_layers = NULL;
+    PS_TRY(ps_jv_check_keys(v, keys, err));
+    PS_TRY(ps_jv_opt_bool(v, "remat", false, &out->remat, err));
+    PS_TRY(ps_jv_opt_bool(v, "master_weights", true, &out->master_weights, err));
+    if (ps_jv_has(v, "optimizer_dtype")) {
+        PS_TRY(ps_jv_member(v, "optimizer_dtype", &x, err));
+        PS_TRY(ps_jv_enum(&x, ps_dtype_names, PS_FLOAT_DTYPE_COUNT, &k, err));
+        out->optimizer_dtype = (ps_dtype)k;
+    }
+    PS_TRY(ps_jv_opt_double(v, "lr", out->adam.lr, 1e-30, 1e6, &out->adam.lr, err));
+    PS_TRY(ps_jv_opt_double(v, "beta1", out->adam.beta1, 0, 0.999999, &out->adam.beta1, err));
+    PS_TRY(ps_jv_opt_double(v, "beta2", out->adam.beta2, 0, 0.999999999, &out->adam.beta2, err));
+    PS_TRY(ps_jv_opt_double(v, "eps", out->adam.adam_eps, 1e-30, 1, &out->adam.adam_eps, err));
+    PS_TRY(ps_jv_opt_double(v, "weight_decay", 0, 0, 1e6, &out->adam.weight_decay, err));
+    if (ps_jv_has(v, "remat_layers")) {
+        size_t n;
+        PS_TRY(ps_jv_member(v, "remat_layers", &x, err));
+        PS_TRY(ps_jv_array(&x, &n, err));
+        *remat_layers = calloc((size_t)n_layers + 1, sizeof **remat_layers);
+        PS_TRY_ALLOC(*remat_layers, err);
+        for (size_t i = 0; i < n; i++) {
+            ps_jv e = ps_jv_element(&x, i);
+            int64_t l;
+            PS_TRY(ps_jv_int(&e, 0, n_layers - 1, &l, err));
+            (*remat_layers)[l] = true;
+        }
+        out->remat_layers = *remat_layers;
+    }
+out:
+    if (st != PS_OK) {
+        free(*remat_layers);
+        *remat_layers = NULL;
+    }
+    return st;
+}

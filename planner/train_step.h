@@ -34,6 +34,12 @@ ps_train_options ps_train_options_default(void);
 /* The options as a JSON object (what plans record). */
 ps_status ps_train_options_to_json(const ps_train_options *o, int n_layers, json_t **out);
 
+/* Reads what ps_train_options_to_json wrote; a remat layer list is
+ * allocated into *remat_layers (caller frees) for a graph of n_layers. */
+struct ps_jv;
+ps_status ps_train_options_from_json(const struct ps_jv *v, ps_train_options *out,
+                                     bool **remat_layers, int n_layers, ps_error *err);
+
 ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *opt,
                               ps_graph **out, ps_error *err);
 

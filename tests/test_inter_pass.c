@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "planner/inter_pass.h"
+#include "planner/plan_model.h"
 
 static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
                          int micro_batches, const char *cluster, const ps_inter_options *o,
@@ -246,6 +247,62 @@ static void micro_batch_search(void **state)
     ps_graph_free(fwd);
 }
 
+/* A saved plan rebuilds its model (zoo config, layers, training options) and
+ * its stages match the model's step; an edited plan is refused. */
+static void plans_rebuild_their_model(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 4;
+    ps_graph *fwd = NULL;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    ps_plan_request req = request(&cfg, &fwd, c, 64, 4);
+    req.train.remat = true;
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 3;
+    ps_plan *plans[2] = {NULL, NULL};
+    ps_error err = {0};
+    assert_int_equal(ps_plan_pipeshard(&req, &o, &plans[0], &err), PS_OK);
+    req.method = PS_METHOD_DATA;
+    assert_int_equal(ps_plan_one_stage(&req, &plans[1], NULL, NULL, &err), PS_OK);
+    char dir[] = "/tmp/ps-test-inter-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ps_plan_save(plans[i], path, &err), PS_OK);
+        ps_plan *back = NULL;
+        assert_int_equal(ps_plan_load(path, &back, &err), PS_OK);
+        ps_plan_model *m = NULL;
+        if (ps_plan_model_build(back, &m, &err) != PS_OK)
+            fail_msg("plan %d: %s", i, err.msg);
+        assert_true(m->train.remat);
+        if (ps_plan_check(back, m, &err) != PS_OK)
+            fail_msg("plan %d: %s", i, err.msg);
+        /* an op renamed by hand */
+        char *saved = back->stages[0].ops[3].name;
+        back->stages[0].ops[3].name = "renamed";
+        ps_error_clear(&err);
+        assert_int_equal(ps_plan_check(back, m, &err), PS_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "\"renamed\" in the plan"));
+        back->stages[0].ops[3].name = saved;
+        /* an op dropped */
+        back->stages[0].n_ops--;
+        ps_error_clear(&err);
+        assert_int_equal(ps_plan_check(back, m, &err), PS_ERR_INVALID);
+        back->stages[0].n_ops++;
+        ps_plan_model_free(m);
+        ps_plan_free(back);
+        ps_plan_free(plans[i]);
+    }
+    unlink(path);
+    rmdir(dir);
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +311,7 @@ int main(void)
         cmocka_unit_test(nothing_fits),
         cmocka_unit_test(uniform_and_manual_stages),
         cmocka_unit_test(micro_batch_search),
+        cmocka_unit_test(plans_rebuild_their_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

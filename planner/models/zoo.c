@@ -1,5 +1,6 @@
 #include "planner/models/zoo.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -162,6 +163,27 @@ out:
     return st;
 }
 
+/* The integer sizes of a config, by JSON key. */
+static const struct {
+    const char *key;
+    size_t offset;
+} size_fields[] = {
+    {"hidden", offsetof(ps_model_config, hidden)},
+    {"layers", offsetof(ps_model_config, layers)},
+    {"heads", offsetof(ps_model_config, heads)},
+    {"seq", offsetof(ps_model_config, seq)},
+    {"vocab", offsetof(ps_model_config, vocab)},
+    {"ffn", offsetof(ps_model_config, ffn)},
+    {"experts", offsetof(ps_model_config, experts)},
+    {"expert_group", offsetof(ps_model_config, expert_group)},
+    {"top_k", offsetof(ps_model_config, top_k)},
+    {"image_size", offsetof(ps_model_config, image_size)},
+    {"channels", offsetof(ps_model_config, channels)},
+    {"width_factor", offsetof(ps_model_config, width_factor)},
+    {"classes", offsetof(ps_model_config, classes)},
+};
+#define N_SIZE_FIELDS (sizeof size_fields / sizeof *size_fields)
+
 ps_status ps_model_config_to_json(const ps_model_config *c, json_t **out)
 {
     ps_status st = PS_OK;
@@ -172,24 +194,48 @@ ps_status ps_model_config_to_json(const ps_model_config *c, json_t **out)
     PS_TRY(ps_json_set(o, "family", json_string(ps_model_family_names[c->family])));
     PS_TRY(ps_json_set(o, "batch", json_integer(c->batch)));
     PS_TRY(ps_json_set(o, "dtype", json_string(ps_dtype_name(c->dtype))));
-    const struct {
-        const char *key;
-        int64_t value;
-    } fields[] = {{"hidden", c->hidden},     {"layers", c->layers},
-                  {"heads", c->heads},       {"seq", c->seq},
-                  {"vocab", c->vocab},       {"ffn", c->ffn},
-                  {"experts", c->experts},   {"expert_group", c->expert_group},
-                  {"top_k", c->top_k},       {"image_size", c->image_size},
-                  {"channels", c->channels}, {"width_factor", c->width_factor},
-                  {"classes", c->classes}};
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
-        if (fields[i].value != 0)
-            PS_TRY(ps_json_set(o, fields[i].key, json_integer(fields[i].value)));
+    for (size_t i = 0; i < N_SIZE_FIELDS; i++) {
+        int64_t v = *(const int64_t *)((const char *)c + size_fields[i].offset);
+        if (v != 0)
+            PS_TRY(ps_json_set(o, size_fields[i].key, json_integer(v)));
+    }
     if (c->family == PS_MODEL_MOE)
         PS_TRY(ps_json_set(o, "capacity_factor", json_real(c->capacity_factor)));
     *out = o;
     o = NULL;
 out:
     json_decref(o);
+    return st;
+}
+
+ps_status ps_model_config_from_json(const ps_jv *v, const char *zoo_name, ps_model_config *out,
+                                    ps_error *err)
+{
+    static const char *const keys[] = {"family", "batch", "dtype", "hidden", "layers", "heads",
+                                       "seq", "vocab", "ffn", "experts", "expert_group", "top_k",
+                                       "image_size", "channels", "width_factor", "classes",
+                                       "capacity_factor", NULL};
+    ps_status st = PS_OK;
+    ps_jv x;
+    int k;
+    /* start from the zoo entry (names, global batch), then apply the file */
+    PS_TRY(ps_zoo_lookup(zoo_name, out, err));
+    PS_TRY(ps_jv_check_keys(v, keys, err));
+    PS_TRY(ps_jv_member(v, "family", &x, err));
+    PS_TRY(ps_jv_enum(&x, ps_model_family_names, PS_MODEL_FAMILY_COUNT, &k, err));
+    out->family = (ps_model_family)k;
+    PS_TRY(ps_jv_member(v, "batch", &x, err));
+    PS_TRY(ps_jv_int(&x, 1, INT64_C(1) << 31, &out->batch, err));
+    PS_TRY(ps_jv_member(v, "dtype", &x, err));
+    PS_TRY(ps_jv_enum(&x, ps_dtype_names, PS_FLOAT_DTYPE_COUNT, &k, err));
+    out->dtype = (ps_dtype)k;
+    for (size_t i = 0; i < N_SIZE_FIELDS; i++) {
+        int64_t *field = (int64_t *)((char *)out + size_fields[i].offset);
+        PS_TRY(ps_jv_opt_int(v, size_fields[i].key, 0, 0, INT64_C(1) << 31, field, err));
+    }
+    PS_TRY(ps_jv_opt_double(v, "capacity_factor", out->capacity_factor, 0, 64,
+                            &out->capacity_factor, err));
+    PS_TRY(ps_model_config_validate(out, err));
+out:
     return st;
 }

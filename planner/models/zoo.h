@@ -60,6 +60,11 @@ ps_status ps_model_build(const ps_model_config *c, ps_graph **out, ps_error *err
 /* The config as a JSON object (what plans record to rebuild the model). */
 ps_status ps_model_config_to_json(const ps_model_config *c, json_t **out);
 
+/* Reads what ps_model_config_to_json wrote, over the zoo entry zoo_name. */
+struct ps_jv;
+ps_status ps_model_config_from_json(const struct ps_jv *v, const char *zoo_name,
+                                    ps_model_config *out, ps_error *err);
+
 /* Family builders (one file each). */
 ps_status ps_model_build_mlp(const ps_model_config *c, ps_graph *g, ps_error *err);
 ps_status ps_model_build_transformer(const ps_model_config *c, ps_graph *g, ps_error *err);

@@ -1,0 +1,126 @@
+#include "planner/plan_model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+
+void ps_plan_model_free(ps_plan_model *m)
+{
+    if (m == NULL)
+        return;
+    ps_graph_free(m->forward);
+    ps_graph_free(m->layered);
+    ps_graph_free(m->step);
+    free(m->remat_layers);
+    free(m);
+}
+
+ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_json_doc *doc = NULL;
+    ps_layering lay = {0};
+    ps_plan_model *m = calloc(1, sizeof *m);
+    *out = NULL;
+    PS_TRY_ALLOC(m, err);
+    PS_TRY(ps_json_doc_from_value("plan model", p->model, &doc, err));
+    ps_jv root = ps_json_doc_root(doc), v;
+    const char *layers_how = "tags";
+    int64_t layer_num = 0;
+    if (ps_jv_has(&root, "config")) {
+        const char *zoo;
+        PS_TRY(ps_jv_member(&root, "zoo", &v, err));
+        PS_TRY(ps_jv_string(&v, &zoo, err));
+        PS_TRY(ps_jv_member(&root, "config", &v, err));
+        PS_TRY(ps_model_config_from_json(&v, zoo, &m->config, err));
+        PS_TRY(ps_model_build(&m->config, &m->forward, err));
+        m->from_zoo = true;
+    } else {
+        PS_TRY(ps_jv_member(&root, "graph", &v, err));
+        PS_TRY(ps_graph_from_json(&v, &m->forward, err));
+    }
+    PS_TRY(ps_jv_opt_string(&root, "layers", "tags", &layers_how, err));
+    PS_TRY(ps_jv_opt_int(&root, "layer_num", 0, 0, 4096, &layer_num, err));
+    if (strcmp(layers_how, "manual") == 0) {
+        PS_TRY(ps_layer_cluster_manual(m->forward, &lay, err));
+    } else if (strcmp(layers_how, "auto") == 0) {
+        PS_TRY(ps_layer_cluster_auto(m->forward, (int)layer_num, 0.5, &lay, err));
+    }
+    if (lay.op_layer != NULL) {
+        PS_TRY(ps_graph_relayer(m->forward, &lay, &m->layered, err));
+    } else if (ps_graph_clone(m->forward, &m->layered) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (p->training != NULL) {
+        ps_json_doc *tdoc = NULL;
+        PS_TRY(ps_json_doc_from_value("plan training", p->training, &tdoc, err));
+        ps_jv troot = ps_json_doc_root(tdoc);
+        st = ps_train_options_from_json(&troot, &m->train, &m->remat_layers,
+                                        m->forward->n_layers, err);
+        ps_json_doc_free(tdoc);
+        if (st != PS_OK)
+            goto out;
+    } else {
+        m->train = ps_train_options_default();
+    }
+    PS_TRY(ps_train_step_build(m->layered, &m->train, &m->step, err));
+    *out = m;
+    m = NULL;
+out:
+    ps_layering_clear(&lay);
+    ps_json_doc_free(doc);
+    ps_plan_model_free(m);
+    return st;
+}
+
+ps_status ps_plan_check(const ps_plan *p, const ps_plan_model *m, ps_error *err)
+{
+    const ps_graph *g = m->step;
+    const ps_plan_stage *last = &p->stages[p->n_stages - 1];
+    if (last->last_layer != g->n_layers - 1)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "the plan's stages cover layers 0-%d, the model has 0-%d",
+                            last->last_layer, g->n_layers - 1);
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        int j = 0;
+        for (int i = 0; i < g->n_ops; i++) {
+            const ps_op *op = &g->ops[i];
+            if (op->layer < s->first_layer || op->layer > s->last_layer)
+                continue;
+            if (j >= s->n_ops)
+                return ps_error_set(err, PS_ERR_INVALID,
+                                    "stage %d lists %d ops; the model's layers %d-%d have more "
+                                    "(next: %s)",
+                                    k, s->n_ops, s->first_layer, s->last_layer, op->name);
+            const ps_plan_op *po = &s->ops[j++];
+            if (strcmp(po->name, op->name) != 0)
+                return ps_error_set(err, PS_ERR_INVALID,
+                                    "stage %d op %d is \"%s\" in the plan but \"%s\" in the model",
+                                    k, j - 1, po->name, op->name);
+            if (po->n_in != op->n_in || po->n_out != op->n_out)
+                return ps_error_set(err, PS_ERR_INVALID, "stage %d op %s: wrong number of specs",
+                                    k, op->name);
+            for (int q = 0; q < op->n_in; q++)
+                if (po->in[q].rank != g->tensors[op->in[q]].desc.rank)
+                    return ps_error_set(err, PS_ERR_INVALID,
+                                        "stage %d op %s: input %d spec has rank %d, the tensor %d",
+                                        k, op->name, q, po->in[q].rank,
+                                        g->tensors[op->in[q]].desc.rank);
+            for (int q = 0; q < op->n_out; q++)
+                if (po->out[q].rank != g->tensors[op->out[q]].desc.rank)
+                    return ps_error_set(err, PS_ERR_INVALID,
+                                        "stage %d op %s: output %d spec has rank %d, the tensor "
+                                        "%d",
+                                        k, op->name, q, po->out[q].rank,
+                                        g->tensors[op->out[q]].desc.rank);
+        }
+        if (j != s->n_ops)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "stage %d lists %d ops; the model's layers %d-%d have %d", k,
+                                s->n_ops, s->first_layer, s->last_layer, j);
+    }
+    return PS_OK;
+}
