@@ -5,7 +5,7 @@ SAN_BUILD ?= build-sanitize
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-sanitize clean
+.PHONY: all deps build demo test test-sanitize bench clean
 
 all: build
 
@@ -29,6 +29,11 @@ test-sanitize: deps
 	@cmake --build $(SAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
+
+# Benchmarks (minutes): ILP sizes and times, planning times for the GPT suite.
+bench: build
+	$(BUILD)/bench_intra
+	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(BUILD).configure.log $(SAN_BUILD).configure.log
