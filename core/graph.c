@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
+
 const char *const ps_tensor_kind_names[PS_TENSOR_KIND_COUNT] = {
     "input", "param", "activation", "gradient", "opt_state"};
 const char *const ps_pass_names[PS_PASS_COUNT] = {"forward", "recompute", "backward", "update"};
@@ -39,30 +41,15 @@ void ps_graph_free(ps_graph *g)
     free(g);
 }
 
-static ps_status grow(void **items, int *cap, int need, size_t size)
-{
-    if (need <= *cap)
-        return PS_OK;
-    int cap2 = *cap ? *cap : 64;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *bigger = realloc(*items, (size_t)cap2 * size);
-    if (bigger == NULL)
-        return PS_ERR_NOMEM;
-    *items = bigger;
-    *cap = cap2;
-    return PS_OK;
-}
-
 ps_status ps_graph_clone(const ps_graph *g, ps_graph **out)
 {
     ps_status st = PS_OK;
     ps_graph *c = NULL;
     *out = NULL;
     PS_TRY(ps_graph_create(g->name, &c));
-    PS_TRY(grow((void **)&c->tensors, &c->cap_tensors, g->n_tensors, sizeof *c->tensors));
-    PS_TRY(grow((void **)&c->ops, &c->cap_ops, g->n_ops, sizeof *c->ops));
-    PS_TRY(grow((void **)&c->boundaries, &c->cap_boundaries, g->n_boundaries, sizeof(int)));
+    PS_TRY(ps_array_grow((void **)&c->tensors, &c->cap_tensors, g->n_tensors, sizeof *c->tensors));
+    PS_TRY(ps_array_grow((void **)&c->ops, &c->cap_ops, g->n_ops, sizeof *c->ops));
+    PS_TRY(ps_array_grow((void **)&c->boundaries, &c->cap_boundaries, g->n_boundaries, sizeof(int)));
     for (int i = 0; i < g->n_tensors; i++) {
         c->tensors[i] = g->tensors[i];
         c->tensors[i].name = strdup(g->tensors[i].name);
@@ -92,7 +79,7 @@ out:
 static ps_status push_tensor(ps_graph *g, const char *name, ps_tensor_kind kind,
                              const ps_tensor_desc *desc, int layer, int producer, int *id_out)
 {
-    if (grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors) != PS_OK)
+    if (ps_array_grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors) != PS_OK)
         return PS_ERR_NOMEM;
     char *copy = strdup(name);
     if (copy == NULL)
@@ -186,7 +173,7 @@ ps_status ps_graph_add_op(ps_graph *g, const ps_op_def *def, int *op_id_out, ps_
         if ((st = check_desc(&outs[i], what, err)) != PS_OK)
             return st;
     }
-    if (grow((void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops) != PS_OK)
+    if (ps_array_grow((void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops) != PS_OK)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     int id = g->n_ops;
     ps_op *op = &g->ops[id];
@@ -233,7 +220,7 @@ ps_status ps_graph_add_boundary(ps_graph *g, int layer, ps_error *err)
         if (g->boundaries[i] == layer)
             return ps_error_set(err, PS_ERR_INVALID, "pipeline boundary after layer %d twice",
                                 layer);
-    if (grow((void **)&g->boundaries, &g->cap_boundaries, g->n_boundaries + 1, sizeof(int)) !=
+    if (ps_array_grow((void **)&g->boundaries, &g->cap_boundaries, g->n_boundaries + 1, sizeof(int)) !=
         PS_OK)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     int i = g->n_boundaries++;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/array.h"
 #include "core/log.h"
 
 /* ---- problem construction -------------------------------------------------- */
@@ -33,27 +34,12 @@ void ps_ilp_problem_free(ps_ilp_problem *p)
     free(p);
 }
 
-static ps_status grow(void **items, int *cap, int need, size_t size)
-{
-    if (need <= *cap)
-        return PS_OK;
-    int cap2 = *cap ? *cap * 2 : 64;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *bigger = realloc(*items, (size_t)cap2 * size);
-    if (bigger == NULL)
-        return PS_ERR_NOMEM;
-    *items = bigger;
-    *cap = cap2;
-    return PS_OK;
-}
-
 ps_status ps_ilp_add_node(ps_ilp_problem *p, int k, const double *cost, const double *mem,
                           int *id_out)
 {
     if (k < 1)
         return PS_ERR_INVALID;
-    if (grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes) != PS_OK)
+    if (ps_array_grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes) != PS_OK)
         return PS_ERR_NOMEM;
     ps_ilp_node n = {.k = k, .cost = malloc((size_t)k * sizeof(double)),
                      .mem = calloc((size_t)k, sizeof(double))};
@@ -76,7 +62,7 @@ ps_status ps_ilp_add_edge(ps_ilp_problem *p, int u, int v, const double *cost)
 {
     if (u < 0 || v < 0 || u >= p->n_nodes || v >= p->n_nodes || u == v)
         return PS_ERR_INVALID;
-    if (grow((void **)&p->edges, &p->cap_edges, p->n_edges + 1, sizeof *p->edges) != PS_OK)
+    if (ps_array_grow((void **)&p->edges, &p->cap_edges, p->n_edges + 1, sizeof *p->edges) != PS_OK)
         return PS_ERR_NOMEM;
     size_t n = (size_t)p->nodes[u].k * (size_t)p->nodes[v].k;
     double *c = malloc(n * sizeof *c);

@@ -12,19 +12,13 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include "planner/layer_cluster.h"
 #include "planner/models/builder.h"
 #include "planner/models/zoo.h"
 
-static uint64_t rng_state = 0x853c49e6748fea9bull;
-static double uniform(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-static int below(int n) { return (int)(uniform() * n); }
+
 
 /* A chain of dense layers of random widths with skip additions. */
 static ps_graph *random_graph(void)
@@ -222,6 +216,7 @@ static void manual_boundaries(void **state)
 
 int main(void)
 {
+    test_rng_seed(0x853c49e6748fea9bull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dp_matches_brute_force),
         cmocka_unit_test(gpt_cuts_between_blocks),

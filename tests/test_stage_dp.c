@@ -10,17 +10,11 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include "planner/stage_dp.h"
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static double uniform(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-static int below(int n) { return (int)(uniform() * n); }
+
 
 /* Submeshes of 1, 2, 4 (and 8) devices; a stage's time shrinks with more
  * devices, with noise; memory limits the later stages a stage tolerates. */
@@ -141,6 +135,7 @@ static void pipelining_wins_when_sharding_scales_badly(void **state)
 
 int main(void)
 {
+    test_rng_seed(0x2545f4914f6cdd1dull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dp_matches_brute_force),
         cmocka_unit_test(pipelining_wins_when_sharding_scales_badly),
