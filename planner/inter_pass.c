@@ -56,17 +56,16 @@ static int list_submeshes(const ps_cluster *c, ps_submesh_choices ch, submesh *o
     return n;
 }
 
-/* Logical meshes of a submesh: (1, n) free, and every (dp, mp) with the
- * batch forced onto the dp axis. */
-static int list_configs(const submesh *s, config *out)
+/* Logical meshes of a submesh, as in Alpa: every (dp, mp) with the model-
+ * parallel axis inside one node (mp <= devices per node) and the batch forced
+ * onto the dp axis, plus (1, n) with any sharding when n fits in a node. */
+static int list_configs(const submesh *s, int devices_per_node, config *out)
 {
-    /* (n, 1) free would repeat (1, n): both are the same 1-D mesh */
     int n = s->hosts * s->devices, k = 0;
-    out[k++] = (config){1, n, false};
-    if (n == 1)
-        return k;
+    if (n <= devices_per_node)
+        out[k++] = (config){1, n, false};
     for (int dp = 2; dp <= n && k < MAX_CONFIGS; dp++)
-        if (n % dp == 0)
+        if (n % dp == 0 && n / dp <= devices_per_node)
             out[k++] = (config){dp, n / dp, true};
     return k;
 }
@@ -106,18 +105,23 @@ static uint64_t graph_hash(const ps_graph *g)
 
 typedef struct entry {
     bool ok;
+    double need_bytes; /* the fastest layout's memory, even when it does not fit */
     double time_s, update_s;
     double static_bytes, act_bytes, transient_bytes;
 } entry;
 
 typedef struct cache_item {
     uint64_t hash;
+    double budget;  /* bytes per device the slice's entries may use */
     entry *entries; /* [n_sub * n_cfg] */
 } cache_item;
 
+/* One table entry: the slice on one submesh and logical mesh. When its
+ * fastest layout needs more than `budget` bytes per device, it is solved again
+ * under that budget (as Alpa's stage profiling does). */
 static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const submesh *s,
                             const config *cf, const ps_plan_request *req, double limit_s,
-                            entry *e)
+                            double budget, entry *e)
 {
     ps_logical_mesh *m = NULL;
     ps_intra_result *r = NULL;
@@ -134,6 +138,18 @@ static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const su
     io.ilp.time_limit_s = limit_s;
     io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
     st = ps_intra_solve(slice, m, &io, &r, &inner);
+    if (st == PS_OK)
+        e->need_bytes = r->peak_memory_bytes;
+    if (st == PS_OK && r->peak_memory_bytes > budget) {
+        double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
+                         r->activation_bytes;
+        io.memory_budget_bytes = budget - (r->peak_memory_bytes - lasting);
+        ps_intra_result_free(r);
+        r = NULL;
+        ps_error_clear(&inner);
+        st = io.memory_budget_bytes > 0 ? ps_intra_solve(slice, m, &io, &r, &inner)
+                                        : PS_ERR_INFEASIBLE;
+    }
     if (st == PS_OK) {
         e->ok = true;
         e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
@@ -220,6 +236,7 @@ static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *fir
 typedef struct work_item {
     const ps_graph *slice;
     int sub, cfg;
+    double budget; /* bytes per device the entry may use */
     entry *out;
 } work_item;
 
@@ -246,7 +263,8 @@ static void work(workers *w)
             return;
         const work_item *it = &w->items[k];
         ps_status st = cost_entry(it->slice, w->cluster, &w->subs[it->sub],
-                                  &w->cfgs[it->sub][it->cfg], w->req, w->limit_s, it->out);
+                                  &w->cfgs[it->sub][it->cfg], w->req, w->limit_s, it->budget,
+                                  it->out);
         pthread_mutex_lock(&w->lock);
         if (st != PS_OK && w->st == PS_OK)
             w->st = st;
@@ -483,7 +501,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     /* 2. candidate submeshes and logical meshes */
     int n_sub = list_submeshes(c, o->submeshes, subs), max_cfg = 1;
     for (int s = 0; s < n_sub; s++) {
-        n_cfgs[s] = list_configs(&subs[s], cfgs[s]);
+        n_cfgs[s] = list_configs(&subs[s], c->devices_per_node, cfgs[s]);
         if (n_cfgs[s] > max_cfg)
             max_cfg = n_cfgs[s];
     }
@@ -531,6 +549,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             } else {
                 found = n_cache;
                 cache[n_cache].hash = h;
+                /* each entry must fit the device by itself; composed ranges
+                 * that do not are ruled out by their summed memory */
+                cache[n_cache].budget = memory;
                 cache[n_cache].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
                 PS_TRY_ALLOC(cache[n_cache].entries, err);
                 slices[n_cache] = slice;
@@ -544,7 +565,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int k = 0; k < n_cache; k++)
         for (int s = 0; s < n_sub; s++)
             for (int c2 = 0; c2 < n_cfgs[s]; c2++)
-                items[n_items++] = (work_item){slices[k], s, c2,
+                items[n_items++] = (work_item){slices[k], s, c2, cache[k].budget,
                                                &cache[k].entries[s * max_cfg + c2]};
     workers w = {.items = items, .n_items = n_items, .st = PS_OK, .cluster = c, .subs = subs,
                  .cfgs = cfgs, .req = req, .limit_s = o->stage_time_limit_s};
@@ -564,6 +585,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         for (int q = l; q <= i; q++) {
                             const entry *e = &entries_of[q * L + q][s * max_cfg + k];
                             sum.ok = sum.ok && e->ok;
+                            sum.need_bytes += e->need_bytes;
                             sum.time_s += e->time_s;
                             sum.update_s += e->update_s;
                             sum.static_bytes += e->static_bytes;
@@ -604,13 +626,15 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             for (int s = 0; whole != NULL && s < n_sub; s++)
                 for (int k = 0; k < n_cfgs[s]; k++) {
                     const entry *e = &whole[s * max_cfg + k];
-                    if (e->ok)
-                        need = fmin(need, e->static_bytes + e->transient_bytes + e->act_bytes);
+                    if (e->need_bytes > 0)
+                        need = fmin(need, e->ok ? e->static_bytes + e->transient_bytes +
+                                                      e->act_bytes
+                                                : e->need_bytes);
                 }
             char extra[160] = "";
             if (isfinite(need))
                 snprintf(extra, sizeof extra,
-                         "; the whole model on all %d devices needs at least %.4g GB per device",
+                         "; on all %d devices the whole model needs %.4g GB per device",
                          D, need / 1e9);
             st = ps_error_set(err, st,
                               "no plan fits in memory: %s on %s with %d micro-batches of %lld: "
