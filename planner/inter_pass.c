@@ -31,6 +31,7 @@ typedef struct submesh {
 typedef struct config {
     int d0, d1;
     bool force;
+    bool lean; /* the layout of least time among those near the least memory */
 } config;
 
 #define MAX_SUBMESHES 64
@@ -63,10 +64,16 @@ static int list_configs(const submesh *s, int devices_per_node, config *out)
 {
     int n = s->hosts * s->devices, k = 0;
     if (n <= devices_per_node)
-        out[k++] = (config){1, n, false};
-    for (int dp = 2; dp <= n && k < MAX_CONFIGS; dp++)
+        out[k++] = (config){1, n, false, false};
+    for (int dp = 2; dp <= n && k < MAX_CONFIGS / 2; dp++)
         if (n % dp == 0 && n / dp <= devices_per_node)
-            out[k++] = (config){dp, n / dp, true};
+            out[k++] = (config){dp, n / dp, true, false};
+    /* each also as a lean variant: a stage with many later stages in flight
+     * (or several layers) may need memory more than speed */
+    for (int i = 0, m = k; i < m; i++) {
+        out[k] = out[i];
+        out[k++].lean = true;
+    }
     return k;
 }
 
@@ -116,9 +123,66 @@ typedef struct cache_item {
     entry *entries; /* [n_sub * n_cfg] */
 } cache_item;
 
-/* One table entry: the slice on one submesh and logical mesh. When its
- * fastest layout needs more than `budget` bytes per device, it is solved again
- * under that budget (as Alpa's stage profiling does). */
+/* A slice on a mesh with one logical configuration: the fastest layout, or
+ * for a lean configuration one that weighs memory like time; then, if that
+ * needs more than `budget` bytes per device, the fastest within the budget
+ * (as Alpa's stage profiling does). *fastest_need gets the
+ * fastest layout's memory (for messages). */
+static ps_status solve_stage(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                             const ps_plan_request *req, double limit_s, double budget,
+                             ps_intra_result **out, double *fastest_need, ps_error *err)
+{
+    ps_intra_result *r = NULL;
+    ps_intra_options io = ps_intra_options_default();
+    io.method = PS_METHOD_SHARD;
+    io.force_batch_axis0 = cf->force;
+    io.micro_batches = req->micro_batches;
+    io.ilp = req->ilp;
+    if (limit_s > 0) {
+        io.ilp.time_limit_s = limit_s;
+        io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
+    }
+    *out = NULL;
+    ps_status st = ps_intra_solve(slice, m, &io, &r, err);
+    if (st != PS_OK)
+        return st;
+    if (fastest_need != NULL)
+        *fastest_need = r->peak_memory_bytes;
+    double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
+    double transient = r->peak_memory_bytes - lasting;
+    if (cf->lean && lasting > 1.05 * r->min_memory_bytes) {
+        /* memory weighed like time: each byte above the least costs what the
+         * fastest layout's time per byte is, twice (a soft constraint that
+         * keeps the exact reductions; a hard one is far slower to solve) */
+        double t = r->objective_s;
+        ps_intra_result_free(r);
+        r = NULL;
+        io.memory_weight_s_per_byte = 2 * t / lasting;
+        st = ps_intra_solve(slice, m, &io, &r, err);
+        if (st != PS_OK)
+            return st;
+        io.memory_weight_s_per_byte = 0;
+        lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
+        transient = r->peak_memory_bytes - lasting;
+    }
+    double cap = INFINITY;
+    if (r->peak_memory_bytes > budget)
+        cap = budget - transient;
+    if (isfinite(cap)) {
+        ps_intra_result_free(r);
+        r = NULL;
+        if (cap <= 0)
+            return ps_error_set(err, PS_ERR_INFEASIBLE, "temporaries alone exceed the budget");
+        io.memory_budget_bytes = cap;
+        st = ps_intra_solve(slice, m, &io, &r, err);
+        if (st != PS_OK)
+            return st;
+    }
+    *out = r;
+    return PS_OK;
+}
+
+/* One table entry: the slice on one submesh and logical mesh. */
 static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const submesh *s,
                             const config *cf, const ps_plan_request *req, double limit_s,
                             double budget, entry *e)
@@ -130,26 +194,7 @@ static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const su
     ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cf->d0, cf->d1, &m, &inner);
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
-    ps_intra_options io = ps_intra_options_default();
-    io.method = PS_METHOD_SHARD;
-    io.force_batch_axis0 = cf->force;
-    io.micro_batches = req->micro_batches;
-    io.ilp = req->ilp;
-    io.ilp.time_limit_s = limit_s;
-    io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
-    st = ps_intra_solve(slice, m, &io, &r, &inner);
-    if (st == PS_OK)
-        e->need_bytes = r->peak_memory_bytes;
-    if (st == PS_OK && r->peak_memory_bytes > budget) {
-        double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
-                         r->activation_bytes;
-        io.memory_budget_bytes = budget - (r->peak_memory_bytes - lasting);
-        ps_intra_result_free(r);
-        r = NULL;
-        ps_error_clear(&inner);
-        st = io.memory_budget_bytes > 0 ? ps_intra_solve(slice, m, &io, &r, &inner)
-                                        : PS_ERR_INFEASIBLE;
-    }
+    st = solve_stage(slice, m, cf, req, limit_s, budget, &r, &e->need_bytes, &inner);
     if (st == PS_OK) {
         e->ok = true;
         e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
@@ -403,12 +448,22 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
         if (st == PS_OK)
             st = ps_mesh_create(c, first[k], ch->sub.hosts, ch->sub.devices, ch->cfg.d0,
                                 ch->cfg.d1, &m, err);
-        if (st == PS_OK) {
-            ps_intra_options io = ps_intra_options_default();
-            io.force_batch_axis0 = ch->cfg.force;
-            io.micro_batches = B;
-            io.ilp = req->ilp;
-            st = ps_intra_solve(slice, m, &io, &r, err);
+        /* the stage keeps `in_flight` micro-batches of activations: solve
+         * again with less room while the layout does not fit them */
+        int in_flight = gpipe ? B : (n - k < B ? n - k : B);
+        double budget = m != NULL ? m->memory_bytes : 0;
+        for (int attempt = 0; st == PS_OK && attempt < 3; attempt++) {
+            ps_intra_result_free(r);
+            r = NULL;
+            st = solve_stage(slice, m, &ch->cfg, req, 0, budget, &r, NULL, err);
+            if (st != PS_OK)
+                break;
+            double need = r->peak_memory_bytes + (in_flight - 1) * r->activation_bytes;
+            if (need <= m->memory_bytes)
+                break;
+            budget -= need - m->memory_bytes;
+            if (budget <= 0)
+                break;
         }
         if (st == PS_OK &&
             (st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
@@ -419,7 +474,6 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
         if (st == PS_OK) {
             ps->first_layer = ch->first;
             ps->last_layer = ch->last;
-            int in_flight = gpipe ? B : (n - k < B ? n - k : B);
             double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
             ps->peak_memory_bytes = lasting +
                                     (r->peak_memory_bytes - lasting - ps->activation_bytes) +
@@ -604,11 +658,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                     table->cost[idx] = e->ok ? e->time_s + e->update_s / B : INFINITY;
                     table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
                     if (o->print_rows && e->ok)
-                        printf("result[(%d, %d, (%d, %d), (%d, %d)%s)] = stage(time %.4g ms, "
+                        printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g ms, "
                                "weights+state %.4g GB, activations %.4g GB per micro-batch, "
                                "later stages allowed %d)\n",
                                l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
+                               cfgs[s][k].lean ? " lean" : "",
                                e->time_s * 1e3, e->static_bytes / 1e9, e->act_bytes / 1e9,
                                table->max_succ[idx]);
                 }
@@ -721,7 +776,8 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         }
         used += h * d;
         specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
-                                {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0}};
+                                {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0,
+                                 false}};
     }
     if (stages[n - 1].last_layer != lay.n_layers - 1) {
         st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",

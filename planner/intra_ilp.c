@@ -1091,7 +1091,7 @@ static double work_evaluate(const work *w, const int *choice)
     return c;
 }
 
-static double min_memory(const ps_ilp_problem *p)
+double ps_ilp_min_memory(const ps_ilp_problem *p)
 {
     double m = 0;
     for (int v = 0; v < p->n_nodes; v++) {
@@ -1115,11 +1115,11 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     memset(out, 0, sizeof *out);
     memset(&w, 0, sizeof w);
     PS_TRY(ps_ilp_problem_validate(p, err));
-    if (p->mem_budget > 0 && min_memory(p) > p->mem_budget) {
+    if (p->mem_budget > 0 && ps_ilp_min_memory(p) > p->mem_budget) {
         st = ps_error_set(err, PS_ERR_INFEASIBLE,
                           "no strategy choice fits in memory: it needs at least %.4g GB per "
                           "device, %.4g GB are available",
-                          min_memory(p) / 1e9, p->mem_budget / 1e9);
+                          ps_ilp_min_memory(p) / 1e9, p->mem_budget / 1e9);
         goto out;
     }
     if ((st = work_init(&w, p)) != PS_OK) {
@@ -1169,7 +1169,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                                   "no strategy choice fits in memory: the budget is %.4g GB per "
                                   "device and the least memory of any single choice per op "
                                   "adds up to %.4g GB",
-                                  p->mem_budget / 1e9, min_memory(p) / 1e9);
+                                  p->mem_budget / 1e9, ps_ilp_min_memory(p) / 1e9);
             else
                 st = ps_error_set(err, st, "%s", inner.msg);
             goto out;

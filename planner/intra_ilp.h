@@ -67,6 +67,10 @@ typedef struct ps_ilp_result {
 
 void ps_ilp_result_clear(ps_ilp_result *r);
 
+/* The least memory any choice needs (memory does not depend on edges, so it
+ * is the sum of each node's least). */
+double ps_ilp_min_memory(const ps_ilp_problem *p);
+
 /* Total cost and memory of a given choice (INFINITY if a pair is forbidden). */
 double ps_ilp_evaluate(const ps_ilp_problem *p, const int *choice, double *memory_out);
 

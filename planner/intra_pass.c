@@ -466,7 +466,6 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         double scale = op->pass == PS_PASS_UPDATE ? inv_b : 1;
         for (int s = 0; s < c.n_op[i]; s++) {
             const ps_strategy *sg = &c.op[i][s];
-            cost[s] = (sg->compute_s + sg->comm_s) * scale;
             mem[s] = 0;
             for (int k = 0; k < op->n_out; k++)
                 if (kept[op->out[k]])
@@ -474,6 +473,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
                                                  m->shape);
             if (op->kind == PS_OP_ADAM) /* the gradient buffer, in the update's layout */
                 mem[s] += ps_spec_tile_bytes(&sg->in[1], &g->tensors[op->in[1]].desc, m->shape);
+            cost[s] = (sg->compute_s + sg->comm_s) * scale + opt->memory_weight_s_per_byte * mem[s];
         }
         if ((st = ps_ilp_add_node(p, c.n_op[i], cost, mem, NULL)) != PS_OK) {
             st = ps_error_set(err, st, "out of memory");
@@ -486,8 +486,8 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         const ps_tensor *x = &g->tensors[t];
         bool counts = x->kind != PS_TENSOR_INPUT || kept[t];
         for (int s = 0; s < c.n_src[t]; s++) {
-            cost[s] = 0;
             mem[s] = counts ? ps_spec_tile_bytes(&c.src[t][s], &x->desc, m->shape) : 0;
+            cost[s] = opt->memory_weight_s_per_byte * mem[s];
         }
         if ((st = ps_ilp_add_node(p, c.n_src[t], cost, mem, &c.node_of_tensor[t])) != PS_OK) {
             st = ps_error_set(err, st, "out of memory");
@@ -525,6 +525,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         }
     }
     r->ilp_nodes = p->n_nodes;
+    r->min_memory_bytes = ps_ilp_min_memory(p);
     r->ilp_edges = p->n_edges;
     if (opt->tie_layers)
         PS_TRY(layer_ties(g, &c, p->n_nodes, &tie, &r->tied_layers, err));
@@ -539,7 +540,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     PS_TRY_ALLOC(r->op_strategy, err);
     PS_TRY_ALLOC(r->tensor_spec, err);
     PS_TRY_ALLOC(r->reshard_in_s, err);
-    r->objective_s = r->ilp.objective;
+    r->objective_s = r->ilp.objective - opt->memory_weight_s_per_byte * r->ilp.memory;
     for (int i = 0; i < n_ops; i++)
         r->op_strategy[i] = c.op[i][r->ilp.choice[i]];
     for (int t = 0; t < n_t; t++) {

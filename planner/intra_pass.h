@@ -32,6 +32,9 @@ typedef struct ps_intra_options {
     bool tie_layers;
     int micro_batches;         /* per-step costs are divided by this (>= 1) */
     double memory_budget_bytes; /* per device; 0 = no memory constraint */
+    /* Seconds charged per byte of memory per device in the objective: a soft
+     * alternative to the budget that keeps the exact reductions (0 = none). */
+    double memory_weight_s_per_byte;
     ps_ilp_options ilp;
 } ps_intra_options;
 
@@ -47,6 +50,7 @@ typedef struct ps_intra_result {
     double objective_s;            /* ILP objective: per micro-batch, update amortized */
     double weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes; /* per device */
     double peak_memory_bytes;      /* persistent + one micro-batch's activations */
+    double min_memory_bytes;       /* the least any layout needs (without temporaries) */
     ps_ilp_result ilp;
     int ilp_nodes, ilp_edges;
     int tied_layers;               /* layers that reused another layer's strategies */
