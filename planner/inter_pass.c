@@ -389,7 +389,6 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
 {
     ps_status st = PS_OK;
     const ps_cluster *c = req->cluster;
-    const ps_graph *f0 = req->forward;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
     ps_plan *plan = NULL;
     submesh stage_sub[64];
@@ -406,37 +405,14 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
         st = ps_error_set(err, st, "out of memory");
         goto out;
     }
-    plan->model_name = strdup(f0->name);
-    plan->model = json_object();
-    PS_TRY_ALLOC(plan->model_name, err);
-    PS_TRY_ALLOC(plan->model, err);
-    {
-        json_t *j = NULL;
-        st = ps_json_set(plan->model, "name", json_string(f0->name));
-        if (st == PS_OK)
-            st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
-                                     : ps_graph_to_json(f0, &j);
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
-        if (st == PS_OK && req->config != NULL)
-            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, "layer_num", json_integer(L));
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto"));
-        if (st == PS_OK)
-            st = ps_train_options_to_json(&req->train, f0->n_layers, &plan->training);
-        if (st == PS_OK)
-            st = ps_cluster_clone(c, &plan->cluster);
-        if (st != PS_OK) {
-            st = ps_error_set(err, st, "out of memory");
-            goto out;
-        }
+    PS_TRY(ps_plan_record_request(plan, req, err));
+    if (ps_json_set(plan->model, "layer_num", json_integer(L)) != PS_OK ||
+        ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto")) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
     }
     snprintf(plan->method, sizeof plan->method, "%s", method);
     snprintf(plan->schedule, sizeof plan->schedule, "%s", gpipe ? "gpipe" : "1f1b");
-    plan->global_batch = req->global_batch;
-    plan->micro_batches = B;
     double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
     for (int k = 0; k < n; k++) {
         const stage_spec *ch = &stages[k];
@@ -500,18 +476,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
     plan->iteration_s = sum + (B - 1) * slowest + update;
     plan->flops_per_step = flops;
     plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
-    ps_dtype dt = PS_DTYPE_F32;
-    for (int t = 0; t < step->n_tensors; t++)
-        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
-            dt = step->tensors[t].desc.dtype;
-            break;
-        }
-    double peak = INFINITY;
-    for (int d = 0; d < D; d++) {
-        double p = ps_cluster_device(c, d)->peak_flops[dt];
-        peak = fmin(peak, p > 0 ? p : ps_cluster_device(c, d)->peak_flops[PS_DTYPE_F32]);
-    }
-    plan->mfu = plan->tflops_per_device * 1e12 / peak;
+    plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);
     plan->peak_memory_bytes = peak_dev;
     PS_TRY(ps_plan_validate(plan, err));
     *out = plan;

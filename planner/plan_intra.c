@@ -50,6 +50,51 @@ out:
     return st;
 }
 
+ps_status ps_plan_record_request(ps_plan *plan, const ps_plan_request *req, ps_error *err)
+{
+    ps_status st = PS_OK;
+    json_t *j = NULL;
+    plan->model_name = strdup(req->forward->name);
+    plan->model = json_object();
+    PS_TRY_ALLOC(plan->model_name, err);
+    PS_TRY_ALLOC(plan->model, err);
+    st = ps_json_set(plan->model, "name", json_string(req->forward->name));
+    if (st == PS_OK)
+        st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
+                                 : ps_graph_to_json(req->forward, &j);
+    if (st == PS_OK)
+        st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
+    if (st == PS_OK && req->config != NULL)
+        st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
+    if (st == PS_OK)
+        st = ps_train_options_to_json(&req->train, req->forward->n_layers, &plan->training);
+    if (st == PS_OK)
+        st = ps_cluster_clone(req->cluster, &plan->cluster);
+    if (st != PS_OK)
+        st = ps_error_set(err, st, "out of memory");
+    plan->global_batch = req->global_batch;
+    plan->micro_batches = req->micro_batches;
+out:
+    return st;
+}
+
+double ps_plan_mfu(double tflops_per_device, const ps_graph *step, const ps_cluster *c)
+{
+    /* the model's compute dtype is its parameters' */
+    ps_dtype dt = PS_DTYPE_F32;
+    for (int t = 0; t < step->n_tensors; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
+            dt = step->tensors[t].desc.dtype;
+            break;
+        }
+    double peak = INFINITY;
+    for (int d = 0; d < ps_cluster_device_count(c); d++) {
+        const ps_device_kind *k = ps_cluster_device(c, d);
+        peak = fmin(peak, k->peak_flops[dt] > 0 ? k->peak_flops[dt] : k->peak_flops[PS_DTYPE_F32]);
+    }
+    return tflops_per_device * 1e12 / peak;
+}
+
 ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
                             ps_intra_result **intra_out, ps_graph **step_out, ps_error *err)
 {
@@ -139,36 +184,8 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
         st = ps_error_set(err, st, "out of memory");
         goto out;
     }
-    plan->model_name = strdup(req->forward->name);
-    PS_TRY_ALLOC(plan->model_name, err);
-    plan->model = json_object();
-    PS_TRY_ALLOC(plan->model, err);
-    if (ps_json_set(plan->model, "name", json_string(req->forward->name)) != PS_OK) {
-        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    {
-        json_t *j = NULL;
-        st = req->config != NULL ? ps_model_config_to_json(req->config, &j)
-                                 : ps_graph_to_json(req->forward, &j);
-        if (st == PS_OK)
-            st = ps_json_set(plan->model, req->config != NULL ? "config" : "graph", j);
-        if (st == PS_OK && req->config != NULL)
-            st = ps_json_set(plan->model, "zoo", json_string(req->config->name));
-        if (st == PS_OK)
-            st = ps_train_options_to_json(&req->train, req->forward->n_layers, &plan->training);
-        if (st != PS_OK) {
-            st = ps_error_set(err, st, "out of memory");
-            goto out;
-        }
-    }
-    if ((st = ps_cluster_clone(c, &plan->cluster)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
-        goto out;
-    }
+    PS_TRY(ps_plan_record_request(plan, req, err));
     snprintf(plan->method, sizeof plan->method, "%s", ps_intra_method_names[req->method]);
-    plan->global_batch = req->global_batch;
-    plan->micro_batches = req->micro_batches;
     ps_plan_stage *s;
     if ((st = ps_plan_add_stage(plan, m->n_devices, step->n_ops, step->n_tensors, &s)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
@@ -186,14 +203,7 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     plan->flops_per_step = per_mb * req->micro_batches + gs.flops[PS_PASS_UPDATE];
     plan->iteration_s = s->time_s * req->micro_batches + s->update_s;
     plan->tflops_per_device = plan->flops_per_step / plan->iteration_s / m->n_devices / 1e12;
-    ps_dtype dt = PS_DTYPE_F32;
-    for (int t = 0; t < step->n_tensors; t++)
-        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
-            dt = step->tensors[t].desc.dtype;
-            break;
-        }
-    double peak = m->peak_flops[dt] > 0 ? m->peak_flops[dt] : m->peak_flops[PS_DTYPE_F32];
-    plan->mfu = plan->tflops_per_device * 1e12 / peak;
+    plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);
     plan->peak_memory_bytes = s->peak_memory_bytes;
     PS_TRY(ps_plan_validate(plan, err));
     *out = plan;

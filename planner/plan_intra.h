@@ -27,6 +27,14 @@ typedef struct ps_plan_request {
 ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
                             ps_intra_result **intra_out, ps_graph **step_out, ps_error *err);
 
+/* Records in a new plan what req planned: model (zoo config or embedded
+ * graph), training options, cluster, global batch and micro-batches. */
+ps_status ps_plan_record_request(ps_plan *plan, const ps_plan_request *req, ps_error *err);
+
+/* Model FLOP utilization: TFLOP/s per device over the slowest device's peak
+ * for the model's dtype. */
+double ps_plan_mfu(double tflops_per_device, const ps_graph *step, const ps_cluster *c);
+
 /* Writes a solved stage into s: ops, tensors, predictions. */
 ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_logical_mesh *m,
                              const ps_intra_result *r, ps_error *err);
