@@ -7,15 +7,25 @@
 int ps_cmd_demo(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        printf("usage: pipeshard demo\n\nRuns the main job on an embedded default: the "
-               "training step of the\nbuilt-in GPT-2.6B (Alpa's benchmark suite), per layer.\n");
+        printf("usage: pipeshard demo\n\nRuns the main job on an embedded default: the training "
+               "step of the built-in\nGPT-2.6B (Alpa's benchmark suite), then its pipeshard plan "
+               "on one p3.16xlarge\nnode (8 V100s), written to demo-plan.json.\n");
         return 0;
     }
     if (argc > 1)
         return ps_cli_usage_error("demo", "takes no arguments");
-    printf("pipeshard demo: the training step of GPT-2.6B (Alpa suite), one micro-batch of "
-           "1024 sequences\n\n");
+    printf("pipeshard demo 1/2: the training step of GPT-2.6B (Alpa suite), global batch 1024 "
+           "in 64 micro-batches of 16\n\n");
     fflush(stdout);
-    char *args[] = {"graph", "--model", "gpt-2.6b", "--per-layer", NULL};
-    return ps_cmd_graph(4, args);
+    char *graph[] = {"graph", "--model", "gpt-2.6b", "--batch", "16", NULL};
+    int rc = ps_cmd_graph(5, graph);
+    if (rc != 0)
+        return rc;
+    printf("\npipeshard demo 2/2: its pipeshard plan on one p3.16xlarge node (8 x V100-16GB), "
+           "written to demo-plan.json\n\n");
+    fflush(stdout);
+    char *plan[] = {"plan",     "--model",         "gpt-2.6b", "--cluster", "p3.16xlarge:1",
+                    "--micro-batches", "64",       "--layer-num", "8",      "--remat",
+                    "-o",       "demo-plan.json",  NULL};
+    return ps_cmd_plan(12, plan);
 }
