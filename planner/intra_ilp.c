@@ -273,7 +273,7 @@ static void node_keep(work *w, int v, const bool *keep)
             continue;
         int ku = ed->u == v ? k_old : w->p->nodes[ed->u].k;
         int kv = ed->v == v ? k_old : w->p->nodes[ed->v].k;
-        int nu = w->p->nodes[ed->u].k, nv = w->p->nodes[ed->v].k, idx = 0;
+        int idx = 0;
         for (int i = 0; i < ku; i++) {
             if (ed->u == v && map[i] < 0)
                 continue;
@@ -283,8 +283,6 @@ static void node_keep(work *w, int v, const bool *keep)
                 ed->cost[idx++] = ed->cost[i * kv + j];
             }
         }
-        (void)nu;
-        (void)nv;
     }
 }
 

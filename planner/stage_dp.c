@@ -145,7 +145,7 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
                         costs[n_costs++] = t->cost[k];
                 }
     qsort(costs, n_costs, sizeof *costs, cmp_double);
-    double best = INFINITY, best_tmax = 0;
+    double best = INFINITY;
     int best_stages = 0;
     for (size_t j = 0; j < n_costs; j++) {
         double t_max = costs[j];
@@ -161,7 +161,6 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
         double iteration = total + (double)(B - 1) * t_max;
         if (iteration < best) {
             best = iteration;
-            best_tmax = t_max;
             best_stages = s_count;
             memcpy(best_i, arg_i, n_f * sizeof *arg_i);
             memcpy(best_sc, arg_sc, n_f * sizeof *arg_sc);
@@ -198,7 +197,6 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
     for (int k = 0; k < best_stages; k++)
         sum += out->stages[k].cost_s;
     out->iteration_s = sum + (double)(B - 1) * out->max_stage_s;
-    (void)best_tmax;
 out:
     free(costs);
     free(f);

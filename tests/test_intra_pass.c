@@ -41,6 +41,22 @@ static ps_graph *mlp_block(int64_t batch, int64_t h)
     return step;
 }
 
+/* The training step of a zoo model cut to `layers` blocks, micro-batch `batch`. */
+static ps_graph *zoo_step(const char *name, int layers, int batch)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup(name, &cfg, NULL), PS_OK);
+    cfg.layers = layers;
+    cfg.batch = batch;
+    ps_graph *fwd = NULL, *g = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options o = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &o, &g, &err), PS_OK);
+    ps_graph_free(fwd);
+    return g;
+}
+
 static ps_logical_mesh *mesh(const char *cluster, int d0, int d1, ps_cluster **keep)
 {
     ps_cluster *c = NULL;
@@ -185,15 +201,7 @@ static void zero_saves_memory(void **state)
 static void transformer_layer_megatron(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-1.3b", &cfg, NULL), PS_OK);
-    cfg.layers = 1;
-    cfg.batch = 4;
-    ps_graph *fwd = NULL, *g = NULL;
-    ps_error err = {0};
-    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
-    ps_train_options o = ps_train_options_default();
-    assert_int_equal(ps_train_step_build(fwd, &o, &g, &err), PS_OK);
+    ps_graph *g = zoo_step("gpt-1.3b", 1, 4);
     ps_cluster *c;
     ps_logical_mesh *m = mesh("dgx-a100:1", 1, 8, &c);
     ps_intra_result *r = solve(g, m, PS_METHOD_SHARD);
@@ -231,7 +239,6 @@ static void transformer_layer_megatron(void **state)
     ps_mesh_free(m);
     ps_cluster_free(c);
     ps_graph_free(g);
-    ps_graph_free(fwd);
 }
 
 /* Tying identical layers is a restriction: never better than solving every
@@ -240,15 +247,8 @@ static void transformer_layer_megatron(void **state)
 static void tied_layers_match_untied(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 3;
-    cfg.batch = 8;
-    ps_graph *fwd = NULL, *g = NULL;
+    ps_graph *g = zoo_step("gpt-350m", 3, 8);
     ps_error err = {0};
-    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
-    ps_train_options to = ps_train_options_default();
-    assert_int_equal(ps_train_step_build(fwd, &to, &g, &err), PS_OK);
     ps_cluster *c;
     static const int shapes[3][2] = {{1, 8}, {2, 4}, {8, 1}};
     for (int i = 0; i < 3; i++) {
@@ -287,7 +287,6 @@ static void tied_layers_match_untied(void **state)
         ps_cluster_free(c);
     }
     ps_graph_free(g);
-    ps_graph_free(fwd);
 }
 
 /* MoE: dispatch and combine have expert-parallel strategies (tokens split by
@@ -296,15 +295,8 @@ static void tied_layers_match_untied(void **state)
 static void moe_expert_parallel(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("moe-1.3b", &cfg, NULL), PS_OK);
-    cfg.layers = 1;
-    cfg.batch = 16;
-    ps_graph *fwd = NULL, *g = NULL;
+    ps_graph *g = zoo_step("moe-1.3b", 1, 16);
     ps_error err = {0};
-    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
-    ps_train_options o = ps_train_options_default();
-    assert_int_equal(ps_train_step_build(fwd, &o, &g, &err), PS_OK);
     ps_cluster *c;
     ps_logical_mesh *m = mesh("dgx-a100:1", 8, 1, &c);
     unsigned char *batch = NULL;
@@ -345,7 +337,6 @@ static void moe_expert_parallel(void **state)
     ps_mesh_free(m);
     ps_cluster_free(c);
     ps_graph_free(g);
-    ps_graph_free(fwd);
 }
 
 int main(void)
