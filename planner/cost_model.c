@@ -4,9 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const ps_collective_names[PS_COLL_COUNT] = {"all-reduce", "all-gather",
-                                                        "reduce-scatter", "all-to-all"};
-
 ps_cost_params ps_cost_params_default(void)
 {
     /* GEMMs on tensor cores reach well below peak in training (Megatron-LM

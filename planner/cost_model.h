@@ -18,18 +18,9 @@
 #define PS_PLANNER_COST_MODEL_H
 
 #include "core/cluster.h"
+#include "core/collective.h"
 #include "core/graph.h"
 #include "core/sharding.h"
-
-typedef enum ps_collective {
-    PS_COLL_ALL_REDUCE = 0,
-    PS_COLL_ALL_GATHER = 1,
-    PS_COLL_REDUCE_SCATTER = 2,
-    PS_COLL_ALL_TO_ALL = 3,
-    PS_COLL_COUNT
-} ps_collective;
-
-extern const char *const ps_collective_names[PS_COLL_COUNT];
 
 /* Tunable efficiencies of the analytic model. */
 typedef struct ps_cost_params {

@@ -1,0 +1,184 @@
+/* Per-device programs: what the lowering makes of a plan, and what every
+ * backend (the SimGrid replay, the CPU and CUDA executors) runs.
+ *
+ * Two levels, as in Alpa's runtime. A *kernel* is the SPMD code of one
+ * stage's phase (forward, backward with recomputation, update) for one
+ * micro-batch: local ops on sharded tiles, the collectives inside the
+ * stage's mesh (over mesh axis 0 or 1: each device resolves the group from
+ * its own mesh coordinate), data loads, allocations and frees. Every device
+ * of a stage runs the same kernels. A device's *program* is the schedule:
+ * RUN kernel k for micro-batch mb, SEND/RECV of tiles between stages
+ * (cross-mesh resharding), collectives on explicit groups (the all-gather
+ * after a "local all-gather" transfer), and the allocation of what lives for
+ * the whole step (parameters, optimizer state, gradient accumulators,
+ * received buffers).
+ *
+ * A *buffer* is a tensor of the training step in one layout on one stage's
+ * devices; a resharding collective reads one buffer and writes another. A
+ * buffer instance is (buffer, micro-batch); per-step buffers use mb = -1.
+ *
+ * Every instruction carries its predicted cost: FLOPs, bytes and seconds
+ * from the planner's cost model (seconds for the stage's slowest device).
+ * Sends are asynchronous (the sender goes on; a FREE of the sent buffer
+ * waits for the transfer); receives and collectives block. The set owns all
+ * of its memory; the step graph it refers to is borrowed. */
+#ifndef PS_CORE_PROGRAM_H
+#define PS_CORE_PROGRAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/collective.h"
+#include "core/graph.h"
+#include "core/sharding.h"
+
+typedef enum ps_instr_kind {
+    PS_INSTR_RUN = 0,        /* program: run `kernel` for micro-batch `mb` */
+    PS_INSTR_COMPUTE = 1,    /* kernel: op `op` of the step on local tiles */
+    PS_INSTR_COLLECTIVE = 2, /* kernel: over mesh `axis`; program: over `group` */
+    PS_INSTR_SEND = 3,       /* program: (part of) a tile to `peer` */
+    PS_INSTR_RECV = 4,       /* program: (part of) a tile from `peer` */
+    PS_INSTR_ALLOC = 5,
+    PS_INSTR_FREE = 6,
+    PS_INSTR_LOAD = 7,       /* kernel: the data loader fills an input tile */
+    PS_INSTR_KIND_COUNT
+} ps_instr_kind;
+
+extern const char *const ps_instr_kind_names[PS_INSTR_KIND_COUNT];
+
+typedef enum ps_phase {
+    PS_PHASE_FORWARD = 0,
+    PS_PHASE_BACKWARD = 1, /* recomputation, then the backward ops */
+    PS_PHASE_UPDATE = 2,   /* gradient synchronization and the optimizer, once per step */
+    PS_PHASE_COUNT
+} ps_phase;
+
+extern const char *const ps_phase_names[PS_PHASE_COUNT];
+
+enum {
+    /* COMPUTE: the op's output is a gradient accumulated over micro-batches:
+     * the first micro-batch writes it, later ones add to it */
+    PS_INSTR_ACCUMULATE = 1u << 0,
+};
+
+typedef struct ps_instr {
+    uint8_t kind;  /* ps_instr_kind */
+    uint8_t coll;  /* COLLECTIVE: ps_collective (bytes as core/collective.h counts them) */
+    uint8_t flags; /* PS_INSTR_* */
+    int8_t axis;   /* COLLECTIVE in a kernel: the mesh axis (0, 1); else -1 */
+    int group;     /* COLLECTIVE in a program: index into groups; else -1 */
+    int kernel;    /* RUN */
+    int mb;        /* program instructions: micro-batch, -1 = per step */
+    int op;        /* COMPUTE: op id in the step graph */
+    int buffer;    /* what is allocated, freed, loaded, written, sent or received */
+    int src_buffer; /* COLLECTIVE in a kernel: the layout it reads (buffer: what it writes) */
+    int peer;      /* SEND, RECV: the other device */
+    int region;    /* SEND, RECV, program COLLECTIVE: index into regions; -1 = whole tile */
+    int chunk, chunks; /* SEND, RECV: flat chunk `chunk` of `chunks` of the region */
+    double flops, bytes, seconds; /* predicted; bytes moved per device for communication */
+} ps_instr;
+
+/* A box of a tensor in global coordinates: the part a transfer moves. */
+typedef struct ps_region {
+    int rank;
+    int64_t offset[PS_MAX_RANK];
+    int64_t size[PS_MAX_RANK];
+} ps_region;
+
+typedef struct ps_buffer {
+    int tensor;           /* in the step graph */
+    int stage;
+    ps_sharding_spec spec;
+    double bytes;         /* of one device's tile */
+    bool per_microbatch;  /* one instance per micro-batch; else one per step */
+} ps_buffer;
+
+/* Devices of a collective, in ring order. */
+typedef struct ps_group {
+    int n;
+    int *devices;
+} ps_group;
+
+typedef struct ps_kernel {
+    int stage;
+    ps_phase phase;
+    int n_instrs, cap_instrs;
+    ps_instr *instrs;
+    double seconds; /* predicted, instructions summed */
+} ps_kernel;
+
+typedef struct ps_program_stage {
+    int n_devices;
+    int *devices;                  /* row-major over the logical mesh */
+    int mesh[PS_MESH_AXES];
+    int kernel[PS_PHASE_COUNT];    /* kernel index per phase, -1 if empty */
+    double reference_flops_per_s;  /* speed the kernels' seconds assume (slowest device) */
+} ps_program_stage;
+
+typedef struct ps_program {
+    int device;
+    int stage;
+    int coord[PS_MESH_AXES];      /* position in the stage's logical mesh */
+    int axis_group[PS_MESH_AXES]; /* the device's group along each mesh axis */
+    int n_instrs, cap_instrs;
+    ps_instr *instrs;
+} ps_program;
+
+typedef struct ps_program_set {
+    const ps_graph *step; /* borrowed: the training step the buffers and ops refer to */
+    int n_devices;        /* of the cluster; devices outside every stage have empty programs */
+    ps_program *programs; /* [n_devices] */
+    int n_stages;
+    ps_program_stage *stages;
+    int n_kernels, cap_kernels;
+    ps_kernel *kernels;
+    int n_buffers, cap_buffers;
+    ps_buffer *buffers;
+    int n_groups, cap_groups;
+    ps_group *groups;
+    int n_regions, cap_regions;
+    ps_region *regions;
+    int micro_batches;
+    char schedule[16];
+    double flops_per_step;       /* the model's FLOPs per step, for TFLOP/s */
+    double mfu_peak_flops_per_s; /* per device peak that MFU divides by */
+    char plan_digest[32];
+    char model[64], cluster[64];
+} ps_program_set;
+
+ps_status ps_program_set_create(const ps_graph *step, int n_devices, int n_stages,
+                                ps_program_set **out);
+void ps_program_set_free(ps_program_set *s);
+
+/* Builders; each returns the new index through *index_out (may be NULL). */
+ps_status ps_program_add_kernel(ps_program_set *s, int stage, ps_phase phase, int *index_out);
+ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *index_out);
+/* Returns an existing group with the same devices in the same order, or a new one. */
+ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out);
+ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out);
+ps_status ps_kernel_append(ps_kernel *k, const ps_instr *in);
+ps_status ps_program_append(ps_program *p, const ps_instr *in);
+
+/* An instruction with every index field at -1 and chunks = 1. */
+ps_instr ps_instr_init(ps_instr_kind kind);
+
+/* Group of device `device` for a kernel instruction (axis) or a program one. */
+int ps_instr_group(const ps_program_set *s, const ps_program *p, const ps_instr *in);
+
+/* Counts, for reports and benchmarks: instructions in all programs, and the
+ * kernel instructions they execute once expanded. */
+typedef struct ps_program_stats {
+    long long program_instrs;
+    long long kernel_instrs;
+    long long executed_instrs;
+    long long sends, collectives_executed;
+} ps_program_stats;
+void ps_program_set_stats(const ps_program_set *s, ps_program_stats *out);
+
+/* Readable listing: kernels once, then every device's program. */
+ps_status ps_program_set_dump(const ps_program_set *s, FILE *f);
+/* The same as files in dir: buffers.txt, kernels.txt, device-<id>.txt. */
+ps_status ps_program_set_dump_dir(const ps_program_set *s, const char *dir, ps_error *err);
+
+#endif
