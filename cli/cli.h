@@ -15,6 +15,13 @@ int ps_cmd_graph(int argc, char **argv);
 int ps_cmd_plan(int argc, char **argv);
 int ps_cmd_demo(int argc, char **argv);
 
+int ps_cmd_sim(int argc, char **argv);
+
+/* Lowers a plan to per-device programs (rebuilding its model), checks them
+ * and writes them readably to dir; prints a one-line digest on stderr. */
+struct ps_plan;
+ps_status ps_cli_dump_programs(const struct ps_plan *plan, const char *dir, ps_error *err);
+
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);
 /* Prints "pipeshard: <command>: <msg>" plus a --help hint; returns 2. */

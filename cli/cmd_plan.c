@@ -50,6 +50,8 @@ static void help(void)
         "  --time-limit S       ILP time limit in seconds (default 60)\n"
         "  --explain            print every op's strategy and its communication\n"
         "  --json               print the predictions as JSON\n"
+        "  --dump-programs DIR  lower the plan to per-device programs, check them, and\n"
+        "                       write them readably to DIR (kernels.txt, device-N.txt, ...)\n"
         "  -o, --output P.json  where to write the plan (required)\n"
         PS_MODEL_OPTIONS_HELP
         "  -h, --help           this help\n");
@@ -58,7 +60,7 @@ static void help(void)
 enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
-    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP
+    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP
 };
 
 static const struct option own_options[] = {
@@ -80,6 +82,7 @@ static const struct option own_options[] = {
     {"op", required_argument, NULL, OPT_OP},
     {"pp", required_argument, NULL, OPT_PP},
     {"json", no_argument, NULL, OPT_JSON},
+    {"dump-programs", required_argument, NULL, OPT_DUMP},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -168,7 +171,7 @@ int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
-    const char *stages_file = NULL;
+    const char *stages_file = NULL, *dump_dir = NULL;
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
@@ -236,6 +239,7 @@ int ps_cmd_plan(int argc, char **argv)
             req.ilp.time_limit_s = x;
             break;
         case OPT_EXPLAIN: do_explain = true; break;
+        case OPT_DUMP: dump_dir = optarg; break;
         case OPT_LAYER_NUM:
             if (strcmp(optarg, "manual") == 0) {
                 inter.manual_layers = true;
@@ -384,6 +388,8 @@ int ps_cmd_plan(int argc, char **argv)
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
     }
     PS_TRY(ps_plan_save(plan, output, &err));
+    if (dump_dir != NULL)
+        PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));
     if (json) {
         json_t *j = NULL;
         PS_TRY(ps_plan_to_json(plan, &j));

@@ -8,7 +8,7 @@
 #include "core/array.h"
 
 const char *const ps_instr_kind_names[PS_INSTR_KIND_COUNT] = {
-    "run", "compute", "collective", "send", "recv", "alloc", "free", "load"};
+    "run", "compute", "collective", "send", "recv", "alloc", "free", "load", "slice"};
 const char *const ps_phase_names[PS_PHASE_COUNT] = {"forward", "backward", "update"};
 
 ps_status ps_program_set_create(const ps_graph *step, int n_devices, int n_stages,
@@ -32,7 +32,7 @@ ps_status ps_program_set_create(const ps_graph *step, int n_devices, int n_stage
         p->device = d;
         p->stage = -1;
         p->coord[0] = p->coord[1] = -1;
-        p->axis_group[0] = p->axis_group[1] = -1;
+        p->axis_group[0] = p->axis_group[1] = p->axis_group[2] = -1;
     }
     for (int i = 0; i < n_stages; i++)
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
@@ -60,6 +60,7 @@ void ps_program_set_free(ps_program_set *s)
         free(s->groups[g].devices);
     free(s->groups);
     free(s->regions);
+    free(s->operands);
     free(s);
 }
 
@@ -130,6 +131,19 @@ ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *inde
     return PS_OK;
 }
 
+ps_status ps_program_add_operands(ps_program_set *s, const int *buffers, int n, int *index_out)
+{
+    ps_status st = ps_array_grow((void **)&s->operands, &s->cap_operands, s->n_operands + n + 1,
+                                 sizeof *s->operands);
+    if (st != PS_OK)
+        return st;
+    memcpy(s->operands + s->n_operands, buffers, (size_t)n * sizeof *buffers);
+    if (index_out)
+        *index_out = s->n_operands;
+    s->n_operands += n;
+    return PS_OK;
+}
+
 ps_status ps_kernel_append(ps_kernel *k, const ps_instr *in)
 {
     ps_status st = ps_array_grow((void **)&k->instrs, &k->cap_instrs, k->n_instrs + 1,
@@ -155,13 +169,13 @@ ps_instr ps_instr_init(ps_instr_kind kind)
 {
     return (ps_instr){.kind = (uint8_t)kind, .axis = -1, .group = -1, .kernel = -1, .mb = -1,
                       .op = -1, .buffer = -1, .src_buffer = -1, .peer = -1, .region = -1,
-                      .chunk = 0, .chunks = 1};
+                      .chunk = 0, .chunks = 1, .operands = -1};
 }
 
 int ps_instr_group(const ps_program_set *s, const ps_program *p, const ps_instr *in)
 {
     (void)s;
-    if (in->axis >= 0 && in->axis < PS_MESH_AXES)
+    if (in->axis >= 0 && in->axis <= PS_MESH_AXES)
         return p->axis_group[in->axis];
     return in->group;
 }
@@ -244,6 +258,11 @@ static void dump_instr(const ps_program_set *s, const ps_instr *in, FILE *f)
         }
         if (in->chunks > 1)
             fprintf(f, " chunk %d/%d", in->chunk, in->chunks);
+        break;
+    case PS_INSTR_SLICE:
+        fprintf(f, " %s %s ->", tensor_name(s, in->src_buffer),
+                ps_spec_format(&s->buffers[in->src_buffer].spec, spec, sizeof spec));
+        fprintf(f, " %s", ps_spec_format(&s->buffers[in->buffer].spec, spec, sizeof spec));
         break;
     case PS_INSTR_ALLOC:
     case PS_INSTR_FREE:

@@ -42,6 +42,9 @@ typedef enum ps_instr_kind {
     PS_INSTR_ALLOC = 5,
     PS_INSTR_FREE = 6,
     PS_INSTR_LOAD = 7,       /* kernel: the data loader fills an input tile */
+    PS_INSTR_SLICE = 8,      /* kernel: a local re-layout, no communication: src_buffer's
+                              * tile cut to buffer's finer split, or a replica made a
+                              * partial sum (one member keeps it, the others zero) */
     PS_INSTR_KIND_COUNT
 } ps_instr_kind;
 
@@ -66,16 +69,24 @@ typedef struct ps_instr {
     uint8_t kind;  /* ps_instr_kind */
     uint8_t coll;  /* COLLECTIVE: ps_collective (bytes as core/collective.h counts them) */
     uint8_t flags; /* PS_INSTR_* */
-    int8_t axis;   /* COLLECTIVE in a kernel: the mesh axis (0, 1); else -1 */
+    int8_t axis;   /* COLLECTIVE in a kernel: mesh axis 0 or 1, or 2 = the whole mesh
+                    * (row-major; an all-reduce over it is hierarchical as in the
+                    * cost model: reduce-scatter on axis 1, all-reduce on axis 0,
+                    * all-gather on axis 1); else -1 */
     int group;     /* COLLECTIVE in a program: index into groups; else -1 */
     int kernel;    /* RUN */
     int mb;        /* program instructions: micro-batch, -1 = per step */
     int op;        /* COMPUTE: op id in the step graph */
-    int buffer;    /* what is allocated, freed, loaded, written, sent or received */
+    int buffer;    /* what is allocated, freed, loaded, written, sent or received;
+                    * -1 for a COLLECTIVE inside op `op` (the statistics of a
+                    * vocabulary-parallel loss, an MoE all-to-all): a backend runs
+                    * it as part of that op's COMPUTE, the simulator times it */
     int src_buffer; /* COLLECTIVE in a kernel: the layout it reads (buffer: what it writes) */
     int peer;      /* SEND, RECV: the other device */
     int region;    /* SEND, RECV, program COLLECTIVE: index into regions; -1 = whole tile */
     int chunk, chunks; /* SEND, RECV: flat chunk `chunk` of `chunks` of the region */
+    int operands;  /* COMPUTE: index into operands: the op's n_in input buffers, then
+                    * its n_out output buffers */
     double flops, bytes, seconds; /* predicted; bytes moved per device for communication */
 } ps_instr;
 
@@ -120,7 +131,8 @@ typedef struct ps_program {
     int device;
     int stage;
     int coord[PS_MESH_AXES];      /* position in the stage's logical mesh */
-    int axis_group[PS_MESH_AXES]; /* the device's group along each mesh axis */
+    int axis_group[PS_MESH_AXES + 1]; /* the device's group along axis 0, axis 1, and
+                                       * the whole mesh */
     int n_instrs, cap_instrs;
     ps_instr *instrs;
 } ps_program;
@@ -139,6 +151,8 @@ typedef struct ps_program_set {
     ps_group *groups;
     int n_regions, cap_regions;
     ps_region *regions;
+    int n_operands, cap_operands;
+    int *operands;
     int micro_batches;
     char schedule[16];
     double flops_per_step;       /* the model's FLOPs per step, for TFLOP/s */
@@ -157,6 +171,8 @@ ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *inde
 /* Returns an existing group with the same devices in the same order, or a new one. */
 ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out);
 ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out);
+/* Appends n buffer ids to the operand table; *index_out is the first. */
+ps_status ps_program_add_operands(ps_program_set *s, const int *buffers, int n, int *index_out);
 ps_status ps_kernel_append(ps_kernel *k, const ps_instr *in);
 ps_status ps_program_append(ps_program *p, const ps_instr *in);
 
@@ -165,6 +181,17 @@ ps_instr ps_instr_init(ps_instr_kind kind);
 
 /* Group of device `device` for a kernel instruction (axis) or a program one. */
 int ps_instr_group(const ps_program_set *s, const ps_program *p, const ps_instr *in);
+
+/* Checks what every backend relies on, for every device: each buffer
+ * instance is allocated once before use and freed once after; memory never
+ * goes negative; the sends from one device to another match the receives
+ * there in order (tensor, micro-batch, bytes, region, chunk); every
+ * collective is entered by all members of its group in the same order, with
+ * the same kind and size; and the programs run to the end without deadlock
+ * (sends asynchronous, receives and collectives blocking). Reports the first
+ * violation with the device and instruction. peak_bytes_out (may be NULL):
+ * [n_devices] peak memory per device from ALLOC/FREE. */
+ps_status ps_program_set_check(const ps_program_set *s, double *peak_bytes_out, ps_error *err);
 
 /* Counts, for reports and benchmarks: instructions in all programs, and the
  * kernel instructions they execute once expanded. */

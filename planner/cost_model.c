@@ -142,17 +142,25 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
     return fmax(t_flops, t_bytes);
 }
 
-double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
-                    const ps_sharding_spec *from, const ps_sharding_spec *to)
+int ps_reshard_plan(const ps_logical_mesh *m, const ps_tensor_desc *t,
+                    const ps_sharding_spec *from, const ps_sharding_spec *to,
+                    ps_reshard_step steps[PS_RESHARD_MAX_STEPS])
 {
     ps_tensor_desc tile;
     if (!ps_spec_tile(to, t, m->shape, &tile))
-        return INFINITY;
+        return -1;
     if (ps_spec_equal(from, to))
         return 0;
+    int n = 0;
     /* Walk the axes, tracking the local size as the layout changes. */
     ps_sharding_spec cur = *from;
-    double cost = 0;
+#define PS_STEP(k, ax, b)                                                            \
+    do {                                                                             \
+        steps[n] = (ps_reshard_step){.kind = (k), .axis = (ax), .to = cur, .bytes = (b)}; \
+        steps[n].seconds = (k) < 0 ? 0 : ps_collective_s(m, (ps_collective)(k),        \
+                                                         (ax) == 2 ? 3u : 1u << (ax), (b)); \
+        n++;                                                                         \
+    } while (0)
     for (int a = 0; a < PS_MESH_AXES; a++) {
         unsigned bit = 1u << a;
         if (m->shape[a] == 1)
@@ -162,28 +170,32 @@ double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
         if (to->partial & bit) {
             /* a partial sum is wanted: a replica becomes one free of charge
              * (one device keeps the value, the others zeros) */
-            if (!(cur.partial & bit) && src >= 0) {
-                cost += ps_collective_s(m, PS_COLL_ALL_GATHER, bit, local * m->shape[a]);
+            if (cur.partial & bit)
+                continue;
+            if (src >= 0) {
                 cur.dim_axes[src] &= (uint8_t)~bit;
+                PS_STEP(PS_COLL_ALL_GATHER, a, local * m->shape[a]);
             }
             cur.partial |= (uint8_t)bit;
+            PS_STEP(-1, a, 0);
         } else if (cur.partial & bit) {
-            if (dst >= 0) {
-                cost += ps_collective_s(m, PS_COLL_REDUCE_SCATTER, bit, local);
-                cur.dim_axes[dst] |= (uint8_t)bit;
-            } else {
-                cost += ps_collective_s(m, PS_COLL_ALL_REDUCE, bit, local);
-            }
             cur.partial &= (uint8_t)~bit;
+            if (dst >= 0) {
+                cur.dim_axes[dst] |= (uint8_t)bit;
+                PS_STEP(PS_COLL_REDUCE_SCATTER, a, local);
+            } else {
+                PS_STEP(PS_COLL_ALL_REDUCE, a, local);
+            }
         } else if (src >= 0 && dst < 0) {
-            cost += ps_collective_s(m, PS_COLL_ALL_GATHER, bit, local * m->shape[a]);
             cur.dim_axes[src] &= (uint8_t)~bit;
+            PS_STEP(PS_COLL_ALL_GATHER, a, local * m->shape[a]);
         } else if (src >= 0 && dst >= 0 && src != dst) {
-            cost += ps_collective_s(m, PS_COLL_ALL_TO_ALL, bit, local);
             cur.dim_axes[src] &= (uint8_t)~bit;
             cur.dim_axes[dst] |= (uint8_t)bit;
+            PS_STEP(PS_COLL_ALL_TO_ALL, a, local);
         } else if (src < 0 && dst >= 0) {
             cur.dim_axes[dst] |= (uint8_t)bit; /* slicing a replica is free */
+            PS_STEP(-1, a, 0);
         }
     }
     /* A dimension split over axis 1 and then sliced over axis 0 holds block
@@ -191,8 +203,27 @@ double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
      * permuted, an all-to-all over both axes. */
     for (int d = 0; d < t->rank; d++)
         if (to->dim_axes[d] == 3 && from->dim_axes[d] == 2 && m->shape[0] > 1) {
-            cost += ps_collective_s(m, PS_COLL_ALL_TO_ALL, 3, ps_spec_tile_bytes(to, t, m->shape));
+            cur = *to;
+            PS_STEP(PS_COLL_ALL_TO_ALL, 2, ps_spec_tile_bytes(to, t, m->shape));
             break;
         }
+#undef PS_STEP
+    /* the walk may leave the tensor's own layout where only the order of
+     * splits differs; the last step lands on `to` */
+    if (n > 0)
+        steps[n - 1].to = *to;
+    return n;
+}
+
+double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
+                    const ps_sharding_spec *from, const ps_sharding_spec *to)
+{
+    ps_reshard_step steps[PS_RESHARD_MAX_STEPS];
+    int n = ps_reshard_plan(m, t, from, to, steps);
+    if (n < 0)
+        return INFINITY;
+    double cost = 0;
+    for (int i = 0; i < n; i++)
+        cost += steps[i].seconds;
     return cost;
 }

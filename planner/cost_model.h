@@ -65,6 +65,21 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
  * moves to another dimension is an all-to-all, a new split is a free slice,
  * and a replica becomes a partial sum for free. INFINITY if `to` does not
  * tile. */
+/* The steps of that resharding, in order: kind is a ps_collective over mesh
+ * axis 0 or 1 (2: over both, the block permutation) or -1 for a local slice;
+ * `to` is the layout after the step, the last one is `to` itself. Returns
+ * the number of steps, -1 when `to` does not tile. */
+#define PS_RESHARD_MAX_STEPS 6
+typedef struct ps_reshard_step {
+    int kind;
+    int axis;
+    ps_sharding_spec to;
+    double bytes, seconds;
+} ps_reshard_step;
+int ps_reshard_plan(const ps_logical_mesh *m, const ps_tensor_desc *t,
+                    const ps_sharding_spec *from, const ps_sharding_spec *to,
+                    ps_reshard_step steps[PS_RESHARD_MAX_STEPS]);
+
 double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
                     const ps_sharding_spec *from, const ps_sharding_spec *to);
 

@@ -374,6 +374,33 @@ out:
     return st;
 }
 
+ps_status ps_intra_keep_partial(const ps_graph *g, unsigned char **out, ps_error *err)
+{
+    int n_ops = g->n_ops, n_t = g->n_tensors;
+    unsigned char *keep_partial = malloc((size_t)n_t + 1);
+    *out = NULL;
+    if (keep_partial == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    /* outputs whose consumers all take partial sums: the update, or gradient
+     * sums that feed it */
+    memset(keep_partial, 1, (size_t)n_t + 1);
+    for (int i = 0; i < n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        bool takes = op->pass == PS_PASS_UPDATE ||
+                     (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD);
+        for (int k = 0; k < op->n_in && !takes; k++)
+            keep_partial[op->in[k]] = 0;
+    }
+    for (int i = n_ops - 1; i >= 0; i--) {
+        const ps_op *op = &g->ops[i];
+        if (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD && !keep_partial[op->out[0]])
+            for (int k = 0; k < op->n_in; k++)
+                keep_partial[op->in[k]] = 0;
+    }
+    *out = keep_partial;
+    return PS_OK;
+}
+
 ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err)
 {
@@ -393,24 +420,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
 
     PS_TRY(ps_batch_dims(g, &batch, err));
     PS_TRY(memory_roles(g, &kept, err));
-    keep_partial = malloc((size_t)n_t + 1);
-    PS_TRY_ALLOC(keep_partial, err);
-    /* outputs whose consumers all take partial sums: the update, or gradient
-     * sums that feed it */
-    memset(keep_partial, 1, (size_t)n_t + 1);
-    for (int i = 0; i < n_ops; i++) {
-        const ps_op *op = &g->ops[i];
-        bool takes = op->pass == PS_PASS_UPDATE ||
-                     (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD);
-        for (int k = 0; k < op->n_in && !takes; k++)
-            keep_partial[op->in[k]] = 0;
-    }
-    for (int i = n_ops - 1; i >= 0; i--) {
-        const ps_op *op = &g->ops[i];
-        if (op->kind == PS_OP_ADD && op->pass == PS_PASS_BACKWARD && !keep_partial[op->out[0]])
-            for (int k = 0; k < op->n_in; k++)
-                keep_partial[op->in[k]] = 0;
-    }
+    PS_TRY(ps_intra_keep_partial(g, &keep_partial, err));
     so.keep_partial = keep_partial;
     sigs = calloc((size_t)n_ops + 1, sizeof *sigs);
     c.n_ops = n_ops;

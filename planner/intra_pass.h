@@ -57,6 +57,11 @@ typedef struct ps_intra_result {
     double strategies_total;       /* before reductions */
 } ps_intra_result;
 
+/* Per tensor (1 byte each, caller frees): whether its consumers all take
+ * partial sums (the update, or gradient sums feeding it), so that its
+ * producer need not reduce: the strategy option of that name. */
+ps_status ps_intra_keep_partial(const ps_graph *g, unsigned char **out, ps_error *err);
+
 ps_status ps_intra_solve(const ps_graph *step, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err);
 void ps_intra_result_free(ps_intra_result *r);

@@ -1,0 +1,1008 @@
+#include "planner/lower.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/array.h"
+#include "planner/cost_model.h"
+#include "planner/intra_pass.h"
+#include "planner/strategy.h"
+
+ps_lower_options ps_lower_options_default(void)
+{
+    return (ps_lower_options){.local_allgather = true};
+}
+
+/* How a tensor of a stage lives. */
+enum {
+    CLS_LOCAL = 0,   /* produced here, one instance per micro-batch */
+    CLS_PERSIST = 1, /* parameter or optimizer state: the whole run */
+    CLS_ACCUM = 2,   /* gradient accumulated over micro-batches, read by the update */
+    CLS_DATA = 3,    /* a batch input, loaded per micro-batch */
+    CLS_RECV = 4,    /* produced by another stage, received per micro-batch */
+};
+
+/* One transfer of a cross-stage tensor: (part of) a tile from a device of
+ * the producing mesh to one of the consuming mesh. */
+typedef struct xfer {
+    int src, dst;
+    int region, chunk, chunks;
+    double bytes, seconds;
+} xfer;
+
+/* The all-gather among receivers that got chunks of one region. */
+typedef struct xgather {
+    int group, region;
+    double bytes, seconds;
+} xgather;
+
+/* A tensor that crosses from stage `from` to stage `to`. */
+typedef struct crossing {
+    int tensor; /* step tensor */
+    int from, to;
+    ps_phase phase;     /* of its producer: the receiver takes it before that phase */
+    bool param_copy;    /* a shared parameter, sent after the owner's update */
+    int src_buffer;     /* sender's home buffer */
+    int reduce_steps;   /* partial sums reduced on the sender first */
+    ps_reshard_step reduce[PS_RESHARD_MAX_STEPS];
+    int reduced_buffer[PS_RESHARD_MAX_STEPS];
+    int dst_buffer;     /* receiver's home buffer */
+    int n_xfers, n_gathers;
+    xfer *xfers;
+    xgather *gathers;
+    int *gather_members; /* [n_gathers] receiving device that runs gather g */
+} crossing;
+
+typedef struct stage_ctx {
+    const ps_plan_stage *ps;
+    int n_ops;
+    int *ops;             /* [n_ops] step op ids */
+    ps_graph *slice;
+    int *slice_of;        /* [step tensors] slice tensor id, -1 */
+    int *step_of;         /* [slice tensors] step tensor id */
+    ps_logical_mesh *mesh;
+    ps_strategy *strat;   /* [n_ops] */
+    int *home;            /* [slice tensors] buffer of the layout as produced/stored */
+    int *last_use;        /* [slice tensors] stage op index of the last consumer, -1 */
+    int *first_use;       /* [slice tensors] of the first consumer, -1 */
+    unsigned char *cls;
+    unsigned char *program_free; /* freed by the program after its sends */
+    int kernel[PS_PHASE_COUNT];
+} stage_ctx;
+
+typedef struct lower_ctx {
+    const ps_plan *plan;
+    const ps_plan_model *model;
+    const ps_graph *step;
+    ps_lower_options opt;
+    ps_program_set *set;
+    int n_stages;
+    stage_ctx *st;
+    int *stage_of_layer;
+    int n_cross, cap_cross;
+    crossing *cross;
+    ps_error *err;
+} lower_ctx;
+
+static ps_phase phase_of(ps_pass pass)
+{
+    switch (pass) {
+    case PS_PASS_FORWARD: return PS_PHASE_FORWARD;
+    case PS_PASS_RECOMPUTE:
+    case PS_PASS_BACKWARD: return PS_PHASE_BACKWARD;
+    default: return PS_PHASE_UPDATE;
+    }
+}
+
+/* ---- buffers and kernel emission ---- */
+
+static ps_status new_buffer(lower_ctx *L, int stage, int tensor, const ps_sharding_spec *spec,
+                            bool per_mb, int *id)
+{
+    const stage_ctx *s = &L->st[stage];
+    ps_buffer b = {.tensor = tensor, .stage = stage, .spec = *spec, .per_microbatch = per_mb};
+    b.bytes = ps_spec_tile_bytes(spec, &L->step->tensors[tensor].desc, s->mesh->shape);
+    if (ps_program_add_buffer(L->set, &b, id) != PS_OK)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    return PS_OK;
+}
+
+static ps_status kernel_of(lower_ctx *L, int stage, ps_phase ph, ps_kernel **out)
+{
+    stage_ctx *s = &L->st[stage];
+    if (s->kernel[ph] < 0) {
+        if (ps_program_add_kernel(L->set, stage, ph, &s->kernel[ph]) != PS_OK)
+            return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+        L->set->stages[stage].kernel[ph] = s->kernel[ph];
+    }
+    *out = &L->set->kernels[s->kernel[ph]];
+    return PS_OK;
+}
+
+static ps_status emit(lower_ctx *L, ps_kernel *k, const ps_instr *in)
+{
+    if (ps_kernel_append(k, in) != PS_OK)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    return PS_OK;
+}
+
+static ps_status emit_simple(lower_ctx *L, ps_kernel *k, ps_instr_kind kind, int buffer)
+{
+    ps_instr in = ps_instr_init(kind);
+    in.buffer = buffer;
+    if (kind == PS_INSTR_ALLOC || kind == PS_INSTR_LOAD)
+        in.bytes = L->set->buffers[buffer].bytes;
+    return emit(L, k, &in);
+}
+
+/* Emits the steps turning buffer `from` into layout `to` (ps_reshard_plan).
+ * The last step writes dst when dst >= 0 (an existing buffer), else a new
+ * one; intermediate buffers are freed as soon as read. *result: the buffer
+ * holding `to` (from itself when nothing is needed). */
+static ps_status emit_reshard(lower_ctx *L, int stage, ps_kernel *k, int from,
+                              const ps_sharding_spec *to, bool per_mb, int dst, uint8_t flags,
+                              int *result)
+{
+    stage_ctx *s = &L->st[stage];
+    const ps_buffer *fb = &L->set->buffers[from];
+    int tensor = fb->tensor;
+    ps_sharding_spec from_spec = fb->spec;
+    const ps_tensor_desc *desc = &L->step->tensors[tensor].desc;
+    ps_reshard_step steps[PS_RESHARD_MAX_STEPS];
+    int n = ps_reshard_plan(s->mesh, desc, &from_spec, to, steps);
+    char a[PS_SPEC_STR_MAX];
+    if (n < 0)
+        return ps_error_set(L->err, PS_ERR_INVALID,
+                            "stage %d: tensor %s cannot be laid out as %s on a %d x %d mesh",
+                            stage, L->step->tensors[tensor].name, ps_spec_format(to, a, sizeof a),
+                            s->mesh->shape[0], s->mesh->shape[1]);
+    int cur = from;
+    for (int i = 0; i < n; i++) {
+        int target = -1;
+        if (i == n - 1 && dst >= 0) {
+            target = dst;
+        } else {
+            ps_status st = new_buffer(L, stage, tensor, &steps[i].to, per_mb, &target);
+            if (st == PS_OK)
+                st = emit_simple(L, k, PS_INSTR_ALLOC, target);
+            if (st != PS_OK)
+                return st;
+        }
+        ps_instr in = ps_instr_init(steps[i].kind < 0 ? PS_INSTR_SLICE : PS_INSTR_COLLECTIVE);
+        if (steps[i].kind >= 0) {
+            in.coll = (uint8_t)steps[i].kind;
+            in.axis = (int8_t)steps[i].axis;
+            in.bytes = steps[i].bytes;
+            in.seconds = steps[i].seconds;
+        }
+        in.src_buffer = cur;
+        in.buffer = target;
+        if (i == n - 1)
+            in.flags = flags;
+        ps_status st = emit(L, k, &in);
+        if (st == PS_OK && cur != from)
+            st = emit_simple(L, k, PS_INSTR_FREE, cur);
+        if (st != PS_OK)
+            return st;
+        cur = target;
+    }
+    *result = cur;
+    return PS_OK;
+}
+
+/* The layout an op's strategy computes before its in-op reduction: the
+ * output with the reduced axes still pending as partial sums. */
+static bool strategy_reduces(const ps_strategy *s, char *how)
+{
+    const char *plus = strchr(s->name, '+');
+    if (plus == NULL)
+        return false;
+    *how = plus[1];
+    return plus[1] == 'a' || plus[1] == 'r';
+}
+
+static ps_sharding_spec raw_output(const ps_strategy *s, const ps_sharding_spec *out)
+{
+    ps_sharding_spec raw = *out;
+    char how = 0;
+    if (!strategy_reduces(s, &how) || out->partial & s->comm_axes)
+        return raw;
+    for (int a = 0; a < PS_MESH_AXES; a++) {
+        unsigned bit = 1u << a;
+        if (!(s->comm_axes & bit))
+            continue;
+        if (how == 'r') /* reduce-scatter: the split came from the reduction */
+            for (int d = 0; d < raw.rank; d++)
+                raw.dim_axes[d] &= (uint8_t)~bit;
+        raw.partial |= (uint8_t)bit;
+    }
+    return raw;
+}
+
+/* Local FLOPs of an op under a strategy: its work divided over the mesh
+ * axes the strategy splits. */
+static double local_share(const ps_strategy *s, const ps_logical_mesh *m)
+{
+    double parts = 1;
+    for (int a = 0; a < PS_MESH_AXES; a++)
+        if (s->assign[a] != PS_LABEL_NONE)
+            parts *= m->shape[a];
+    return 1.0 / parts;
+}
+
+/* ---- per stage: slice, strategies, classes ---- */
+
+static int stage_of_op(const lower_ctx *L, int op)
+{
+    return L->stage_of_layer[L->step->ops[op].layer];
+}
+
+static ps_status stage_setup(lower_ctx *L, int k)
+{
+    ps_status st = PS_OK;
+    stage_ctx *s = &L->st[k];
+    const ps_plan_stage *ps = &L->plan->stages[k];
+    const ps_graph *g = L->step;
+    ps_error *err = L->err;
+    unsigned char *batch = NULL, *keep = NULL;
+    s->ps = ps;
+    for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+        s->kernel[ph] = -1;
+    PS_TRY(ps_mesh_create(L->plan->cluster, ps->devices[0], ps->submesh[0], ps->submesh[1],
+                          ps->logical_mesh[0], ps->logical_mesh[1], &s->mesh, err));
+    /* a plan may list its devices in any order: the mesh is the plan's */
+    for (int i = 0; i < ps->n_devices; i++)
+        s->mesh->devices[i] = ps->devices[i];
+    PS_TRY(ps_graph_slice(g, ps->first_layer, ps->last_layer, &s->slice, err));
+    s->ops = malloc(((size_t)ps->n_ops + 1) * sizeof *s->ops);
+    s->slice_of = malloc(((size_t)g->n_tensors + 1) * sizeof *s->slice_of);
+    PS_TRY_ALLOC(s->ops, err);
+    PS_TRY_ALLOC(s->slice_of, err);
+    for (int t = 0; t < g->n_tensors; t++)
+        s->slice_of[t] = -1;
+    /* ps_graph_slice numbers tensors as it meets them: outside inputs of
+     * each op first, then its outputs */
+    int next = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->layer < ps->first_layer || op->layer > ps->last_layer)
+            continue;
+        if (s->n_ops >= ps->n_ops || s->n_ops >= s->slice->n_ops)
+            return ps_error_set(err, PS_ERR_INVALID, "stage %d: more ops than the plan lists", k);
+        s->ops[s->n_ops++] = i;
+        for (int q = 0; q < op->n_in; q++)
+            if (s->slice_of[op->in[q]] < 0)
+                s->slice_of[op->in[q]] = next++;
+        for (int q = 0; q < op->n_out; q++)
+            s->slice_of[op->out[q]] = next++;
+    }
+    int n_t = s->slice->n_tensors;
+    if (next != n_t || s->n_ops != ps->n_ops || n_t != ps->n_tensors)
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "stage %d: %d ops and %d tensors, the plan lists %d and %d", k,
+                            s->n_ops, n_t, ps->n_ops, ps->n_tensors);
+    s->step_of = malloc(((size_t)n_t + 1) * sizeof *s->step_of);
+    s->home = malloc(((size_t)n_t + 1) * sizeof *s->home);
+    s->last_use = malloc(((size_t)n_t + 1) * sizeof *s->last_use);
+    s->first_use = malloc(((size_t)n_t + 1) * sizeof *s->first_use);
+    s->cls = calloc((size_t)n_t + 1, 1);
+    s->program_free = calloc((size_t)n_t + 1, 1);
+    s->strat = calloc((size_t)ps->n_ops + 1, sizeof *s->strat);
+    PS_TRY_ALLOC(s->step_of, err);
+    PS_TRY_ALLOC(s->home, err);
+    PS_TRY_ALLOC(s->last_use, err);
+    PS_TRY_ALLOC(s->first_use, err);
+    PS_TRY_ALLOC(s->cls, err);
+    PS_TRY_ALLOC(s->program_free, err);
+    PS_TRY_ALLOC(s->strat, err);
+    for (int t = 0; t < g->n_tensors; t++)
+        if (s->slice_of[t] >= 0)
+            s->step_of[s->slice_of[t]] = t;
+    for (int t = 0; t < n_t; t++) {
+        s->home[t] = s->last_use[t] = s->first_use[t] = -1;
+        if (strcmp(ps->tensors[t].name, g->tensors[s->step_of[t]].name) != 0)
+            return ps_error_set(err, PS_ERR_INTERNAL,
+                                "stage %d: tensor %d is %s in the plan, %s in the model", k, t,
+                                ps->tensors[t].name, g->tensors[s->step_of[t]].name);
+    }
+    /* the strategy of every op, found again by its layouts */
+    PS_TRY(ps_batch_dims(s->slice, &batch, err));
+    PS_TRY(ps_intra_keep_partial(s->slice, &keep, err));
+    ps_strategy_options so = {.force_batch_axis0 = false, .keep_partial = keep};
+    for (int j = 0; j < s->n_ops; j++) {
+        ps_op_signature sig;
+        ps_strategy *list = NULL;
+        int n_list = 0;
+        PS_TRY(ps_op_signature_of(s->slice, j, batch, &sig, err));
+        PS_TRY(ps_op_strategies(s->slice, j, &sig, s->mesh, &so, &list, &n_list, err));
+        const ps_plan_op *po = &ps->ops[j];
+        int found = -1;
+        for (int c = 0; c < n_list && found < 0; c++) {
+            bool same = true;
+            for (int q = 0; q < po->n_in && same; q++)
+                same = ps_spec_equal(&list[c].in[q], &po->in[q]);
+            for (int q = 0; q < po->n_out && same; q++)
+                same = ps_spec_equal(&list[c].out[q], &po->out[q]);
+            if (same)
+                found = c;
+        }
+        if (found >= 0)
+            s->strat[j] = list[found];
+        free(list);
+        if (found < 0)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "stage %d: op %s: no strategy reads and writes the plan's layouts "
+                                "(strategy %s)",
+                                k, po->name, po->strategy);
+    }
+    /* uses and classes */
+    for (int j = 0; j < s->n_ops; j++) {
+        const ps_op *op = &s->slice->ops[j];
+        for (int q = 0; q < op->n_in; q++) {
+            int t = op->in[q];
+            if (s->first_use[t] < 0)
+                s->first_use[t] = j;
+            s->last_use[t] = j;
+        }
+    }
+    for (int t = 0; t < n_t; t++) {
+        const ps_tensor *x = &g->tensors[s->step_of[t]];
+        if (x->producer < 0)
+            s->cls[t] = x->kind == PS_TENSOR_INPUT ? CLS_DATA : CLS_PERSIST;
+        else if (s->slice->tensors[t].producer < 0)
+            s->cls[t] = CLS_RECV;
+        else
+            s->cls[t] = CLS_LOCAL;
+    }
+    for (int j = 0; j < s->n_ops; j++) {
+        const ps_op *op = &s->slice->ops[j];
+        if (op->pass != PS_PASS_UPDATE)
+            continue;
+        for (int q = 0; q < op->n_in; q++) {
+            int t = op->in[q];
+            int p = s->slice->tensors[t].producer;
+            if (s->cls[t] == CLS_LOCAL && p >= 0 && s->slice->ops[p].pass != PS_PASS_UPDATE)
+                s->cls[t] = CLS_ACCUM;
+        }
+    }
+out:
+    free(batch);
+    free(keep);
+    return st;
+}
+
+/* ---- kernels ---- */
+
+static ps_status stage_kernels(lower_ctx *L, int k)
+{
+    ps_status st = PS_OK;
+    stage_ctx *s = &L->st[k];
+    const ps_graph *g = L->step;
+    ps_error *err = L->err;
+    int n_t = s->slice->n_tensors;
+    /* homes of what exists before any op: sources, received tensors */
+    for (int t = 0; t < n_t; t++) {
+        bool per_mb = s->cls[t] == CLS_DATA || s->cls[t] == CLS_RECV;
+        if (s->cls[t] == CLS_LOCAL)
+            continue;
+        PS_TRY(new_buffer(L, k, s->step_of[t], &s->ps->tensors[t].spec, per_mb, &s->home[t]));
+    }
+    for (int j = 0; j < s->n_ops; j++) {
+        const ps_op *op = &s->slice->ops[j];
+        const ps_op *sop = &g->ops[s->ops[j]];
+        const ps_plan_op *po = &s->ps->ops[j];
+        const ps_strategy *sg = &s->strat[j];
+        ps_phase ph = phase_of(op->pass);
+        bool per_mb = ph != PS_PHASE_UPDATE;
+        ps_kernel *kern = NULL;
+        PS_TRY(kernel_of(L, k, ph, &kern));
+        int operand[2 * PS_MAX_OP_IO], raw[PS_MAX_OP_IO];
+        for (int q = 0; q < op->n_in; q++) {
+            int t = op->in[q];
+            if (s->cls[t] == CLS_DATA && s->first_use[t] == j) {
+                /* data arrives where it is first read; later reads of the same
+                 * micro-batch (the loss's backward) find it there */
+                PS_TRY(emit_simple(L, kern, PS_INSTR_ALLOC, s->home[t]));
+                PS_TRY(emit_simple(L, kern, PS_INSTR_LOAD, s->home[t]));
+            }
+            if (s->home[t] < 0)
+                return ps_error_set(err, PS_ERR_INTERNAL, "stage %d: %s read before written", k,
+                                    g->tensors[s->step_of[t]].name);
+            PS_TRY(emit_reshard(L, k, kern, s->home[t], &po->in[q], per_mb, -1, 0, &operand[q]));
+        }
+        for (int q = 0; q < op->n_out; q++) {
+            int t = op->out[q];
+            if (s->cls[t] != CLS_ACCUM) {
+                PS_TRY(new_buffer(L, k, s->step_of[t], &po->out[q], per_mb, &s->home[t]));
+                PS_TRY(emit_simple(L, kern, PS_INSTR_ALLOC, s->home[t]));
+            }
+            ps_sharding_spec r = raw_output(sg, &po->out[q]);
+            raw[q] = -1;
+            if (!ps_spec_equal(&r, &po->out[q])) {
+                PS_TRY(new_buffer(L, k, s->step_of[t], &r, per_mb, &raw[q]));
+                PS_TRY(emit_simple(L, kern, PS_INSTR_ALLOC, raw[q]));
+            }
+            operand[op->n_in + q] = raw[q] >= 0 ? raw[q] : s->home[t];
+        }
+        ps_instr c = ps_instr_init(PS_INSTR_COMPUTE);
+        c.op = s->ops[j];
+        double share = local_share(sg, s->mesh);
+        c.flops = sop->cost.flops * share;
+        c.bytes = (sop->cost.bytes_read + sop->cost.bytes_written) * share;
+        c.seconds = po->compute_s;
+        for (int q = 0; q < op->n_out; q++)
+            if (s->cls[op->out[q]] == CLS_ACCUM && raw[q] < 0)
+                c.flags |= PS_INSTR_ACCUMULATE;
+        if (ps_program_add_operands(L->set, operand, op->n_in + op->n_out, &c.operands) != PS_OK)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        PS_TRY(emit(L, kern, &c));
+        char how = 0;
+        bool reduces = strategy_reduces(sg, &how);
+        for (int q = 0; q < op->n_out; q++) {
+            if (raw[q] < 0)
+                continue;
+            int t = op->out[q], got;
+            uint8_t flags = s->cls[t] == CLS_ACCUM ? PS_INSTR_ACCUMULATE : 0;
+            PS_TRY(emit_reshard(L, k, kern, raw[q], &po->out[q], per_mb, s->home[t], flags, &got));
+            PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, raw[q]));
+        }
+        if (!reduces && sg->comm_s > 0) {
+            /* the op's own exchange (loss statistics, MoE all-to-all) */
+            ps_instr x = ps_instr_init(PS_INSTR_COLLECTIVE);
+            x.op = s->ops[j];
+            x.coll = (uint8_t)sg->comm_kind;
+            x.axis = (int8_t)(sg->comm_axes == 3 ? 2 : sg->comm_axes == 2 ? 1 : 0);
+            x.bytes = sg->comm_bytes;
+            x.seconds = sg->comm_s;
+            PS_TRY(emit(L, kern, &x));
+        }
+        if (op->kind == PS_OP_ADAM) {
+            /* in-place operands return to their own layout (ZeRO's gather) */
+            for (int q = 0; q < op->n_in; q++) {
+                int t = op->in[q], got;
+                if (q == 1 || operand[q] == s->home[t])
+                    continue;
+                PS_TRY(emit_reshard(L, k, kern, operand[q], &s->ps->tensors[t].spec, per_mb,
+                                    s->home[t], 0, &got));
+            }
+        }
+        for (int q = 0; q < op->n_in; q++) {
+            int t = op->in[q];
+            if (operand[q] != s->home[t])
+                PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, operand[q]));
+        }
+        /* homes read for the last time (each tensor once) */
+        for (int q = 0; q < op->n_in; q++) {
+            int t = op->in[q];
+            bool seen = false;
+            for (int r = 0; r < q; r++)
+                seen |= op->in[r] == t;
+            if (seen || s->last_use[t] != j || s->cls[t] == CLS_PERSIST || s->program_free[t])
+                continue;
+            PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, s->home[t]));
+        }
+        /* outputs nobody reads here: freed now, or after their sends */
+        for (int q = 0; q < op->n_out; q++) {
+            int t = op->out[q];
+            if (s->last_use[t] < 0 && !s->program_free[t] && s->cls[t] != CLS_ACCUM)
+                PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, s->home[t]));
+        }
+    }
+out:
+    return st;
+}
+
+/* ---- crossings between stages ---- */
+
+static void tile_region(const ps_sharding_spec *spec, const ps_tensor_desc *d, const int mesh[2],
+                        int i0, int i1, ps_region *r)
+{
+    ps_tensor_desc tile;
+    ps_spec_tile(spec, d, mesh, &tile);
+    r->rank = d->rank;
+    ps_spec_tile_offset(spec, d, mesh, i0, i1, r->offset);
+    for (int x = 0; x < d->rank; x++)
+        r->size[x] = tile.shape[x];
+}
+
+static bool region_intersect(const ps_region *a, const ps_region *b, ps_region *out)
+{
+    out->rank = a->rank;
+    for (int x = 0; x < a->rank; x++) {
+        int64_t lo = a->offset[x] > b->offset[x] ? a->offset[x] : b->offset[x];
+        int64_t ha = a->offset[x] + a->size[x], hb = b->offset[x] + b->size[x];
+        int64_t hi = ha < hb ? ha : hb;
+        if (hi <= lo)
+            return false;
+        out->offset[x] = lo;
+        out->size[x] = hi - lo;
+    }
+    return true;
+}
+
+static bool region_equal(const ps_region *a, const ps_region *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int x = 0; x < a->rank; x++)
+        if (a->offset[x] != b->offset[x] || a->size[x] != b->size[x])
+            return false;
+    return true;
+}
+
+static int64_t region_numel(const ps_region *r)
+{
+    int64_t n = 1;
+    for (int x = 0; x < r->rank; x++)
+        n *= r->size[x];
+    return n;
+}
+
+/* Point-to-point time between two devices, as the cost model sees links. */
+static double p2p_s(const ps_cluster *c, int a, int b, double bytes)
+{
+    int dpn = c->devices_per_node;
+    if (a / dpn == b / dpn)
+        return c->intra.latency_s + bytes / c->intra.bandwidth_bytes_per_s;
+    double nic = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s / dpn;
+    double bw = fmin(nic, c->intra.bandwidth_bytes_per_s);
+    return c->inter.latency_s + bytes / bw;
+}
+
+static ps_status cross_add(lower_ctx *L, crossing **out)
+{
+    if (ps_array_grow((void **)&L->cross, &L->cap_cross, L->n_cross + 1, sizeof *L->cross) != PS_OK)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    *out = &L->cross[L->n_cross++];
+    memset(*out, 0, sizeof **out);
+    return PS_OK;
+}
+
+/* The transfers that move tensor x from stage a's layout to stage b's. */
+static ps_status cross_plan(lower_ctx *L, crossing *x)
+{
+    ps_status st = PS_OK;
+    ps_error *err = L->err;
+    const stage_ctx *A = &L->st[x->from], *B = &L->st[x->to];
+    const ps_tensor_desc *d = &L->step->tensors[x->tensor].desc;
+    int ta = A->slice_of[x->tensor], tb = B->slice_of[x->tensor];
+    ps_sharding_spec sa = A->ps->tensors[ta].spec, sb = B->ps->tensors[tb].spec;
+    int cap_x = 0, cap_g = 0;
+    ps_region *src_box = NULL;
+    x->src_buffer = A->home[ta];
+    x->dst_buffer = B->home[tb];
+    if (sa.partial) {
+        ps_sharding_spec full = sa;
+        full.partial = 0;
+        x->reduce_steps = ps_reshard_plan(A->mesh, d, &sa, &full, x->reduce);
+        for (int i = 0; i < x->reduce_steps; i++)
+            PS_TRY(new_buffer(L, x->from, x->tensor, &x->reduce[i].to, !x->param_copy,
+                              &x->reduced_buffer[i]));
+        sa = full;
+    }
+    if (sb.partial)
+        return ps_error_set(err, PS_ERR_INVALID, "stage %d receives %s as a partial sum", x->to,
+                            L->step->tensors[x->tensor].name);
+    int na = A->ps->n_devices, nb = B->ps->n_devices;
+    const int *ma = A->ps->logical_mesh, *mb = B->ps->logical_mesh;
+    src_box = malloc((size_t)na * sizeof *src_box);
+    PS_TRY_ALLOC(src_box, err);
+    for (int i = 0; i < na; i++)
+        tile_region(&sa, d, ma, i / ma[1], i % ma[1], &src_box[i]);
+    /* axes of b along which receivers hold the same tile */
+    unsigned used = 0;
+    for (int q = 0; q < sb.rank; q++)
+        used |= sb.dim_axes[q];
+    double elem = ps_dtype_size(d->dtype);
+    for (int r = 0; r < nb; r++) {
+        int r0 = r / mb[1], r1 = r % mb[1];
+        ps_region box;
+        tile_region(&sb, d, mb, r0, r1, &box);
+        /* replica group of r: coordinates free along the unused axes */
+        int group[4096], g_n = 0, my_rank = 0;
+        for (int q = 0; q < nb && L->opt.local_allgather; q++) {
+            int q0 = q / mb[1], q1 = q % mb[1];
+            if (((used & 1) && q0 != r0) || ((used & 2) && q1 != r1))
+                continue;
+            if (q == r)
+                my_rank = g_n;
+            if (g_n < 4096)
+                group[g_n++] = B->ps->devices[q];
+        }
+        int chunks = g_n > 1 ? g_n : 1;
+        int group_id = -1;
+        if (chunks > 1 && ps_program_add_group(L->set, group, g_n, &group_id) != PS_OK)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < na; i++) {
+            ps_region part;
+            if (!region_intersect(&box, &src_box[i], &part))
+                continue;
+            /* the first device holding this box stands for its replicas */
+            bool first = true;
+            for (int j = 0; j < i && first; j++)
+                first = !region_equal(&src_box[j], &src_box[i]);
+            if (!first)
+                continue;
+            int replicas[4096], n_rep = 0;
+            for (int j = i; j < na && n_rep < 4096; j++)
+                if (region_equal(&src_box[j], &src_box[i]))
+                    replicas[n_rep++] = A->ps->devices[j];
+            int64_t numel = region_numel(&part);
+            int use_chunks = chunks > 1 && numel >= chunks ? chunks : 1;
+            int region_id;
+            if (ps_program_add_region(L->set, &part, &region_id) != PS_OK)
+                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            int64_t start, len = numel;
+            if (use_chunks > 1)
+                ps_coll_chunk(numel, use_chunks, my_rank, &start, &len);
+            xfer t = {.dst = B->ps->devices[r], .region = region_id,
+                      .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks};
+            t.src = replicas[(r + t.chunk) % n_rep];
+            t.bytes = (double)len * elem;
+            t.seconds = p2p_s(L->plan->cluster, t.src, t.dst, t.bytes);
+            if (ps_array_grow((void **)&x->xfers, &cap_x, x->n_xfers + 1, sizeof *x->xfers) !=
+                PS_OK)
+                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            x->xfers[x->n_xfers++] = t;
+            if (use_chunks > 1) {
+                xgather gth = {.group = group_id, .region = region_id,
+                               .bytes = (double)numel * elem};
+                unsigned axes = (used & 1 ? 0u : 1u) | (used & 2 ? 0u : 2u);
+                gth.seconds = ps_collective_s(B->mesh, PS_COLL_ALL_GATHER, axes, gth.bytes);
+                if (ps_array_grow((void **)&x->gathers, &cap_g, x->n_gathers + 1,
+                                  sizeof *x->gathers) != PS_OK)
+                    return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                int cap_m = cap_g;
+                int *m2 = realloc(x->gather_members, (size_t)cap_m * sizeof *m2);
+                PS_TRY_ALLOC(m2, err);
+                x->gather_members = m2;
+                x->gather_members[x->n_gathers] = B->ps->devices[r];
+                x->gathers[x->n_gathers++] = gth;
+            }
+        }
+    }
+out:
+    free(src_box);
+    return st;
+}
+
+static ps_status find_crossings(lower_ctx *L)
+{
+    ps_status st = PS_OK;
+    const ps_graph *g = L->step;
+    for (int b = 0; b < L->n_stages; b++) {
+        stage_ctx *B = &L->st[b];
+        for (int t = 0; t < B->slice->n_tensors; t++) {
+            int T = B->step_of[t];
+            const ps_tensor *x = &g->tensors[T];
+            crossing *c;
+            if (B->cls[t] == CLS_RECV) {
+                int a = stage_of_op(L, x->producer);
+                PS_TRY(cross_add(L, &c));
+                c->tensor = T;
+                c->from = a;
+                c->to = b;
+                c->phase = phase_of(g->ops[x->producer].pass);
+                continue;
+            }
+            if (B->cls[t] != CLS_PERSIST)
+                continue;
+            /* a parameter (or its state) updated in another stage: that
+             * stage sends the updated value after its update */
+            for (int a = 0; a < L->n_stages; a++) {
+                if (a == b)
+                    continue;
+                stage_ctx *A = &L->st[a];
+                int ta = A->slice_of[T];
+                if (ta < 0)
+                    continue;
+                bool owner = false;
+                for (int j = 0; j < A->n_ops && !owner; j++) {
+                    const ps_op *op = &A->slice->ops[j];
+                    if (op->kind == PS_OP_ADAM)
+                        for (int q = 0; q < op->n_in; q++)
+                            owner |= op->in[q] == ta && q != 1;
+                }
+                if (!owner)
+                    continue;
+                PS_TRY(cross_add(L, &c));
+                c->tensor = T;
+                c->from = a;
+                c->to = b;
+                c->phase = PS_PHASE_UPDATE;
+                c->param_copy = true;
+                break;
+            }
+        }
+    }
+    /* what is sent and freed by the program: produced here, read by
+     * nobody here after the producing phase */
+    for (int i = 0; i < L->n_cross; i++) {
+        crossing *c = &L->cross[i];
+        if (c->param_copy)
+            continue;
+        stage_ctx *A = &L->st[c->from];
+        int ta = A->slice_of[c->tensor];
+        int lu = A->last_use[ta];
+        if (lu < 0 || phase_of(A->slice->ops[lu].pass) == c->phase)
+            A->program_free[ta] = 1;
+    }
+out:
+    return st;
+}
+
+/* ---- programs ---- */
+
+static ps_status append(lower_ctx *L, ps_program *p, const ps_instr *in)
+{
+    if (ps_program_append(p, in) != PS_OK)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    return PS_OK;
+}
+
+static ps_status append_simple(lower_ctx *L, ps_program *p, ps_instr_kind kind, int buffer, int mb)
+{
+    ps_instr in = ps_instr_init(kind);
+    in.buffer = buffer;
+    in.mb = mb;
+    if (kind == PS_INSTR_ALLOC)
+        in.bytes = L->set->buffers[buffer].bytes;
+    return append(L, p, &in);
+}
+
+/* Receives of stage b's device for the crossings taken before phase ph. */
+static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph, int mb)
+{
+    ps_status st = PS_OK;
+    for (int i = 0; i < L->n_cross; i++) {
+        const crossing *c = &L->cross[i];
+        if (c->to != b || c->phase != ph)
+            continue;
+        if (!c->param_copy)
+            PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, c->dst_buffer, mb));
+        for (int j = 0; j < c->n_xfers; j++) {
+            const xfer *t = &c->xfers[j];
+            if (t->dst != p->device)
+                continue;
+            ps_instr in = ps_instr_init(PS_INSTR_RECV);
+            in.buffer = c->dst_buffer;
+            in.mb = mb;
+            in.peer = t->src;
+            in.region = t->region;
+            in.chunk = t->chunk;
+            in.chunks = t->chunks;
+            in.bytes = t->bytes;
+            in.seconds = t->seconds;
+            PS_TRY(append(L, p, &in));
+        }
+        for (int j = 0; j < c->n_gathers; j++) {
+            if (c->gather_members[j] != p->device)
+                continue;
+            ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
+            in.coll = PS_COLL_ALL_GATHER;
+            in.group = c->gathers[j].group;
+            in.buffer = c->dst_buffer;
+            in.mb = mb;
+            in.region = c->gathers[j].region;
+            in.bytes = c->gathers[j].bytes;
+            in.seconds = c->gathers[j].seconds;
+            PS_TRY(append(L, p, &in));
+        }
+    }
+out:
+    return st;
+}
+
+/* Sends of stage a's device for the crossings produced in phase ph. */
+static ps_status program_send(lower_ctx *L, ps_program *p, int a, ps_phase ph, int mb)
+{
+    ps_status st = PS_OK;
+    stage_ctx *A = &L->st[a];
+    for (int i = 0; i < L->n_cross; i++) {
+        const crossing *c = &L->cross[i];
+        if (c->from != a || c->phase != ph)
+            continue;
+        int src = c->src_buffer;
+        for (int r = 0; r < c->reduce_steps; r++) {
+            int dst = c->reduced_buffer[r];
+            PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, dst, mb));
+            ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
+            in.coll = (uint8_t)c->reduce[r].kind;
+            in.group = p->axis_group[c->reduce[r].axis];
+            in.src_buffer = src;
+            in.buffer = dst;
+            in.mb = mb;
+            in.bytes = c->reduce[r].bytes;
+            in.seconds = c->reduce[r].seconds;
+            PS_TRY(append(L, p, &in));
+            if (src != c->src_buffer)
+                PS_TRY(append_simple(L, p, PS_INSTR_FREE, src, mb));
+            src = dst;
+        }
+        for (int j = 0; j < c->n_xfers; j++) {
+            const xfer *t = &c->xfers[j];
+            if (t->src != p->device)
+                continue;
+            ps_instr in = ps_instr_init(PS_INSTR_SEND);
+            in.buffer = src;
+            in.mb = mb;
+            in.peer = t->dst;
+            in.region = t->region;
+            in.chunk = t->chunk;
+            in.chunks = t->chunks;
+            in.bytes = t->bytes;
+            in.seconds = t->seconds;
+            PS_TRY(append(L, p, &in));
+        }
+        if (src != c->src_buffer)
+            PS_TRY(append_simple(L, p, PS_INSTR_FREE, src, mb));
+        /* the last crossing of a tensor frees it when nothing here reads it */
+        bool last = true;
+        for (int j = i + 1; j < L->n_cross && last; j++)
+            last = !(L->cross[j].from == a && L->cross[j].tensor == c->tensor &&
+                     L->cross[j].phase == ph);
+        int ta = A->slice_of[c->tensor];
+        if (last && A->program_free[ta] && !c->param_copy)
+            PS_TRY(append_simple(L, p, PS_INSTR_FREE, c->src_buffer, mb));
+    }
+out:
+    return st;
+}
+
+static ps_status program_run(lower_ctx *L, ps_program *p, int k, ps_phase ph, int mb)
+{
+    ps_status st = PS_OK;
+    stage_ctx *s = &L->st[k];
+    if (ph != PS_PHASE_UPDATE)
+        PS_TRY(program_receive(L, p, k, ph, mb));
+    if (s->kernel[ph] >= 0) {
+        const ps_kernel *kern = &L->set->kernels[s->kernel[ph]];
+        ps_instr in = ps_instr_init(PS_INSTR_RUN);
+        in.kernel = s->kernel[ph];
+        in.mb = mb;
+        in.seconds = kern->seconds;
+        for (int i = 0; i < kern->n_instrs; i++)
+            in.flops += kern->instrs[i].flops;
+        PS_TRY(append(L, p, &in));
+    }
+    PS_TRY(program_send(L, p, k, ph, mb));
+    if (ph == PS_PHASE_UPDATE)
+        PS_TRY(program_receive(L, p, k, ph, mb));
+out:
+    return st;
+}
+
+static ps_status device_program(lower_ctx *L, int k, int r)
+{
+    ps_status st = PS_OK;
+    stage_ctx *s = &L->st[k];
+    ps_program_stage *ps = &L->set->stages[k];
+    int d = ps->devices[r];
+    ps_program *p = &L->set->programs[d];
+    int d1 = ps->mesh[1], d0 = ps->mesh[0];
+    int group[4096];
+    p->stage = k;
+    p->coord[0] = r / d1;
+    p->coord[1] = r % d1;
+    for (int i = 0; i < d0; i++)
+        group[i] = ps->devices[i * d1 + p->coord[1]];
+    if (ps_program_add_group(L->set, group, d0, &p->axis_group[0]) != PS_OK ||
+        ps_program_add_group(L->set, ps->devices + p->coord[0] * d1, d1, &p->axis_group[1]) != PS_OK ||
+        ps_program_add_group(L->set, ps->devices, ps->n_devices, &p->axis_group[2]) != PS_OK)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    int n_t = s->slice->n_tensors;
+    for (int t = 0; t < n_t; t++)
+        if (s->cls[t] == CLS_PERSIST || s->cls[t] == CLS_ACCUM)
+            PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, s->home[t], -1));
+    int m = L->plan->micro_batches, n_st = L->n_stages;
+    bool gpipe = strcmp(L->plan->schedule, "gpipe") == 0;
+    int warm = gpipe ? m : (n_st - k - 1 < m ? n_st - k - 1 : m);
+    for (int i = 0; i < warm; i++)
+        PS_TRY(program_run(L, p, k, PS_PHASE_FORWARD, i));
+    for (int i = 0; i < m - warm; i++) {
+        PS_TRY(program_run(L, p, k, PS_PHASE_FORWARD, warm + i));
+        PS_TRY(program_run(L, p, k, PS_PHASE_BACKWARD, i));
+    }
+    for (int i = m - warm; i < m; i++)
+        PS_TRY(program_run(L, p, k, PS_PHASE_BACKWARD, i));
+    PS_TRY(program_run(L, p, k, PS_PHASE_UPDATE, -1));
+    for (int t = 0; t < n_t; t++)
+        if (s->cls[t] == CLS_PERSIST)
+            PS_TRY(append_simple(L, p, PS_INSTR_FREE, s->home[t], -1));
+out:
+    return st;
+}
+
+static void lower_ctx_clear(lower_ctx *L)
+{
+    for (int k = 0; k < L->n_stages && L->st; k++) {
+        stage_ctx *s = &L->st[k];
+        free(s->ops);
+        ps_graph_free(s->slice);
+        free(s->slice_of);
+        free(s->step_of);
+        ps_mesh_free(s->mesh);
+        free(s->strat);
+        free(s->home);
+        free(s->last_use);
+        free(s->first_use);
+        free(s->cls);
+        free(s->program_free);
+    }
+    free(L->st);
+    for (int i = 0; i < L->n_cross; i++) {
+        free(L->cross[i].xfers);
+        free(L->cross[i].gathers);
+        free(L->cross[i].gather_members);
+    }
+    free(L->cross);
+    free(L->stage_of_layer);
+}
+
+ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower_options *o,
+                        ps_program_set **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    lower_ctx L = {.plan = p, .model = m, .step = m->step, .err = err, .n_stages = p->n_stages};
+    L.opt = o ? *o : ps_lower_options_default();
+    *out = NULL;
+    const ps_graph *g = m->step;
+    PS_TRY(ps_plan_check(p, m, err));
+    if (ps_program_set_create(g, ps_cluster_device_count(p->cluster), p->n_stages, &L.set) != PS_OK) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    L.st = calloc((size_t)p->n_stages + 1, sizeof *L.st);
+    L.stage_of_layer = malloc(((size_t)g->n_layers + 1) * sizeof *L.stage_of_layer);
+    PS_TRY_ALLOC(L.st, err);
+    PS_TRY_ALLOC(L.stage_of_layer, err);
+    for (int k = 0; k < p->n_stages; k++)
+        for (int l = p->stages[k].first_layer; l <= p->stages[k].last_layer; l++)
+            L.stage_of_layer[l] = k;
+    L.set->micro_batches = p->micro_batches;
+    snprintf(L.set->schedule, sizeof L.set->schedule, "%s", p->schedule);
+    L.set->flops_per_step = p->flops_per_step;
+    L.set->mfu_peak_flops_per_s = p->mfu > 0 ? p->tflops_per_device * 1e12 / p->mfu : 0;
+    ps_plan_digest(p, L.set->plan_digest, sizeof L.set->plan_digest);
+    snprintf(L.set->model, sizeof L.set->model, "%s", p->model_name ? p->model_name : "");
+    snprintf(L.set->cluster, sizeof L.set->cluster, "%s", p->cluster->name);
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        ps_program_stage *ps = &L.set->stages[k];
+        ps->n_devices = s->n_devices;
+        ps->mesh[0] = s->logical_mesh[0];
+        ps->mesh[1] = s->logical_mesh[1];
+        ps->devices = malloc((size_t)s->n_devices * sizeof *ps->devices);
+        PS_TRY_ALLOC(ps->devices, err);
+        memcpy(ps->devices, s->devices, (size_t)s->n_devices * sizeof *ps->devices);
+        PS_TRY(stage_setup(&L, k));
+        /* the speed the predicted seconds assume: the mesh's slowest device
+         * for the model's dtype */
+        ps_dtype dt = g->n_tensors > 0 ? g->tensors[0].desc.dtype : PS_DTYPE_F32;
+        for (int t = 0; t < g->n_tensors; t++)
+            if (g->tensors[t].kind == PS_TENSOR_PARAM) {
+                dt = g->tensors[t].desc.dtype;
+                break;
+            }
+        int di = dt < PS_FLOAT_DTYPE_COUNT ? (int)dt : PS_DTYPE_F32;
+        double peak = L.st[k].mesh->peak_flops[di];
+        ps->reference_flops_per_s = peak > 0 ? peak : L.st[k].mesh->peak_flops[PS_DTYPE_F32];
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+            ps->kernel[ph] = -1;
+    }
+    PS_TRY(find_crossings(&L));
+    for (int k = 0; k < p->n_stages; k++)
+        PS_TRY(stage_kernels(&L, k));
+    for (int i = 0; i < L.n_cross; i++)
+        PS_TRY(cross_plan(&L, &L.cross[i]));
+    for (int k = 0; k < p->n_stages; k++)
+        for (int r = 0; r < p->stages[k].n_devices; r++)
+            PS_TRY(device_program(&L, k, r));
+    *out = L.set;
+    L.set = NULL;
+out:
+    lower_ctx_clear(&L);
+    ps_program_set_free(L.set);
+    return st;
+}
