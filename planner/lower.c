@@ -68,6 +68,7 @@ typedef struct stage_ctx {
     int *first_use;       /* [slice tensors] of the first consumer, -1 */
     unsigned char *cls;
     unsigned char *program_free; /* freed by the program after its sends */
+    int *plan_tensor;     /* [slice tensors] index into the plan stage's tensors */
     int kernel[PS_PHASE_COUNT];
 } stage_ctx;
 
@@ -238,6 +239,52 @@ static int stage_of_op(const lower_ctx *L, int op)
     return L->stage_of_layer[L->step->ops[op].layer];
 }
 
+static uint64_t name_hash(const char *n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *n; n++)
+        h = (h ^ (unsigned char)*n) * 1099511628211ull;
+    return h;
+}
+
+/* For every slice tensor, the index of the plan stage's tensor of that name. */
+static ps_status plan_tensor_index(const ps_plan_stage *ps, const ps_graph *slice,
+                                   const ps_graph *g, const int *step_of, int **out,
+                                   ps_error *err)
+{
+    int cap = 16;
+    while (cap < 2 * ps->n_tensors)
+        cap *= 2;
+    int *table = malloc((size_t)cap * sizeof *table);
+    int *idx = malloc(((size_t)slice->n_tensors + 1) * sizeof *idx);
+    if (table == NULL || idx == NULL) {
+        free(table);
+        free(idx);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < cap; i++)
+        table[i] = -1;
+    for (int i = 0; i < ps->n_tensors; i++) {
+        uint64_t h = name_hash(ps->tensors[i].name) & (uint64_t)(cap - 1);
+        while (table[h] >= 0)
+            h = (h + 1) & (uint64_t)(cap - 1);
+        table[h] = i;
+    }
+    for (int t = 0; t < slice->n_tensors; t++) {
+        const char *name = g->tensors[step_of[t]].name;
+        uint64_t h = name_hash(name) & (uint64_t)(cap - 1);
+        idx[t] = -1;
+        for (; table[h] >= 0; h = (h + 1) & (uint64_t)(cap - 1))
+            if (strcmp(ps->tensors[table[h]].name, name) == 0) {
+                idx[t] = table[h];
+                break;
+            }
+    }
+    free(table);
+    *out = idx;
+    return PS_OK;
+}
+
 static ps_status stage_setup(lower_ctx *L, int k)
 {
     ps_status st = PS_OK;
@@ -278,10 +325,9 @@ static ps_status stage_setup(lower_ctx *L, int k)
             s->slice_of[op->out[q]] = next++;
     }
     int n_t = s->slice->n_tensors;
-    if (next != n_t || s->n_ops != ps->n_ops || n_t != ps->n_tensors)
-        return ps_error_set(err, PS_ERR_INTERNAL,
-                            "stage %d: %d ops and %d tensors, the plan lists %d and %d", k,
-                            s->n_ops, n_t, ps->n_ops, ps->n_tensors);
+    if (next != n_t || s->n_ops != ps->n_ops)
+        return ps_error_set(err, PS_ERR_INTERNAL, "stage %d: %d ops, the plan lists %d", k,
+                            s->n_ops, ps->n_ops);
     s->step_of = malloc(((size_t)n_t + 1) * sizeof *s->step_of);
     s->home = malloc(((size_t)n_t + 1) * sizeof *s->home);
     s->last_use = malloc(((size_t)n_t + 1) * sizeof *s->last_use);
@@ -299,12 +345,14 @@ static ps_status stage_setup(lower_ctx *L, int k)
     for (int t = 0; t < g->n_tensors; t++)
         if (s->slice_of[t] >= 0)
             s->step_of[s->slice_of[t]] = t;
+    /* the plan lists the tensors in the order of the graph it was solved
+     * on (the stage's slice, or the whole step): find them by name */
+    PS_TRY(plan_tensor_index(ps, s->slice, g, s->step_of, &s->plan_tensor, err));
     for (int t = 0; t < n_t; t++) {
         s->home[t] = s->last_use[t] = s->first_use[t] = -1;
-        if (strcmp(ps->tensors[t].name, g->tensors[s->step_of[t]].name) != 0)
-            return ps_error_set(err, PS_ERR_INTERNAL,
-                                "stage %d: tensor %d is %s in the plan, %s in the model", k, t,
-                                ps->tensors[t].name, g->tensors[s->step_of[t]].name);
+        if (s->plan_tensor[t] < 0)
+            return ps_error_set(err, PS_ERR_INVALID, "stage %d: the plan has no layout for %s", k,
+                                g->tensors[s->step_of[t]].name);
     }
     /* the strategy of every op, found again by its layouts */
     PS_TRY(ps_batch_dims(s->slice, &batch, err));
@@ -386,7 +434,7 @@ static ps_status stage_kernels(lower_ctx *L, int k)
         bool per_mb = s->cls[t] == CLS_DATA || s->cls[t] == CLS_RECV;
         if (s->cls[t] == CLS_LOCAL)
             continue;
-        PS_TRY(new_buffer(L, k, s->step_of[t], &s->ps->tensors[t].spec, per_mb, &s->home[t]));
+        PS_TRY(new_buffer(L, k, s->step_of[t], &s->ps->tensors[s->plan_tensor[t]].spec, per_mb, &s->home[t]));
     }
     for (int j = 0; j < s->n_ops; j++) {
         const ps_op *op = &s->slice->ops[j];
@@ -463,7 +511,7 @@ static ps_status stage_kernels(lower_ctx *L, int k)
                 int t = op->in[q], got;
                 if (q == 1 || operand[q] == s->home[t])
                     continue;
-                PS_TRY(emit_reshard(L, k, kern, operand[q], &s->ps->tensors[t].spec, per_mb,
+                PS_TRY(emit_reshard(L, k, kern, operand[q], &s->ps->tensors[s->plan_tensor[t]].spec, per_mb,
                                     s->home[t], 0, &got));
             }
         }
@@ -567,7 +615,8 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
     const stage_ctx *A = &L->st[x->from], *B = &L->st[x->to];
     const ps_tensor_desc *d = &L->step->tensors[x->tensor].desc;
     int ta = A->slice_of[x->tensor], tb = B->slice_of[x->tensor];
-    ps_sharding_spec sa = A->ps->tensors[ta].spec, sb = B->ps->tensors[tb].spec;
+    ps_sharding_spec sa = A->ps->tensors[A->plan_tensor[ta]].spec,
+                     sb = B->ps->tensors[B->plan_tensor[tb]].spec;
     int cap_x = 0, cap_g = 0;
     ps_region *src_box = NULL;
     x->src_buffer = A->home[ta];
@@ -929,6 +978,7 @@ static void lower_ctx_clear(lower_ctx *L)
         free(s->first_use);
         free(s->cls);
         free(s->program_free);
+        free(s->plan_tensor);
     }
     free(L->st);
     for (int i = 0; i < L->n_cross; i++) {

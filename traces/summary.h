@@ -13,6 +13,12 @@
 
 #define PS_SUMMARY_VERSION 1
 
+/* The values of `source`, in this order. */
+#define PS_SUMMARY_SOURCE_COUNT 4
+extern const char *const ps_summary_source_names[PS_SUMMARY_SOURCE_COUNT];
+/* Index of a source name in ps_summary_source_names, or -1. */
+int ps_summary_source_index(const char *source);
+
 typedef struct ps_summary_device {
     int id;                   /* global device id */
     int stage;                /* -1: the device has no stage */
@@ -53,6 +59,14 @@ typedef struct ps_summary {
 ps_status ps_summary_create(int n_devices, int n_stages, ps_summary **out);
 void ps_summary_free(ps_summary *s);
 
+/* The checks load applies: source, text fields, finite non-negative values,
+ * at least one device and one stage, increasing device ids, stage indices
+ * 0..n-1, mesh shapes that hold each stage's devices, devices[] agreeing
+ * with each stage's count and first device. Reports "summary: PATH: what is
+ * wrong". Save and to_json call it first, so nothing is written that load
+ * would refuse. */
+ps_status ps_summary_validate(const ps_summary *s, ps_error *err);
+/* PS_ERR_INVALID when the summary does not validate, PS_ERR_NOMEM. */
 ps_status ps_summary_to_json(const ps_summary *s, json_t **out);
 ps_status ps_summary_save(const ps_summary *s, const char *path, ps_error *err);
 /* Validates everything (types, ranges, unknown keys) and reports

@@ -25,14 +25,20 @@ extern const char *const ps_trace_category_names[PS_TRACE_CATEGORY_COUNT];
 typedef struct ps_trace_writer ps_trace_writer;
 
 /* Opens path for writing; devices_per_node maps devices to hosts
- * (pid = node, tid = device). */
+ * (pid = node, tid = device); "-" is standard output. */
 ps_status ps_trace_open(const char *path, int devices_per_node, ps_trace_writer **out,
                         ps_error *err);
+/* Adds "key": "value" to the file's otherData (e.g. source, plan digest,
+ * model); written by ps_trace_close, the last value of a key wins. */
+ps_status ps_trace_set_info(ps_trace_writer *w, const char *key, const char *value);
 /* Names the thread of a device (e.g. "device 3 (stage 1)"); optional. */
 ps_status ps_trace_name_device(ps_trace_writer *w, int device, const char *name);
 /* One span; start and duration in seconds (written in microseconds).
  * micro_batch < 0 and peer < 0 are omitted from the event's args;
- * bytes and flops <= 0 likewise. */
+ * bytes and flops <= 0 likewise (and stage < 0: no stage). A NULL name is
+ * written as the category's name. Failures (a negative device, a bad span,
+ * an I/O error) return non-OK here and are reported again, with the path,
+ * by ps_trace_close. */
 typedef struct ps_trace_event {
     int device;
     ps_trace_category category;
