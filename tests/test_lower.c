@@ -126,6 +126,17 @@ static void check_kernels_match_plan(const ps_plan *p, const ps_program_set *set
         for (int j = 0; j < p->stages[k].n_ops; j++)
             plan_compute += p->stages[k].ops[j].compute_s;
         assert_true(fabs(compute - plan_compute) <= 1e-9 * plan_compute + 1e-15);
+        /* and each kernel's predicted seconds (compute, resharding, in-op
+         * collectives) are the stage's predicted phase times */
+        const ps_plan_stage *ps = &p->stages[k];
+        double want[PS_PHASE_COUNT] = {ps->forward_s, ps->backward_s, ps->update_s};
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            int ki = set->stages[k].kernel[ph];
+            double got = ki >= 0 ? set->kernels[ki].seconds : 0;
+            if (fabs(got - want[ph]) > 1e-6 * want[ph] + 1e-12)
+                fail_msg("%s %s stage %d %s: kernel %.9g s, plan %.9g s", p->model_name,
+                         p->method, k, ps_phase_names[ph], got, want[ph]);
+        }
         /* every device of the stage runs forward and backward once per micro-batch */
         int d = p->stages[k].devices[0];
         int runs[PS_PHASE_COUNT] = {0};
