@@ -168,6 +168,7 @@ static void every_family_method_and_schedule(void **state)
                 check_kernels_match_plan(p, set);
                 ps_program_set_free(set);
                 if (p->n_stages > 1) { /* the plain cross-mesh transfers too */
+                    ps_plan_model_free(m);
                     set = lower(p, &m, false);
                     ps_program_set_free(set);
                 }
