@@ -1,0 +1,135 @@
+/* pipeshard sim: replay a plan's per-device programs in the SimGrid model
+ * of its cluster. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/log.h"
+#include "core/program.h"
+#include "planner/lower.h"
+#include "sim/sim.h"
+#include "traces/plan_summary.h"
+
+static void help(void)
+{
+    printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
+           "                     [--collective-steps] [--no-local-allgather] [--no-check]\n"
+           "                     [--predicted P.json] [--json]\n\n"
+           "Lowers the plan to per-device programs and replays one training step of them\n"
+           "on a SimGrid model of the plan's cluster (docs/simulator.md). Prints the\n"
+           "simulated iteration, per-stage times and memory beside the planner's.\n\n"
+           "options:\n"
+           "  --plan P.json          the plan (pipeshard plan -o)\n"
+           "  --trace T.json         Chrome trace of the step (Perfetto, chrome://tracing)\n"
+           "  --summary S.json       the run summary (docs/trace-format.md)\n"
+           "  --predicted P.json     also write the planner's prediction as a summary\n"
+           "  --collective-steps     send every ring step separately (slower, same time\n"
+           "                         when uncontended)\n"
+           "  --no-local-allgather   send every receiver its whole tile between stages\n"
+           "  --no-check             skip the program checker (large clusters)\n"
+           "  --json                 print the summary as JSON instead of a table\n"
+           "  -h, --help             this help\n");
+}
+
+enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
+       OPT_JSON };
+
+static const struct option options[] = {
+    {"plan", required_argument, NULL, OPT_PLAN},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"summary", required_argument, NULL, OPT_SUMMARY},
+    {"predicted", required_argument, NULL, OPT_PRED},
+    {"collective-steps", no_argument, NULL, OPT_STEPS},
+    {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
+    {"no-check", no_argument, NULL, OPT_NO_CHECK},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+int ps_cmd_sim(int argc, char **argv)
+{
+    const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL;
+    bool check = true, json = false;
+    ps_sim_options so = ps_sim_options_default();
+    ps_lower_options lo = ps_lower_options_default();
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': help(); return 0;
+        case OPT_PLAN: plan_path = optarg; break;
+        case OPT_TRACE: so.trace_path = optarg; break;
+        case OPT_SUMMARY: summary_path = optarg; break;
+        case OPT_PRED: pred_path = optarg; break;
+        case OPT_STEPS: so.collective_steps = true; break;
+        case OPT_NO_LAG: lo.local_allgather = false; break;
+        case OPT_NO_CHECK: check = false; break;
+        case OPT_JSON: json = true; break;
+        default:
+            return ps_cli_usage_error("sim", "unknown or incomplete option \"%s\"",
+                                      argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return ps_cli_usage_error("sim", "unexpected argument \"%s\"", argv[optind]);
+    if (plan_path == NULL)
+        return ps_cli_usage_error("sim", "--plan PLAN.json is required");
+    ps_status st = PS_OK;
+    ps_error err = {0};
+    ps_plan *plan = NULL;
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_summary *sum = NULL, *pred = NULL;
+    ps_sim_stats stats = {0};
+    PS_TRY(ps_plan_load(plan_path, &plan, &err));
+    PS_TRY(ps_plan_model_build(plan, &m, &err));
+    PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
+    if (check)
+        PS_TRY(ps_program_set_check(set, NULL, &err));
+    so.progress = ps_log_progress_enabled();
+    PS_TRY(ps_sim_run(set, plan->cluster, &so, &sum, &stats, &err));
+    PS_TRY(ps_summary_from_plan(plan, &pred));
+    if (summary_path != NULL)
+        PS_TRY(ps_summary_save(sum, summary_path, &err));
+    if (pred_path != NULL)
+        PS_TRY(ps_summary_save(pred, pred_path, &err));
+    if (json) {
+        json_t *j = NULL;
+        PS_TRY(ps_summary_to_json(sum, &j));
+        char *text = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+        json_decref(j);
+        if (text == NULL) {
+            st = ps_error_set(&err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        printf("%s\n", text);
+        free(text);
+    } else {
+        ps_summary_print(sum, stdout);
+        printf("\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / predicted "
+               "= %.3f\n",
+               plan->iteration_s, plan->tflops_per_device,
+               plan->iteration_s > 0 ? sum->iteration_s / plan->iteration_s : 0);
+        for (int k = 0; k < plan->n_stages && k < sum->n_stages; k++)
+            printf("  stage %d: simulated %.4g ms, predicted %.4g ms per micro-batch (%+.1f%%)\n",
+                   k, sum->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3,
+                   plan->stages[k].time_s > 0
+                       ? 100 * (sum->stages[k].time_s / plan->stages[k].time_s - 1)
+                       : 0);
+        printf("simulator     %.3g s wall (platform %.3g s), %lld events, %.3g events/s, "
+               "peak RSS %.3g MiB\n",
+               stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
+               stats.peak_rss_bytes / (1 << 20));
+    }
+out:
+    ps_summary_free(sum);
+    ps_summary_free(pred);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(plan);
+    return st == PS_OK ? 0 : ps_cli_fail(&err, st);
+}

@@ -1,0 +1,788 @@
+/* The replay: one SimGrid actor per device interprets its program
+ * (docs/simulator.md). Runs in the child process of ps_sim_run.
+ *
+ * Accounting. compute_s: time in executions. comm_s: time blocked while
+ * data moves (receives, collective steps, the latency
+ * sleeps of coalesced ring steps). A blocked receive first waits for its
+ * sender to post the message; that wait is idle time (a pipeline bubble, a
+ * straggler), not communication: every message carries its post time, in
+ * the payload pointer's bits (SimGrid only copies payload pointers, never
+ * dereferences them, and refuses NULL; a time t >= 0 with its sign bit set
+ * is never NULL). idle_s is then the rest of the iteration.
+ *
+ * No globals: every actor finds its state (and the shared context) through
+ * its actor data. The hot path (kernel instructions) does no allocation and
+ * no formatting unless a trace is written; mailboxes and group ranks are
+ * looked up once per peer and group and cached per actor. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <simgrid/actor.h>
+#include <simgrid/comm.h>
+#include <simgrid/engine.h>
+#include <simgrid/host.h>
+#include <simgrid/mailbox.h>
+#include <xbt/sysdep.h>
+
+#include "sim/sim_internal.h"
+#include "traces/trace.h"
+
+_Static_assert(sizeof(void *) == sizeof(double), "post times travel in payload pointers");
+
+/* Mailboxes of a peer, per direction and traffic: point-to-point SEND/RECV
+ * and collective steps each keep their own FIFO per ordered device pair. */
+enum { BOX_P2P_OUT, BOX_P2P_IN, BOX_COLL_OUT, BOX_COLL_IN, BOX_COUNT };
+
+/* What a device waits for, for deadlock reports. */
+typedef enum sim_wait {
+    WAIT_NONE = 0,
+    WAIT_RECV,
+    WAIT_COLLECTIVE,
+} sim_wait;
+
+typedef struct sim_peer {
+    int device; /* -1: free slot */
+    double latency_s;
+    sg_mailbox_t box[BOX_COUNT]; /* NULL until first used */
+} sim_peer;
+
+typedef struct sim_ctx sim_ctx;
+
+typedef struct sim_actor {
+    sim_ctx *ctx;
+    const ps_program *prog;
+    int device;
+    double speed_flops_per_s;
+    /* computes not yet executed: flushed as one execution */
+    double pend_exec_flops, pend_pred_flops;
+    int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
+    /* accounting */
+    double compute_s, comm_s, end_s;
+    double mem_bytes, peak_mem_bytes;
+    double phase_sum_s[PS_PHASE_COUNT];
+    int phase_runs[PS_PHASE_COUNT];
+    long long events;
+    /* where it is */
+    int pc, kpc; /* program instruction; kernel instruction or -1 */
+    sim_wait waiting;
+    int wait_peer;
+    bool done;
+    /* caches: open addressing, capacities are powers of two */
+    sim_peer *peers;
+    int n_peers, cap_peers;
+    int *grp_key, *grp_rank;
+    int n_grp, cap_grp;
+} sim_actor;
+
+struct sim_ctx {
+    const ps_program_set *set;
+    const ps_cluster *c;
+    const ps_sim_options *o;
+    sim_actor *actors; /* [set->n_devices] */
+    sg_host_t *hosts;  /* [set->n_devices] */
+    ps_trace_writer *trace;
+    bool trace_failed;
+    ps_error err; /* the first failure inside an actor */
+    double wall_start_s;
+};
+
+static double wall_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *stamp(double t_s)
+{
+    uint64_t u;
+    memcpy(&u, &t_s, sizeof u);
+    u ^= UINT64_C(1) << 63;
+    return (void *)(uintptr_t)u;
+}
+
+static double unstamp(const void *payload)
+{
+    uint64_t u = (uint64_t)(uintptr_t)payload ^ (UINT64_C(1) << 63);
+    double t_s;
+    memcpy(&t_s, &u, sizeof t_s);
+    return t_s;
+}
+
+static long bytes_long(double bytes)
+{
+    return bytes > 0 ? (long)llround(bytes) : 0;
+}
+
+/* Records the first failure of any actor; the actor then stops. */
+static bool actor_fail(sim_actor *a, ps_status st, const char *what)
+{
+    if (a->ctx->err.status == PS_OK && a->kpc >= 0)
+        ps_error_set(&a->ctx->err, st, "device %d, program instruction %d, kernel instruction %d: %s",
+                     a->device, a->pc, a->kpc, what);
+    else if (a->ctx->err.status == PS_OK)
+        ps_error_set(&a->ctx->err, st, "device %d, program instruction %d: %s", a->device, a->pc,
+                     what);
+    a->done = true;
+    return false;
+}
+
+static void trace_span(sim_actor *a, int device, ps_trace_category cat, const char *name,
+                       double t0_s, double t1_s, int mb, int peer, double bytes, double flops)
+{
+    sim_ctx *ctx = a->ctx;
+    if (ctx->trace == NULL || ctx->trace_failed)
+        return;
+    ps_trace_event e = {.device = device,
+                        .category = cat,
+                        .name = name,
+                        .start_s = t0_s,
+                        .duration_s = t1_s - t0_s,
+                        .micro_batch = mb,
+                        .stage = ctx->set->programs[device].stage,
+                        .peer = peer,
+                        .bytes = bytes,
+                        .flops = flops};
+    if (ps_trace_add(ctx->trace, &e) != PS_OK)
+        ctx->trace_failed = true; /* ps_trace_close reports it */
+}
+
+/* ---- caches ---- */
+
+static unsigned hash_int(int x)
+{
+    return (unsigned)x * 2654435761u;
+}
+
+static bool peers_grow(sim_actor *a)
+{
+    int cap = a->cap_peers ? a->cap_peers * 2 : 16;
+    sim_peer *p = malloc((size_t)cap * sizeof *p);
+    if (p == NULL)
+        return false;
+    for (int i = 0; i < cap; i++)
+        p[i].device = -1;
+    for (int i = 0; i < a->cap_peers; i++) {
+        if (a->peers[i].device < 0)
+            continue;
+        unsigned h = hash_int(a->peers[i].device) & (unsigned)(cap - 1);
+        while (p[h].device >= 0)
+            h = (h + 1) & (unsigned)(cap - 1);
+        p[h] = a->peers[i];
+    }
+    free(a->peers);
+    a->peers = p;
+    a->cap_peers = cap;
+    return true;
+}
+
+/* The mailbox `which` between this device and `device`; NULL when out of
+ * memory. *latency_s: the route latency to it. */
+static sg_mailbox_t peer_box(sim_actor *a, int device, int which, double *latency_s)
+{
+    if (2 * (a->n_peers + 1) > a->cap_peers && !peers_grow(a))
+        return NULL;
+    unsigned mask = (unsigned)(a->cap_peers - 1), h = hash_int(device) & mask;
+    while (a->peers[h].device >= 0 && a->peers[h].device != device)
+        h = (h + 1) & mask;
+    sim_peer *p = &a->peers[h];
+    if (p->device < 0) {
+        memset(p, 0, sizeof *p);
+        p->device = device;
+        p->latency_s = ps_sim_route_latency_s(a->ctx->c, a->device, device);
+        a->n_peers++;
+    }
+    if (p->box[which] == NULL) {
+        bool out = which == BOX_P2P_OUT || which == BOX_COLL_OUT;
+        char name[48];
+        snprintf(name, sizeof name, "%c%d>%d", which < BOX_COLL_OUT ? 'p' : 'c',
+                 out ? a->device : device, out ? device : a->device);
+        p->box[which] = sg_mailbox_by_name(name);
+    }
+    if (latency_s)
+        *latency_s = p->latency_s;
+    return p->box[which];
+}
+
+/* This device's rank in group g, -1 if it is not a member, -2 out of memory. */
+static int group_rank(sim_actor *a, int g)
+{
+    if (2 * (a->n_grp + 1) > a->cap_grp) {
+        int cap = a->cap_grp ? a->cap_grp * 2 : 8;
+        int *key = malloc((size_t)cap * sizeof *key), *rank = malloc((size_t)cap * sizeof *rank);
+        if (key == NULL || rank == NULL) {
+            free(key);
+            free(rank);
+            return -2;
+        }
+        for (int i = 0; i < cap; i++)
+            key[i] = -1;
+        for (int i = 0; i < a->cap_grp; i++) {
+            if (a->grp_key[i] < 0)
+                continue;
+            unsigned h = hash_int(a->grp_key[i]) & (unsigned)(cap - 1);
+            while (key[h] >= 0)
+                h = (h + 1) & (unsigned)(cap - 1);
+            key[h] = a->grp_key[i];
+            rank[h] = a->grp_rank[i];
+        }
+        free(a->grp_key);
+        free(a->grp_rank);
+        a->grp_key = key;
+        a->grp_rank = rank;
+        a->cap_grp = cap;
+    }
+    unsigned mask = (unsigned)(a->cap_grp - 1), h = hash_int(g) & mask;
+    while (a->grp_key[h] >= 0 && a->grp_key[h] != g)
+        h = (h + 1) & mask;
+    if (a->grp_key[h] < 0) {
+        const ps_group *gr = &a->ctx->set->groups[g];
+        int r = -1;
+        for (int i = 0; i < gr->n && r < 0; i++)
+            if (gr->devices[i] == a->device)
+                r = i;
+        a->grp_key[h] = g;
+        a->grp_rank[h] = r;
+        a->n_grp++;
+    }
+    return a->grp_rank[h];
+}
+
+/* ---- time ---- */
+
+static void flush_compute(sim_actor *a)
+{
+    if (!(a->pend_exec_flops > 0)) {
+        a->pend_exec_flops = a->pend_pred_flops = 0;
+        return;
+    }
+    double t0 = simgrid_get_clock();
+    sg_actor_execute(a->pend_exec_flops);
+    double t1 = simgrid_get_clock();
+    a->compute_s += t1 - t0;
+    a->events++;
+    if (a->ctx->trace) {
+        char name[64];
+        if (a->cur_phase < 0)
+            snprintf(name, sizeof name, "compute");
+        else if (a->cur_phase == PS_PHASE_UPDATE || a->cur_mb < 0)
+            snprintf(name, sizeof name, "%s", ps_phase_names[a->cur_phase]);
+        else
+            snprintf(name, sizeof name, "%s mb%d", ps_phase_names[a->cur_phase], a->cur_mb);
+        trace_span(a, a->device, PS_TRACE_COMPUTE, name, t0, t1, a->cur_mb, -1, 0,
+                   a->pend_pred_flops);
+    }
+    a->pend_exec_flops = a->pend_pred_flops = 0;
+}
+
+/* Blocked from t0 to t1 on a message its sender posted at posted_s: the
+ * part before the post is idle, the rest communication. */
+static void account_wait(sim_actor *a, double t0_s, double t1_s, double posted_s)
+{
+    double ready = fmin(fmax(t0_s, posted_s), t1_s);
+    a->comm_s += t1_s - ready;
+}
+
+/* ---- communication ---- */
+
+/* Sends are posted and detached: the sender never waits for one. SimGrid
+ * completes a transfer only once the receiver posted its receive, and the
+ * programs free sent buffers right after sending (the checker's buffered
+ * sends), so a FREE that waited could deadlock (1F1B: stage 0 frees
+ * activation mb 1 while stage 1 first returns gradient mb 0). The receiver
+ * ends after the transfer, so the iteration time still covers it. */
+static bool do_send(sim_actor *a, const ps_instr *in)
+{
+    flush_compute(a);
+    if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
+        return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
+    sg_mailbox_t box = peer_box(a, in->peer, BOX_P2P_OUT, NULL);
+    if (box == NULL)
+        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    /* detach starts the comm; SimGrid refuses to detach a started one */
+    sg_comm_t comm = sg_mailbox_put_init(box, stamp(simgrid_get_clock()), bytes_long(in->bytes));
+    sg_comm_detach(comm, NULL);
+    a->events++;
+    return true;
+}
+
+static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
+{
+    flush_compute(a);
+    if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
+        return actor_fail(a, PS_ERR_INVALID, "receive from an invalid peer");
+    sg_mailbox_t box = peer_box(a, in->peer, BOX_P2P_IN, NULL);
+    if (box == NULL)
+        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    double t0 = simgrid_get_clock();
+    a->waiting = WAIT_RECV;
+    a->wait_peer = in->peer;
+    void *payload = sg_mailbox_get(box);
+    a->waiting = WAIT_NONE;
+    double t1 = simgrid_get_clock(), posted = unstamp(payload);
+    account_wait(a, t0, t1, posted);
+    if (a->ctx->trace) {
+        char name[48];
+        snprintf(name, sizeof name, "recv from %d", in->peer);
+        trace_span(a, a->device, PS_TRACE_RECV, name, t0, t1, mb, in->peer, in->bytes, 0);
+        /* the sender learns of the completion only when it waits: its span
+         * is written here, where the completion time is known */
+        snprintf(name, sizeof name, "send to %d", a->device);
+        trace_span(a, in->peer, PS_TRACE_SEND, name, posted, t1, mb, a->device, in->bytes, 0);
+    }
+    return true;
+}
+
+/* One coalesced run of ring steps: `bytes` to `to` and from `from`, after
+ * `extra_latencies` route latencies (the steps merged into it). */
+static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_latencies)
+{
+    double latency_s;
+    sg_mailbox_t out = peer_box(a, to, BOX_COLL_OUT, &latency_s);
+    sg_mailbox_t in = out ? peer_box(a, from, BOX_COLL_IN, NULL) : NULL;
+    if (in == NULL)
+        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    double t0 = simgrid_get_clock();
+    a->waiting = WAIT_COLLECTIVE;
+    a->wait_peer = from;
+    if (extra_latencies > 0) {
+        sg_actor_sleep_for(extra_latencies * latency_s);
+        a->events++;
+    }
+    double ready = simgrid_get_clock();
+    sg_comm_t put = sg_mailbox_put_async(out, stamp(ready), bytes_long(bytes));
+    a->events++;
+    void *payload = sg_mailbox_get(in);
+    double posted = unstamp(payload);
+    sg_comm_wait(put);
+    a->waiting = WAIT_NONE;
+    double t1 = simgrid_get_clock();
+    /* waiting for `from` to post is idle time */
+    double peer_ready = fmin(fmax(ready, posted), t1);
+    a->comm_s += (t1 - t0) - (peer_ready - ready);
+    return true;
+}
+
+/* A collective on group g expanded into ring (or pairwise) steps. */
+static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
+{
+    const ps_program_set *set = a->ctx->set;
+    if (g < 0 || g >= set->n_groups)
+        return actor_fail(a, PS_ERR_INVALID, "collective on an invalid group");
+    const ps_group *gr = &set->groups[g];
+    if (gr->n <= 1 || !(bytes > 0))
+        return true; /* nothing moves; the cost model charges nothing either */
+    int rank = group_rank(a, g);
+    if (rank == -2)
+        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    if (rank < 0)
+        return actor_fail(a, PS_ERR_INVALID, "collective on a group the device is not in");
+    int n = gr->n, steps = ps_coll_step_count(kind, n);
+    double chunk = bytes / n;
+    for (int j = 0; j < steps;) {
+        ps_coll_step s = ps_coll_step_of(kind, n, rank, j);
+        int k = 1;
+        while (!a->ctx->o->collective_steps && j + k < steps) {
+            ps_coll_step s2 = ps_coll_step_of(kind, n, rank, j + k);
+            if (s2.send_to != s.send_to || s2.recv_from != s.recv_from)
+                break;
+            k++;
+        }
+        if (!transfer(a, gr->devices[s.send_to], gr->devices[s.recv_from], k * chunk, k - 1))
+            return false;
+        j += k;
+    }
+    return true;
+}
+
+static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
+{
+    flush_compute(a);
+    const ps_program_set *set = a->ctx->set;
+    const ps_program *p = a->prog;
+    if (in->coll >= PS_COLL_COUNT)
+        return actor_fail(a, PS_ERR_INVALID, "unknown collective");
+    ps_collective kind = (ps_collective)in->coll;
+    double t0 = simgrid_get_clock(), S = in->bytes;
+    bool ok = true;
+    if (in->axis == PS_MESH_AXES) {
+        /* the whole mesh, hierarchically as the cost model charges it:
+         * axis 1 on the full size, axis 0 on what is left per device */
+        int g0 = p->axis_group[0], g1 = p->axis_group[1];
+        double d1 = p->stage >= 0 && set->stages[p->stage].mesh[1] > 0
+                        ? set->stages[p->stage].mesh[1]
+                        : 1;
+        switch (kind) {
+        case PS_COLL_ALL_REDUCE:
+            ok = (g1 < 0 || ring(a, PS_COLL_REDUCE_SCATTER, g1, S)) &&
+                 (g0 < 0 || ring(a, PS_COLL_ALL_REDUCE, g0, S / d1)) &&
+                 (g1 < 0 || ring(a, PS_COLL_ALL_GATHER, g1, S));
+            break;
+        case PS_COLL_ALL_GATHER:
+            ok = (g0 < 0 || ring(a, kind, g0, S / d1)) && (g1 < 0 || ring(a, kind, g1, S));
+            break;
+        case PS_COLL_REDUCE_SCATTER:
+            ok = (g1 < 0 || ring(a, kind, g1, S)) && (g0 < 0 || ring(a, kind, g0, S / d1));
+            break;
+        case PS_COLL_ALL_TO_ALL:
+            ok = (g1 < 0 || ring(a, kind, g1, S)) && (g0 < 0 || ring(a, kind, g0, S));
+            break;
+        case PS_COLL_COUNT: break;
+        }
+    } else {
+        ok = ring(a, kind, ps_instr_group(set, p, in), S);
+    }
+    if (ok && a->ctx->trace) {
+        char name[64];
+        if (in->axis >= 0)
+            snprintf(name, sizeof name, "%s axis %d", ps_collective_names[kind], in->axis);
+        else
+            snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], in->group);
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, t0, simgrid_get_clock(), mb, -1,
+                   in->bytes, 0);
+    }
+    return ok;
+}
+
+/* ---- interpretation ---- */
+
+static bool buffer_ok(const sim_actor *a, int b)
+{
+    return b >= 0 && b < a->ctx->set->n_buffers;
+}
+
+/* One instruction; mb is the micro-batch of its instances (the RUN's inside
+ * a kernel), ref the FLOP/s its compute seconds assume. */
+static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_s)
+{
+    const ps_program_set *set = a->ctx->set;
+    switch ((ps_instr_kind)in->kind) {
+    case PS_INSTR_COMPUTE:
+    case PS_INSTR_SLICE:
+        a->pend_exec_flops += in->seconds * ref_flops_per_s;
+        a->pend_pred_flops += in->flops;
+        return true;
+    case PS_INSTR_LOAD:
+        return true;
+    case PS_INSTR_ALLOC:
+        if (!buffer_ok(a, in->buffer))
+            return actor_fail(a, PS_ERR_INVALID, "alloc of an invalid buffer");
+        a->mem_bytes += set->buffers[in->buffer].bytes;
+        if (a->mem_bytes > a->peak_mem_bytes)
+            a->peak_mem_bytes = a->mem_bytes;
+        return true;
+    case PS_INSTR_FREE:
+        if (!buffer_ok(a, in->buffer))
+            return actor_fail(a, PS_ERR_INVALID, "free of an invalid buffer");
+        /* sends of it may be in flight: it counts as freed now, as in the
+         * program checker (see do_send) */
+        a->mem_bytes -= set->buffers[in->buffer].bytes;
+        return true;
+    case PS_INSTR_COLLECTIVE:
+        return do_collective(a, in, mb);
+    case PS_INSTR_SEND:
+        if (in->buffer >= 0 && !buffer_ok(a, in->buffer))
+            return actor_fail(a, PS_ERR_INVALID, "send of an invalid buffer");
+        return do_send(a, in);
+    case PS_INSTR_RECV:
+        return do_recv(a, in, mb);
+    case PS_INSTR_RUN:
+    case PS_INSTR_KIND_COUNT: break;
+    }
+    return actor_fail(a, PS_ERR_INVALID, "instruction not allowed here");
+}
+
+static bool run_kernel(sim_actor *a, const ps_instr *in)
+{
+    const ps_program_set *set = a->ctx->set;
+    if (in->kernel < 0 || in->kernel >= set->n_kernels)
+        return actor_fail(a, PS_ERR_INVALID, "run of an invalid kernel");
+    flush_compute(a);
+    const ps_kernel *k = &set->kernels[in->kernel];
+    double ref = k->stage >= 0 && k->stage < set->n_stages
+                     ? set->stages[k->stage].reference_flops_per_s
+                     : 0;
+    if (!(ref > 0)) /* no reference speed: take the seconds as this device's */
+        ref = a->speed_flops_per_s;
+    a->cur_phase = (int)k->phase;
+    a->cur_mb = in->mb;
+    double t0 = simgrid_get_clock();
+    for (int i = 0; i < k->n_instrs; i++) {
+        a->kpc = i;
+        if (k->instrs[i].kind == PS_INSTR_RUN)
+            return actor_fail(a, PS_ERR_INVALID, "run inside a kernel");
+        if (!step(a, &k->instrs[i], in->mb, ref))
+            return false;
+    }
+    flush_compute(a);
+    a->kpc = -1;
+    if (k->phase < PS_PHASE_COUNT) {
+        a->phase_sum_s[k->phase] += simgrid_get_clock() - t0;
+        a->phase_runs[k->phase]++;
+    }
+    a->cur_phase = a->cur_mb = -1;
+    return true;
+}
+
+static void actor_main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    sim_actor *a = sg_actor_self_get_data();
+    const ps_program *p = a->prog;
+    const ps_program_set *set = a->ctx->set;
+    /* program-level computes (none in lowered programs) use the stage's reference */
+    double ref = p->stage >= 0 && p->stage < set->n_stages
+                     ? set->stages[p->stage].reference_flops_per_s
+                     : 0;
+    if (!(ref > 0))
+        ref = a->speed_flops_per_s;
+    for (a->pc = 0; a->pc < p->n_instrs; a->pc++) {
+        const ps_instr *in = &p->instrs[a->pc];
+        bool ok = in->kind == PS_INSTR_RUN ? run_kernel(a, in) : step(a, in, in->mb, ref);
+        if (!ok)
+            return;
+    }
+    flush_compute(a);
+    a->end_s = simgrid_get_clock();
+    a->done = true;
+}
+
+/* Prints simulated time and events about once a wall second (a daemon:
+ * SimGrid ends it when the last device finishes). */
+static void progress_main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    sim_ctx *ctx = sg_actor_self_get_data();
+    double dt_s = 1e-4, last = wall_now_s();
+    for (;;) {
+        sg_actor_sleep_for(dt_s);
+        double now = wall_now_s();
+        if (now - last < 0.25)
+            dt_s *= 2;
+        if (now - last >= 1.0) {
+            long long events = 0;
+            for (int d = 0; d < ctx->set->n_devices; d++)
+                events += ctx->actors[d].events;
+            fprintf(stderr, "sim: %.6g s simulated, %lld events, %.0f s\n", simgrid_get_clock(),
+                    events, now - ctx->wall_start_s);
+            last = now;
+        }
+    }
+}
+
+/* ---- setup and collection ---- */
+
+static const char *wait_name(sim_wait w)
+{
+    switch (w) {
+    case WAIT_RECV: return "a receive from device";
+    case WAIT_COLLECTIVE: return "a collective step with device";
+    case WAIT_NONE: break;
+    }
+    return "nothing";
+}
+
+static ps_status check_finished(sim_ctx *ctx, ps_error *err)
+{
+    int blocked = 0, first = -1;
+    for (int d = 0; d < ctx->set->n_devices; d++)
+        if (ctx->actors[d].prog != NULL && !ctx->actors[d].done) {
+            blocked++;
+            if (first < 0)
+                first = d;
+        }
+    if (blocked == 0)
+        return PS_OK;
+    const sim_actor *a = &ctx->actors[first];
+    char where[96] = "";
+    if (a->kpc >= 0)
+        snprintf(where, sizeof where, " (kernel %d, its instruction %d)",
+                 a->prog->instrs[a->pc].kernel, a->kpc);
+    char peer[24] = "";
+    if (a->waiting == WAIT_RECV || a->waiting == WAIT_COLLECTIVE)
+        snprintf(peer, sizeof peer, " %d", a->wait_peer);
+    return ps_error_set(err, PS_ERR_INTERNAL,
+                        "simulation deadlocked: %d device%s blocked; device %d waits at program "
+                        "instruction %d%s for %s%s",
+                        blocked, blocked == 1 ? "" : "s", first, a->pc, where,
+                        wait_name(a->waiting), peer);
+}
+
+/* simgrid_init wants argv-style options. */
+static void init_simgrid(int n_actors)
+{
+    static const char *const base[] = {
+        "pipeshard-sim",
+        /* exact alpha-beta transfers (FACTS.md): no latency or bandwidth
+         * factors, no reverse-path traffic, no TCP window cap */
+        "--cfg=network/model:CM02",
+        "--cfg=network/crosstraffic:0",
+        "--cfg=network/TCP-gamma:0",
+#if defined(__SANITIZE_ADDRESS__)
+        /* raw contexts switch stacks behind AddressSanitizer's back */
+        "--cfg=contexts/factory:thread",
+#else
+        "--cfg=contexts/factory:raw",
+#endif
+    };
+    char *argv[32];
+    int argc = 0;
+    for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+        argv[argc++] = (char *)base[i];
+    char guard[] = "--cfg=contexts/guard-size:0", quiet[] = "--log=root.thres:critical";
+    /* two guard mappings per actor would exceed vm.max_map_count */
+    if (n_actors > 30000)
+        argv[argc++] = guard;
+    const char *log = getenv("PIPESHARD_LOG");
+    if (log == NULL || strcmp(log, "debug") != 0)
+        argv[argc++] = quiet;
+    /* experiments: more SimGrid options, separated by spaces; they come
+     * last and win (docs/simulator.md) */
+    char extra[1024] = "";
+    const char *env = getenv("PIPESHARD_SIMGRID_OPTIONS");
+    if (env != NULL)
+        snprintf(extra, sizeof extra, "%s", env);
+    for (char *save = NULL, *tok = strtok_r(extra, " ", &save); tok != NULL && argc < 30;
+         tok = strtok_r(NULL, " ", &save))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    simgrid_init(&argc, argv);
+}
+
+static ps_status map_hosts(sim_ctx *ctx, ps_error *err)
+{
+    /* sg_host_by_name searches zone by zone in SimGrid 3.32: map the list once */
+    int n = (int)sg_host_count();
+    sg_host_t *list = sg_host_list();
+    for (int i = 0; i < n; i++) {
+        const char *name = sg_host_get_name(list[i]);
+        char *end = NULL;
+        long d = strncmp(name, "dev", 3) == 0 ? strtol(name + 3, &end, 10) : -1;
+        if (d >= 0 && d < ctx->set->n_devices && end != NULL && *end == '\0')
+            ctx->hosts[d] = list[i];
+    }
+    xbt_free(list);
+    for (int d = 0; d < ctx->set->n_devices; d++)
+        if (ctx->hosts[d] == NULL)
+            return ps_error_set(err, PS_ERR_INTERNAL, "the platform has no host for device %d", d);
+    return PS_OK;
+}
+
+static ps_status open_trace(sim_ctx *ctx, ps_error *err)
+{
+    const ps_program_set *set = ctx->set;
+    ps_status st = ps_trace_open(ctx->o->trace_path, ctx->c->devices_per_node, &ctx->trace, err);
+    if (st != PS_OK)
+        return st;
+    st = ps_trace_set_info(ctx->trace, "source", "sim");
+    if (st == PS_OK && set->plan_digest[0])
+        st = ps_trace_set_info(ctx->trace, "plan", set->plan_digest);
+    if (st == PS_OK && set->model[0])
+        st = ps_trace_set_info(ctx->trace, "model", set->model);
+    if (st == PS_OK && set->cluster[0])
+        st = ps_trace_set_info(ctx->trace, "cluster", set->cluster);
+    for (int d = 0; d < set->n_devices && st == PS_OK; d++) {
+        if (set->programs[d].n_instrs == 0)
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "device %d (stage %d)", d, set->programs[d].stage);
+        st = ps_trace_name_device(ctx->trace, d, name);
+    }
+    if (st != PS_OK)
+        ctx->trace_failed = true; /* close reports it */
+    return PS_OK;
+}
+
+ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_sim_options *o,
+                        const char *platform_path, ps_sim_result *res, ps_error *err)
+{
+    ps_status st = PS_OK;
+    sim_ctx ctx = {.set = s, .c = c, .o = o, .wall_start_s = wall_now_s()};
+    ctx.actors = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.actors);
+    ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
+    PS_TRY_ALLOC(ctx.actors, err);
+    PS_TRY_ALLOC(ctx.hosts, err);
+    int n_actors = 0;
+    for (int d = 0; d < s->n_devices; d++)
+        n_actors += s->programs[d].n_instrs > 0;
+
+    init_simgrid(n_actors);
+    double t0 = wall_now_s();
+    simgrid_load_platform(platform_path);
+    res->load_s = wall_now_s() - t0;
+    PS_TRY(map_hosts(&ctx, err));
+    if (o->trace_path != NULL)
+        PS_TRY(open_trace(&ctx, err));
+
+    for (int d = 0; d < s->n_devices; d++) {
+        sim_actor *a = &ctx.actors[d];
+        a->ctx = &ctx;
+        a->device = d;
+        a->pc = 0;
+        a->kpc = -1;
+        a->cur_phase = a->cur_mb = -1;
+        if (s->programs[d].n_instrs == 0)
+            continue;
+        a->prog = &s->programs[d];
+        a->speed_flops_per_s = sg_host_get_speed(ctx.hosts[d]);
+        char name[32];
+        snprintf(name, sizeof name, "dev%d", d);
+        sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
+        sg_actor_set_data(actor, a);
+        sg_actor_start(actor, actor_main, 0, NULL);
+    }
+    if (o->progress && n_actors > 0) {
+        sg_actor_t actor = sg_actor_init("progress", ctx.hosts[0]);
+        sg_actor_set_data(actor, &ctx);
+        sg_actor_daemonize(actor);
+        sg_actor_start(actor, progress_main, 0, NULL);
+    }
+
+    simgrid_run();
+
+    if (ctx.err.status != PS_OK) {
+        st = ps_error_set(err, ctx.err.status, "%s", ctx.err.msg);
+        goto out;
+    }
+    PS_TRY(check_finished(&ctx, err));
+    res->iteration_s = 0;
+    res->events = 0;
+    for (int d = 0; d < s->n_devices && d < res->n_devices; d++) {
+        const sim_actor *a = &ctx.actors[d];
+        ps_sim_device_result *r = &res->devices[d];
+        memset(r, 0, sizeof *r);
+        r->has_program = a->prog != NULL;
+        r->compute_s = a->compute_s;
+        r->comm_s = a->comm_s;
+        r->end_s = a->end_s;
+        r->peak_memory_bytes = a->peak_mem_bytes;
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            r->phase_sum_s[ph] = a->phase_sum_s[ph];
+            r->phase_runs[ph] = a->phase_runs[ph];
+        }
+        res->iteration_s = fmax(res->iteration_s, a->end_s);
+        res->events += a->events;
+    }
+out:
+    if (ctx.trace != NULL) {
+        ps_status cst = ps_trace_close(ctx.trace, err);
+        if (st == PS_OK)
+            st = cst;
+    }
+    if (ctx.actors != NULL)
+        for (int d = 0; d < s->n_devices; d++) {
+            free(ctx.actors[d].peers);
+            free(ctx.actors[d].grp_key);
+            free(ctx.actors[d].grp_rank);
+        }
+    free(ctx.actors);
+    free(ctx.hosts);
+    res->wall_s = wall_now_s() - ctx.wall_start_s;
+    return st;
+}

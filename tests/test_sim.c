@@ -1,0 +1,825 @@
+/* sim/: the SimGrid replay against closed forms (ring collectives, the
+ * pipeline bubble, NIC sharing, the cost model's collective times),
+ * memory against hand counts and the program checker, deadlock, the
+ * platform, the trace, and a 1024-device smoke run. Program sets are built
+ * by hand through core/program.h's builders. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "core/program.h"
+#include "planner/cost_model.h"
+#include "planner/inter_pass.h"
+#include "planner/lower.h"
+#include "planner/plan_intra.h"
+#include "planner/plan_model.h"
+#include "sim/sim.h"
+
+#define GB 1e9
+
+/* ---- building clusters and programs by hand ---- */
+
+static ps_cluster *cluster_make(int nodes, int dpn, double intra_bw, double intra_lat, int nics,
+                                double nic_bw, double inter_lat, double flops)
+{
+    ps_device_kind k = {.name = "test-gpu",
+                        .peak_flops = {flops / 8, flops, flops},
+                        .memory_bytes = 80 * GB,
+                        .memory_bandwidth_bytes_per_s = 2e12};
+    ps_intra_link in = {PS_INTRA_NVSWITCH, intra_bw, intra_lat};
+    ps_inter_link out = {PS_INTER_FAT_TREE, nics, nic_bw, inter_lat};
+    ps_cluster *c = NULL;
+    ps_error err = {0};
+    if (ps_cluster_create("test", nodes, dpn, &k, &in, &out, &c, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    return c;
+}
+
+static ps_program_set *set_make(int n_devices, int n_stages)
+{
+    ps_program_set *s = NULL;
+    assert_int_equal(ps_program_set_create(NULL, n_devices, n_stages, &s), PS_OK);
+    snprintf(s->model, sizeof s->model, "hand-made");
+    snprintf(s->cluster, sizeof s->cluster, "test");
+    snprintf(s->plan_digest, sizeof s->plan_digest, "0123456789abcdef");
+    return s;
+}
+
+/* Stage `stage` on devices[0..n) as a d0 x d1 mesh, row-major. */
+static void stage_set(ps_program_set *s, int stage, const int *devices, int d0, int d1,
+                      double ref_flops)
+{
+    int n = d0 * d1;
+    ps_program_stage *st = &s->stages[stage];
+    st->n_devices = n;
+    st->devices = malloc((size_t)n * sizeof *st->devices);
+    assert_non_null(st->devices);
+    memcpy(st->devices, devices, (size_t)n * sizeof *devices);
+    st->mesh[0] = d0;
+    st->mesh[1] = d1;
+    st->reference_flops_per_s = ref_flops;
+    int *col = malloc((size_t)d0 * sizeof *col), g0, g1, g2;
+    assert_non_null(col);
+    assert_int_equal(ps_program_add_group(s, devices, n, &g2), PS_OK);
+    for (int i = 0; i < n; i++) {
+        int r = i / d1, q = i % d1;
+        for (int j = 0; j < d0; j++)
+            col[j] = devices[j * d1 + q];
+        assert_int_equal(ps_program_add_group(s, col, d0, &g0), PS_OK);
+        assert_int_equal(ps_program_add_group(s, devices + r * d1, d1, &g1), PS_OK);
+        ps_program *p = &s->programs[devices[i]];
+        p->stage = stage;
+        p->coord[0] = r;
+        p->coord[1] = q;
+        p->axis_group[0] = g0;
+        p->axis_group[1] = g1;
+        p->axis_group[2] = g2;
+    }
+    free(col);
+}
+
+static int buffer_make(ps_program_set *s, int stage, int tensor, double bytes, bool per_mb)
+{
+    ps_buffer b = {.tensor = tensor, .stage = stage, .bytes = bytes, .per_microbatch = per_mb};
+    int i = -1;
+    assert_int_equal(ps_program_add_buffer(s, &b, &i), PS_OK);
+    return i;
+}
+
+/* A kernel of one compute of `seconds` (and `flops`). */
+static int kernel_make(ps_program_set *s, int stage, ps_phase phase, double seconds)
+{
+    int k = -1;
+    assert_int_equal(ps_program_add_kernel(s, stage, phase, &k), PS_OK);
+    ps_instr in = ps_instr_init(PS_INSTR_COMPUTE);
+    in.seconds = seconds;
+    in.flops = seconds * 1e12;
+    assert_int_equal(ps_kernel_append(&s->kernels[k], &in), PS_OK);
+    s->stages[stage].kernel[phase] = k;
+    return k;
+}
+
+static void emit(ps_program_set *s, int device, ps_instr in)
+{
+    assert_int_equal(ps_program_append(&s->programs[device], &in), PS_OK);
+}
+
+static ps_instr run_of(int kernel, int mb)
+{
+    ps_instr in = ps_instr_init(PS_INSTR_RUN);
+    in.kernel = kernel;
+    in.mb = mb;
+    return in;
+}
+
+static ps_instr xfer(ps_instr_kind kind, int buffer, int mb, int peer, double bytes)
+{
+    ps_instr in = ps_instr_init(kind);
+    in.buffer = buffer;
+    in.mb = mb;
+    in.peer = peer;
+    in.bytes = bytes;
+    return in;
+}
+
+static ps_instr mem(ps_instr_kind kind, int buffer, int mb)
+{
+    ps_instr in = ps_instr_init(kind);
+    in.buffer = buffer;
+    in.mb = mb;
+    return in;
+}
+
+static ps_instr coll_group(ps_collective kind, int group, double bytes)
+{
+    ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
+    in.coll = (uint8_t)kind;
+    in.group = group;
+    in.bytes = bytes;
+    return in;
+}
+
+static ps_summary *simulate(const ps_program_set *s, const ps_cluster *c, const ps_sim_options *o,
+                            ps_sim_stats *stats)
+{
+    ps_error err = {0};
+    ps_summary *sum = NULL;
+    if (ps_sim_run(s, c, o, &sum, stats, &err) != PS_OK)
+        fail_msg("simulation failed: %s", err.msg);
+    assert_non_null(sum);
+    assert_string_equal(sum->source, "sim");
+    assert_int_equal(ps_summary_validate(sum, NULL), PS_OK);
+    return sum;
+}
+
+/* The largest relative error a test saw, printed at its end. */
+static double worst_error;
+
+static void report_worst(const char *test)
+{
+    print_message("%s: largest relative error %.3g%%\n", test, 100 * worst_error);
+    worst_error = 0;
+}
+
+static void assert_close(double got, double want, double rel, const char *what)
+{
+    if (want != 0 && fabs(got - want) / fabs(want) > worst_error)
+        worst_error = fabs(got - want) / fabs(want);
+    if (!(fabs(got - want) <= rel * fabs(want)))
+        fail_msg("%s: simulated %.9g, expected %.9g (error %.3g%%, allowed %.3g%%)", what, got,
+                 want, 100 * fabs(got - want) / fabs(want), 100 * rel);
+}
+
+/* ---- (a) ring collectives on one node ---- */
+
+static void ring_collectives_match_closed_form(void **state)
+{
+    (void)state;
+    const double B = 300 * GB, alpha = 2e-6;
+    ps_cluster *c = cluster_make(1, 8, B, alpha, 1, 25 * GB, 5e-6, 312e12);
+    const int ns[] = {2, 4, 8};
+    const double sizes[] = {1 * GB, 64e3};
+    for (int steps = 0; steps < 2; steps++)
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++)
+                for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
+                    int n = ns[a];
+                    if (kind != PS_COLL_ALL_REDUCE && n != 8)
+                        continue;
+                    double S = sizes[b];
+                    ps_program_set *s = set_make(8, 1);
+                    int devs[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+                    stage_set(s, 0, devs, 1, n, 312e12);
+                    int g = s->programs[0].axis_group[1];
+                    for (int d = 0; d < n; d++)
+                        emit(s, d, coll_group((ps_collective)kind, g, S));
+                    ps_sim_options o = ps_sim_options_default();
+                    o.collective_steps = steps;
+                    ps_summary *sum = simulate(s, c, &o, NULL);
+                    double want = ps_coll_ring_s((ps_collective)kind, n, S, alpha, 1 / B);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s n=%d S=%g steps=%d",
+                             ps_collective_names[kind], n, S, steps);
+                    assert_close(sum->iteration_s, want, 0.02, what);
+                    for (int d = 0; d < n; d++) {
+                        assert_close(sum->devices[d].comm_s, want, 0.02, what);
+                        assert_true(sum->devices[d].compute_s == 0);
+                    }
+                    ps_summary_free(sum);
+                    ps_program_set_free(s);
+                }
+    ps_cluster_free(c);
+    report_worst("ring_collectives_match_closed_form");
+}
+
+/* ---- (b) pipelines: the bubble ---- */
+
+/* p stages of one device each, m micro-batches, zero-byte transfers
+ * between neighbours; 1F1B or GPipe. Per stage: act[i] (forward output,
+ * sent to i + 1), in[i] (received from i - 1), grad[i] (sent to i - 1),
+ * gin[i] (received from i + 1). */
+static ps_program_set *pipeline_make(int p, int m, double tf, double tb, bool gpipe)
+{
+    ps_program_set *s = set_make(p, p);
+    s->micro_batches = m;
+    snprintf(s->schedule, sizeof s->schedule, "%s", gpipe ? "gpipe" : "1f1b");
+    for (int i = 0; i < p; i++) {
+        stage_set(s, i, &i, 1, 1, 312e12);
+        kernel_make(s, i, PS_PHASE_FORWARD, tf);
+        kernel_make(s, i, PS_PHASE_BACKWARD, tb);
+    }
+    int *act = calloc((size_t)p, sizeof *act), *in = calloc((size_t)p, sizeof *in);
+    int *grad = calloc((size_t)p, sizeof *grad), *gin = calloc((size_t)p, sizeof *gin);
+    for (int i = 0; i < p; i++) {
+        act[i] = buffer_make(s, i, 2 * i, 0, true);
+        in[i] = buffer_make(s, i, 2 * i - 2, 0, true);
+        grad[i] = buffer_make(s, i, 2 * i + 1 - 2, 0, true);
+        gin[i] = buffer_make(s, i, 2 * i + 1, 0, true);
+    }
+    for (int i = 0; i < p; i++) {
+        int warm = gpipe ? m : (p - i - 1 < m ? p - i - 1 : m);
+        int f = 0, b = 0;
+        /* the order of forwards (1) and backwards (0) */
+        int order[256], n = 0;
+        for (; f < warm; f++)
+            order[n++] = 1;
+        while (b < m) {
+            if (f < m) {
+                order[n++] = 1;
+                f++;
+            }
+            order[n++] = 0;
+            b++;
+        }
+        f = b = 0;
+        for (int k = 0; k < n; k++) {
+            if (order[k]) {
+                int mb = f++;
+                if (i > 0) {
+                    emit(s, i, mem(PS_INSTR_ALLOC, in[i], mb));
+                    emit(s, i, xfer(PS_INSTR_RECV, in[i], mb, i - 1, 0));
+                }
+                emit(s, i, run_of(s->stages[i].kernel[PS_PHASE_FORWARD], mb));
+                if (i > 0)
+                    emit(s, i, mem(PS_INSTR_FREE, in[i], mb));
+                if (i < p - 1) {
+                    emit(s, i, mem(PS_INSTR_ALLOC, act[i], mb));
+                    emit(s, i, xfer(PS_INSTR_SEND, act[i], mb, i + 1, 0));
+                }
+            } else {
+                int mb = b++;
+                if (i < p - 1) {
+                    emit(s, i, mem(PS_INSTR_ALLOC, gin[i], mb));
+                    emit(s, i, xfer(PS_INSTR_RECV, gin[i], mb, i + 1, 0));
+                }
+                emit(s, i, run_of(s->stages[i].kernel[PS_PHASE_BACKWARD], mb));
+                if (i < p - 1) {
+                    emit(s, i, mem(PS_INSTR_FREE, gin[i], mb));
+                    emit(s, i, mem(PS_INSTR_FREE, act[i], mb)); /* its send is long done */
+                }
+                if (i > 0) {
+                    emit(s, i, mem(PS_INSTR_ALLOC, grad[i], mb));
+                    emit(s, i, xfer(PS_INSTR_SEND, grad[i], mb, i - 1, 0));
+                }
+            }
+        }
+        for (int mb = 0; mb < m && i > 0; mb++)
+            emit(s, i, mem(PS_INSTR_FREE, grad[i], mb));
+    }
+    free(act);
+    free(in);
+    free(grad);
+    free(gin);
+    return s;
+}
+
+static void pipeline_bubble(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_make(1, 8, 300 * GB, 1e-9, 1, 25 * GB, 5e-6, 312e12);
+    const double tf = 1e-3, tb = 2e-3;
+    const int ps_[] = {2, 4, 8}, ms[] = {1, 4, 8};
+    for (int gpipe = 0; gpipe < 2; gpipe++)
+        for (size_t a = 0; a < 3; a++)
+            for (size_t b = 0; b < 3; b++) {
+                int p = ps_[a], m = ms[b];
+                ps_program_set *s = pipeline_make(p, m, tf, tb, gpipe);
+                ps_sim_options o = ps_sim_options_default();
+                ps_summary *sum = simulate(s, c, &o, NULL);
+                char what[64];
+                snprintf(what, sizeof what, "%s p=%d m=%d", gpipe ? "gpipe" : "1f1b", p, m);
+                double want = (m + p - 1) * (tf + tb);
+                assert_close(sum->iteration_s, want, 0.01, what);
+                double bubble = (double)(p - 1) / (m + p - 1);
+                for (int d = 0; d < p; d++) {
+                    double idle = sum->devices[d].idle_s / sum->iteration_s;
+                    if (fabs(idle - bubble) > 0.01)
+                        fail_msg("%s device %d: idle fraction %.4f, bubble %.4f", what, d, idle,
+                                 bubble);
+                    assert_close(sum->devices[d].compute_s, m * (tf + tb), 1e-6, what);
+                }
+                for (int i = 0; i < p; i++) {
+                    assert_close(sum->stages[i].forward_s, tf, 1e-6, what);
+                    assert_close(sum->stages[i].backward_s, tb, 1e-6, what);
+                    assert_close(sum->stages[i].time_s, tf + tb, 1e-6, what);
+                }
+                ps_summary_free(sum);
+                ps_program_set_free(s);
+            }
+    ps_cluster_free(c);
+    report_worst("pipeline_bubble");
+}
+
+/* ---- (c) NIC sharing across nodes ---- */
+
+static double cross_node_time(const ps_cluster *c, int flows, double bytes)
+{
+    /* devices 0..flows-1 of node 0 send to the same positions on node 1 */
+    int dpn = c->devices_per_node;
+    ps_program_set *s = set_make(2 * dpn, 1);
+    int devs[64];
+    for (int d = 0; d < 2 * dpn; d++)
+        devs[d] = d;
+    stage_set(s, 0, devs, 2, dpn, 312e12);
+    int buf = buffer_make(s, 0, 0, bytes, false);
+    for (int f = 0; f < flows; f++) {
+        emit(s, f, mem(PS_INSTR_ALLOC, buf, -1));
+        emit(s, f, xfer(PS_INSTR_SEND, buf, -1, dpn + f, bytes));
+        emit(s, f, mem(PS_INSTR_FREE, buf, -1));
+        emit(s, dpn + f, mem(PS_INSTR_ALLOC, buf, -1));
+        emit(s, dpn + f, xfer(PS_INSTR_RECV, buf, -1, f, bytes));
+        emit(s, dpn + f, mem(PS_INSTR_FREE, buf, -1));
+    }
+    ps_sim_options o = ps_sim_options_default();
+    ps_summary *sum = simulate(s, c, &o, NULL);
+    double t = sum->iteration_s;
+    for (int f = 0; f < flows; f++) /* every receiver was in the transfer all along */
+        assert_close(sum->devices[dpn + f].comm_s, t, 1e-6, "receiver comm");
+    ps_summary_free(sum);
+    ps_program_set_free(s);
+    return t;
+}
+
+static void nic_is_shared(void **state)
+{
+    (void)state;
+    const double port = 100 * GB, nic = 10 * GB, lat = 5e-6, bytes = 1 * GB;
+    ps_cluster *c = cluster_make(2, 2, port, 1e-6, 1, nic, lat, 312e12);
+    double one = cross_node_time(c, 1, bytes), two = cross_node_time(c, 2, bytes);
+    assert_close(one, lat + bytes / fmin(nic, port), 0.02, "one transfer");
+    assert_close(two, 2 * one, 0.02, "two transfers through one NIC");
+    ps_cluster_free(c);
+    /* a NIC faster than the port: the port is the bottleneck */
+    c = cluster_make(2, 2, 10 * GB, 1e-6, 1, 100 * GB, lat, 312e12);
+    assert_close(cross_node_time(c, 1, bytes), lat + bytes / 10e9, 0.02, "port-bound transfer");
+    ps_cluster_free(c);
+    report_worst("nic_is_shared");
+}
+
+/* ---- cross-check: the cost model's collective times on a 2 x 8 mesh ---- */
+
+static void mesh_collectives_match_cost_model(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:2", &c, NULL), PS_OK);
+    ps_logical_mesh *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &m, NULL), PS_OK);
+    const double S = 256e6;
+    for (int axis = 0; axis <= 2; axis++)
+        for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
+            ps_program_set *s = set_make(16, 1);
+            int devs[16];
+            for (int d = 0; d < 16; d++)
+                devs[d] = d;
+            stage_set(s, 0, devs, 2, 8, 312e12);
+            int k = -1;
+            assert_int_equal(ps_program_add_kernel(s, 0, PS_PHASE_UPDATE, &k), PS_OK);
+            ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
+            in.coll = (uint8_t)kind;
+            in.axis = (int8_t)axis;
+            in.bytes = S;
+            assert_int_equal(ps_kernel_append(&s->kernels[k], &in), PS_OK);
+            for (int d = 0; d < 16; d++)
+                emit(s, d, run_of(k, -1));
+            ps_summary *sum = simulate(s, c, NULL, NULL);
+            double want = ps_collective_s(m, (ps_collective)kind, axis == 2 ? 3u : 1u << axis, S);
+            char what[64];
+            snprintf(what, sizeof what, "%s axis %d", ps_collective_names[kind], axis);
+            assert_close(sum->iteration_s, want, 0.02, what);
+            assert_close(sum->stages[0].update_s, sum->iteration_s, 1e-9, what);
+            ps_summary_free(sum);
+            ps_program_set_free(s);
+        }
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    report_worst("mesh_collectives_match_cost_model");
+}
+
+/* ---- (d) memory ---- */
+
+static void memory_peak_is_exact(void **state)
+{
+    (void)state;
+    /* one device, GPipe over m micro-batches: per-step parameters P, an
+     * activation A per micro-batch live from its forward to its backward, a
+     * temporary T inside every forward; the update allocates U */
+    const double P = 1000, A = 96, T = 40, U = 500;
+    const int m = 4;
+    ps_cluster *c = cluster_make(1, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    ps_program_set *s = set_make(2, 1);
+    int dev = 0;
+    stage_set(s, 0, &dev, 1, 1, 312e12);
+    int bp = buffer_make(s, 0, 0, P, false), ba = buffer_make(s, 0, 1, A, true);
+    int bt = buffer_make(s, 0, 2, T, true), bu = buffer_make(s, 0, 3, U, false);
+    int kf = kernel_make(s, 0, PS_PHASE_FORWARD, 1e-4);
+    int kb = kernel_make(s, 0, PS_PHASE_BACKWARD, 2e-4);
+    int ku = kernel_make(s, 0, PS_PHASE_UPDATE, 1e-4);
+    /* forward: alloc T, alloc A, compute, free T (mb from the RUN) */
+    ps_kernel *f = &s->kernels[kf];
+    ps_instr compute = f->instrs[0];
+    f->n_instrs = 0;
+    assert_int_equal(ps_kernel_append(f, (ps_instr[]){mem(PS_INSTR_ALLOC, bt, -1)}), PS_OK);
+    assert_int_equal(ps_kernel_append(f, (ps_instr[]){mem(PS_INSTR_ALLOC, ba, -1)}), PS_OK);
+    assert_int_equal(ps_kernel_append(f, &compute), PS_OK);
+    assert_int_equal(ps_kernel_append(f, (ps_instr[]){mem(PS_INSTR_FREE, bt, -1)}), PS_OK);
+    assert_int_equal(ps_kernel_append(&s->kernels[kb], (ps_instr[]){mem(PS_INSTR_FREE, ba, -1)}),
+                     PS_OK);
+    ps_kernel *u = &s->kernels[ku];
+    assert_int_equal(ps_kernel_append(u, (ps_instr[]){mem(PS_INSTR_ALLOC, bu, -1)}), PS_OK);
+    assert_int_equal(ps_kernel_append(u, (ps_instr[]){mem(PS_INSTR_FREE, bu, -1)}), PS_OK);
+    emit(s, 0, mem(PS_INSTR_ALLOC, bp, -1));
+    for (int mb = 0; mb < m; mb++)
+        emit(s, 0, run_of(kf, mb));
+    for (int mb = 0; mb < m; mb++)
+        emit(s, 0, run_of(kb, mb));
+    emit(s, 0, run_of(ku, -1));
+    emit(s, 0, mem(PS_INSTR_FREE, bp, -1));
+    ps_summary *sum = simulate(s, c, NULL, NULL);
+    double want = fmax(P + m * A + T, P + U); /* the last forward holds T and every A */
+    assert_true(sum->devices[0].peak_memory_bytes == want);
+    assert_true(sum->stages[0].peak_memory_bytes == want);
+    assert_true(sum->peak_memory_bytes == want);
+    assert_true(sum->devices[1].peak_memory_bytes == 0);
+    assert_int_equal(sum->devices[1].stage, -1);
+    assert_close(sum->iteration_s, m * 3e-4 + 1e-4, 1e-6, "iteration");
+    assert_close(sum->stages[0].update_s, 1e-4, 1e-6, "update");
+    ps_summary_free(sum);
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
+/* ---- (e) deadlock ---- */
+
+static void deadlock_is_reported(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_make(1, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    ps_program_set *s = set_make(2, 1);
+    int devs[2] = {0, 1};
+    stage_set(s, 0, devs, 1, 2, 312e12);
+    int buf = buffer_make(s, 0, 0, 1e6, false);
+    for (int d = 0; d < 2; d++) {
+        emit(s, d, mem(PS_INSTR_ALLOC, buf, -1));
+        emit(s, d, xfer(PS_INSTR_RECV, buf, -1, 1 - d, 1e6));
+        emit(s, d, xfer(PS_INSTR_SEND, buf, -1, 1 - d, 1e6));
+        emit(s, d, mem(PS_INSTR_FREE, buf, -1));
+    }
+    ps_summary *sum = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_sim_run(s, c, NULL, &sum, NULL, &err), PS_ERR_INTERNAL);
+    assert_null(sum);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "deadlock"));
+    assert_non_null(strstr(err.msg, "device 0 waits at program instruction 1"));
+    assert_non_null(strstr(err.msg, "receive from device 1"));
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
+/* A program the simulator refuses (a collective on a group the device is
+ * not in) is an error, not a crash or a hang. */
+static void bad_program_is_an_error(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_make(1, 4, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    ps_program_set *s = set_make(4, 1);
+    int devs[4] = {0, 1, 2, 3};
+    stage_set(s, 0, devs, 1, 2, 312e12);
+    int g = -1;
+    assert_int_equal(ps_program_add_group(s, (int[]){2, 3}, 2, &g), PS_OK);
+    emit(s, 0, coll_group(PS_COLL_ALL_REDUCE, g, 1e6));
+    ps_summary *sum = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_sim_run(s, c, NULL, &sum, NULL, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "device 0, program instruction 0"));
+    assert_non_null(strstr(err.msg, "not in"));
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
+/* ---- (f) the platform, heterogeneous hosts ---- */
+
+static char *platform_text(const ps_cluster *c)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ps_error err = {0};
+    if (ps_sim_platform_write(c, f, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    fclose(f);
+    return text;
+}
+
+static void platform_of_two_nodes(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:2", &c, NULL), PS_OK);
+    char *x = platform_text(c);
+    assert_non_null(strstr(x, "<platform version=\"4.1\">"));
+    /* one pod of both nodes: 16 hosts at the A100's fp16 peak */
+    char want[128];
+    for (int d = 0; d < 16; d++) {
+        snprintf(want, sizeof want, "<host id=\"dev%d\" speed=\"312000000000000f\"/>", d);
+        assert_non_null(strstr(x, want));
+        /* NVSwitch ports: 300 GB/s, half of 2 us each way */
+        snprintf(want, sizeof want,
+                 "<link id=\"dev%d_port\" bandwidth=\"300000000000Bps\" "
+                 "latency=\"9.9999999999999995e-07s\" sharing_policy=\"SPLITDUPLEX\"/>",
+                 d);
+        assert_non_null(strstr(x, want));
+    }
+    assert_null(strstr(x, "\"dev16\""));
+    /* 8 x 200 Gbit/s = 200 GB/s NICs, (5 - 2) / 2 us each */
+    for (int n = 0; n < 2; n++) {
+        snprintf(want, sizeof want,
+                 "<link id=\"node%d_nic\" bandwidth=\"200000000000Bps\" "
+                 "latency=\"1.5000000000000002e-06s\"",
+                 n);
+        assert_non_null(strstr(x, want));
+    }
+    assert_non_null(strstr(x, "<route src=\"node1_sw\" dst=\"pod0_gw\" symmetrical=\"NO\">"
+                               "<link_ctn id=\"node1_nic\" direction=\"UP\"/></route>"));
+    free(x);
+    ps_cluster_free(c);
+
+    /* one node: no NIC */
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge", &c, NULL), PS_OK);
+    x = platform_text(c);
+    assert_non_null(strstr(x, "<host id=\"dev7\" speed=\"125000000000000f\"/>")); /* V100 fp16 */
+    assert_null(strstr(x, "nic"));
+    free(x);
+    ps_cluster_free(c);
+
+    /* 64 nodes: four pods of 16 under one zone, links first */
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:64", &c, NULL), PS_OK);
+    x = platform_text(c);
+    assert_non_null(strstr(x, "<zone id=\"group0_4\" routing=\"Full\">\n<zone id=\"links\""));
+    assert_non_null(strstr(x, "<zone id=\"pod3\" routing=\"DijkstraCache\">"));
+    assert_non_null(strstr(x, "<router id=\"node63_sw\"/>"));
+    assert_null(strstr(x, "pod4"));
+    assert_non_null(strstr(x, "<zoneRoute src=\"pod0\" dst=\"pod3\" gw_src=\"pod0_gw\" "
+                               "gw_dst=\"pod3_gw\" symmetrical=\"NO\"><link_ctn "
+                               "id=\"group0_4_core\"/></zoneRoute>"));
+    free(x);
+    ps_cluster_free(c);
+}
+
+static void heterogeneous_speeds(void **state)
+{
+    (void)state;
+    const double R = 100e12, t = 2e-3;
+    ps_cluster *c = cluster_make(2, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, R);
+    ps_device_kind fast = c->kinds[0];
+    snprintf(fast.name, sizeof fast.name, "fast-gpu");
+    fast.peak_flops[PS_DTYPE_F16] = 4 * R;
+    int k = -1;
+    assert_int_equal(ps_cluster_add_kind(c, &fast, &k, NULL), PS_OK);
+    c->device_kind[1] = c->device_kind[3] = k;
+    char *x = platform_text(c);
+    assert_non_null(strstr(x, "<host id=\"dev0\" speed=\"100000000000000f\"/>"));
+    assert_non_null(strstr(x, "<host id=\"dev1\" speed=\"400000000000000f\"/>"));
+    free(x);
+    ps_program_set *s = set_make(4, 1);
+    int devs[4] = {0, 1, 2, 3};
+    stage_set(s, 0, devs, 2, 2, R); /* the kernels' seconds assume R */
+    int kf = kernel_make(s, 0, PS_PHASE_FORWARD, t);
+    for (int d = 0; d < 4; d++)
+        emit(s, d, run_of(kf, 0));
+    ps_summary *sum = simulate(s, c, NULL, NULL);
+    for (int d = 0; d < 4; d++)
+        assert_close(sum->devices[d].compute_s, d % 2 ? t / 4 : t, 1e-6, "compute time");
+    assert_close(sum->iteration_s, t, 1e-6, "iteration");
+    ps_summary_free(sum);
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+    report_worst("heterogeneous_speeds");
+}
+
+/* ---- (g) the trace ---- */
+
+static void trace_is_valid_json(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/ps-test-sim-trace-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    const int p = 2, m = 3;
+    ps_cluster *c = cluster_make(1, 8, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    ps_program_set *s = pipeline_make(p, m, 1e-3, 2e-3, false);
+    int g = -1;
+    assert_int_equal(ps_program_add_group(s, (int[]){0, 1}, 2, &g), PS_OK);
+    for (int d = 0; d < p; d++)
+        emit(s, d, coll_group(PS_COLL_ALL_REDUCE, g, 1e6));
+    ps_sim_options o = ps_sim_options_default();
+    o.trace_path = path;
+    ps_summary *sum = simulate(s, c, &o, NULL);
+    ps_summary_free(sum);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (root == NULL)
+        fail_msg("%s:%d: %s", path, jerr.line, jerr.text);
+    json_t *events = json_object_get(root, "traceEvents");
+    assert_true(json_is_array(events));
+    int spans = 0, compute = 0, recv = 0, send = 0, coll = 0, named = 0;
+    char coll_name[48];
+    snprintf(coll_name, sizeof coll_name, "all-reduce group %d", g);
+    size_t i;
+    json_t *e;
+    json_array_foreach(events, i, e)
+    {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        assert_non_null(ph);
+        assert_non_null(name);
+        if (strcmp(ph, "M") == 0) {
+            const char *arg = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+            named += arg != NULL && strcmp(arg, "device 1 (stage 1)") == 0;
+            continue;
+        }
+        spans++;
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        assert_true(json_number_value(json_object_get(e, "dur")) >= 0);
+        if (strcmp(cat, "compute") == 0) {
+            compute++;
+            assert_true(strncmp(name, "forward mb", 10) == 0 || strncmp(name, "backward mb", 11) == 0);
+        } else if (strcmp(cat, "recv") == 0) {
+            recv++;
+            assert_true(strncmp(name, "recv from ", 10) == 0);
+        } else if (strcmp(cat, "send") == 0) {
+            send++;
+            assert_true(strncmp(name, "send to ", 8) == 0);
+        } else if (strcmp(cat, "collective") == 0) {
+            coll++;
+            assert_string_equal(name, coll_name);
+        }
+    }
+    /* a compute per RUN, a recv and a send per transfer, a collective each */
+    assert_int_equal(compute, p * 2 * m);
+    assert_int_equal(recv, (p - 1) * 2 * m);
+    assert_int_equal(send, (p - 1) * 2 * m);
+    assert_int_equal(coll, p);
+    assert_int_equal(spans, compute + recv + send + coll);
+    assert_int_equal(named, 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "otherData"), "source")),
+                        "sim");
+    json_decref(root);
+    unlink(path);
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
+/* ---- lowered plans: memory against the program checker ---- */
+
+static void lowered_plans_run(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 4;
+    cfg.hidden = 64;
+    cfg.ffn = 256;
+    cfg.heads = 4;
+    cfg.seq = 32;
+    cfg.vocab = 256;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    for (int uniform = 0; uniform < 2; uniform++) {
+        long long global = 32;
+        int micro = 4;
+        cfg.batch = global / micro;
+        ps_graph *fwd = NULL;
+        assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+        ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                               .cluster = c, .global_batch = global, .micro_batches = micro,
+                               .ilp = ps_ilp_options_default(), .method = PS_METHOD_DATA};
+        ps_inter_options io = ps_inter_options_default();
+        io.layer_num = 2;
+        ps_plan *p = NULL;
+        ps_error err = {0};
+        ps_status st = uniform ? (req.method = PS_METHOD_SHARD,
+                                  ps_plan_uniform(&req, &io, 2, 2, 2, &p, &err))
+                               : ps_plan_one_stage(&req, &p, NULL, NULL, &err);
+        if (st != PS_OK)
+            fail_msg("plan: %s", err.msg);
+        ps_plan_model *pm = NULL;
+        assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
+        ps_lower_options lo = ps_lower_options_default();
+        ps_program_set *set = NULL;
+        if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
+            fail_msg("lower: %s", err.msg);
+        double *peak = calloc((size_t)set->n_devices, sizeof *peak);
+        assert_int_equal(ps_program_set_check(set, peak, &err), PS_OK);
+        ps_sim_stats stats;
+        ps_summary *sum = simulate(set, c, NULL, &stats);
+        for (int d = 0; d < set->n_devices; d++)
+            assert_true(sum->devices[d].peak_memory_bytes == peak[d]);
+        print_message("gpt-350m (small) %s: simulated %.4g ms, plan %.4g ms, %lld events\n",
+                      uniform ? "2 stages x 2x2" : "data parallel x 8", sum->iteration_s * 1e3,
+                      p->iteration_s * 1e3, stats.events);
+        /* the replay cannot beat the plan's own prediction of compute */
+        assert_true(sum->iteration_s > 0.5 * p->iteration_s);
+        free(peak);
+        ps_summary_free(sum);
+        ps_program_set_free(set);
+        ps_plan_model_free(pm);
+        ps_plan_free(p);
+        ps_graph_free(fwd);
+    }
+    ps_cluster_free(c);
+}
+
+/* ---- scale smoke test ---- */
+
+static void smoke_1024_devices(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:128", &c, NULL), PS_OK);
+    int n = ps_cluster_device_count(c), dpn = c->devices_per_node;
+    ps_program_set *s = set_make(n, 1);
+    int *devs = malloc((size_t)n * sizeof *devs);
+    for (int d = 0; d < n; d++)
+        devs[d] = d;
+    stage_set(s, 0, devs, n / dpn, dpn, 312e12);
+    free(devs);
+    int kf = kernel_make(s, 0, PS_PHASE_FORWARD, 1e-3);
+    ps_instr ar = ps_instr_init(PS_INSTR_COLLECTIVE);
+    ar.coll = PS_COLL_ALL_REDUCE;
+    ar.axis = 1;
+    ar.bytes = 64e6;
+    assert_int_equal(ps_kernel_append(&s->kernels[kf], &ar), PS_OK);
+    int buf = buffer_make(s, 0, 0, 16e6, false), rbuf = buffer_make(s, 0, 0, 16e6, false);
+    for (int d = 0; d < n; d++) {
+        int next = (d + dpn) % n, prev = (d - dpn + n) % n;
+        emit(s, d, run_of(kf, 0));
+        emit(s, d, mem(PS_INSTR_ALLOC, buf, -1));
+        emit(s, d, xfer(PS_INSTR_SEND, buf, -1, next, 16e6));
+        emit(s, d, mem(PS_INSTR_ALLOC, rbuf, -1));
+        emit(s, d, xfer(PS_INSTR_RECV, rbuf, -1, prev, 16e6));
+        emit(s, d, mem(PS_INSTR_FREE, rbuf, -1));
+        emit(s, d, mem(PS_INSTR_FREE, buf, -1));
+    }
+    ps_sim_stats stats;
+    ps_summary *sum = simulate(s, c, NULL, &stats);
+    print_message("1024 devices: %.3f s wall (platform %.3f s), %lld events, %.0f events/s, "
+                  "peak RSS %.0f MB, simulated %.4g ms\n",
+                  stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
+                  stats.peak_rss_bytes / 1e6, sum->iteration_s * 1e3);
+    assert_true(sum->iteration_s > 1e-3);
+    ps_summary_free(sum);
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ring_collectives_match_closed_form),
+        cmocka_unit_test(pipeline_bubble),
+        cmocka_unit_test(nic_is_shared),
+        cmocka_unit_test(mesh_collectives_match_cost_model),
+        cmocka_unit_test(memory_peak_is_exact),
+        cmocka_unit_test(deadlock_is_reported),
+        cmocka_unit_test(bad_program_is_an_error),
+        cmocka_unit_test(platform_of_two_nodes),
+        cmocka_unit_test(heterogeneous_speeds),
+        cmocka_unit_test(trace_is_valid_json),
+        cmocka_unit_test(lowered_plans_run),
+        cmocka_unit_test(smoke_1024_devices),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
