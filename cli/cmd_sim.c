@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/program.h"
 #include "planner/lower.h"
@@ -100,14 +101,10 @@ int ps_cmd_sim(int argc, char **argv)
     if (json) {
         json_t *j = NULL;
         PS_TRY(ps_summary_to_json(sum, &j));
-        char *text = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+        st = ps_json_save(j, "-", &err);
         json_decref(j);
-        if (text == NULL) {
-            st = ps_error_set(&err, PS_ERR_NOMEM, "out of memory");
+        if (st != PS_OK)
             goto out;
-        }
-        printf("%s\n", text);
-        free(text);
     } else {
         ps_summary_print(sum, stdout);
         printf("\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / predicted "

@@ -12,6 +12,21 @@ ps_cost_params ps_cost_params_default(void)
                             .bandwidth_efficiency = 0.8};
 }
 
+/* A device's share of its node's NICs when `active` devices use them. */
+static double nic_share_bytes_per_s(const ps_cluster *c, int active)
+{
+    return c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s / (double)active;
+}
+
+double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double bytes)
+{
+    int dpn = c->devices_per_node;
+    if (from_device / dpn == to_device / dpn)
+        return c->intra.latency_s + bytes / c->intra.bandwidth_bytes_per_s;
+    double bw = fmin(nic_share_bytes_per_s(c, dpn), c->intra.bandwidth_bytes_per_s);
+    return c->inter.latency_s + bytes / bw;
+}
+
 ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
                          int d0, int d1, ps_logical_mesh **out, ps_error *err)
 {
@@ -65,8 +80,7 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
      * d1. A group stays in a node when all its members share one. */
     int span[PS_MESH_AXES] = {(d0 - 1) * d1 + 1, d1};
     int active_per_node = devices_per_host; /* devices of a node in this mesh */
-    double nic_share = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s /
-                       (double)active_per_node;
+    double nic_share = nic_share_bytes_per_s(c, active_per_node);
     for (int a = 0; a < PS_MESH_AXES; a++) {
         bool inside = hosts == 1 || (span[a] <= dpn && (a == 1 ? dpn % d1 == 0 : d0 * d1 <= dpn));
         m->crosses_nodes[a] = !inside && m->shape[a] > 1;

@@ -55,6 +55,11 @@ void ps_mesh_free(ps_logical_mesh *m);
  * hierarchical: axis 1 first, then axis 0 on the reduced share). */
 double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes);
 
+/* Time of one point-to-point transfer between two devices of cluster c:
+ * the intra-node link inside a node, else the device's share of its node's
+ * NICs (the same share a mesh axis across nodes gets). */
+double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double bytes);
+
 /* Roofline time of local work of the given dtype. */
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
                     bool gemm);

@@ -587,17 +587,6 @@ static int64_t region_numel(const ps_region *r)
     return n;
 }
 
-/* Point-to-point time between two devices, as the cost model sees links. */
-static double p2p_s(const ps_cluster *c, int a, int b, double bytes)
-{
-    int dpn = c->devices_per_node;
-    if (a / dpn == b / dpn)
-        return c->intra.latency_s + bytes / c->intra.bandwidth_bytes_per_s;
-    double nic = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s / dpn;
-    double bw = fmin(nic, c->intra.bandwidth_bytes_per_s);
-    return c->inter.latency_s + bytes / bw;
-}
-
 static ps_status cross_add(lower_ctx *L, crossing **out)
 {
     if (ps_array_grow((void **)&L->cross, &L->cap_cross, L->n_cross + 1, sizeof *L->cross) != PS_OK)
@@ -689,7 +678,7 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
                       .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks};
             t.src = replicas[(r + t.chunk) % n_rep];
             t.bytes = (double)len * elem;
-            t.seconds = p2p_s(L->plan->cluster, t.src, t.dst, t.bytes);
+            t.seconds = ps_p2p_s(L->plan->cluster, t.src, t.dst, t.bytes);
             if (ps_array_grow((void **)&x->xfers, &cap_x, x->n_xfers + 1, sizeof *x->xfers) !=
                 PS_OK)
                 return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
