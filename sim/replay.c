@@ -2,30 +2,32 @@
  * (docs/simulator.md). Runs in the child process of ps_sim_run.
  *
  * Accounting. compute_s: time in executions. comm_s: time blocked while
- * data moves (receives, collective steps, the latency
- * sleeps of coalesced ring steps). A blocked receive first waits for its
- * sender to post the message; that wait is idle time (a pipeline bubble, a
- * straggler), not communication: every message carries its post time, in
- * the payload pointer's bits (SimGrid only copies payload pointers, never
- * dereferences them, and refuses NULL; a time t >= 0 with its sign bit set
- * is never NULL). idle_s is then the rest of the iteration.
+ * data moves (receives, collective steps, the latency sleeps of coalesced
+ * ring steps). A blocked receive first waits for its sender to post the
+ * message; that wait is idle time (a pipeline bubble, a straggler), not
+ * communication: every message carries its post time in the payload
+ * pointer's bits (SimGrid only copies payload pointers, never dereferences
+ * them, and refuses NULL; a time t >= 0 with its sign bit flipped is never
+ * NULL). idle_s is the rest of the iteration.
  *
- * No globals: every actor finds its state (and the shared context) through
- * its actor data. The hot path (kernel instructions) does no allocation and
- * no formatting unless a trace is written; mailboxes and group ranks are
- * looked up once per peer and group and cached per actor. */
+ * No globals: every actor (and its send proxy) finds its state and the
+ * shared context through its actor data; actors run one at a time. The hot path (kernel
+ * instructions) does no allocation and no formatting unless a trace is written; mailboxes and group
+ * ranks are looked up once per peer and group and cached per actor. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <simgrid/actor.h>
 #include <simgrid/comm.h>
 #include <simgrid/engine.h>
 #include <simgrid/host.h>
 #include <simgrid/mailbox.h>
+#include <simgrid/semaphore.h>
 #include <xbt/sysdep.h>
 
 #include "sim/sim_internal.h"
@@ -52,6 +54,11 @@ typedef struct sim_peer {
 
 typedef struct sim_ctx sim_ctx;
 
+typedef struct sim_message {
+    sg_mailbox_t box;
+    double post_s, bytes;
+} sim_message;
+
 typedef struct sim_actor {
     sim_ctx *ctx;
     const ps_program *prog;
@@ -71,6 +78,14 @@ typedef struct sim_actor {
     sim_wait waiting;
     int wait_peer;
     bool done;
+    /* messages posted and not yet handed to SimGrid by the proxy, and the
+     * proxy's sends not yet known complete (reaped when there are reap_at
+     * of them) */
+    sg_sem_t posted;
+    sim_message *queue;
+    int q_head, q_count, q_cap;
+    sg_comm_t *sends;
+    int n_sends, cap_sends, reap_at;
     /* caches: open addressing, capacities are powers of two */
     sim_peer *peers;
     int n_peers, cap_peers;
@@ -122,8 +137,9 @@ static long bytes_long(double bytes)
 static bool actor_fail(sim_actor *a, ps_status st, const char *what)
 {
     if (a->ctx->err.status == PS_OK && a->kpc >= 0)
-        ps_error_set(&a->ctx->err, st, "device %d, program instruction %d, kernel instruction %d: %s",
-                     a->device, a->pc, a->kpc, what);
+        ps_error_set(&a->ctx->err, st,
+                     "device %d, program instruction %d, kernel instruction %d: %s", a->device,
+                     a->pc, a->kpc, what);
     else if (a->ctx->err.status == PS_OK)
         ps_error_set(&a->ctx->err, st, "device %d, program instruction %d: %s", a->device, a->pc,
                      what);
@@ -180,9 +196,8 @@ static bool peers_grow(sim_actor *a)
     return true;
 }
 
-/* The mailbox `which` between this device and `device`; NULL when out of
- * memory. *latency_s: the route latency to it. */
-static sg_mailbox_t peer_box(sim_actor *a, int device, int which, double *latency_s)
+/* The cache entry of peer `device`; NULL when out of memory. */
+static sim_peer *peer_get(sim_actor *a, int device)
 {
     if (2 * (a->n_peers + 1) > a->cap_peers && !peers_grow(a))
         return NULL;
@@ -196,6 +211,16 @@ static sg_mailbox_t peer_box(sim_actor *a, int device, int which, double *latenc
         p->latency_s = ps_sim_route_latency_s(a->ctx->c, a->device, device);
         a->n_peers++;
     }
+    return p;
+}
+
+/* The mailbox `which` between this device and `device`; NULL when out of
+ * memory. *latency_s: the route latency to it. */
+static sg_mailbox_t peer_box(sim_actor *a, int device, int which, double *latency_s)
+{
+    sim_peer *p = peer_get(a, device);
+    if (p == NULL)
+        return NULL;
     if (p->box[which] == NULL) {
         bool out = which == BOX_P2P_OUT || which == BOX_COLL_OUT;
         char name[48];
@@ -289,23 +314,89 @@ static void account_wait(sim_actor *a, double t0_s, double t1_s, double posted_s
 
 /* ---- communication ---- */
 
-/* Sends are posted and detached: the sender never waits for one. SimGrid
- * completes a transfer only once the receiver posted its receive, and the
- * programs free sent buffers right after sending (the checker's buffered
- * sends), so a FREE that waited could deadlock (1F1B: stage 0 frees
- * activation mb 1 while stage 1 first returns gradient mb 0). The receiver
- * ends after the transfer, so the iteration time still covers it. */
+/* Sends are asynchronous and nothing waits for one. SimGrid completes a
+ * transfer only once the receiver posted its receive, and the programs free
+ * sent buffers right after sending (the checker's buffered sends), so a
+ * FREE that waited could deadlock (1F1B: stage 0 frees activation mb 1
+ * while stage 1 first returns gradient mb 0).
+ *
+ * A device hands its messages to a proxy: a daemon actor on the same host
+ * that puts each into its pair's mailbox at once (the same simulated time),
+ * so transfers start when both sides are there, as from the device itself.
+ * Why: SimGrid 3.32 keeps every unfinished activity of an actor in a list
+ * that it scans each time one of them ends; sends waiting for a slow
+ * receiver made the device's list long, and every collective step paid for
+ * it (76% of a gpt-175b replay). The proxy's list is scanned only when its
+ * own sends end. (Detached sends sit in one list for all actors: quadratic
+ * at 16k devices.) The receivers end after their transfers, so the
+ * iteration time covers every send. */
+enum { REAP_AT = 16 };
+
+static void proxy_fail(sim_actor *a)
+{
+    if (a->ctx->err.status == PS_OK)
+        ps_error_set(&a->ctx->err, PS_ERR_NOMEM, "device %d: out of memory in its sends",
+                     a->device);
+}
+
+static void proxy_main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    sim_actor *a = sg_actor_self_get_data();
+    sg_actor_daemonize(sg_actor_self()); /* ended with the last device */
+    for (;;) {
+        sg_sem_acquire(a->posted);
+        sim_message m = a->queue[a->q_head];
+        a->q_head = (a->q_head + 1) % a->q_cap;
+        a->q_count--;
+        if (a->n_sends == a->cap_sends) {
+            int cap = a->cap_sends ? 2 * a->cap_sends : 2 * REAP_AT;
+            sg_comm_t *q = realloc(a->sends, (size_t)cap * sizeof *q);
+            if (q == NULL) {
+                proxy_fail(a);
+                return;
+            }
+            a->sends = q;
+            a->cap_sends = cap;
+        }
+        a->sends[a->n_sends++] = sg_mailbox_put_async(m.box, stamp(m.post_s), bytes_long(m.bytes));
+        if (a->n_sends >= a->reap_at) {
+            int kept = 0;
+            for (int i = 0; i < a->n_sends; i++)
+                if (!sg_comm_test(a->sends[i])) /* releases a finished comm */
+                    a->sends[kept++] = a->sends[i];
+            a->n_sends = kept;
+            /* sends stuck behind slow receivers are tested again only once
+             * their number doubled: O(1) tests per send */
+            a->reap_at = 2 * kept > REAP_AT ? 2 * kept : REAP_AT;
+        }
+    }
+}
+
 static bool do_send(sim_actor *a, const ps_instr *in)
 {
     flush_compute(a);
     if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
         return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
     sg_mailbox_t box = peer_box(a, in->peer, BOX_P2P_OUT, NULL);
-    if (box == NULL)
+    if (box == NULL || a->posted == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
-    /* detach starts the comm; SimGrid refuses to detach a started one */
-    sg_comm_t comm = sg_mailbox_put_init(box, stamp(simgrid_get_clock()), bytes_long(in->bytes));
-    sg_comm_detach(comm, NULL);
+    if (a->q_count == a->q_cap) {
+        int cap = a->q_cap ? 2 * a->q_cap : 16;
+        sim_message *q = malloc((size_t)cap * sizeof *q);
+        if (q == NULL)
+            return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < a->q_count; i++)
+            q[i] = a->queue[(a->q_head + i) % a->q_cap];
+        free(a->queue);
+        a->queue = q;
+        a->q_head = 0;
+        a->q_cap = cap;
+    }
+    a->queue[(a->q_head + a->q_count++) % a->q_cap] =
+        (sim_message){.box = box, .post_s = simgrid_get_clock(), .bytes = in->bytes};
+    sg_sem_release(a->posted);
     a->events++;
     return true;
 }
@@ -329,8 +420,8 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
         char name[48];
         snprintf(name, sizeof name, "recv from %d", in->peer);
         trace_span(a, a->device, PS_TRACE_RECV, name, t0, t1, mb, in->peer, in->bytes, 0);
-        /* the sender learns of the completion only when it waits: its span
-         * is written here, where the completion time is known */
+        /* the sender learns of the completion late or never: its span is
+         * written here, where the completion time is known */
         snprintf(name, sizeof name, "send to %d", a->device);
         trace_span(a, in->peer, PS_TRACE_SEND, name, posted, t1, mb, a->device, in->bytes, 0);
     }
@@ -413,7 +504,7 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
         /* the whole mesh, hierarchically as the cost model charges it:
          * axis 1 on the full size, axis 0 on what is left per device */
         int g0 = p->axis_group[0], g1 = p->axis_group[1];
-        double d1 = p->stage >= 0 && set->stages[p->stage].mesh[1] > 0
+        double d1 = p->stage >= 0 && p->stage < set->n_stages && set->stages[p->stage].mesh[1] > 0
                         ? set->stages[p->stage].mesh[1]
                         : 1;
         switch (kind) {
@@ -466,8 +557,7 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
         a->pend_exec_flops += in->seconds * ref_flops_per_s;
         a->pend_pred_flops += in->flops;
         return true;
-    case PS_INSTR_LOAD:
-        return true;
+    case PS_INSTR_LOAD: return true;
     case PS_INSTR_ALLOC:
         if (!buffer_ok(a, in->buffer))
             return actor_fail(a, PS_ERR_INVALID, "alloc of an invalid buffer");
@@ -482,14 +572,12 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
          * program checker (see do_send) */
         a->mem_bytes -= set->buffers[in->buffer].bytes;
         return true;
-    case PS_INSTR_COLLECTIVE:
-        return do_collective(a, in, mb);
+    case PS_INSTR_COLLECTIVE: return do_collective(a, in, mb);
     case PS_INSTR_SEND:
         if (in->buffer >= 0 && !buffer_ok(a, in->buffer))
             return actor_fail(a, PS_ERR_INVALID, "send of an invalid buffer");
         return do_send(a, in);
-    case PS_INSTR_RECV:
-        return do_recv(a, in, mb);
+    case PS_INSTR_RECV: return do_recv(a, in, mb);
     case PS_INSTR_RUN:
     case PS_INSTR_KIND_COUNT: break;
     }
@@ -503,9 +591,8 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
         return actor_fail(a, PS_ERR_INVALID, "run of an invalid kernel");
     flush_compute(a);
     const ps_kernel *k = &set->kernels[in->kernel];
-    double ref = k->stage >= 0 && k->stage < set->n_stages
-                     ? set->stages[k->stage].reference_flops_per_s
-                     : 0;
+    double ref =
+        k->stage >= 0 && k->stage < set->n_stages ? set->stages[k->stage].reference_flops_per_s : 0;
     if (!(ref > 0)) /* no reference speed: take the seconds as this device's */
         ref = a->speed_flops_per_s;
     a->cur_phase = (int)k->phase;
@@ -536,9 +623,8 @@ static void actor_main(int argc, char **argv)
     const ps_program *p = a->prog;
     const ps_program_set *set = a->ctx->set;
     /* program-level computes (none in lowered programs) use the stage's reference */
-    double ref = p->stage >= 0 && p->stage < set->n_stages
-                     ? set->stages[p->stage].reference_flops_per_s
-                     : 0;
+    double ref =
+        p->stage >= 0 && p->stage < set->n_stages ? set->stages[p->stage].reference_flops_per_s : 0;
     if (!(ref > 0))
         ref = a->speed_flops_per_s;
     for (a->pc = 0; a->pc < p->n_instrs; a->pc++) {
@@ -614,8 +700,29 @@ static ps_status check_finished(sim_ctx *ctx, ps_error *err)
                         wait_name(a->waiting), peer);
 }
 
+/* The proxy does little: a small stack (the tests pass with 16 KiB for
+ * the devices' far deeper code). */
+#define PROXY_STACK_BYTES (16 * 1024)
+
+static bool has_sends(const ps_program *p)
+{
+    for (int i = 0; i < p->n_instrs; i++)
+        if (p->instrs[i].kind == PS_INSTR_SEND)
+            return true;
+    return false;
+}
+
+/* Actors the replay runs: the devices with a program and their proxies. */
+static long long count_actors(const ps_program_set *s)
+{
+    long long n = 0;
+    for (int d = 0; d < s->n_devices; d++)
+        n += (s->programs[d].n_instrs > 0) + has_sends(&s->programs[d]);
+    return n;
+}
+
 /* simgrid_init wants argv-style options. */
-static void init_simgrid(int n_actors)
+static void init_simgrid(long long n_actors)
 {
     static const char *const base[] = {
         "pipeshard-sim",
@@ -629,19 +736,29 @@ static void init_simgrid(int n_actors)
         "--cfg=contexts/factory:thread",
 #else
         "--cfg=contexts/factory:raw",
+        /* actors run shallow code (SimGrid's kernel runs on maestro's
+         * stack; the tests pass with 16 KiB): 64 KiB instead of 8 MiB
+         * halves the cost of creating and ending 16k actors, whose stacks
+         * then come from the heap instead of a mapping each */
+        "--cfg=contexts/stack-size:64",
 #endif
     };
+    /* SimGrid takes char **argv but does not write the strings */
     char *argv[32];
     int argc = 0;
     for (size_t i = 0; i < sizeof base / sizeof *base; i++)
         argv[argc++] = (char *)base[i];
-    char guard[] = "--cfg=contexts/guard-size:0", quiet[] = "--log=root.thres:critical";
-    /* two guard mappings per actor would exceed vm.max_map_count */
-    if (n_actors > 30000)
-        argv[argc++] = guard;
+    /* two guard mappings per actor would exceed vm.max_map_count; without
+     * guards SimGrid zeroes the stacks (all resident): make them smaller */
+    if (n_actors > 30000) {
+        argv[argc++] = (char *)"--cfg=contexts/guard-size:0";
+#if !defined(__SANITIZE_ADDRESS__)
+        argv[argc++] = (char *)"--cfg=contexts/stack-size:32";
+#endif
+    }
     const char *log = getenv("PIPESHARD_LOG");
     if (log == NULL || strcmp(log, "debug") != 0)
-        argv[argc++] = quiet;
+        argv[argc++] = (char *)"--log=root.thres:critical";
     /* experiments: more SimGrid options, separated by spaces; they come
      * last and win (docs/simulator.md) */
     char extra[1024] = "";
@@ -708,14 +825,11 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
     ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
     PS_TRY_ALLOC(ctx.actors, err);
     PS_TRY_ALLOC(ctx.hosts, err);
-    int n_actors = 0;
-    for (int d = 0; d < s->n_devices; d++)
-        n_actors += s->programs[d].n_instrs > 0;
-
-    init_simgrid(n_actors);
+    init_simgrid(count_actors(s));
     double t0 = wall_now_s();
     simgrid_load_platform(platform_path);
     res->load_s = wall_now_s() - t0;
+    unlink(platform_path); /* gone even if the parent dies now (it unlinks too) */
     PS_TRY(map_hosts(&ctx, err));
     if (o->trace_path != NULL)
         PS_TRY(open_trace(&ctx, err));
@@ -727,6 +841,7 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         a->pc = 0;
         a->kpc = -1;
         a->cur_phase = a->cur_mb = -1;
+        a->reap_at = REAP_AT;
         if (s->programs[d].n_instrs == 0)
             continue;
         a->prog = &s->programs[d];
@@ -736,8 +851,18 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
         sg_actor_set_data(actor, a);
         sg_actor_start(actor, actor_main, 0, NULL);
+        if (!has_sends(&s->programs[d]))
+            continue;
+        a->posted = sg_sem_init(0);
+        snprintf(name, sizeof name, "dev%d-sends", d);
+        actor = sg_actor_init(name, ctx.hosts[d]);
+        sg_actor_set_data(actor, a);
+#if !defined(__SANITIZE_ADDRESS__)
+        sg_actor_set_stacksize(actor, PROXY_STACK_BYTES);
+#endif
+        sg_actor_start(actor, proxy_main, 0, NULL);
     }
-    if (o->progress && n_actors > 0) {
+    if (o->progress) {
         sg_actor_t actor = sg_actor_init("progress", ctx.hosts[0]);
         sg_actor_set_data(actor, &ctx);
         sg_actor_daemonize(actor);
@@ -777,6 +902,10 @@ out:
     }
     if (ctx.actors != NULL)
         for (int d = 0; d < s->n_devices; d++) {
+            if (ctx.actors[d].posted != NULL)
+                sg_sem_destroy(ctx.actors[d].posted);
+            free(ctx.actors[d].queue);
+            free(ctx.actors[d].sends);
             free(ctx.actors[d].peers);
             free(ctx.actors[d].grp_key);
             free(ctx.actors[d].grp_rank);

@@ -36,7 +36,7 @@ typedef struct blob_header {
 } blob_header;
 
 /* The last bytes of the child's stderr, for error messages. */
-#define TAIL_BYTES 1024
+#define TAIL_BYTES 16384
 
 typedef struct child_output {
     unsigned char *blob;
@@ -78,9 +78,8 @@ static void child_main(const ps_program_set *s, const ps_cluster *c, const ps_si
     ps_error err = {0};
     ps_sim_result res = {.n_devices = s->n_devices};
     res.devices = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *res.devices);
-    ps_status st = res.devices == NULL
-                       ? ps_error_set(&err, PS_ERR_NOMEM, "out of memory")
-                       : ps_sim_replay(s, c, o, platform_path, &res, &err);
+    ps_status st = res.devices == NULL ? ps_error_set(&err, PS_ERR_NOMEM, "out of memory")
+                                       : ps_sim_replay(s, c, o, platform_path, &res, &err);
     struct rusage ru;
     double rss = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0;
     blob_header h = {.magic = BLOB_MAGIC,
@@ -117,8 +116,7 @@ static void keep_tail(child_output *co, const char *buf, size_t n)
 }
 
 /* Reads both pipes to their end. */
-static ps_status read_child(int blob_fd, int err_fd, bool forward, child_output *co,
-                            ps_error *err)
+static ps_status read_child(int blob_fd, int err_fd, bool forward, child_output *co, ps_error *err)
 {
     struct pollfd fds[2] = {{.fd = blob_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
     char buf[65536];
@@ -162,17 +160,50 @@ static ps_status read_child(int blob_fd, int err_fd, bool forward, child_output 
     return PS_OK;
 }
 
-/* "; its last output: ..." from the child's stderr tail, or "". */
+static bool contains(const char *text, size_t len, const char *word)
+{
+    size_t w = strlen(word);
+    for (size_t i = 0; i + w <= len; i++)
+        if (memcmp(text + i, word, w) == 0)
+            return true;
+    return false;
+}
+
+/* "; it said: ..." from the child's stderr tail: its last lines that
+ * report a failure (SimGrid marks them CRITICAL or ERROR), else its last
+ * lines, backtraces left out; "" when it said nothing. */
 static void tail_note(const child_output *co, char *out, size_t size)
 {
+    char kept[2][TAIL_BYTES + 1]; /* [0]: failure lines, [1]: any line */
+    size_t n[2] = {0, 0};
+    size_t i = 0;
+    if (co->tail_len == TAIL_BYTES) /* the first line may be cut: skip it */
+        while (i < co->tail_len && co->tail[i++] != '\n')
+            ;
+    while (i < co->tail_len) {
+        size_t j = i;
+        while (j < co->tail_len && co->tail[j] != '\n')
+            j++;
+        const char *line = co->tail + i;
+        size_t len = j - i;
+        i = j + 1;
+        if (len == 0 || (len >= 4 && memcmp(line, "  ->", 4) == 0) ||
+            (len >= 9 && memcmp(line, "Backtrace", 9) == 0))
+            continue;
+        bool failure = contains(line, len, "CRITICAL") || contains(line, len, "ERROR");
+        for (int k = failure ? 0 : 1; k < 2; k++) {
+            if (n[k] > 0)
+                kept[k][n[k]++] = ' ';
+            memcpy(kept[k] + n[k], line, len);
+            n[k] += len;
+        }
+    }
     out[0] = '\0';
-    size_t n = co->tail_len;
-    while (n > 0 && (co->tail[n - 1] == '\n' || co->tail[n - 1] == ' '))
-        n--;
-    if (n == 0)
+    int k = n[0] > 0 ? 0 : 1;
+    if (n[k] == 0)
         return;
-    size_t keep = n < 400 ? n : 400;
-    snprintf(out, size, "; its last output: %.*s", (int)keep, co->tail + n - keep);
+    size_t keep = n[k] < 400 ? n[k] : 400;
+    snprintf(out, size, "; it said: %.*s", (int)keep, kept[k] + n[k] - keep);
 }
 
 static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const blob_header *h,
@@ -228,7 +259,8 @@ static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const b
             nodes += node != last_node;
             last_node = node;
         }
-        g->forward_s = runs[PS_PHASE_FORWARD] ? sum_s[PS_PHASE_FORWARD] / runs[PS_PHASE_FORWARD] : 0;
+        g->forward_s =
+            runs[PS_PHASE_FORWARD] ? sum_s[PS_PHASE_FORWARD] / runs[PS_PHASE_FORWARD] : 0;
         g->backward_s =
             runs[PS_PHASE_BACKWARD] ? sum_s[PS_PHASE_BACKWARD] / runs[PS_PHASE_BACKWARD] : 0;
         g->update_s = runs[PS_PHASE_UPDATE] ? sum_s[PS_PHASE_UPDATE] / runs[PS_PHASE_UPDATE] : 0;
@@ -287,9 +319,8 @@ static ps_status write_platform(const ps_cluster *c, char *path, size_t size, ps
     return st;
 }
 
-ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c,
-                     const ps_sim_options *o, ps_summary **summary_out,
-                     ps_sim_stats *stats_out, ps_error *err)
+ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c, const ps_sim_options *o,
+                     ps_summary **summary_out, ps_sim_stats *stats_out, ps_error *err)
 {
     ps_status st = PS_OK;
     char path[4096] = "";
@@ -301,9 +332,8 @@ ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c,
         o = &defaults;
     *summary_out = NULL;
     if (programs->n_devices < 1 || programs->n_devices > ps_cluster_device_count(c)) {
-        st = ps_error_set(err, PS_ERR_INVALID,
-                          "the programs are for %d devices, cluster %s has %d", programs->n_devices,
-                          c->name, ps_cluster_device_count(c));
+        st = ps_error_set(err, PS_ERR_INVALID, "the programs are for %d devices, cluster %s has %d",
+                          programs->n_devices, c->name, ps_cluster_device_count(c));
         goto out;
     }
     double t0 = wall_now_s();
@@ -351,8 +381,7 @@ ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c,
         goto out;
     }
     if (h != NULL && h->status != PS_OK) {
-        st = ps_error_set(err, (ps_status)h->status, "%.*s",
-                          (int)sizeof h->error, h->error);
+        st = ps_error_set(err, (ps_status)h->status, "%.*s", (int)sizeof h->error, h->error);
         goto out;
     }
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || h == NULL ||

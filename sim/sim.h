@@ -17,7 +17,14 @@
  *
  * SimGrid keeps one engine per process that cannot be restarted, so each
  * simulation runs in a child process; the caller gets the summary back.
- * Only this directory includes SimGrid. */
+ * Only this directory includes SimGrid.
+ *
+ * Sends never block: a FREE of a sent buffer counts as freed at once, as in
+ * the program checker (waiting for the receiver could deadlock lowered 1F1B
+ * programs). Waiting for a peer to arrive is idle time, not communication.
+ * Environment: PIPESHARD_LOG=debug keeps SimGrid's logging (and forwards the
+ * child's stderr); PIPESHARD_SIMGRID_OPTIONS adds SimGrid options, for
+ * experiments. docs/simulator.md has the details and measured speed. */
 #ifndef PS_SIM_SIM_H
 #define PS_SIM_SIM_H
 

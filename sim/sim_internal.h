@@ -20,19 +20,19 @@ double ps_sim_kind_speed_flops_per_s(const ps_device_kind *k);
 
 /* Per-device results of one replay. */
 typedef struct ps_sim_device_result {
-    double compute_s;         /* in executions */
-    double comm_s;            /* blocked while data moved, latency sleeps included */
-    double end_s;             /* when the program finished */
-    double peak_memory_bytes; /* from ALLOC/FREE */
+    double compute_s;                   /* in executions */
+    double comm_s;                      /* blocked while data moved, latency sleeps included */
+    double end_s;                       /* when the program finished */
+    double peak_memory_bytes;           /* from ALLOC/FREE */
     double phase_sum_s[PS_PHASE_COUNT]; /* RUN durations per phase, summed */
     int32_t phase_runs[PS_PHASE_COUNT];
     int32_t has_program;
 } ps_sim_device_result;
 
 typedef struct ps_sim_result {
-    double iteration_s;  /* the last program's end */
-    double load_s;       /* loading the platform into SimGrid */
-    double wall_s;       /* the child's whole simulation, load included */
+    double iteration_s; /* the last program's end */
+    double load_s;      /* loading the platform into SimGrid */
+    double wall_s;      /* the child's whole simulation, load included */
     double peak_rss_bytes;
     long long events;
     int n_devices;

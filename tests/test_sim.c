@@ -3,11 +3,11 @@
  * memory against hand counts and the program checker, deadlock, the
  * platform, the trace, and a 1024-device smoke run. Program sets are built
  * by hand through core/program.h's builders. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,8 +207,8 @@ static void ring_collectives_match_closed_form(void **state)
                     ps_summary *sum = simulate(s, c, &o, NULL);
                     double want = ps_coll_ring_s((ps_collective)kind, n, S, alpha, 1 / B);
                     char what[96];
-                    snprintf(what, sizeof what, "%s n=%d S=%g steps=%d",
-                             ps_collective_names[kind], n, S, steps);
+                    snprintf(what, sizeof what, "%s n=%d S=%g steps=%d", ps_collective_names[kind],
+                             n, S, steps);
                     assert_close(sum->iteration_s, want, 0.02, what);
                     for (int d = 0; d < n; d++) {
                         assert_close(sum->devices[d].comm_s, want, 0.02, what);
@@ -527,6 +527,29 @@ static void bad_program_is_an_error(void **state)
     ps_cluster_free(c);
 }
 
+/* A child that dies (here: SimGrid refuses an option and aborts) is an
+ * error that says how it died and what it said. */
+static void child_crash_is_reported(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_make(1, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    ps_program_set *s = set_make(2, 1);
+    int dev = 0;
+    stage_set(s, 0, &dev, 1, 1, 312e12);
+    emit(s, 0, run_of(kernel_make(s, 0, PS_PHASE_FORWARD, 1e-3), 0));
+    assert_int_equal(setenv("PIPESHARD_SIMGRID_OPTIONS", "--cfg=no/such-option:1", 1), 0);
+    ps_summary *sum = NULL;
+    ps_error err = {0};
+    ps_status st = ps_sim_run(s, c, NULL, &sum, NULL, &err);
+    unsetenv("PIPESHARD_SIMGRID_OPTIONS");
+    assert_int_equal(st, PS_ERR_INTERNAL);
+    assert_null(sum);
+    assert_non_null(strstr(err.msg, "died of signal 6"));
+    assert_non_null(strstr(err.msg, "no/such-option"));
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+}
+
 /* ---- (f) the platform, heterogeneous hosts ---- */
 
 static char *platform_text(const ps_cluster *c)
@@ -571,7 +594,7 @@ static void platform_of_two_nodes(void **state)
         assert_non_null(strstr(x, want));
     }
     assert_non_null(strstr(x, "<route src=\"node1_sw\" dst=\"pod0_gw\" symmetrical=\"NO\">"
-                               "<link_ctn id=\"node1_nic\" direction=\"UP\"/></route>"));
+                              "<link_ctn id=\"node1_nic\" direction=\"UP\"/></route>"));
     free(x);
     ps_cluster_free(c);
 
@@ -591,8 +614,8 @@ static void platform_of_two_nodes(void **state)
     assert_non_null(strstr(x, "<router id=\"node63_sw\"/>"));
     assert_null(strstr(x, "pod4"));
     assert_non_null(strstr(x, "<zoneRoute src=\"pod0\" dst=\"pod3\" gw_src=\"pod0_gw\" "
-                               "gw_dst=\"pod3_gw\" symmetrical=\"NO\"><link_ctn "
-                               "id=\"group0_4_core\"/></zoneRoute>"));
+                              "gw_dst=\"pod3_gw\" symmetrical=\"NO\"><link_ctn "
+                              "id=\"group0_4_core\"/></zoneRoute>"));
     free(x);
     ps_cluster_free(c);
 }
@@ -666,7 +689,8 @@ static void trace_is_valid_json(void **state)
         assert_non_null(ph);
         assert_non_null(name);
         if (strcmp(ph, "M") == 0) {
-            const char *arg = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+            const char *arg =
+                json_string_value(json_object_get(json_object_get(e, "args"), "name"));
             named += arg != NULL && strcmp(arg, "device 1 (stage 1)") == 0;
             continue;
         }
@@ -675,7 +699,8 @@ static void trace_is_valid_json(void **state)
         assert_true(json_number_value(json_object_get(e, "dur")) >= 0);
         if (strcmp(cat, "compute") == 0) {
             compute++;
-            assert_true(strncmp(name, "forward mb", 10) == 0 || strncmp(name, "backward mb", 11) == 0);
+            assert_true(strncmp(name, "forward mb", 10) == 0 ||
+                        strncmp(name, "backward mb", 11) == 0);
         } else if (strcmp(cat, "recv") == 0) {
             recv++;
             assert_true(strncmp(name, "recv from ", 10) == 0);
@@ -694,8 +719,8 @@ static void trace_is_valid_json(void **state)
     assert_int_equal(coll, p);
     assert_int_equal(spans, compute + recv + send + coll);
     assert_int_equal(named, 1);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "otherData"), "source")),
-                        "sim");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(root, "otherData"), "source")), "sim");
     json_decref(root);
     unlink(path);
     ps_program_set_free(s);
@@ -723,16 +748,21 @@ static void lowered_plans_run(void **state)
         cfg.batch = global / micro;
         ps_graph *fwd = NULL;
         assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
-        ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                               .cluster = c, .global_batch = global, .micro_batches = micro,
-                               .ilp = ps_ilp_options_default(), .method = PS_METHOD_DATA};
+        ps_plan_request req = {.forward = fwd,
+                               .config = &cfg,
+                               .train = ps_train_options_default(),
+                               .cluster = c,
+                               .global_batch = global,
+                               .micro_batches = micro,
+                               .ilp = ps_ilp_options_default(),
+                               .method = PS_METHOD_DATA};
         ps_inter_options io = ps_inter_options_default();
         io.layer_num = 2;
         ps_plan *p = NULL;
         ps_error err = {0};
-        ps_status st = uniform ? (req.method = PS_METHOD_SHARD,
-                                  ps_plan_uniform(&req, &io, 2, 2, 2, &p, &err))
-                               : ps_plan_one_stage(&req, &p, NULL, NULL, &err);
+        ps_status st =
+            uniform ? (req.method = PS_METHOD_SHARD, ps_plan_uniform(&req, &io, 2, 2, 2, &p, &err))
+                    : ps_plan_one_stage(&req, &p, NULL, NULL, &err);
         if (st != PS_OK)
             fail_msg("plan: %s", err.msg);
         ps_plan_model *pm = NULL;
@@ -767,8 +797,10 @@ static void lowered_plans_run(void **state)
 static void smoke_1024_devices(void **state)
 {
     (void)state;
+    /* PS_TEST_SIM_SMOKE=dgx-a100:2048 measures 16384 devices */
+    const char *preset = getenv("PS_TEST_SIM_SMOKE");
     ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:128", &c, NULL), PS_OK);
+    assert_int_equal(ps_cluster_from_preset(preset ? preset : "dgx-a100:128", &c, NULL), PS_OK);
     int n = ps_cluster_device_count(c), dpn = c->devices_per_node;
     ps_program_set *s = set_make(n, 1);
     int *devs = malloc((size_t)n * sizeof *devs);
@@ -795,9 +827,9 @@ static void smoke_1024_devices(void **state)
     }
     ps_sim_stats stats;
     ps_summary *sum = simulate(s, c, NULL, &stats);
-    print_message("1024 devices: %.3f s wall (platform %.3f s), %lld events, %.0f events/s, "
+    print_message("%d devices: %.3f s wall (platform %.3f s), %lld events, %.0f events/s, "
                   "peak RSS %.0f MB, simulated %.4g ms\n",
-                  stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
+                  n, stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
                   stats.peak_rss_bytes / 1e6, sum->iteration_s * 1e3);
     assert_true(sum->iteration_s > 1e-3);
     ps_summary_free(sum);
@@ -815,6 +847,7 @@ int main(void)
         cmocka_unit_test(memory_peak_is_exact),
         cmocka_unit_test(deadlock_is_reported),
         cmocka_unit_test(bad_program_is_an_error),
+        cmocka_unit_test(child_crash_is_reported),
         cmocka_unit_test(platform_of_two_nodes),
         cmocka_unit_test(heterogeneous_speeds),
         cmocka_unit_test(trace_is_valid_json),
