@@ -1,0 +1,34 @@
+/* A tile: one device's part of a tensor, as the executors hold it.
+ *
+ * Executors store every floating-point tensor in fp32 (whatever the graph's
+ * dtype) and integer tensors (token ids, labels, MoE slots) as int32, in
+ * row-major order. A tile knows where it sits in the whole tensor (offset
+ * and global shape), because some ops need global positions (the rows of a
+ * vocabulary-split embedding table, a causal mask's query index, the element
+ * count that a mean divides by). The memory belongs to the backend: host
+ * memory for the CPU backend, device memory for the CUDA backend. */
+#ifndef PS_EXEC_TILE_H
+#define PS_EXEC_TILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/op.h"
+
+typedef struct ps_tile {
+    void *data;                   /* float or int32_t (is_int), borrowed */
+    bool is_int;
+    int rank;                     /* 0 for a scalar (one element) */
+    int64_t shape[PS_MAX_RANK];   /* local extent per dimension */
+    int64_t global[PS_MAX_RANK];  /* whole tensor's extent */
+    int64_t offset[PS_MAX_RANK];  /* global index of the tile's first element */
+} ps_tile;
+
+/* Elements of the local tile (1 for a scalar). */
+int64_t ps_tile_numel(const ps_tile *t);
+/* Elements of the whole tensor. */
+int64_t ps_tile_global_numel(const ps_tile *t);
+/* A whole (unsharded) tensor as a tile: offset 0, shape == global. */
+ps_tile ps_tile_whole(void *data, const ps_tensor_desc *d);
+
+#endif
