@@ -16,11 +16,20 @@ int ps_cmd_plan(int argc, char **argv);
 int ps_cmd_demo(int argc, char **argv);
 
 int ps_cmd_sim(int argc, char **argv);
+int ps_cmd_profile(int argc, char **argv);
 
 /* Lowers a plan to per-device programs (rebuilding its model), checks them
  * and writes them readably to dir; prints a one-line digest on stderr. */
 struct ps_plan;
 ps_status ps_cli_dump_programs(const struct ps_plan *plan, const char *dir, ps_error *err);
+
+/* Loads a profile DB (--profile-db) and lends it to cluster c's cost model
+ * (c->profile); warns when c has no device kind of the DB's name (the DB
+ * then stands for every device). The caller frees *out after c's last use. */
+struct ps_cluster;
+struct ps_profile_db;
+ps_status ps_cli_attach_profile(const char *path, struct ps_cluster *c,
+                                struct ps_profile_db **out, ps_error *err);
 
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);
