@@ -1150,7 +1150,7 @@ static void tiles_conv_pool(void **state)
 }
 
 /* Routes a [G, S, E] logits tensor with the gate, for the MoE tile tests. */
-static void moe_route(tt *slot_weight, int64_t G, int64_t S, int64_t E, int64_t C)
+static tt moe_route(tt *slot_weight, int64_t G, int64_t S, int64_t E, int64_t C)
 {
     tt logits = tt_rand(PS_DTYPE_F32, 3, (int64_t[]){G, S, E}, -2, 2);
     ps_op_attrs ga = ps_op_attrs_default(PS_OP_MOE_GATE);
@@ -1158,7 +1158,7 @@ static void moe_route(tt *slot_weight, int64_t G, int64_t S, int64_t E, int64_t 
     ga.experts = E;
     ga.capacity = C;
     run_whole(PS_OP_MOE_GATE, &ga, 1, &logits, slot_weight, 1);
-    tt_free(&logits, 1);
+    return logits;
 }
 
 static void tiles_moe(void **state)
@@ -1167,7 +1167,7 @@ static void tiles_moe(void **state)
     test_rng_seed(18);
     int64_t G = 2, S = 5, E = 4, C = 2, M = 3;
     tt sw[2];
-    moe_route(sw, G, S, E, C);
+    tt logits = moe_route(sw, G, S, E, C);
     tt x = tt_rand(PS_DTYPE_F32, 3, (int64_t[]){G, S, M}, -1, 1);
     tt din[2] = {x, sw[0]};
     split_case c = scase("moe_dispatch, split experts", PS_OP_MOE_DISPATCH, 2, din, 2);
@@ -1207,10 +1207,19 @@ static void tiles_moe(void **state)
     c.in_dim[1] = 3;
     c.out_dim[0] = 3;
     split_check(&c);
+    tt gg[3] = {logits, sw[0], tt_rand(PS_DTYPE_F32, 3, (int64_t[]){G, S, 2}, -1, 1)};
+    c = scase("moe_gate_grad, split tokens", PS_OP_MOE_GATE_GRAD, 3, gg, 2);
+    c.a.top_k = 2;
+    c.in_dim[0] = c.in_dim[1] = c.in_dim[2] = 1;
+    c.mode[0] = OUT_CONCAT;
+    c.out_dim[0] = 1;
+    split_check(&c);
     tt_free(sw, 2);
     tt_free(&x, 1);
     tt_free(&y, 1);
     tt_free(&dz, 1);
+    tt_free(&logits, 1);
+    tt_free(&gg[2], 1);
 }
 
 /* ---- (c) closed forms ---------------------------------------------------------------- */
@@ -1497,6 +1506,22 @@ static void malformed_calls(void **state)
     ps_error_clear(&err);
     ps_op_context ctx = {.step = 1, .reduce = {.group_size = 2, .fn = NULL}};
     assert_int_equal(ps_cpu_op_run(&op, (ps_tile[]){logits, lab}, &loss, &ctx, &err),
+                     PS_ERR_INVALID);
+    ps_error_clear(&err);
+    logits.global[1] = 3; /* a group over a whole vocabulary */
+    assert_int_equal(ps_cpu_op_run(&op, (ps_tile[]){logits, lab}, &loss, &ctx, &err),
+                     PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "vocabulary is whole"));
+    ps_error_clear(&err);
+    /* batch statistics over a split batch without a group, and the reverse */
+    ps_tile xb = t23, gb = ps_tile_whole(b, &d3), bb = ps_tile_whole(c, &d3), yb = o23;
+    xb.global[0] = 4;
+    op = mkop(PS_OP_BATCHNORM, NULL, 3);
+    assert_int_equal(ps_cpu_op_run(&op, (ps_tile[]){xb, gb, bb}, &yb, NULL, &err),
+                     PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "reduce group"));
+    ps_error_clear(&err);
+    assert_int_equal(ps_cpu_op_run(&op, (ps_tile[]){t23, gb, bb}, &yb, &ctx, &err),
                      PS_ERR_INVALID);
     ps_error_clear(&err);
 

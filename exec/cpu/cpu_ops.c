@@ -1385,7 +1385,10 @@ static void gate_route(const float *logits, int64_t E, int k, double *prob, int 
     }
 }
 
-static ps_status gate_check(const run *r, const ps_tile *logits, const ps_tile *gsk)
+/* The gate needs whole groups (capacity is counted over a group) and all
+ * experts (the softmax); its gradient only all experts. */
+static ps_status gate_check(const run *r, const ps_tile *logits, const ps_tile *gsk,
+                            bool whole_groups)
 {
     ps_status st;
     if ((st = need_rank(r, logits, 3, 3, "gate logits [g, s, e]")) != PS_OK)
@@ -1394,9 +1397,10 @@ static ps_status gate_check(const run *r, const ps_tile *logits, const ps_tile *
     if (k < 1 || k > logits->shape[2])
         FAIL("top_k %d must be between 1 and the number of experts %lld", k,
              (long long)logits->shape[2]);
-    if (logits->shape[2] != logits->global[2] || logits->shape[1] != logits->global[1])
-        return op_fail(r, PS_ERR_UNSUPPORTED,
-                       "routing needs whole groups (s) and all experts (e) in the tile");
+    if (logits->shape[2] != logits->global[2])
+        return op_fail(r, PS_ERR_UNSUPPORTED, "routing needs all experts (e) in the tile");
+    if (whole_groups && logits->shape[1] != logits->global[1])
+        return op_fail(r, PS_ERR_UNSUPPORTED, "routing needs whole groups (s) in the tile");
     if (gsk->rank != 3 || gsk->shape[0] != logits->shape[0] ||
         gsk->shape[1] != logits->shape[1] || gsk->shape[2] != k)
         FAIL("slot and weight tiles must be [g, s, top_k] like the logits");
@@ -1408,7 +1412,7 @@ static ps_status op_moe_gate(const run *r)
     ps_status st;
     const ps_tile *x = &r->in[0];
     ps_tile *slot = &r->out[0], *wt = &r->out[1];
-    if ((st = gate_check(r, x, slot)) != PS_OK ||
+    if ((st = gate_check(r, x, slot, true)) != PS_OK ||
         (st = need_same(r, slot, wt, "the slot tile", "the weight tile")) != PS_OK)
         return st;
     int64_t G = x->shape[0], S = x->shape[1], E = x->shape[2], C = r->a->capacity;
@@ -1452,7 +1456,7 @@ static ps_status op_moe_gate_grad(const run *r)
 {
     ps_status st = PS_OK;
     const ps_tile *x = &r->in[0], *dw = &r->in[2];
-    if ((st = gate_check(r, x, &r->in[1])) != PS_OK ||
+    if ((st = gate_check(r, x, &r->in[1], false)) != PS_OK ||
         (st = need_same(r, &r->in[1], dw, "the slot tile", "dweight")) != PS_OK ||
         (st = need_same(r, x, &r->out[0], "logits", "dlogits")) != PS_OK)
         return st;

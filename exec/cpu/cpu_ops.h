@@ -4,12 +4,17 @@
  * loops. Single-threaded: the runtime runs one thread per device (and sets
  * OpenBLAS's own thread count).
  *
- * Choices the contract leaves open, fixed here (the CUDA backend follows):
+ * Choices the contract leaves open, fixed here for every backend:
  * - Reductions inside an op (softmax, layernorm, losses, batch statistics)
  *   accumulate in double and store fp32.
  * - Token ids, labels and MoE slots outside the whole tensor's range are
  *   errors (PS_ERR_INVALID), reported after the op's own reductions so that
  *   the peers of a group are not left waiting.
+ * - An op's reduce group must match its split: a group of more than one
+ *   device over a whole vocabulary (losses) or a whole batch (batchnorm) is
+ *   an error, and so is a split without a group. LAYERNORM and SOFTMAX need
+ *   their last dim whole in the tile (PS_ERR_UNSUPPORTED otherwise). Ops
+ *   with a `shape` attribute check it against their output's global shape.
  * - SOFTMAX: a row whose keys are all masked gives zeros. SOFTMAX_GRAD is
  *   dx = scale * y * (dy - sum(y * dy)) over the row.
  * - POOL avg divides by the whole window (padding counts as zeros); POOL max
@@ -24,7 +29,8 @@
  *   in token order, then every token's second choice, and so on; slot =
  *   expert * capacity + position or -1 when the expert is full. weight holds
  *   the probability of each chosen expert even when its slot is -1 (combine
- *   skips those). The routing group (s) and the experts (e) must be whole.
+ *   skips those). The routing group (s) and the experts (e) must be whole
+ *   in the tile (MOE_GATE_GRAD: the experts).
  * - MOE_GATE_GRAD recomputes the top-k choice from the logits (it has no
  *   capacity to decode slots); its gradient is the softmax Jacobian applied to
  *   dweight scattered onto the chosen experts.
