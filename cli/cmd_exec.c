@@ -13,6 +13,9 @@
 #include "core/program.h"
 #include "exec/check.h"
 #include "exec/cpu/cpu_backend.h"
+#ifdef PS_HAVE_CUDA
+#include "exec/cuda/cuda_backend.h"
+#endif
 #include "exec/runtime.h"
 #include "planner/lower.h"
 #include "planner/plan_intra.h"
@@ -23,7 +26,7 @@ static void help(void)
 {
     printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
            "                      [--check] [--tolerance T] [--param-atol A] [--trace T.json] [--summary S.json]\n"
-           "                      [--no-local-allgather] [--json]\n\n"
+           "                      [--no-local-allgather] [--share-gpu] [--tf32] [--json]\n\n"
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
            "CPU backend every device is a thread with real fp32 numerics; on the CUDA backend\n"
            "every device is a GPU. Prints the measured iteration, per-stage times and memory\n"
@@ -42,12 +45,15 @@ static void help(void)
            "  --trace T.json         Chrome trace of the last step (Perfetto)\n"
            "  --summary S.json       the run summary\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
+           "  --share-gpu            cuda: run every device of the plan on GPU 0 (a test\n"
+           "                         mode for checking multi-device plans on one GPU)\n"
+           "  --tf32                 cuda: TF32 tensor-core GEMMs (default: exact fp32)\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
 
 enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
-       OPT_SUMMARY, OPT_NO_LAG, OPT_JSON };
+       OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32 };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -61,13 +67,21 @@ static const struct option options[] = {
     {"summary", required_argument, NULL, OPT_SUMMARY},
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"json", no_argument, NULL, OPT_JSON},
+    {"share-gpu", no_argument, NULL, OPT_SHARE_GPU},
+    {"tf32", no_argument, NULL, OPT_TF32},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
-/* Lowers, checks and runs a plan on a new backend of `kind`. */
-static ps_status run_plan(const ps_plan *plan, const char *kind, const ps_lower_options *lo,
-                          const ps_exec_options *eo, ps_program_set **set_out,
+typedef struct backend_choice {
+    const char *kind; /* cpu, cuda */
+    bool share_gpu, tf32;
+} backend_choice;
+
+/* Lowers, checks and runs a plan on a new backend. */
+static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
+                          const ps_lower_options *lo, const ps_exec_options *eo,
+                          ps_program_set **set_out,
                           ps_plan_model **model_out, ps_exec_result **out, ps_error *err)
 {
     ps_status st = PS_OK;
@@ -83,12 +97,25 @@ static ps_status run_plan(const ps_plan *plan, const char *kind, const ps_lower_
     PS_TRY_ALLOC(slots, err);
     for (int d = 0; d < set->n_devices; d++)
         slots[d] = ps_exec_timing_slots(set, d);
-    if (strcmp(kind, "cpu") == 0) {
+    if (strcmp(bc->kind, "cpu") == 0) {
         PS_TRY(ps_cpu_backend_create(set->n_devices, slots, &b, err));
     } else {
+#ifdef PS_HAVE_CUDA
+        int most = 0;
+        for (int d = 0; d < set->n_devices; d++)
+            most = slots[d] > most ? slots[d] : most;
+        ps_cuda_backend_options co;
+        memset(&co, 0, sizeof co);
+        co.share_gpu = bc->share_gpu;
+        co.allow_tf32 = bc->tf32;
+        PS_TRY(ps_cuda_backend_create(set->n_devices, most, &co, &b, err));
+#else
         st = ps_error_set(err, PS_ERR_UNSUPPORTED,
-                          "backend \"%s\" is not available in this build (have: cpu)", kind);
+                          "backend \"%s\" is not available in this build (built without "
+                          "CUDA; have: cpu)",
+                          bc->kind);
         goto out;
+#endif
     }
     PS_TRY(ps_exec_run(set, b, eo, out, err));
 out:
@@ -111,7 +138,7 @@ out:
 int ps_cmd_exec(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *backend = "cpu";
-    bool check = false, json = false;
+    bool check = false, json = false, share_gpu = false, tf32 = false;
     double tol = 1e-4, param_atol = 5e-3;
     ps_exec_options eo = ps_exec_options_default();
     ps_lower_options lo = ps_lower_options_default();
@@ -151,6 +178,8 @@ int ps_cmd_exec(int argc, char **argv)
         case OPT_SUMMARY: summary_path = optarg; break;
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_JSON: json = true; break;
+        case OPT_SHARE_GPU: share_gpu = true; break;
+        case OPT_TF32: tf32 = true; break;
         default:
             return ps_cli_usage_error("exec", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -175,7 +204,8 @@ int ps_cmd_exec(int argc, char **argv)
     eo.keep_params = check;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     eo.devices_per_node = plan->cluster->devices_per_node;
-    PS_TRY(run_plan(plan, backend, &lo, &eo, &set, &m, &r, &err));
+    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32};
+    PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &err));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(r->summary, summary_path, &err));
     if (json) {
@@ -204,7 +234,8 @@ int ps_cmd_exec(int argc, char **argv)
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
-        PS_TRY(run_plan(ref_plan, "cpu", &lo, &ro, &ref_set, &ref_m, &ref, &err));
+        backend_choice cpu = {.kind = "cpu"};
+        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &err));
         ps_exec_comparison cmp;
         ps_exec_compare(set->step, r, ref_set->step, ref, tol, param_atol, &cmp);
         mismatch = !cmp.ok;
