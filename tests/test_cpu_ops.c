@@ -95,6 +95,17 @@ static void ev_fill(evalr *ev, uint64_t seed)
     }
 }
 
+/* Master weights start as copies of their parameters. */
+static void ev_init_masters(evalr *ev)
+{
+    for (int i = 0; i < ev->g->n_ops; i++) {
+        const ps_op *op = &ev->g->ops[i];
+        if (op->kind == PS_OP_ADAM && op->n_in == 5)
+            memcpy(ev->data[op->in[4]], ev->data[op->in[0]],
+                   (size_t)ps_tensor_numel(&ev->g->tensors[op->in[0]]) * 4);
+    }
+}
+
 static void ev_op(evalr *ev, int i, int step)
 {
     const ps_op *op = &ev->g->ops[i];
@@ -127,15 +138,31 @@ static double ev_run(evalr *ev, bool forward_only)
  * its ADAM op reads) against central differences of the loss with steps h
  * and h/2. Elements where the two differences disagree sit on a kink (relu,
  * max pooling, a top-k switch) and are skipped; at most a tenth may be. */
-static void grad_check(const ps_graph *fwd, uint64_t seed, int per_param, double h)
+static void adam_check(evalr *ev);
+
+static void grad_check_opt(const ps_graph *fwd, uint64_t seed, int per_param, double h,
+                           bool remat)
 {
     ps_train_options o = ps_train_options_default();
+    o.remat = remat;
     ps_graph *step = NULL;
     ps_error err = {0};
     if (ps_train_step_build(fwd, &o, &step, &err) != PS_OK)
         fail_msg("%s: %s", fwd->name, err.msg);
+    bool recomputes = false, masters = false;
+    for (int i = 0; i < step->n_ops; i++) {
+        recomputes = recomputes || step->ops[i].pass == PS_PASS_RECOMPUTE;
+        masters = masters || (step->ops[i].kind == PS_OP_ADAM && step->ops[i].n_in == 5);
+    }
+    assert_true(recomputes == remat);
+    bool half = false;
+    for (int t = 0; t < fwd->n_tensors; t++)
+        half = half || (fwd->tensors[t].kind == PS_TENSOR_PARAM &&
+                        fwd->tensors[t].desc.dtype != PS_DTYPE_F32);
+    assert_true(masters == half);
     evalr *ev = ev_create(step);
     ev_fill(ev, seed);
+    ev_init_masters(ev);
     double loss = ev_run(ev, false);
     assert_true(isfinite(loss));
     int checked = 0, skipped = 0;
@@ -185,8 +212,43 @@ static void grad_check(const ps_graph *fwd, uint64_t seed, int per_param, double
     if (skipped * 10 > checked + skipped)
         fail_msg("%s: %d of %d elements sit on kinks", fwd->name, skipped, checked + skipped);
     assert_true(checked > 0);
+    adam_check(ev);
     ev_free(ev);
     ps_graph_free(step);
+}
+
+static void grad_check(const ps_graph *fwd, uint64_t seed, int per_param, double h)
+{
+    grad_check_opt(fwd, seed, per_param, h, false);
+}
+
+/* Runs the step's ADAM ops (step 1, fresh state): each weight moves by
+ * lr * g / (|g| + eps) (+ decay); with a master copy, the master moves and
+ * the parameter follows it. */
+static void adam_check(evalr *ev)
+{
+    const ps_graph *g = ev->g;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->kind != PS_OP_ADAM)
+            continue;
+        int w = op->in[op->n_in == 5 ? 4 : 0];
+        int64_t n = ps_tensor_numel(&g->tensors[op->in[0]]);
+        float *before = malloc((size_t)n * sizeof *before);
+        assert_non_null(before);
+        memcpy(before, ev->data[w], (size_t)n * sizeof *before);
+        ev_op(ev, i, 1);
+        const float *gv = ev_f(ev, op->in[1]), *pv = ev_f(ev, op->in[0]);
+        const ps_op_attrs *a = &op->attrs;
+        for (int64_t j = 0; j < n; j++) {
+            double want = before[j] - a->lr * (gv[j] / (fabs(gv[j]) + a->adam_eps) +
+                                               a->weight_decay * before[j]);
+            if (fabs(ev_f(ev, w)[j] - want) > 1e-6 || pv[j] != ev_f(ev, w)[j])
+                fail_msg("%s: %s[%lld] after adam is %.8g, expected %.8g", g->name,
+                         g->tensors[op->in[0]].name, (long long)j, pv[j], want);
+        }
+        free(before);
+    }
 }
 
 /* A small forward graph under construction. */
@@ -481,7 +543,8 @@ static void grad_moe(void **state)
     tg_check(&t, 24, 1e-2);
 }
 
-static void grad_zoo(const char *name, void (*shrink)(ps_model_config *), int per_param)
+static void grad_zoo(const char *name, void (*shrink)(ps_model_config *), int per_param,
+                     bool remat)
 {
     ps_model_config c;
     assert_int_equal(ps_zoo_lookup(name, &c, NULL), PS_OK);
@@ -490,7 +553,7 @@ static void grad_zoo(const char *name, void (*shrink)(ps_model_config *), int pe
     ps_error err = {0};
     if (ps_model_build(&c, &g, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    grad_check(g, 0x5eed0002, per_param, 1e-2);
+    grad_check_opt(g, 0x5eed0002, per_param, 1e-2, remat);
     ps_graph_free(g);
 }
 
@@ -520,22 +583,38 @@ static void tiny_moe(ps_model_config *c)
     c->capacity_factor = 1.0;
 }
 
+/* fp16 parameters: the step gets fp32 master weights (ADAM with 5 inputs);
+ * the executor computes in fp32 all the same. */
+static void tiny_mlp_fp16(ps_model_config *c)
+{
+    tiny_mlp(c);
+    c->dtype = PS_DTYPE_F16;
+}
+
+static void tiny_gpt_2(ps_model_config *c)
+{
+    tiny_gpt(c);
+    c->layers = 2;
+}
+
 static void grad_zoo_mlp(void **state)
 {
     (void)state;
-    grad_zoo("mlp", tiny_mlp, 8);
+    grad_zoo("mlp", tiny_mlp, 8, false);
+    grad_zoo("mlp", tiny_mlp_fp16, 4, false);
 }
 
 static void grad_zoo_gpt(void **state)
 {
     (void)state;
-    grad_zoo("gpt-350m", tiny_gpt, 6);
+    grad_zoo("gpt-350m", tiny_gpt, 6, false);
+    grad_zoo("gpt-350m", tiny_gpt_2, 3, true); /* with recomputation */
 }
 
 static void grad_zoo_moe(void **state)
 {
     (void)state;
-    grad_zoo("moe-380m", tiny_moe, 6);
+    grad_zoo("moe-380m", tiny_moe, 6, false);
 }
 
 /* ---- test tensors and direct op calls ------------------------------------------- */
