@@ -16,6 +16,7 @@ int ps_cmd_plan(int argc, char **argv);
 int ps_cmd_demo(int argc, char **argv);
 
 int ps_cmd_sim(int argc, char **argv);
+int ps_cmd_exec(int argc, char **argv);
 int ps_cmd_profile(int argc, char **argv);
 
 /* Lowers a plan to per-device programs (rebuilding its model), checks them

@@ -34,9 +34,11 @@ ps_status ps_program_set_create(const ps_graph *step, int n_devices, int n_stage
         p->coord[0] = p->coord[1] = -1;
         p->axis_group[0] = p->axis_group[1] = p->axis_group[2] = -1;
     }
-    for (int i = 0; i < n_stages; i++)
+    for (int i = 0; i < n_stages; i++) {
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
             s->stages[i].kernel[ph] = -1;
+        s->stages[i].reference_dtype = -1;
+    }
     s->micro_batches = 1;
     *out = s;
     return PS_OK;

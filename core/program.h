@@ -125,6 +125,8 @@ typedef struct ps_program_stage {
     int mesh[PS_MESH_AXES];
     int kernel[PS_PHASE_COUNT];    /* kernel index per phase, -1 if empty */
     double reference_flops_per_s;  /* speed the kernels' seconds assume (slowest device) */
+    int reference_dtype;           /* ps_dtype whose peak reference_flops_per_s is; -1:
+                                    * the simulated host's own speed (hand-made sets) */
 } ps_program_stage;
 
 typedef struct ps_program {

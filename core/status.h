@@ -53,6 +53,14 @@ void ps_error_clear(ps_error *err);
         }                                                                     \
     } while (0)
 
+/* Returns a failure at once (functions without cleanup). */
+#define PS_TRY_RET(expr)                                                      \
+    do {                                                                      \
+        ps_status ps_try_st_ = (expr);                                        \
+        if (ps_try_st_ != PS_OK)                                              \
+            return ps_try_st_;                                                \
+    } while (0)
+
 /* Jumps to `out:` with PS_ERR_NOMEM when an allocation returned NULL. */
 #define PS_TRY_ALLOC(ptr, err)                                                \
     do {                                                                      \

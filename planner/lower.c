@@ -1027,6 +1027,7 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
         int di = dt < PS_FLOAT_DTYPE_COUNT ? (int)dt : PS_DTYPE_F32;
         double peak = L.st[k].mesh->peak_flops[di];
         ps->reference_flops_per_s = peak > 0 ? peak : L.st[k].mesh->peak_flops[PS_DTYPE_F32];
+        ps->reference_dtype = peak > 0 ? di : PS_DTYPE_F32;
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
             ps->kernel[ph] = -1;
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "planner/plan_model.h"
 
 ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_logical_mesh *m,
                              const ps_intra_result *r, ps_error *err)
@@ -221,5 +222,35 @@ out:
     ps_intra_result_free(r);
     ps_graph_free(step);
     ps_mesh_free(m);
+    return st;
+}
+
+ps_status ps_plan_reference(const ps_plan *p, const ps_plan_model *m, ps_plan **out,
+                            ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_cluster *one = NULL;
+    const ps_cluster *c = p->cluster;
+    *out = NULL;
+    /* a numerical oracle, not a real device: memory is no constraint */
+    ps_device_kind kind = c->kinds[0];
+    kind.memory_bytes = 1e18;
+    PS_TRY(ps_cluster_create("reference", 1, 1, &kind, &c->intra, &c->inter, &one, err));
+    ps_plan_request req;
+    memset(&req, 0, sizeof req);
+    req.forward = m->forward;
+    req.config = m->from_zoo ? &m->config : NULL;
+    req.train = m->train;
+    req.train.remat = false;
+    req.train.remat_layers = NULL;
+    req.cluster = one;
+    req.method = PS_METHOD_DATA;
+    req.mesh[0] = req.mesh[1] = 1;
+    req.global_batch = p->global_batch;
+    req.micro_batches = p->micro_batches > 0 ? p->micro_batches : 1;
+    req.ilp = ps_ilp_options_default();
+    PS_TRY(ps_plan_one_stage(&req, out, NULL, NULL, err));
+out:
+    ps_cluster_free(one);
     return st;
 }

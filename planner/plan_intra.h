@@ -27,6 +27,13 @@ typedef struct ps_plan_request {
 ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
                             ps_intra_result **intra_out, ps_graph **step_out, ps_error *err);
 
+/* The unsharded single-device plan of a plan's model with the same global
+ * batch, micro-batches and training options (no remat): the reference that
+ * executors check sharded runs against. m: ps_plan_model_build(p). */
+struct ps_plan_model;
+ps_status ps_plan_reference(const ps_plan *p, const struct ps_plan_model *m, ps_plan **out,
+                            ps_error *err);
+
 /* Records in a new plan what req planned: model (zoo config or embedded
  * graph), training options, cluster, global batch and micro-batches. */
 ps_status ps_plan_record_request(ps_plan *plan, const ps_plan_request *req, ps_error *err);

@@ -63,7 +63,8 @@ typedef struct sim_actor {
     sim_ctx *ctx;
     const ps_program *prog;
     int device;
-    double speed_flops_per_s;
+    double speed_flops_per_s;            /* the host's: SimGrid executes at this speed */
+    const ps_device_kind *kind;
     /* computes not yet executed: flushed as one execution */
     double pend_exec_flops, pend_pred_flops;
     int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
@@ -584,6 +585,20 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
     return actor_fail(a, PS_ERR_INVALID, "instruction not allowed here");
 }
 
+/* The FLOPs one predicted second is on this host: the host runs at its
+ * kind's fp16 speed, the seconds assume the stage's reference speed in the
+ * model's dtype; a device that is faster in that dtype than the reference
+ * takes proportionally less time. */
+static double scaled_reference(const sim_actor *a, const ps_program_stage *st)
+{
+    double ref = st->reference_flops_per_s;
+    int dt = st->reference_dtype;
+    double own = a->kind != NULL && dt >= 0 && dt < PS_FLOAT_DTYPE_COUNT ? a->kind->peak_flops[dt] : 0;
+    if (!(own > 0))
+        return ref;
+    return ref * a->speed_flops_per_s / own;
+}
+
 static bool run_kernel(sim_actor *a, const ps_instr *in)
 {
     const ps_program_set *set = a->ctx->set;
@@ -595,6 +610,8 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
         k->stage >= 0 && k->stage < set->n_stages ? set->stages[k->stage].reference_flops_per_s : 0;
     if (!(ref > 0)) /* no reference speed: take the seconds as this device's */
         ref = a->speed_flops_per_s;
+    else
+        ref = scaled_reference(a, &set->stages[k->stage]);
     a->cur_phase = (int)k->phase;
     a->cur_mb = in->mb;
     double t0 = simgrid_get_clock();
@@ -627,6 +644,8 @@ static void actor_main(int argc, char **argv)
         p->stage >= 0 && p->stage < set->n_stages ? set->stages[p->stage].reference_flops_per_s : 0;
     if (!(ref > 0))
         ref = a->speed_flops_per_s;
+    else
+        ref = scaled_reference(a, &set->stages[p->stage]);
     for (a->pc = 0; a->pc < p->n_instrs; a->pc++) {
         const ps_instr *in = &p->instrs[a->pc];
         bool ok = in->kind == PS_INSTR_RUN ? run_kernel(a, in) : step(a, in, in->mb, ref);
@@ -846,6 +865,7 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
             continue;
         a->prog = &s->programs[d];
         a->speed_flops_per_s = sg_host_get_speed(ctx.hosts[d]);
+        a->kind = ps_cluster_device(c, d);
         char name[32];
         snprintf(name, sizeof name, "dev%d", d);
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);

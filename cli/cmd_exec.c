@@ -1,0 +1,265 @@
+/* pipeshard exec: run a plan's per-device programs for real, on the CPU
+ * reference backend (threads as devices) or on GPUs, and optionally check
+ * the result against the unsharded single-device step. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/program.h"
+#include "exec/check.h"
+#include "exec/cpu/cpu_backend.h"
+#ifdef PS_HAVE_CUDA
+#include "exec/cuda/cuda_backend.h"
+#endif
+#include "exec/runtime.h"
+#include "planner/lower.h"
+#include "planner/plan_intra.h"
+#include "planner/plan_model.h"
+#include "traces/plan_summary.h"
+
+static void help(void)
+{
+    printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
+           "                      [--check] [--tolerance T] [--param-atol A] [--trace T.json] [--summary S.json]\n"
+           "                      [--no-local-allgather] [--share-gpu] [--tf32] [--json]\n\n"
+           "Lowers the plan to per-device programs and runs training steps of them: on the\n"
+           "CPU backend every device is a thread with real fp32 numerics; on the CUDA backend\n"
+           "every device is a GPU. Prints the measured iteration, per-stage times and memory\n"
+           "beside the planner's prediction; the summary and the timeline of the last step use\n"
+           "the formats of `pipeshard sim` (docs/trace-format.md).\n\n"
+           "options:\n"
+           "  --plan P.json          the plan (pipeshard plan -o)\n"
+           "  --backend cpu|cuda     where to run (default cpu)\n"
+           "  --steps N              training steps (default 1); times are the last step's\n"
+           "  --seed S               parameters and synthetic data (default 1)\n"
+           "  --check                also run the unsharded step on one device from the same\n"
+           "                         parameters and batch; compare losses and updated\n"
+           "                         parameters and gradients (exit 1 on a mismatch)\n"
+           "  --tolerance T          relative tolerance of the loss and gradients (1e-4)\n"
+           "  --param-atol A         absolute tolerance of the updated parameters (5e-3)\n"
+           "  --trace T.json         Chrome trace of the last step (Perfetto)\n"
+           "  --summary S.json       the run summary\n"
+           "  --no-local-allgather   send every receiver its whole tile between stages\n"
+           "  --share-gpu            cuda: run every device of the plan on GPU 0 (a test\n"
+           "                         mode for checking multi-device plans on one GPU)\n"
+           "  --tf32                 cuda: TF32 tensor-core GEMMs (default: exact fp32)\n"
+           "  --json                 print the summary as JSON instead of a table\n"
+           "  -h, --help             this help\n");
+}
+
+enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
+       OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32 };
+
+static const struct option options[] = {
+    {"plan", required_argument, NULL, OPT_PLAN},
+    {"backend", required_argument, NULL, OPT_BACKEND},
+    {"steps", required_argument, NULL, OPT_STEPS},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"check", no_argument, NULL, OPT_CHECK},
+    {"tolerance", required_argument, NULL, OPT_TOL},
+    {"param-atol", required_argument, NULL, OPT_ATOL},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"summary", required_argument, NULL, OPT_SUMMARY},
+    {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"share-gpu", no_argument, NULL, OPT_SHARE_GPU},
+    {"tf32", no_argument, NULL, OPT_TF32},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct backend_choice {
+    const char *kind; /* cpu, cuda */
+    bool share_gpu, tf32;
+} backend_choice;
+
+/* Lowers, checks and runs a plan on a new backend. */
+static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
+                          const ps_lower_options *lo, const ps_exec_options *eo,
+                          ps_program_set **set_out,
+                          ps_plan_model **model_out, ps_exec_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_backend *b = NULL;
+    int *slots = NULL;
+    *out = NULL;
+    PS_TRY(ps_plan_model_build(plan, &m, err));
+    PS_TRY(ps_plan_lower(plan, m, lo, &set, err));
+    PS_TRY(ps_program_set_check(set, NULL, err));
+    slots = malloc((size_t)set->n_devices * sizeof *slots);
+    PS_TRY_ALLOC(slots, err);
+    for (int d = 0; d < set->n_devices; d++)
+        slots[d] = ps_exec_timing_slots(set, d);
+    if (strcmp(bc->kind, "cpu") == 0) {
+        PS_TRY(ps_cpu_backend_create(set->n_devices, slots, &b, err));
+    } else {
+#ifdef PS_HAVE_CUDA
+        int most = 0;
+        for (int d = 0; d < set->n_devices; d++)
+            most = slots[d] > most ? slots[d] : most;
+        ps_cuda_backend_options co;
+        memset(&co, 0, sizeof co);
+        co.share_gpu = bc->share_gpu;
+        co.allow_tf32 = bc->tf32;
+        PS_TRY(ps_cuda_backend_create(set->n_devices, most, &co, &b, err));
+#else
+        st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                          "backend \"%s\" is not available in this build (built without "
+                          "CUDA; have: cpu)",
+                          bc->kind);
+        goto out;
+#endif
+    }
+    PS_TRY(ps_exec_run(set, b, eo, out, err));
+out:
+    if (b != NULL)
+        b->ops->destroy(b);
+    free(slots);
+    if (st == PS_OK && set_out != NULL) {
+        *set_out = set;
+        set = NULL;
+    }
+    if (st == PS_OK && model_out != NULL) {
+        *model_out = m;
+        m = NULL;
+    }
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    return st;
+}
+
+int ps_cmd_exec(int argc, char **argv)
+{
+    const char *plan_path = NULL, *summary_path = NULL, *backend = "cpu";
+    bool check = false, json = false, share_gpu = false, tf32 = false;
+    double tol = 1e-4, param_atol = 5e-3;
+    ps_exec_options eo = ps_exec_options_default();
+    ps_lower_options lo = ps_lower_options_default();
+    int64_t v;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': help(); return 0;
+        case OPT_PLAN: plan_path = optarg; break;
+        case OPT_BACKEND: backend = optarg; break;
+        case OPT_STEPS:
+            if (!ps_cli_parse_int(optarg, 1, 1000000, &v))
+                return ps_cli_usage_error("exec", "--steps needs a count >= 1, not \"%s\"",
+                                          optarg);
+            eo.steps = (int)v;
+            break;
+        case OPT_SEED:
+            if (!ps_cli_parse_int(optarg, 0, INT64_MAX, &v))
+                return ps_cli_usage_error("exec", "--seed needs an integer >= 0, not \"%s\"",
+                                          optarg);
+            eo.seed = (uint64_t)v;
+            break;
+        case OPT_CHECK: check = true; break;
+        case OPT_TOL:
+            if (!ps_cli_parse_double(optarg, 0, 1, &tol))
+                return ps_cli_usage_error("exec", "--tolerance needs a number in [0, 1], not "
+                                          "\"%s\"", optarg);
+            break;
+        case OPT_ATOL:
+            if (!ps_cli_parse_double(optarg, 0, 1e9, &param_atol))
+                return ps_cli_usage_error("exec", "--param-atol needs a number >= 0, not \"%s\"",
+                                          optarg);
+            break;
+        case OPT_TRACE: eo.trace_path = optarg; break;
+        case OPT_SUMMARY: summary_path = optarg; break;
+        case OPT_NO_LAG: lo.local_allgather = false; break;
+        case OPT_JSON: json = true; break;
+        case OPT_SHARE_GPU: share_gpu = true; break;
+        case OPT_TF32: tf32 = true; break;
+        default:
+            return ps_cli_usage_error("exec", "unknown or incomplete option \"%s\"",
+                                      argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return ps_cli_usage_error("exec", "unexpected argument \"%s\"", argv[optind]);
+    if (plan_path == NULL)
+        return ps_cli_usage_error("exec", "--plan PLAN.json is required");
+    if (strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0)
+        return ps_cli_usage_error("exec", "--backend is cpu or cuda, not \"%s\"", backend);
+    ps_status st = PS_OK;
+    ps_error err = {0};
+    ps_plan *plan = NULL, *ref_plan = NULL;
+    ps_plan_model *m = NULL, *ref_m = NULL;
+    ps_program_set *set = NULL, *ref_set = NULL;
+    ps_exec_result *r = NULL, *ref = NULL;
+    bool mismatch = false;
+    char source[16];
+    snprintf(source, sizeof source, "exec-%s", backend);
+    eo.source = source;
+    eo.keep_params = check;
+    PS_TRY(ps_plan_load(plan_path, &plan, &err));
+    eo.devices_per_node = plan->cluster->devices_per_node;
+    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32};
+    PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &err));
+    if (summary_path != NULL)
+        PS_TRY(ps_summary_save(r->summary, summary_path, &err));
+    if (json) {
+        json_t *j = NULL;
+        PS_TRY(ps_summary_to_json(r->summary, &j));
+        st = ps_json_save(j, "-", &err);
+        json_decref(j);
+        if (st != PS_OK)
+            goto out;
+    } else {
+        ps_summary_print(r->summary, stdout);
+        printf("\nplanner       iteration %.4g s; measured / predicted = %.3f\n",
+               plan->iteration_s,
+               plan->iteration_s > 0 ? r->summary->iteration_s / plan->iteration_s : 0);
+        for (int k = 0; k < plan->n_stages && k < r->summary->n_stages; k++)
+            printf("  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
+                   r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
+        for (int s = 0; s < r->steps; s++)
+            printf("step %d: loss %.9g\n", s + 1, r->loss[s]);
+        printf("run           %.3g s wall, %d steps on the %s backend\n", r->wall_s, r->steps,
+               backend);
+    }
+    if (check) {
+        ps_exec_options ro = eo;
+        ro.trace_path = NULL;
+        ro.source = "exec-cpu";
+        ro.devices_per_node = 1;
+        PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
+        backend_choice cpu = {.kind = "cpu"};
+        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &err));
+        ps_exec_comparison cmp;
+        ps_exec_compare(set->step, r, ref_set->step, ref, tol, param_atol, &cmp);
+        mismatch = !cmp.ok;
+        FILE *f = json ? stderr : stdout;
+        fprintf(f,
+                "check         against the single-device step (loss %.9g), %d parameters:\n"
+                "  loss        rel. diff %.3g (tolerance %.3g)\n"
+                "  gradients   rel. diff %.3g, worst %s (tolerance %.3g)\n"
+                "  parameters  abs. diff %.3g, worst %s (tolerance %.3g)\n"
+                "  %s\n",
+                ref->loss[r->steps - 1], cmp.params, cmp.loss_rel, tol, cmp.grad_rel,
+                cmp.grad_worst, tol, cmp.param_abs, cmp.param_worst, param_atol,
+                mismatch ? "MISMATCH" : "ok");
+    }
+out:
+    ps_exec_result_free(r);
+    ps_exec_result_free(ref);
+    ps_program_set_free(set);
+    ps_program_set_free(ref_set);
+    ps_plan_model_free(m);
+    ps_plan_model_free(ref_m);
+    ps_plan_free(plan);
+    ps_plan_free(ref_plan);
+    if (st != PS_OK)
+        return ps_cli_fail(&err, st);
+    return mismatch ? 1 : 0;
+}

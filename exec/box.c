@@ -1,0 +1,138 @@
+#include "exec/box.h"
+
+#include <string.h>
+
+bool ps_box_intersect(int rank, const int64_t *a_off, const int64_t *a_size,
+                      const int64_t *b_off, const int64_t *b_size, int64_t *off, int64_t *size)
+{
+    for (int k = 0; k < rank; k++) {
+        int64_t lo = a_off[k] > b_off[k] ? a_off[k] : b_off[k];
+        int64_t ha = a_off[k] + a_size[k], hb = b_off[k] + b_size[k];
+        int64_t hi = ha < hb ? ha : hb;
+        if (hi <= lo)
+            return false;
+        off[k] = lo;
+        size[k] = hi - lo;
+    }
+    return true;
+}
+
+int64_t ps_box_numel(int rank, const int64_t *size)
+{
+    int64_t n = 1;
+    for (int k = 0; k < rank; k++)
+        n *= size[k];
+    return n;
+}
+
+void ps_tile_box(const ps_tile *t, int64_t *off, int64_t *size)
+{
+    for (int k = 0; k < t->rank; k++) {
+        off[k] = t->offset[k];
+        size[k] = t->shape[k];
+    }
+}
+
+/* Local linear index in t of global coordinate c. */
+static int64_t local_index(const ps_tile *t, const int64_t *c)
+{
+    int64_t i = 0;
+    for (int k = 0; k < t->rank; k++)
+        i = i * t->shape[k] + (c[k] - t->offset[k]);
+    return i;
+}
+
+/* Walks the box row by row: calls fn for each run of the last dimension. */
+typedef void (*row_fn)(void *arg, const int64_t *coord, int64_t len, int64_t flat);
+
+static void walk_rows(int rank, const int64_t *off, const int64_t *size, row_fn fn, void *arg)
+{
+    int64_t c[PS_MAX_RANK] = {0};
+    if (rank == 0) {
+        fn(arg, c, 1, 0);
+        return;
+    }
+    for (int k = 0; k < rank; k++)
+        if (size[k] <= 0)
+            return;
+    memcpy(c, off, (size_t)rank * sizeof *c);
+    int64_t row = size[rank - 1], flat = 0;
+    for (;;) {
+        fn(arg, c, row, flat);
+        flat += row;
+        int k = rank - 2;
+        for (; k >= 0; k--) {
+            if (++c[k] < off[k] + size[k])
+                break;
+            c[k] = off[k];
+        }
+        if (k < 0)
+            return;
+    }
+}
+
+typedef struct copy_arg {
+    const ps_tile *src;
+    ps_tile *dst;
+    bool add;
+} copy_arg;
+
+static void copy_row(void *arg, const int64_t *c, int64_t len, int64_t flat)
+{
+    (void)flat;
+    copy_arg *a = arg;
+    int64_t si = a->src->rank ? local_index(a->src, c) : 0;
+    int64_t di = a->dst->rank ? local_index(a->dst, c) : 0;
+    if (a->add) {
+        const float *s = (const float *)a->src->data + si;
+        float *d = (float *)a->dst->data + di;
+        for (int64_t i = 0; i < len; i++)
+            d[i] += s[i];
+    } else {
+        memcpy((uint32_t *)a->dst->data + di, (const uint32_t *)a->src->data + si,
+               (size_t)len * 4);
+    }
+}
+
+void ps_box_copy_host(const ps_tile *src, ps_tile *dst, const int64_t *off, const int64_t *size,
+                      bool add)
+{
+    copy_arg a = {src, dst, add};
+    walk_rows(dst->rank, off, size, copy_row, &a);
+}
+
+typedef struct pack_arg {
+    ps_tile *t;
+    int64_t start, end;
+    uint32_t *packed;
+    bool unpack;
+} pack_arg;
+
+static void pack_row(void *arg, const int64_t *c, int64_t len, int64_t flat)
+{
+    pack_arg *a = arg;
+    int64_t lo = flat > a->start ? flat : a->start;
+    int64_t hi = flat + len < a->end ? flat + len : a->end;
+    if (hi <= lo)
+        return;
+    int64_t ti = (a->t->rank ? local_index(a->t, c) : 0) + (lo - flat);
+    uint32_t *tile = (uint32_t *)a->t->data + ti, *p = a->packed + (lo - a->start);
+    if (a->unpack)
+        memcpy(tile, p, (size_t)(hi - lo) * 4);
+    else
+        memcpy(p, tile, (size_t)(hi - lo) * 4);
+}
+
+void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
+                      int64_t len, void *packed)
+{
+    pack_arg a = {(ps_tile *)t, start, start + len, packed, false};
+    walk_rows(t->rank, off, size, pack_row, &a);
+}
+
+void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
+                        int64_t len, const void *packed)
+{
+    pack_arg a = {t, start, start + len, (uint32_t *)packed, true};
+    walk_rows(t->rank, off, size, pack_row, &a);
+}

@@ -1,0 +1,32 @@
+/* Boxes of a tensor in global coordinates, and copies between host tiles:
+ * the data movement of the CPU backend (the CUDA backend has the same on
+ * the device). A box is (offset, size) per dimension. */
+#ifndef PS_EXEC_BOX_H
+#define PS_EXEC_BOX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "exec/tile.h"
+
+/* The intersection of two boxes; false when empty. */
+bool ps_box_intersect(int rank, const int64_t *a_off, const int64_t *a_size,
+                      const int64_t *b_off, const int64_t *b_size, int64_t *off, int64_t *size);
+int64_t ps_box_numel(int rank, const int64_t *size);
+
+/* Elements of box (inside both tiles) from src to dst; add: dst += src
+ * (floats). Host memory. */
+void ps_box_copy_host(const ps_tile *src, ps_tile *dst, const int64_t *off, const int64_t *size,
+                      bool add);
+
+/* Flat elements [start, start + len) of the box (row-major over the box,
+ * which must lie inside the tile) to or from a packed buffer. */
+void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
+                      int64_t len, void *packed);
+void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
+                        int64_t len, const void *packed);
+
+/* The tile's own box. */
+void ps_tile_box(const ps_tile *t, int64_t *off, int64_t *size);
+
+#endif

@@ -1,0 +1,511 @@
+#include "exec/cpu/cpu_backend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "exec/box.h"
+#include "exec/cpu/cpu_ops.h"
+
+void openblas_set_num_threads(int n); /* OpenBLAS's own API (cblas.h lacks it) */
+
+/* A rendezvous of one group: members post copies of their data, the last
+ * arrival opens the round, every member reads all copies, the last reader
+ * closes the round. */
+typedef struct rendezvous {
+    int n, arrived, done;
+    bool open;
+    void **copy;    /* [n] packed src tiles (or reduce arrays) */
+    ps_tile *geo;   /* [n] their geometry */
+    int64_t *count; /* [n] elements */
+    int kind;       /* what the round does, checked across members */
+} rendezvous;
+
+typedef struct message {
+    struct message *next;
+    int64_t count;
+    uint32_t data[];
+} message;
+
+typedef struct cpu_device {
+    int64_t bytes, peak;
+    int n_slots;
+    double *stamp;
+} cpu_device;
+
+typedef struct cpu_backend {
+    ps_backend base;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool aborted;
+    cpu_device *dev;
+    rendezvous **rdv; /* by group id */
+    int n_rdv;
+    message **head, **tail; /* [src * n + dst] */
+} cpu_backend;
+
+typedef struct block_header {
+    int64_t bytes;
+    int64_t pad[7]; /* keeps data 64-byte aligned */
+} block_header;
+
+static cpu_backend *cb(ps_backend *b) { return (cpu_backend *)b; }
+
+static ps_status cpu_alloc(ps_backend *b, int device, int64_t bytes, void **out, ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    void *p = NULL;
+    if (bytes < 0 ||
+        posix_memalign(&p, 64, sizeof(block_header) + (size_t)(bytes > 0 ? bytes : 1)) != 0)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: cannot allocate %lld bytes", device,
+                            (long long)bytes);
+    ((block_header *)p)->bytes = bytes;
+    cpu_device *d = &c->dev[device];
+    d->bytes += bytes;
+    if (d->bytes > d->peak)
+        d->peak = d->bytes;
+    *out = (char *)p + sizeof(block_header);
+    return PS_OK;
+}
+
+static void cpu_release(ps_backend *b, int device, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    block_header *h = (block_header *)((char *)ptr - sizeof(block_header));
+    cb(b)->dev[device].bytes -= h->bytes;
+    free(h);
+}
+
+static ps_status cpu_upload(ps_backend *b, int device, void *dst, const void *host,
+                            int64_t bytes, ps_error *err)
+{
+    (void)b, (void)device, (void)err;
+    memcpy(dst, host, (size_t)bytes);
+    return PS_OK;
+}
+
+static ps_status cpu_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                        ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    (void)b, (void)device;
+    return ps_cpu_op_run(op, in, out, ctx, err);
+}
+
+static ps_status cpu_accumulate(ps_backend *b, int device, float *dst, const float *src,
+                                int64_t n, ps_error *err)
+{
+    (void)b, (void)device, (void)err;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] += src[i];
+    return PS_OK;
+}
+
+static ps_status cpu_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
+{
+    (void)b, (void)device, (void)err;
+    memset(t->data, 0, (size_t)ps_tile_numel(t) * 4);
+    return PS_OK;
+}
+
+static ps_status cpu_copy_box(ps_backend *b, int device, const ps_tile *src, ps_tile *dst,
+                              ps_error *err)
+{
+    (void)b;
+    int64_t so[PS_MAX_RANK], ss[PS_MAX_RANK], dof[PS_MAX_RANK], ds[PS_MAX_RANK],
+        o[PS_MAX_RANK], s[PS_MAX_RANK];
+    ps_tile_box(src, so, ss);
+    ps_tile_box(dst, dof, ds);
+    if (src->rank != dst->rank)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: copy between ranks %d and %d",
+                            device, src->rank, dst->rank);
+    if (!ps_box_intersect(dst->rank, so, ss, dof, ds, o, s) ||
+        ps_box_numel(dst->rank, s) != ps_tile_numel(dst))
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: re-layout source does not cover the destination tile",
+                            device);
+    ps_box_copy_host(src, dst, o, s, false);
+    return PS_OK;
+}
+
+/* ---- rendezvous ---- */
+
+static ps_status aborted_error(int device, ps_error *err)
+{
+    return ps_error_set(err, PS_ERR_DEVICE, "device %d: stopped because another device failed",
+                        device);
+}
+
+static ps_status rdv_get(cpu_backend *c, const ps_exec_group *g, rendezvous **out,
+                         ps_error *err)
+{
+    /* under c->mu */
+    if (g->id >= c->n_rdv) {
+        int n = g->id + 16;
+        rendezvous **r = realloc(c->rdv, (size_t)n * sizeof *r);
+        if (r == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        memset(r + c->n_rdv, 0, (size_t)(n - c->n_rdv) * sizeof *r);
+        c->rdv = r;
+        c->n_rdv = n;
+    }
+    rendezvous *r = c->rdv[g->id];
+    if (r == NULL) {
+        r = calloc(1, sizeof *r);
+        if (r != NULL) {
+            r->n = g->n;
+            r->copy = calloc((size_t)g->n, sizeof *r->copy);
+            r->geo = calloc((size_t)g->n, sizeof *r->geo);
+            r->count = calloc((size_t)g->n, sizeof *r->count);
+        }
+        if (r == NULL || r->copy == NULL || r->geo == NULL || r->count == NULL) {
+            if (r != NULL) {
+                free(r->copy);
+                free(r->geo);
+                free(r->count);
+            }
+            free(r);
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        }
+        c->rdv[g->id] = r;
+    }
+    *out = r;
+    return PS_OK;
+}
+
+/* Posts this member's copy and waits for the round to open. */
+static ps_status rdv_enter(cpu_backend *c, int device, const ps_exec_group *g, int kind,
+                           void *copy, const ps_tile *geo, int64_t count, rendezvous **out,
+                           ps_error *err)
+{
+    ps_status st = PS_OK;
+    bool posted = false;
+    pthread_mutex_lock(&c->mu);
+    rendezvous *r = NULL;
+    if ((st = rdv_get(c, g, &r, err)) != PS_OK)
+        goto out;
+    while (r->open && !c->aborted) /* the previous round is still being read */
+        pthread_cond_wait(&c->cv, &c->mu);
+    if (c->aborted) {
+        st = aborted_error(device, err);
+        goto out;
+    }
+    if (r->arrived > 0 && r->kind != kind) {
+        st = ps_error_set(err, PS_ERR_INTERNAL,
+                          "device %d: members of group %d entered different collectives",
+                          device, g->id);
+        goto out;
+    }
+    r->kind = kind;
+    r->copy[g->rank] = copy; /* owned by the round (or the backend, if it never opens) */
+    posted = true;
+    if (geo != NULL)
+        r->geo[g->rank] = *geo;
+    r->count[g->rank] = count;
+    if (++r->arrived == r->n) {
+        r->open = true;
+        pthread_cond_broadcast(&c->cv);
+    }
+    while (!r->open && !c->aborted)
+        pthread_cond_wait(&c->cv, &c->mu);
+    if (c->aborted && !r->open)
+        st = aborted_error(device, err);
+    *out = r;
+out:
+    pthread_mutex_unlock(&c->mu);
+    if (st != PS_OK && !posted)
+        free(copy);
+    return st;
+}
+
+static void rdv_leave(cpu_backend *c, rendezvous *r)
+{
+    pthread_mutex_lock(&c->mu);
+    if (++r->done == r->n) {
+        for (int i = 0; i < r->n; i++) {
+            free(r->copy[i]);
+            r->copy[i] = NULL;
+        }
+        r->arrived = r->done = 0;
+        r->open = false;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *g,
+                                ps_collective kind, const ps_tile *src, ps_tile *dst,
+                                ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    if (src->rank != dst->rank)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: collective between ranks %d and %d",
+                            device, src->rank, dst->rank);
+    int64_t n = ps_tile_numel(src);
+    void *copy = malloc((size_t)(n > 0 ? n : 1) * 4);
+    if (copy == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    memcpy(copy, src->data, (size_t)n * 4);
+    rendezvous *r;
+    PS_TRY_RET(rdv_enter(c, device, g, 100 + (int)kind, copy, src, n, &r, err));
+    bool reduce = kind == PS_COLL_ALL_REDUCE || kind == PS_COLL_REDUCE_SCATTER;
+    int64_t dof[PS_MAX_RANK], ds[PS_MAX_RANK], so[PS_MAX_RANK], ss[PS_MAX_RANK],
+        o[PS_MAX_RANK], s[PS_MAX_RANK];
+    ps_tile_box(dst, dof, ds);
+    int64_t covered = 0;
+    if (reduce)
+        memset(dst->data, 0, (size_t)ps_tile_numel(dst) * 4);
+    for (int m = 0; m < r->n; m++) {
+        ps_tile t = r->geo[m];
+        t.data = r->copy[m];
+        ps_tile_box(&t, so, ss);
+        if (!ps_box_intersect(dst->rank, so, ss, dof, ds, o, s))
+            continue;
+        if (!reduce) {
+            /* copy each element once: from the lowest member holding it */
+            bool earlier = false;
+            for (int q = 0; q < m && !earlier; q++) {
+                int64_t qo[PS_MAX_RANK], qs[PS_MAX_RANK], xo[PS_MAX_RANK], xs[PS_MAX_RANK];
+                ps_tile_box(&r->geo[q], qo, qs);
+                earlier = ps_box_intersect(dst->rank, qo, qs, o, s, xo, xs) &&
+                          ps_box_numel(dst->rank, xs) == ps_box_numel(dst->rank, s);
+            }
+            if (earlier)
+                continue;
+        }
+        ps_box_copy_host(&t, dst, o, s, reduce);
+        covered += ps_box_numel(dst->rank, s);
+    }
+    rdv_leave(c, r);
+    if (!reduce && covered < ps_tile_numel(dst))
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: %s on group %d leaves part of the tile unwritten", device,
+                            ps_collective_names[kind], g->id);
+    return PS_OK;
+}
+
+static ps_status cpu_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
+                            int64_t n, ps_reduce_op op, ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    float *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
+    if (copy == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    memcpy(copy, data, (size_t)n * sizeof *copy);
+    rendezvous *r;
+    PS_TRY_RET(rdv_enter(c, device, g, 10 + (int)op, copy, NULL, n, &r, err));
+    ps_status st = PS_OK;
+    for (int m = 0; m < r->n; m++)
+        if (r->count[m] != n)
+            st = ps_error_set(err, PS_ERR_INTERNAL,
+                              "device %d: reduction of %lld values meets one of %lld", device,
+                              (long long)n, (long long)r->count[m]);
+    for (int64_t i = 0; i < n && st == PS_OK; i++) {
+        float v = ((float *)r->copy[0])[i];
+        for (int m = 1; m < r->n; m++) {
+            float x = ((float *)r->copy[m])[i];
+            v = op == PS_REDUCE_OP_MAX ? (x > v ? x : v) : v + x;
+        }
+        data[i] = v;
+    }
+    rdv_leave(c, r);
+    return st;
+}
+
+/* ---- point to point ---- */
+
+static void chunk_range(int64_t count, int chunks, int chunk, int64_t *start, int64_t *len)
+{
+    ps_coll_chunk(count, chunks, chunk, start, len);
+}
+
+static ps_status cpu_send(ps_backend *b, int device, int peer, const ps_tile *src,
+                          const int64_t *off, const int64_t *size, int chunk, int chunks,
+                          ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    if (peer < 0 || peer >= b->n_devices)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: send to device %d", device, peer);
+    int64_t start, len;
+    chunk_range(ps_box_numel(src->rank, size), chunks, chunk, &start, &len);
+    message *m = malloc(sizeof *m + (size_t)(len > 0 ? len : 1) * 4);
+    if (m == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    m->next = NULL;
+    m->count = len;
+    ps_box_pack_host(src, off, size, start, len, m->data);
+    pthread_mutex_lock(&c->mu);
+    size_t q = (size_t)device * (size_t)b->n_devices + (size_t)peer;
+    if (c->tail[q] != NULL)
+        c->tail[q]->next = m;
+    else
+        c->head[q] = m;
+    c->tail[q] = m;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return PS_OK;
+}
+
+static ps_status cpu_recv(ps_backend *b, int device, int peer, ps_tile *dst, const int64_t *off,
+                          const int64_t *size, int chunk, int chunks, ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    if (peer < 0 || peer >= b->n_devices)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: receive from device %d", device,
+                            peer);
+    int64_t start, len;
+    chunk_range(ps_box_numel(dst->rank, size), chunks, chunk, &start, &len);
+    size_t q = (size_t)peer * (size_t)b->n_devices + (size_t)device;
+    pthread_mutex_lock(&c->mu);
+    while (c->head[q] == NULL && !c->aborted)
+        pthread_cond_wait(&c->cv, &c->mu);
+    message *m = c->head[q];
+    if (m == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        return aborted_error(device, err);
+    }
+    c->head[q] = m->next;
+    if (c->head[q] == NULL)
+        c->tail[q] = NULL;
+    pthread_mutex_unlock(&c->mu);
+    ps_status st = PS_OK;
+    if (m->count != len)
+        st = ps_error_set(err, PS_ERR_INTERNAL,
+                          "device %d: expected %lld values from device %d, got %lld", device,
+                          (long long)len, peer, (long long)m->count);
+    else
+        ps_box_unpack_host(dst, off, size, start, len, m->data);
+    free(m);
+    return st;
+}
+
+/* ---- time, memory, teardown ---- */
+
+static ps_status cpu_mark(ps_backend *b, int device, int slot, ps_error *err)
+{
+    cpu_device *d = &cb(b)->dev[device];
+    if (slot < 0 || slot >= d->n_slots)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: timing slot %d of %d", device,
+                            slot, d->n_slots);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    d->stamp[slot] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return PS_OK;
+}
+
+static ps_status cpu_finish(ps_backend *b, int device, ps_error *err)
+{
+    (void)b, (void)device, (void)err;
+    return PS_OK;
+}
+
+static ps_status cpu_elapsed(ps_backend *b, int device, int a, int z, double *seconds,
+                             ps_error *err)
+{
+    cpu_device *d = &cb(b)->dev[device];
+    if (a < 0 || z < 0 || a >= d->n_slots || z >= d->n_slots)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: timing slots %d..%d", device, a,
+                            z);
+    *seconds = d->stamp[z] - d->stamp[a];
+    return PS_OK;
+}
+
+static int64_t cpu_peak(ps_backend *b, int device) { return cb(b)->dev[device].peak; }
+
+static void cpu_abort(ps_backend *b)
+{
+    cpu_backend *c = cb(b);
+    pthread_mutex_lock(&c->mu);
+    c->aborted = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void cpu_destroy(ps_backend *b)
+{
+    cpu_backend *c = cb(b);
+    if (c == NULL)
+        return;
+    int n = b->n_devices;
+    if (c->head != NULL)
+        for (size_t q = 0; q < (size_t)n * (size_t)n; q++)
+            for (message *m = c->head[q]; m != NULL;) {
+                message *next = m->next;
+                free(m);
+                m = next;
+            }
+    for (int i = 0; i < c->n_rdv; i++)
+        if (c->rdv[i] != NULL) {
+            for (int m = 0; m < c->rdv[i]->n; m++)
+                free(c->rdv[i]->copy[m]);
+            free(c->rdv[i]->copy);
+            free(c->rdv[i]->geo);
+            free(c->rdv[i]->count);
+            free(c->rdv[i]);
+        }
+    free(c->rdv);
+    if (c->dev != NULL)
+        for (int i = 0; i < n; i++)
+            free(c->dev[i].stamp);
+    free(c->dev);
+    free(c->head);
+    free(c->tail);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+static const ps_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_upload,
+    .download = cpu_upload, /* host both ways */
+    .op = cpu_op,
+    .accumulate = cpu_accumulate,
+    .zero = cpu_zero,
+    .copy_box = cpu_copy_box,
+    .collective = cpu_collective,
+    .reduce = cpu_reduce,
+    .send = cpu_send,
+    .recv = cpu_recv,
+    .mark = cpu_mark,
+    .finish = cpu_finish,
+    .elapsed = cpu_elapsed,
+    .peak_bytes = cpu_peak,
+    .abort = cpu_abort,
+    .destroy = cpu_destroy,
+};
+
+ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_backend **out, ps_error *err)
+{
+    *out = NULL;
+    if (n_devices < 1)
+        return ps_error_set(err, PS_ERR_INVALID, "a backend needs at least one device");
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    c->base.ops = &cpu_ops;
+    c->base.n_devices = n_devices;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    size_t pairs = (size_t)n_devices * (size_t)n_devices;
+    c->dev = calloc((size_t)n_devices, sizeof *c->dev);
+    c->head = calloc(pairs, sizeof *c->head);
+    c->tail = calloc(pairs, sizeof *c->tail);
+    bool ok = c->dev != NULL && c->head != NULL && c->tail != NULL;
+    for (int i = 0; ok && i < n_devices; i++) {
+        c->dev[i].n_slots = slots != NULL ? slots[i] : 0;
+        c->dev[i].stamp = calloc((size_t)(c->dev[i].n_slots > 0 ? c->dev[i].n_slots : 1),
+                                 sizeof *c->dev[i].stamp);
+        ok = c->dev[i].stamp != NULL;
+    }
+    if (!ok) {
+        cpu_destroy(&c->base);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    openblas_set_num_threads(1);
+    *out = &c->base;
+    return PS_OK;
+}

@@ -1,0 +1,1044 @@
+#include "exec/runtime.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "exec/data.h"
+#include "traces/trace.h"
+
+/* ---- the run's shared state ---- */
+
+typedef struct exec_event {
+    uint8_t category; /* ps_trace_category */
+    int8_t phase;     /* of the enclosing RUN, -1 outside one */
+    int mb, peer, group, coll;
+    int begin, end;   /* timing slots */
+    double flops, bytes;
+} exec_event;
+
+typedef struct exec_run {
+    int8_t phase;
+    int begin, end;
+} exec_run;
+
+typedef struct exec_barrier {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, waiting;
+    unsigned long generation;
+} exec_barrier;
+
+typedef struct runtime runtime;
+
+typedef struct device_state {
+    runtime *rt;
+    int device;
+    const ps_program *prog;
+    void **inst;      /* [n_buffers * (M + 1)]: instance memory */
+    uint8_t *written; /* same index: written since its ALLOC */
+    void **kept;      /* [n_buffers]: parameters and optimizer state between steps */
+    int slot, n_slots;
+    exec_event *events;
+    int n_events, cap_events;
+    exec_run *runs;
+    int n_runs, cap_runs;
+    int open_compute; /* index of the compute event being extended, -1 */
+    int cur_phase, cur_mb, step;
+    double *loss_mb;  /* [M]: the loss each micro-batch wrote here */
+    uint8_t loss_partial;
+    bool wrote_loss;
+    double iteration_s, compute_s, comm_s;
+    ps_status status;
+    ps_error err;
+} device_state;
+
+struct runtime {
+    const ps_program_set *set;
+    const ps_graph *g;
+    ps_backend *b;
+    const ps_exec_options *opt;
+    int M; /* micro-batches */
+    int *op_reduce_axis; /* [n_ops]: axis of an op's own collective, -1 none */
+    device_state *dev;
+    exec_barrier barrier;
+    pthread_mutex_t mu; /* first error, parameter assembly */
+    bool failed;
+    ps_error first_err;
+    ps_status first_status;
+    ps_exec_result *result;
+};
+
+static void barrier_init(exec_barrier *b, int n)
+{
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->n = n;
+    b->waiting = 0;
+    b->generation = 0;
+}
+
+static void barrier_destroy(exec_barrier *b)
+{
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+}
+
+/* Returns false when the run failed (everybody leaves). */
+static bool barrier_wait(runtime *rt)
+{
+    exec_barrier *b = &rt->barrier;
+    pthread_mutex_lock(&b->mu);
+    unsigned long gen = b->generation;
+    if (++b->waiting == b->n) {
+        b->waiting = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->cv);
+    } else {
+        while (gen == b->generation && !rt->failed)
+            pthread_cond_wait(&b->cv, &b->mu);
+    }
+    bool ok = !rt->failed;
+    pthread_mutex_unlock(&b->mu);
+    return ok;
+}
+
+static void fail(runtime *rt, device_state *d)
+{
+    bool first = false;
+    pthread_mutex_lock(&rt->mu);
+    if (!rt->failed) {
+        first = true;
+        rt->first_status = d->status;
+        rt->first_err = d->err;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    pthread_mutex_lock(&rt->barrier.mu);
+    rt->failed = true;
+    pthread_cond_broadcast(&rt->barrier.cv);
+    pthread_mutex_unlock(&rt->barrier.mu);
+    if (first && rt->b->ops->abort)
+        rt->b->ops->abort(rt->b);
+}
+
+/* ---- tiles and instances ---- */
+
+static int64_t elem_bytes(const ps_tensor *t)
+{
+    (void)t;
+    return 4; /* fp32 or int32 (exec/tile.h) */
+}
+
+static ps_tile tile_of(const runtime *rt, const device_state *d, int buffer, void *data)
+{
+    const ps_buffer *buf = &rt->set->buffers[buffer];
+    const ps_tensor *t = &rt->g->tensors[buf->tensor];
+    const int *mesh = rt->set->stages[buf->stage].mesh;
+    ps_tensor_desc tile;
+    ps_tile x;
+    memset(&x, 0, sizeof x);
+    x.data = data;
+    x.is_int = t->desc.dtype == PS_DTYPE_I32;
+    x.rank = t->desc.rank;
+    if (!ps_spec_tile(&buf->spec, &t->desc, mesh, &tile))
+        tile = t->desc; /* the lowering only makes divisible layouts */
+    int64_t offset[PS_MAX_RANK] = {0};
+    ps_spec_tile_offset(&buf->spec, &t->desc, mesh, d->prog->coord[0], d->prog->coord[1],
+                        offset);
+    for (int k = 0; k < x.rank; k++) {
+        x.shape[k] = tile.shape[k];
+        x.global[k] = t->desc.shape[k];
+        x.offset[k] = offset[k];
+    }
+    return x;
+}
+
+static int64_t instance_index(const runtime *rt, int buffer, int mb)
+{
+    int m = rt->set->buffers[buffer].per_microbatch ? mb : -1;
+    if (m < -1 || m >= rt->M)
+        m = -1;
+    return (int64_t)buffer * (rt->M + 1) + (m + 1);
+}
+
+static ps_status instance(device_state *d, int buffer, int mb, ps_tile *out)
+{
+    runtime *rt = d->rt;
+    int64_t i = instance_index(rt, buffer, mb);
+    if (d->inst[i] == NULL)
+        return ps_error_set(&d->err, PS_ERR_INTERNAL,
+                            "device %d: buffer %d (%s) micro-batch %d used before its alloc",
+                            d->device, buffer,
+                            rt->g->tensors[rt->set->buffers[buffer].tensor].name, mb);
+    *out = tile_of(rt, d, buffer, d->inst[i]);
+    return PS_OK;
+}
+
+static bool persistent(const runtime *rt, int buffer)
+{
+    const ps_tensor *t = &rt->g->tensors[rt->set->buffers[buffer].tensor];
+    return !rt->set->buffers[buffer].per_microbatch &&
+           (t->kind == PS_TENSOR_PARAM || t->kind == PS_TENSOR_OPT_STATE);
+}
+
+static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile *t)
+{
+    runtime *rt = d->rt;
+    int64_t n = ps_tile_numel(t);
+    void *host = malloc((size_t)(n > 0 ? n : 1) * 4);
+    if (host == NULL)
+        return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
+    ps_status st = ps_exec_fill(rt->g, rt->set->buffers[buffer].tensor, mb, rt->opt->seed, t,
+                                host, &d->err);
+    if (st == PS_OK)
+        st = rt->b->ops->upload(rt->b, d->device, t->data, host, n * 4, &d->err);
+    free(host);
+    return st;
+}
+
+static ps_status do_alloc(device_state *d, int buffer, int mb, bool program_level)
+{
+    runtime *rt = d->rt;
+    int64_t i = instance_index(rt, buffer, mb);
+    if (d->inst[i] != NULL)
+        return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: buffer %d allocated twice",
+                            d->device, buffer);
+    d->written[i] = 0;
+    if (program_level && persistent(rt, buffer) && d->kept[buffer] != NULL) {
+        d->inst[i] = d->kept[buffer];
+        d->kept[buffer] = NULL;
+        d->written[i] = 1;
+        return PS_OK;
+    }
+    ps_tile t = tile_of(rt, d, buffer, NULL);
+    int64_t bytes = ps_tile_numel(&t) * elem_bytes(&rt->g->tensors[rt->set->buffers[buffer].tensor]);
+    PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &d->inst[i], &d->err));
+    if (program_level && persistent(rt, buffer)) {
+        t.data = d->inst[i];
+        d->written[i] = 1;
+        return upload_fill(d, buffer, mb, &t);
+    }
+    return PS_OK;
+}
+
+/* Copies a tile into the whole tensor `tensor` of a result array. */
+static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_tile *t)
+{
+    runtime *rt = d->rt;
+    int64_t n = ps_tile_numel(t);
+    float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
+    if (host == NULL)
+        return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+    ps_status st = rt->b->ops->download(rt->b, d->device, host, t->data, n * 4, &d->err);
+    if (st == PS_OK) {
+        pthread_mutex_lock(&rt->mu);
+        float **slot = &whole[tensor];
+        if (*slot == NULL)
+            *slot = calloc((size_t)ps_tile_global_numel(t), sizeof **slot);
+        if (*slot == NULL) {
+            st = ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+        } else {
+            int64_t coord[PS_MAX_RANK];
+            for (int64_t i = 0; i < n; i++) {
+                int64_t r = i, gi = 0, stride = 1;
+                for (int k = t->rank - 1; k >= 0; k--) {
+                    coord[k] = t->offset[k] + r % t->shape[k];
+                    r /= t->shape[k];
+                }
+                for (int k = t->rank - 1; k >= 0; k--) {
+                    gi += coord[k] * stride;
+                    stride *= t->global[k];
+                }
+                (*slot)[gi] = host[i];
+            }
+        }
+        pthread_mutex_unlock(&rt->mu);
+    }
+    free(host);
+    return st;
+}
+
+static ps_status do_free(device_state *d, int buffer, int mb, bool program_level)
+{
+    runtime *rt = d->rt;
+    int64_t i = instance_index(rt, buffer, mb);
+    if (d->inst[i] == NULL)
+        return ps_error_set(&d->err, PS_ERR_INTERNAL,
+                            "device %d: buffer %d freed while not allocated", d->device, buffer);
+    if (program_level && persistent(rt, buffer)) {
+        bool last = d->step == rt->opt->steps;
+        const ps_tensor *t = &rt->g->tensors[rt->set->buffers[buffer].tensor];
+        if (last && rt->opt->keep_params && t->kind == PS_TENSOR_PARAM) {
+            ps_tile x = tile_of(rt, d, buffer, d->inst[i]);
+            PS_TRY_RET(keep_tile(d, rt->result->params, rt->set->buffers[buffer].tensor, &x));
+        }
+        if (d->kept[buffer] != NULL)
+            rt->b->ops->release(rt->b, d->device, d->kept[buffer]);
+        d->kept[buffer] = d->inst[i];
+    } else {
+        rt->b->ops->release(rt->b, d->device, d->inst[i]);
+    }
+    d->inst[i] = NULL;
+    d->written[i] = 0;
+    return PS_OK;
+}
+
+/* ---- timing ---- */
+
+static ps_status mark(device_state *d, int *slot)
+{
+    runtime *rt = d->rt;
+    if (d->slot >= d->n_slots)
+        return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: out of timing slots",
+                            d->device);
+    *slot = d->slot++;
+    return rt->b->ops->mark(rt->b, d->device, *slot, &d->err);
+}
+
+static ps_status close_compute(device_state *d)
+{
+    if (d->open_compute < 0)
+        return PS_OK;
+    exec_event *e = &d->events[d->open_compute];
+    d->open_compute = -1;
+    return mark(d, &e->end);
+}
+
+static ps_status open_event(device_state *d, ps_trace_category cat, const ps_instr *in,
+                            int mb, exec_event **out)
+{
+    PS_TRY_RET(close_compute(d));
+    if (d->n_events == d->cap_events) {
+        int cap = d->cap_events ? 2 * d->cap_events : 256;
+        exec_event *e = realloc(d->events, (size_t)cap * sizeof *e);
+        if (e == NULL)
+            return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+        d->events = e;
+        d->cap_events = cap;
+    }
+    exec_event *e = &d->events[d->n_events++];
+    memset(e, 0, sizeof *e);
+    e->category = (uint8_t)cat;
+    e->phase = (int8_t)d->cur_phase;
+    e->mb = mb;
+    e->peer = in->peer;
+    e->group = in->group;
+    e->coll = in->coll;
+    e->flops = in->flops;
+    e->bytes = in->bytes;
+    *out = e;
+    return mark(d, &e->begin);
+}
+
+/* Compute instructions in a row share one event (as in the simulator). */
+static ps_status compute_event(device_state *d, const ps_instr *in, int mb)
+{
+    if (d->open_compute >= 0) {
+        d->events[d->open_compute].flops += in->flops;
+        return PS_OK;
+    }
+    exec_event *e;
+    PS_TRY_RET(open_event(d, PS_TRACE_COMPUTE, in, mb, &e));
+    d->open_compute = (int)(e - d->events);
+    return PS_OK;
+}
+
+static ps_status end_event(device_state *d, exec_event *e) { return mark(d, &e->end); }
+
+/* ---- instructions ---- */
+
+typedef struct reduce_arg {
+    device_state *d;
+    ps_exec_group g;
+} reduce_arg;
+
+static ps_status reduce_trampoline(void *arg, float *data, int64_t n, ps_reduce_op op,
+                                   ps_error *err)
+{
+    reduce_arg *a = arg;
+    runtime *rt = a->d->rt;
+    return rt->b->ops->reduce(rt->b, a->d->device, &a->g, data, n, op, err);
+}
+
+static ps_exec_group group_view(const runtime *rt, const device_state *d, int group)
+{
+    ps_exec_group g = {.id = group, .n = 1, .devices = &d->device, .rank = 0};
+    if (group < 0 || group >= rt->set->n_groups)
+        return g;
+    const ps_group *pg = &rt->set->groups[group];
+    g.n = pg->n;
+    g.devices = pg->devices;
+    for (int i = 0; i < pg->n; i++)
+        if (pg->devices[i] == d->device)
+            g.rank = i;
+    return g;
+}
+
+/* The destination of a write: the instance, or a scratch tile whose
+ * content is added to it afterwards (accumulated gradients). */
+typedef struct write_target {
+    ps_tile tile;
+    void *instance;
+    int64_t index;
+    bool scratch;
+} write_target;
+
+static ps_status target_open(device_state *d, int buffer, int mb, bool accumulate,
+                             write_target *w)
+{
+    runtime *rt = d->rt;
+    PS_TRY_RET(instance(d, buffer, mb, &w->tile));
+    w->index = instance_index(rt, buffer, mb);
+    w->instance = w->tile.data;
+    w->scratch = accumulate && d->written[w->index];
+    if (w->scratch) {
+        int64_t bytes = ps_tile_numel(&w->tile) * 4;
+        PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &w->tile.data, &d->err));
+    }
+    return PS_OK;
+}
+
+/* After a failure: the scratch goes back, the instance stays as it was. */
+static void target_abandon(device_state *d, write_target *w, int n)
+{
+    runtime *rt = d->rt;
+    for (int i = 0; i < n; i++)
+        if (w[i].scratch) {
+            rt->b->ops->release(rt->b, d->device, w[i].tile.data);
+            w[i].scratch = false;
+        }
+}
+
+static ps_status target_close(device_state *d, write_target *w, int mb)
+{
+    runtime *rt = d->rt;
+    ps_status st = PS_OK;
+    if (w->scratch) {
+        st = rt->b->ops->accumulate(rt->b, d->device, w->instance, w->tile.data,
+                                    ps_tile_numel(&w->tile), &d->err);
+        rt->b->ops->release(rt->b, d->device, w->tile.data);
+        w->tile.data = w->instance;
+    }
+    d->written[w->index] = 1;
+    int buffer = (int)(w->index / (rt->M + 1));
+    if (st == PS_OK && rt->set->buffers[buffer].tensor == rt->g->loss && mb >= 0 && mb < rt->M) {
+        float v = 0;
+        st = rt->b->ops->download(rt->b, d->device, &v, w->instance, sizeof v, &d->err);
+        d->loss_mb[mb] = v;
+        d->loss_partial = rt->set->buffers[buffer].spec.partial;
+        d->wrote_loss = true;
+    }
+    return st;
+}
+
+static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
+{
+    runtime *rt = d->rt;
+    const ps_op *op = &rt->g->ops[in->op];
+    ps_tile tin[PS_MAX_OP_IO], tout[PS_MAX_OP_IO];
+    write_target w[PS_MAX_OP_IO];
+    const int *operand = &rt->set->operands[in->operands];
+    for (int i = 0; i < op->n_in; i++)
+        PS_TRY_RET(instance(d, operand[i], mb, &tin[i]));
+    bool acc = (in->flags & PS_INSTR_ACCUMULATE) != 0;
+    for (int o = 0; o < op->n_out; o++) {
+        ps_status st = target_open(d, operand[op->n_in + o], mb, acc, &w[o]);
+        if (st != PS_OK) {
+            target_abandon(d, w, o);
+            return st;
+        }
+        tout[o] = w[o].tile;
+    }
+    ps_op_context ctx = {.step = d->step, .reduce = {.group_size = 1}};
+    reduce_arg ra;
+    int axis = rt->op_reduce_axis[in->op];
+    if (axis >= 0) {
+        ra.d = d;
+        ra.g = group_view(rt, d, d->prog->axis_group[axis]);
+        ctx.reduce.group_size = ra.g.n;
+        ctx.reduce.arg = &ra;
+        ctx.reduce.fn = reduce_trampoline;
+    }
+    ps_status st = PS_OK;
+    if (op->kind == PS_OP_ADAM && op->n_in > 1 && rt->opt->keep_params &&
+        d->step == rt->opt->steps)
+        st = keep_tile(d, rt->result->grads, op->in[0], &tin[1]);
+    if (st == PS_OK)
+        st = rt->b->ops->op(rt->b, d->device, op, tin, tout, &ctx, &d->err);
+    if (st != PS_OK) {
+        target_abandon(d, w, op->n_out);
+        char msg[PS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", d->err.msg);
+        ps_error_clear(&d->err);
+        return ps_error_set(&d->err, st, "device %d: op %s: %s", d->device, op->name, msg);
+    }
+    for (int o = 0; o < op->n_out; o++)
+        PS_TRY_RET(target_close(d, &w[o], mb));
+    return PS_OK;
+}
+
+static ps_status exec_collective(device_state *d, const ps_instr *in, int mb, int group)
+{
+    runtime *rt = d->rt;
+    ps_exec_group g = group_view(rt, d, group);
+    write_target w;
+    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, &w));
+    ps_tile src = w.tile;
+    ps_status st = PS_OK;
+    if (in->src_buffer >= 0)
+        st = instance(d, in->src_buffer, mb, &src);
+    if (st == PS_OK)
+        st = rt->b->ops->collective(rt->b, d->device, &g, (ps_collective)in->coll, &src, &w.tile,
+                                    &d->err);
+    if (st != PS_OK) {
+        target_abandon(d, &w, 1);
+        return st;
+    }
+    return target_close(d, &w, mb);
+}
+
+static ps_status exec_slice(device_state *d, const ps_instr *in, int mb)
+{
+    runtime *rt = d->rt;
+    write_target w;
+    ps_tile src;
+    PS_TRY_RET(instance(d, in->src_buffer, mb, &src));
+    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, &w));
+    uint8_t fresh = rt->set->buffers[in->buffer].spec.partial &
+                    (uint8_t)~rt->set->buffers[in->src_buffer].spec.partial;
+    bool keeper = true; /* a replica made a partial sum: one member keeps it */
+    for (int a = 0; a < PS_MESH_AXES; a++)
+        if ((fresh & (1u << a)) && d->prog->coord[a] != 0)
+            keeper = false;
+    ps_status st = keeper ? rt->b->ops->copy_box(rt->b, d->device, &src, &w.tile, &d->err)
+                          : rt->b->ops->zero(rt->b, d->device, &w.tile, &d->err);
+    if (st != PS_OK) {
+        target_abandon(d, &w, 1);
+        return st;
+    }
+    return target_close(d, &w, mb);
+}
+
+static ps_status exec_load(device_state *d, const ps_instr *in, int mb)
+{
+    ps_tile t;
+    PS_TRY_RET(instance(d, in->buffer, mb, &t));
+    PS_TRY_RET(upload_fill(d, in->buffer, mb, &t));
+    d->written[instance_index(d->rt, in->buffer, mb)] = 1;
+    return PS_OK;
+}
+
+static void box_of(const runtime *rt, const ps_tile *t, int region, int64_t *off, int64_t *size)
+{
+    if (region >= 0) {
+        const ps_region *r = &rt->set->regions[region];
+        for (int k = 0; k < r->rank; k++) {
+            off[k] = r->offset[k];
+            size[k] = r->size[k];
+        }
+        return;
+    }
+    for (int k = 0; k < t->rank; k++) {
+        off[k] = t->offset[k];
+        size[k] = t->shape[k];
+    }
+}
+
+static ps_status exec_p2p(device_state *d, const ps_instr *in)
+{
+    runtime *rt = d->rt;
+    ps_tile t;
+    PS_TRY_RET(instance(d, in->buffer, in->mb, &t));
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
+    box_of(rt, &t, in->region, off, size);
+    int chunks = in->chunks > 0 ? in->chunks : 1;
+    if (in->kind == PS_INSTR_SEND)
+        return rt->b->ops->send(rt->b, d->device, in->peer, &t, off, size, in->chunk, chunks,
+                                &d->err);
+    PS_TRY_RET(rt->b->ops->recv(rt->b, d->device, in->peer, &t, off, size, in->chunk, chunks,
+                                &d->err));
+    d->written[instance_index(rt, in->buffer, in->mb)] = 1;
+    return PS_OK;
+}
+
+/* The all-gather after a local-all-gather transfer: member r of the group
+ * received flat chunk r of the region; every member sends its chunk to
+ * the others and receives theirs. */
+static ps_status exec_chunk_gather(device_state *d, const ps_instr *in)
+{
+    runtime *rt = d->rt;
+    ps_exec_group g = group_view(rt, d, in->group);
+    ps_tile t;
+    PS_TRY_RET(instance(d, in->buffer, in->mb, &t));
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
+    box_of(rt, &t, in->region, off, size);
+    for (int i = 0; i < g.n; i++)
+        if (i != g.rank)
+            PS_TRY_RET(rt->b->ops->send(rt->b, d->device, g.devices[i], &t, off, size, g.rank,
+                                        g.n, &d->err));
+    for (int i = 0; i < g.n; i++)
+        if (i != g.rank)
+            PS_TRY_RET(rt->b->ops->recv(rt->b, d->device, g.devices[i], &t, off, size, i, g.n,
+                                        &d->err));
+    return PS_OK;
+}
+
+static ps_status exec_kernel_instr(device_state *d, const ps_instr *in, int mb)
+{
+    runtime *rt = d->rt;
+    exec_event *e;
+    switch ((ps_instr_kind)in->kind) {
+    case PS_INSTR_COMPUTE:
+        PS_TRY_RET(compute_event(d, in, mb));
+        return exec_compute(d, in, mb);
+    case PS_INSTR_SLICE:
+        PS_TRY_RET(compute_event(d, in, mb));
+        return exec_slice(d, in, mb);
+    case PS_INSTR_LOAD:
+        PS_TRY_RET(compute_event(d, in, mb));
+        return exec_load(d, in, mb);
+    case PS_INSTR_COLLECTIVE:
+        if (in->buffer < 0)
+            return PS_OK; /* run inside its op's COMPUTE */
+        PS_TRY_RET(open_event(d, PS_TRACE_COLLECTIVE, in, mb, &e));
+        e->group = d->prog->axis_group[in->axis >= 0 ? in->axis : 2];
+        PS_TRY_RET(exec_collective(d, in, mb, e->group));
+        return end_event(d, e);
+    case PS_INSTR_ALLOC: return do_alloc(d, in->buffer, mb, false);
+    case PS_INSTR_FREE: return do_free(d, in->buffer, mb, false);
+    default:
+        return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: %s inside a kernel",
+                            d->device, ps_instr_kind_names[in->kind]);
+    }
+    (void)rt;
+}
+
+static ps_status exec_run_kernel(device_state *d, const ps_instr *in)
+{
+    runtime *rt = d->rt;
+    const ps_kernel *k = &rt->set->kernels[in->kernel];
+    if (d->n_runs == d->cap_runs) {
+        int cap = d->cap_runs ? 2 * d->cap_runs : 64;
+        exec_run *r = realloc(d->runs, (size_t)cap * sizeof *r);
+        if (r == NULL)
+            return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+        d->runs = r;
+        d->cap_runs = cap;
+    }
+    exec_run *r = &d->runs[d->n_runs++];
+    r->phase = (int8_t)k->phase;
+    d->cur_phase = k->phase;
+    d->cur_mb = in->mb;
+    PS_TRY_RET(mark(d, &r->begin));
+    for (int i = 0; i < k->n_instrs; i++)
+        PS_TRY_RET(exec_kernel_instr(d, &k->instrs[i], in->mb));
+    PS_TRY_RET(close_compute(d));
+    /* r may have moved if runs grew: it did not (no runs inside a run) */
+    PS_TRY_RET(mark(d, &r->end));
+    d->cur_phase = -1;
+    d->cur_mb = -1;
+    return PS_OK;
+}
+
+static ps_status exec_program_instr(device_state *d, const ps_instr *in)
+{
+    exec_event *e;
+    switch ((ps_instr_kind)in->kind) {
+    case PS_INSTR_RUN: return exec_run_kernel(d, in);
+    case PS_INSTR_ALLOC: return do_alloc(d, in->buffer, in->mb, true);
+    case PS_INSTR_FREE: return do_free(d, in->buffer, in->mb, true);
+    case PS_INSTR_SEND:
+    case PS_INSTR_RECV:
+        PS_TRY_RET(open_event(d, in->kind == PS_INSTR_SEND ? PS_TRACE_SEND : PS_TRACE_RECV, in,
+                              in->mb, &e));
+        PS_TRY_RET(exec_p2p(d, in));
+        return end_event(d, e);
+    case PS_INSTR_COLLECTIVE:
+        PS_TRY_RET(open_event(d, PS_TRACE_COLLECTIVE, in, in->mb, &e));
+        if (in->coll == PS_COLL_ALL_GATHER && in->region >= 0 && in->src_buffer < 0)
+            PS_TRY_RET(exec_chunk_gather(d, in));
+        else
+            PS_TRY_RET(exec_collective(d, in, in->mb, in->group));
+        return end_event(d, e);
+    default:
+        return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: %s in a program", d->device,
+                            ps_instr_kind_names[in->kind]);
+    }
+}
+
+int ps_exec_timing_slots(const ps_program_set *s, int device)
+{
+    const ps_program *p = &s->programs[device];
+    long long n = 4;
+    for (int i = 0; i < p->n_instrs; i++) {
+        const ps_instr *in = &p->instrs[i];
+        n += 2;
+        if (in->kind == PS_INSTR_RUN)
+            n += 2 + 2LL * s->kernels[in->kernel].n_instrs;
+    }
+    return n > 1000000000 ? 1000000000 : (int)n;
+}
+
+/* ---- one device ---- */
+
+static ps_status run_step(device_state *d)
+{
+    runtime *rt = d->rt;
+    d->slot = 0;
+    d->n_events = d->n_runs = 0;
+    d->open_compute = -1;
+    d->cur_phase = d->cur_mb = -1;
+    d->wrote_loss = false;
+    int first, last;
+    PS_TRY_RET(mark(d, &first));
+    for (int i = 0; i < d->prog->n_instrs; i++)
+        PS_TRY_RET(exec_program_instr(d, &d->prog->instrs[i]));
+    PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
+    PS_TRY_RET(mark(d, &last));
+    PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
+    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
+    return PS_OK;
+}
+
+static void *device_main(void *arg)
+{
+    device_state *d = arg;
+    runtime *rt = d->rt;
+    for (int s = 1; s <= rt->opt->steps; s++) {
+        d->step = s;
+        if (!barrier_wait(rt))
+            return NULL;
+        d->status = run_step(d);
+        if (d->status != PS_OK) {
+            fail(rt, d);
+            return NULL;
+        }
+        if (!barrier_wait(rt))
+            return NULL;
+        /* the loss of this step: representatives of the loss's replicas */
+        if (d->wrote_loss) {
+            bool rep = true;
+            const int *mesh = rt->set->stages[d->prog->stage].mesh;
+            for (int a = 0; a < PS_MESH_AXES; a++)
+                if (mesh[a] > 1 && !(d->loss_partial & (1u << a)) && d->prog->coord[a] != 0)
+                    rep = false;
+            if (rep) {
+                double sum = 0;
+                for (int m = 0; m < rt->M; m++)
+                    sum += d->loss_mb[m];
+                pthread_mutex_lock(&rt->mu);
+                rt->result->loss[s - 1] += sum;
+                pthread_mutex_unlock(&rt->mu);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- summary and trace of the last step ---- */
+
+static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
+                             double *dur, ps_error *err)
+{
+    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, 0, e->begin, t0, err));
+    return rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, dur, err);
+}
+
+static ps_status summarize(runtime *rt, ps_error *err)
+{
+    const ps_program_set *s = rt->set;
+    ps_summary *sum = NULL;
+    ps_trace_writer *tw = NULL;
+    double *phase_sum = NULL;
+    int *phase_runs = NULL;
+    ps_status st = ps_summary_create(s->n_devices, s->n_stages, &sum);
+    if (st != PS_OK)
+        return ps_error_set(err, st, "out of memory");
+    if (rt->opt->source != NULL)
+        snprintf(sum->source, sizeof sum->source, "%s", rt->opt->source);
+    else
+        snprintf(sum->source, sizeof sum->source, "exec-%s", rt->b->ops->name);
+    snprintf(sum->plan, sizeof sum->plan, "%s", s->plan_digest);
+    snprintf(sum->model, sizeof sum->model, "%s", s->model);
+    snprintf(sum->cluster, sizeof sum->cluster, "%s", s->cluster);
+    sum->micro_batches = rt->M;
+    if (rt->opt->trace_path != NULL) {
+        int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
+        PS_TRY(ps_trace_open(rt->opt->trace_path, dpn, &tw, err));
+        ps_trace_set_info(tw, "source", sum->source);
+        ps_trace_set_info(tw, "plan", s->plan_digest);
+        ps_trace_set_info(tw, "model", s->model);
+        ps_trace_set_info(tw, "cluster", s->cluster);
+    }
+    phase_sum = calloc((size_t)(s->n_stages + 1) * PS_PHASE_COUNT, sizeof *phase_sum);
+    phase_runs = calloc((size_t)(s->n_stages + 1) * PS_PHASE_COUNT, sizeof *phase_runs);
+    if (phase_sum == NULL || phase_runs == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    int staged = 0;
+    for (int i = 0; i < s->n_devices; i++) {
+        device_state *d = &rt->dev[i];
+        ps_summary_device *sd = &sum->devices[i];
+        int stage = d->prog->stage;
+        sd->stage = stage >= 0 && stage < s->n_stages ? stage : -1;
+        sd->peak_memory_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
+        sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
+        sum->iteration_s = fmax(sum->iteration_s, d->iteration_s);
+        if (tw != NULL && sd->stage >= 0) {
+            char name[64];
+            snprintf(name, sizeof name, "device %d (stage %d)", i, stage);
+            ps_trace_name_device(tw, i, name);
+        }
+        for (int j = 0; j < d->n_events; j++) {
+            const exec_event *e = &d->events[j];
+            double t0, dur;
+            PS_TRY(event_times(rt, d, e, &t0, &dur, err));
+            if (e->category == PS_TRACE_COMPUTE)
+                sd->compute_s += dur;
+            else
+                sd->comm_s += dur;
+            if (tw == NULL)
+                continue;
+            char name[64];
+            if (e->category == PS_TRACE_COMPUTE) {
+                if (e->phase < 0)
+                    snprintf(name, sizeof name, "compute");
+                else if (e->phase == PS_PHASE_UPDATE || e->mb < 0)
+                    snprintf(name, sizeof name, "%s", ps_phase_names[e->phase]);
+                else
+                    snprintf(name, sizeof name, "%s mb%d", ps_phase_names[e->phase], e->mb);
+            } else if (e->category == PS_TRACE_COLLECTIVE) {
+                snprintf(name, sizeof name, "%s group %d", ps_collective_names[e->coll],
+                         e->group);
+            } else {
+                snprintf(name, sizeof name, "%s %d",
+                         e->category == PS_TRACE_SEND ? "send to" : "recv from", e->peer);
+            }
+            ps_trace_event te = {.device = i, .category = (ps_trace_category)e->category,
+                                 .name = name, .start_s = t0, .duration_s = dur,
+                                 .micro_batch = e->mb, .stage = stage,
+                                 .peer = e->category == PS_TRACE_SEND ||
+                                                 e->category == PS_TRACE_RECV
+                                             ? e->peer
+                                             : -1,
+                                 .bytes = e->bytes, .flops = e->flops};
+            if ((st = ps_trace_add(tw, &te)) != PS_OK)
+                break;
+        }
+        if (sd->stage < 0)
+            continue;
+        staged++;
+        for (int j = 0; j < d->n_runs; j++) {
+            double dur;
+            PS_TRY(rt->b->ops->elapsed(rt->b, i, d->runs[j].begin, d->runs[j].end, &dur, err));
+            phase_sum[stage * PS_PHASE_COUNT + d->runs[j].phase] += dur;
+            phase_runs[stage * PS_PHASE_COUNT + d->runs[j].phase]++;
+        }
+        ps_summary_stage *g = &sum->stages[stage];
+        if (g->n_devices++ == 0)
+            g->first_device = i;
+        g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
+    }
+    for (int i = 0; i < s->n_devices; i++) {
+        ps_summary_device *sd = &sum->devices[i];
+        sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
+    }
+    int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
+    for (int k = 0; k < s->n_stages; k++) {
+        ps_summary_stage *g = &sum->stages[k];
+        double *ps = &phase_sum[k * PS_PHASE_COUNT];
+        int *pr = &phase_runs[k * PS_PHASE_COUNT];
+        g->forward_s = pr[0] ? ps[0] / pr[0] : 0;
+        g->backward_s = pr[1] ? ps[1] / pr[1] : 0;
+        g->update_s = pr[2] ? ps[2] / pr[2] : 0;
+        g->time_s = g->forward_s + g->backward_s;
+        const ps_program_stage *ps_ = &s->stages[k];
+        int nodes = 0, last = -1;
+        for (int j = 0; j < ps_->n_devices; j++) {
+            int node = ps_->devices[j] / dpn;
+            nodes += node != last;
+            last = node;
+        }
+        if (nodes > 0 && g->n_devices % nodes == 0) {
+            g->submesh[0] = nodes;
+            g->submesh[1] = g->n_devices / nodes;
+        } else {
+            g->submesh[0] = 1;
+            g->submesh[1] = g->n_devices;
+        }
+        g->logical_mesh[0] = ps_->mesh[0];
+        g->logical_mesh[1] = ps_->mesh[1];
+        if ((long long)ps_->mesh[0] * ps_->mesh[1] != g->n_devices) {
+            g->logical_mesh[0] = g->n_devices;
+            g->logical_mesh[1] = 1;
+        }
+    }
+    if (sum->iteration_s > 0 && staged > 0) {
+        sum->tflops_per_device = s->flops_per_step / sum->iteration_s / staged / 1e12;
+        if (s->mfu_peak_flops_per_s > 0)
+            sum->mfu = sum->tflops_per_device * 1e12 / s->mfu_peak_flops_per_s;
+    }
+    rt->result->summary = sum;
+    sum = NULL;
+out:
+    if (tw != NULL) {
+        ps_status st2 = ps_trace_close(tw, st == PS_OK ? err : &(ps_error){0});
+        if (st == PS_OK)
+            st = st2;
+    }
+    free(phase_sum);
+    free(phase_runs);
+    ps_summary_free(sum);
+    return st;
+}
+
+/* ---- the run ---- */
+
+ps_exec_options ps_exec_options_default(void)
+{
+    ps_exec_options o = {.seed = 1, .steps = 1, .source = NULL};
+    return o;
+}
+
+void ps_exec_result_free(ps_exec_result *r)
+{
+    if (r == NULL)
+        return;
+    for (int i = 0; i < r->n_tensors; i++) {
+        if (r->params != NULL)
+            free(r->params[i]);
+        if (r->grads != NULL)
+            free(r->grads[i]);
+    }
+    free(r->params);
+    free(r->grads);
+    free(r->loss);
+    ps_summary_free(r->summary);
+    free(r);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_options *o,
+                      ps_exec_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    *out = NULL;
+    if (o->steps < 1)
+        return ps_error_set(err, PS_ERR_INVALID, "steps must be at least 1 (got %d)", o->steps);
+    if (b->n_devices != s->n_devices)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "the backend serves %d devices but the plan has %d", b->n_devices,
+                            s->n_devices);
+    runtime rt;
+    memset(&rt, 0, sizeof rt);
+    rt.set = s;
+    rt.g = s->step;
+    rt.b = b;
+    rt.opt = o;
+    rt.M = s->micro_batches > 0 ? s->micro_batches : 1;
+    pthread_t *threads = NULL;
+    int started = 0;
+    size_t n_inst = (size_t)s->n_buffers * (size_t)(rt.M + 1);
+    double t_start = now_s();
+    ps_exec_result *r = calloc(1, sizeof *r);
+    PS_TRY_ALLOC(r, err);
+    rt.result = r;
+    r->steps = o->steps;
+    r->n_tensors = rt.g->n_tensors;
+    r->loss = calloc((size_t)o->steps, sizeof *r->loss);
+    r->params = calloc((size_t)rt.g->n_tensors, sizeof *r->params);
+    r->grads = calloc((size_t)rt.g->n_tensors, sizeof *r->grads);
+    rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
+    rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
+    threads = calloc((size_t)s->n_devices, sizeof *threads);
+    if (r->loss == NULL || r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
+        threads == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < rt.g->n_ops; i++)
+        rt.op_reduce_axis[i] = -1;
+    for (int k = 0; k < s->n_kernels; k++)
+        for (int i = 0; i < s->kernels[k].n_instrs; i++) {
+            const ps_instr *in = &s->kernels[k].instrs[i];
+            if (in->kind == PS_INSTR_COLLECTIVE && in->buffer < 0 && in->op >= 0 &&
+                in->op < rt.g->n_ops)
+                rt.op_reduce_axis[in->op] = in->axis >= 0 ? in->axis : 2;
+        }
+    for (int i = 0; i < s->n_devices; i++) {
+        device_state *d = &rt.dev[i];
+        d->rt = &rt;
+        d->device = i;
+        d->prog = &s->programs[i];
+        d->n_slots = ps_exec_timing_slots(s, i);
+        d->inst = calloc(n_inst > 0 ? n_inst : 1, sizeof *d->inst);
+        d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
+        d->kept = calloc((size_t)(s->n_buffers > 0 ? s->n_buffers : 1), sizeof *d->kept);
+        d->loss_mb = calloc((size_t)rt.M, sizeof *d->loss_mb);
+        if (d->inst == NULL || d->written == NULL || d->kept == NULL || d->loss_mb == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    pthread_mutex_init(&rt.mu, NULL);
+    barrier_init(&rt.barrier, s->n_devices);
+    for (int i = 0; i < s->n_devices; i++) {
+        if (pthread_create(&threads[i], NULL, device_main, &rt.dev[i]) != 0) {
+            rt.dev[i].status = ps_error_set(&rt.dev[i].err, PS_ERR_NOMEM,
+                                            "cannot start the thread of device %d", i);
+            fail(&rt, &rt.dev[i]);
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    if (rt.failed) {
+        st = rt.first_status != PS_OK ? rt.first_status : PS_ERR_DEVICE;
+        *err = rt.first_err;
+    } else {
+        st = summarize(&rt, err);
+    }
+    r->wall_s = now_s() - t_start;
+    if (r->summary != NULL)
+        r->summary->wall_s = r->wall_s;
+    barrier_destroy(&rt.barrier);
+    pthread_mutex_destroy(&rt.mu);
+out:
+    if (rt.dev != NULL)
+        for (int i = 0; i < s->n_devices; i++) {
+            device_state *d = &rt.dev[i];
+            if (d->inst != NULL)
+                for (size_t j = 0; j < n_inst; j++)
+                    if (d->inst[j] != NULL)
+                        b->ops->release(b, i, d->inst[j]);
+            if (d->kept != NULL)
+                for (int j = 0; j < s->n_buffers; j++)
+                    if (d->kept[j] != NULL)
+                        b->ops->release(b, i, d->kept[j]);
+            free(d->inst);
+            free(d->written);
+            free(d->kept);
+            free(d->loss_mb);
+            free(d->events);
+            free(d->runs);
+        }
+    free(rt.dev);
+    free(rt.op_reduce_axis);
+    free(threads);
+    if (st == PS_OK)
+        *out = r;
+    else
+        ps_exec_result_free(r);
+    return st;
+}

@@ -1,0 +1,54 @@
+/* The runtime: runs a program set for real, one thread per device, against
+ * a backend (exec/backend.h). One interpreter loop serves every backend.
+ *
+ * A buffer instance (buffer, micro-batch) gets backend memory at ALLOC and
+ * gives it back at FREE. Parameters and optimizer state outlive the step:
+ * their per-step FREE keeps the memory (and the values) for the next step's
+ * ALLOC, and the first ALLOC fills them from the seed (exec/data.h); LOAD
+ * fills input tiles the same way. Gradients marked ACCUMULATE are written
+ * by the first micro-batch and added to by the others.
+ *
+ * Time: the backend stamps every instruction boundary; the runtime turns
+ * the stamps of the last step into the run summary and the timeline, in the
+ * formats the simulator writes (traces/summary.h, traces/trace.h). */
+#ifndef PS_EXEC_RUNTIME_H
+#define PS_EXEC_RUNTIME_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/program.h"
+#include "exec/backend.h"
+#include "traces/summary.h"
+
+typedef struct ps_exec_options {
+    uint64_t seed;           /* parameters and data */
+    int steps;               /* training steps (>= 1); summary and trace: the last */
+    const char *trace_path;  /* timeline of the last step, or NULL */
+    int devices_per_node;    /* trace processes (hosts); 0: all devices in one */
+    const char *source;      /* summary source; NULL: "exec-" and the backend's name */
+    bool keep_params;        /* copy the parameters after the last step to the result */
+} ps_exec_options;
+
+ps_exec_options ps_exec_options_default(void);
+
+typedef struct ps_exec_result {
+    int steps;
+    double *loss;            /* [steps]: the loss summed over micro-batches */
+    ps_summary *summary;     /* measured, last step */
+    int n_tensors;           /* of the step graph */
+    float **params;          /* [n_tensors]: whole PARAM tensors after the run (keep_params), or NULL */
+    float **grads;           /* [n_tensors]: by PARAM tensor, the gradient the last update read */
+    double wall_s;           /* the whole run */
+} ps_exec_result;
+
+void ps_exec_result_free(ps_exec_result *r);
+
+/* Timing slots a device needs for one step of its program (for backends
+ * that preallocate events). */
+int ps_exec_timing_slots(const ps_program_set *s, int device);
+
+ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_options *o,
+                      ps_exec_result **out, ps_error *err);
+
+#endif
