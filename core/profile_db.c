@@ -259,8 +259,10 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
     if (db->n_gemm == 0 && db->n_comm == 0)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB \"%s\" holds no measurements",
                             db->device);
-    qsort(db->gemm, (size_t)db->n_gemm, sizeof *db->gemm, cmp_gemm);
-    qsort(db->comm, (size_t)db->n_comm, sizeof *db->comm, cmp_comm);
+    if (db->n_gemm > 0)
+        qsort(db->gemm, (size_t)db->n_gemm, sizeof *db->gemm, cmp_gemm);
+    if (db->n_comm > 0)
+        qsort(db->comm, (size_t)db->n_comm, sizeof *db->comm, cmp_comm);
     for (int i = 1; i < db->n_gemm; i++) {
         const ps_profile_gemm *a = &db->gemm[i - 1], *b = &db->gemm[i];
         if (a->dtype == b->dtype && a->m == b->m && a->n == b->n && a->k == b->k)

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "core/profile_db.h"
+#include "exec/cpu/cpu_backend.h"
+#include "exec/profile.h"
 #include "planner/cost_model.h"
 #include "planner/inter_pass.h"
 #include "planner/plan_intra.h"
@@ -283,6 +286,40 @@ static void malformed(void **state)
     assert_int_equal(db->comm[0].n, 2);
     assert_int_equal(db->devices, 1);
     assert_close(ps_profile_collective_s(db, PS_PROFILE_SEND_RECV, 7, 16), 8, 1e-15);
+    ps_profile_db_free(db);
+}
+
+/* The example of docs/profile-db.md loads, and its figures are what it says. */
+static void documented_example(void **state)
+{
+    (void)state;
+    const char *path = PS_TEST_DATA_DIR "/../../docs/profile-db.md";
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    char *start = strstr(text, "```json\n");
+    assert_non_null(start);
+    start += 8;
+    char *end = strstr(start, "```");
+    assert_non_null(end);
+    *end = '\0';
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_db_parse("docs/profile-db.md", start, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 1);
+    assert_int_equal(db->n_comm, 3);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 2.0 * 4096 * 4096 * 4096),
+                 2.62144e14, 1e-12);
+    /* halfway between the two all-reduce sizes; 16 devices keep the busbw of 8 */
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 8, 34078720),
+                 (3.2768e-05 + 0.000524288) / 2, 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 16, 67108864),
+                 0.000524288 * (30.0 / 16) / (14.0 / 8), 1e-12);
     ps_profile_db_free(db);
 }
 
@@ -585,16 +622,307 @@ static void where_the_db_applies(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- measurement ------------------------------------------------------------ */
+
+static const ps_profile_comm_entry *find_comm(const ps_profile_db *db, ps_profile_comm kind,
+                                              int n, int64_t bytes)
+{
+    for (int i = 0; i < db->n_comm; i++)
+        if (db->comm[i].kind == kind && db->comm[i].n == n && db->comm[i].bytes == bytes)
+            return &db->comm[i];
+    return NULL;
+}
+
+static ps_backend *cpu_backend(int n)
+{
+    int slots[8];
+    for (int d = 0; d < n; d++)
+        slots[d] = PS_PROFILE_SLOTS;
+    ps_backend *b = NULL;
+    ps_error err = {0};
+    if (ps_cpu_backend_create(n, slots, &b, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    return b;
+}
+
+/* Whether every kind's 4 MiB entry took longer than its 1 KiB one. */
+static bool larger_takes_longer(const ps_profile_db *db, char *why, size_t cap)
+{
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++) {
+        const ps_profile_comm_entry *lo = find_comm(db, (ps_profile_comm)k, 2, 1024);
+        const ps_profile_comm_entry *hi = find_comm(db, (ps_profile_comm)k, 2, 4 << 20);
+        if (!(hi->seconds > lo->seconds)) {
+            snprintf(why, cap, "%s: 4 MiB in %g s, 1 KiB in %g s", ps_profile_comm_names[k],
+                     hi->seconds, lo->seconds);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A quick profile of 2 CPU devices: every entry is there and positive, a
+ * 4096x larger message takes longer and a 64x larger GEMM too. Nothing is
+ * compared with a fixed time, and the ratios are far beyond noise; the
+ * machines tests run on can be loaded enough to stall a thread wake-up for
+ * milliseconds, so the message sizes get three measurements to show it
+ * once (entries are medians of repetitions of many calls each). */
+static void cpu_measurement(void **state)
+{
+    (void)state;
+    ps_backend *b = cpu_backend(2);
+    static const ps_profile_shape shapes[] = {{32, 32, 32}, {128, 128, 128}};
+    static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16};
+    ps_profile_options o = ps_profile_options_quick();
+    o.shapes = shapes;
+    o.n_shapes = 2;
+    o.dtypes = dtypes;
+    o.n_dtypes = 2;
+    o.min_bytes = 1024;
+    o.max_bytes = 4 << 20;
+    o.size_factor = 64;
+    o.reps = 5;
+    o.min_rep_s = 2e-3;
+    o.device_name = "test-cpu";
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(db->device, "test-cpu");
+    assert_string_equal(db->backend, "cpu");
+    assert_int_equal(db->devices, 2);
+    assert_int_equal(db->n_gemm, 4);
+    assert_int_equal(db->n_comm, 5 * 3);
+    for (int i = 0; i < db->n_gemm; i++)
+        assert_true(db->gemm[i].seconds > 0 && isfinite(db->gemm[i].seconds));
+    /* one measurement per shape, recorded per dtype */
+    assert_true(db->gemm[0].seconds == db->gemm[2].seconds);
+    assert_true(db->gemm[1].seconds > db->gemm[0].seconds);
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++) {
+        const ps_profile_comm_entry *lo = find_comm(db, (ps_profile_comm)k, 2, 1024);
+        const ps_profile_comm_entry *mid = find_comm(db, (ps_profile_comm)k, 2, 64 << 10);
+        const ps_profile_comm_entry *hi = find_comm(db, (ps_profile_comm)k, 2, 4 << 20);
+        if (lo == NULL || mid == NULL || hi == NULL)
+            fail_msg("%s: missing sizes", ps_profile_comm_names[k]);
+        assert_true(lo->seconds > 0 && mid->seconds > 0 && hi->seconds > 0 &&
+                    isfinite(hi->seconds));
+    }
+    char why[200];
+    for (int attempt = 1; !larger_takes_longer(db, why, sizeof why); attempt++) {
+        if (attempt == 3)
+            fail_msg("three measurements: %s", why);
+        printf("# measuring again (%s)\n", why);
+        ps_profile_options again = o;
+        again.n_shapes = 0;
+        ps_profile_db *db2 = NULL;
+        if (ps_profile_measure(b, &again, &db2, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        /* keep the GEMMs of the first run, the messages of the new one */
+        for (int i = 0; i < db->n_comm; i++)
+            db->comm[i] = db2->comm[i];
+        ps_profile_db_free(db2);
+        finish(db);
+    }
+    /* the lookups answer for every kind */
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++)
+        assert_true(ps_profile_collective_s(db, (ps_profile_comm)k, 2, 1e5) > 0);
+    assert_true(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 1e7) > 0);
+    assert_true(ps_profile_gemm_s(db, PS_DTYPE_F16, 1e7) < 0);
+    /* and it survives its file */
+    char path[512];
+    temp_path(path, sizeof path, "measured");
+    assert_int_equal(ps_profile_db_save(db, path, &err), PS_OK);
+    ps_profile_db *back = NULL;
+    if (ps_profile_db_load(path, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(ps_profile_db_equal(db, back));
+    unlink(path);
+    ps_profile_db_free(back);
+    ps_profile_db_free(db);
+    b->ops->destroy(b);
+}
+
+/* Group sizes 2, 4 and the device count (3 here: 2, 3); no send-recv
+ * beyond 2; options are checked. */
+static void cpu_group_sizes(void **state)
+{
+    (void)state;
+    ps_backend *b = cpu_backend(3);
+    ps_profile_options o = ps_profile_options_quick();
+    o.n_shapes = 0;
+    o.min_bytes = 4096;
+    o.max_bytes = 4096;
+    o.reps = 1;
+    o.min_rep_s = 0;
+    o.kinds = 1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 0);
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 2, 4096));
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 3, 4096));
+    assert_non_null(find_comm(db, PS_PROFILE_SEND_RECV, 2, 4096));
+    /* all-to-all over 3: the local size rounds down to whole elements per peer */
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 3, 4092));
+    assert_int_equal(db->n_comm, 5);
+    ps_profile_db_free(db);
+    db = NULL;
+
+    o.reps = 0;
+    assert_int_equal(ps_profile_measure(b, &o, &db, &err), PS_ERR_INVALID);
+    assert_null(db);
+    o.reps = 1;
+    o.min_bytes = 2;
+    assert_int_equal(ps_profile_measure(b, &o, &db, NULL), PS_ERR_INVALID);
+    b->ops->destroy(b);
+}
+
+/* ---- the command line -------------------------------------------------------- */
+
+/* Runs the binary with `args` (shell words), stdout and stderr into files
+ * under dir; returns the exit status. */
+static int run_cli(const char *dir, const char *args, char **out, char **errs)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out.txt 2>%s/err.txt", PS_PIPESHARD_BIN, args, dir, dir);
+    int rc = system(cmd);
+    char path[600];
+    char **dst[2] = {out, errs};
+    const char *names[2] = {"out.txt", "err.txt"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        char *buf = calloc(1, 1 << 20);
+        assert_non_null(buf);
+        size_t got = fread(buf, 1, (1 << 20) - 1, f);
+        buf[got] = '\0';
+        fclose(f);
+        unlink(path);
+        *dst[i] = buf;
+    }
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void cli(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ps-test-profile-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char args[1024], *out, *err;
+
+    /* a quick CPU profile: a DB and nccl-tests style tables */
+    snprintf(args, sizeof args, "profile --backend cpu --devices 2 --quick -o %s/db.json", dir);
+    int rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    assert_non_null(strstr(out, "# GEMM"));
+    assert_non_null(strstr(out, "# all-reduce, 2 devices"));
+    assert_non_null(strstr(out, "# send-recv, 2 devices"));
+    assert_non_null(strstr(out, "busbw (GB/s)"));
+    free(out);
+    free(err);
+    char db_path[600];
+    snprintf(db_path, sizeof db_path, "%s/db.json", dir);
+    ps_profile_db *db = NULL;
+    ps_error e = {0};
+    if (ps_profile_db_load(db_path, &db, &e) != PS_OK)
+        fail_msg("%s", e.msg);
+    assert_string_equal(db->device, "cpu");
+    ps_profile_db_free(db);
+
+    /* plan with it: other predictions than the analytic model's */
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --method data --json --profile-db %s "
+             "-o %s/p1.json",
+             db_path, dir);
+    rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    assert_non_null(strstr(err, "no device kind \"cpu\""));
+    json_t *with = json_loads(out, 0, NULL);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "plan --model mlp --cluster dgx-a100:1 --method data --json -o %s/p0.json",
+             dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 0);
+    json_t *without = json_loads(out, 0, NULL);
+    free(out);
+    free(err);
+    assert_non_null(with);
+    assert_non_null(without);
+    double t1 = json_number_value(json_object_get(with, "iteration_s"));
+    double t0 = json_number_value(json_object_get(without, "iteration_s"));
+    assert_true(t0 > 0 && t1 > 10 * t0); /* a CPU core is far slower than an A100 */
+    json_decref(with);
+    json_decref(without);
+
+    /* a malformed DB: exit 1, the file's position in the message */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("{\"version\": 1, \"device\": \"d\", \"backend\": \"cpu\",\n"
+          " \"gemm\": [{\"m\": 8, \"n\": 8, \"k\": 8, \"dtype\": \"fp64\", \"seconds\": 1}]}\n",
+          f);
+    fclose(f);
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --profile-db %s -o %s/p2.json", bad, dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 1);
+    char want[700];
+    snprintf(want, sizeof want, "pipeshard: %s:2:45: gemm[0].dtype: unknown value \"fp64\"", bad);
+    if (strstr(err, want) == NULL)
+        fail_msg("expected \"%s\" in \"%s\"", want, err);
+    free(out);
+    free(err);
+    unlink(bad);
+
+    /* usage errors and the CUDA refusal */
+    assert_int_equal(run_cli(dir, "profile -o x.json", &out, &err), 2);
+    assert_non_null(strstr(err, "--backend cpu|cuda is required"));
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --backend tpu -o x.json", &out, &err), 2);
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --backend cpu --max-bytes 12Q -o x.json", &out, &err),
+                     2);
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --help", &out, &err), 0);
+    assert_non_null(strstr(out, "--profile-db"));
+    free(out);
+    free(err);
+#ifndef PS_HAVE_CUDA
+    snprintf(args, sizeof args, "profile --backend cuda -o %s/cuda.json", dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 1);
+    assert_non_null(strstr(err, "backend \"cuda\" is not available in this build"));
+    free(out);
+    free(err);
+#endif
+    char path[600];
+    const char *files[] = {"db.json", "p0.json", "p1.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(round_trip),
         cmocka_unit_test(bad_entries),
         cmocka_unit_test(malformed),
+        cmocka_unit_test(documented_example),
         cmocka_unit_test(interpolation),
         cmocka_unit_test(analytic_db_same_predictions),
         cmocka_unit_test(slower_gemms_double_compute),
         cmocka_unit_test(where_the_db_applies),
+        cmocka_unit_test(cpu_measurement),
+        cmocka_unit_test(cpu_group_sizes),
+        cmocka_unit_test(cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
