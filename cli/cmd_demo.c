@@ -12,6 +12,9 @@ int ps_cmd_demo(int argc, char **argv)
                "on one p3.16xlarge\nnode (8 V100s), written to demo-plan.json, then one training "
                "step of that plan\nsimulated on a SimGrid model of the node (demo-trace.json opens "
                "in Perfetto;\ndemo-summary.json is the run summary).\n");
+#ifdef PS_NO_SIMGRID
+        printf("\nIn this build the simulation is skipped: %s.\n", PS_CLI_NO_SIMGRID);
+#endif
         return 0;
     }
     if (argc > 1)
@@ -32,10 +35,15 @@ int ps_cmd_demo(int argc, char **argv)
     rc = ps_cmd_plan(12, plan);
     if (rc != 0)
         return rc;
+#ifdef PS_NO_SIMGRID
+    printf("\npipeshard demo 3/3: skipped, the simulation of that plan: %s\n", PS_CLI_NO_SIMGRID);
+    return 0;
+#else
     printf("\npipeshard demo 3/3: one training step of that plan, simulated (timeline in "
            "demo-trace.json,\nsummary in demo-summary.json)\n\n");
     fflush(stdout);
     char *sim[] = {"sim", "--plan", "demo-plan.json", "--trace", "demo-trace.json",
                    "--summary", "demo-summary.json", NULL};
     return ps_cmd_sim(7, sim);
+#endif
 }

@@ -38,6 +38,20 @@ static void help(void)
            "  -h, --help             this help\n");
 }
 
+#ifdef PS_NO_SIMGRID
+/* A build without SimGrid (configured with -DPS_WITH_SIMGRID=OFF): the command is
+ * there, says so, and fails; --help still works. */
+int ps_cmd_sim(int argc, char **argv)
+{
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        help();
+        printf("\n%s\n", PS_CLI_NO_SIMGRID);
+        return 0;
+    }
+    fprintf(stderr, "pipeshard: sim: %s\n", PS_CLI_NO_SIMGRID);
+    return 1;
+}
+#else
 enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
        OPT_JSON, OPT_PROFILE_DB };
 
@@ -141,3 +155,4 @@ out:
     ps_profile_db_free(profile);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }
+#endif /* PS_NO_SIMGRID */

@@ -15,7 +15,11 @@ static const struct {
     {"clusters", ps_cmd_clusters, "list cluster presets, or show one cluster"},
     {"graph", ps_cmd_graph, "parameters, FLOPs and memory of a model's training step"},
     {"plan", ps_cmd_plan, "plan a model's parallelization on a cluster"},
+#ifdef PS_NO_SIMGRID
+    {"sim", ps_cmd_sim, "simulate a plan (not in this build: no SimGrid)"},
+#else
     {"sim", ps_cmd_sim, "simulate a plan on a SimGrid model of its cluster"},
+#endif
     {"exec", ps_cmd_exec, "run a plan's programs on the CPU or GPUs (measured)"},
     {"profile", ps_cmd_profile, "measure GEMMs and collectives into a profile DB"},
     {"demo", ps_cmd_demo, "the main job on an embedded default"},

@@ -760,8 +760,39 @@ static void test_demo(void **state)
     run_ok(fx, a, &r);
     expect_exit(&r, 0);
     expect_in(&r, true, "parameters");
+#ifdef PS_NO_SIMGRID
+    expect_in(&r, true, "demo 3/3: skipped");
+    expect_in(&r, true, "this build has no SimGrid");
+#endif
     run_result_free(&r);
 }
+
+#ifdef PS_NO_SIMGRID
+/* Built with -DPS_WITH_SIMGRID=OFF: `sim` says so and fails; its --help works. */
+static void test_sim_without_simgrid(void **state)
+{
+    const fixture *fx = *state;
+    {
+        const char *a[] = {"sim", "--plan", "plan.json", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 1);
+        expect_empty(&r, true);
+        expect_in(&r, false,
+                  "pipeshard: sim: this build has no SimGrid (configure with -DPS_WITH_SIMGRID=ON)");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"sim", "--help", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "usage:");
+        expect_in(&r, true, "this build has no SimGrid");
+        run_result_free(&r);
+    }
+}
+#endif
 
 /* ---- fixture ------------------------------------------------------------------ */
 
@@ -965,6 +996,9 @@ int main(void)
         cmocka_unit_test(test_export_stdout),
         cmocka_unit_test(test_clusters),
         cmocka_unit_test(test_demo),
+#ifdef PS_NO_SIMGRID
+        cmocka_unit_test(test_sim_without_simgrid),
+#endif
         cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -8,7 +8,8 @@
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
 
-void openblas_set_num_threads(int n); /* OpenBLAS's own API (cblas.h lacks it) */
+/* OpenBLAS's own API (cblas.h lacks it); weak, so that any other CBLAS links */
+void openblas_set_num_threads(int n) __attribute__((weak));
 
 /* A rendezvous of one group: members post copies of their data, the last
  * arrival opens the round, every member reads all copies, the last reader
@@ -505,7 +506,8 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_backend **ou
         cpu_destroy(&c->base);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     }
-    openblas_set_num_threads(1);
+    if (openblas_set_num_threads != NULL)
+        openblas_set_num_threads(1);
     *out = &c->base;
     return PS_OK;
 }

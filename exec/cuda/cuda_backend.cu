@@ -1,0 +1,1322 @@
+/* The CUDA backend: exec/backend.h's function table on GPUs (see
+ * exec/cuda/cuda_backend.h for the device mapping and the two modes). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nccl.h>
+
+#include "exec/cuda/cuda_internal.cuh"
+
+extern "C" {
+#include "core/collective.h"
+#include "core/log.h"
+#include "exec/cuda/cuda_backend.h"
+}
+
+/* ---- state ------------------------------------------------------------------------ */
+
+/* A block handed out by alloc: its requested bytes and its real size. */
+typedef struct blk {
+    void *ptr;
+    int64_t bytes;
+    size_t cap;
+} blk;
+
+typedef struct dev_state {
+    int device, gpu;
+    ps_cuda_loc loc;
+    ps_cuda_stream *s;
+    pthread_mutex_t mu; /* memory accounting (peak_bytes may come from any thread) */
+    bool mu_init;
+    int64_t cur_bytes, peak_bytes;
+    blk *live; /* open addressing on ptr; ptr NULL = empty, (void *)1 = deleted */
+    int live_cap, live_used;
+    blk *cache; /* freed blocks, reused for requests of the same size */
+    int n_cache, cache_cap;
+    cudaEvent_t *ev;
+    bool *ev_set;
+    void *scratch[2]; /* collective staging */
+    size_t scratch_bytes[2];
+    /* NCCL mode */
+    cudaStream_t send_stream;
+    cudaEvent_t ready; /* compute stream -> send stream */
+    cudaEvent_t packed; /* send stream -> compute stream */
+    ncclComm_t p2p[2]; /* world communicators: [0] to higher devices, [1] to lower */
+    struct send_buf *sends; /* staging of sends in flight */
+} dev_state;
+
+typedef struct send_buf {
+    void *buf;
+    size_t cap;
+    cudaEvent_t done;
+    struct send_buf *next;
+} send_buf;
+
+/* What a member publishes at a collective's rendezvous. */
+typedef struct rv_slot {
+    ps_tile src, dst;
+    float *data;
+    int64_t n;
+} rv_slot;
+
+typedef struct group_state {
+    int id, n;
+    int arrived;
+    unsigned gen;
+    rv_slot *slot;
+    ncclComm_t *comm; /* NCCL mode: per rank, created at the first collective */
+    ncclUniqueId uid;
+    struct group_state *next;
+} group_state;
+
+/* Share mode send/recv: a FIFO of staged messages per ordered pair, and the
+ * staging buffers the receiver handed back. */
+typedef struct msg {
+    void *buf;
+    size_t cap;
+    int64_t len;
+    struct msg *next;
+} msg;
+
+typedef struct chan {
+    msg *head, *tail;
+    msg *spare;
+} chan;
+
+typedef struct cuda_backend {
+    ps_backend base;
+    ps_cuda_backend_options opt;
+    int slots;
+    bool nccl;
+    dev_state *dev;
+    pthread_mutex_t mu; /* groups, channels, abort */
+    pthread_cond_t cv;
+    bool aborted;
+    group_state *groups;
+    chan *chans; /* share mode: [from * n + to] */
+} cuda_backend;
+
+static cuda_backend *cb_of(ps_backend *b) { return (cuda_backend *)b; }
+
+static ps_status bad_device(const ps_backend *b, int device, ps_error *err)
+{
+    return ps_error_set(err, PS_ERR_INVALID, "cuda backend: device %d out of range (0..%d)",
+                        device, b->n_devices - 1);
+}
+
+#define DEV(b, device)                                                                        \
+    if ((device) < 0 || (device) >= (b)->n_devices)                                          \
+        return bad_device((b), (device), err);                                                \
+    dev_state *d = &cb_of(b)->dev[(device)];                                                  \
+    PS_CUDA_RET(d->loc, cudaSetDevice(d->gpu))
+
+static ps_status nccl_fail(ps_cuda_loc loc, ncclResult_t r, ncclComm_t comm, const char *call,
+                           ps_error *err)
+{
+    int n = 0;
+    while (call[n] != '\0' && call[n] != '(' && call[n] != ' ')
+        n++;
+    const char *last = comm != NULL ? ncclGetLastError(comm) : NULL;
+    return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed: %s%s%s",
+                        loc.device, loc.gpu, n, call, ncclGetErrorString(r),
+                        last != NULL && last[0] != '\0' ? ": " : "", last != NULL ? last : "");
+}
+
+#define PS_NCCL_RET(loc, comm, call)                                                          \
+    do {                                                                                      \
+        ncclResult_t ps_nccl_r_ = (call);                                                     \
+        if (ps_nccl_r_ != ncclSuccess)                                                        \
+            return nccl_fail((loc), ps_nccl_r_, (comm), #call, err);                          \
+    } while (0)
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+#define DELETED ((void *)1)
+
+static size_t ptr_hash(const void *p, int cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)(x & (uint64_t)(cap - 1));
+}
+
+static bool live_insert(dev_state *d, blk b)
+{
+    if ((d->live_used + 1) * 2 > d->live_cap) {
+        int cap = d->live_cap ? d->live_cap * 2 : 256;
+        blk *t = (blk *)calloc((size_t)cap, sizeof *t);
+        if (t == NULL)
+            return false;
+        for (int i = 0; i < d->live_cap; i++) {
+            void *p = d->live[i].ptr;
+            if (p == NULL || p == DELETED)
+                continue;
+            size_t h = ptr_hash(p, cap);
+            while (t[h].ptr != NULL)
+                h = (h + 1) & (size_t)(cap - 1);
+            t[h] = d->live[i];
+        }
+        free(d->live);
+        d->live = t;
+        d->live_cap = cap;
+        int used = 0;
+        for (int i = 0; i < cap; i++)
+            used += t[i].ptr != NULL;
+        d->live_used = used;
+    }
+    size_t h = ptr_hash(b.ptr, d->live_cap);
+    while (d->live[h].ptr != NULL && d->live[h].ptr != DELETED)
+        h = (h + 1) & (size_t)(d->live_cap - 1);
+    if (d->live[h].ptr == NULL)
+        d->live_used++;
+    d->live[h] = b;
+    return true;
+}
+
+static blk *live_find(dev_state *d, const void *p)
+{
+    if (d->live_cap == 0)
+        return NULL;
+    size_t h = ptr_hash(p, d->live_cap);
+    while (d->live[h].ptr != NULL) {
+        if (d->live[h].ptr == p)
+            return &d->live[h];
+        h = (h + 1) & (size_t)(d->live_cap - 1);
+    }
+    return NULL;
+}
+
+static void cache_flush(dev_state *d)
+{
+    for (int i = 0; i < d->n_cache; i++)
+        (void)cudaFree(d->cache[i].ptr);
+    d->n_cache = 0;
+}
+
+static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, ps_error *err)
+{
+    *out = NULL;
+    DEV(b, device);
+    if (bytes < 0)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: allocation of %lld bytes",
+                            device, (long long)bytes);
+    size_t cap = (size_t)(bytes < 1 ? 1 : bytes);
+    cap = (cap + 511) & ~(size_t)511;
+    void *p = NULL;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < d->n_cache; i++)
+        if (d->cache[i].cap == cap) {
+            p = d->cache[i].ptr;
+            d->cache[i] = d->cache[--d->n_cache];
+            break;
+        }
+    pthread_mutex_unlock(&d->mu);
+    if (p == NULL) {
+        cudaError_t e = cudaMalloc(&p, cap);
+        if (e == cudaErrorMemoryAllocation) {
+            /* the cached blocks may be what is missing */
+            (void)cudaGetLastError();
+            pthread_mutex_lock(&d->mu);
+            cache_flush(d);
+            pthread_mutex_unlock(&d->mu);
+            e = cudaMalloc(&p, cap);
+        }
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return ps_error_set(err, PS_ERR_DEVICE,
+                                "device %d (GPU %d): cudaMalloc of %lld bytes failed: %s (%s); "
+                                "%lld bytes allocated on the device",
+                                device, d->gpu, (long long)bytes, cudaGetErrorString(e),
+                                cudaGetErrorName(e), (long long)d->cur_bytes);
+        }
+    }
+    pthread_mutex_lock(&d->mu);
+    bool ok = live_insert(d, blk{p, bytes, cap});
+    if (ok) {
+        d->cur_bytes += bytes;
+        if (d->cur_bytes > d->peak_bytes)
+            d->peak_bytes = d->cur_bytes;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!ok) {
+        (void)cudaFree(p);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    *out = p;
+    return PS_OK;
+}
+
+static void be_release(ps_backend *b, int device, void *ptr)
+{
+    if (ptr == NULL || device < 0 || device >= b->n_devices)
+        return;
+    dev_state *d = &cb_of(b)->dev[device];
+    pthread_mutex_lock(&d->mu);
+    blk *e = live_find(d, ptr);
+    if (e == NULL) {
+        pthread_mutex_unlock(&d->mu);
+        PS_LOG_ERROR("device %d: release of %p, which the cuda backend did not allocate",
+                     device, ptr);
+        return;
+    }
+    blk freed = *e;
+    e->ptr = DELETED;
+    d->cur_bytes -= freed.bytes;
+    bool cached = false;
+    if (d->n_cache == d->cache_cap && d->cache_cap < 4096) {
+        int cap = d->cache_cap ? d->cache_cap * 2 : 64;
+        blk *c = (blk *)realloc(d->cache, (size_t)cap * sizeof *c);
+        if (c != NULL) {
+            d->cache = c;
+            d->cache_cap = cap;
+        }
+    }
+    if (d->n_cache < d->cache_cap) {
+        /* later work on this device's stream is ordered after earlier
+         * readers of the block: reuse is safe without a sync */
+        d->cache[d->n_cache++] = freed;
+        cached = true;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!cached) {
+        (void)cudaSetDevice(d->gpu);
+        (void)cudaFree(freed.ptr);
+    }
+}
+
+static int64_t be_peak_bytes(ps_backend *b, int device)
+{
+    if (device < 0 || device >= b->n_devices)
+        return 0;
+    dev_state *d = &cb_of(b)->dev[device];
+    pthread_mutex_lock(&d->mu);
+    int64_t p = d->peak_bytes;
+    pthread_mutex_unlock(&d->mu);
+    return p;
+}
+
+static ps_status scratch(dev_state *d, int which, size_t bytes, void **out, ps_error *err)
+{
+    if (bytes < 4)
+        bytes = 4;
+    if (d->scratch_bytes[which] < bytes) {
+        if (d->scratch[which] != NULL) {
+            PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
+            PS_CUDA_RET(d->loc, cudaFree(d->scratch[which]));
+            d->scratch[which] = NULL;
+            d->scratch_bytes[which] = 0;
+        }
+        size_t cap = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        PS_CUDA_RET(d->loc, cudaMalloc(&d->scratch[which], cap));
+        d->scratch_bytes[which] = cap;
+    }
+    *out = d->scratch[which];
+    return PS_OK;
+}
+
+/* ---- copies and compute ---------------------------------------------------------- */
+
+static ps_status be_upload(ps_backend *b, int device, void *dst, const void *host, int64_t bytes,
+                           ps_error *err)
+{
+    DEV(b, device);
+    if (bytes <= 0)
+        return PS_OK;
+    PS_CUDA_RET(d->loc, cudaMemcpyAsync(dst, host, (size_t)bytes, cudaMemcpyHostToDevice,
+                                        d->s->stream));
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
+    return PS_OK;
+}
+
+static ps_status be_download(ps_backend *b, int device, void *host, const void *src,
+                             int64_t bytes, ps_error *err)
+{
+    DEV(b, device);
+    if (bytes <= 0)
+        return PS_OK;
+    PS_CUDA_RET(d->loc, cudaMemcpyAsync(host, src, (size_t)bytes, cudaMemcpyDeviceToHost,
+                                        d->s->stream));
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
+    return PS_OK;
+}
+
+static ps_status be_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                       ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    DEV(b, device);
+    return ps_cuda_op_run(d->s, op, in, out, ctx, err);
+}
+
+static ps_status be_accumulate(ps_backend *b, int device, float *dst, const float *src,
+                               int64_t n, ps_error *err)
+{
+    DEV(b, device);
+    return ps_cuda_combine(d->s, dst, src, n, false, err);
+}
+
+static ps_status be_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
+{
+    DEV(b, device);
+    int64_t n = ps_tile_numel(t);
+    PS_CUDA_RET(d->loc, cudaMemsetAsync(t->data, 0, (size_t)n * 4, d->s->stream));
+    return PS_OK;
+}
+
+static ps_status be_copy_box(ps_backend *b, int device, const ps_tile *src, ps_tile *dst,
+                             ps_error *err)
+{
+    DEV(b, device);
+    return ps_cuda_box_copy(d->s, src, dst, false, err);
+}
+
+/* ---- timing ------------------------------------------------------------------------- */
+
+static ps_status be_mark(ps_backend *b, int device, int slot, ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    if (slot < 0 || slot >= cb->slots)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: timing slot %d out of range (0..%d)",
+                            device, slot, cb->slots - 1);
+    PS_CUDA_RET(d->loc, cudaEventRecord(d->ev[slot], d->s->stream));
+    d->ev_set[slot] = true;
+    return PS_OK;
+}
+
+static ps_status be_elapsed(ps_backend *b, int device, int a, int z, double *seconds,
+                            ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    *seconds = 0;
+    if (a < 0 || a >= cb->slots || z < 0 || z >= cb->slots)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: timing slots %d, %d out of range (0..%d)", device, a, z,
+                            cb->slots - 1);
+    if (!d->ev_set[a] || !d->ev_set[z])
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: timing slot %d was never marked",
+                            device, d->ev_set[a] ? z : a);
+    float ms = 0;
+    PS_CUDA_RET(d->loc, cudaEventElapsedTime(&ms, d->ev[a], d->ev[z]));
+    *seconds = ms * 1e-3;
+    return PS_OK;
+}
+
+/* ---- rendezvous ------------------------------------------------------------------- */
+
+static ps_status aborted_error(int device, const char *what, ps_error *err)
+{
+    return ps_error_set(err, PS_ERR_DEVICE,
+                        "device %d: %s aborted: another device failed", device, what);
+}
+
+static ps_status group_get(cuda_backend *cb, const ps_exec_group *g, int device,
+                           group_state **out, ps_error *err)
+{
+    *out = NULL;
+    if (g == NULL || g->n < 1 || g->rank < 0 || g->rank >= g->n || g->devices == NULL ||
+        g->devices[g->rank] != device)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: malformed collective group (rank %d of %d)", device,
+                            g ? g->rank : -1, g ? g->n : 0);
+    for (int i = 0; i < g->n; i++)
+        if (g->devices[i] < 0 || g->devices[i] >= cb->base.n_devices)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: group %d names device %d, out of range", device,
+                                g->id, g->devices[i]);
+    pthread_mutex_lock(&cb->mu);
+    group_state *gs = cb->groups;
+    while (gs != NULL && gs->id != g->id)
+        gs = gs->next;
+    if (gs == NULL) {
+        gs = (group_state *)calloc(1, sizeof *gs);
+        rv_slot *slot = (rv_slot *)calloc((size_t)g->n, sizeof *slot);
+        ncclComm_t *comm = (ncclComm_t *)calloc((size_t)g->n, sizeof *comm);
+        if (gs == NULL || slot == NULL || comm == NULL) {
+            pthread_mutex_unlock(&cb->mu);
+            free(gs);
+            free(slot);
+            free(comm);
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        }
+        gs->id = g->id;
+        gs->n = g->n;
+        gs->slot = slot;
+        gs->comm = comm;
+        gs->next = cb->groups;
+        cb->groups = gs;
+    }
+    pthread_mutex_unlock(&cb->mu);
+    if (gs->n != g->n)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: group %d has %d members here, %d elsewhere", device,
+                            g->id, g->n, gs->n);
+    *out = gs;
+    return PS_OK;
+}
+
+/* Waits until every member of the group arrived (or the backend aborted). */
+static ps_status group_wait(cuda_backend *cb, group_state *gs, int device, const char *what,
+                            ps_error *err)
+{
+    pthread_mutex_lock(&cb->mu);
+    if (cb->aborted) {
+        pthread_mutex_unlock(&cb->mu);
+        return aborted_error(device, what, err);
+    }
+    unsigned gen = gs->gen;
+    if (++gs->arrived == gs->n) {
+        gs->arrived = 0;
+        gs->gen++;
+        pthread_cond_broadcast(&cb->cv);
+    } else {
+        while (gen == gs->gen && !cb->aborted)
+            pthread_cond_wait(&cb->cv, &cb->mu);
+    }
+    bool passed = gen != gs->gen;
+    pthread_mutex_unlock(&cb->mu);
+    return passed ? PS_OK : aborted_error(device, what, err);
+}
+
+static void publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
+                    const ps_tile *dst, float *data, int64_t n)
+{
+    pthread_mutex_lock(&cb->mu);
+    rv_slot *s = &gs->slot[rank];
+    memset(s, 0, sizeof *s);
+    if (src != NULL)
+        s->src = *src;
+    if (dst != NULL)
+        s->dst = *dst;
+    s->data = data;
+    s->n = n;
+    pthread_mutex_unlock(&cb->mu);
+}
+
+static ps_status check_injected(cuda_backend *cb, int device, const char *what, ps_error *err)
+{
+    if (cb->opt.inject_collective_failure && cb->opt.inject_device == device)
+        return ps_error_set(err, PS_ERR_DEVICE, "device %d: %s failed: injected failure (test)",
+                            device, what);
+    return PS_OK;
+}
+
+static ps_status check_tiles(int device, const ps_tile *src, const ps_tile *dst, ps_error *err)
+{
+    if (src->rank != dst->rank || src->rank < 0 || src->rank > PS_MAX_RANK)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: collective between tiles of rank %d and %d", device,
+                            src->rank, dst->rank);
+    for (int k = 0; k < src->rank; k++)
+        if (src->global[k] != dst->global[k])
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: collective between tiles of different tensors",
+                                device);
+    return PS_OK;
+}
+
+/* A tile of `like`'s tensor over the box lo/size, stored contiguously at data. */
+static ps_tile box_view(const ps_tile *like, const int64_t *lo, const int64_t *size, void *data)
+{
+    ps_tile t = *like;
+    t.data = data;
+    for (int k = 0; k < like->rank; k++) {
+        t.offset[k] = lo[k];
+        t.shape[k] = size[k];
+    }
+    return t;
+}
+
+/* ---- share mode: collectives by device copies --------------------------------------- */
+
+static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                                  ps_collective kind, const ps_tile *src, ps_tile *dst,
+                                  const char *what, ps_error *err)
+{
+    ps_cuda_stream *s = d->s;
+    /* what this device issued (its src) is complete before others read it */
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    publish(cb, gs, rank, src, dst, NULL, 0);
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    int64_t n = ps_tile_numel(dst);
+    void *tmp;
+    PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
+    ps_tile t = *dst;
+    t.data = tmp;
+    bool sum = kind == PS_COLL_ALL_REDUCE || kind == PS_COLL_REDUCE_SCATTER;
+    if (sum)
+        PS_CUDA_RET(d->loc, cudaMemsetAsync(tmp, 0, (size_t)n * 4, s->stream));
+    else
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, dst->data, (size_t)n * 4,
+                                            cudaMemcpyDeviceToDevice, s->stream));
+    for (int m = 0; m < gs->n; m++) {
+        PS_RET(check_tiles(d->device, &gs->slot[m].src, dst, err));
+        PS_RET(ps_cuda_box_copy(s, &gs->slot[m].src, &t, sum, err));
+    }
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    /* every member has read every src before anyone overwrites its dst */
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    PS_CUDA_RET(d->loc, cudaMemcpyAsync(dst->data, tmp, (size_t)n * 4, cudaMemcpyDeviceToDevice,
+                                        s->stream));
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    return PS_OK;
+}
+
+static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                              float *data, int64_t n, ps_reduce_op op, const char *what,
+                              ps_error *err)
+{
+    ps_cuda_stream *s = d->s;
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    publish(cb, gs, rank, NULL, NULL, data, n);
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    for (int m = 0; m < gs->n; m++)
+        if (gs->slot[m].n != n)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: %s of %lld floats, member %d reduces %lld",
+                                d->device, what, (long long)n, m, (long long)gs->slot[m].n);
+    void *tmp;
+    PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
+    if (n > 0) {
+        /* members combine in rank order: identical results everywhere */
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, gs->slot[0].data, (size_t)n * 4,
+                                            cudaMemcpyDeviceToDevice, s->stream));
+        for (int m = 1; m < gs->n; m++)
+            PS_RET(ps_cuda_combine(s, (float *)tmp, gs->slot[m].data, n,
+                                   op == PS_REDUCE_OP_MAX, err));
+    }
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    if (n > 0) {
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(data, tmp, (size_t)n * 4, cudaMemcpyDeviceToDevice,
+                                            s->stream));
+        PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    }
+    return PS_OK;
+}
+
+/* ---- NCCL mode -------------------------------------------------------------------- */
+
+/* Waits for the stream while watching for an abort and for NCCL errors. */
+static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, ncclComm_t comm,
+                           const char *what, ps_error *err)
+{
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(stream);
+        if (e == cudaSuccess)
+            return PS_OK;
+        if (e != cudaErrorNotReady)
+            return ps_cuda_fail(d->loc, e, "cudaStreamQuery", err);
+        ncclResult_t ar = ncclSuccess;
+        if (comm != NULL) {
+            ncclResult_t r = ncclCommGetAsyncError(comm, &ar);
+            if (r != ncclSuccess)
+                return nccl_fail(d->loc, r, comm, "ncclCommGetAsyncError", err);
+            if (ar != ncclSuccess && ar != ncclInProgress)
+                return nccl_fail(d->loc, ar, comm, what, err);
+        }
+        pthread_mutex_lock(&cb->mu);
+        bool ab = cb->aborted;
+        pthread_mutex_unlock(&cb->mu);
+        if (ab) {
+            /* unblocks this rank's kernels; the communicator is not used again */
+            if (comm != NULL)
+                (void)ncclCommAbort(comm);
+            return aborted_error(d->device, what, err);
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The group's communicator for this rank, created at its first use. */
+static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                            ncclComm_t *out, ps_error *err)
+{
+    if (gs->comm[rank] != NULL) {
+        *out = gs->comm[rank];
+        return PS_OK;
+    }
+    if (rank == 0)
+        PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclGetUniqueId(&gs->uid));
+    PS_RET(group_wait(cb, gs, d->device, "communicator setup", err));
+    ncclUniqueId uid;
+    pthread_mutex_lock(&cb->mu);
+    uid = gs->uid;
+    pthread_mutex_unlock(&cb->mu);
+    ncclComm_t c = NULL;
+    PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclCommInitRank(&c, gs->n, uid, rank));
+    gs->comm[rank] = c;
+    *out = c;
+    return PS_OK;
+}
+
+static int64_t box_numel(const int64_t *size, int rank)
+{
+    int64_t n = 1;
+    for (int k = 0; k < rank; k++)
+        n *= size[k];
+    return n;
+}
+
+static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                                 ps_collective kind, const ps_tile *src, ps_tile *dst,
+                                 const char *what, ps_error *err)
+{
+    ps_cuda_stream *s = d->s;
+    ncclComm_t comm;
+    PS_RET(group_comm(cb, d, gs, rank, &comm, err));
+    publish(cb, gs, rank, src, dst, NULL, 0);
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    int n = gs->n, r = src->rank;
+    /* the members' boxes (metadata only; each member's data stays its own) */
+    rv_slot *m = (rv_slot *)malloc((size_t)n * sizeof *m);
+    if (m == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&cb->mu);
+    memcpy(m, gs->slot, (size_t)n * sizeof *m);
+    pthread_mutex_unlock(&cb->mu);
+    ps_status st = PS_OK;
+    for (int i = 0; i < n && st == PS_OK; i++) {
+        st = check_tiles(d->device, &m[i].src, dst, err);
+        if (st == PS_OK)
+            st = check_tiles(d->device, &m[i].dst, dst, err);
+    }
+    if (st != PS_OK) {
+        free(m);
+        return st;
+    }
+    void *a = NULL, *b = NULL;
+    ncclResult_t nr = ncclSuccess;
+    const char *call = "";
+    if (kind == PS_COLL_ALL_REDUCE) {
+        /* over the bounding box of the members' dst boxes */
+        int64_t lo[PS_MAX_RANK], size[PS_MAX_RANK];
+        bool same = true;
+        for (int k = 0; k < r; k++) {
+            int64_t l = m[0].dst.offset[k], h = l + m[0].dst.shape[k];
+            for (int i = 1; i < n; i++) {
+                int64_t li = m[i].dst.offset[k], hi = li + m[i].dst.shape[k];
+                l = li < l ? li : l;
+                h = hi > h ? hi : h;
+            }
+            lo[k] = l;
+            size[k] = h - l;
+            same = same && src->offset[k] == l && src->shape[k] == size[k] &&
+                   dst->offset[k] == l && dst->shape[k] == size[k];
+        }
+        int64_t count = box_numel(size, r);
+        if (same) {
+            call = "ncclAllReduce";
+            nr = ncclAllReduce(src->data, dst->data, (size_t)count, ncclFloat, ncclSum, comm,
+                               s->stream);
+        } else {
+            st = scratch(d, 0, (size_t)count * 4, &a, err);
+            ps_tile u = box_view(dst, lo, size, a);
+            if (st == PS_OK && cudaMemsetAsync(a, 0, (size_t)count * 4, s->stream) != cudaSuccess)
+                st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemsetAsync", err);
+            if (st == PS_OK)
+                st = ps_cuda_box_copy(s, src, &u, false, err);
+            if (st == PS_OK) {
+                call = "ncclAllReduce";
+                nr = ncclAllReduce(a, a, (size_t)count, ncclFloat, ncclSum, comm, s->stream);
+                if (nr == ncclSuccess)
+                    st = ps_cuda_box_copy(s, &u, dst, false, err);
+            }
+        }
+    } else if (kind == PS_COLL_REDUCE_SCATTER) {
+        int64_t count = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t c = ps_tile_numel(&m[i].dst);
+            count = c > count ? c : count;
+        }
+        st = scratch(d, 0, (size_t)(count * n) * 4, &a, err);
+        if (st == PS_OK)
+            st = scratch(d, 1, (size_t)count * 4, &b, err);
+        if (st == PS_OK &&
+            cudaMemsetAsync(a, 0, (size_t)(count * n) * 4, s->stream) != cudaSuccess)
+            st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemsetAsync", err);
+        for (int i = 0; i < n && st == PS_OK; i++) {
+            ps_tile v = box_view(dst, m[i].dst.offset, m[i].dst.shape, (float *)a + i * count);
+            st = ps_cuda_box_copy(s, src, &v, false, err);
+        }
+        if (st == PS_OK) {
+            call = "ncclReduceScatter";
+            nr = ncclReduceScatter(a, b, (size_t)count, ncclFloat, ncclSum, comm, s->stream);
+            if (nr == ncclSuccess &&
+                cudaMemcpyAsync(dst->data, b, (size_t)ps_tile_numel(dst) * 4,
+                                cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
+                st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemcpyAsync", err);
+        }
+    } else if (kind == PS_COLL_ALL_GATHER) {
+        int64_t count = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t c = ps_tile_numel(&m[i].src);
+            count = c > count ? c : count;
+        }
+        st = scratch(d, 0, (size_t)count * 4, &a, err);
+        if (st == PS_OK)
+            st = scratch(d, 1, (size_t)(count * n) * 4, &b, err);
+        if (st == PS_OK &&
+            cudaMemcpyAsync(a, src->data, (size_t)ps_tile_numel(src) * 4,
+                            cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
+            st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemcpyAsync", err);
+        if (st == PS_OK) {
+            call = "ncclAllGather";
+            nr = ncclAllGather(a, b, (size_t)count, ncclFloat, comm, s->stream);
+        }
+        for (int i = 0; i < n && st == PS_OK && nr == ncclSuccess; i++) {
+            ps_tile v = box_view(dst, m[i].src.offset, m[i].src.shape, (float *)b + i * count);
+            st = ps_cuda_box_copy(s, &v, dst, false, err);
+        }
+    } else if (kind == PS_COLL_ALL_TO_ALL) {
+        /* to member i: my src within its dst box; from member i: its src
+         * within my dst box */
+        int64_t *so = (int64_t *)calloc((size_t)(4 * n + 2), sizeof *so);
+        if (so == NULL) {
+            free(m);
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        }
+        int64_t *sc = so + n + 1, *ro = sc + n, *rc = ro + n + 1;
+        int64_t lo[PS_MAX_RANK], size[PS_MAX_RANK];
+        for (int i = 0; i < n; i++) {
+            sc[i] = ps_cuda_box_intersect(src, &m[i].dst, lo, size) ? box_numel(size, r) : 0;
+            rc[i] = ps_cuda_box_intersect(&m[i].src, dst, lo, size) ? box_numel(size, r) : 0;
+            so[i + 1] = so[i] + sc[i];
+            ro[i + 1] = ro[i] + rc[i];
+        }
+        st = scratch(d, 0, (size_t)so[n] * 4, &a, err);
+        if (st == PS_OK)
+            st = scratch(d, 1, (size_t)ro[n] * 4, &b, err);
+        for (int i = 0; i < n && st == PS_OK; i++)
+            if (sc[i] > 0 && ps_cuda_box_intersect(src, &m[i].dst, lo, size)) {
+                ps_tile v = box_view(dst, lo, size, (float *)a + so[i]);
+                st = ps_cuda_box_copy(s, src, &v, false, err);
+            }
+        if (st == PS_OK) {
+            call = "ncclSend/ncclRecv";
+            nr = ncclGroupStart();
+            for (int i = 0; i < n && nr == ncclSuccess; i++) {
+                if (sc[i] > 0)
+                    nr = ncclSend((float *)a + so[i], (size_t)sc[i], ncclFloat, i, comm,
+                                  s->stream);
+                if (nr == ncclSuccess && rc[i] > 0)
+                    nr = ncclRecv((float *)b + ro[i], (size_t)rc[i], ncclFloat, i, comm,
+                                  s->stream);
+            }
+            ncclResult_t ge = ncclGroupEnd();
+            if (nr == ncclSuccess)
+                nr = ge;
+        }
+        for (int i = 0; i < n && st == PS_OK && nr == ncclSuccess; i++)
+            if (rc[i] > 0 && ps_cuda_box_intersect(&m[i].src, dst, lo, size)) {
+                ps_tile v = box_view(dst, lo, size, (float *)b + ro[i]);
+                st = ps_cuda_box_copy(s, &v, dst, false, err);
+            }
+        free(so);
+    } else {
+        st = ps_error_set(err, PS_ERR_INVALID, "device %d: unknown collective kind %d",
+                          d->device, (int)kind);
+    }
+    free(m);
+    if (st != PS_OK)
+        return st;
+    if (nr != ncclSuccess)
+        return nccl_fail(d->loc, nr, comm, call, err);
+    return nccl_wait(cb, d, s->stream, comm, what, err);
+}
+
+static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                             float *data, int64_t n, ps_reduce_op op, const char *what,
+                             ps_error *err)
+{
+    ncclComm_t comm;
+    PS_RET(group_comm(cb, d, gs, rank, &comm, err));
+    publish(cb, gs, rank, NULL, NULL, data, n);
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    for (int m = 0; m < gs->n; m++) {
+        pthread_mutex_lock(&cb->mu);
+        int64_t nm = gs->slot[m].n;
+        pthread_mutex_unlock(&cb->mu);
+        if (nm != n)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: %s of %lld floats, member %d reduces %lld",
+                                d->device, what, (long long)n, m, (long long)nm);
+    }
+    if (n == 0)
+        return PS_OK;
+    PS_NCCL_RET(d->loc, comm,
+                ncclAllReduce(data, data, (size_t)n, ncclFloat,
+                              op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm, d->s->stream));
+    return nccl_wait(cb, d, d->s->stream, comm, what, err);
+}
+
+/* ---- collectives ---------------------------------------------------------------------- */
+
+static ps_status be_collective(ps_backend *b, int device, const ps_exec_group *g,
+                               ps_collective kind, const ps_tile *src, ps_tile *dst,
+                               ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    char what[96];
+    snprintf(what, sizeof what, "%s on group %d",
+             (unsigned)kind < PS_COLL_COUNT ? ps_collective_names[kind] : "collective",
+             g != NULL ? g->id : -1);
+    PS_RET(check_injected(cb, device, what, err));
+    if ((unsigned)kind >= PS_COLL_COUNT)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: unknown collective kind %d", device,
+                            (int)kind);
+    PS_RET(check_tiles(device, src, dst, err));
+    group_state *gs;
+    PS_RET(group_get(cb, g, device, &gs, err));
+    if (cb->nccl && g->n > 1)
+        return nccl_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+    return share_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+}
+
+static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
+                           int64_t n, ps_reduce_op op, ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    char what[96];
+    snprintf(what, sizeof what, "reduce (%s) on group %d",
+             op == PS_REDUCE_OP_MAX ? "max" : "sum", g != NULL ? g->id : -1);
+    PS_RET(check_injected(cb, device, what, err));
+    group_state *gs;
+    PS_RET(group_get(cb, g, device, &gs, err));
+    if (g->n == 1)
+        return PS_OK;
+    if (cb->nccl)
+        return nccl_reduce(cb, d, gs, g->rank, data, n, op, what, err);
+    return share_reduce(cb, d, gs, g->rank, data, n, op, what, err);
+}
+
+/* ---- point to point ------------------------------------------------------------------- */
+
+static ps_status chunk_of(int device, const ps_tile *t, const int64_t *box_size, int chunk,
+                          int chunks, int64_t *start, int64_t *len, ps_error *err)
+{
+    if (chunks < 1 || chunk < 0 || chunk >= chunks)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: chunk %d of %d", device, chunk,
+                            chunks);
+    ps_coll_chunk(box_numel(box_size, t->rank), chunks, chunk, start, len);
+    return PS_OK;
+}
+
+static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src,
+                         const int64_t *box_offset, const int64_t *box_size, int chunk,
+                         int chunks, ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    if (peer < 0 || peer >= b->n_devices || peer == device)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: send to device %d", device, peer);
+    int64_t start, len;
+    PS_RET(chunk_of(device, src, box_size, chunk, chunks, &start, &len, err));
+    size_t bytes = (size_t)(len > 0 ? len : 1) * 4;
+    if (cb->nccl) {
+        /* the send waits for the compute stream and runs on its own stream,
+         * so that this device can go on (and receive) while the peer is
+         * not ready yet */
+        send_buf *sb = NULL, **pp = &d->sends;
+        while (*pp != NULL) {
+            send_buf *x = *pp;
+            if (x->cap >= bytes && cudaEventQuery(x->done) == cudaSuccess) {
+                *pp = x->next;
+                sb = x;
+                break;
+            }
+            pp = &x->next;
+        }
+        (void)cudaGetLastError();
+        if (sb == NULL) {
+            sb = (send_buf *)calloc(1, sizeof *sb);
+            if (sb == NULL)
+                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            cudaError_t e = cudaMalloc(&sb->buf, bytes);
+            if (e == cudaSuccess)
+                e = cudaEventCreateWithFlags(&sb->done, cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                (void)cudaFree(sb->buf);
+                free(sb);
+                return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
+            }
+            sb->cap = bytes;
+        }
+        sb->next = d->sends; /* back on the list: reused once `done` fires */
+        d->sends = sb;
+        ps_cuda_stream ss = *d->s;
+        ss.stream = d->send_stream;
+        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
+        PS_CUDA_RET(d->loc, cudaEventRecord(d->ready, d->s->stream));
+        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->send_stream, d->ready, 0));
+        PS_RET(ps_cuda_box_pack(&ss, src, box_offset, box_size, start, len, sb->buf, true, err));
+        /* later writes to src on the compute stream wait for the pack */
+        PS_CUDA_RET(d->loc, cudaEventRecord(d->packed, d->send_stream));
+        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->s->stream, d->packed, 0));
+        if (len > 0)
+            PS_NCCL_RET(d->loc, comm,
+                        ncclSend(sb->buf, (size_t)len, ncclFloat, peer, comm, d->send_stream));
+        PS_CUDA_RET(d->loc, cudaEventRecord(sb->done, d->send_stream));
+        return PS_OK;
+    }
+    chan *c = &cb->chans[device * b->n_devices + peer];
+    msg *mm = NULL;
+    pthread_mutex_lock(&cb->mu);
+    for (msg **pp = &c->spare; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->cap >= bytes) {
+            mm = *pp;
+            *pp = mm->next;
+            break;
+        }
+    pthread_mutex_unlock(&cb->mu);
+    if (mm == NULL) {
+        mm = (msg *)calloc(1, sizeof *mm);
+        if (mm == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        cudaError_t e = cudaMalloc(&mm->buf, bytes);
+        if (e != cudaSuccess) {
+            free(mm);
+            return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
+        }
+        mm->cap = bytes;
+    }
+    mm->len = len;
+    mm->next = NULL;
+    ps_status st = ps_cuda_box_pack(d->s, src, box_offset, box_size, start, len, mm->buf, true,
+                                    err);
+    if (st == PS_OK) {
+        cudaError_t e = cudaStreamSynchronize(d->s->stream);
+        if (e != cudaSuccess)
+            st = ps_cuda_fail(d->loc, e, "cudaStreamSynchronize", err);
+    }
+    pthread_mutex_lock(&cb->mu);
+    if (st != PS_OK) {
+        mm->next = c->spare;
+        c->spare = mm;
+    } else {
+        if (c->tail != NULL)
+            c->tail->next = mm;
+        else
+            c->head = mm;
+        c->tail = mm;
+        pthread_cond_broadcast(&cb->cv);
+    }
+    pthread_mutex_unlock(&cb->mu);
+    return st;
+}
+
+static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
+                         const int64_t *box_offset, const int64_t *box_size, int chunk,
+                         int chunks, ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    if (peer < 0 || peer >= b->n_devices || peer == device)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: receive from device %d", device,
+                            peer);
+    int64_t start, len;
+    PS_RET(chunk_of(device, dst, box_size, chunk, chunks, &start, &len, err));
+    char what[64];
+    snprintf(what, sizeof what, "receive from device %d", peer);
+    if (cb->nccl) {
+        void *buf;
+        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
+        if (len == 0)
+            return PS_OK;
+        PS_RET(scratch(d, 0, (size_t)len * 4, &buf, err));
+        PS_NCCL_RET(d->loc, comm,
+                    ncclRecv(buf, (size_t)len, ncclFloat, peer, comm, d->s->stream));
+        PS_RET(ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, buf, false, err));
+        return nccl_wait(cb, d, d->s->stream, comm, what, err);
+    }
+    chan *c = &cb->chans[peer * b->n_devices + device];
+    pthread_mutex_lock(&cb->mu);
+    while (c->head == NULL && !cb->aborted)
+        pthread_cond_wait(&cb->cv, &cb->mu);
+    msg *mm = c->head;
+    if (cb->aborted || mm == NULL) {
+        pthread_mutex_unlock(&cb->mu);
+        return aborted_error(device, what, err);
+    }
+    c->head = mm->next;
+    if (c->head == NULL)
+        c->tail = NULL;
+    pthread_mutex_unlock(&cb->mu);
+    ps_status st = PS_OK;
+    if (mm->len != len)
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "device %d: message from device %d has %lld elements, the receive "
+                          "expects %lld (chunk %d of %d)",
+                          device, peer, (long long)mm->len, (long long)len, chunk, chunks);
+    if (st == PS_OK)
+        st = ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, mm->buf, false, err);
+    if (st == PS_OK) {
+        cudaError_t e = cudaStreamSynchronize(d->s->stream);
+        if (e != cudaSuccess)
+            st = ps_cuda_fail(d->loc, e, "cudaStreamSynchronize", err);
+    }
+    pthread_mutex_lock(&cb->mu);
+    mm->next = c->spare;
+    c->spare = mm;
+    pthread_mutex_unlock(&cb->mu);
+    return st;
+}
+
+static ps_status be_finish(ps_backend *b, int device, ps_error *err)
+{
+    DEV(b, device);
+    cuda_backend *cb = cb_of(b);
+    if (cb->nccl) {
+        PS_RET(nccl_wait(cb, d, d->send_stream, NULL, "pending sends", err));
+        PS_RET(nccl_wait(cb, d, d->s->stream, NULL, "finish", err));
+        return PS_OK;
+    }
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
+    return PS_OK;
+}
+
+/* ---- abort, destroy ------------------------------------------------------------------ */
+
+static void be_abort(ps_backend *b)
+{
+    cuda_backend *cb = cb_of(b);
+    pthread_mutex_lock(&cb->mu);
+    cb->aborted = true;
+    pthread_cond_broadcast(&cb->cv);
+    pthread_mutex_unlock(&cb->mu);
+    /* NCCL: each device thread aborts its own communicators when it sees the
+     * flag (nccl_wait); destroy aborts the rest */
+}
+
+static void dev_free(cuda_backend *cb, dev_state *d)
+{
+    if (d->s != NULL) {
+        (void)cudaSetDevice(d->gpu);
+        (void)cudaStreamSynchronize(d->s->stream);
+    }
+    for (int k = 0; k < 2; k++)
+        if (d->p2p[k] != NULL) {
+            if (cb->aborted)
+                (void)ncclCommAbort(d->p2p[k]);
+            else
+                (void)ncclCommDestroy(d->p2p[k]);
+        }
+    while (d->sends != NULL) {
+        send_buf *x = d->sends;
+        d->sends = x->next;
+        (void)cudaFree(x->buf);
+        (void)cudaEventDestroy(x->done);
+        free(x);
+    }
+    if (d->send_stream != NULL)
+        (void)cudaStreamDestroy(d->send_stream);
+    if (d->ready != NULL)
+        (void)cudaEventDestroy(d->ready);
+    if (d->packed != NULL)
+        (void)cudaEventDestroy(d->packed);
+    cache_flush(d);
+    for (int i = 0; i < d->live_cap; i++)
+        if (d->live[i].ptr != NULL && d->live[i].ptr != DELETED)
+            (void)cudaFree(d->live[i].ptr);
+    free(d->live);
+    free(d->cache);
+    for (int k = 0; k < 2; k++)
+        if (d->scratch[k] != NULL)
+            (void)cudaFree(d->scratch[k]);
+    if (d->ev != NULL)
+        for (int i = 0; i < cb->slots; i++)
+            if (d->ev[i] != NULL)
+                (void)cudaEventDestroy(d->ev[i]);
+    free(d->ev);
+    free(d->ev_set);
+    ps_cuda_stream_free(d->s);
+    if (d->mu_init)
+        pthread_mutex_destroy(&d->mu);
+}
+
+static void be_destroy(ps_backend *b)
+{
+    if (b == NULL)
+        return;
+    cuda_backend *cb = cb_of(b);
+    while (cb->groups != NULL) {
+        group_state *gs = cb->groups;
+        cb->groups = gs->next;
+        for (int i = 0; i < gs->n; i++)
+            if (gs->comm[i] != NULL) {
+                (void)cudaSetDevice(cb->dev[0].gpu);
+                if (cb->aborted)
+                    (void)ncclCommAbort(gs->comm[i]);
+                else
+                    (void)ncclCommDestroy(gs->comm[i]);
+            }
+        free(gs->comm);
+        free(gs->slot);
+        free(gs);
+    }
+    if (cb->chans != NULL) {
+        for (int i = 0; i < b->n_devices * b->n_devices; i++) {
+            msg *lists[2] = {cb->chans[i].head, cb->chans[i].spare};
+            for (int k = 0; k < 2; k++)
+                while (lists[k] != NULL) {
+                    msg *mm = lists[k];
+                    lists[k] = mm->next;
+                    (void)cudaFree(mm->buf);
+                    free(mm);
+                }
+        }
+        free(cb->chans);
+    }
+    if (cb->dev != NULL)
+        for (int i = 0; i < b->n_devices; i++)
+            dev_free(cb, &cb->dev[i]);
+    (void)cudaGetLastError();
+    free(cb->dev);
+    pthread_cond_destroy(&cb->cv);
+    pthread_mutex_destroy(&cb->mu);
+    free(cb);
+}
+
+static const ps_backend_ops cuda_ops = {
+    "cuda",      be_alloc,     be_release,    be_upload, be_download, be_op,
+    be_accumulate, be_zero,    be_copy_box,   be_collective, be_reduce, be_send,
+    be_recv,     be_mark,      be_finish,     be_elapsed, be_peak_bytes, be_abort,
+    be_destroy,
+};
+
+/* ---- create ---------------------------------------------------------------------------- */
+
+ps_cuda_backend_options ps_cuda_backend_options_default(void)
+{
+    ps_cuda_backend_options o;
+    memset(&o, 0, sizeof o);
+    o.inject_device = -1;
+    return o;
+}
+
+static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, ps_error *err)
+{
+    d->device = device;
+    d->gpu = gpu;
+    d->loc.device = device;
+    d->loc.gpu = gpu;
+    if (pthread_mutex_init(&d->mu, NULL) != 0)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: cannot create a mutex", device);
+    d->mu_init = true;
+    ps_cuda_stream_options so = {cb->opt.allow_tf32};
+    PS_RET(ps_cuda_stream_create(device, gpu, &so, &d->s, err));
+    d->ev = (cudaEvent_t *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev);
+    d->ev_set = (bool *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev_set);
+    if (d->ev == NULL || d->ev_set == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < cb->slots; i++)
+        PS_CUDA_RET(d->loc, cudaEventCreate(&d->ev[i]));
+    if (cb->nccl) {
+        PS_CUDA_RET(d->loc, cudaStreamCreateWithFlags(&d->send_stream, cudaStreamNonBlocking));
+        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
+        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->packed, cudaEventDisableTiming));
+    }
+    return PS_OK;
+}
+
+ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
+                                 const ps_cuda_backend_options *opt, ps_backend **out,
+                                 ps_error *err)
+{
+    ps_status st = PS_OK;
+    cuda_backend *cb = NULL;
+    int gpus = 0;
+    int *devlist = NULL;
+    ncclComm_t *comms = NULL;
+    *out = NULL;
+    if (n_devices < 1 || timing_slots < 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cuda backend: %d devices and %d timing slots", n_devices,
+                            timing_slots);
+    gpus = ps_cuda_device_count();
+    if (gpus == 0)
+        return ps_error_set(err, PS_ERR_UNSUPPORTED,
+                            "cuda backend: no usable GPU (cudaGetDeviceCount found none or the "
+                            "driver is missing)");
+    cb = (cuda_backend *)calloc(1, sizeof *cb);
+    if (cb == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    cb->opt = opt != NULL ? *opt : ps_cuda_backend_options_default();
+    cb->base.ops = &cuda_ops;
+    cb->base.n_devices = n_devices;
+    cb->slots = timing_slots;
+    pthread_mutex_init(&cb->mu, NULL);
+    pthread_cond_init(&cb->cv, NULL);
+    if (!cb->opt.share_gpu && gpus < n_devices) {
+        st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                          "cuda backend: the plan has %d devices but this machine has %d "
+                          "GPU%s; run it on a machine with %d GPUs (or share GPU 0 among all "
+                          "devices, a test mode)",
+                          n_devices, gpus, gpus == 1 ? "" : "s", n_devices);
+        goto out;
+    }
+    cb->nccl = !cb->opt.share_gpu && n_devices > 1;
+    cb->dev = (dev_state *)calloc((size_t)n_devices, sizeof *cb->dev);
+    if (cb->dev == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n_devices; i++) {
+        st = dev_init(cb, &cb->dev[i], i, cb->opt.share_gpu ? 0 : i, err);
+        if (st != PS_OK)
+            goto out;
+    }
+    if (cb->nccl) {
+        devlist = (int *)malloc((size_t)n_devices * sizeof *devlist);
+        comms = (ncclComm_t *)calloc((size_t)n_devices, sizeof *comms);
+        if (devlist == NULL || comms == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int i = 0; i < n_devices; i++)
+            devlist[i] = cb->dev[i].gpu;
+        for (int k = 0; k < 2; k++) {
+            ncclResult_t r = ncclCommInitAll(comms, n_devices, devlist);
+            if (r != ncclSuccess) {
+                st = nccl_fail(cb->dev[0].loc, r, NULL, "ncclCommInitAll", err);
+                goto out;
+            }
+            for (int i = 0; i < n_devices; i++)
+                cb->dev[i].p2p[k] = comms[i];
+        }
+    } else {
+        cb->chans = (chan *)calloc((size_t)(n_devices * n_devices), sizeof *cb->chans);
+        if (cb->chans == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    *out = &cb->base;
+    cb = NULL;
+out:
+    free(devlist);
+    free(comms);
+    if (cb != NULL)
+        be_destroy(&cb->base);
+    return st;
+}
+
+int ps_cuda_backend_gpu(const ps_backend *b, int device)
+{
+    const cuda_backend *cb = (const cuda_backend *)b;
+    return device >= 0 && device < b->n_devices ? cb->dev[device].gpu : -1;
+}
+
+ps_cuda_stream *ps_cuda_backend_stream(ps_backend *b, int device)
+{
+    return device >= 0 && device < b->n_devices ? cb_of(b)->dev[device].s : NULL;
+}

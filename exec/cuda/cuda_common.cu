@@ -1,0 +1,304 @@
+/* exec/cuda: error messages, the GPU probe, stream contexts and the box
+ * kernels (box copy, pack/unpack, combine) shared by the ops and the
+ * backend. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/cuda/cuda_internal.cuh"
+
+/* ---- errors --------------------------------------------------------------- */
+
+/* The function name of a call's source text ("cudaMalloc(&p, n)" ->
+ * "cudaMalloc"). */
+static int call_name_len(const char *call)
+{
+    int n = 0;
+    while (call[n] != '\0' && call[n] != '(' && call[n] != ' ')
+        n++;
+    return n;
+}
+
+static void loc_str(ps_cuda_loc loc, char *buf, size_t cap)
+{
+    if (loc.device >= 0)
+        snprintf(buf, cap, "device %d (GPU %d)", loc.device, loc.gpu);
+    else
+        snprintf(buf, cap, "GPU %d", loc.gpu);
+}
+
+ps_status ps_cuda_fail(ps_cuda_loc loc, cudaError_t e, const char *call, ps_error *err)
+{
+    char where[64];
+    loc_str(loc, where, sizeof where);
+    /* clear a non-sticky error so that later calls report their own */
+    (void)cudaGetLastError();
+    return ps_error_set(err, PS_ERR_DEVICE, "%s: %.*s failed: %s (%s)", where,
+                        call_name_len(call), call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps_error *err)
+{
+    char where[64];
+    loc_str(loc, where, sizeof where);
+    return ps_error_set(err, PS_ERR_DEVICE, "%s: %.*s failed: %s (%s)", where,
+                        call_name_len(call), call, cublasGetStatusString(e),
+                        cublasGetStatusName(e));
+}
+
+/* ---- probe ------------------------------------------------------------------ */
+
+int ps_cuda_device_count(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* 35 (insufficient driver), 100 (no device) and anything else: no GPU */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n > 0 ? n : 0;
+}
+
+/* ---- streams ---------------------------------------------------------------- */
+
+ps_status ps_cuda_stream_create(int device, int gpu, const ps_cuda_stream_options *opt,
+                                ps_cuda_stream **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_cuda_loc loc = {device, gpu};
+    ps_cuda_stream *s = (ps_cuda_stream *)calloc(1, sizeof *s);
+    *out = NULL;
+    if (s == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    s->loc = loc;
+    s->allow_tf32 = opt != NULL && opt->allow_tf32;
+    PS_CUDA_TRY(loc, cudaSetDevice(gpu));
+    PS_CUDA_TRY(loc, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    PS_CUBLAS_TRY(loc, cublasCreate(&s->blas));
+    PS_CUBLAS_TRY(loc, cublasSetStream(s->blas, s->stream));
+    PS_CUBLAS_TRY(loc, cublasSetMathMode(s->blas, s->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                 : CUBLAS_DEFAULT_MATH));
+    *out = s;
+    s = NULL;
+out:
+    ps_cuda_stream_free(s);
+    return st;
+}
+
+void ps_cuda_stream_free(ps_cuda_stream *s)
+{
+    if (s == NULL)
+        return;
+    /* teardown: errors cannot be reported, the memory is released anyway */
+    (void)cudaSetDevice(s->loc.gpu);
+    if (s->stream != NULL)
+        (void)cudaStreamSynchronize(s->stream);
+    if (s->blas != NULL)
+        (void)cublasDestroy(s->blas);
+    if (s->ws != NULL)
+        (void)cudaFree(s->ws);
+    if (s->stream != NULL)
+        (void)cudaStreamDestroy(s->stream);
+    (void)cudaGetLastError();
+    free(s);
+}
+
+ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
+{
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    return PS_OK;
+}
+
+ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_error *err)
+{
+    if (bytes <= s->ws_bytes && s->ws != NULL) {
+        *out = s->ws;
+        return PS_OK;
+    }
+    size_t want = s->ws_bytes + s->ws_bytes / 2;
+    if (want < bytes)
+        want = bytes;
+    want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    if (s->ws != NULL) {
+        /* work issued earlier may still read the old workspace */
+        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+        PS_CUDA_RET(s->loc, cudaFree(s->ws));
+        s->ws = NULL;
+        s->ws_bytes = 0;
+    }
+    PS_CUDA_RET(s->loc, cudaMalloc(&s->ws, want));
+    s->ws_bytes = want;
+    *out = s->ws;
+    return PS_OK;
+}
+
+/* ---- boxes -------------------------------------------------------------------- */
+
+static void row_major_strides(const ps_tile *t, int64_t *stride)
+{
+    int64_t acc = 1;
+    for (int d = t->rank - 1; d >= 0; d--) {
+        stride[d] = acc;
+        acc *= t->shape[d];
+    }
+}
+
+bool ps_cuda_box_intersect(const ps_tile *a, const ps_tile *b, int64_t lo[PS_MAX_RANK],
+                           int64_t size[PS_MAX_RANK])
+{
+    for (int d = 0; d < a->rank; d++) {
+        int64_t l = a->offset[d] > b->offset[d] ? a->offset[d] : b->offset[d];
+        int64_t ha = a->offset[d] + a->shape[d], hb = b->offset[d] + b->shape[d];
+        int64_t h = ha < hb ? ha : hb;
+        if (h <= l)
+            return false;
+        lo[d] = l;
+        size[d] = h - l;
+    }
+    return true;
+}
+
+static __global__ void ps_k_box_copy(ps_cuda_box_args a, const uint32_t *src, uint32_t *dst, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i, so = 0, dof = 0;
+        for (int d = a.rank - 1; d >= 0; d--) {
+            int64_t c = r % a.size[d];
+            r /= a.size[d];
+            int64_t g = a.lo[d] + c;
+            so += (g - a.src_off[d]) * a.src_stride[d];
+            dof += (g - a.dst_off[d]) * a.dst_stride[d];
+        }
+        dst[dof] = src[so];
+    }
+}
+
+static __global__ void ps_k_box_add(ps_cuda_box_args a, const float *src, float *dst, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i, so = 0, dof = 0;
+        for (int d = a.rank - 1; d >= 0; d--) {
+            int64_t c = r % a.size[d];
+            r /= a.size[d];
+            int64_t g = a.lo[d] + c;
+            so += (g - a.src_off[d]) * a.src_stride[d];
+            dof += (g - a.dst_off[d]) * a.dst_stride[d];
+        }
+        dst[dof] += src[so];
+    }
+}
+
+ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, bool add,
+                           ps_error *err)
+{
+    if (src->rank != dst->rank || src->rank < 0 || src->rank > PS_MAX_RANK)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: box copy between tiles of rank %d and %d",
+                            s->loc.device, src->rank, dst->rank);
+    for (int d = 0; d < src->rank; d++)
+        if (src->global[d] != dst->global[d])
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: box copy between tiles of different tensors "
+                                "(dim %d: %lld vs %lld)",
+                                s->loc.device, d, (long long)src->global[d],
+                                (long long)dst->global[d]);
+    ps_cuda_box_args a;
+    memset(&a, 0, sizeof a);
+    a.rank = src->rank;
+    if (!ps_cuda_box_intersect(src, dst, a.lo, a.size))
+        return PS_OK;
+    int64_t n = 1;
+    for (int d = 0; d < a.rank; d++) {
+        n *= a.size[d];
+        a.src_off[d] = src->offset[d];
+        a.dst_off[d] = dst->offset[d];
+    }
+    row_major_strides(src, a.src_stride);
+    row_major_strides(dst, a.dst_stride);
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    if (add) {
+        ps_k_box_add<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(
+            a, (const float *)src->data, (float *)dst->data, n);
+        PS_CUDA_LAUNCHED(s->loc, "ps_k_box_add");
+    } else {
+        ps_k_box_copy<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(
+            a, (const uint32_t *)src->data, (uint32_t *)dst->data, n);
+        PS_CUDA_LAUNCHED(s->loc, "ps_k_box_copy");
+    }
+    return PS_OK;
+}
+
+static __global__ void ps_k_box_pack(ps_cuda_box_args a, uint32_t *tile, uint32_t *buf, int64_t start,
+                              int64_t len, bool pack)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < len;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = start + i, off = 0;
+        for (int d = a.rank - 1; d >= 0; d--) {
+            int64_t c = r % a.size[d];
+            r /= a.size[d];
+            off += (a.lo[d] + c - a.src_off[d]) * a.src_stride[d];
+        }
+        if (pack)
+            buf[i] = tile[off];
+        else
+            tile[off] = buf[i];
+    }
+}
+
+ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *box_offset,
+                           const int64_t *box_size, int64_t start, int64_t len, void *buf,
+                           bool pack, ps_error *err)
+{
+    ps_cuda_box_args a;
+    memset(&a, 0, sizeof a);
+    a.rank = t->rank;
+    int64_t count = 1;
+    for (int d = 0; d < t->rank; d++) {
+        if (box_size[d] < 1 || box_offset[d] < t->offset[d] ||
+            box_offset[d] + box_size[d] > t->offset[d] + t->shape[d])
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "device %d: box [%lld, +%lld) of dim %d is not inside the tile "
+                                "[%lld, +%lld)",
+                                s->loc.device, (long long)box_offset[d], (long long)box_size[d],
+                                d, (long long)t->offset[d], (long long)t->shape[d]);
+        a.lo[d] = box_offset[d];
+        a.size[d] = box_size[d];
+        a.src_off[d] = t->offset[d];
+        count *= box_size[d];
+    }
+    if (start < 0 || len < 0 || start + len > count)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: elements [%lld, +%lld) outside a box of %lld",
+                            s->loc.device, (long long)start, (long long)len, (long long)count);
+    if (len == 0)
+        return PS_OK;
+    row_major_strides(t, a.src_stride);
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    ps_k_box_pack<<<ps_cuda_blocks(len, 256), 256, 0, s->stream>>>(
+        a, (uint32_t *)t->data, (uint32_t *)buf, start, len, pack);
+    PS_CUDA_LAUNCHED(s->loc, "ps_k_box_pack");
+    return PS_OK;
+}
+
+static __global__ void ps_k_combine(float *dst, const float *src, int64_t n, bool max)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = max ? fmaxf(dst[i], src[i]) : dst[i] + src[i];
+}
+
+ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,
+                          ps_error *err)
+{
+    if (n <= 0)
+        return PS_OK;
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    ps_k_combine<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
+    PS_CUDA_LAUNCHED(s->loc, "ps_k_combine");
+    return PS_OK;
+}

@@ -1,0 +1,134 @@
+/* Internal to exec/cuda: error macros that name the device and the failing
+ * call, the per-device stream context, and the box-copy kernels shared by
+ * the ops and the backend. CUDA C++ only (never included from C). */
+#ifndef PS_EXEC_CUDA_INTERNAL_CUH
+#define PS_EXEC_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* the project's headers are C: their functions have C linkage */
+extern "C" {
+#include "core/status.h"
+#include "exec/cuda/cuda_ops.h"
+#include "exec/tile.h"
+}
+
+/* Where a call runs, for messages: the plan's device and the GPU it uses. */
+typedef struct ps_cuda_loc {
+    int device;
+    int gpu;
+} ps_cuda_loc;
+
+struct ps_cuda_stream {
+    ps_cuda_loc loc;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    bool allow_tf32;
+    void *ws; /* op workspace (transposed operands, per-row statistics, ...) */
+    size_t ws_bytes;
+};
+
+/* Formats "device D (GPU G): CALL failed: WHAT (NAME)" into err. `call` is
+ * the call's source text; only the function name is kept. */
+ps_status ps_cuda_fail(ps_cuda_loc loc, cudaError_t e, const char *call, ps_error *err);
+ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps_error *err);
+
+/* In functions with `ps_status st` and an `out:` label. */
+#define PS_CUDA_TRY(loc, call)                                                                \
+    do {                                                                                      \
+        cudaError_t ps_cuda_e_ = (call);                                                      \
+        if (ps_cuda_e_ != cudaSuccess) {                                                      \
+            st = ps_cuda_fail((loc), ps_cuda_e_, #call, err);                                 \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* Returns the failure directly (functions without cleanup). */
+#define PS_CUDA_RET(loc, call)                                                                \
+    do {                                                                                      \
+        cudaError_t ps_cuda_e_ = (call);                                                      \
+        if (ps_cuda_e_ != cudaSuccess)                                                        \
+            return ps_cuda_fail((loc), ps_cuda_e_, #call, err);                               \
+    } while (0)
+
+#define PS_CUBLAS_RET(loc, call)                                                              \
+    do {                                                                                      \
+        cublasStatus_t ps_cublas_e_ = (call);                                                 \
+        if (ps_cublas_e_ != CUBLAS_STATUS_SUCCESS)                                            \
+            return ps_cublas_fail((loc), ps_cublas_e_, #call, err);                           \
+    } while (0)
+
+#define PS_CUBLAS_TRY(loc, call)                                                              \
+    do {                                                                                      \
+        cublasStatus_t ps_cublas_e_ = (call);                                                 \
+        if (ps_cublas_e_ != CUBLAS_STATUS_SUCCESS) {                                          \
+            st = ps_cublas_fail((loc), ps_cublas_e_, #call, err);                             \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* After a kernel launch (returns): a launch failure names the kernel. */
+#define PS_CUDA_LAUNCHED(loc, kernel_name)                                                    \
+    do {                                                                                      \
+        cudaError_t ps_cuda_e_ = cudaGetLastError();                                          \
+        if (ps_cuda_e_ != cudaSuccess)                                                        \
+            return ps_cuda_fail((loc), ps_cuda_e_, "launch of " kernel_name, err);            \
+    } while (0)
+
+/* Propagates a ps_status (functions without cleanup). */
+#define PS_RET(expr)                                                                          \
+    do {                                                                                      \
+        ps_status ps_ret_st_ = (expr);                                                        \
+        if (ps_ret_st_ != PS_OK)                                                              \
+            return ps_ret_st_;                                                                \
+    } while (0)
+
+/* The op workspace, grown (never shrunk) to at least `bytes`; the previous
+ * contents are lost when it grows. */
+ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_error *err);
+
+/* A box in global coordinates over up to PS_MAX_RANK dims, for copies
+ * between tiles of one tensor. */
+typedef struct ps_cuda_box_args {
+    int rank;
+    int64_t lo[PS_MAX_RANK];     /* global index of the box's first element */
+    int64_t size[PS_MAX_RANK];   /* extent of the box */
+    int64_t src_off[PS_MAX_RANK], dst_off[PS_MAX_RANK];       /* tiles' offsets */
+    int64_t src_stride[PS_MAX_RANK], dst_stride[PS_MAX_RANK]; /* in elements */
+} ps_cuda_box_args;
+
+/* The intersection of the boxes of a and b (tiles of one tensor); false
+ * when it is empty. Rank 0 tiles intersect in their one element. */
+bool ps_cuda_box_intersect(const ps_tile *a, const ps_tile *b, int64_t lo[PS_MAX_RANK],
+                           int64_t size[PS_MAX_RANK]);
+
+/* dst[box] = src[box] (add: +=) over the intersection of the two tiles'
+ * boxes, on s's stream. 4-byte elements (float or int32). */
+ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, bool add,
+                           ps_error *err);
+
+/* Flat elements [start, start+len) of `box` (row-major over the box) of a
+ * tile, packed into (pack) or unpacked from (!pack) a contiguous buffer. */
+ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *box_offset,
+                           const int64_t *box_size, int64_t start, int64_t len, void *buf,
+                           bool pack, ps_error *err);
+
+/* dst[i] = dst[i] + src[i] (or max) over n floats, on s's stream. */
+ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,
+                          ps_error *err);
+
+/* Launch geometry: blocks of 256 threads covering n elements with grid-stride
+ * loops (at most 65535 * 16 blocks). */
+static inline unsigned ps_cuda_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1)
+        b = 1;
+    if (b > 65535LL * 16)
+        b = 65535LL * 16;
+    return (unsigned)b;
+}
+
+#endif

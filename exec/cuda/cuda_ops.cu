@@ -1,0 +1,1304 @@
+/* The op numerics of exec/op_exec.h on the GPU: cuBLAS strided-batched
+ * GEMMs for einsums (operands permuted first when their labels are not in a
+ * GEMM-able order) and CUDA kernels for the rest. Reductions run in a fixed
+ * order (block trees, no atomics), so results are deterministic. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cub/cub.cuh>
+
+#include "exec/cuda/cuda_internal.cuh"
+
+#define THREADS 256
+#define FOR_EACH(i, n)                                                                        \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+         i += (int64_t)gridDim.x * blockDim.x)
+#define LAUNCH(n) ps_cuda_blocks((n), THREADS), THREADS, 0, s->stream
+
+/* ---- messages ------------------------------------------------------------------ */
+
+/* Every shape complaint reads "device D: op "NAME" (KIND): what". */
+#define BAD(...) return bad_op(s, op, err, __VA_ARGS__)
+static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
+                        const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
+    return ps_error_set(err, PS_ERR_INVALID, "device %d: op \"%s\" (%s): %s", s->loc.device,
+                        op->name ? op->name : "?", info ? info->name : "?", what);
+}
+
+static ps_status unsupported(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
+                             const char *what)
+{
+    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
+    return ps_error_set(err, PS_ERR_UNSUPPORTED, "device %d: op \"%s\" (%s): %s",
+                        s->loc.device, op->name ? op->name : "?", info ? info->name : "?", what);
+}
+
+static int64_t numel(const ps_tile *t) { return ps_tile_numel(t); }
+
+static int64_t last_dim(const ps_tile *t) { return t->rank > 0 ? t->shape[t->rank - 1] : 1; }
+
+static void strides_of(const int64_t *shape, int rank, int64_t *stride)
+{
+    int64_t acc = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        stride[d] = acc;
+        acc *= shape[d];
+    }
+}
+
+/* ---- block reductions (fixed order: deterministic) ----------------------------- */
+
+template <typename T> __device__ T warp_sum(T v)
+{
+    for (int o = 16; o > 0; o /= 2)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T> __device__ T warp_max(T v)
+{
+    for (int o = 16; o > 0; o /= 2) {
+        T w = __shfl_down_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* The sum over the block's threads, returned to every thread. sh holds 32
+ * values of T. blockDim.x must be a multiple of 32. */
+template <typename T> __device__ T block_sum(T v, T *sh)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? sh[lane] : (T)0;
+        w = warp_sum(w);
+        if (lane == 0)
+            sh[0] = w;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+template <typename T> __device__ T block_max(T v, T *sh, T lowest)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? sh[lane] : lowest;
+        w = warp_max(w);
+        if (lane == 0)
+            sh[0] = w;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+#define ROWS_LOOP(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+static unsigned row_blocks(int64_t rows)
+{
+    return (unsigned)(rows < 65535LL * 16 ? (rows < 1 ? 1 : rows) : 65535LL * 16);
+}
+
+/* ---- elementwise kernels ----------------------------------------------------------- */
+
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+static __global__ void k_add(const float *a, const float *b, float *y, int64_t n)
+{
+    FOR_EACH(i, n) y[i] = a[i] + b[i];
+}
+
+static __global__ void k_relu(const float *x, float *y, int64_t n)
+{
+    FOR_EACH(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static __global__ void k_relu_grad(const float *y, const float *dy, float *dx, int64_t n)
+{
+    FOR_EACH(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static __global__ void k_gelu(const float *x, float *y, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+    }
+}
+
+static __global__ void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        float v = x[i];
+        float t = tanhf(GELU_C * (v + GELU_A * v * v * v));
+        float d = 0.5f * (1.0f + t) +
+                  0.5f * v * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+        dx[i] = dy[i] * d;
+    }
+}
+
+static __global__ void k_bias_add(const float *x, const float *b, float *y, int64_t n, int64_t cols)
+{
+    FOR_EACH(i, n) y[i] = x[i] + b[i % cols];
+}
+
+static __global__ void k_mse_grad(const float *p, const float *t, float *d, int64_t n, float scale)
+{
+    FOR_EACH(i, n) d[i] = scale * (p[i] - t[i]);
+}
+
+static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master, int64_t n,
+                       float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+    FOR_EACH(i, n)
+    {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float w = master != NULL ? master[i] : p[i];
+        float mhat = mi / bc1, vhat = vi / bc2;
+        w = w - lr * wd * w - lr * mhat / (sqrtf(vhat) + eps);
+        if (master != NULL)
+            master[i] = w;
+        p[i] = w;
+    }
+}
+
+/* ---- permutation (transpose) ------------------------------------------------------ */
+
+typedef struct perm_args {
+    int rank;
+    int64_t out_shape[PS_MAX_RANK];
+    int64_t in_stride[PS_MAX_RANK]; /* stride in the input of output dim i */
+} perm_args;
+
+static __global__ void k_permute(perm_args a, const uint32_t *x, uint32_t *y, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        int64_t r = i, off = 0;
+        for (int d = a.rank - 1; d >= 0; d--) {
+            int64_t c = r % a.out_shape[d];
+            r /= a.out_shape[d];
+            off += c * a.in_stride[d];
+        }
+        y[i] = x[off];
+    }
+}
+
+/* y = x with out dim i = in dim perm[i]. */
+static ps_status permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
+                         const int *perm, void *y, ps_error *err)
+{
+    perm_args a;
+    int64_t in_stride[PS_MAX_RANK];
+    memset(&a, 0, sizeof a);
+    strides_of(in_shape, rank, in_stride);
+    a.rank = rank;
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        a.out_shape[i] = in_shape[perm[i]];
+        a.in_stride[i] = in_stride[perm[i]];
+        n *= in_shape[i];
+    }
+    k_permute<<<LAUNCH(n)>>>(a, (const uint32_t *)x, (uint32_t *)y, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_permute");
+    return PS_OK;
+}
+
+/* ---- reduce / broadcast ------------------------------------------------------------ */
+
+typedef struct red_args {
+    int kept_rank, red_rank;
+    int64_t kept_size[PS_MAX_RANK], kept_stride[PS_MAX_RANK];
+    int64_t red_size[PS_MAX_RANK], red_stride[PS_MAX_RANK];
+    int64_t n_red;
+    double factor;
+} red_args;
+
+static __device__ int64_t red_base(const red_args &a, int64_t o)
+{
+    int64_t off = 0;
+    for (int d = a.kept_rank - 1; d >= 0; d--) {
+        off += (o % a.kept_size[d]) * a.kept_stride[d];
+        o /= a.kept_size[d];
+    }
+    return off;
+}
+
+static __device__ int64_t red_off(const red_args &a, int64_t r)
+{
+    int64_t off = 0;
+    for (int d = a.red_rank - 1; d >= 0; d--) {
+        off += (r % a.red_size[d]) * a.red_stride[d];
+        r /= a.red_size[d];
+    }
+    return off;
+}
+
+/* One thread per output element (many outputs). */
+static __global__ void k_reduce_thread(red_args a, const float *x, float *y, int64_t n_out)
+{
+    FOR_EACH(o, n_out)
+    {
+        int64_t base = red_base(a, o);
+        double acc = 0;
+        for (int64_t r = 0; r < a.n_red; r++)
+            acc += x[base + red_off(a, r)];
+        y[o] = (float)(acc * a.factor);
+    }
+}
+
+/* One block per output element (few outputs, long reductions). */
+static __global__ void k_reduce_block(red_args a, const float *x, float *y, int64_t n_out)
+{
+    __shared__ double sh[32];
+    ROWS_LOOP(o, n_out)
+    {
+        int64_t base = red_base(a, o);
+        double acc = 0;
+        for (int64_t r = threadIdx.x; r < a.n_red; r += blockDim.x)
+            acc += x[base + red_off(a, r)];
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0)
+            y[o] = (float)(acc * a.factor);
+    }
+}
+
+typedef struct bcast_args {
+    int rank;
+    int64_t out_shape[PS_MAX_RANK];
+    int64_t in_stride[PS_MAX_RANK]; /* 0 for broadcast dims */
+    float factor;
+} bcast_args;
+
+static __global__ void k_broadcast(bcast_args a, const float *x, float *y, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        int64_t r = i, off = 0;
+        for (int d = a.rank - 1; d >= 0; d--) {
+            off += (r % a.out_shape[d]) * a.in_stride[d];
+            r /= a.out_shape[d];
+        }
+        y[i] = x[off] * a.factor;
+    }
+}
+
+/* ---- row kernels: layernorm, softmax ------------------------------------------------ */
+
+/* Mean and 1 / sqrt(var + eps) of a row, in double (to every thread). */
+static __device__ void row_stats(const float *xr, int64_t n, double eps, double *sh,
+                                 double *mean, double *rstd)
+{
+    double acc = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        acc += xr[j];
+    double m = block_sum(acc, sh) / (double)n;
+    acc = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        double d = xr[j] - m;
+        acc += d * d;
+    }
+    double var = block_sum(acc, sh) / (double)n;
+    *mean = m;
+    *rstd = 1.0 / sqrt(var + eps);
+}
+
+static __global__ void k_layernorm(const float *x, const float *g, const float *b, float *y,
+                            int64_t rows, int64_t n, double eps)
+{
+    __shared__ double sh[32];
+    ROWS_LOOP(row, rows)
+    {
+        const float *xr = x + row * n;
+        double mean, rstd;
+        row_stats(xr, n, eps, sh, &mean, &rstd);
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            y[row * n + j] = (float)((xr[j] - mean) * rstd * g[j] + b[j]);
+    }
+}
+
+/* dx per row; the row's mean and 1/std saved for the parameter gradients. */
+static __global__ void k_layernorm_grad_x(const float *x, const float *g, const float *dy,
+                                          float *dx, float *mean_out, float *rstd_out,
+                                          int64_t rows, int64_t n, double eps)
+{
+    __shared__ double sh[32];
+    ROWS_LOOP(row, rows)
+    {
+        const float *xr = x + row * n, *dyr = dy + row * n;
+        double mean, rstd;
+        row_stats(xr, n, eps, sh, &mean, &rstd);
+        double sa = 0, sb = 0;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            double gd = (double)g[j] * dyr[j];
+            sa += gd;
+            sb += gd * (xr[j] - mean) * rstd;
+        }
+        sa = block_sum(sa, sh) / (double)n;
+        sb = block_sum(sb, sh) / (double)n;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            double xhat = (xr[j] - mean) * rstd;
+            dx[row * n + j] = (float)(rstd * ((double)g[j] * dyr[j] - sa - xhat * sb));
+        }
+        if (threadIdx.x == 0) {
+            mean_out[row] = (float)mean;
+            rstd_out[row] = (float)rstd;
+        }
+    }
+}
+
+/* Column partial sums of dy * xhat and dy over a chunk of rows. */
+static __global__ void k_layernorm_grad_partial(const float *x, const float *dy, const float *mean,
+                                         const float *rstd, double *pg, double *pb, int64_t rows,
+                                         int64_t n, int64_t rows_per_chunk)
+{
+    int64_t c = blockIdx.y;
+    int64_t r0 = c * rows_per_chunk, r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        double sg = 0, sb = 0;
+        for (int64_t r = r0; r < r1; r++) {
+            double d = dy[r * n + j];
+            sg += d * ((double)x[r * n + j] - mean[r]) * rstd[r];
+            sb += d;
+        }
+        pg[c * n + j] = sg;
+        pb[c * n + j] = sb;
+    }
+}
+
+static __global__ void k_sum_chunks(const double *pg, const double *pb, float *dg, float *db,
+                                    int64_t n, int64_t chunks)
+{
+    FOR_EACH(j, n)
+    {
+        double sg = 0, sb = 0;
+        for (int64_t c = 0; c < chunks; c++) {
+            sg += pg[c * n + j];
+            sb += pb[c * n + j];
+        }
+        dg[j] = (float)sg;
+        db[j] = (float)sb;
+    }
+}
+
+/* softmax(scale * x) over rows of n; causal: key k = koff + j is masked for
+ * query q = qoff + (row % qdim) when k > q. */
+static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t n, float scale,
+                          bool causal, int64_t qdim, int64_t qoff, int64_t koff)
+{
+    __shared__ float sh[32];
+    __shared__ double dsh[32];
+    ROWS_LOOP(row, rows)
+    {
+        const float *xr = x + row * n;
+        int64_t q = causal ? qoff + row % qdim : 0;
+        float m = -INFINITY;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            if (!causal || koff + j <= q)
+                m = fmaxf(m, scale * xr[j]);
+        m = block_max(m, sh, -INFINITY);
+        double acc = 0;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            if (!causal || koff + j <= q)
+                acc += exp((double)(scale * xr[j] - m));
+        double sum = block_sum(acc, dsh);
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            bool keep = (!causal || koff + j <= q) && sum > 0.0;
+            y[row * n + j] = keep ? (float)(exp((double)(scale * xr[j] - m)) / sum) : 0.0f;
+        }
+    }
+}
+
+/* dx = scale * y * (dy - sum(y * dy)) per row (masked entries have y = 0). */
+static __global__ void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows,
+                               int64_t n, double scale)
+{
+    __shared__ double sh[32];
+    ROWS_LOOP(row, rows)
+    {
+        const float *yr = y + row * n, *dyr = dy + row * n;
+        double acc = 0;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            acc += (double)yr[j] * dyr[j];
+        double dot = block_sum(acc, sh);
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            dx[row * n + j] = (float)(scale * yr[j] * (dyr[j] - dot));
+    }
+}
+
+/* ---- losses -------------------------------------------------------------------------- */
+
+#define PARTIAL_BLOCKS 512
+
+/* partial[b] = sum of (p - t)^2 over the block's share (grid-stride). */
+static __global__ void k_mse_partial(const float *p, const float *t, double *partial, int64_t n)
+{
+    __shared__ double sh[32];
+    double acc = 0;
+    FOR_EACH(i, n)
+    {
+        double d = (double)p[i] - (double)t[i];
+        acc += d * d;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
+static __global__ void k_sum_partials(const double *partial, int n, double scale, float *out)
+{
+    __shared__ double sh[32];
+    double acc = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        acc += partial[i];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0)
+        out[0] = (float)(acc * scale);
+}
+
+static __global__ void k_row_max(const float *x, float *mx, int64_t rows, int64_t n)
+{
+    __shared__ float sh[32];
+    ROWS_LOOP(row, rows)
+    {
+        float m = -INFINITY;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            m = fmaxf(m, x[row * n + j]);
+        m = block_max(m, sh, -INFINITY);
+        if (threadIdx.x == 0)
+            mx[row] = m;
+    }
+}
+
+/* se[row] = sum exp(x - mx[row]); lab[row] = the label's logit when the label
+ * falls in this tile's vocabulary [voff, voff + n), else 0 (lab may be NULL). */
+static __global__ void k_row_sumexp(const float *x, const int32_t *labels, const float *mx,
+                                    float *se, float *lab, int64_t rows, int64_t n,
+                                    int64_t voff, int64_t vocab, int *bad)
+{
+    __shared__ double sh[32];
+    ROWS_LOOP(row, rows)
+    {
+        float m = mx[row];
+        double acc = 0;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            acc += exp((double)x[row * n + j] - m);
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0) {
+            se[row] = (float)acc;
+            int64_t l = (int64_t)labels[row];
+            if (l < 0 || l >= vocab) {
+                bad[0] = 1; /* any bad label: every writer stores the same flag */
+                bad[1] = (int)l;
+            }
+            if (lab != NULL)
+                lab[row] = l - voff >= 0 && l - voff < n ? x[row * n + (l - voff)] : 0.0f;
+        }
+    }
+}
+
+static __global__ void k_xent_final(const float *se, const float *mx, const float *lab, int64_t rows,
+                             double inv_tokens, float *out)
+{
+    __shared__ double sh[32];
+    double acc = 0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+        acc += log((double)se[r]) + (double)mx[r] - (double)lab[r];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0)
+        out[0] = (float)(acc * inv_tokens);
+}
+
+static __global__ void k_xent_grad(const float *x, const int32_t *labels, const float *mx,
+                            const float *se, float *dx, int64_t rows, int64_t n, int64_t voff,
+                            double inv_tokens)
+{
+    FOR_EACH(i, rows * n)
+    {
+        int64_t row = i / n, j = i % n;
+        double p = exp((double)x[i] - mx[row]) / se[row];
+        double onehot = (int64_t)labels[row] == voff + j ? 1.0 : 0.0;
+        dx[i] = (float)((p - onehot) * inv_tokens);
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------------------ */
+
+static __global__ void k_embedding(const float *table, const int32_t *ids, float *y,
+                                   int64_t tokens, int64_t h, int64_t row0, int64_t nrows,
+                                   int64_t vocab, int *bad)
+{
+    FOR_EACH(i, tokens * h)
+    {
+        int64_t t = i / h, j = i % h;
+        int64_t id = ids[t], r = id - row0;
+        y[i] = r >= 0 && r < nrows ? table[r * h + j] : 0.0f;
+        if (j == 0 && (id < 0 || id >= vocab)) {
+            bad[0] = 1;
+            bad[1] = (int)id;
+        }
+    }
+}
+
+/* key = local row (nrows for ids outside the tile), value = token. */
+static __global__ void k_embedding_keys(const int32_t *ids, int *keys, int *vals,
+                                        int64_t tokens, int64_t row0, int64_t nrows,
+                                        int64_t vocab, int *bad)
+{
+    FOR_EACH(t, tokens)
+    {
+        int64_t id = ids[t], r = id - row0;
+        keys[t] = r >= 0 && r < nrows ? (int)r : (int)nrows;
+        vals[t] = (int)t;
+        if (id < 0 || id >= vocab) {
+            bad[0] = 1;
+            bad[1] = (int)id;
+        }
+    }
+}
+
+/* After a stable sort by row: the first token of each row's run sums the run
+ * in token order. */
+static __global__ void k_embedding_grad_rows(const int *keys, const int *vals, const float *dy,
+                                      float *dtable, int64_t tokens, int64_t h, int64_t nrows)
+{
+    ROWS_LOOP(i, tokens)
+    {
+        int key = keys[i];
+        if (key >= nrows || (i > 0 && keys[i - 1] == key))
+            continue;
+        for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+            float acc = 0;
+            for (int64_t k = i; k < tokens && keys[k] == key; k++)
+                acc += dy[(int64_t)vals[k] * h + j];
+            dtable[(int64_t)key * h + j] = acc;
+        }
+    }
+}
+
+/* ---- workspace carving -------------------------------------------------------------- */
+
+typedef struct carve {
+    size_t used;
+} carve;
+
+/* Reserves `bytes` (256-aligned) and returns its offset. */
+static size_t carve_take(carve *c, size_t bytes)
+{
+    size_t at = c->used;
+    c->used += (bytes + 255) & ~(size_t)255;
+    return at;
+}
+
+/* ---- ops ------------------------------------------------------------------------------ */
+
+static ps_status need_io(ps_cuda_stream *s, const ps_op *op, int n_in, int n_out,
+                         ps_error *err)
+{
+    if (op->n_in < n_in || op->n_out != n_out)
+        BAD("expects %d inputs and %d outputs, has %d and %d", n_in, n_out, op->n_in,
+            op->n_out);
+    return PS_OK;
+}
+
+static ps_status need_numel(ps_cuda_stream *s, const ps_op *op, const ps_tile *a,
+                            const ps_tile *b, const char *an, const char *bn, ps_error *err)
+{
+    if (numel(a) != numel(b))
+        BAD("%s has %lld elements but %s has %lld", an, (long long)numel(a), bn,
+            (long long)numel(b));
+    return PS_OK;
+}
+
+static ps_status need_float(ps_cuda_stream *s, const ps_op *op, const ps_tile *t,
+                            const char *what, ps_error *err)
+{
+    if (t->is_int)
+        BAD("%s must be a float tile", what);
+    if (t->data == NULL)
+        BAD("%s has no data", what);
+    return PS_OK;
+}
+
+static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                            ps_error *err)
+{
+    ps_einsum e;
+    PS_RET(ps_einsum_parse(op->attrs.einsum, &e, err));
+    const ps_tile *t[3] = {&in[0], &in[1], &out[0]};
+    int64_t size[26];
+    int where[26]; /* bit o: label in operand o */
+    for (int l = 0; l < 26; l++) {
+        size[l] = 0;
+        where[l] = 0;
+    }
+    for (int o = 0; o < 3; o++) {
+        PS_RET(need_float(s, op, t[o], o == 2 ? "the output" : "an operand", err));
+        if (t[o]->rank != e.rank[o])
+            BAD("operand %d has rank %d but the einsum \"%s\" gives it %d labels", o,
+                t[o]->rank, op->attrs.einsum, e.rank[o]);
+        for (int i = 0; i < e.rank[o]; i++) {
+            int l = e.labels[o][i] - 'a';
+            if (size[l] != 0 && size[l] != t[o]->shape[i])
+                BAD("label '%c' has local extent %lld and %lld", 'a' + l, (long long)size[l],
+                    (long long)t[o]->shape[i]);
+            size[l] = t[o]->shape[i];
+            where[l] |= 1 << o;
+        }
+    }
+    /* label classes */
+    char batch[PS_MAX_RANK], kk[PS_MAX_RANK];
+    int nb = 0, nk = 0, nfree[2] = {0, 0};
+    for (int i = 0; i < e.rank[2]; i++)
+        if (where[e.labels[2][i] - 'a'] == 7)
+            batch[nb++] = e.labels[2][i];
+    for (int o = 0; o < 2; o++)
+        for (int i = 0; i < e.rank[o]; i++)
+            if (where[e.labels[o][i] - 'a'] == ((1 << o) | 4))
+                nfree[o]++;
+    /* Output order [batch][free of L][free of R] with L, R = a, b in either
+     * order; otherwise the output is computed as [batch][a free][b free] and
+     * permuted. */
+    int L = 0;
+    bool out_direct = true;
+    {
+        int i = 0;
+        while (i < e.rank[2] && where[e.labels[2][i] - 'a'] == 7)
+            i++;
+        if (i != nb) {
+            out_direct = false;
+        } else if (i < e.rank[2]) {
+            L = where[e.labels[2][i] - 'a'] == 5 ? 0 : 1;
+            int j = i;
+            while (j < e.rank[2] && where[e.labels[2][j] - 'a'] == ((1 << L) | 4))
+                j++;
+            if (j - i != nfree[L])
+                out_direct = false;
+        }
+    }
+    int R = 1 - L;
+    /* canonical label orders: batch and free labels in output order */
+    char P[PS_MAX_RANK], Q[PS_MAX_RANK];
+    int np = 0, nq = 0;
+    for (int i = 0; i < e.rank[2]; i++) {
+        int w = where[e.labels[2][i] - 'a'];
+        if (w == ((1 << L) | 4))
+            P[np++] = e.labels[2][i];
+        else if (w == ((1 << R) | 4))
+            Q[nq++] = e.labels[2][i];
+    }
+    for (int i = 0; i < e.rank[L]; i++)
+        if (where[e.labels[L][i] - 'a'] == 3)
+            kk[nk++] = e.labels[L][i];
+    int64_t M = 1, N = 1, K = 1, B = 1;
+    for (int i = 0; i < nb; i++)
+        B *= size[batch[i] - 'a'];
+    for (int i = 0; i < np; i++)
+        M *= size[P[i] - 'a'];
+    for (int i = 0; i < nq; i++)
+        N *= size[Q[i] - 'a'];
+    for (int i = 0; i < nk; i++)
+        K *= size[kk[i] - 'a'];
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || B > INT32_MAX)
+        BAD("GEMM dimensions %lld x %lld x %lld (batch %lld) exceed cuBLAS's int range",
+            (long long)M, (long long)N, (long long)K, (long long)B);
+
+    /* Each operand: [batch][free][k] or [batch][k][free] as stored, else
+     * permuted into [batch][free][k] (L) or [batch][k][free] (R). */
+    const char *free_of[2];
+    int nfree_of[2];
+    free_of[L] = P;
+    nfree_of[L] = np;
+    free_of[R] = Q;
+    nfree_of[R] = nq;
+    bool trans[2] = {false, false}, permuted[2] = {false, false};
+    int perm[2][PS_MAX_RANK];
+    for (int o = 0; o < 2; o++) {
+        char want1[PS_MAX_RANK], want2[PS_MAX_RANK]; /* [b][f][k], [b][k][f] */
+        int n = 0;
+        for (int i = 0; i < nb; i++, n++)
+            want1[n] = want2[n] = batch[i];
+        for (int i = 0; i < nfree_of[o]; i++)
+            want1[n + i] = free_of[o][i];
+        for (int i = 0; i < nk; i++)
+            want1[n + nfree_of[o] + i] = kk[i];
+        for (int i = 0; i < nk; i++)
+            want2[n + i] = kk[i];
+        for (int i = 0; i < nfree_of[o]; i++)
+            want2[n + nk + i] = free_of[o][i];
+        bool is1 = memcmp(want1, e.labels[o], (size_t)e.rank[o]) == 0;
+        bool is2 = memcmp(want2, e.labels[o], (size_t)e.rank[o]) == 0;
+        /* row-major L must be [M][K] (no trans) or [K][M]; R [K][N] or [N][K] */
+        if (o == L) {
+            if (is1)
+                trans[o] = false;
+            else if (is2)
+                trans[o] = true;
+            else
+                permuted[o] = true;
+        } else {
+            if (is2)
+                trans[o] = false;
+            else if (is1)
+                trans[o] = true;
+            else
+                permuted[o] = true;
+        }
+        if (permuted[o]) {
+            const char *want = o == L ? want1 : want2;
+            trans[o] = false;
+            for (int i = 0; i < e.rank[o]; i++)
+                perm[o][i] = (int)((const char *)memchr(e.labels[o], want[i],
+                                                        (size_t)e.rank[o]) -
+                                   e.labels[o]);
+        }
+    }
+
+    /* workspace: permuted operands, the output before its permutation */
+    carve c = {0};
+    size_t off_op[2] = {0, 0}, off_c = 0;
+    for (int o = 0; o < 2; o++)
+        if (permuted[o])
+            off_op[o] = carve_take(&c, (size_t)numel(t[o]) * sizeof(float));
+    if (!out_direct)
+        off_c = carve_take(&c, (size_t)numel(t[2]) * sizeof(float));
+    char *ws = NULL;
+    if (c.used > 0)
+        PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
+    const float *opnd[2] = {(const float *)in[0].data, (const float *)in[1].data};
+    for (int o = 0; o < 2; o++)
+        if (permuted[o]) {
+            PS_RET(permute(s, opnd[o], t[o]->shape, t[o]->rank, perm[o], ws + off_op[o], err));
+            opnd[o] = (const float *)(ws + off_op[o]);
+        }
+    float *cptr = out_direct ? (float *)out[0].data : (float *)(ws + off_c);
+
+    /* row-major C[M,N] = L[M,K] R[K,N] is column-major C^T = R^T L^T */
+    cublasOperation_t opR = trans[R] ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opL = trans[L] ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int ldR = trans[R] ? (int)K : (int)N;
+    int ldL = trans[L] ? (int)M : (int)K;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasComputeType_t ct = s->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    PS_CUBLAS_RET(s->loc,
+                  cublasGemmStridedBatchedEx(s->blas, opR, opL, (int)N, (int)M, (int)K, &alpha,
+                                             opnd[R], CUDA_R_32F, ldR, (long long)(K * N),
+                                             opnd[L], CUDA_R_32F, ldL, (long long)(M * K),
+                                             &beta, cptr, CUDA_R_32F, (int)N,
+                                             (long long)(M * N), (int)B, ct,
+                                             CUBLAS_GEMM_DEFAULT));
+    if (!out_direct) {
+        /* computed as [batch][P][Q] (P = a's free labels): into output order */
+        char have[PS_MAX_RANK];
+        int64_t have_shape[PS_MAX_RANK];
+        int n = 0, operm[PS_MAX_RANK];
+        for (int i = 0; i < nb; i++)
+            have[n++] = batch[i];
+        for (int i = 0; i < np; i++)
+            have[n++] = P[i];
+        for (int i = 0; i < nq; i++)
+            have[n++] = Q[i];
+        for (int i = 0; i < n; i++)
+            have_shape[i] = size[have[i] - 'a'];
+        for (int i = 0; i < e.rank[2]; i++)
+            operm[i] = (int)((const char *)memchr(have, e.labels[2][i], (size_t)n) - have);
+        PS_RET(permute(s, cptr, have_shape, n, operm, out[0].data, err));
+    }
+    return PS_OK;
+}
+
+static ps_status run_reduce(ps_cuda_stream *s, const ps_op *op, const ps_tile *x, ps_tile *y,
+                            ps_error *err)
+{
+    red_args a;
+    memset(&a, 0, sizeof a);
+    uint32_t axes = op->attrs.axes;
+    if (axes == 0 || (x->rank < 32 && (axes >> x->rank) != 0))
+        BAD("axes 0x%x do not fit an input of rank %d", axes, x->rank);
+    int64_t stride[PS_MAX_RANK];
+    strides_of(x->shape, x->rank, stride);
+    double count = 1;
+    a.n_red = 1;
+    int64_t n_out = 1;
+    for (int d = 0; d < x->rank; d++) {
+        if (axes & (1u << d)) {
+            a.red_size[a.red_rank] = x->shape[d];
+            a.red_stride[a.red_rank++] = stride[d];
+            a.n_red *= x->shape[d];
+            count *= (double)x->global[d];
+        } else {
+            a.kept_size[a.kept_rank] = x->shape[d];
+            a.kept_stride[a.kept_rank++] = stride[d];
+            n_out *= x->shape[d];
+        }
+    }
+    if (numel(y) != n_out)
+        BAD("output has %lld elements, the input without axes %lld", (long long)numel(y),
+            (long long)n_out);
+    a.factor = op->attrs.reduce == PS_REDUCE_MEAN ? 1.0 / count : 1.0;
+    if (n_out >= 8192 || a.n_red < 64) {
+        k_reduce_thread<<<LAUNCH(n_out)>>>(a, (const float *)x->data, (float *)y->data, n_out);
+        PS_CUDA_LAUNCHED(s->loc, "k_reduce_thread");
+    } else {
+        k_reduce_block<<<row_blocks(n_out), THREADS, 0, s->stream>>>(a, (const float *)x->data,
+                                                                      (float *)y->data, n_out);
+        PS_CUDA_LAUNCHED(s->loc, "k_reduce_block");
+    }
+    return PS_OK;
+}
+
+static ps_status run_broadcast(ps_cuda_stream *s, const ps_op *op, const ps_tile *x, ps_tile *y,
+                               ps_error *err)
+{
+    bcast_args a;
+    memset(&a, 0, sizeof a);
+    uint32_t axes = op->attrs.axes;
+    if (axes == 0 || (y->rank < 32 && (axes >> y->rank) != 0))
+        BAD("axes 0x%x do not fit an output of rank %d", axes, y->rank);
+    a.rank = y->rank;
+    /* the input's shape is the output's without axes */
+    int64_t in_shape[PS_MAX_RANK], in_stride[PS_MAX_RANK];
+    int kr = 0;
+    double count = 1;
+    for (int d = 0; d < y->rank; d++) {
+        a.out_shape[d] = y->shape[d];
+        if (axes & (1u << d))
+            count *= (double)y->global[d];
+        else
+            in_shape[kr++] = y->shape[d];
+    }
+    int64_t n_in = 1;
+    for (int i = 0; i < kr; i++)
+        n_in *= in_shape[i];
+    if (numel(x) != n_in)
+        BAD("input has %lld elements, the output without axes %lld", (long long)numel(x),
+            (long long)n_in);
+    strides_of(in_shape, kr, in_stride);
+    for (int d = 0, k = 0; d < y->rank; d++)
+        a.in_stride[d] = (axes & (1u << d)) ? 0 : in_stride[k++];
+    a.factor = op->attrs.reduce == PS_REDUCE_MEAN ? (float)(1.0 / count) : 1.0f;
+    int64_t n = numel(y);
+    k_broadcast<<<LAUNCH(n)>>>(a, (const float *)x->data, (float *)y->data, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_broadcast");
+    return PS_OK;
+}
+
+static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
+                               ps_tile *out, ps_error *err)
+{
+    const ps_tile *x = &in[0], *g = &in[1];
+    int64_t n = last_dim(x), rows = n > 0 ? numel(x) / n : 0;
+    if (numel(g) != n || (op->kind == PS_OP_LAYERNORM && numel(&in[2]) != n))
+        BAD("gamma and beta must have the %lld elements of the input's last dim", (long long)n);
+    if (numel(&out[0]) != numel(x))
+        BAD("output has %lld elements, the input %lld", (long long)numel(&out[0]),
+            (long long)numel(x));
+    double eps = op->attrs.eps;
+    if (x->rank < 1 || x->shape[x->rank - 1] != x->global[x->rank - 1])
+        return unsupported(s, op, err, "the normalized (last) dim must not be split");
+    if (op->kind == PS_OP_LAYERNORM) {
+        k_layernorm<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+            (const float *)x->data, (const float *)g->data, (const float *)in[2].data,
+            (float *)out[0].data, rows, n, eps);
+        PS_CUDA_LAUNCHED(s->loc, "k_layernorm");
+        return PS_OK;
+    }
+    const ps_tile *dy = &in[2];
+    if (numel(dy) != numel(x))
+        BAD("output gradient has %lld elements, the input %lld", (long long)numel(dy),
+            (long long)numel(x));
+    if (numel(&out[1]) != n || numel(&out[2]) != n)
+        BAD("dgamma and dbeta must have %lld elements", (long long)n);
+    int64_t chunks = rows < 64 ? rows : 64;
+    if (chunks < 1)
+        chunks = 1;
+    int64_t per = (rows + chunks - 1) / chunks;
+    carve c = {0};
+    size_t o_mean = carve_take(&c, (size_t)rows * 4), o_rstd = carve_take(&c, (size_t)rows * 4);
+    size_t o_pg = carve_take(&c, (size_t)(chunks * n) * 8);
+    size_t o_pb = carve_take(&c, (size_t)(chunks * n) * 8);
+    char *ws;
+    PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
+    float *mean = (float *)(ws + o_mean), *rstd = (float *)(ws + o_rstd);
+    double *pg = (double *)(ws + o_pg), *pb = (double *)(ws + o_pb);
+    k_layernorm_grad_x<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+        (const float *)x->data, (const float *)g->data, (const float *)dy->data,
+        (float *)out[0].data, mean, rstd, rows, n, eps);
+    PS_CUDA_LAUNCHED(s->loc, "k_layernorm_grad_x");
+    dim3 grid((unsigned)((n + THREADS - 1) / THREADS < 65535 ? (n + THREADS - 1) / THREADS
+                                                               : 65535),
+              (unsigned)chunks);
+    k_layernorm_grad_partial<<<grid, THREADS, 0, s->stream>>>(
+        (const float *)x->data, (const float *)dy->data, mean, rstd, pg, pb, rows, n, per);
+    PS_CUDA_LAUNCHED(s->loc, "k_layernorm_grad_partial");
+    k_sum_chunks<<<LAUNCH(n)>>>(pg, pb, (float *)out[1].data, (float *)out[2].data, n, chunks);
+    PS_CUDA_LAUNCHED(s->loc, "k_sum_chunks");
+    return PS_OK;
+}
+
+static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                             ps_error *err)
+{
+    const ps_tile *x = &in[0];
+    int64_t n = last_dim(x), rows = numel(x) / n;
+    if (numel(&out[0]) != numel(x))
+        BAD("output has %lld elements, the input %lld", (long long)numel(&out[0]),
+            (long long)numel(x));
+    float scale = (float)op->attrs.scale;
+    if (x->rank < 1 || x->shape[x->rank - 1] != x->global[x->rank - 1])
+        return unsupported(s, op, err, "the softmax (last) dim must not be split");
+    if (!(op->attrs.scale > 0))
+        BAD("scale must be positive");
+    if (op->kind == PS_OP_SOFTMAX_GRAD) {
+        PS_RET(need_numel(s, op, &in[0], &in[1], "y", "dy", err));
+        k_softmax_grad<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+            (const float *)in[0].data, (const float *)in[1].data, (float *)out[0].data, rows, n,
+            op->attrs.scale);
+        PS_CUDA_LAUNCHED(s->loc, "k_softmax_grad");
+        return PS_OK;
+    }
+    bool causal = op->attrs.causal;
+    if (causal && x->rank < 2)
+        BAD("a causal softmax needs rank >= 2");
+    int64_t qdim = causal ? x->shape[x->rank - 2] : 1;
+    int64_t qoff = causal ? x->offset[x->rank - 2] : 0;
+    int64_t koff = causal ? x->offset[x->rank - 1] : 0;
+    k_softmax<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+        (const float *)x->data, (float *)out[0].data, rows, n, scale, causal, qdim, qoff, koff);
+    PS_CUDA_LAUNCHED(s->loc, "k_softmax");
+    return PS_OK;
+}
+
+/* The flag pair a kernel sets for an id or label outside the vocabulary:
+ * read back (a small copy and a wait) and reported. */
+static ps_status check_ids(ps_cuda_stream *s, const ps_op *op, const int *bad_dev,
+                           const char *what, int64_t vocab, ps_error *err)
+{
+    int bad[2] = {0, 0};
+    PS_CUDA_RET(s->loc, cudaMemcpyAsync(bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost,
+                                        s->stream));
+    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    if (bad[0] != 0)
+        BAD("%s %d is outside the vocabulary of %lld", what, bad[1], (long long)vocab);
+    return PS_OK;
+}
+
+static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
+                               ps_tile *out, ps_error *err)
+{
+    bool grad = op->kind == PS_OP_EMBEDDING_GRAD;
+    const ps_tile *table = grad ? &out[0] : &in[0];
+    const ps_tile *ids = grad ? &in[0] : &in[1];
+    const ps_tile *y = grad ? &in[1] : &out[0];
+    if (table->rank != 2)
+        BAD("the table tile must have rank 2, has %d", table->rank);
+    if (!ids->is_int)
+        BAD("ids must be an int32 tile");
+    if (y->rank != ids->rank + 1)
+        BAD("the embedded tile must have the ids' rank + 1");
+    for (int k = 0; k < ids->rank; k++)
+        if (ids->shape[k] != y->shape[k])
+            BAD("the ids tile and the embedded tile differ in dim %d", k);
+    if (y->shape[y->rank - 1] != table->shape[1] || y->offset[y->rank - 1] != table->offset[1])
+        BAD("the embedded tile holds columns %lld..+%lld, the table tile %lld..+%lld",
+            (long long)y->offset[y->rank - 1], (long long)y->shape[y->rank - 1],
+            (long long)table->offset[1], (long long)table->shape[1]);
+    if (grad) {
+        bool same = op->attrs.shape_rank == 2 && op->attrs.shape[0] == table->global[0] &&
+                    op->attrs.shape[1] == table->global[1];
+        if (!same)
+            BAD("the table gradient tile belongs to a tensor of another shape than the shape "
+                "attribute");
+    }
+    int64_t h = table->shape[1], nrows = table->shape[0], row0 = table->offset[0];
+    int64_t vocab = table->global[0];
+    int64_t tokens = numel(ids);
+    if (!grad) {
+        int *bad;
+        PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad, err));
+        PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
+        k_embedding<<<LAUNCH(tokens * h)>>>((const float *)table->data,
+                                            (const int32_t *)ids->data, (float *)y->data, tokens,
+                                            h, row0, nrows, vocab, bad);
+        PS_CUDA_LAUNCHED(s->loc, "k_embedding");
+        return check_ids(s, op, bad, "id", vocab, err);
+    }
+    if (tokens > INT32_MAX || nrows >= INT32_MAX)
+        BAD("%lld tokens or %lld rows exceed the sort's int range", (long long)tokens,
+            (long long)nrows);
+    PS_CUDA_RET(s->loc, cudaMemsetAsync(out[0].data, 0, (size_t)numel(table) * 4, s->stream));
+    if (tokens == 0)
+        return PS_OK;
+    int end_bit = 1;
+    while (end_bit < 31 && ((int64_t)1 << end_bit) <= nrows)
+        end_bit++;
+    size_t temp_bytes = 0;
+    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const int *)NULL,
+                                                        (int *)NULL, (const int *)NULL,
+                                                        (int *)NULL, (int)tokens, 0, end_bit,
+                                                        s->stream));
+    carve c = {0};
+    size_t o_bad = carve_take(&c, 2 * sizeof(int));
+    size_t o_k0 = carve_take(&c, (size_t)tokens * 4), o_k1 = carve_take(&c, (size_t)tokens * 4);
+    size_t o_v0 = carve_take(&c, (size_t)tokens * 4), o_v1 = carve_take(&c, (size_t)tokens * 4);
+    size_t o_tmp = carve_take(&c, temp_bytes);
+    char *ws;
+    PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
+    int *bad = (int *)(ws + o_bad);
+    int *k0 = (int *)(ws + o_k0), *k1 = (int *)(ws + o_k1);
+    int *v0 = (int *)(ws + o_v0), *v1 = (int *)(ws + o_v1);
+    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
+    k_embedding_keys<<<LAUNCH(tokens)>>>((const int32_t *)ids->data, k0, v0, tokens, row0, nrows,
+                                         vocab, bad);
+    PS_CUDA_LAUNCHED(s->loc, "k_embedding_keys");
+    /* stable: a row's tokens stay in token order, so the sums below are
+     * deterministic */
+    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(ws + o_tmp, temp_bytes, k0, k1, v0, v1,
+                                                        (int)tokens, 0, end_bit, s->stream));
+    k_embedding_grad_rows<<<row_blocks(tokens), THREADS, 0, s->stream>>>(
+        k1, v1, (const float *)y->data, (float *)out[0].data, tokens, h, nrows);
+    PS_CUDA_LAUNCHED(s->loc, "k_embedding_grad_rows");
+    return check_ids(s, op, bad, "id", vocab, err);
+}
+
+static ps_status run_reduce_fn(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
+                               float *data, int64_t n, ps_reduce_op rop, ps_error *err)
+{
+    if (ctx == NULL || ctx->reduce.group_size <= 1)
+        return PS_OK;
+    if (ctx->reduce.fn == NULL)
+        BAD("a reduce group of %d devices without a reduce function", ctx->reduce.group_size);
+    /* the reduction reads what this stream wrote */
+    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    return ctx->reduce.fn(ctx->reduce.arg, data, n, rop, err);
+}
+
+static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                          const ps_op_context *ctx, ps_error *err)
+{
+    const ps_tile *x = &in[0], *labels = &in[1];
+    bool grad = op->kind == PS_OP_SOFTMAX_XENT_GRAD;
+    if (!labels->is_int)
+        BAD("labels must be an int32 tile");
+    if (x->rank < 1)
+        BAD("logits must have rank >= 1");
+    if (labels->rank != x->rank - 1)
+        BAD("labels must have the logits' rank - 1");
+    for (int k = 0; k < labels->rank; k++)
+        if (labels->shape[k] != x->shape[k])
+            BAD("the labels tile and the logits tile differ in dim %d", k);
+    int64_t n = last_dim(x), rows = numel(labels);
+    if (numel(&out[0]) != (grad ? numel(x) : 1))
+        BAD("output has %lld elements", (long long)numel(&out[0]));
+    int64_t voff = x->offset[x->rank - 1], vocab = x->global[x->rank - 1];
+    int group = ctx != NULL ? ctx->reduce.group_size : 1;
+    if (group <= 1 && n != vocab)
+        BAD("the vocabulary is split (%lld of %lld) but the op has no reduce group",
+            (long long)n, (long long)vocab);
+    if (group > 1 && n == vocab)
+        BAD("a reduce group of %d devices but the vocabulary is whole", group);
+    double inv_tokens = 1.0 / (double)ps_tile_global_numel(labels);
+    carve c = {0};
+    size_t o_bad = carve_take(&c, 2 * sizeof(int));
+    size_t o_mx = carve_take(&c, (size_t)rows * 4), o_se = carve_take(&c, (size_t)rows * 8);
+    char *ws;
+    PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
+    int *bad = (int *)(ws + o_bad);
+    float *mx = (float *)(ws + o_mx), *se = (float *)(ws + o_se), *lab = se + rows;
+    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
+    unsigned blocks = row_blocks(rows);
+    k_row_max<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data, mx, rows, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_row_max");
+    PS_RET(run_reduce_fn(s, op, ctx, mx, rows, PS_REDUCE_OP_MAX, err));
+    k_row_sumexp<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data,
+                                                    (const int32_t *)labels->data, mx, se,
+                                                    grad ? NULL : lab, rows, n, voff, vocab,
+                                                    bad);
+    PS_CUDA_LAUNCHED(s->loc, "k_row_sumexp");
+    /* sums of exponentials and the label logits: one reduction */
+    PS_RET(run_reduce_fn(s, op, ctx, se, grad ? rows : 2 * rows, PS_REDUCE_OP_SUM, err));
+    /* a bad label is reported after the reductions, so that no peer waits */
+    PS_RET(check_ids(s, op, bad, "label", vocab, err));
+    if (grad) {
+        k_xent_grad<<<LAUNCH(rows * n)>>>((const float *)x->data, (const int32_t *)labels->data,
+                                          mx, se, (float *)out[0].data, rows, n, voff,
+                                          inv_tokens);
+        PS_CUDA_LAUNCHED(s->loc, "k_xent_grad");
+    } else {
+        k_xent_final<<<1, 1024, 0, s->stream>>>(se, mx, lab, rows, inv_tokens,
+                                                (float *)out[0].data);
+        PS_CUDA_LAUNCHED(s->loc, "k_xent_final");
+    }
+    return PS_OK;
+}
+
+static ps_status run_mse(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                         ps_error *err)
+{
+    PS_RET(need_numel(s, op, &in[0], &in[1], "the prediction", "the target", err));
+    int64_t n = numel(&in[0]);
+    double global = (double)ps_tile_global_numel(&in[0]);
+    if (op->kind == PS_OP_MSE_LOSS_GRAD) {
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the prediction", "the output", err));
+        k_mse_grad<<<LAUNCH(n)>>>((const float *)in[0].data, (const float *)in[1].data,
+                                  (float *)out[0].data, n, (float)(2.0 / global));
+        PS_CUDA_LAUNCHED(s->loc, "k_mse_grad");
+        return PS_OK;
+    }
+    if (numel(&out[0]) != 1)
+        BAD("the loss must be a scalar");
+    double *partial;
+    PS_RET(ps_cuda_ws_reserve(s, PARTIAL_BLOCKS * sizeof(double), (void **)&partial, err));
+    k_mse_partial<<<PARTIAL_BLOCKS, THREADS, 0, s->stream>>>(
+        (const float *)in[0].data, (const float *)in[1].data, partial, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_mse_partial");
+    k_sum_partials<<<1, THREADS, 0, s->stream>>>(partial, PARTIAL_BLOCKS, 1.0 / global,
+                                                 (float *)out[0].data);
+    PS_CUDA_LAUNCHED(s->loc, "k_sum_partials");
+    return PS_OK;
+}
+
+static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
+                          const ps_op_context *ctx, ps_error *err)
+{
+    int64_t n = numel(&in[0]);
+    for (int i = 1; i < op->n_in; i++)
+        PS_RET(need_numel(s, op, &in[0], &in[i], "the parameter", "a gradient or state", err));
+    const ps_op_attrs *a = &op->attrs;
+    if (ctx == NULL || ctx->step < 1)
+        BAD("the optimizer step must be >= 1, is %d", ctx != NULL ? ctx->step : 0);
+    if (!(a->lr > 0) || !(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1) ||
+        !(a->adam_eps > 0) || !(a->weight_decay >= 0))
+        BAD("adam hyper-parameters out of range");
+    int step = ctx->step;
+    double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
+    k_adam<<<LAUNCH(n)>>>((float *)in[0].data, (const float *)in[1].data, (float *)in[2].data,
+                          (float *)in[3].data, op->n_in > 4 ? (float *)in[4].data : NULL, n,
+                          (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->adam_eps,
+                          (float)a->weight_decay, (float)bc1, (float)bc2);
+    PS_CUDA_LAUNCHED(s->loc, "k_adam");
+    return PS_OK;
+}
+
+ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                         const ps_op_context *ctx, ps_error *err)
+{
+    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
+    if (info == NULL)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: op \"%s\": unknown kind %d",
+                            s->loc.device, op->name ? op->name : "?", (int)op->kind);
+    PS_RET(need_io(s, op, info->min_in, info->n_out, err));
+    if (op->n_in > info->max_in)
+        BAD("takes at most %d inputs, has %d", info->max_in, op->n_in);
+    for (int i = 0; i < op->n_in; i++)
+        if (in[i].data == NULL)
+            BAD("input %d has no data", i);
+    for (int i = 0; i < op->n_out; i++)
+        if (out[i].data == NULL)
+            BAD("output %d has no data", i);
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    const float *x = (const float *)in[0].data;
+    float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
+    int64_t n = numel(&in[0]);
+    switch (op->kind) {
+    case PS_OP_MATMUL: return run_matmul(s, op, in, out, err);
+    case PS_OP_ADD:
+        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "input 1", err));
+        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
+        k_add<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_add");
+        return PS_OK;
+    case PS_OP_BIAS_ADD:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (numel(&in[1]) != last_dim(&in[0]))
+            BAD("bias has %lld elements, the input's last dim %lld", (long long)numel(&in[1]),
+                (long long)last_dim(&in[0]));
+        k_bias_add<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n, last_dim(&in[0]));
+        PS_CUDA_LAUNCHED(s->loc, "k_bias_add");
+        return PS_OK;
+    case PS_OP_RELU:
+    case PS_OP_GELU:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (op->kind == PS_OP_RELU)
+            k_relu<<<LAUNCH(n)>>>(x, y, n);
+        else
+            k_gelu<<<LAUNCH(n)>>>(x, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_relu/k_gelu");
+        return PS_OK;
+    case PS_OP_RELU_GRAD:
+    case PS_OP_GELU_GRAD:
+        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "dy", err));
+        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
+        if (op->kind == PS_OP_RELU_GRAD)
+            k_relu_grad<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
+        else
+            k_gelu_grad<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_relu_grad/k_gelu_grad");
+        return PS_OK;
+    case PS_OP_LAYERNORM:
+    case PS_OP_LAYERNORM_GRAD: return run_layernorm(s, op, in, out, err);
+    case PS_OP_SOFTMAX:
+    case PS_OP_SOFTMAX_GRAD: return run_softmax(s, op, in, out, err);
+    case PS_OP_EMBEDDING:
+    case PS_OP_EMBEDDING_GRAD: return run_embedding(s, op, in, out, err);
+    case PS_OP_RESHAPE:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (out[0].data != in[0].data)
+            PS_CUDA_RET(s->loc, cudaMemcpyAsync(out[0].data, in[0].data, (size_t)n * 4,
+                                                cudaMemcpyDeviceToDevice, s->stream));
+        return PS_OK;
+    case PS_OP_TRANSPOSE: {
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        bool seen[PS_MAX_RANK] = {false};
+        for (int i = 0; i < in[0].rank; i++) {
+            int p = op->attrs.perm[i];
+            if (p < 0 || p >= in[0].rank || seen[p])
+                BAD("perm is not a permutation of 0..%d", in[0].rank - 1);
+            seen[p] = true;
+            if (out[0].rank != in[0].rank || out[0].shape[i] != in[0].shape[p])
+                BAD("output dim %d is not input dim %d", i, p);
+        }
+        return permute(s, in[0].data, in[0].shape, in[0].rank, op->attrs.perm, out[0].data,
+                       err);
+    }
+    case PS_OP_REDUCE: return run_reduce(s, op, &in[0], &out[0], err);
+    case PS_OP_BROADCAST: return run_broadcast(s, op, &in[0], &out[0], err);
+    case PS_OP_MSE_LOSS:
+    case PS_OP_MSE_LOSS_GRAD: return run_mse(s, op, in, out, err);
+    case PS_OP_SOFTMAX_XENT:
+    case PS_OP_SOFTMAX_XENT_GRAD: return run_xent(s, op, in, out, ctx, err);
+    case PS_OP_ADAM: return run_adam(s, op, in, ctx, err);
+    default:
+        return ps_error_set(err, PS_ERR_UNSUPPORTED,
+                            "device %d: op \"%s\": the CUDA backend does not implement %s",
+                            s->loc.device, op->name ? op->name : "?", info->name);
+    }
+}

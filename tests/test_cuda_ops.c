@@ -1,0 +1,1153 @@
+/* exec/cuda: every implemented op on random tiles (split tiles with offsets
+ * included) against the CPU reference ps_cpu_op_run (normalized mean
+ * squared error <= 1e-6 in fp32, no TF32); the backend's copy_box,
+ * collectives, reductions and send/recv with four virtual devices sharing
+ * GPU 0 (one thread each) against the box semantics computed on the host;
+ * exact memory accounting; errors that name the device (an absurd
+ * allocation, an injected collective failure that every device thread
+ * reports without hanging); timing and the GEMM profiler.
+ *
+ * Needs a GPU: exits 77 (skipped) when ps_cuda_device_count() is 0. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "exec/cuda/cuda_backend.h"
+#include "exec/cuda/cuda_ops.h"
+#include "tests/test_util.h"
+#ifdef PS_HAVE_CPU_OPS
+#include "exec/cpu/cpu_ops.h"
+#endif
+
+#define NMSE_TOL 1e-6
+
+/* ---- host tiles ------------------------------------------------------------ */
+
+/* A host tile of `rank` dims: local shape, whole tensor (NULL: the same) and
+ * offset (NULL: 0); zero-filled. */
+static ps_tile htile(bool is_int, int rank, const int64_t *shape, const int64_t *global,
+                     const int64_t *offset)
+{
+    ps_tile t;
+    memset(&t, 0, sizeof t);
+    t.is_int = is_int;
+    t.rank = rank;
+    for (int d = 0; d < rank; d++) {
+        t.shape[d] = shape[d];
+        t.global[d] = global ? global[d] : shape[d];
+        t.offset[d] = offset ? offset[d] : 0;
+    }
+    t.data = calloc((size_t)ps_tile_numel(&t) + 1, 4);
+    assert_non_null(t.data);
+    return t;
+}
+
+static ps_tile hrand(int rank, const int64_t *shape, const int64_t *global,
+                     const int64_t *offset)
+{
+    ps_tile t = htile(false, rank, shape, global, offset);
+    float *p = t.data;
+    for (int64_t i = 0; i < ps_tile_numel(&t); i++)
+        p[i] = (float)(2.0 * uniform() - 1.0);
+    return t;
+}
+
+static ps_tile hints(int rank, const int64_t *shape, int below_n)
+{
+    ps_tile t = htile(true, rank, shape, NULL, NULL);
+    int32_t *p = t.data;
+    for (int64_t i = 0; i < ps_tile_numel(&t); i++)
+        p[i] = below(below_n);
+    return t;
+}
+
+static ps_tile hcopy(const ps_tile *t)
+{
+    ps_tile c = *t;
+    size_t bytes = (size_t)ps_tile_numel(t) * 4;
+    c.data = malloc(bytes + 4);
+    assert_non_null(c.data);
+    memcpy(c.data, t->data, bytes);
+    return c;
+}
+
+/* sum (a - b)^2 / sum b^2 (b the reference); 0 when both are zero. */
+static double nmse(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    if (num == 0)
+        return 0;
+    return den > 0 ? num / den : INFINITY;
+}
+
+/* ---- device tiles ----------------------------------------------------------- */
+
+static ps_tile dupload(ps_backend *b, int dev, const ps_tile *h)
+{
+    ps_error err = {0};
+    ps_tile d = *h;
+    int64_t bytes = ps_tile_numel(h) * 4;
+    assert_int_equal(b->ops->alloc(b, dev, bytes, &d.data, &err), PS_OK);
+    assert_int_equal(b->ops->upload(b, dev, d.data, h->data, bytes, &err), PS_OK);
+    return d;
+}
+
+static void ddownload(ps_backend *b, int dev, const ps_tile *d, ps_tile *h)
+{
+    ps_error err = {0};
+    assert_int_equal(b->ops->download(b, dev, h->data, d->data, ps_tile_numel(d) * 4, &err),
+                     PS_OK);
+}
+
+static ps_backend *backend(int n, bool share)
+{
+    ps_error err = {0};
+    ps_backend *b = NULL;
+    ps_cuda_backend_options o = ps_cuda_backend_options_default();
+    o.share_gpu = share;
+    ps_status st = ps_cuda_backend_create(n, 8, &o, &b, &err);
+    if (st != PS_OK)
+        fail_msg("ps_cuda_backend_create: %s", err.msg);
+    return b;
+}
+
+static ps_op mkop(ps_op_kind kind, int n_in)
+{
+    ps_op op;
+    memset(&op, 0, sizeof op);
+    op.name = (char *)ps_op_kind_get(kind)->name;
+    op.kind = kind;
+    op.n_in = n_in;
+    op.n_out = ps_op_kind_get(kind)->n_out;
+    op.forward_op = -1;
+    op.attrs = ps_op_attrs_default(kind);
+    return op;
+}
+
+/* ---- ops against the CPU reference --------------------------------------------- */
+
+#ifdef PS_HAVE_CPU_OPS
+/* Runs op on the CPU and on the GPU (device 0 of b) and compares every
+ * output and, for adam, the updated inputs. out[] gives the output tiles'
+ * geometry (their data is ignored). Frees in[] and out[]. */
+static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
+{
+    ps_error err = {0};
+    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}};
+    ps_tile cin[PS_MAX_OP_IO], cout[PS_MAX_OP_IO], din[PS_MAX_OP_IO], dout[PS_MAX_OP_IO];
+    ps_tile gin[PS_MAX_OP_IO], gout[PS_MAX_OP_IO];
+    for (int i = 0; i < op->n_in; i++) {
+        cin[i] = hcopy(&in[i]);
+        gin[i] = hcopy(&in[i]);
+        din[i] = dupload(b, 0, &in[i]);
+    }
+    for (int i = 0; i < op->n_out; i++) {
+        cout[i] = hcopy(&out[i]);
+        gout[i] = hcopy(&out[i]);
+        dout[i] = dupload(b, 0, &out[i]);
+    }
+    ps_status st = ps_cpu_op_run(op, cin, cout, &ctx, &err);
+    if (st != PS_OK)
+        fail_msg("%s (%s): CPU reference failed: %s", op->name, op->attrs.einsum, err.msg);
+    st = b->ops->op(b, 0, op, din, dout, &ctx, &err);
+    if (st != PS_OK)
+        fail_msg("%s (%s): %s", op->name, op->attrs.einsum, err.msg);
+    for (int i = 0; i < op->n_out; i++) {
+        ddownload(b, 0, &dout[i], &gout[i]);
+        int64_t n = ps_tile_numel(&out[i]);
+        if (out[i].is_int) {
+            assert_memory_equal(gout[i].data, cout[i].data, (size_t)n * 4);
+        } else {
+            double e = nmse(gout[i].data, cout[i].data, n);
+            if (!(e <= NMSE_TOL))
+                fail_msg("%s (%s): output %d differs from the CPU, nmse %g", op->name,
+                         op->attrs.einsum, i, e);
+        }
+    }
+    if (op->kind == PS_OP_ADAM)
+        for (int i = 0; i < op->n_in; i++) {
+            ddownload(b, 0, &din[i], &gin[i]);
+            double e = nmse(gin[i].data, cin[i].data, ps_tile_numel(&in[i]));
+            if (!(e <= NMSE_TOL))
+                fail_msg("adam: input %d differs from the CPU after the update, nmse %g", i, e);
+        }
+    for (int i = 0; i < op->n_in; i++) {
+        b->ops->release(b, 0, din[i].data);
+        free(cin[i].data);
+        free(gin[i].data);
+        free(in[i].data);
+    }
+    for (int i = 0; i < op->n_out; i++) {
+        b->ops->release(b, 0, dout[i].data);
+        free(cout[i].data);
+        free(gout[i].data);
+        free(out[i].data);
+    }
+}
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+
+/* An einsum on random operands; sizes per label a..z. */
+static void check_einsum(ps_backend *b, const char *spec, const int64_t *size)
+{
+    ps_einsum e;
+    assert_int_equal(ps_einsum_parse(spec, &e, NULL), PS_OK);
+    ps_tile t[3];
+    for (int o = 0; o < 3; o++) {
+        int64_t shape[PS_MAX_RANK], global[PS_MAX_RANK], offset[PS_MAX_RANK];
+        for (int i = 0; i < e.rank[o]; i++) {
+            shape[i] = size[e.labels[o][i] - 'a'];
+            /* a tile of a larger tensor: matmul works on local extents */
+            global[i] = shape[i] * 2;
+            offset[i] = shape[i];
+        }
+        t[o] = o < 2 ? hrand(e.rank[o], shape, global, offset)
+                     : htile(false, e.rank[o], shape, global, offset);
+    }
+    ps_op op = mkop(PS_OP_MATMUL, 2);
+    snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", spec);
+    check_op(b, &op, t, &t[2]);
+}
+
+static void ops_matmul(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    int64_t size[26];
+    for (int l = 0; l < 26; l++)
+        size[l] = 3 + l % 5;
+    size['b' - 'a'] = 4;
+    size['s' - 'a'] = 6;
+    size['k' - 'a'] = 33;
+    size['n' - 'a'] = 17;
+    size['h' - 'a'] = 24;
+    size['v' - 'a'] = 50;
+    size['q' - 'a'] = size['k' - 'a'];
+    const char *specs[] = {
+        "bk,kn->bn",       "bn,kn->bk",        "bk,bn->kn",        "bsk,kn->bsn",
+        "bsn,kn->bsk",     "bsk,bsn->kn",      "bsh,vh->bsv",      "bsv,vh->bsh",
+        "bsv,bsh->vh",     "bqad,bkad->baqk",  "baqk,bkad->bqad",  "bqad,baqk->bkad",
+        "baqk,bqad->bkad", "egcm,emf->egcf",   "egcf,efm->egcm",   "egcm,egcf->emf",
+        "gsm,me->gse",     "ij,jk->ki",        "abc,cd->dba",      "k,k->",
+        "i,j->ij",         "abij,abjk->baik",  "xy,zy->yxz",
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        check_einsum(b, specs[i], size);
+    b->ops->destroy(b);
+}
+
+static void ops_elementwise(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    const int64_t *shape = SH(5, 7, 33), *global = SH(10, 7, 66), *offset = SH(5, 0, 33);
+    ps_op_kind unary[] = {PS_OP_RELU, PS_OP_GELU};
+    for (int k = 0; k < 2; k++) {
+        ps_op op = mkop(unary[k], 1);
+        ps_tile in[1] = {hrand(3, shape, global, offset)};
+        ps_tile out[1] = {htile(false, 3, shape, global, offset)};
+        check_op(b, &op, in, out);
+    }
+    ps_op_kind binary[] = {PS_OP_ADD, PS_OP_RELU_GRAD, PS_OP_GELU_GRAD, PS_OP_MSE_LOSS_GRAD};
+    for (int k = 0; k < 4; k++) {
+        ps_op op = mkop(binary[k], 2);
+        ps_tile in[2] = {hrand(3, shape, global, offset), hrand(3, shape, global, offset)};
+        ps_tile out[1] = {htile(false, 3, shape, global, offset)};
+        check_op(b, &op, in, out);
+    }
+    {
+        ps_op op = mkop(PS_OP_MSE_LOSS, 2);
+        ps_tile in[2] = {hrand(3, shape, global, offset), hrand(3, shape, global, offset)};
+        ps_tile out[1] = {htile(false, 0, NULL, NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    {
+        ps_op op = mkop(PS_OP_BIAS_ADD, 2);
+        ps_tile in[2] = {hrand(3, shape, global, offset), hrand(1, SH(33), SH(66), SH(33))};
+        ps_tile out[1] = {htile(false, 3, shape, global, offset)};
+        check_op(b, &op, in, out);
+    }
+    b->ops->destroy(b);
+}
+
+static void ops_norm_softmax(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    /* rows split: a tile of rows 6..11 of 24; the normalized dim is whole */
+    const int64_t *shape = SH(6, 300), *global = SH(24, 300), *offset = SH(6, 0);
+    {
+        ps_op op = mkop(PS_OP_LAYERNORM, 3);
+        ps_tile in[3] = {hrand(2, shape, global, offset), hrand(1, SH(300), NULL, NULL),
+                         hrand(1, SH(300), NULL, NULL)};
+        ps_tile out[1] = {htile(false, 2, shape, global, offset)};
+        check_op(b, &op, in, out);
+    }
+    {
+        ps_op op = mkop(PS_OP_LAYERNORM_GRAD, 3);
+        ps_tile in[3] = {hrand(2, shape, global, offset), hrand(1, SH(300), NULL, NULL),
+                         hrand(2, shape, global, offset)};
+        ps_tile out[3] = {htile(false, 2, shape, global, offset),
+                          htile(false, 1, SH(300), NULL, NULL),
+                          htile(false, 1, SH(300), NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    /* attention scores [b, a, q, k]: whole, and queries 8..15 of 16 */
+    for (int causal = 0; causal < 2; causal++)
+        for (int split = 0; split < 2; split++) {
+            const int64_t *s4 = split ? SH(2, 3, 8, 16) : SH(2, 3, 16, 16);
+            const int64_t *g4 = SH(2, 3, 16, 16), *o4 = split ? SH(0, 0, 8, 0) : SH(0, 0, 0, 0);
+            ps_op op = mkop(PS_OP_SOFTMAX, 1);
+            op.attrs.scale = 0.37;
+            op.attrs.causal = causal;
+            ps_tile in[1] = {hrand(4, s4, g4, o4)};
+            ps_tile out[1] = {htile(false, 4, s4, g4, o4)};
+            check_op(b, &op, in, out);
+            ps_op gop = mkop(PS_OP_SOFTMAX_GRAD, 2);
+            gop.attrs.scale = 0.37;
+            gop.attrs.causal = causal;
+            ps_tile gin[2] = {hrand(4, s4, g4, o4), hrand(4, s4, g4, o4)};
+            ps_tile gout[1] = {htile(false, 4, s4, g4, o4)};
+            check_op(b, &gop, gin, gout);
+        }
+    /* a long row (several passes of the block) */
+    {
+        ps_op op = mkop(PS_OP_SOFTMAX, 1);
+        ps_tile in[1] = {hrand(2, SH(3, 5000), NULL, NULL)};
+        ps_tile out[1] = {htile(false, 2, SH(3, 5000), NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    b->ops->destroy(b);
+}
+
+static void ops_embedding(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    /* table rows 10..24 of 40, columns 8..23 of 32; ids over the whole
+     * vocabulary (the others give zeros) */
+    const int64_t *ts = SH(15, 16), *tg = SH(40, 32), *to = SH(10, 8);
+    for (int whole = 0; whole < 2; whole++) {
+        const int64_t *s = whole ? tg : ts, *o = whole ? SH(0, 0) : to;
+        {
+            ps_op op = mkop(PS_OP_EMBEDDING, 2);
+            ps_tile in[2] = {hrand(2, s, tg, o), hints(2, SH(4, 9), 40)};
+            ps_tile out[1] = {htile(false, 3, SH(4, 9, s[1]), SH(4, 9, 32), SH(0, 0, o[1]))};
+            check_op(b, &op, in, out);
+        }
+        {
+            ps_op op = mkop(PS_OP_EMBEDDING_GRAD, 2);
+            op.attrs.shape_rank = 2;
+            op.attrs.shape[0] = 40;
+            op.attrs.shape[1] = 32;
+            ps_tile in[2] = {hints(2, SH(4, 9), 40),
+                             hrand(3, SH(4, 9, s[1]), SH(4, 9, 32), SH(0, 0, o[1]))};
+            ps_tile out[1] = {htile(false, 2, s, tg, o)};
+            check_op(b, &op, in, out);
+        }
+    }
+    b->ops->destroy(b);
+}
+
+static void ops_layout(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    {
+        ps_op op = mkop(PS_OP_RESHAPE, 1);
+        op.attrs.shape_rank = 2;
+        op.attrs.shape[0] = 12;
+        op.attrs.shape[1] = 35;
+        ps_tile in[1] = {hrand(3, SH(4, 3, 35), NULL, NULL)};
+        ps_tile out[1] = {htile(false, 2, SH(12, 35), NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    {
+        ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+        op.attrs.perm[0] = 2;
+        op.attrs.perm[1] = 0;
+        op.attrs.perm[2] = 3;
+        op.attrs.perm[3] = 1;
+        ps_tile in[1] = {hrand(4, SH(4, 3, 5, 6), NULL, NULL)};
+        ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    /* reductions: split inputs (mean divides by the global count), few and
+     * many outputs, leading, trailing and middle axes */
+    struct {
+        int rank;
+        int64_t shape[4], global[4], offset[4];
+        uint32_t axes;
+    } rc[] = {
+        {3, {4, 5, 6}, {8, 5, 6}, {4, 0, 0}, 0x3},
+        {3, {4, 5, 6}, {4, 10, 6}, {0, 5, 0}, 0x2},
+        {3, {40, 30, 9}, {80, 30, 9}, {0, 0, 0}, 0x4},
+        {2, {3000, 5}, {3000, 5}, {0, 0}, 0x1},
+        {2, {5, 9000}, {5, 9000}, {0, 0}, 0x1},
+        {4, {3, 4, 5, 6}, {3, 8, 5, 6}, {0, 4, 0, 0}, 0xa},
+    };
+    for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++)
+        for (int mean = 0; mean < 2; mean++) {
+            int64_t rs[4], rg[4], ro[4];
+            int rr = 0;
+            for (int d = 0; d < rc[i].rank; d++)
+                if (!(rc[i].axes & (1u << d))) {
+                    rs[rr] = rc[i].shape[d];
+                    rg[rr] = rc[i].global[d];
+                    ro[rr++] = rc[i].offset[d];
+                }
+            ps_op op = mkop(PS_OP_REDUCE, 1);
+            op.attrs.axes = rc[i].axes;
+            op.attrs.reduce = mean ? PS_REDUCE_MEAN : PS_REDUCE_SUM;
+            ps_tile in[1] = {hrand(rc[i].rank, rc[i].shape, rc[i].global, rc[i].offset)};
+            ps_tile out[1] = {htile(false, rr, rs, rg, ro)};
+            check_op(b, &op, in, out);
+            ps_op bop = mkop(PS_OP_BROADCAST, 1);
+            bop.attrs.axes = rc[i].axes;
+            bop.attrs.reduce = op.attrs.reduce;
+            bop.attrs.shape_rank = rc[i].rank;
+            for (int d = 0; d < rc[i].rank; d++)
+                bop.attrs.shape[d] = rc[i].global[d];
+            ps_tile bin[1] = {hrand(rr, rs, rg, ro)};
+            ps_tile bout[1] = {htile(false, rc[i].rank, rc[i].shape, rc[i].global,
+                                     rc[i].offset)};
+            check_op(b, &bop, bin, bout);
+        }
+    b->ops->destroy(b);
+}
+
+static void ops_losses_adam(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    /* tokens 4..7 of 8 (an addend of the loss), vocabulary whole */
+    for (int grad = 0; grad < 2; grad++) {
+        ps_op op = mkop(grad ? PS_OP_SOFTMAX_XENT_GRAD : PS_OP_SOFTMAX_XENT, 2);
+        ps_tile in[2] = {hrand(3, SH(4, 6, 300), SH(8, 6, 300), SH(4, 0, 0)),
+                         hints(2, SH(4, 6), 300)};
+        in[1].global[0] = 8;
+        in[1].offset[0] = 4;
+        ps_tile out[1] = {grad ? htile(false, 3, SH(4, 6, 300), SH(8, 6, 300), SH(4, 0, 0))
+                               : htile(false, 0, NULL, NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    for (int master = 0; master < 2; master++) {
+        ps_op op = mkop(PS_OP_ADAM, master ? 5 : 4);
+        op.attrs.weight_decay = 0.01;
+        ps_tile in[5];
+        for (int i = 0; i < op.n_in; i++)
+            in[i] = hrand(2, SH(33, 17), NULL, NULL);
+        float *v = in[3].data;
+        for (int64_t i = 0; i < 33 * 17; i++)
+            v[i] = fabsf(v[i]); /* a second moment */
+        check_op(b, &op, in, NULL);
+    }
+    b->ops->destroy(b);
+}
+
+/* The loss over a vocabulary split across two devices (their reduce group)
+ * equals the CPU's loss over the whole logits; each device's dlogits is its
+ * slice of the whole gradient. */
+typedef struct xent_dev {
+    ps_backend *b;
+    int device;
+    ps_tile logits, labels; /* host */
+    ps_tile out;            /* host result */
+    bool grad;
+    ps_status st;
+    char msg[PS_ERROR_MSG_MAX];
+} xent_dev;
+
+typedef struct reduce_arg {
+    ps_backend *b;
+    int device;
+    ps_exec_group g;
+} reduce_arg;
+
+static ps_status reduce_through_backend(void *arg, float *data, int64_t n, ps_reduce_op op,
+                                        ps_error *err)
+{
+    reduce_arg *r = arg;
+    return r->b->ops->reduce(r->b, r->device, &r->g, data, n, op, err);
+}
+
+static void *xent_thread(void *p)
+{
+    xent_dev *x = p;
+    ps_error err = {0};
+    static const int members[2] = {0, 1};
+    reduce_arg ra = {x->b, x->device, {7, 2, members, x->device}};
+    ps_op_context ctx = {.step = 1, .reduce = {2, &ra, reduce_through_backend}};
+    ps_op op = mkop(x->grad ? PS_OP_SOFTMAX_XENT_GRAD : PS_OP_SOFTMAX_XENT, 2);
+    ps_tile in[2], out[1];
+    in[0] = x->logits;
+    in[1] = x->labels;
+    out[0] = x->out;
+    ps_backend *b = x->b;
+    x->st = b->ops->alloc(b, x->device, ps_tile_numel(&in[0]) * 4, &in[0].data, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->alloc(b, x->device, ps_tile_numel(&in[1]) * 4, &in[1].data, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->alloc(b, x->device, ps_tile_numel(&out[0]) * 4, &out[0].data, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->upload(b, x->device, in[0].data, x->logits.data,
+                               ps_tile_numel(&in[0]) * 4, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->upload(b, x->device, in[1].data, x->labels.data,
+                               ps_tile_numel(&in[1]) * 4, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->op(b, x->device, &op, in, out, &ctx, &err);
+    if (x->st == PS_OK)
+        x->st = b->ops->download(b, x->device, x->out.data, out[0].data,
+                                 ps_tile_numel(&out[0]) * 4, &err);
+    if (x->st != PS_OK)
+        b->ops->abort(b);
+    snprintf(x->msg, sizeof x->msg, "%s", err.msg);
+    for (int i = 0; i < 2; i++)
+        b->ops->release(b, x->device, in[i].data);
+    b->ops->release(b, x->device, out[0].data);
+    return NULL;
+}
+
+static void ops_xent_split_vocabulary(void **state)
+{
+    (void)state;
+    const int64_t T = 5, S = 7, V = 96;
+    ps_tile logits = hrand(3, SH(T, S, V), NULL, NULL), labels = hints(2, SH(T, S), (int)V);
+    for (int grad = 0; grad < 2; grad++) {
+        ps_backend *b = backend(2, true);
+        ps_op op = mkop(grad ? PS_OP_SOFTMAX_XENT_GRAD : PS_OP_SOFTMAX_XENT, 2);
+        ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+        ps_tile in[2] = {logits, labels};
+        ps_tile want = grad ? htile(false, 3, SH(T, S, V), NULL, NULL)
+                            : htile(false, 0, NULL, NULL, NULL);
+        ps_error err = {0};
+        assert_int_equal(ps_cpu_op_run(&op, in, &want, &ctx, &err), PS_OK);
+        xent_dev xd[2];
+        pthread_t th[2];
+        for (int d = 0; d < 2; d++) {
+            memset(&xd[d], 0, sizeof xd[d]);
+            xd[d].b = b;
+            xd[d].device = d;
+            xd[d].grad = grad;
+            xd[d].labels = labels;
+            xd[d].logits = htile(false, 3, SH(T, S, V / 2), SH(T, S, V), SH(0, 0, d * V / 2));
+            for (int64_t i = 0; i < T * S; i++)
+                memcpy((float *)xd[d].logits.data + i * (V / 2),
+                       (float *)logits.data + i * V + d * (V / 2), (size_t)(V / 2) * 4);
+            xd[d].out = grad ? htile(false, 3, SH(T, S, V / 2), SH(T, S, V), SH(0, 0, d * V / 2))
+                             : htile(false, 0, NULL, NULL, NULL);
+            assert_int_equal(pthread_create(&th[d], NULL, xent_thread, &xd[d]), 0);
+        }
+        for (int d = 0; d < 2; d++)
+            assert_int_equal(pthread_join(th[d], NULL), 0);
+        for (int d = 0; d < 2; d++) {
+            if (xd[d].st != PS_OK)
+                fail_msg("device %d: %s", d, xd[d].msg);
+            if (!grad) {
+                double e = nmse(xd[d].out.data, want.data, 1);
+                if (!(e <= NMSE_TOL))
+                    fail_msg("split-vocabulary loss on device %d: nmse %g", d, e);
+            } else {
+                float *slice = malloc((size_t)(T * S * V / 2) * 4);
+                assert_non_null(slice);
+                for (int64_t i = 0; i < T * S; i++)
+                    memcpy(slice + i * (V / 2), (float *)want.data + i * V + d * (V / 2),
+                           (size_t)(V / 2) * 4);
+                double e = nmse(xd[d].out.data, slice, T * S * V / 2);
+                free(slice);
+                if (!(e <= NMSE_TOL))
+                    fail_msg("split-vocabulary dlogits on device %d: nmse %g", d, e);
+            }
+            free(xd[d].logits.data);
+            free(xd[d].out.data);
+        }
+        free(want.data);
+        b->ops->destroy(b);
+    }
+    free(logits.data);
+    free(labels.data);
+}
+#else
+static void ops_skipped(void **state)
+{
+    (void)state;
+    print_message("exec/cpu/cpu_ops.h is not in this tree: op comparisons skipped\n");
+    skip();
+}
+#endif
+
+/* ---- op errors --------------------------------------------------------------------- */
+
+static void ops_errors(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    ps_error err = {0};
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+    /* an unsupported kind names itself */
+    ps_tile x = htile(false, 4, (const int64_t[]){1, 2, 5, 5}, NULL, NULL);
+    ps_tile w = htile(false, 4, (const int64_t[]){3, 2, 3, 3}, NULL, NULL);
+    ps_tile y = htile(false, 4, (const int64_t[]){1, 3, 3, 3}, NULL, NULL);
+    ps_tile in[2] = {dupload(b, 0, &x), dupload(b, 0, &w)}, out[1] = {dupload(b, 0, &y)};
+    ps_op op = mkop(PS_OP_CONV2D, 2);
+    assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "conv2d"));
+    assert_non_null(strstr(err.msg, "device 0"));
+    for (int i = 0; i < 2; i++)
+        b->ops->release(b, 0, in[i].data);
+    b->ops->release(b, 0, out[0].data);
+    free(x.data);
+    free(w.data);
+    free(y.data);
+    /* an id outside the vocabulary */
+    ps_tile table = hrand(2, (const int64_t[]){10, 4}, NULL, NULL);
+    ps_tile ids = hints(1, (const int64_t[]){6}, 10);
+    ((int32_t *)ids.data)[3] = 12;
+    ps_tile emb = htile(false, 2, (const int64_t[]){6, 4}, NULL, NULL);
+    ps_tile ein[2] = {dupload(b, 0, &table), dupload(b, 0, &ids)}, eout[1] = {
+                                                                        dupload(b, 0, &emb)};
+    ps_op eop = mkop(PS_OP_EMBEDDING, 2);
+    ps_error_clear(&err);
+    assert_int_equal(b->ops->op(b, 0, &eop, ein, eout, &ctx, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "12"));
+    for (int i = 0; i < 2; i++)
+        b->ops->release(b, 0, ein[i].data);
+    b->ops->release(b, 0, eout[0].data);
+    free(table.data);
+    free(ids.data);
+    free(emb.data);
+    b->ops->destroy(b);
+}
+
+/* ---- backend: memory, timing ----------------------------------------------------- */
+
+static void backend_memory(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(2, true);
+    ps_error err = {0};
+    void *p1, *p2, *p3, *p4;
+    assert_int_equal(b->ops->alloc(b, 0, 1000, &p1, &err), PS_OK);
+    assert_int_equal(b->ops->alloc(b, 0, 3000, &p2, &err), PS_OK);
+    assert_int_equal(b->ops->peak_bytes(b, 0), 4000);
+    b->ops->release(b, 0, p1);
+    assert_int_equal(b->ops->alloc(b, 0, 500, &p3, &err), PS_OK); /* a cached block */
+    assert_int_equal(b->ops->peak_bytes(b, 0), 4000);
+    assert_int_equal(b->ops->alloc(b, 0, 2000, &p4, &err), PS_OK);
+    assert_int_equal(b->ops->peak_bytes(b, 0), 5500);
+    assert_int_equal(b->ops->peak_bytes(b, 1), 0); /* its own accounting */
+    b->ops->release(b, 0, p2);
+    b->ops->release(b, 0, p3);
+    b->ops->release(b, 0, p4);
+    assert_int_equal(b->ops->peak_bytes(b, 0), 5500);
+    /* an absurd allocation fails with a message naming the device and call */
+    void *huge = NULL;
+    assert_int_equal(b->ops->alloc(b, 1, (int64_t)1 << 52, &huge, &err), PS_ERR_DEVICE);
+    assert_null(huge);
+    assert_non_null(strstr(err.msg, "device 1"));
+    assert_non_null(strstr(err.msg, "cudaMalloc"));
+    assert_int_equal(b->ops->peak_bytes(b, 1), 0);
+    /* and the device still works */
+    assert_int_equal(b->ops->alloc(b, 1, 4096, &p1, &err), PS_OK);
+    b->ops->release(b, 1, p1);
+    b->ops->destroy(b);
+}
+
+static void backend_timing_and_profile(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    ps_error err = {0};
+    float *x;
+    const int64_t n = 1 << 22;
+    assert_int_equal(b->ops->alloc(b, 0, n * 4, (void **)&x, &err), PS_OK);
+    ps_tile t = htile(false, 1, (const int64_t[]){n}, NULL, NULL);
+    free(t.data);
+    t.data = x;
+    assert_int_equal(b->ops->mark(b, 0, 0, &err), PS_OK);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(b->ops->zero(b, 0, &t, &err), PS_OK);
+    assert_int_equal(b->ops->mark(b, 0, 1, &err), PS_OK);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_OK);
+    double s = -1;
+    assert_int_equal(b->ops->elapsed(b, 0, 0, 1, &s, &err), PS_OK);
+    assert_true(s > 0 && s < 1);
+    assert_int_equal(b->ops->elapsed(b, 0, 0, 5, &s, &err), PS_ERR_INVALID); /* never marked */
+    b->ops->release(b, 0, x);
+    b->ops->destroy(b);
+
+    double fp32 = 0, tf32 = 0, bf16 = 0;
+    assert_int_equal(ps_cuda_profile_gemm(0, 1024, 1024, 1024, PS_DTYPE_F32, 5, &fp32, &err),
+                     PS_OK);
+    assert_int_equal(ps_cuda_profile_gemm_flags(0, 1024, 1024, 1024, PS_DTYPE_F32,
+                                                PS_CUDA_PROFILE_TF32, 5, &tf32, &err),
+                     PS_OK);
+    assert_int_equal(ps_cuda_profile_gemm(0, 1024, 1024, 1024, PS_DTYPE_BF16, 5, &bf16, &err),
+                     PS_OK);
+    assert_true(fp32 > 0 && tf32 > 0 && bf16 > 0);
+    print_message("GEMM 1024^3: fp32 %.1f, tf32 %.1f, bf16 %.1f TFLOP/s\n",
+                  2e-12 * 1024 * 1024 * 1024 / fp32, 2e-12 * 1024 * 1024 * 1024 / tf32,
+                  2e-12 * 1024 * 1024 * 1024 / bf16);
+    assert_int_equal(ps_cuda_profile_gemm(0, 0, 8, 8, PS_DTYPE_F32, 1, &fp32, &err),
+                     PS_ERR_INVALID);
+
+    /* more plan devices than GPUs, without sharing: refused with a reason */
+    ps_backend *nb = NULL;
+    ps_error_clear(&err);
+    assert_int_equal(ps_cuda_backend_create(ps_cuda_device_count() + 1, 2, NULL, &nb, &err),
+                     PS_ERR_UNSUPPORTED);
+    assert_null(nb);
+    assert_non_null(strstr(err.msg, "GPU"));
+}
+
+/* ---- backend: boxes and collectives (4 devices on GPU 0) --------------------------- */
+
+#define NDEV 4
+
+/* Box semantics on the host: the value of global element idx (row-major
+ * over `global`) in a tile, or NAN when the tile does not hold it. */
+static float host_at(const ps_tile *t, const int64_t *coord)
+{
+    int64_t off = 0;
+    for (int d = 0; d < t->rank; d++) {
+        int64_t c = coord[d] - t->offset[d];
+        if (c < 0 || c >= t->shape[d])
+            return NAN;
+        off = off * t->shape[d] + c;
+    }
+    return ((float *)t->data)[off];
+}
+
+/* Coordinates of local element i of t. */
+static void coord_of(const ps_tile *t, int64_t i, int64_t *coord)
+{
+    for (int d = t->rank - 1; d >= 0; d--) {
+        coord[d] = t->offset[d] + i % t->shape[d];
+        i /= t->shape[d];
+    }
+}
+
+static void backend_copy_box(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    const int64_t *g = (const int64_t[]){7, 9, 5, 3};
+    for (int trial = 0; trial < 30; trial++) {
+        ps_tile h[2];
+        for (int k = 0; k < 2; k++) {
+            int64_t shape[4], offset[4];
+            for (int d = 0; d < 4; d++) {
+                offset[d] = below((int)g[d]);
+                shape[d] = 1 + below((int)(g[d] - offset[d]));
+            }
+            h[k] = hrand(4, shape, g, offset);
+        }
+        ps_tile want = hcopy(&h[1]);
+        int64_t coord[4];
+        for (int64_t i = 0; i < ps_tile_numel(&want); i++) {
+            coord_of(&want, i, coord);
+            float v = host_at(&h[0], coord);
+            if (!isnan(v))
+                ((float *)want.data)[i] = v;
+        }
+        ps_tile src = dupload(b, 0, &h[0]), dst = dupload(b, 0, &h[1]);
+        ps_error err = {0};
+        assert_int_equal(b->ops->copy_box(b, 0, &src, &dst, &err), PS_OK);
+        ddownload(b, 0, &dst, &h[1]);
+        assert_memory_equal(h[1].data, want.data, (size_t)ps_tile_numel(&want) * 4);
+        b->ops->release(b, 0, src.data);
+        b->ops->release(b, 0, dst.data);
+        free(h[0].data);
+        free(h[1].data);
+        free(want.data);
+    }
+    b->ops->destroy(b);
+}
+
+typedef struct coll_dev {
+    ps_backend *b;
+    int device;
+    ps_collective kind;
+    ps_tile src, dst; /* host: inputs, then dst gets the result */
+    bool in_place;    /* src and dst are one buffer (same box) */
+    ps_status st;
+    char msg[PS_ERROR_MSG_MAX];
+} coll_dev;
+
+static const int all_devices[NDEV] = {0, 1, 2, 3};
+
+static void *coll_thread(void *p)
+{
+    coll_dev *c = p;
+    ps_backend *b = c->b;
+    ps_error err = {0};
+    ps_exec_group g = {3, NDEV, all_devices, c->device};
+    ps_tile src = c->src, dst = c->dst;
+    src.data = dst.data = NULL;
+    c->st = b->ops->alloc(b, c->device, ps_tile_numel(&src) * 4, &src.data, &err);
+    if (c->st == PS_OK && !c->in_place)
+        c->st = b->ops->alloc(b, c->device, ps_tile_numel(&dst) * 4, &dst.data, &err);
+    if (c->in_place)
+        dst.data = src.data;
+    if (c->st == PS_OK)
+        c->st = b->ops->upload(b, c->device, src.data, c->src.data, ps_tile_numel(&src) * 4,
+                               &err);
+    if (c->st == PS_OK && !c->in_place)
+        c->st = b->ops->upload(b, c->device, dst.data, c->dst.data, ps_tile_numel(&dst) * 4,
+                               &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->collective(b, c->device, &g, c->kind, &src, &dst, &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->download(b, c->device, c->dst.data, dst.data, ps_tile_numel(&dst) * 4,
+                                 &err);
+    if (c->st != PS_OK)
+        b->ops->abort(b); /* as the runtime does after the first error */
+    snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+    b->ops->release(b, c->device, src.data);
+    if (!c->in_place)
+        b->ops->release(b, c->device, dst.data);
+    return NULL;
+}
+
+static void run_threads(void *(*fn)(void *), void *items, size_t item_size)
+{
+    pthread_t th[NDEV];
+    for (int d = 0; d < NDEV; d++)
+        assert_int_equal(pthread_create(&th[d], NULL, fn, (char *)items + d * item_size), 0);
+    for (int d = 0; d < NDEV; d++)
+        assert_int_equal(pthread_join(th[d], NULL), 0);
+}
+
+/* Host semantics: every element of dst's box gets the sum (reductions) or a
+ * copy (gathers) of the members' src over it. */
+static ps_tile expected(const coll_dev *c, int me)
+{
+    ps_tile want = hcopy(&c[me].dst);
+    bool sum = c[me].kind == PS_COLL_ALL_REDUCE || c[me].kind == PS_COLL_REDUCE_SCATTER;
+    int64_t coord[PS_MAX_RANK];
+    for (int64_t i = 0; i < ps_tile_numel(&want); i++) {
+        coord_of(&want, i, coord);
+        float acc = 0;
+        bool any = false;
+        for (int m = 0; m < NDEV; m++) {
+            float v = host_at(&c[m].src, coord);
+            if (isnan(v))
+                continue;
+            if (sum)
+                acc += v;
+            else
+                acc = v;
+            any = true;
+        }
+        if (sum || any)
+            ((float *)want.data)[i] = acc;
+    }
+    return want;
+}
+
+static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
+                             int64_t (*dst_box)(int, int, int64_t *), bool in_place)
+{
+    ps_backend *b = backend(NDEV, true);
+    const int64_t g[2] = {8, 12};
+    coll_dev c[NDEV];
+    for (int d = 0; d < NDEV; d++) {
+        int64_t lo[2], size[2];
+        for (int k = 0; k < 2; k++)
+            size[k] = src_box(d, k, &lo[k]);
+        memset(&c[d], 0, sizeof c[d]);
+        c[d].b = b;
+        c[d].device = d;
+        c[d].kind = kind;
+        c[d].in_place = in_place;
+        c[d].src = hrand(2, size, g, lo);
+        for (int k = 0; k < 2; k++)
+            size[k] = dst_box(d, k, &lo[k]);
+        c[d].dst = in_place ? hcopy(&c[d].src) : hrand(2, size, g, lo);
+    }
+    ps_tile want[NDEV];
+    for (int d = 0; d < NDEV; d++)
+        want[d] = expected(c, d);
+    run_threads(coll_thread, c, sizeof c[0]);
+    for (int d = 0; d < NDEV; d++) {
+        if (c[d].st != PS_OK)
+            fail_msg("%s, device %d: %s", ps_collective_names[kind], d, c[d].msg);
+        int64_t n = ps_tile_numel(&want[d]);
+        double e = nmse(c[d].dst.data, want[d].data, n);
+        if (!(e <= 1e-12))
+            fail_msg("%s, device %d: result differs from the box semantics (nmse %g)",
+                     ps_collective_names[kind], d, e);
+        free(c[d].src.data);
+        free(c[d].dst.data);
+        free(want[d].data);
+    }
+    b->ops->destroy(b);
+}
+
+/* Boxes of the [8, 12] tensor: whole, row blocks, column blocks. */
+static int64_t box_whole(int dev, int dim, int64_t *lo)
+{
+    (void)dev;
+    *lo = 0;
+    return dim == 0 ? 8 : 12;
+}
+
+static int64_t box_rows(int dev, int dim, int64_t *lo)
+{
+    *lo = dim == 0 ? 2 * dev : 0;
+    return dim == 0 ? 2 : 12;
+}
+
+static int64_t box_cols(int dev, int dim, int64_t *lo)
+{
+    *lo = dim == 1 ? 3 * dev : 0;
+    return dim == 1 ? 3 : 8;
+}
+
+static void backend_collectives(void **state)
+{
+    (void)state;
+    check_collective(PS_COLL_ALL_REDUCE, box_whole, box_whole, false);
+    check_collective(PS_COLL_ALL_REDUCE, box_whole, box_whole, true);
+    check_collective(PS_COLL_ALL_REDUCE, box_whole, box_rows, false);
+    check_collective(PS_COLL_REDUCE_SCATTER, box_whole, box_rows, false);
+    check_collective(PS_COLL_REDUCE_SCATTER, box_whole, box_cols, false);
+    check_collective(PS_COLL_ALL_GATHER, box_rows, box_whole, false);
+    check_collective(PS_COLL_ALL_GATHER, box_cols, box_whole, false);
+    check_collective(PS_COLL_ALL_TO_ALL, box_rows, box_cols, false);
+    check_collective(PS_COLL_ALL_TO_ALL, box_cols, box_rows, false);
+}
+
+typedef struct red_dev {
+    ps_backend *b;
+    int device;
+    float host[100];
+    ps_reduce_op op;
+    ps_status st;
+    char msg[PS_ERROR_MSG_MAX];
+} red_dev;
+
+static void *reduce_thread(void *p)
+{
+    red_dev *r = p;
+    ps_backend *b = r->b;
+    ps_error err = {0};
+    ps_exec_group g = {5, NDEV, all_devices, r->device};
+    void *dp = NULL;
+    r->st = b->ops->alloc(b, r->device, sizeof r->host, &dp, &err);
+    if (r->st == PS_OK)
+        r->st = b->ops->upload(b, r->device, dp, r->host, sizeof r->host, &err);
+    if (r->st == PS_OK)
+        r->st = b->ops->reduce(b, r->device, &g, dp, 100, r->op, &err);
+    if (r->st == PS_OK)
+        r->st = b->ops->download(b, r->device, r->host, dp, sizeof r->host, &err);
+    if (r->st != PS_OK)
+        b->ops->abort(b);
+    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+    b->ops->release(b, r->device, dp);
+    return NULL;
+}
+
+static void backend_reduce(void **state)
+{
+    (void)state;
+    for (int mx = 0; mx < 2; mx++) {
+        ps_backend *b = backend(NDEV, true);
+        red_dev r[NDEV];
+        float want[100];
+        for (int i = 0; i < 100; i++)
+            want[i] = mx ? -INFINITY : 0;
+        for (int d = 0; d < NDEV; d++) {
+            memset(&r[d], 0, sizeof r[d]);
+            r[d].b = b;
+            r[d].device = d;
+            r[d].op = mx ? PS_REDUCE_OP_MAX : PS_REDUCE_OP_SUM;
+            for (int i = 0; i < 100; i++) {
+                r[d].host[i] = (float)(2 * uniform() - 1);
+                want[i] = mx ? fmaxf(want[i], r[d].host[i]) : want[i] + r[d].host[i];
+            }
+        }
+        run_threads(reduce_thread, r, sizeof r[0]);
+        for (int d = 0; d < NDEV; d++) {
+            if (r[d].st != PS_OK)
+                fail_msg("reduce, device %d: %s", d, r[d].msg);
+            assert_true(nmse(r[d].host, want, 100) <= 1e-12);
+            /* members combine in one order: identical everywhere */
+            assert_memory_equal(r[d].host, r[0].host, sizeof want);
+        }
+        b->ops->destroy(b);
+    }
+}
+
+/* Device d sends the box rows 1..6, columns 2..10 of its tile (rows 0..7 of
+ * a [16, 12] tensor) in three chunks to device d + 1, which receives them
+ * into the same box of its own tile (rows 1..7). */
+typedef struct p2p_dev {
+    ps_backend *b;
+    int device;
+    ps_tile src, dst; /* host */
+    ps_status st;
+    char msg[PS_ERROR_MSG_MAX];
+} p2p_dev;
+
+static const int64_t p2p_box_off[2] = {1, 2}, p2p_box_size[2] = {6, 9};
+
+static void *p2p_thread(void *p)
+{
+    p2p_dev *c = p;
+    ps_backend *b = c->b;
+    ps_error err = {0};
+    ps_tile src = c->src, dst = c->dst;
+    int to = (c->device + 1) % NDEV, from = (c->device + NDEV - 1) % NDEV;
+    c->st = b->ops->alloc(b, c->device, ps_tile_numel(&src) * 4, &src.data, &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->alloc(b, c->device, ps_tile_numel(&dst) * 4, &dst.data, &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->upload(b, c->device, src.data, c->src.data, ps_tile_numel(&src) * 4,
+                               &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->upload(b, c->device, dst.data, c->dst.data, ps_tile_numel(&dst) * 4,
+                               &err);
+    for (int k = 0; k < 3 && c->st == PS_OK; k++)
+        c->st = b->ops->send(b, c->device, to, &src, p2p_box_off, p2p_box_size, k, 3, &err);
+    for (int k = 0; k < 3 && c->st == PS_OK; k++)
+        c->st = b->ops->recv(b, c->device, from, &dst, p2p_box_off, p2p_box_size, k, 3, &err);
+    if (c->st == PS_OK)
+        c->st = b->ops->download(b, c->device, c->dst.data, dst.data, ps_tile_numel(&dst) * 4,
+                                 &err);
+    if (c->st != PS_OK)
+        b->ops->abort(b);
+    snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+    b->ops->release(b, c->device, src.data);
+    b->ops->release(b, c->device, dst.data);
+    return NULL;
+}
+
+static void backend_send_recv(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(NDEV, true);
+    p2p_dev c[NDEV];
+    /* src: rows 0..7 of a [16, 12] tensor; dst: rows 1..7 (offset 1) */
+    const int64_t g[2] = {16, 12};
+    for (int d = 0; d < NDEV; d++) {
+        memset(&c[d], 0, sizeof c[d]);
+        c[d].b = b;
+        c[d].device = d;
+        c[d].src = hrand(2, (const int64_t[]){8, 12}, g, (const int64_t[]){0, 0});
+        c[d].dst = hrand(2, (const int64_t[]){7, 12}, g, (const int64_t[]){1, 0});
+    }
+    ps_tile want[NDEV];
+    for (int d = 0; d < NDEV; d++) {
+        const ps_tile *from = &c[(d + NDEV - 1) % NDEV].src;
+        want[d] = hcopy(&c[d].dst);
+        int64_t coord[2];
+        for (int64_t i = 0; i < ps_tile_numel(&want[d]); i++) {
+            coord_of(&want[d], i, coord);
+            bool in_box = true;
+            for (int k = 0; k < 2; k++)
+                in_box = in_box && coord[k] >= p2p_box_off[k] &&
+                         coord[k] < p2p_box_off[k] + p2p_box_size[k];
+            if (in_box)
+                ((float *)want[d].data)[i] = host_at(from, coord);
+        }
+    }
+    run_threads(p2p_thread, c, sizeof c[0]);
+    for (int d = 0; d < NDEV; d++) {
+        if (c[d].st != PS_OK)
+            fail_msg("send/recv, device %d: %s", d, c[d].msg);
+        assert_memory_equal(c[d].dst.data, want[d].data,
+                            (size_t)ps_tile_numel(&want[d]) * 4);
+        free(c[d].src.data);
+        free(c[d].dst.data);
+        free(want[d].data);
+    }
+    b->ops->destroy(b);
+}
+
+/* A collective that fails on device 2: every device thread returns an error
+ * naming its device (the others see the abort), none hangs. */
+static void backend_injected_failure(void **state)
+{
+    (void)state;
+    ps_cuda_backend_options o = ps_cuda_backend_options_default();
+    o.share_gpu = true;
+    o.inject_collective_failure = true;
+    o.inject_device = 2;
+    ps_backend *b = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_cuda_backend_create(NDEV, 2, &o, &b, &err), PS_OK);
+    coll_dev c[NDEV];
+    const int64_t g[2] = {8, 12};
+    for (int d = 0; d < NDEV; d++) {
+        memset(&c[d], 0, sizeof c[d]);
+        c[d].b = b;
+        c[d].device = d;
+        c[d].kind = PS_COLL_ALL_REDUCE;
+        c[d].src = hrand(2, g, NULL, NULL);
+        c[d].dst = hrand(2, g, NULL, NULL);
+    }
+    alarm(120); /* a hang fails the test instead of blocking it */
+    run_threads(coll_thread, c, sizeof c[0]);
+    alarm(0);
+    for (int d = 0; d < NDEV; d++) {
+        char want[32];
+        snprintf(want, sizeof want, "device %d", d);
+        assert_int_equal(c[d].st, PS_ERR_DEVICE);
+        if (strstr(c[d].msg, want) == NULL)
+            fail_msg("device %d's error does not name it: %s", d, c[d].msg);
+        if (d == 2)
+            assert_non_null(strstr(c[d].msg, "injected"));
+        else
+            assert_non_null(strstr(c[d].msg, "aborted"));
+        free(c[d].src.data);
+        free(c[d].dst.data);
+    }
+    b->ops->destroy(b);
+}
+
+int main(void)
+{
+    if (ps_cuda_device_count() == 0) {
+        printf("no usable GPU: the CUDA tests are skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+#ifdef PS_HAVE_CPU_OPS
+        cmocka_unit_test(ops_matmul),
+        cmocka_unit_test(ops_elementwise),
+        cmocka_unit_test(ops_norm_softmax),
+        cmocka_unit_test(ops_embedding),
+        cmocka_unit_test(ops_layout),
+        cmocka_unit_test(ops_losses_adam),
+        cmocka_unit_test(ops_xent_split_vocabulary),
+#else
+        cmocka_unit_test(ops_skipped),
+#endif
+        cmocka_unit_test(ops_errors),
+        cmocka_unit_test(backend_memory),
+        cmocka_unit_test(backend_timing_and_profile),
+        cmocka_unit_test(backend_copy_box),
+        cmocka_unit_test(backend_collectives),
+        cmocka_unit_test(backend_reduce),
+        cmocka_unit_test(backend_send_recv),
+        cmocka_unit_test(backend_injected_failure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
