@@ -1,6 +1,7 @@
 /* pipeshard profile: measure a backend's GEMMs and communication and write
  * a profile DB (docs/profile-db.md) for plan --profile-db. */
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,38 +17,54 @@
 
 static void help(void)
 {
-    printf(
-        "usage: pipeshard profile --backend cpu|cuda [--devices N] [--quick] [OPTIONS]\n"
-        "                         -o DB.json\n\n"
-        "Measures GEMM throughput and collective and send/recv times through a backend\n"
-        "(nccl-tests conventions: time, algbw, busbw) and writes a profile DB that\n"
-        "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
-        "(docs/profile-db.md). Prints the measurements as tables.\n\n"
-        "  --backend cpu|cuda   the backend to measure (required)\n"
-        "  --devices N          devices (cpu: threads; default: the online cores, 2 to 8;\n"
-        "                       cuda: GPUs, default 1); groups of 2, 4, 8, ... and N\n"
-        "  --quick              a few GEMM shapes, 1 KiB to 4 MiB by x4, groups up to 4,\n"
-        "                       5 repetitions (seconds)\n"
-        "  --device-name NAME   the DB's device kind: the cluster's kind of that name is the\n"
-        "                       one the DB describes (default: the backend's name, which\n"
-        "                       stands for every device of any cluster)\n"
-        "  --dtypes LIST        GEMM dtypes recorded, e.g. fp32,bf16 (default all three:\n"
-        "                       executors compute every float type in fp32)\n"
-        "  --min-bytes S        smallest message (default 1K; suffixes K, M, G = KiB...)\n"
-        "  --max-bytes S        largest message (default 64M, --quick 4M; 0: no\n"
-        "                       communication)\n"
-        "  --size-factor F      ratio of consecutive sizes (default 2, --quick 4)\n"
-        "  --max-group N        largest group measured (default: every device)\n"
-        "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
-        "  --no-gemm            skip the GEMMs\n"
-        "  --progress           one line per entry on stderr while measuring\n"
-        "  -o, --output DB.json where to write the DB (required)\n"
-        "  -h, --help           this help\n");
+    printf("usage: pipeshard profile --backend cpu|cuda [--devices N] [--quick] [OPTIONS]\n"
+           "                         -o DB.json\n\n"
+           "Measures GEMM throughput and collective and send/recv times through a backend\n"
+           "(nccl-tests conventions: time, algbw, busbw) and writes a profile DB that\n"
+           "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
+           "(docs/profile-db.md). Prints the measurements as tables.\n\n"
+           "  --backend cpu|cuda   the backend to measure (required)\n"
+           "  --devices N          devices (cpu: threads; default: the online cores, 2 to 8;\n"
+           "                       cuda: GPUs, default: all); groups of 2, 4, 8, ... and N\n"
+           "  --quick              a few GEMM shapes, 1 KiB to 4 MiB by x4, groups up to 4,\n"
+           "                       5 repetitions (seconds)\n"
+           "  --device-name NAME   the DB's device kind: the cluster's kind of that name is the\n"
+           "                       one the DB describes (default: the backend's name, which\n"
+           "                       stands for every device of any cluster)\n"
+           "  --dtypes LIST        GEMM dtypes recorded, e.g. fp32,bf16 (default all three:\n"
+           "                       executors compute every float type in fp32)\n"
+           "  --min-bytes S        smallest message (default 1K; suffixes K, M, G = KiB...)\n"
+           "  --max-bytes S        largest message (default 64M, --quick 4M; 0: no\n"
+           "                       communication)\n"
+           "  --size-factor F      ratio of consecutive sizes (default 2, --quick 4)\n"
+           "  --max-group N        largest group measured (default: every device)\n"
+           "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
+           "  --no-gemm            skip the GEMMs\n"
+           "  --native-gemm        cuda: time GEMMs with cuBLAS in each dtype of --dtypes\n"
+           "                       (fp16/bf16 on tensor cores: what a training job in that\n"
+           "                       dtype gets) instead of the executor's fp32 MATMUL op\n"
+           "  --tf32               cuda: the backend's fp32 GEMMs on TF32 tensor cores (as\n"
+           "                       'pipeshard exec --tf32'; with --native-gemm: fp32 entries)\n"
+           "  --progress           one line per entry on stderr while measuring\n"
+           "  -o, --output DB.json where to write the DB (required)\n"
+           "  -h, --help           this help\n");
 }
 
 enum {
-    OPT_BACKEND = 256, OPT_DEVICES, OPT_QUICK, OPT_NAME, OPT_DTYPES, OPT_MIN, OPT_MAX,
-    OPT_FACTOR, OPT_GROUP, OPT_REPS, OPT_NO_GEMM, OPT_PROGRESS
+    OPT_BACKEND = 256,
+    OPT_DEVICES,
+    OPT_QUICK,
+    OPT_NAME,
+    OPT_DTYPES,
+    OPT_MIN,
+    OPT_MAX,
+    OPT_FACTOR,
+    OPT_GROUP,
+    OPT_REPS,
+    OPT_NO_GEMM,
+    OPT_PROGRESS,
+    OPT_NATIVE,
+    OPT_TF32
 };
 
 static const struct option options[] = {
@@ -63,6 +80,8 @@ static const struct option options[] = {
     {"reps", required_argument, NULL, OPT_REPS},
     {"no-gemm", no_argument, NULL, OPT_NO_GEMM},
     {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"native-gemm", no_argument, NULL, OPT_NATIVE},
+    {"tf32", no_argument, NULL, OPT_TF32},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -122,8 +141,8 @@ static void print_tables(const ps_profile_db *db)
             const ps_profile_gemm *g = &db->gemm[i];
             bool seen = false;
             for (int j = 0; j < i && !seen; j++)
-                seen = db->gemm[j].m == g->m && db->gemm[j].n == g->n &&
-                       db->gemm[j].k == g->k && db->gemm[j].seconds == g->seconds;
+                seen = db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
+                       db->gemm[j].seconds == g->seconds;
             if (seen)
                 continue;
             /* the dtypes measured with the same time: one measurement */
@@ -132,12 +151,11 @@ static void print_tables(const ps_profile_db *db)
             for (int j = i; j < db->n_gemm; j++)
                 if (db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
                     db->gemm[j].seconds == g->seconds && used + 1 < sizeof dts)
-                    used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s",
-                                             used ? "," : "", ps_dtype_name(db->gemm[j].dtype));
+                    used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
+                                             ps_dtype_name(db->gemm[j].dtype));
             double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-            printf(" %9lld %9lld %9lld  %-16s %12.2f %10.4f\n", (long long)g->m,
-                   (long long)g->n, (long long)g->k, dts, g->seconds * 1e6,
-                   flops / g->seconds / 1e12);
+            printf(" %9lld %9lld %9lld  %-16s %12.2f %10.4f\n", (long long)g->m, (long long)g->n,
+                   (long long)g->k, dts, g->seconds * 1e6, flops / g->seconds / 1e12);
         }
     }
     for (int i = 0; i < db->n_comm; i++) {
@@ -146,13 +164,26 @@ static void print_tables(const ps_profile_db *db)
             printf("\n# %s, %d devices\n#%14s %12s %13s %13s\n", ps_profile_comm_names[c->kind],
                    c->n, "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)");
         double algbw = (double)c->bytes / c->seconds;
-        printf(" %14lld %12.2f %13.3f %13.3f\n", (long long)c->bytes, c->seconds * 1e6,
-               algbw / 1e9, algbw * ps_profile_busbw_factor(c->kind, c->n) / 1e9);
+        printf(" %14lld %12.2f %13.3f %13.3f\n", (long long)c->bytes, c->seconds * 1e6, algbw / 1e9,
+               algbw * ps_profile_busbw_factor(c->kind, c->n) / 1e9);
     }
 }
 
+#ifdef PS_HAVE_CUDA
+/* --native-gemm: cuBLAS in the entry's dtype on GPU 0. */
+static ps_status cuda_gemm_timer(void *arg, const ps_profile_shape *sh, ps_dtype dtype, int reps,
+                                 double *seconds, ps_error *err)
+{
+    bool tf32 = *(const bool *)arg;
+    if (sh->m > INT32_MAX || sh->n > INT32_MAX || sh->k > INT32_MAX)
+        return ps_error_set(err, PS_ERR_INVALID, "GEMM profile: sizes beyond 2^31");
+    return ps_cuda_profile_gemm_flags(0, (int)sh->m, (int)sh->n, (int)sh->k, dtype,
+                                      tf32 ? PS_CUDA_PROFILE_TF32 : 0u, reps, seconds, err);
+}
+#endif
+
 /* A backend of `kind` with n devices and the profile's timing slots. */
-static ps_status create_backend(const char *kind, int n, ps_backend **out, ps_error *err)
+static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend **out, ps_error *err)
 {
     if (strcmp(kind, "cpu") == 0) {
         int *slots = malloc((size_t)n * sizeof *slots);
@@ -165,10 +196,11 @@ static ps_status create_backend(const char *kind, int n, ps_backend **out, ps_er
         return st;
     }
 #ifdef PS_HAVE_CUDA
-    ps_cuda_backend_options co;
-    memset(&co, 0, sizeof co);
+    ps_cuda_backend_options co = ps_cuda_backend_options_default();
+    co.allow_tf32 = tf32;
     return ps_cuda_backend_create(n, PS_PROFILE_SLOTS, &co, out, err);
 #else
+    (void)tf32;
     return ps_error_set(err, PS_ERR_UNSUPPORTED,
                         "backend \"%s\" is not available in this build (built without CUDA; "
                         "have: cpu)",
@@ -179,7 +211,7 @@ static ps_status create_backend(const char *kind, int n, ps_backend **out, ps_er
 int ps_cmd_profile(int argc, char **argv)
 {
     const char *backend = NULL, *output = NULL;
-    bool quick = false, no_gemm = false, progress = false;
+    bool quick = false, no_gemm = false, progress = false, native = false, tf32 = false;
     int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0;
     ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT] = {PS_DTYPE_F32, PS_DTYPE_F16, PS_DTYPE_BF16};
     int n_dtypes = PS_FLOAT_DTYPE_COUNT;
@@ -200,15 +232,17 @@ int ps_cmd_profile(int argc, char **argv)
         case OPT_NAME: device_name = optarg; break;
         case OPT_DTYPES:
             if (!parse_dtypes(optarg, dtypes, &n_dtypes))
-                return ps_cli_usage_error("profile", "--dtypes wants a list of fp32, fp16 and "
-                                                     "bf16, e.g. fp32,bf16, not \"%s\"",
+                return ps_cli_usage_error("profile",
+                                          "--dtypes wants a list of fp32, fp16 and "
+                                          "bf16, e.g. fp32,bf16, not \"%s\"",
                                           optarg);
             break;
         case OPT_MIN:
         case OPT_MAX:
             if (!parse_size(optarg, c == OPT_MIN ? &min_bytes : &max_bytes))
-                return ps_cli_usage_error("profile", "%s wants a size such as 4096, 64K or 4M "
-                                                     "(at most 1T), not \"%s\"",
+                return ps_cli_usage_error("profile",
+                                          "%s wants a size such as 4096, 64K or 4M "
+                                          "(at most 1T), not \"%s\"",
                                           c == OPT_MIN ? "--min-bytes" : "--max-bytes", optarg);
             break;
         case OPT_FACTOR:
@@ -225,6 +259,8 @@ int ps_cmd_profile(int argc, char **argv)
             break;
         case OPT_NO_GEMM: no_gemm = true; break;
         case OPT_PROGRESS: progress = true; break;
+        case OPT_NATIVE: native = true; break;
+        case OPT_TF32: tf32 = true; break;
         default:
             return ps_cli_usage_error("profile", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -238,9 +274,16 @@ int ps_cmd_profile(int argc, char **argv)
         return ps_cli_usage_error("profile", "--backend is cpu or cuda, not \"%s\"", backend);
     if (output == NULL)
         return ps_cli_usage_error("profile", "-o DB.json is required");
+    bool cuda = strcmp(backend, "cuda") == 0;
+    if ((native || tf32) && !cuda)
+        return ps_cli_usage_error("profile", "--native-gemm and --tf32 go with --backend cuda");
     if (devices == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        devices = strcmp(backend, "cuda") == 0 ? 1 : cores < 2 ? 2 : cores > 8 ? 8 : cores;
+        devices = cores < 2 ? 2 : cores > 8 ? 8 : cores;
+#ifdef PS_HAVE_CUDA
+        if (cuda) /* 0 GPUs: the backend says so */
+            devices = ps_cuda_device_count() > 0 ? ps_cuda_device_count() : 1;
+#endif
     }
 
     ps_profile_options o = quick ? ps_profile_options_quick() : ps_profile_options_default();
@@ -260,6 +303,12 @@ int ps_cmd_profile(int argc, char **argv)
         o.reps = (int)reps;
     if (no_gemm)
         o.n_shapes = 0;
+#ifdef PS_HAVE_CUDA
+    if (native) {
+        o.gemm_timer = cuda_gemm_timer;
+        o.gemm_timer_arg = &tf32;
+    }
+#endif
     if (o.n_shapes == 0 && (o.max_bytes == 0 || devices < 2))
         return ps_cli_usage_error("profile", "nothing to measure: no GEMMs and no "
                                              "communication (--devices >= 2 and --max-bytes > 0)");
@@ -268,7 +317,7 @@ int ps_cmd_profile(int argc, char **argv)
     ps_status st = PS_OK;
     ps_backend *b = NULL;
     ps_profile_db *db = NULL;
-    PS_TRY(create_backend(backend, (int)devices, &b, &err));
+    PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
     PS_TRY(ps_profile_measure(b, &o, &db, &err));
     PS_TRY(ps_profile_db_save(db, output, &err));
     print_tables(db);

@@ -46,8 +46,9 @@ static ps_status copy_name(char out[PS_PROFILE_NAME_MAX], const char *s, const c
 {
     size_t len = s != NULL ? strlen(s) : 0;
     if (len == 0 || len >= PS_PROFILE_NAME_MAX)
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: a %s name must have 1 to %d "
-                                                 "characters (found %zu)",
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: a %s name must have 1 to %d "
+                            "characters (found %zu)",
                             what, PS_PROFILE_NAME_MAX - 1, len);
     memcpy(out, s, len + 1);
     return PS_OK;
@@ -68,8 +69,7 @@ ps_status ps_profile_db_create(const char *device, const char *backend, int devi
     ps_profile_db *db = NULL;
     *out = NULL;
     if (backend_index(backend) < 0)
-        return ps_error_set(err, PS_ERR_INVALID,
-                            "profile DB: unknown backend \"%s\" (cpu or cuda)",
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: unknown backend \"%s\" (cpu or cuda)",
                             backend != NULL ? backend : "");
     if (devices < 1 || devices > MAX_GROUP)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %d devices", devices);
@@ -119,8 +119,9 @@ static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
                             "profile DB: GEMM %lld x %lld x %lld: sizes must be 1 to 2^40",
                             (long long)e->m, (long long)e->n, (long long)e->k);
     if ((int)e->dtype < 0 || (int)e->dtype >= PS_FLOAT_DTYPE_COUNT)
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: GEMM dtype %d is not fp32, fp16 "
-                                                 "or bf16",
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: GEMM dtype %d is not fp32, fp16 "
+                            "or bf16",
                             (int)e->dtype);
     if (!positive_finite(e->seconds))
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: GEMM time %g s must be positive",
@@ -138,15 +139,16 @@ static ps_status check_comm(const ps_profile_comm_entry *e, ps_error *err)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s over %d devices (2 to %d)", name,
                             e->n, MAX_GROUP);
     if (e->kind == PS_PROFILE_SEND_RECV && e->n != 2)
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: send-recv is between 2 devices, "
-                                                 "not %d",
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: send-recv is between 2 devices, "
+                            "not %d",
                             e->n);
     if (e->bytes < 1 || e->bytes > MAX_BYTES)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes (1 to 2^50)", name,
                             (long long)e->bytes);
     if (!positive_finite(e->seconds))
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be positive",
-                            name, e->seconds);
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be positive", name,
+                            e->seconds);
     return PS_OK;
 }
 
@@ -178,8 +180,7 @@ ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps
     return PS_OK;
 }
 
-ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e,
-                                 ps_error *err)
+ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err)
 {
     ps_status st = check_comm(e, err);
     if (st == PS_OK)
@@ -266,10 +267,9 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
     for (int i = 1; i < db->n_gemm; i++) {
         const ps_profile_gemm *a = &db->gemm[i - 1], *b = &db->gemm[i];
         if (a->dtype == b->dtype && a->m == b->m && a->n == b->n && a->k == b->k)
-            return ps_error_set(err, PS_ERR_INVALID,
-                                "profile DB: GEMM %lld x %lld x %lld %s measured twice",
-                                (long long)a->m, (long long)a->n, (long long)a->k,
-                                ps_dtype_name(a->dtype));
+            return ps_error_set(
+                err, PS_ERR_INVALID, "profile DB: GEMM %lld x %lld x %lld %s measured twice",
+                (long long)a->m, (long long)a->n, (long long)a->k, ps_dtype_name(a->dtype));
     }
     for (int i = 1; i < db->n_comm; i++)
         if (cmp_comm(&db->comm[i - 1], &db->comm[i]) == 0)
@@ -303,8 +303,8 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
             size[count] = (double)db->comm[j].bytes;
             secs[count++] = db->comm[j].seconds;
         }
-        PS_TRY(make_table(&db->tables[db->n_tables++], (int)db->comm[i].kind, db->comm[i].n,
-                          size, secs, count, err));
+        PS_TRY(make_table(&db->tables[db->n_tables++], (int)db->comm[i].kind, db->comm[i].n, size,
+                          secs, count, err));
         i = j;
     }
     db->finished = true;
@@ -355,8 +355,7 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
     return s > 0 && flops > 0 ? flops / s : 0;
 }
 
-double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n,
-                               double bytes)
+double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes)
 {
     if (db == NULL || !db->finished)
         return -1;
@@ -392,8 +391,8 @@ double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, in
 
 /* ---- reading JSON ------------------------------------------------------ */
 
-static ps_status read_int(const ps_jv *obj, const char *key, int64_t min, int64_t max,
-                          int64_t *out, ps_error *err)
+static ps_status read_int(const ps_jv *obj, const char *key, int64_t min, int64_t max, int64_t *out,
+                          ps_error *err)
 {
     ps_jv v;
     ps_status st = ps_jv_member(obj, key, &v, err);
@@ -443,13 +442,11 @@ static ps_status check_derived(const ps_jv *obj, const char *key, double want, p
     return PS_OK;
 }
 
-static const char *const top_keys[] = {"version", "device", "backend", "devices",
-                                       "gemm", "collectives", NULL};
+static const char *const top_keys[] = {"version", "device",      "backend", "devices",
+                                       "gemm",    "collectives", NULL};
 static const char *const gemm_keys[] = {"m", "n", "k", "dtype", "seconds", "flops_per_s", NULL};
-static const char *const comm_keys[] = {"kind",    "n",
-                                        "bytes",   "seconds",
-                                        "algbw_bytes_per_s", "busbw_bytes_per_s",
-                                        NULL};
+static const char *const comm_keys[] = {
+    "kind", "n", "bytes", "seconds", "algbw_bytes_per_s", "busbw_bytes_per_s", NULL};
 
 static ps_status read_gemm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
 {
@@ -504,8 +501,8 @@ static ps_status read_comm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
             PS_TRY(read_int(&e, "n", 2, MAX_GROUP, &n, err));
         if (c.kind == PS_PROFILE_SEND_RECV && n != 2) {
             PS_TRY(ps_jv_member(&e, "n", &nv, err));
-            st = ps_jv_fail(&nv, err, PS_ERR_INVALID,
-                            "send-recv is between 2 devices (found %lld)", (long long)n);
+            st = ps_jv_fail(&nv, err, PS_ERR_INVALID, "send-recv is between 2 devices (found %lld)",
+                            (long long)n);
             goto out;
         }
         c.n = (int)n;
@@ -513,8 +510,8 @@ static ps_status read_comm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         PS_TRY(read_seconds(&e, &c.seconds, err));
         double algbw = (double)c.bytes / c.seconds;
         PS_TRY(check_derived(&e, "algbw_bytes_per_s", algbw, err));
-        PS_TRY(check_derived(&e, "busbw_bytes_per_s",
-                             algbw * ps_profile_busbw_factor(c.kind, c.n), err));
+        PS_TRY(check_derived(&e, "busbw_bytes_per_s", algbw * ps_profile_busbw_factor(c.kind, c.n),
+                             err));
         for (int j = 0; j < db->n_comm; j++)
             if (cmp_comm(&db->comm[j], &c) == 0) {
                 st = ps_jv_fail(&e, err, PS_ERR_INVALID,
@@ -540,7 +537,8 @@ static ps_status read_name(const ps_jv *obj, const char *key, char out[PS_PROFIL
         return st;
     size_t len = strlen(s);
     if (len == 0 || len >= PS_PROFILE_NAME_MAX)
-        return ps_jv_fail(&v, err, PS_ERR_INVALID, "a name must have 1 to %d characters (found %zu)",
+        return ps_jv_fail(&v, err, PS_ERR_INVALID,
+                          "a name must have 1 to %d characters (found %zu)",
                           PS_PROFILE_NAME_MAX - 1, len);
     memcpy(out, s, len + 1);
     return PS_OK;
@@ -570,8 +568,7 @@ static ps_status from_json(const ps_jv *root, ps_profile_db **out, ps_error *err
     PS_TRY(ps_jv_member(root, "backend", &v, err));
     PS_TRY(ps_jv_enum(&v, ps_profile_backend_names, 2, &backend, err));
     PS_TRY(ps_jv_opt_int(root, "devices", 1, 1, MAX_GROUP, &devices, err));
-    PS_TRY(ps_profile_db_create(device, ps_profile_backend_names[backend], (int)devices, &db,
-                                err));
+    PS_TRY(ps_profile_db_create(device, ps_profile_backend_names[backend], (int)devices, &db, err));
     if (ps_jv_has(root, "gemm")) {
         PS_TRY(ps_jv_member(root, "gemm", &v, err));
         PS_TRY(read_gemm(db, &v, err));
@@ -642,21 +639,20 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
     PS_TRY(ps_json_set(root, "devices", json_integer(db->devices)));
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
-        PS_TRY(ps_json_append(
-            gemm, json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m, "n",
-                            (json_int_t)g->n, "k", (json_int_t)g->k, "dtype",
-                            ps_dtype_name(g->dtype), "seconds", g->seconds, "flops_per_s",
-                            gemm_flops(g) / g->seconds)));
+        PS_TRY(
+            ps_json_append(gemm, json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m,
+                                           "n", (json_int_t)g->n, "k", (json_int_t)g->k, "dtype",
+                                           ps_dtype_name(g->dtype), "seconds", g->seconds,
+                                           "flops_per_s", gemm_flops(g) / g->seconds)));
     }
     for (int i = 0; i < db->n_comm; i++) {
         const ps_profile_comm_entry *c = &db->comm[i];
         double algbw = (double)c->bytes / c->seconds;
-        PS_TRY(ps_json_append(
-            comm, json_pack("{s:s, s:i, s:I, s:f, s:f, s:f}", "kind",
-                            ps_profile_comm_names[c->kind], "n", c->n, "bytes",
-                            (json_int_t)c->bytes, "seconds", c->seconds, "algbw_bytes_per_s",
-                            algbw, "busbw_bytes_per_s",
-                            algbw * ps_profile_busbw_factor(c->kind, c->n))));
+        PS_TRY(ps_json_append(comm, json_pack("{s:s, s:i, s:I, s:f, s:f, s:f}", "kind",
+                                              ps_profile_comm_names[c->kind], "n", c->n, "bytes",
+                                              (json_int_t)c->bytes, "seconds", c->seconds,
+                                              "algbw_bytes_per_s", algbw, "busbw_bytes_per_s",
+                                              algbw * ps_profile_busbw_factor(c->kind, c->n))));
     }
     PS_TRY(ps_json_set(root, "gemm", gemm));
     gemm = NULL;
@@ -677,8 +673,7 @@ ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error
     ps_status st = ps_profile_db_to_json(db, &root);
     if (st != PS_OK)
         return ps_error_set(err, st, "%s: cannot write the profile DB: %s", path,
-                            db != NULL && !db->finished ? "it is not finished"
-                                                        : ps_status_str(st));
+                            db != NULL && !db->finished ? "it is not finished" : ps_status_str(st));
     st = ps_json_save(root, path, err);
     json_decref(root);
     return st;
@@ -697,8 +692,7 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
     }
     for (int i = 0; i < a->n_comm; i++) {
         const ps_profile_comm_entry *x = &a->comm[i], *y = &b->comm[i];
-        if (x->kind != y->kind || x->n != y->n || x->bytes != y->bytes ||
-            x->seconds != y->seconds)
+        if (x->kind != y->kind || x->n != y->n || x->bytes != y->bytes || x->seconds != y->seconds)
             return false;
     }
     return true;

@@ -100,8 +100,7 @@ void ps_profile_db_free(ps_profile_db *db);
  * kind, n >= 2, send-recv with n = 2). The DB needs ps_profile_db_finish
  * again before lookups. */
 ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err);
-ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e,
-                                 ps_error *err);
+ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err);
 /* Sorts the entries, rejects duplicates (same shape and dtype, or same
  * kind, n and bytes) and an empty DB, and builds the lookup tables. */
 ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err);
@@ -124,7 +123,6 @@ double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 /* Seconds of a communication among n devices (ignored for send-recv):
  * 0 for n < 2 or bytes <= 0, -1 when the DB has no entry of that kind. */
-double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n,
-                               double bytes);
+double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes);
 
 #endif

@@ -13,9 +13,8 @@
 #define MAX_REPS 1000
 
 static const ps_profile_shape default_shapes[] = {
-    {64, 64, 64},       {128, 128, 128},    {256, 256, 256},  {512, 512, 512},
-    {1024, 1024, 1024}, {2048, 2048, 2048}, {2048, 512, 512}, {512, 2048, 512},
-    {2048, 2048, 512},  {4096, 1024, 1024},
+    {64, 64, 64},       {128, 128, 128},  {256, 256, 256},  {512, 512, 512},   {1024, 1024, 1024},
+    {2048, 2048, 2048}, {2048, 512, 512}, {512, 2048, 512}, {2048, 2048, 512}, {4096, 1024, 1024},
 };
 static const ps_profile_shape quick_shapes[] = {{64, 64, 64}, {128, 128, 128}, {256, 256, 256}};
 
@@ -176,7 +175,7 @@ static double slowest_median(const shared *s, int n)
 }
 
 /* After each rank's warm-up: rank 0 picks the calls per repetition from the
- * slowest warm-up call. */
+ * slowest rank's fastest warm-up call. */
 static bool agree_iters(shared *s, int rank, double warm_s)
 {
     s->warm[rank] = warm_s;
@@ -253,6 +252,38 @@ static ps_tile matrix(void *data, int64_t rows, int64_t cols)
     return ps_tile_whole(data, &d);
 }
 
+static ps_status add_gemm(shared *s, const ps_profile_shape *sh, ps_dtype dtype, double sec,
+                          ps_error *err)
+{
+    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .dtype = dtype, .seconds = sec};
+    if (s->o->progress)
+        fprintf(stderr, "profile: GEMM %lld x %lld x %lld %s: %.4g s, %.4g TFLOP/s\n",
+                (long long)sh->m, (long long)sh->n, (long long)sh->k, ps_dtype_name(dtype), sec,
+                2.0 * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
+    return ps_profile_db_add_gemm(s->db, &e, err);
+}
+
+/* GEMMs through an external timer, one measurement per dtype. */
+static ps_status gemm_timed_natively(shared *s, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_profile_options *o = s->o;
+    int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
+    for (int i = 0; i < o->n_shapes; i++)
+        for (int d = 0; d < n_dt; d++) {
+            ps_dtype t = o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32;
+            double sec = 0;
+            PS_TRY(o->gemm_timer(o->gemm_timer_arg, &o->shapes[i], t, o->reps, &sec, err));
+            if (!(sec > 0)) {
+                st = ps_error_set(err, PS_ERR_DEVICE, "profile: the GEMM timer returned %g s", sec);
+                goto out;
+            }
+            PS_TRY(add_gemm(s, &o->shapes[i], t, sec, err));
+        }
+out:
+    return st;
+}
+
 static ps_status gemm_thread(shared *s, int rank, ps_error *err)
 {
     ps_status st = PS_OK;
@@ -260,6 +291,8 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
     const ps_profile_options *o = s->o;
     void *buf[3] = {NULL, NULL, NULL};
     gemm_call g;
+    if (o->gemm_timer != NULL)
+        return gemm_timed_natively(s, err);
     memset(&g, 0, sizeof g);
     g.op.name = "profile-gemm";
     g.op.kind = PS_OP_MATMUL;
@@ -285,18 +318,11 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
         PS_TRY(timed(s, rank, gemm_once, &g, 1, &ok, err));
         if (!ok)
             goto out;
+        /* one measurement, recorded for every dtype (see the header) */
         double sec = slowest_median(s, 1);
         int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
-        for (int d = 0; d < n_dt; d++) {
-            ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k,
-                                 .dtype = o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32,
-                                 .seconds = sec};
-            PS_TRY(ps_profile_db_add_gemm(s->db, &e, err));
-        }
-        if (o->progress)
-            fprintf(stderr, "profile: GEMM %lld x %lld x %lld: %.4g s, %.4g TFLOP/s\n",
-                    (long long)sh->m, (long long)sh->n, (long long)sh->k, sec,
-                    2.0 * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
+        for (int d = 0; d < n_dt; d++)
+            PS_TRY(add_gemm(s, sh, o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32, sec, err));
         for (int t = 0; t < 3; t++) {
             b->ops->release(b, rank, buf[t]);
             buf[t] = NULL;
@@ -445,19 +471,18 @@ static ps_status comm_thread(shared *s, int rank, ps_error *err)
             c.src.data = src;
             c.dst.data = dst;
             bool ok;
-            PS_TRY(timed(s, rank, comm_once, &c, kind == PS_PROFILE_SEND_RECV ? 2 : 1, &ok,
-                         err));
+            PS_TRY(timed(s, rank, comm_once, &c, kind == PS_PROFILE_SEND_RECV ? 2 : 1, &ok, err));
             if (!ok)
                 goto out;
             if (rank == 0) {
-                ps_profile_comm_entry e = {.kind = kind, .n = n, .bytes = real_bytes,
-                                           .seconds = slowest_median(s, n)};
+                ps_profile_comm_entry e = {
+                    .kind = kind, .n = n, .bytes = real_bytes, .seconds = slowest_median(s, n)};
                 PS_TRY(ps_profile_db_add_comm(s->db, &e, err));
                 if (o->progress) {
                     char t[32];
                     fprintf(stderr, "profile: %s over %d devices, %s: %.4g us\n",
-                            ps_profile_comm_names[kind], n,
-                            size_text(real_bytes, t, sizeof t), e.seconds * 1e6);
+                            ps_profile_comm_names[kind], n, size_text(real_bytes, t, sizeof t),
+                            e.seconds * 1e6);
                 }
             }
             b->ops->release(b, rank, src);
@@ -488,15 +513,14 @@ static ps_status check_options(const ps_backend *b, const ps_profile_options *o,
                             MAX_REPS);
     for (int i = 0; i < o->n_shapes; i++)
         if (o->shapes[i].m < 1 || o->shapes[i].n < 1 || o->shapes[i].k < 1)
-            return ps_error_set(err, PS_ERR_INVALID, "profile: GEMM shape %d is not positive",
-                                i);
+            return ps_error_set(err, PS_ERR_INVALID, "profile: GEMM shape %d is not positive", i);
     for (int i = 0; i < o->n_dtypes; i++)
         if ((int)o->dtypes[i] < 0 || (int)o->dtypes[i] >= PS_FLOAT_DTYPE_COUNT)
             return ps_error_set(err, PS_ERR_INVALID, "profile: dtype %d is not a float type",
                                 (int)o->dtypes[i]);
-    if (o->max_bytes > 0 && (o->min_bytes < 4 || o->min_bytes > o->max_bytes ||
-                             o->size_factor < 2 || o->size_factor > 1024 ||
-                             o->max_bytes > ((int64_t)1 << 40)))
+    if (o->max_bytes > 0 &&
+        (o->min_bytes < 4 || o->min_bytes > o->max_bytes || o->size_factor < 2 ||
+         o->size_factor > 1024 || o->max_bytes > ((int64_t)1 << 40)))
         return ps_error_set(err, PS_ERR_INVALID,
                             "profile: sizes %lld to %lld bytes by x%d: want 4 <= min <= max "
                             "<= 1 TiB and a factor of 2 to 1024",
@@ -529,8 +553,7 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     PS_TRY_ALLOC(host, err);
     for (int64_t i = 0; i < most; i++) /* small values: sums stay finite */
         host[i] = (float)(i % 7) * 0.125f;
-    int max_group = o->max_group > 0 && o->max_group < b->n_devices ? o->max_group
-                                                                    : b->n_devices;
+    int max_group = o->max_group > 0 && o->max_group < b->n_devices ? o->max_group : b->n_devices;
     s.b = b;
     s.o = o;
     s.db = db;

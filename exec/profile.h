@@ -5,7 +5,8 @@
  * GEMMs: a synthetic MATMUL op ("mk,kn->mn") on device 0, per shape. The
  * backend interface carries no dtype (executors hold fp32 tiles), so one
  * measurement per shape is recorded under every dtype requested: it is what
- * a GEMM of that dtype costs on this backend.
+ * a GEMM of that dtype costs on this backend. A gemm_timer (below) measures
+ * each dtype natively instead.
  *
  * Communication: one thread per device, as the runtime runs them. For every
  * group size n (2, 4, 8, ... and the device count, at most max_group) the
@@ -37,19 +38,26 @@ typedef struct ps_profile_shape {
 } ps_profile_shape;
 
 typedef struct ps_profile_options {
-    const char *device_name;          /* the DB's device kind name (NULL: the backend's) */
-    const ps_profile_shape *shapes;   /* GEMM shapes (borrowed); n_shapes 0: no GEMMs */
+    const char *device_name;        /* the DB's device kind name (NULL: the backend's) */
+    const ps_profile_shape *shapes; /* GEMM shapes (borrowed); n_shapes 0: no GEMMs */
     int n_shapes;
-    const ps_dtype *dtypes;           /* recorded per dtype; n_dtypes 0: fp32 only */
+    const ps_dtype *dtypes; /* recorded per dtype; n_dtypes 0: fp32 only */
     int n_dtypes;
-    int64_t min_bytes, max_bytes;     /* communication sizes; max_bytes 0: none */
-    int size_factor;                  /* >= 2 */
-    int max_group;                    /* largest group (0: every device) */
-    unsigned kinds;                   /* bit (1 << ps_profile_comm) per kind; 0: all */
-    int warmup;                       /* untimed calls before timing, >= 1 */
-    int reps;                         /* timed repetitions, >= 1 (median) */
-    double min_rep_s;                 /* a repetition lasts at least this long */
-    bool progress;                    /* one line per entry on stderr */
+    int64_t min_bytes, max_bytes; /* communication sizes; max_bytes 0: none */
+    int size_factor;              /* >= 2 */
+    int max_group;                /* largest group (0: every device) */
+    unsigned kinds;               /* bit (1 << ps_profile_comm) per kind; 0: all */
+    int warmup;                   /* untimed calls before timing, >= 1 */
+    int reps;                     /* timed repetitions, >= 1 (median) */
+    double min_rep_s;             /* a repetition lasts at least this long */
+    bool progress;                /* one line per entry on stderr */
+    /* GEMMs timed by this, once per shape and dtype, instead of the
+     * backend's fp32 MATMUL op (e.g. cuBLAS in fp16/bf16: what a training
+     * job in that dtype gets, where the executors compute in fp32). It
+     * returns seconds per GEMM. NULL: the backend's op. */
+    ps_status (*gemm_timer)(void *arg, const ps_profile_shape *shape, ps_dtype dtype, int reps,
+                            double *seconds, ps_error *err);
+    void *gemm_timer_arg;
 } ps_profile_options;
 
 /* The full profile: GEMM cubes 64..2048 and transformer-like rectangles,

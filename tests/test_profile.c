@@ -4,11 +4,11 @@
  * same predictions), a DB of slower GEMMs (proportionally slower compute),
  * and a quick measurement on the CPU backend (positive, and larger messages
  * cost more; nothing timed against a bound). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +20,9 @@
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/profile.h"
+#ifdef PS_HAVE_CUDA
+#include "exec/cuda/cuda_ops.h"
+#endif
 #include "planner/cost_model.h"
 #include "planner/inter_pass.h"
 #include "planner/plan_intra.h"
@@ -29,11 +32,11 @@ static bool close_to(double a, double b, double rtol)
     return fabs(a - b) <= 1e-300 + rtol * fabs(b);
 }
 
-#define assert_close(a, b, rtol)                                                        \
-    do {                                                                                \
-        double a_ = (a), b_ = (b);                                                      \
-        if (!close_to(a_, b_, rtol))                                                    \
-            fail_msg("%s = %.17g, expected %.17g (%s)", #a, a_, b_, #b);                \
+#define assert_close(a, b, rtol)                                                                   \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!close_to(a_, b_, rtol))                                                               \
+            fail_msg("%s = %.17g, expected %.17g (%s)", #a, a_, b_, #b);                           \
     } while (0)
 
 static ps_profile_db *new_db(const char *device)
@@ -111,13 +114,12 @@ static void round_trip(void **state)
     assert_int_equal(ps_profile_db_to_json(back, &j), PS_OK);
     json_t *ag = json_array_get(json_object_get(j, "collectives"), 2);
     assert_string_equal(json_string_value(json_object_get(ag, "kind")), "all-gather");
-    assert_close(json_real_value(json_object_get(ag, "algbw_bytes_per_s")),
-                 (1 << 20) / 3.25e-4, 1e-15);
+    assert_close(json_real_value(json_object_get(ag, "algbw_bytes_per_s")), (1 << 20) / 3.25e-4,
+                 1e-15);
     assert_close(json_real_value(json_object_get(ag, "busbw_bytes_per_s")),
                  (1 << 20) / 3.25e-4 * 0.75, 1e-15);
     json_t *g = json_array_get(json_object_get(j, "gemm"), 2);
-    assert_close(json_real_value(json_object_get(g, "flops_per_s")), 2.0 * (1 << 24) / 1e-4,
-                 1e-15);
+    assert_close(json_real_value(json_object_get(g, "flops_per_s")), 2.0 * (1 << 24) / 1e-4, 1e-15);
     json_decref(j);
     unlink(path);
     ps_profile_db_free(back);
@@ -362,10 +364,9 @@ static void interpolation(void **state)
     /* group sizes: n = 3 halfway between 2 and 4; n = 8 beyond 4 keeps the
      * busbw of 4 (factor 2*7/8 against 2*3/4) */
     assert_close(ps_profile_collective_s(db, AR, 3, 2048), 1.5 * (10e-6 + 6e-6 / 3), 1e-12);
-    assert_close(ps_profile_collective_s(db, AR, 8, 4096), 32e-6 * (14.0 / 8) / (6.0 / 4),
+    assert_close(ps_profile_collective_s(db, AR, 8, 4096), 32e-6 * (14.0 / 8) / (6.0 / 4), 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_GATHER, 2, 4096), 20e-6 * 0.5 / 0.75,
                  1e-12);
-    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_GATHER, 2, 4096),
-                 20e-6 * 0.5 / 0.75, 1e-12);
     assert_close(ps_profile_collective_s(db, AR, 1, 4096), 0, 0);
     assert_close(ps_profile_collective_s(db, AR, 4, 0), 0, 0);
     /* monotone: the noisy 2 KiB point is raised to 10 us */
@@ -442,8 +443,12 @@ static ps_plan *pipeshard_plan(ps_cluster *c, const ps_profile_db *db)
     ps_model_config cfg;
     ps_graph *fwd = mlp_forward(&cfg, 2048 / 16);
     c->profile = db;
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = 2048, .micro_batches = 16,
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .global_batch = 2048,
+                           .micro_batches = 16,
                            .ilp = ps_ilp_options_default()};
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = 2;
@@ -469,11 +474,9 @@ static void analytic_db_same_predictions(void **state)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int n = shapes[s][0] * shapes[s][1];
         ps_logical_mesh *m0 = NULL, *m1 = NULL;
-        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m0, NULL),
-                         PS_OK);
+        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m0, NULL), PS_OK);
         c->profile = db;
-        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m1, NULL),
-                         PS_OK);
+        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m1, NULL), PS_OK);
         assert_ptr_equal(m1->profile, db);
         for (double bytes = 11; bytes < 1e11; bytes *= 7.3)
             for (int k = 0; k < PS_COLL_COUNT; k++)
@@ -516,9 +519,14 @@ static void data_parallel_compute(ps_cluster *c, const ps_profile_db *db, double
     ps_model_config cfg;
     ps_graph *fwd = mlp_forward(&cfg, 256);
     c->profile = db;
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .method = PS_METHOD_DATA, .global_batch = 256,
-                           .micro_batches = 1, .ilp = ps_ilp_options_default()};
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .method = PS_METHOD_DATA,
+                           .global_batch = 256,
+                           .micro_batches = 1,
+                           .ilp = ps_ilp_options_default()};
     ps_plan *p = NULL;
     ps_intra_result *r = NULL;
     ps_graph *step = NULL;
@@ -624,8 +632,8 @@ static void where_the_db_applies(void **state)
 
 /* ---- measurement ------------------------------------------------------------ */
 
-static const ps_profile_comm_entry *find_comm(const ps_profile_db *db, ps_profile_comm kind,
-                                              int n, int64_t bytes)
+static const ps_profile_comm_entry *find_comm(const ps_profile_db *db, ps_profile_comm kind, int n,
+                                              int64_t bytes)
 {
     for (int i = 0; i < db->n_comm; i++)
         if (db->comm[i].kind == kind && db->comm[i].n == n && db->comm[i].bytes == bytes)
@@ -753,7 +761,8 @@ static void cpu_group_sizes(void **state)
     o.max_bytes = 4096;
     o.reps = 1;
     o.min_rep_s = 0;
-    o.kinds = 1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;
+    o.kinds =
+        1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;
     ps_profile_db *db = NULL;
     ps_error err = {0};
     if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
@@ -843,8 +852,8 @@ static void cli(void **state)
     json_t *with = json_loads(out, 0, NULL);
     free(out);
     free(err);
-    snprintf(args, sizeof args, "plan --model mlp --cluster dgx-a100:1 --method data --json -o %s/p0.json",
-             dir);
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --method data --json -o %s/p0.json", dir);
     assert_int_equal(run_cli(dir, args, &out, &err), 0);
     json_t *without = json_loads(out, 0, NULL);
     free(out);
@@ -893,13 +902,26 @@ static void cli(void **state)
     assert_non_null(strstr(out, "--profile-db"));
     free(out);
     free(err);
-#ifndef PS_HAVE_CUDA
-    snprintf(args, sizeof args, "profile --backend cuda -o %s/cuda.json", dir);
-    assert_int_equal(run_cli(dir, args, &out, &err), 1);
-    assert_non_null(strstr(err, "backend \"cuda\" is not available in this build"));
+    /* --backend cuda: refused by a build without CUDA, or without a GPU
+     * (measured on a GPU by tests/test_cuda_profile.c) */
+    bool no_gpu = true;
+#ifdef PS_HAVE_CUDA
+    no_gpu = ps_cuda_device_count() == 0;
+#endif
+    if (no_gpu) {
+        snprintf(args, sizeof args, "profile --backend cuda --quick -o %s/cuda.json", dir);
+        assert_int_equal(run_cli(dir, args, &out, &err), 1);
+#ifdef PS_HAVE_CUDA
+        assert_non_null(strstr(err, "no usable GPU"));
+#else
+        assert_non_null(strstr(err, "backend \"cuda\" is not available in this build"));
+#endif
+        free(out);
+        free(err);
+    }
+    assert_int_equal(run_cli(dir, "profile --backend cpu --tf32 -o x.json", &out, &err), 2);
     free(out);
     free(err);
-#endif
     char path[600];
     const char *files[] = {"db.json", "p0.json", "p1.json"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
