@@ -45,7 +45,8 @@ typedef struct dev_state {
     cudaStream_t send_stream;
     cudaEvent_t ready; /* compute stream -> send stream */
     cudaEvent_t packed; /* send stream -> compute stream */
-    ncclComm_t p2p[2]; /* world communicators: [0] to higher devices, [1] to lower */
+    ncclComm_t p2p[2]; /* world communicators: [0] carries messages from lower to higher
+                          devices, [1] from higher to lower */
     struct send_buf *sends; /* staging of sends in flight */
 } dev_state;
 
@@ -624,12 +625,8 @@ static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, 
         pthread_mutex_lock(&cb->mu);
         bool ab = cb->aborted;
         pthread_mutex_unlock(&cb->mu);
-        if (ab) {
-            /* unblocks this rank's kernels; the communicator is not used again */
-            if (comm != NULL)
-                (void)ncclCommAbort(comm);
+        if (ab) /* destroy aborts the communicators, which ends stuck kernels */
             return aborted_error(d->device, what, err);
-        }
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
@@ -955,7 +952,7 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
         d->sends = sb;
         ps_cuda_stream ss = *d->s;
         ss.stream = d->send_stream;
-        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
+        ncclComm_t comm = d->p2p[device < peer ? 0 : 1]; /* the message's direction */
         PS_CUDA_RET(d->loc, cudaEventRecord(d->ready, d->s->stream));
         PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->send_stream, d->ready, 0));
         PS_RET(ps_cuda_box_pack(&ss, src, box_offset, box_size, start, len, sb->buf, true, err));
@@ -1029,7 +1026,7 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
     snprintf(what, sizeof what, "receive from device %d", peer);
     if (cb->nccl) {
         void *buf;
-        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
+        ncclComm_t comm = d->p2p[peer < device ? 0 : 1]; /* the message's direction */
         if (len == 0)
             return PS_OK;
         PS_RET(scratch(d, 0, (size_t)len * 4, &buf, err));
@@ -1097,19 +1094,25 @@ static void be_abort(ps_backend *b)
      * flag (nccl_wait); destroy aborts the rest */
 }
 
+/* Ends a communicator locally. ncclCommDestroy finalizes first, which waits
+ * for every rank to be quiescent: from one thread over several ranks that
+ * could wait forever. ncclCommAbort frees the rank's resources without its
+ * peers (after an abort it also ends kernels waiting for peers that
+ * stopped); destroy calls it once the devices' work is complete or
+ * abandoned. */
+static void comm_end(cuda_backend *cb, ncclComm_t *c)
+{
+    (void)cb;
+    if (*c == NULL)
+        return;
+    (void)ncclCommAbort(*c);
+    *c = NULL;
+}
+
 static void dev_free(cuda_backend *cb, dev_state *d)
 {
-    if (d->s != NULL) {
-        (void)cudaSetDevice(d->gpu);
-        (void)cudaStreamSynchronize(d->s->stream);
-    }
     for (int k = 0; k < 2; k++)
-        if (d->p2p[k] != NULL) {
-            if (cb->aborted)
-                (void)ncclCommAbort(d->p2p[k]);
-            else
-                (void)ncclCommDestroy(d->p2p[k]);
-        }
+        comm_end(cb, &d->p2p[k]);
     while (d->sends != NULL) {
         send_buf *x = d->sends;
         d->sends = x->next;
@@ -1148,17 +1151,28 @@ static void be_destroy(ps_backend *b)
     if (b == NULL)
         return;
     cuda_backend *cb = cb_of(b);
+    if (cb->aborted) {
+        for (group_state *gs = cb->groups; gs != NULL; gs = gs->next)
+            for (int i = 0; i < gs->n; i++)
+                comm_end(cb, &gs->comm[i]);
+        for (int i = 0; cb->dev != NULL && i < b->n_devices; i++)
+            for (int k = 0; k < 2; k++)
+                comm_end(cb, &cb->dev[i].p2p[k]);
+    }
+    /* the devices' work (collectives and sends included) is complete */
+    for (int i = 0; cb->dev != NULL && i < b->n_devices; i++) {
+        dev_state *d = &cb->dev[i];
+        (void)cudaSetDevice(d->gpu);
+        if (d->s != NULL)
+            (void)cudaStreamSynchronize(d->s->stream);
+        if (d->send_stream != NULL)
+            (void)cudaStreamSynchronize(d->send_stream);
+    }
     while (cb->groups != NULL) {
         group_state *gs = cb->groups;
         cb->groups = gs->next;
         for (int i = 0; i < gs->n; i++)
-            if (gs->comm[i] != NULL) {
-                (void)cudaSetDevice(cb->dev[0].gpu);
-                if (cb->aborted)
-                    (void)ncclCommAbort(gs->comm[i]);
-                else
-                    (void)ncclCommDestroy(gs->comm[i]);
-            }
+            comm_end(cb, &gs->comm[i]);
         free(gs->comm);
         free(gs->slot);
         free(gs);
