@@ -27,6 +27,10 @@
  *   label's logit over the vocabulary group: ctx->reduce does that (a
  *   group of 1 when the last dimension is whole). SOFTMAX_XENT_GRAD likewise
  *   (dlogits = (softmax - onehot) / global tokens).
+ * - BATCHNORM(_GRAD) use batch statistics over every dim but 1, counted
+ *   over the whole tensor; when the batch (or a spatial dim) is split they
+ *   sum their per-channel partial sums (and, for the gradient, those of dy
+ *   and dy * xhat) through ctx->reduce over the devices splitting it.
  * - ADAM (param, grad, m, v[, master]): updated in place, bias correction
  *   with ctx->step (1-based); weight decay AdamW-style (decoupled). With a
  *   master copy, the master is updated and copied into param.
@@ -41,7 +45,8 @@
 typedef enum ps_reduce_op { PS_REDUCE_OP_SUM = 0, PS_REDUCE_OP_MAX = 1 } ps_reduce_op;
 
 /* An op's own collective (over the devices splitting the vocabulary of a
- * loss): an in-place all-reduce of n floats in the backend's memory. */
+ * loss, or the batch of a batchnorm): an in-place all-reduce of n floats in
+ * the backend's memory. */
 typedef struct ps_op_reduce {
     int group_size; /* 1: nothing to reduce, fn may be NULL */
     void *arg;
