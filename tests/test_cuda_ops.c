@@ -859,6 +859,10 @@ static void backend_timing_and_profile(void **state)
 
 #define NDEV 4
 
+/* The collective tests run with four devices sharing GPU 0 and, on a
+ * machine with four GPUs or more, again on four GPUs through NCCL. */
+static bool on_gpus = false;
+
 /* Box semantics on the host: the value of global element idx (row-major
  * over `global`) in a tile, or NAN when the tile does not hold it. */
 static float host_at(const ps_tile *t, const int64_t *coord)
@@ -1003,7 +1007,7 @@ static ps_tile expected(const coll_dev *c, int me)
 static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
                              int64_t (*dst_box)(int, int, int64_t *), bool in_place)
 {
-    ps_backend *b = backend(NDEV, true);
+    ps_backend *b = backend(NDEV, !on_gpus);
     const int64_t g[2] = {8, 12};
     coll_dev c[NDEV];
     for (int d = 0; d < NDEV; d++) {
@@ -1107,7 +1111,7 @@ static void backend_reduce(void **state)
 {
     (void)state;
     for (int mx = 0; mx < 2; mx++) {
-        ps_backend *b = backend(NDEV, true);
+        ps_backend *b = backend(NDEV, !on_gpus);
         red_dev r[NDEV];
         float want[100];
         for (int i = 0; i < 100; i++)
@@ -1181,7 +1185,7 @@ static void *p2p_thread(void *p)
 static void backend_send_recv(void **state)
 {
     (void)state;
-    ps_backend *b = backend(NDEV, true);
+    ps_backend *b = backend(NDEV, !on_gpus);
     p2p_dev c[NDEV];
     /* src: rows 0..7 of a [16, 12] tensor; dst: rows 1..7 (offset 1) */
     const int64_t g[2] = {16, 12};
@@ -1218,6 +1222,21 @@ static void backend_send_recv(void **state)
         free(want[d].data);
     }
     b->ops->destroy(b);
+}
+
+/* The same on four GPUs through NCCL, where the machine has them. */
+static void backend_nccl(void **state)
+{
+    (void)state;
+    if (ps_cuda_device_count() < NDEV) {
+        print_message("fewer than %d GPUs: the NCCL path is not tested here\n", NDEV);
+        skip();
+    }
+    on_gpus = true;
+    backend_collectives(state);
+    backend_reduce(state);
+    backend_send_recv(state);
+    on_gpus = false;
 }
 
 /* A collective that fails on device 2: every device thread returns an error
@@ -1294,6 +1313,7 @@ int main(void)
         cmocka_unit_test(backend_reduce),
         cmocka_unit_test(backend_send_recv),
         cmocka_unit_test(backend_injected_failure),
+        cmocka_unit_test(backend_nccl),
     };
     return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
 }
