@@ -860,7 +860,8 @@ static void backend_timing_and_profile(void **state)
 #define NDEV 4
 
 /* The collective tests run with four devices sharing GPU 0 and, on a
- * machine with four GPUs or more, again on four GPUs through NCCL. */
+ * machine with four GPUs or more, again on four GPUs (collectives through
+ * NCCL, send/recv by peer copies). */
 static bool on_gpus = false;
 
 /* Box semantics on the host: the value of global element idx (row-major
@@ -1224,7 +1225,7 @@ static void backend_send_recv(void **state)
     b->ops->destroy(b);
 }
 
-/* The same on four GPUs through NCCL, where the machine has them. */
+/* The same on four GPUs, where the machine has them. */
 static void backend_nccl(void **state)
 {
     (void)state;

@@ -41,21 +41,7 @@ typedef struct dev_state {
     bool *ev_set;
     void *scratch[2]; /* collective staging */
     size_t scratch_bytes[2];
-    /* NCCL mode */
-    cudaStream_t send_stream;
-    cudaEvent_t ready; /* compute stream -> send stream */
-    cudaEvent_t packed; /* send stream -> compute stream */
-    ncclComm_t p2p[2]; /* world communicators: [0] carries messages from lower to higher
-                          devices, [1] from higher to lower */
-    struct send_buf *sends; /* staging of sends in flight */
 } dev_state;
-
-typedef struct send_buf {
-    void *buf;
-    size_t cap;
-    cudaEvent_t done;
-    struct send_buf *next;
-} send_buf;
 
 /* What a member publishes at a collective's rendezvous. */
 typedef struct rv_slot {
@@ -74,10 +60,11 @@ typedef struct group_state {
     struct group_state *next;
 } group_state;
 
-/* Share mode send/recv: a FIFO of staged messages per ordered pair, and the
- * staging buffers the receiver handed back. */
+/* Send/recv (both modes): a FIFO of staged messages per ordered pair, and
+ * the staging buffers (on the sender's GPU) the receiver handed back. */
 typedef struct msg {
     void *buf;
+    int gpu; /* where buf lives */
     size_t cap;
     int64_t len;
     struct msg *next;
@@ -98,7 +85,7 @@ typedef struct cuda_backend {
     pthread_cond_t cv;
     bool aborted;
     group_state *groups;
-    chan *chans; /* share mode: [from * n + to] */
+    chan *chans; /* [from * n + to] */
 } cuda_backend;
 
 static cuda_backend *cb_of(ps_backend *b) { return (cuda_backend *)b; }
@@ -908,6 +895,12 @@ static ps_status chunk_of(int device, const ps_tile *t, const int64_t *box_size,
     return PS_OK;
 }
 
+/* Sends are buffered: the sender packs its chunk into a staging buffer on
+ * its own GPU, waits for the pack and queues the message; the receiver
+ * copies it (cudaMemcpyPeerAsync when the GPUs differ) and unpacks it, then
+ * hands the buffer back to the pair's spares. A send never waits for its
+ * receiver, as on the CPU backend, so programs that are deadlock-free there
+ * are here; messages between one pair arrive in order. */
 static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src,
                          const int64_t *box_offset, const int64_t *box_size, int chunk,
                          int chunks, ps_error *err)
@@ -919,52 +912,6 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
     int64_t start, len;
     PS_RET(chunk_of(device, src, box_size, chunk, chunks, &start, &len, err));
     size_t bytes = (size_t)(len > 0 ? len : 1) * 4;
-    if (cb->nccl) {
-        /* the send waits for the compute stream and runs on its own stream,
-         * so that this device can go on (and receive) while the peer is
-         * not ready yet */
-        send_buf *sb = NULL, **pp = &d->sends;
-        while (*pp != NULL) {
-            send_buf *x = *pp;
-            if (x->cap >= bytes && cudaEventQuery(x->done) == cudaSuccess) {
-                *pp = x->next;
-                sb = x;
-                break;
-            }
-            pp = &x->next;
-        }
-        (void)cudaGetLastError();
-        if (sb == NULL) {
-            sb = (send_buf *)calloc(1, sizeof *sb);
-            if (sb == NULL)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            cudaError_t e = cudaMalloc(&sb->buf, bytes);
-            if (e == cudaSuccess)
-                e = cudaEventCreateWithFlags(&sb->done, cudaEventDisableTiming);
-            if (e != cudaSuccess) {
-                (void)cudaFree(sb->buf);
-                free(sb);
-                return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
-            }
-            sb->cap = bytes;
-        }
-        sb->next = d->sends; /* back on the list: reused once `done` fires */
-        d->sends = sb;
-        ps_cuda_stream ss = *d->s;
-        ss.stream = d->send_stream;
-        ncclComm_t comm = d->p2p[device < peer ? 0 : 1]; /* the message's direction */
-        PS_CUDA_RET(d->loc, cudaEventRecord(d->ready, d->s->stream));
-        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->send_stream, d->ready, 0));
-        PS_RET(ps_cuda_box_pack(&ss, src, box_offset, box_size, start, len, sb->buf, true, err));
-        /* later writes to src on the compute stream wait for the pack */
-        PS_CUDA_RET(d->loc, cudaEventRecord(d->packed, d->send_stream));
-        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->s->stream, d->packed, 0));
-        if (len > 0)
-            PS_NCCL_RET(d->loc, comm,
-                        ncclSend(sb->buf, (size_t)len, ncclFloat, peer, comm, d->send_stream));
-        PS_CUDA_RET(d->loc, cudaEventRecord(sb->done, d->send_stream));
-        return PS_OK;
-    }
     chan *c = &cb->chans[device * b->n_devices + peer];
     msg *mm = NULL;
     pthread_mutex_lock(&cb->mu);
@@ -984,6 +931,7 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
             free(mm);
             return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
         }
+        mm->gpu = d->gpu;
         mm->cap = bytes;
     }
     mm->len = len;
@@ -1024,17 +972,6 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
     PS_RET(chunk_of(device, dst, box_size, chunk, chunks, &start, &len, err));
     char what[64];
     snprintf(what, sizeof what, "receive from device %d", peer);
-    if (cb->nccl) {
-        void *buf;
-        ncclComm_t comm = d->p2p[peer < device ? 0 : 1]; /* the message's direction */
-        if (len == 0)
-            return PS_OK;
-        PS_RET(scratch(d, 0, (size_t)len * 4, &buf, err));
-        PS_NCCL_RET(d->loc, comm,
-                    ncclRecv(buf, (size_t)len, ncclFloat, peer, comm, d->s->stream));
-        PS_RET(ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, buf, false, err));
-        return nccl_wait(cb, d, d->s->stream, comm, what, err);
-    }
     chan *c = &cb->chans[peer * b->n_devices + device];
     pthread_mutex_lock(&cb->mu);
     while (c->head == NULL && !cb->aborted)
@@ -1049,13 +986,24 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
         c->tail = NULL;
     pthread_mutex_unlock(&cb->mu);
     ps_status st = PS_OK;
+    void *from = mm->buf;
     if (mm->len != len)
         st = ps_error_set(err, PS_ERR_INVALID,
                           "device %d: message from device %d has %lld elements, the receive "
                           "expects %lld (chunk %d of %d)",
                           device, peer, (long long)mm->len, (long long)len, chunk, chunks);
+    if (st == PS_OK && len > 0 && mm->gpu != d->gpu) {
+        /* over NVLink/PCIe into this GPU's staging */
+        st = scratch(d, 1, (size_t)len * 4, &from, err);
+        if (st == PS_OK) {
+            cudaError_t e = cudaMemcpyPeerAsync(from, d->gpu, mm->buf, mm->gpu,
+                                                (size_t)len * 4, d->s->stream);
+            if (e != cudaSuccess)
+                st = ps_cuda_fail(d->loc, e, "cudaMemcpyPeerAsync", err);
+        }
+    }
     if (st == PS_OK)
-        st = ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, mm->buf, false, err);
+        st = ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, from, false, err);
     if (st == PS_OK) {
         cudaError_t e = cudaStreamSynchronize(d->s->stream);
         if (e != cudaSuccess)
@@ -1071,12 +1019,6 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
 static ps_status be_finish(ps_backend *b, int device, ps_error *err)
 {
     DEV(b, device);
-    cuda_backend *cb = cb_of(b);
-    if (cb->nccl) {
-        PS_RET(nccl_wait(cb, d, d->send_stream, NULL, "pending sends", err));
-        PS_RET(nccl_wait(cb, d, d->s->stream, NULL, "finish", err));
-        return PS_OK;
-    }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
     return PS_OK;
 }
@@ -1111,21 +1053,7 @@ static void comm_end(cuda_backend *cb, ncclComm_t *c)
 
 static void dev_free(cuda_backend *cb, dev_state *d)
 {
-    for (int k = 0; k < 2; k++)
-        comm_end(cb, &d->p2p[k]);
-    while (d->sends != NULL) {
-        send_buf *x = d->sends;
-        d->sends = x->next;
-        (void)cudaFree(x->buf);
-        (void)cudaEventDestroy(x->done);
-        free(x);
-    }
-    if (d->send_stream != NULL)
-        (void)cudaStreamDestroy(d->send_stream);
-    if (d->ready != NULL)
-        (void)cudaEventDestroy(d->ready);
-    if (d->packed != NULL)
-        (void)cudaEventDestroy(d->packed);
+    (void)cudaSetDevice(d->gpu);
     cache_flush(d);
     for (int i = 0; i < d->live_cap; i++)
         if (d->live[i].ptr != NULL && d->live[i].ptr != DELETED)
@@ -1151,22 +1079,16 @@ static void be_destroy(ps_backend *b)
     if (b == NULL)
         return;
     cuda_backend *cb = cb_of(b);
-    if (cb->aborted) {
+    if (cb->aborted)
         for (group_state *gs = cb->groups; gs != NULL; gs = gs->next)
             for (int i = 0; i < gs->n; i++)
                 comm_end(cb, &gs->comm[i]);
-        for (int i = 0; cb->dev != NULL && i < b->n_devices; i++)
-            for (int k = 0; k < 2; k++)
-                comm_end(cb, &cb->dev[i].p2p[k]);
-    }
-    /* the devices' work (collectives and sends included) is complete */
+    /* the devices' work (collectives included) is complete */
     for (int i = 0; cb->dev != NULL && i < b->n_devices; i++) {
         dev_state *d = &cb->dev[i];
         (void)cudaSetDevice(d->gpu);
         if (d->s != NULL)
             (void)cudaStreamSynchronize(d->s->stream);
-        if (d->send_stream != NULL)
-            (void)cudaStreamSynchronize(d->send_stream);
     }
     while (cb->groups != NULL) {
         group_state *gs = cb->groups;
@@ -1184,6 +1106,7 @@ static void be_destroy(ps_backend *b)
                 while (lists[k] != NULL) {
                     msg *mm = lists[k];
                     lists[k] = mm->next;
+                    (void)cudaSetDevice(mm->gpu);
                     (void)cudaFree(mm->buf);
                     free(mm);
                 }
@@ -1234,11 +1157,6 @@ static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, p
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     for (int i = 0; i < cb->slots; i++)
         PS_CUDA_RET(d->loc, cudaEventCreate(&d->ev[i]));
-    if (cb->nccl) {
-        PS_CUDA_RET(d->loc, cudaStreamCreateWithFlags(&d->send_stream, cudaStreamNonBlocking));
-        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
-        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->packed, cudaEventDisableTiming));
-    }
     return PS_OK;
 }
 
@@ -1249,8 +1167,6 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     ps_status st = PS_OK;
     cuda_backend *cb = NULL;
     int gpus = 0;
-    int *devlist = NULL;
-    ncclComm_t *comms = NULL;
     *out = NULL;
     if (n_devices < 1 || timing_slots < 0)
         return ps_error_set(err, PS_ERR_INVALID,
@@ -1289,36 +1205,33 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
         if (st != PS_OK)
             goto out;
     }
+    cb->chans = (chan *)calloc((size_t)(n_devices * n_devices), sizeof *cb->chans);
+    if (cb->chans == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
     if (cb->nccl) {
-        devlist = (int *)malloc((size_t)n_devices * sizeof *devlist);
-        comms = (ncclComm_t *)calloc((size_t)n_devices, sizeof *comms);
-        if (devlist == NULL || comms == NULL) {
-            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            goto out;
-        }
+        /* direct GPU-to-GPU copies for send/recv where the hardware allows
+         * them (cudaMemcpyPeerAsync goes through the host otherwise) */
         for (int i = 0; i < n_devices; i++)
-            devlist[i] = cb->dev[i].gpu;
-        for (int k = 0; k < 2; k++) {
-            ncclResult_t r = ncclCommInitAll(comms, n_devices, devlist);
-            if (r != ncclSuccess) {
-                st = nccl_fail(cb->dev[0].loc, r, NULL, "ncclCommInitAll", err);
-                goto out;
+            for (int j = 0; j < n_devices; j++) {
+                int can = 0;
+                if (i == j || cudaDeviceCanAccessPeer(&can, cb->dev[i].gpu, cb->dev[j].gpu) !=
+                                  cudaSuccess || !can)
+                    continue;
+                cudaError_t e = cudaSetDevice(cb->dev[i].gpu);
+                if (e == cudaSuccess)
+                    e = cudaDeviceEnablePeerAccess(cb->dev[j].gpu, 0);
+                if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+                    st = ps_cuda_fail(cb->dev[i].loc, e, "cudaDeviceEnablePeerAccess", err);
+                    goto out;
+                }
+                (void)cudaGetLastError();
             }
-            for (int i = 0; i < n_devices; i++)
-                cb->dev[i].p2p[k] = comms[i];
-        }
-    } else {
-        cb->chans = (chan *)calloc((size_t)(n_devices * n_devices), sizeof *cb->chans);
-        if (cb->chans == NULL) {
-            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            goto out;
-        }
     }
     *out = &cb->base;
     cb = NULL;
 out:
-    free(devlist);
-    free(comms);
     if (cb != NULL)
         be_destroy(&cb->base);
     return st;

@@ -174,21 +174,23 @@ static __global__ void k_mse_grad(const float *p, const float *t, float *d, int6
     FOR_EACH(i, n) d[i] = scale * (p[i] - t[i]);
 }
 
-/* AdamW (decoupled weight decay) on the master copy when there is one. */
+/* AdamW (decoupled weight decay) on the master copy when there is one; the
+ * reference's formula in fp32 (fp64 divisions would cost as much as the
+ * memory traffic of this bandwidth-bound kernel). */
 static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master,
-                              int64_t n, double lr, double b1, double b2, double eps, double wd,
-                              double bc1, double bc2)
+                              int64_t n, float lr, float b1, float b2, float eps, float wd,
+                              float bc1, float bc2)
 {
     FOR_EACH(i, n)
     {
-        double gi = g[i];
-        double mi = b1 * m[i] + (1.0 - b1) * gi;
-        double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-        m[i] = (float)mi;
-        v[i] = (float)vi;
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
         float *w = master != NULL ? master : p;
-        double upd = (mi / bc1) / (sqrt(vi / bc2) + eps);
-        float nw = (float)(w[i] - lr * (upd + wd * w[i]));
+        float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        float nw = w[i] - lr * (upd + wd * w[i]);
         w[i] = nw;
         if (master != NULL)
             p[i] = nw;
@@ -418,28 +420,31 @@ static __global__ void k_sum_chunks(const double *pg, const double *pb, float *d
 
 /* softmax(scale * x) over rows of n; causal: key k = koff + j is masked for
  * query q = qoff + (row % qdim) when k > q. */
+/* Exponentials in fp32 (expf: a few ulp), their sum in fp64. */
 static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t n,
-                                 double scale, bool causal, int64_t qdim, int64_t qoff,
+                                 float scale, bool causal, int64_t qdim, int64_t qoff,
                                  int64_t koff)
 {
-    __shared__ double sh[32];
+    __shared__ float sh[32];
+    __shared__ double dsh[32];
     ROWS_LOOP(row, rows)
     {
         const float *xr = x + row * n;
         int64_t q = causal ? qoff + row % qdim : 0;
-        double m = -INFINITY;
+        float m = -INFINITY;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             if (!causal || koff + j <= q)
-                m = fmax(m, scale * xr[j]);
-        m = block_max(m, sh, (double)-INFINITY);
+                m = fmaxf(m, scale * xr[j]);
+        m = block_max(m, sh, -INFINITY);
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             if (!causal || koff + j <= q)
-                acc += exp(scale * xr[j] - m);
-        double sum = block_sum(acc, sh);
+                acc += expf(scale * xr[j] - m);
+        double sum = block_sum(acc, dsh);
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            bool keep = (!causal || koff + j <= q) && sum > 0.0;
-            y[row * n + j] = keep ? (float)(exp(scale * xr[j] - m) / sum) : 0.0f;
+            bool keep = !causal || koff + j <= q;
+            y[row * n + j] = keep ? expf(scale * xr[j] - m) * inv : 0.0f;
         }
     }
 }
@@ -517,7 +522,7 @@ static __global__ void k_row_sumexp(const float *x, const int32_t *labels, const
         float m = mx[row];
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            acc += exp((double)x[row * n + j] - m);
+            acc += expf(x[row * n + j] - m);
         acc = block_sum(acc, sh);
         if (threadIdx.x == 0) {
             se[row] = (float)acc;
@@ -546,14 +551,14 @@ static __global__ void k_xent_final(const float *se, const float *mx, const floa
 
 static __global__ void k_xent_grad(const float *x, const int32_t *labels, const float *mx,
                             const float *se, float *dx, int64_t rows, int64_t n, int64_t voff,
-                            double inv_tokens)
+                            float inv_tokens)
 {
     FOR_EACH(i, rows * n)
     {
         int64_t row = i / n, j = i % n;
-        double p = exp((double)x[i] - mx[row]) / se[row];
-        double onehot = (int64_t)labels[row] == voff + j ? 1.0 : 0.0;
-        dx[i] = (float)((p - onehot) * inv_tokens);
+        float p = expf(x[i] - mx[row]) / se[row];
+        float onehot = (int64_t)labels[row] == voff + j ? 1.0f : 0.0f;
+        dx[i] = (p - onehot) * inv_tokens;
     }
 }
 
@@ -576,14 +581,14 @@ static __global__ void k_embedding(const float *table, const int32_t *ids, float
 }
 
 /* key = local row (nrows for ids outside the tile), value = token. */
-static __global__ void k_embedding_keys(const int32_t *ids, int *keys, int *vals,
+static __global__ void k_embedding_keys(const int32_t *ids, unsigned *keys, int *vals,
                                         int64_t tokens, int64_t row0, int64_t nrows,
                                         int64_t vocab, int *bad)
 {
     FOR_EACH(t, tokens)
     {
         int64_t id = ids[t], r = id - row0;
-        keys[t] = r >= 0 && r < nrows ? (int)r : (int)nrows;
+        keys[t] = (unsigned)(r >= 0 && r < nrows ? r : nrows);
         vals[t] = (int)t;
         if (id < 0 || id >= vocab) {
             bad[0] = 1;
@@ -594,13 +599,14 @@ static __global__ void k_embedding_keys(const int32_t *ids, int *keys, int *vals
 
 /* After a stable sort by row: the first token of each row's run sums the run
  * in token order. */
-static __global__ void k_embedding_grad_rows(const int *keys, const int *vals, const float *dy,
-                                      float *dtable, int64_t tokens, int64_t h, int64_t nrows)
+static __global__ void k_embedding_grad_rows(const unsigned *keys, const int *vals,
+                                             const float *dy, float *dtable, int64_t tokens,
+                                             int64_t h, int64_t nrows)
 {
     ROWS_LOOP(i, tokens)
     {
-        int key = keys[i];
-        if (key >= nrows || (i > 0 && keys[i - 1] == key))
+        unsigned key = keys[i];
+        if ((int64_t)key >= nrows || (i > 0 && keys[i - 1] == key))
             continue;
         for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
             float acc = 0;
@@ -862,8 +868,8 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
     int64_t qoff = causal ? x->offset[x->rank - 2] : 0;
     int64_t koff = causal ? x->offset[x->rank - 1] : 0;
     k_softmax<<<row_blocks(rows), THREADS, 0, s->stream>>>(
-        (const float *)x->data, (float *)out[0].data, rows, n, op->attrs.scale, causal, qdim, qoff,
-        koff);
+        (const float *)x->data, (float *)out[0].data, rows, n, (float)op->attrs.scale, causal,
+        qdim, qoff, koff);
     PS_CUDA_LAUNCHED(s->loc, "k_softmax");
     return PS_OK;
 }
@@ -932,8 +938,8 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     while (end_bit < 31 && ((int64_t)1 << end_bit) <= nrows)
         end_bit++;
     size_t temp_bytes = 0;
-    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const int *)NULL,
-                                                        (int *)NULL, (const int *)NULL,
+    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const unsigned *)NULL,
+                                                        (unsigned *)NULL, (const int *)NULL,
                                                         (int *)NULL, (int)tokens, 0, end_bit,
                                                         s->stream));
     carve c = {0};
@@ -944,7 +950,7 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     char *ws;
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
     int *bad = (int *)(ws + o_bad);
-    int *k0 = (int *)(ws + o_k0), *k1 = (int *)(ws + o_k1);
+    unsigned *k0 = (unsigned *)(ws + o_k0), *k1 = (unsigned *)(ws + o_k1);
     int *v0 = (int *)(ws + o_v0), *v1 = (int *)(ws + o_v1);
     PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
     k_embedding_keys<<<LAUNCH(tokens)>>>((const int32_t *)ids->data, k0, v0, tokens, row0, nrows,
@@ -1021,7 +1027,7 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (grad) {
         k_xent_grad<<<LAUNCH(rows * n)>>>((const float *)x->data, (const int32_t *)labels->data,
                                           mx, se, (float *)out[0].data, rows, n, voff,
-                                          inv_tokens);
+                                          (float)inv_tokens);
         PS_CUDA_LAUNCHED(s->loc, "k_xent_grad");
     } else {
         k_xent_final<<<1, 1024, 0, s->stream>>>(se, mx, lab, rows, inv_tokens,
@@ -1073,7 +1079,8 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
     k_adam<<<LAUNCH(n)>>>((float *)in[0].data, (const float *)in[1].data, (float *)in[2].data,
                           (float *)in[3].data, op->n_in > 4 ? (float *)in[4].data : NULL, n,
-                          a->lr, a->beta1, a->beta2, a->adam_eps, a->weight_decay, bc1, bc2);
+                          (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->adam_eps,
+                          (float)a->weight_decay, (float)bc1, (float)bc2);
     PS_CUDA_LAUNCHED(s->loc, "k_adam");
     return PS_OK;
 }
