@@ -54,7 +54,11 @@ typedef struct group_state {
     int id, n;
     int arrived;
     unsigned gen;
+    /* two sets of n slots, used by alternate collectives: a member may
+     * publish its next collective while a slower one still reads this one's
+     * (NCCL mode has no second barrier) */
     rv_slot *slot;
+    unsigned *seq; /* per rank: collectives published on the group */
     ncclComm_t *comm; /* NCCL mode: per rank, created at the first collective */
     ncclUniqueId uid;
     struct group_state *next;
@@ -424,18 +428,21 @@ static ps_status group_get(cuda_backend *cb, const ps_exec_group *g, int device,
         gs = gs->next;
     if (gs == NULL) {
         gs = (group_state *)calloc(1, sizeof *gs);
-        rv_slot *slot = (rv_slot *)calloc((size_t)g->n, sizeof *slot);
+        rv_slot *slot = (rv_slot *)calloc((size_t)(2 * g->n), sizeof *slot);
+        unsigned *seq = (unsigned *)calloc((size_t)g->n, sizeof *seq);
         ncclComm_t *comm = (ncclComm_t *)calloc((size_t)g->n, sizeof *comm);
-        if (gs == NULL || slot == NULL || comm == NULL) {
+        if (gs == NULL || slot == NULL || seq == NULL || comm == NULL) {
             pthread_mutex_unlock(&cb->mu);
             free(gs);
             free(slot);
+            free(seq);
             free(comm);
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         }
         gs->id = g->id;
         gs->n = g->n;
         gs->slot = slot;
+        gs->seq = seq;
         gs->comm = comm;
         gs->next = cb->groups;
         cb->groups = gs;
@@ -472,11 +479,15 @@ static ps_status group_wait(cuda_backend *cb, group_state *gs, int device, const
     return passed ? PS_OK : aborted_error(device, what, err);
 }
 
-static void publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
-                    const ps_tile *dst, float *data, int64_t n)
+/* Publishes this member's part of its next collective on the group and
+ * returns that collective's set of slots (read after group_wait). */
+static rv_slot *publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
+                        const ps_tile *dst, float *data, int64_t n)
 {
     pthread_mutex_lock(&cb->mu);
-    rv_slot *s = &gs->slot[rank];
+    rv_slot *set = gs->slot + (size_t)(gs->seq[rank] & 1u) * (size_t)gs->n;
+    gs->seq[rank]++;
+    rv_slot *s = &set[rank];
     memset(s, 0, sizeof *s);
     if (src != NULL)
         s->src = *src;
@@ -485,6 +496,7 @@ static void publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *
     s->data = data;
     s->n = n;
     pthread_mutex_unlock(&cb->mu);
+    return set;
 }
 
 static ps_status check_injected(cuda_backend *cb, int device, const char *what, ps_error *err)
@@ -530,7 +542,7 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
     ps_cuda_stream *s = d->s;
     /* what this device issued (its src) is complete before others read it */
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    publish(cb, gs, rank, src, dst, NULL, 0);
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     int64_t n = ps_tile_numel(dst);
     void *tmp;
@@ -544,8 +556,8 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
         PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, dst->data, (size_t)n * 4,
                                             cudaMemcpyDeviceToDevice, s->stream));
     for (int m = 0; m < gs->n; m++) {
-        PS_RET(check_tiles(d->device, &gs->slot[m].src, dst, err));
-        PS_RET(ps_cuda_box_copy(s, &gs->slot[m].src, &t, sum, err));
+        PS_RET(check_tiles(d->device, &slot[m].src, dst, err));
+        PS_RET(ps_cuda_box_copy(s, &slot[m].src, &t, sum, err));
     }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     /* every member has read every src before anyone overwrites its dst */
@@ -562,21 +574,21 @@ static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, i
 {
     ps_cuda_stream *s = d->s;
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    publish(cb, gs, rank, NULL, NULL, data, n);
+    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++)
-        if (gs->slot[m].n != n)
+        if (slot[m].n != n)
             return ps_error_set(err, PS_ERR_INVALID,
                                 "device %d: %s of %lld floats, member %d reduces %lld",
-                                d->device, what, (long long)n, m, (long long)gs->slot[m].n);
+                                d->device, what, (long long)n, m, (long long)slot[m].n);
     void *tmp;
     PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
     if (n > 0) {
         /* members combine in rank order: identical results everywhere */
-        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, gs->slot[0].data, (size_t)n * 4,
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, slot[0].data, (size_t)n * 4,
                                             cudaMemcpyDeviceToDevice, s->stream));
         for (int m = 1; m < gs->n; m++)
-            PS_RET(ps_cuda_combine(s, (float *)tmp, gs->slot[m].data, n,
+            PS_RET(ps_cuda_combine(s, (float *)tmp, slot[m].data, n,
                                    op == PS_REDUCE_OP_MAX, err));
     }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
@@ -656,7 +668,7 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     ps_cuda_stream *s = d->s;
     ncclComm_t comm;
     PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    publish(cb, gs, rank, src, dst, NULL, 0);
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     int n = gs->n, r = src->rank;
     /* the members' boxes (metadata only; each member's data stays its own) */
@@ -664,7 +676,7 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     if (m == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&cb->mu);
-    memcpy(m, gs->slot, (size_t)n * sizeof *m);
+    memcpy(m, slot, (size_t)n * sizeof *m);
     pthread_mutex_unlock(&cb->mu);
     ps_status st = PS_OK;
     for (int i = 0; i < n && st == PS_OK; i++) {
@@ -822,11 +834,11 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs, in
 {
     ncclComm_t comm;
     PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    publish(cb, gs, rank, NULL, NULL, data, n);
+    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++) {
         pthread_mutex_lock(&cb->mu);
-        int64_t nm = gs->slot[m].n;
+        int64_t nm = slot[m].n;
         pthread_mutex_unlock(&cb->mu);
         if (nm != n)
             return ps_error_set(err, PS_ERR_INVALID,
@@ -1097,6 +1109,7 @@ static void be_destroy(ps_backend *b)
             comm_end(cb, &gs->comm[i]);
         free(gs->comm);
         free(gs->slot);
+        free(gs->seq);
         free(gs);
     }
     if (cb->chans != NULL) {

@@ -33,7 +33,7 @@ ps_status ps_gemm_plan_make(const char *einsum, const int rank[3],
                                 o == 2 ? "the output" : "operand", o, rank[o], e.rank[o]);
         for (int i = 0; i < e.rank[o]; i++) {
             int l = e.labels[o][i] - 'a';
-            if (size[l] != 0 && size[l] != shape[o][i])
+            if (where[l] != 0 && size[l] != shape[o][i])
                 return ps_error_set(err, PS_ERR_INVALID,
                                     "einsum \"%s\": label '%c' has local extent %lld and %lld",
                                     einsum, 'a' + l, (long long)size[l],
