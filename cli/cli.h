@@ -17,6 +17,8 @@ int ps_cmd_demo(int argc, char **argv);
 
 int ps_cmd_sim(int argc, char **argv);
 int ps_cmd_exec(int argc, char **argv);
+int ps_cmd_compare(int argc, char **argv);
+int ps_cmd_plot(int argc, char **argv);
 
 /* Lowers a plan to per-device programs (rebuilding its model), checks them
  * and writes them readably to dir; prints a one-line digest on stderr. */
