@@ -41,7 +41,6 @@ set grid lc rgb "#dddddd"
 set style fill solid 1.0 noborder
 set samples 200
 set key autotitle columnheader   # each block's first line is its run's name
-set label 1 "point labels: stage index" at graph 0.98, graph 0.03 right font ",9" tc rgb "#555555"
 
 do for [fmt in "png svg"] {
     if (fmt eq "png") {
@@ -50,7 +49,8 @@ do for [fmt in "png svg"] {
         set terminal svg size 1400,640 enhanced font "DejaVu Sans,11" background rgb "white"
     }
     set output out.".".fmt
-    set multiplot layout 1,2 title "{/:Bold Predicted vs ".refkind." per pipeline stage}\n{/*0.85 ".title."}"
+    set multiplot layout 1,2 title "{/:Bold Predicted vs ".refkind." per pipeline stage}\n{/*0.85 ".title. \
+        "; the numbers beside the points are stage indices}"
     do for [panel=1:2] {
         lo  = panel == 1 ? tlo : mlo
         hi  = panel == 1 ? thi : mhi
@@ -63,7 +63,7 @@ do for [fmt in "png svg"] {
         } else {
             set title "Peak memory per device (max over the stage)"
         }
-        if (lg) { set logscale xy } else { unset logscale }
+        if (lg) { set logscale xy; set format xy "%g" } else { unset logscale; set format xy "% h" }
         if (lo == lo && hi == hi) { set xrange [lo:hi]; set yrange [lo:hi] } else { set autoscale xy }
         set size ratio -1
         set xlabel sprintf("%s: %s (%s)", refkind, ref, u)
