@@ -558,11 +558,14 @@ ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, c
             count[timeline_cat_index(t->spans[i].category)]++;
     PS_TRY(open_data(dir, "timeline", path, sizeof path, &f, err));
     fprintf(f,
-            "# pipeshard timeline: block 0 names the rows (row, device name); then one\n"
-            "# block per category present, in the order of the variable cats:\n"
+            "# pipeshard timeline: block 0 names the rows (row, device name; beyond 100\n"
+            "# devices every k-th); then one block per category present, in the order\n"
+            "# of the variable cats:\n"
             "# row  start  end   (in %s from the first span)\n",
             u.name);
-    for (int d = 0; d < t->n_devices; d++) {
+    /* beyond about 100 rows the names would overlap: name every stride-th */
+    int stride = (t->n_devices + 99) / 100;
+    for (int d = 0; d < t->n_devices; d += stride) {
         fprintf(f, "%d ", d);
         data_text(f, t->devices[d].name);
         fputc('\n', f);

@@ -7,7 +7,8 @@
 #   gnuplot -e "data='DIR/timeline.dat'; out='DIR/timeline'; cats='compute send recv'; ndevices=8" timeline.gp
 #
 # Variables (pipeshard sets them all with -e):
-#   data, out     the data file (block 0: row and device name; then one block
+#   data, out     the data file (block 0: row and device name, every k-th
+#                 row beyond 100 devices; then one block
 #                 per category in the order of cats: row start end) and the
 #                 output path without extension
 #   title         what ran: source, model and cluster
