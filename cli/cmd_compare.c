@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "core/json.h"
@@ -96,6 +97,12 @@ int ps_cmd_compare(int argc, char **argv)
     if (reference != NULL) {
         for (int i = 0; i < n && ref < 0; i++)
             if (strcmp(files[i], reference) == 0)
+                ref = i;
+        /* the same file written another way (./x.json, an absolute path) */
+        struct stat want, have;
+        for (int i = 0; i < n && ref < 0 && stat(reference, &want) == 0; i++)
+            if (stat(files[i], &have) == 0 && have.st_dev == want.st_dev &&
+                have.st_ino == want.st_ino)
                 ref = i;
         if (ref < 0)
             return ps_cli_usage_error("compare",
