@@ -21,6 +21,8 @@ int ps_cmd_profile(int argc, char **argv);
 /* What `pipeshard sim` and the demo say in a build configured without SimGrid
  * (PS_WITH_SIMGRID=OFF, which compiles the simulator's users with PS_NO_SIMGRID). */
 #define PS_CLI_NO_SIMGRID "this build has no SimGrid (configure with -DPS_WITH_SIMGRID=ON)"
+int ps_cmd_compare(int argc, char **argv);
+int ps_cmd_plot(int argc, char **argv);
 
 /* Lowers a plan to per-device programs (rebuilding its model), checks them
  * and writes them readably to dir; prints a one-line digest on stderr. */

@@ -25,8 +25,9 @@
 static void help(void)
 {
     printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
-           "                      [--check] [--tolerance T] [--param-atol A] [--trace T.json] [--summary S.json]\n"
-           "                      [--no-local-allgather] [--share-gpu] [--tf32] [--json]\n\n"
+           "                      [--check] [--tolerance T] [--param-atol A]\n"
+           "                      [--trace T.json [--trace-ops]]\n"
+           "                      [--summary S.json] [--no-local-allgather] [--share-gpu] [--tf32] [--json]\n\n"
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
            "CPU backend every device is a thread with real fp32 numerics; on the CUDA backend\n"
            "every device is a GPU. Prints the measured iteration, per-stage times and memory\n"
@@ -43,6 +44,8 @@ static void help(void)
            "  --tolerance T          relative tolerance of the loss and gradients (1e-4)\n"
            "  --param-atol A         absolute tolerance of the updated parameters (5e-3)\n"
            "  --trace T.json         Chrome trace of the last step (Perfetto)\n"
+           "  --trace-ops            one span per op in the trace (default: one per run of\n"
+           "                         a kernel's computations, as `pipeshard sim` writes)\n"
            "  --summary S.json       the run summary\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --share-gpu            cuda: run every device of the plan on GPU 0 (a test\n"
@@ -53,7 +56,8 @@ static void help(void)
 }
 
 enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
-       OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32 };
+       OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32,
+       OPT_TRACE_OPS };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -64,6 +68,7 @@ static const struct option options[] = {
     {"tolerance", required_argument, NULL, OPT_TOL},
     {"param-atol", required_argument, NULL, OPT_ATOL},
     {"trace", required_argument, NULL, OPT_TRACE},
+    {"trace-ops", no_argument, NULL, OPT_TRACE_OPS},
     {"summary", required_argument, NULL, OPT_SUMMARY},
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"json", no_argument, NULL, OPT_JSON},
@@ -175,6 +180,7 @@ int ps_cmd_exec(int argc, char **argv)
                                           optarg);
             break;
         case OPT_TRACE: eo.trace_path = optarg; break;
+        case OPT_TRACE_OPS: eo.trace_ops = true; break;
         case OPT_SUMMARY: summary_path = optarg; break;
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_JSON: json = true; break;

@@ -16,6 +16,8 @@ typedef struct exec_event {
     uint8_t category; /* ps_trace_category */
     int8_t phase;     /* of the enclosing RUN, -1 outside one */
     int mb, peer, group, coll;
+    int op;           /* trace_ops: the op of a compute span, -2 a slice, -3 a load;
+                       * -1: a merged span */
     int begin, end;   /* timing slots */
     double flops, bytes;
 } exec_event;
@@ -329,6 +331,7 @@ static ps_status open_event(device_state *d, ps_trace_category cat, const ps_ins
     e->coll = in->coll;
     e->flops = in->flops;
     e->bytes = in->bytes;
+    e->op = -1;
     *out = e;
     return mark(d, &e->begin);
 }
@@ -336,6 +339,14 @@ static ps_status open_event(device_state *d, ps_trace_category cat, const ps_ins
 /* Compute instructions in a row share one event (as in the simulator). */
 static ps_status compute_event(device_state *d, const ps_instr *in, int mb)
 {
+    if (d->rt->opt->trace_ops) {
+        PS_TRY_RET(close_compute(d));
+        exec_event *e;
+        PS_TRY_RET(open_event(d, PS_TRACE_COMPUTE, in, mb, &e));
+        e->op = in->kind == PS_INSTR_COMPUTE ? in->op : in->kind == PS_INSTR_SLICE ? -2 : -3;
+        d->open_compute = (int)(e - d->events);
+        return PS_OK;
+    }
     if (d->open_compute >= 0) {
         d->events[d->open_compute].flops += in->flops;
         return PS_OK;
@@ -803,8 +814,12 @@ static ps_status summarize(runtime *rt, ps_error *err)
                 sd->comm_s += dur;
             if (tw == NULL)
                 continue;
-            char name[64];
-            if (e->category == PS_TRACE_COMPUTE) {
+            char name[128];
+            if (e->category == PS_TRACE_COMPUTE && e->op >= 0) {
+                snprintf(name, sizeof name, "%s", rt->g->ops[e->op].name);
+            } else if (e->category == PS_TRACE_COMPUTE && e->op < -1) {
+                snprintf(name, sizeof name, "%s", e->op == -2 ? "slice" : "load");
+            } else if (e->category == PS_TRACE_COMPUTE) {
                 if (e->phase < 0)
                     snprintf(name, sizeof name, "compute");
                 else if (e->phase == PS_PHASE_UPDATE || e->mb < 0)

@@ -28,6 +28,8 @@ typedef struct ps_exec_options {
     int devices_per_node;    /* trace processes (hosts); 0: all devices in one */
     const char *source;      /* summary source; NULL: "exec-" and the backend's name */
     bool keep_params;        /* copy the parameters after the last step to the result */
+    bool trace_ops;          /* one timeline span per op (default: per run of a kernel's
+                              * consecutive computations, as the simulator writes) */
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);

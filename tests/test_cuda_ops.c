@@ -24,6 +24,7 @@
 
 #include "exec/cuda/cuda_backend.h"
 #include "exec/cuda/cuda_ops.h"
+#include "exec/cuda/gemm_plan.h"
 #include "tests/test_util.h"
 #ifdef PS_HAVE_CPU_OPS
 #include "exec/cpu/cpu_ops.h"
@@ -139,6 +140,156 @@ static ps_op mkop(ps_op_kind kind, int n_in)
     return op;
 }
 
+/* ---- host: the einsum's GEMM plan, emulated ---------------------------------- */
+
+/* y = x with out dim i = in dim perm[i] (the permute kernel's semantics). */
+static void host_permute(const float *x, const int64_t *in_shape, int rank, const int *perm,
+                         float *y)
+{
+    int64_t stride[PS_MAX_RANK], out_shape[PS_MAX_RANK], n = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        stride[d] = n;
+        n *= in_shape[d];
+    }
+    for (int i = 0; i < rank; i++)
+        out_shape[i] = in_shape[perm[i]];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = i, off = 0;
+        for (int d = rank - 1; d >= 0; d--) {
+            off += (r % out_shape[d]) * stride[perm[d]];
+            r /= out_shape[d];
+        }
+        y[i] = x[off];
+    }
+}
+
+/* cublasGemmStridedBatchedEx's column-major semantics (alpha 1, beta 0). */
+static void host_gemm(const ps_gemm_plan *p, const float *a, const float *b, float *c)
+{
+    for (int64_t bt = 0; bt < p->batch; bt++)
+        for (int64_t i = 0; i < p->cm; i++)
+            for (int64_t j = 0; j < p->cn; j++) {
+                double acc = 0;
+                for (int64_t q = 0; q < p->ck; q++) {
+                    const float *ab = a + bt * p->stride_a, *bb = b + bt * p->stride_b;
+                    double av = p->transa ? ab[q + i * p->lda] : ab[i + q * p->lda];
+                    double bv = p->transb ? bb[j + q * p->ldb] : bb[q + j * p->ldb];
+                    acc += av * bv;
+                }
+                c[bt * p->stride_c + i + j * p->ldc] = (float)acc;
+            }
+}
+
+/* The einsum by its definition: sum over every assignment of the labels. */
+static void host_einsum(const ps_einsum *e, const int64_t *size, const float *a, const float *b,
+                        float *c, int64_t nc)
+{
+    char labels[26];
+    int nl = 0;
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < e->rank[o]; i++)
+            if (memchr(labels, e->labels[o][i], (size_t)nl) == NULL)
+                labels[nl++] = e->labels[o][i];
+    int64_t total = 1;
+    for (int i = 0; i < nl; i++)
+        total *= size[labels[i] - 'a'];
+    double *acc = calloc((size_t)nc, sizeof *acc);
+    assert_non_null(acc);
+    for (int64_t it = 0; it < total; it++) {
+        int64_t val[26], r = it;
+        for (int i = nl - 1; i >= 0; i--) {
+            val[labels[i] - 'a'] = r % size[labels[i] - 'a'];
+            r /= size[labels[i] - 'a'];
+        }
+        int64_t off[3] = {0, 0, 0};
+        for (int o = 0; o < 3; o++)
+            for (int i = 0; i < e->rank[o]; i++)
+                off[o] = off[o] * size[e->labels[o][i] - 'a'] + val[e->labels[o][i] - 'a'];
+        acc[off[2]] += (double)a[off[0]] * b[off[1]];
+    }
+    for (int64_t i = 0; i < nc; i++)
+        c[i] = (float)acc[i];
+    free(acc);
+}
+
+static const char *const einsum_specs[] = {
+    "bk,kn->bn",       "bn,kn->bk",       "bk,bn->kn",        "bsk,kn->bsn",
+    "bsn,kn->bsk",     "bsk,bsn->kn",     "bsh,vh->bsv",      "bsv,vh->bsh",
+    "bsv,bsh->vh",     "bqad,bkad->baqk", "baqk,bkad->bqad",  "bqad,baqk->bkad",
+    "baqk,bqad->bkad", "egcm,emf->egcf",  "egcf,efm->egcm",   "egcm,egcf->emf",
+    "gsm,me->gse",     "ij,jk->ki",       "abc,cd->dba",      "k,k->",
+    "i,j->ij",         "abij,abjk->baik", "xy,zy->yxz",       "kn,bk->bn",
+    "ab,ab->ab",       "ab,ba->",         "cab,bd->acd",      "pqrs,sqt->tpr",
+};
+
+static void einsum_sizes_for_test(int64_t *size)
+{
+    for (int l = 0; l < 26; l++)
+        size[l] = 2 + l % 4;
+    size['b' - 'a'] = 3;
+    size['k' - 'a'] = 5;
+    size['n' - 'a'] = 4;
+}
+
+static void gemm_plan_emulated(void **state)
+{
+    (void)state;
+    int64_t size[26];
+    einsum_sizes_for_test(size);
+    for (size_t si = 0; si < sizeof einsum_specs / sizeof einsum_specs[0]; si++) {
+        const char *spec = einsum_specs[si];
+        ps_einsum e;
+        ps_error err = {0};
+        assert_int_equal(ps_einsum_parse(spec, &e, &err), PS_OK);
+        int rank[3];
+        int64_t shape[3][PS_MAX_RANK], n[3];
+        float *t[3], *perm_t[2];
+        for (int o = 0; o < 3; o++) {
+            rank[o] = e.rank[o];
+            n[o] = 1;
+            for (int i = 0; i < e.rank[o]; i++) {
+                shape[o][i] = size[e.labels[o][i] - 'a'];
+                n[o] *= shape[o][i];
+            }
+            t[o] = malloc((size_t)n[o] * 4);
+            assert_non_null(t[o]);
+            for (int64_t i = 0; i < n[o]; i++)
+                t[o][i] = (float)(2 * uniform() - 1);
+        }
+        ps_gemm_plan p;
+        if (ps_gemm_plan_make(spec, rank, shape, &p, &err) != PS_OK)
+            fail_msg("%s: %s", spec, err.msg);
+        assert_int_equal(p.batch * p.m * p.k, n[p.left]);
+        assert_int_equal(p.batch * p.k * p.n, n[1 - p.left]);
+        assert_int_equal(p.batch * p.m * p.n, n[2]);
+        for (int o = 0; o < 2; o++) {
+            perm_t[o] = t[o];
+            if (p.permute[o]) {
+                perm_t[o] = malloc((size_t)n[o] * 4);
+                assert_non_null(perm_t[o]);
+                host_permute(t[o], shape[o], rank[o], p.perm[o], perm_t[o]);
+            }
+        }
+        float *got = malloc((size_t)n[2] * 4), *tmp = malloc((size_t)n[2] * 4);
+        assert_non_null(got);
+        assert_non_null(tmp);
+        host_gemm(&p, perm_t[1 - p.left], perm_t[p.left], p.out_permute ? tmp : got);
+        if (p.out_permute)
+            host_permute(tmp, p.out_tmp_shape, p.out_rank, p.out_perm, got);
+        host_einsum(&e, size, t[0], t[1], t[2], n[2]);
+        double err2 = nmse(got, t[2], n[2]);
+        if (!(err2 <= 1e-12))
+            fail_msg("%s: the GEMM plan differs from the einsum (nmse %g)", spec, err2);
+        for (int o = 0; o < 2; o++)
+            if (perm_t[o] != t[o])
+                free(perm_t[o]);
+        for (int o = 0; o < 3; o++)
+            free(t[o]);
+        free(got);
+        free(tmp);
+    }
+}
+
 /* ---- ops against the CPU reference --------------------------------------------- */
 
 #ifdef PS_HAVE_CPU_OPS
@@ -229,25 +380,13 @@ static void ops_matmul(void **state)
     (void)state;
     ps_backend *b = backend(1, false);
     int64_t size[26];
-    for (int l = 0; l < 26; l++)
-        size[l] = 3 + l % 5;
-    size['b' - 'a'] = 4;
-    size['s' - 'a'] = 6;
-    size['k' - 'a'] = 33;
+    einsum_sizes_for_test(size);
+    size['k' - 'a'] = 33; /* several warps; odd sizes */
     size['n' - 'a'] = 17;
     size['h' - 'a'] = 24;
     size['v' - 'a'] = 50;
-    size['q' - 'a'] = size['k' - 'a'];
-    const char *specs[] = {
-        "bk,kn->bn",       "bn,kn->bk",        "bk,bn->kn",        "bsk,kn->bsn",
-        "bsn,kn->bsk",     "bsk,bsn->kn",      "bsh,vh->bsv",      "bsv,vh->bsh",
-        "bsv,bsh->vh",     "bqad,bkad->baqk",  "baqk,bkad->bqad",  "bqad,baqk->bkad",
-        "baqk,bqad->bkad", "egcm,emf->egcf",   "egcf,efm->egcm",   "egcm,egcf->emf",
-        "gsm,me->gse",     "ij,jk->ki",        "abc,cd->dba",      "k,k->",
-        "i,j->ij",         "abij,abjk->baik",  "xy,zy->yxz",
-    };
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
-        check_einsum(b, specs[i], size);
+    for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++)
+        check_einsum(b, einsum_specs[i], size);
     b->ops->destroy(b);
 }
 
@@ -720,6 +859,11 @@ static void backend_timing_and_profile(void **state)
 
 #define NDEV 4
 
+/* The collective tests run with four devices sharing GPU 0 and, on a
+ * machine with four GPUs or more, again on four GPUs (collectives through
+ * NCCL, send/recv by peer copies). */
+static bool on_gpus = false;
+
 /* Box semantics on the host: the value of global element idx (row-major
  * over `global`) in a tile, or NAN when the tile does not hold it. */
 static float host_at(const ps_tile *t, const int64_t *coord)
@@ -864,7 +1008,7 @@ static ps_tile expected(const coll_dev *c, int me)
 static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
                              int64_t (*dst_box)(int, int, int64_t *), bool in_place)
 {
-    ps_backend *b = backend(NDEV, true);
+    ps_backend *b = backend(NDEV, !on_gpus);
     const int64_t g[2] = {8, 12};
     coll_dev c[NDEV];
     for (int d = 0; d < NDEV; d++) {
@@ -968,7 +1112,7 @@ static void backend_reduce(void **state)
 {
     (void)state;
     for (int mx = 0; mx < 2; mx++) {
-        ps_backend *b = backend(NDEV, true);
+        ps_backend *b = backend(NDEV, !on_gpus);
         red_dev r[NDEV];
         float want[100];
         for (int i = 0; i < 100; i++)
@@ -1042,7 +1186,7 @@ static void *p2p_thread(void *p)
 static void backend_send_recv(void **state)
 {
     (void)state;
-    ps_backend *b = backend(NDEV, true);
+    ps_backend *b = backend(NDEV, !on_gpus);
     p2p_dev c[NDEV];
     /* src: rows 0..7 of a [16, 12] tensor; dst: rows 1..7 (offset 1) */
     const int64_t g[2] = {16, 12};
@@ -1079,6 +1223,21 @@ static void backend_send_recv(void **state)
         free(want[d].data);
     }
     b->ops->destroy(b);
+}
+
+/* The same on four GPUs, where the machine has them. */
+static void backend_nccl(void **state)
+{
+    (void)state;
+    if (ps_cuda_device_count() < NDEV) {
+        print_message("fewer than %d GPUs: the NCCL path is not tested here\n", NDEV);
+        skip();
+    }
+    on_gpus = true;
+    backend_collectives(state);
+    backend_reduce(state);
+    backend_send_recv(state);
+    on_gpus = false;
 }
 
 /* A collective that fails on device 2: every device thread returns an error
@@ -1124,6 +1283,13 @@ static void backend_injected_failure(void **state)
 
 int main(void)
 {
+    /* host-only checks run everywhere */
+    const struct CMUnitTest host_tests[] = {
+        cmocka_unit_test(gemm_plan_emulated),
+    };
+    int failed = cmocka_run_group_tests_name("host", host_tests, NULL, NULL);
+    if (failed != 0)
+        return failed;
     if (ps_cuda_device_count() == 0) {
         printf("no usable GPU: the CUDA tests are skipped\n");
         return 77;
@@ -1148,6 +1314,7 @@ int main(void)
         cmocka_unit_test(backend_reduce),
         cmocka_unit_test(backend_send_recv),
         cmocka_unit_test(backend_injected_failure),
+        cmocka_unit_test(backend_nccl),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
 }

@@ -352,6 +352,21 @@ static void test_outputs(void **state)
     }
     assert_true(sends > 0 && computes > 0);
     json_decref(j);
+    /* --trace-ops: a span per op, named after it */
+    run_free(&a);
+    o.trace_ops = true;
+    if (run_plan(p, &o, &a, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    j = json_load_file(path, 0, &je);
+    assert_non_null(j);
+    ev = json_object_get(j, "traceEvents");
+    int named = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        const char *name = json_string_value(json_object_get(json_array_get(ev, i), "name"));
+        named += name && strcmp(name, "block1.fc1") == 0;
+    }
+    assert_true(named > 0);
+    json_decref(j);
     remove(path);
     run_free(&a);
     ps_plan_free(p);

@@ -41,20 +41,7 @@ typedef struct dev_state {
     bool *ev_set;
     void *scratch[2]; /* collective staging */
     size_t scratch_bytes[2];
-    /* NCCL mode */
-    cudaStream_t send_stream;
-    cudaEvent_t ready; /* compute stream -> send stream */
-    cudaEvent_t packed; /* send stream -> compute stream */
-    ncclComm_t p2p[2]; /* world communicators: [0] to higher devices, [1] to lower */
-    struct send_buf *sends; /* staging of sends in flight */
 } dev_state;
-
-typedef struct send_buf {
-    void *buf;
-    size_t cap;
-    cudaEvent_t done;
-    struct send_buf *next;
-} send_buf;
 
 /* What a member publishes at a collective's rendezvous. */
 typedef struct rv_slot {
@@ -67,16 +54,21 @@ typedef struct group_state {
     int id, n;
     int arrived;
     unsigned gen;
+    /* two sets of n slots, used by alternate collectives: a member may
+     * publish its next collective while a slower one still reads this one's
+     * (NCCL mode has no second barrier) */
     rv_slot *slot;
+    unsigned *seq; /* per rank: collectives published on the group */
     ncclComm_t *comm; /* NCCL mode: per rank, created at the first collective */
     ncclUniqueId uid;
     struct group_state *next;
 } group_state;
 
-/* Share mode send/recv: a FIFO of staged messages per ordered pair, and the
- * staging buffers the receiver handed back. */
+/* Send/recv (both modes): a FIFO of staged messages per ordered pair, and
+ * the staging buffers (on the sender's GPU) the receiver handed back. */
 typedef struct msg {
     void *buf;
+    int gpu; /* where buf lives */
     size_t cap;
     int64_t len;
     struct msg *next;
@@ -97,7 +89,7 @@ typedef struct cuda_backend {
     pthread_cond_t cv;
     bool aborted;
     group_state *groups;
-    chan *chans; /* share mode: [from * n + to] */
+    chan *chans; /* [from * n + to] */
 } cuda_backend;
 
 static cuda_backend *cb_of(ps_backend *b) { return (cuda_backend *)b; }
@@ -436,18 +428,21 @@ static ps_status group_get(cuda_backend *cb, const ps_exec_group *g, int device,
         gs = gs->next;
     if (gs == NULL) {
         gs = (group_state *)calloc(1, sizeof *gs);
-        rv_slot *slot = (rv_slot *)calloc((size_t)g->n, sizeof *slot);
+        rv_slot *slot = (rv_slot *)calloc((size_t)(2 * g->n), sizeof *slot);
+        unsigned *seq = (unsigned *)calloc((size_t)g->n, sizeof *seq);
         ncclComm_t *comm = (ncclComm_t *)calloc((size_t)g->n, sizeof *comm);
-        if (gs == NULL || slot == NULL || comm == NULL) {
+        if (gs == NULL || slot == NULL || seq == NULL || comm == NULL) {
             pthread_mutex_unlock(&cb->mu);
             free(gs);
             free(slot);
+            free(seq);
             free(comm);
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         }
         gs->id = g->id;
         gs->n = g->n;
         gs->slot = slot;
+        gs->seq = seq;
         gs->comm = comm;
         gs->next = cb->groups;
         cb->groups = gs;
@@ -484,11 +479,15 @@ static ps_status group_wait(cuda_backend *cb, group_state *gs, int device, const
     return passed ? PS_OK : aborted_error(device, what, err);
 }
 
-static void publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
-                    const ps_tile *dst, float *data, int64_t n)
+/* Publishes this member's part of its next collective on the group and
+ * returns that collective's set of slots (read after group_wait). */
+static rv_slot *publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
+                        const ps_tile *dst, float *data, int64_t n)
 {
     pthread_mutex_lock(&cb->mu);
-    rv_slot *s = &gs->slot[rank];
+    rv_slot *set = gs->slot + (size_t)(gs->seq[rank] & 1u) * (size_t)gs->n;
+    gs->seq[rank]++;
+    rv_slot *s = &set[rank];
     memset(s, 0, sizeof *s);
     if (src != NULL)
         s->src = *src;
@@ -497,6 +496,7 @@ static void publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *
     s->data = data;
     s->n = n;
     pthread_mutex_unlock(&cb->mu);
+    return set;
 }
 
 static ps_status check_injected(cuda_backend *cb, int device, const char *what, ps_error *err)
@@ -542,7 +542,7 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
     ps_cuda_stream *s = d->s;
     /* what this device issued (its src) is complete before others read it */
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    publish(cb, gs, rank, src, dst, NULL, 0);
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     int64_t n = ps_tile_numel(dst);
     void *tmp;
@@ -556,8 +556,8 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
         PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, dst->data, (size_t)n * 4,
                                             cudaMemcpyDeviceToDevice, s->stream));
     for (int m = 0; m < gs->n; m++) {
-        PS_RET(check_tiles(d->device, &gs->slot[m].src, dst, err));
-        PS_RET(ps_cuda_box_copy(s, &gs->slot[m].src, &t, sum, err));
+        PS_RET(check_tiles(d->device, &slot[m].src, dst, err));
+        PS_RET(ps_cuda_box_copy(s, &slot[m].src, &t, sum, err));
     }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     /* every member has read every src before anyone overwrites its dst */
@@ -574,21 +574,21 @@ static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, i
 {
     ps_cuda_stream *s = d->s;
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    publish(cb, gs, rank, NULL, NULL, data, n);
+    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++)
-        if (gs->slot[m].n != n)
+        if (slot[m].n != n)
             return ps_error_set(err, PS_ERR_INVALID,
                                 "device %d: %s of %lld floats, member %d reduces %lld",
-                                d->device, what, (long long)n, m, (long long)gs->slot[m].n);
+                                d->device, what, (long long)n, m, (long long)slot[m].n);
     void *tmp;
     PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
     if (n > 0) {
         /* members combine in rank order: identical results everywhere */
-        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, gs->slot[0].data, (size_t)n * 4,
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, slot[0].data, (size_t)n * 4,
                                             cudaMemcpyDeviceToDevice, s->stream));
         for (int m = 1; m < gs->n; m++)
-            PS_RET(ps_cuda_combine(s, (float *)tmp, gs->slot[m].data, n,
+            PS_RET(ps_cuda_combine(s, (float *)tmp, slot[m].data, n,
                                    op == PS_REDUCE_OP_MAX, err));
     }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
@@ -624,12 +624,8 @@ static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, 
         pthread_mutex_lock(&cb->mu);
         bool ab = cb->aborted;
         pthread_mutex_unlock(&cb->mu);
-        if (ab) {
-            /* unblocks this rank's kernels; the communicator is not used again */
-            if (comm != NULL)
-                (void)ncclCommAbort(comm);
+        if (ab) /* destroy aborts the communicators, which ends stuck kernels */
             return aborted_error(d->device, what, err);
-        }
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
@@ -672,7 +668,7 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     ps_cuda_stream *s = d->s;
     ncclComm_t comm;
     PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    publish(cb, gs, rank, src, dst, NULL, 0);
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     int n = gs->n, r = src->rank;
     /* the members' boxes (metadata only; each member's data stays its own) */
@@ -680,7 +676,7 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     if (m == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&cb->mu);
-    memcpy(m, gs->slot, (size_t)n * sizeof *m);
+    memcpy(m, slot, (size_t)n * sizeof *m);
     pthread_mutex_unlock(&cb->mu);
     ps_status st = PS_OK;
     for (int i = 0; i < n && st == PS_OK; i++) {
@@ -838,11 +834,11 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs, in
 {
     ncclComm_t comm;
     PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    publish(cb, gs, rank, NULL, NULL, data, n);
+    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++) {
         pthread_mutex_lock(&cb->mu);
-        int64_t nm = gs->slot[m].n;
+        int64_t nm = slot[m].n;
         pthread_mutex_unlock(&cb->mu);
         if (nm != n)
             return ps_error_set(err, PS_ERR_INVALID,
@@ -911,6 +907,12 @@ static ps_status chunk_of(int device, const ps_tile *t, const int64_t *box_size,
     return PS_OK;
 }
 
+/* Sends are buffered: the sender packs its chunk into a staging buffer on
+ * its own GPU, waits for the pack and queues the message; the receiver
+ * copies it (cudaMemcpyPeerAsync when the GPUs differ) and unpacks it, then
+ * hands the buffer back to the pair's spares. A send never waits for its
+ * receiver, as on the CPU backend, so programs that are deadlock-free there
+ * are here; messages between one pair arrive in order. */
 static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src,
                          const int64_t *box_offset, const int64_t *box_size, int chunk,
                          int chunks, ps_error *err)
@@ -922,52 +924,6 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
     int64_t start, len;
     PS_RET(chunk_of(device, src, box_size, chunk, chunks, &start, &len, err));
     size_t bytes = (size_t)(len > 0 ? len : 1) * 4;
-    if (cb->nccl) {
-        /* the send waits for the compute stream and runs on its own stream,
-         * so that this device can go on (and receive) while the peer is
-         * not ready yet */
-        send_buf *sb = NULL, **pp = &d->sends;
-        while (*pp != NULL) {
-            send_buf *x = *pp;
-            if (x->cap >= bytes && cudaEventQuery(x->done) == cudaSuccess) {
-                *pp = x->next;
-                sb = x;
-                break;
-            }
-            pp = &x->next;
-        }
-        (void)cudaGetLastError();
-        if (sb == NULL) {
-            sb = (send_buf *)calloc(1, sizeof *sb);
-            if (sb == NULL)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            cudaError_t e = cudaMalloc(&sb->buf, bytes);
-            if (e == cudaSuccess)
-                e = cudaEventCreateWithFlags(&sb->done, cudaEventDisableTiming);
-            if (e != cudaSuccess) {
-                (void)cudaFree(sb->buf);
-                free(sb);
-                return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
-            }
-            sb->cap = bytes;
-        }
-        sb->next = d->sends; /* back on the list: reused once `done` fires */
-        d->sends = sb;
-        ps_cuda_stream ss = *d->s;
-        ss.stream = d->send_stream;
-        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
-        PS_CUDA_RET(d->loc, cudaEventRecord(d->ready, d->s->stream));
-        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->send_stream, d->ready, 0));
-        PS_RET(ps_cuda_box_pack(&ss, src, box_offset, box_size, start, len, sb->buf, true, err));
-        /* later writes to src on the compute stream wait for the pack */
-        PS_CUDA_RET(d->loc, cudaEventRecord(d->packed, d->send_stream));
-        PS_CUDA_RET(d->loc, cudaStreamWaitEvent(d->s->stream, d->packed, 0));
-        if (len > 0)
-            PS_NCCL_RET(d->loc, comm,
-                        ncclSend(sb->buf, (size_t)len, ncclFloat, peer, comm, d->send_stream));
-        PS_CUDA_RET(d->loc, cudaEventRecord(sb->done, d->send_stream));
-        return PS_OK;
-    }
     chan *c = &cb->chans[device * b->n_devices + peer];
     msg *mm = NULL;
     pthread_mutex_lock(&cb->mu);
@@ -987,6 +943,7 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
             free(mm);
             return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
         }
+        mm->gpu = d->gpu;
         mm->cap = bytes;
     }
     mm->len = len;
@@ -1027,17 +984,6 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
     PS_RET(chunk_of(device, dst, box_size, chunk, chunks, &start, &len, err));
     char what[64];
     snprintf(what, sizeof what, "receive from device %d", peer);
-    if (cb->nccl) {
-        void *buf;
-        ncclComm_t comm = d->p2p[peer > device ? 0 : 1];
-        if (len == 0)
-            return PS_OK;
-        PS_RET(scratch(d, 0, (size_t)len * 4, &buf, err));
-        PS_NCCL_RET(d->loc, comm,
-                    ncclRecv(buf, (size_t)len, ncclFloat, peer, comm, d->s->stream));
-        PS_RET(ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, buf, false, err));
-        return nccl_wait(cb, d, d->s->stream, comm, what, err);
-    }
     chan *c = &cb->chans[peer * b->n_devices + device];
     pthread_mutex_lock(&cb->mu);
     while (c->head == NULL && !cb->aborted)
@@ -1052,13 +998,24 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
         c->tail = NULL;
     pthread_mutex_unlock(&cb->mu);
     ps_status st = PS_OK;
+    void *from = mm->buf;
     if (mm->len != len)
         st = ps_error_set(err, PS_ERR_INVALID,
                           "device %d: message from device %d has %lld elements, the receive "
                           "expects %lld (chunk %d of %d)",
                           device, peer, (long long)mm->len, (long long)len, chunk, chunks);
+    if (st == PS_OK && len > 0 && mm->gpu != d->gpu) {
+        /* over NVLink/PCIe into this GPU's staging */
+        st = scratch(d, 1, (size_t)len * 4, &from, err);
+        if (st == PS_OK) {
+            cudaError_t e = cudaMemcpyPeerAsync(from, d->gpu, mm->buf, mm->gpu,
+                                                (size_t)len * 4, d->s->stream);
+            if (e != cudaSuccess)
+                st = ps_cuda_fail(d->loc, e, "cudaMemcpyPeerAsync", err);
+        }
+    }
     if (st == PS_OK)
-        st = ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, mm->buf, false, err);
+        st = ps_cuda_box_pack(d->s, dst, box_offset, box_size, start, len, from, false, err);
     if (st == PS_OK) {
         cudaError_t e = cudaStreamSynchronize(d->s->stream);
         if (e != cudaSuccess)
@@ -1074,12 +1031,6 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
 static ps_status be_finish(ps_backend *b, int device, ps_error *err)
 {
     DEV(b, device);
-    cuda_backend *cb = cb_of(b);
-    if (cb->nccl) {
-        PS_RET(nccl_wait(cb, d, d->send_stream, NULL, "pending sends", err));
-        PS_RET(nccl_wait(cb, d, d->s->stream, NULL, "finish", err));
-        return PS_OK;
-    }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
     return PS_OK;
 }
@@ -1097,32 +1048,24 @@ static void be_abort(ps_backend *b)
      * flag (nccl_wait); destroy aborts the rest */
 }
 
+/* Ends a communicator locally. ncclCommDestroy finalizes first, which waits
+ * for every rank to be quiescent: from one thread over several ranks that
+ * could wait forever. ncclCommAbort frees the rank's resources without its
+ * peers (after an abort it also ends kernels waiting for peers that
+ * stopped); destroy calls it once the devices' work is complete or
+ * abandoned. */
+static void comm_end(cuda_backend *cb, ncclComm_t *c)
+{
+    (void)cb;
+    if (*c == NULL)
+        return;
+    (void)ncclCommAbort(*c);
+    *c = NULL;
+}
+
 static void dev_free(cuda_backend *cb, dev_state *d)
 {
-    if (d->s != NULL) {
-        (void)cudaSetDevice(d->gpu);
-        (void)cudaStreamSynchronize(d->s->stream);
-    }
-    for (int k = 0; k < 2; k++)
-        if (d->p2p[k] != NULL) {
-            if (cb->aborted)
-                (void)ncclCommAbort(d->p2p[k]);
-            else
-                (void)ncclCommDestroy(d->p2p[k]);
-        }
-    while (d->sends != NULL) {
-        send_buf *x = d->sends;
-        d->sends = x->next;
-        (void)cudaFree(x->buf);
-        (void)cudaEventDestroy(x->done);
-        free(x);
-    }
-    if (d->send_stream != NULL)
-        (void)cudaStreamDestroy(d->send_stream);
-    if (d->ready != NULL)
-        (void)cudaEventDestroy(d->ready);
-    if (d->packed != NULL)
-        (void)cudaEventDestroy(d->packed);
+    (void)cudaSetDevice(d->gpu);
     cache_flush(d);
     for (int i = 0; i < d->live_cap; i++)
         if (d->live[i].ptr != NULL && d->live[i].ptr != DELETED)
@@ -1148,19 +1091,25 @@ static void be_destroy(ps_backend *b)
     if (b == NULL)
         return;
     cuda_backend *cb = cb_of(b);
+    if (cb->aborted)
+        for (group_state *gs = cb->groups; gs != NULL; gs = gs->next)
+            for (int i = 0; i < gs->n; i++)
+                comm_end(cb, &gs->comm[i]);
+    /* the devices' work (collectives included) is complete */
+    for (int i = 0; cb->dev != NULL && i < b->n_devices; i++) {
+        dev_state *d = &cb->dev[i];
+        (void)cudaSetDevice(d->gpu);
+        if (d->s != NULL)
+            (void)cudaStreamSynchronize(d->s->stream);
+    }
     while (cb->groups != NULL) {
         group_state *gs = cb->groups;
         cb->groups = gs->next;
         for (int i = 0; i < gs->n; i++)
-            if (gs->comm[i] != NULL) {
-                (void)cudaSetDevice(cb->dev[0].gpu);
-                if (cb->aborted)
-                    (void)ncclCommAbort(gs->comm[i]);
-                else
-                    (void)ncclCommDestroy(gs->comm[i]);
-            }
+            comm_end(cb, &gs->comm[i]);
         free(gs->comm);
         free(gs->slot);
+        free(gs->seq);
         free(gs);
     }
     if (cb->chans != NULL) {
@@ -1170,6 +1119,7 @@ static void be_destroy(ps_backend *b)
                 while (lists[k] != NULL) {
                     msg *mm = lists[k];
                     lists[k] = mm->next;
+                    (void)cudaSetDevice(mm->gpu);
                     (void)cudaFree(mm->buf);
                     free(mm);
                 }
@@ -1220,11 +1170,6 @@ static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, p
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     for (int i = 0; i < cb->slots; i++)
         PS_CUDA_RET(d->loc, cudaEventCreate(&d->ev[i]));
-    if (cb->nccl) {
-        PS_CUDA_RET(d->loc, cudaStreamCreateWithFlags(&d->send_stream, cudaStreamNonBlocking));
-        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
-        PS_CUDA_RET(d->loc, cudaEventCreateWithFlags(&d->packed, cudaEventDisableTiming));
-    }
     return PS_OK;
 }
 
@@ -1235,8 +1180,6 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     ps_status st = PS_OK;
     cuda_backend *cb = NULL;
     int gpus = 0;
-    int *devlist = NULL;
-    ncclComm_t *comms = NULL;
     *out = NULL;
     if (n_devices < 1 || timing_slots < 0)
         return ps_error_set(err, PS_ERR_INVALID,
@@ -1275,36 +1218,33 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
         if (st != PS_OK)
             goto out;
     }
+    cb->chans = (chan *)calloc((size_t)(n_devices * n_devices), sizeof *cb->chans);
+    if (cb->chans == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
     if (cb->nccl) {
-        devlist = (int *)malloc((size_t)n_devices * sizeof *devlist);
-        comms = (ncclComm_t *)calloc((size_t)n_devices, sizeof *comms);
-        if (devlist == NULL || comms == NULL) {
-            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            goto out;
-        }
+        /* direct GPU-to-GPU copies for send/recv where the hardware allows
+         * them (cudaMemcpyPeerAsync goes through the host otherwise) */
         for (int i = 0; i < n_devices; i++)
-            devlist[i] = cb->dev[i].gpu;
-        for (int k = 0; k < 2; k++) {
-            ncclResult_t r = ncclCommInitAll(comms, n_devices, devlist);
-            if (r != ncclSuccess) {
-                st = nccl_fail(cb->dev[0].loc, r, NULL, "ncclCommInitAll", err);
-                goto out;
+            for (int j = 0; j < n_devices; j++) {
+                int can = 0;
+                if (i == j || cudaDeviceCanAccessPeer(&can, cb->dev[i].gpu, cb->dev[j].gpu) !=
+                                  cudaSuccess || !can)
+                    continue;
+                cudaError_t e = cudaSetDevice(cb->dev[i].gpu);
+                if (e == cudaSuccess)
+                    e = cudaDeviceEnablePeerAccess(cb->dev[j].gpu, 0);
+                if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+                    st = ps_cuda_fail(cb->dev[i].loc, e, "cudaDeviceEnablePeerAccess", err);
+                    goto out;
+                }
+                (void)cudaGetLastError();
             }
-            for (int i = 0; i < n_devices; i++)
-                cb->dev[i].p2p[k] = comms[i];
-        }
-    } else {
-        cb->chans = (chan *)calloc((size_t)(n_devices * n_devices), sizeof *cb->chans);
-        if (cb->chans == NULL) {
-            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            goto out;
-        }
     }
     *out = &cb->base;
     cb = NULL;
 out:
-    free(devlist);
-    free(comms);
     if (cb != NULL)
         be_destroy(&cb->base);
     return st;

@@ -2,13 +2,18 @@
  * types; callers compile with PS_HAVE_CUDA=1.
  *
  * Device d of the plan runs on GPU d when the machine has at least
- * n_devices GPUs; then collectives, the ops' own reductions and send/recv go
- * through NCCL (one communicator per collective group, created at the
- * group's first collective; two world communicators for point-to-point,
- * one per direction). With fewer GPUs the backend refuses, unless
- * `share_gpu` is set: a test mode where every plan device runs on GPU 0 with
- * its own stream and collectives, reductions and send/recv exchange data by
- * device copies among the device threads.
+ * n_devices GPUs; then collectives and the ops' own reductions go through
+ * NCCL (one communicator per collective group, created at the group's first
+ * collective, when all its members have arrived). With fewer GPUs the
+ * backend refuses, unless `share_gpu` is set: a test mode where every plan
+ * device runs on GPU 0 with its own stream, and collectives and reductions
+ * exchange data by device copies among the device threads (the same box
+ * semantics, combined in rank order).
+ *
+ * Send/recv are buffered in both modes: the sender packs its chunk into a
+ * staging buffer on its GPU and goes on; the receiver copies it over
+ * (cudaMemcpyPeerAsync, NVLink where peer access is possible) and unpacks
+ * it. A send never waits for its receiver, as on the CPU backend.
  *
  * Memory: a caching allocator per device (cudaMalloc once per block size,
  * freed blocks kept for reuse); peak_bytes counts the bytes requested by

@@ -11,6 +11,10 @@
 
 #include "exec/cuda/cuda_internal.cuh"
 
+extern "C" {
+#include "exec/cuda/gemm_plan.h"
+}
+
 #define THREADS 256
 #define FOR_EACH(i, n)                                                                        \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
@@ -170,8 +174,12 @@ static __global__ void k_mse_grad(const float *p, const float *t, float *d, int6
     FOR_EACH(i, n) d[i] = scale * (p[i] - t[i]);
 }
 
-static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master, int64_t n,
-                       float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
+/* AdamW (decoupled weight decay) on the master copy when there is one; the
+ * reference's formula in fp32 (fp64 divisions would cost as much as the
+ * memory traffic of this bandwidth-bound kernel). */
+static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master,
+                              int64_t n, float lr, float b1, float b2, float eps, float wd,
+                              float bc1, float bc2)
 {
     FOR_EACH(i, n)
     {
@@ -180,12 +188,12 @@ static __global__ void k_adam(float *p, const float *g, float *m, float *v, floa
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        float w = master != NULL ? master[i] : p[i];
-        float mhat = mi / bc1, vhat = vi / bc2;
-        w = w - lr * wd * w - lr * mhat / (sqrtf(vhat) + eps);
+        float *w = master != NULL ? master : p;
+        float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        float nw = w[i] - lr * (upd + wd * w[i]);
+        w[i] = nw;
         if (master != NULL)
-            master[i] = w;
-        p[i] = w;
+            p[i] = nw;
     }
 }
 
@@ -346,7 +354,7 @@ static __global__ void k_layernorm(const float *x, const float *g, const float *
 
 /* dx per row; the row's mean and 1/std saved for the parameter gradients. */
 static __global__ void k_layernorm_grad_x(const float *x, const float *g, const float *dy,
-                                          float *dx, float *mean_out, float *rstd_out,
+                                          float *dx, double *mean_out, double *rstd_out,
                                           int64_t rows, int64_t n, double eps)
 {
     __shared__ double sh[32];
@@ -368,15 +376,16 @@ static __global__ void k_layernorm_grad_x(const float *x, const float *g, const 
             dx[row * n + j] = (float)(rstd * ((double)g[j] * dyr[j] - sa - xhat * sb));
         }
         if (threadIdx.x == 0) {
-            mean_out[row] = (float)mean;
-            rstd_out[row] = (float)rstd;
+            mean_out[row] = mean;
+            rstd_out[row] = rstd;
         }
     }
 }
 
 /* Column partial sums of dy * xhat and dy over a chunk of rows. */
-static __global__ void k_layernorm_grad_partial(const float *x, const float *dy, const float *mean,
-                                         const float *rstd, double *pg, double *pb, int64_t rows,
+static __global__ void k_layernorm_grad_partial(const float *x, const float *dy,
+                                                const double *mean, const double *rstd,
+                                                double *pg, double *pb, int64_t rows,
                                          int64_t n, int64_t rows_per_chunk)
 {
     int64_t c = blockIdx.y;
@@ -411,8 +420,10 @@ static __global__ void k_sum_chunks(const double *pg, const double *pb, float *d
 
 /* softmax(scale * x) over rows of n; causal: key k = koff + j is masked for
  * query q = qoff + (row % qdim) when k > q. */
-static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t n, float scale,
-                          bool causal, int64_t qdim, int64_t qoff, int64_t koff)
+/* Exponentials in fp32 (expf: a few ulp), their sum in fp64. */
+static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t n,
+                                 float scale, bool causal, int64_t qdim, int64_t qoff,
+                                 int64_t koff)
 {
     __shared__ float sh[32];
     __shared__ double dsh[32];
@@ -428,11 +439,12 @@ static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             if (!causal || koff + j <= q)
-                acc += exp((double)(scale * xr[j] - m));
+                acc += expf(scale * xr[j] - m);
         double sum = block_sum(acc, dsh);
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            bool keep = (!causal || koff + j <= q) && sum > 0.0;
-            y[row * n + j] = keep ? (float)(exp((double)(scale * xr[j] - m)) / sum) : 0.0f;
+            bool keep = !causal || koff + j <= q;
+            y[row * n + j] = keep ? expf(scale * xr[j] - m) * inv : 0.0f;
         }
     }
 }
@@ -510,7 +522,7 @@ static __global__ void k_row_sumexp(const float *x, const int32_t *labels, const
         float m = mx[row];
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            acc += exp((double)x[row * n + j] - m);
+            acc += expf(x[row * n + j] - m);
         acc = block_sum(acc, sh);
         if (threadIdx.x == 0) {
             se[row] = (float)acc;
@@ -539,14 +551,14 @@ static __global__ void k_xent_final(const float *se, const float *mx, const floa
 
 static __global__ void k_xent_grad(const float *x, const int32_t *labels, const float *mx,
                             const float *se, float *dx, int64_t rows, int64_t n, int64_t voff,
-                            double inv_tokens)
+                            float inv_tokens)
 {
     FOR_EACH(i, rows * n)
     {
         int64_t row = i / n, j = i % n;
-        double p = exp((double)x[i] - mx[row]) / se[row];
-        double onehot = (int64_t)labels[row] == voff + j ? 1.0 : 0.0;
-        dx[i] = (float)((p - onehot) * inv_tokens);
+        float p = expf(x[i] - mx[row]) / se[row];
+        float onehot = (int64_t)labels[row] == voff + j ? 1.0f : 0.0f;
+        dx[i] = (p - onehot) * inv_tokens;
     }
 }
 
@@ -569,14 +581,14 @@ static __global__ void k_embedding(const float *table, const int32_t *ids, float
 }
 
 /* key = local row (nrows for ids outside the tile), value = token. */
-static __global__ void k_embedding_keys(const int32_t *ids, int *keys, int *vals,
+static __global__ void k_embedding_keys(const int32_t *ids, unsigned *keys, int *vals,
                                         int64_t tokens, int64_t row0, int64_t nrows,
                                         int64_t vocab, int *bad)
 {
     FOR_EACH(t, tokens)
     {
         int64_t id = ids[t], r = id - row0;
-        keys[t] = r >= 0 && r < nrows ? (int)r : (int)nrows;
+        keys[t] = (unsigned)(r >= 0 && r < nrows ? r : nrows);
         vals[t] = (int)t;
         if (id < 0 || id >= vocab) {
             bad[0] = 1;
@@ -587,13 +599,14 @@ static __global__ void k_embedding_keys(const int32_t *ids, int *keys, int *vals
 
 /* After a stable sort by row: the first token of each row's run sums the run
  * in token order. */
-static __global__ void k_embedding_grad_rows(const int *keys, const int *vals, const float *dy,
-                                      float *dtable, int64_t tokens, int64_t h, int64_t nrows)
+static __global__ void k_embedding_grad_rows(const unsigned *keys, const int *vals,
+                                             const float *dy, float *dtable, int64_t tokens,
+                                             int64_t h, int64_t nrows)
 {
     ROWS_LOOP(i, tokens)
     {
-        int key = keys[i];
-        if (key >= nrows || (i > 0 && keys[i - 1] == key))
+        unsigned key = keys[i];
+        if ((int64_t)key >= nrows || (i > 0 && keys[i - 1] == key))
             continue;
         for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
             float acc = 0;
@@ -651,187 +664,57 @@ static ps_status need_float(ps_cuda_stream *s, const ps_op *op, const ps_tile *t
 static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                             ps_error *err)
 {
-    ps_einsum e;
-    PS_RET(ps_einsum_parse(op->attrs.einsum, &e, err));
     const ps_tile *t[3] = {&in[0], &in[1], &out[0]};
-    int64_t size[26];
-    int where[26]; /* bit o: label in operand o */
-    for (int l = 0; l < 26; l++) {
-        size[l] = 0;
-        where[l] = 0;
-    }
+    int rank[3];
+    int64_t shape[3][PS_MAX_RANK];
     for (int o = 0; o < 3; o++) {
         PS_RET(need_float(s, op, t[o], o == 2 ? "the output" : "an operand", err));
-        if (t[o]->rank != e.rank[o])
-            BAD("operand %d has rank %d but the einsum \"%s\" gives it %d labels", o,
-                t[o]->rank, op->attrs.einsum, e.rank[o]);
-        for (int i = 0; i < e.rank[o]; i++) {
-            int l = e.labels[o][i] - 'a';
-            if (size[l] != 0 && size[l] != t[o]->shape[i])
-                BAD("label '%c' has local extent %lld and %lld", 'a' + l, (long long)size[l],
-                    (long long)t[o]->shape[i]);
-            size[l] = t[o]->shape[i];
-            where[l] |= 1 << o;
-        }
+        rank[o] = t[o]->rank;
+        memcpy(shape[o], t[o]->shape, sizeof shape[o]);
     }
-    /* label classes */
-    char batch[PS_MAX_RANK], kk[PS_MAX_RANK];
-    int nb = 0, nk = 0, nfree[2] = {0, 0};
-    for (int i = 0; i < e.rank[2]; i++)
-        if (where[e.labels[2][i] - 'a'] == 7)
-            batch[nb++] = e.labels[2][i];
-    for (int o = 0; o < 2; o++)
-        for (int i = 0; i < e.rank[o]; i++)
-            if (where[e.labels[o][i] - 'a'] == ((1 << o) | 4))
-                nfree[o]++;
-    /* Output order [batch][free of L][free of R] with L, R = a, b in either
-     * order; otherwise the output is computed as [batch][a free][b free] and
-     * permuted. */
-    int L = 0;
-    bool out_direct = true;
-    {
-        int i = 0;
-        while (i < e.rank[2] && where[e.labels[2][i] - 'a'] == 7)
-            i++;
-        if (i != nb) {
-            out_direct = false;
-        } else if (i < e.rank[2]) {
-            L = where[e.labels[2][i] - 'a'] == 5 ? 0 : 1;
-            int j = i;
-            while (j < e.rank[2] && where[e.labels[2][j] - 'a'] == ((1 << L) | 4))
-                j++;
-            if (j - i != nfree[L])
-                out_direct = false;
-        }
-    }
-    int R = 1 - L;
-    /* canonical label orders: batch and free labels in output order */
-    char P[PS_MAX_RANK], Q[PS_MAX_RANK];
-    int np = 0, nq = 0;
-    for (int i = 0; i < e.rank[2]; i++) {
-        int w = where[e.labels[2][i] - 'a'];
-        if (w == ((1 << L) | 4))
-            P[np++] = e.labels[2][i];
-        else if (w == ((1 << R) | 4))
-            Q[nq++] = e.labels[2][i];
-    }
-    for (int i = 0; i < e.rank[L]; i++)
-        if (where[e.labels[L][i] - 'a'] == 3)
-            kk[nk++] = e.labels[L][i];
-    int64_t M = 1, N = 1, K = 1, B = 1;
-    for (int i = 0; i < nb; i++)
-        B *= size[batch[i] - 'a'];
-    for (int i = 0; i < np; i++)
-        M *= size[P[i] - 'a'];
-    for (int i = 0; i < nq; i++)
-        N *= size[Q[i] - 'a'];
-    for (int i = 0; i < nk; i++)
-        K *= size[kk[i] - 'a'];
-    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || B > INT32_MAX)
+    ps_gemm_plan p;
+    ps_error perr = {PS_OK, ""};
+    if (ps_gemm_plan_make(op->attrs.einsum, rank, shape, &p, &perr) != PS_OK)
+        BAD("%s", perr.msg);
+    if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || p.batch > INT32_MAX)
         BAD("GEMM dimensions %lld x %lld x %lld (batch %lld) exceed cuBLAS's int range",
-            (long long)M, (long long)N, (long long)K, (long long)B);
-
-    /* Each operand: [batch][free][k] or [batch][k][free] as stored, else
-     * permuted into [batch][free][k] (L) or [batch][k][free] (R). */
-    const char *free_of[2];
-    int nfree_of[2];
-    free_of[L] = P;
-    nfree_of[L] = np;
-    free_of[R] = Q;
-    nfree_of[R] = nq;
-    bool trans[2] = {false, false}, permuted[2] = {false, false};
-    int perm[2][PS_MAX_RANK];
-    for (int o = 0; o < 2; o++) {
-        char want1[PS_MAX_RANK], want2[PS_MAX_RANK]; /* [b][f][k], [b][k][f] */
-        int n = 0;
-        for (int i = 0; i < nb; i++, n++)
-            want1[n] = want2[n] = batch[i];
-        for (int i = 0; i < nfree_of[o]; i++)
-            want1[n + i] = free_of[o][i];
-        for (int i = 0; i < nk; i++)
-            want1[n + nfree_of[o] + i] = kk[i];
-        for (int i = 0; i < nk; i++)
-            want2[n + i] = kk[i];
-        for (int i = 0; i < nfree_of[o]; i++)
-            want2[n + nk + i] = free_of[o][i];
-        bool is1 = memcmp(want1, e.labels[o], (size_t)e.rank[o]) == 0;
-        bool is2 = memcmp(want2, e.labels[o], (size_t)e.rank[o]) == 0;
-        /* row-major L must be [M][K] (no trans) or [K][M]; R [K][N] or [N][K] */
-        if (o == L) {
-            if (is1)
-                trans[o] = false;
-            else if (is2)
-                trans[o] = true;
-            else
-                permuted[o] = true;
-        } else {
-            if (is2)
-                trans[o] = false;
-            else if (is1)
-                trans[o] = true;
-            else
-                permuted[o] = true;
-        }
-        if (permuted[o]) {
-            const char *want = o == L ? want1 : want2;
-            trans[o] = false;
-            for (int i = 0; i < e.rank[o]; i++)
-                perm[o][i] = (int)((const char *)memchr(e.labels[o], want[i],
-                                                        (size_t)e.rank[o]) -
-                                   e.labels[o]);
-        }
-    }
-
+            (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.batch);
     /* workspace: permuted operands, the output before its permutation */
     carve c = {0};
     size_t off_op[2] = {0, 0}, off_c = 0;
     for (int o = 0; o < 2; o++)
-        if (permuted[o])
+        if (p.permute[o])
             off_op[o] = carve_take(&c, (size_t)numel(t[o]) * sizeof(float));
-    if (!out_direct)
+    if (p.out_permute)
         off_c = carve_take(&c, (size_t)numel(t[2]) * sizeof(float));
     char *ws = NULL;
     if (c.used > 0)
         PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
     const float *opnd[2] = {(const float *)in[0].data, (const float *)in[1].data};
     for (int o = 0; o < 2; o++)
-        if (permuted[o]) {
-            PS_RET(permute(s, opnd[o], t[o]->shape, t[o]->rank, perm[o], ws + off_op[o], err));
+        if (p.permute[o]) {
+            PS_RET(permute(s, opnd[o], t[o]->shape, t[o]->rank, p.perm[o], ws + off_op[o], err));
             opnd[o] = (const float *)(ws + off_op[o]);
         }
-    float *cptr = out_direct ? (float *)out[0].data : (float *)(ws + off_c);
-
-    /* row-major C[M,N] = L[M,K] R[K,N] is column-major C^T = R^T L^T */
-    cublasOperation_t opR = trans[R] ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opL = trans[L] ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int ldR = trans[R] ? (int)K : (int)N;
-    int ldL = trans[L] ? (int)M : (int)K;
+    if (numel(t[2]) == 0)
+        return PS_OK;
+    if (p.k == 0) { /* an empty contraction: zeros */
+        PS_CUDA_RET(s->loc, cudaMemsetAsync(out[0].data, 0, (size_t)numel(t[2]) * 4, s->stream));
+        return PS_OK;
+    }
+    float *cptr = p.out_permute ? (float *)(ws + off_c) : (float *)out[0].data;
     const float alpha = 1.0f, beta = 0.0f;
     cublasComputeType_t ct = s->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     PS_CUBLAS_RET(s->loc,
-                  cublasGemmStridedBatchedEx(s->blas, opR, opL, (int)N, (int)M, (int)K, &alpha,
-                                             opnd[R], CUDA_R_32F, ldR, (long long)(K * N),
-                                             opnd[L], CUDA_R_32F, ldL, (long long)(M * K),
-                                             &beta, cptr, CUDA_R_32F, (int)N,
-                                             (long long)(M * N), (int)B, ct,
-                                             CUBLAS_GEMM_DEFAULT));
-    if (!out_direct) {
-        /* computed as [batch][P][Q] (P = a's free labels): into output order */
-        char have[PS_MAX_RANK];
-        int64_t have_shape[PS_MAX_RANK];
-        int n = 0, operm[PS_MAX_RANK];
-        for (int i = 0; i < nb; i++)
-            have[n++] = batch[i];
-        for (int i = 0; i < np; i++)
-            have[n++] = P[i];
-        for (int i = 0; i < nq; i++)
-            have[n++] = Q[i];
-        for (int i = 0; i < n; i++)
-            have_shape[i] = size[have[i] - 'a'];
-        for (int i = 0; i < e.rank[2]; i++)
-            operm[i] = (int)((const char *)memchr(have, e.labels[2][i], (size_t)n) - have);
-        PS_RET(permute(s, cptr, have_shape, n, operm, out[0].data, err));
-    }
+                  cublasGemmStridedBatchedEx(
+                      s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn, (int)p.ck,
+                      &alpha, opnd[1 - p.left], CUDA_R_32F, (int)p.lda, (long long)p.stride_a,
+                      opnd[p.left], CUDA_R_32F, (int)p.ldb, (long long)p.stride_b, &beta, cptr,
+                      CUDA_R_32F, (int)p.ldc, (long long)p.stride_c, (int)p.batch, ct,
+                      CUBLAS_GEMM_DEFAULT));
+    if (p.out_permute)
+        PS_RET(permute(s, cptr, p.out_tmp_shape, p.out_rank, p.out_perm, out[0].data, err));
     return PS_OK;
 }
 
@@ -942,12 +825,12 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
         chunks = 1;
     int64_t per = (rows + chunks - 1) / chunks;
     carve c = {0};
-    size_t o_mean = carve_take(&c, (size_t)rows * 4), o_rstd = carve_take(&c, (size_t)rows * 4);
+    size_t o_mean = carve_take(&c, (size_t)rows * 8), o_rstd = carve_take(&c, (size_t)rows * 8);
     size_t o_pg = carve_take(&c, (size_t)(chunks * n) * 8);
     size_t o_pb = carve_take(&c, (size_t)(chunks * n) * 8);
     char *ws;
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
-    float *mean = (float *)(ws + o_mean), *rstd = (float *)(ws + o_rstd);
+    double *mean = (double *)(ws + o_mean), *rstd = (double *)(ws + o_rstd);
     double *pg = (double *)(ws + o_pg), *pb = (double *)(ws + o_pb);
     k_layernorm_grad_x<<<row_blocks(rows), THREADS, 0, s->stream>>>(
         (const float *)x->data, (const float *)g->data, (const float *)dy->data,
@@ -968,11 +851,10 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
                              ps_error *err)
 {
     const ps_tile *x = &in[0];
-    int64_t n = last_dim(x), rows = numel(x) / n;
+    int64_t n = last_dim(x), rows = n > 0 ? numel(x) / n : 0;
     if (numel(&out[0]) != numel(x))
         BAD("output has %lld elements, the input %lld", (long long)numel(&out[0]),
             (long long)numel(x));
-    float scale = (float)op->attrs.scale;
     if (x->rank < 1 || x->shape[x->rank - 1] != x->global[x->rank - 1])
         return unsupported(s, op, err, "the softmax (last) dim must not be split");
     if (!(op->attrs.scale > 0))
@@ -992,7 +874,8 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
     int64_t qoff = causal ? x->offset[x->rank - 2] : 0;
     int64_t koff = causal ? x->offset[x->rank - 1] : 0;
     k_softmax<<<row_blocks(rows), THREADS, 0, s->stream>>>(
-        (const float *)x->data, (float *)out[0].data, rows, n, scale, causal, qdim, qoff, koff);
+        (const float *)x->data, (float *)out[0].data, rows, n, (float)op->attrs.scale, causal,
+        qdim, qoff, koff);
     PS_CUDA_LAUNCHED(s->loc, "k_softmax");
     return PS_OK;
 }
@@ -1061,8 +944,8 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     while (end_bit < 31 && ((int64_t)1 << end_bit) <= nrows)
         end_bit++;
     size_t temp_bytes = 0;
-    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const int *)NULL,
-                                                        (int *)NULL, (const int *)NULL,
+    PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const unsigned *)NULL,
+                                                        (unsigned *)NULL, (const int *)NULL,
                                                         (int *)NULL, (int)tokens, 0, end_bit,
                                                         s->stream));
     carve c = {0};
@@ -1073,7 +956,7 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     char *ws;
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
     int *bad = (int *)(ws + o_bad);
-    int *k0 = (int *)(ws + o_k0), *k1 = (int *)(ws + o_k1);
+    unsigned *k0 = (unsigned *)(ws + o_k0), *k1 = (unsigned *)(ws + o_k1);
     int *v0 = (int *)(ws + o_v0), *v1 = (int *)(ws + o_v1);
     PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
     k_embedding_keys<<<LAUNCH(tokens)>>>((const int32_t *)ids->data, k0, v0, tokens, row0, nrows,
@@ -1150,7 +1033,7 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (grad) {
         k_xent_grad<<<LAUNCH(rows * n)>>>((const float *)x->data, (const int32_t *)labels->data,
                                           mx, se, (float *)out[0].data, rows, n, voff,
-                                          inv_tokens);
+                                          (float)inv_tokens);
         PS_CUDA_LAUNCHED(s->loc, "k_xent_grad");
     } else {
         k_xent_final<<<1, 1024, 0, s->stream>>>(se, mx, lab, rows, inv_tokens,
