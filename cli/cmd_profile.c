@@ -40,6 +40,9 @@ static void help(void)
            "  --max-group N        largest group measured (default: every device)\n"
            "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
            "  --no-gemm            skip the GEMMs\n"
+           "  --gemm-all-devices   time GEMMs on every device at once, the slowest counting\n"
+           "                       (cpu: the devices share the host's cores, as in 'exec';\n"
+           "                       default: device 0 alone)\n"
            "  --native-gemm        cuda: time GEMMs with cuBLAS in each dtype of --dtypes\n"
            "                       (fp16/bf16 on tensor cores: what a training job in that\n"
            "                       dtype gets) instead of the executor's fp32 MATMUL op\n"
@@ -64,7 +67,8 @@ enum {
     OPT_NO_GEMM,
     OPT_PROGRESS,
     OPT_NATIVE,
-    OPT_TF32
+    OPT_TF32,
+    OPT_ALL_DEVICES
 };
 
 static const struct option options[] = {
@@ -82,6 +86,7 @@ static const struct option options[] = {
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"native-gemm", no_argument, NULL, OPT_NATIVE},
     {"tf32", no_argument, NULL, OPT_TF32},
+    {"gemm-all-devices", no_argument, NULL, OPT_ALL_DEVICES},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -212,6 +217,7 @@ int ps_cmd_profile(int argc, char **argv)
 {
     const char *backend = NULL, *output = NULL;
     bool quick = false, no_gemm = false, progress = false, native = false, tf32 = false;
+    bool all_devices = false;
     int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0;
     ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT] = {PS_DTYPE_F32, PS_DTYPE_F16, PS_DTYPE_BF16};
     int n_dtypes = PS_FLOAT_DTYPE_COUNT;
@@ -261,6 +267,7 @@ int ps_cmd_profile(int argc, char **argv)
         case OPT_PROGRESS: progress = true; break;
         case OPT_NATIVE: native = true; break;
         case OPT_TF32: tf32 = true; break;
+        case OPT_ALL_DEVICES: all_devices = true; break;
         default:
             return ps_cli_usage_error("profile", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -291,6 +298,7 @@ int ps_cmd_profile(int argc, char **argv)
     o.dtypes = dtypes;
     o.n_dtypes = n_dtypes;
     o.progress = progress;
+    o.gemm_all_devices = all_devices;
     if (min_bytes >= 0)
         o.min_bytes = min_bytes;
     if (max_bytes >= 0)

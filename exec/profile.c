@@ -11,6 +11,8 @@
 /* Upper bound of back-to-back calls in one repetition (tiny messages). */
 #define MAX_ITERS 1000
 #define MAX_REPS 1000
+/* Shortest repetition of GEMMs timed on every device at once. */
+#define SHARED_REP_S 0.05
 
 static const ps_profile_shape default_shapes[] = {
     {64, 64, 64},       {128, 128, 128},  {256, 256, 256},  {512, 512, 512},   {1024, 1024, 1024},
@@ -65,6 +67,7 @@ typedef struct shared {
     double *times;     /* [n * reps]: seconds per call, per rank and repetition */
     double *warm;      /* [n]: seconds of one warm-up call per rank */
     int iters;
+    bool gemm_phase; /* the GEMMs are being measured */
 } shared;
 
 /* Records a failure and unblocks every peer: those waiting in the barrier
@@ -185,7 +188,12 @@ static bool agree_iters(shared *s, int rank, double warm_s)
         double slowest = 0;
         for (int r = 0; r < s->n; r++)
             slowest = fmax(slowest, s->warm[r]);
-        double want = slowest > 0 ? ceil(s->o->min_rep_s / slowest) : MAX_ITERS;
+        /* devices sharing hardware take turns in scheduler time slices
+         * (milliseconds): a repetition must span several to see it */
+        double min_rep_s = s->o->min_rep_s;
+        if (s->o->gemm_all_devices && s->n > 1 && s->gemm_phase)
+            min_rep_s = fmax(min_rep_s, SHARED_REP_S);
+        double want = slowest > 0 ? ceil(min_rep_s / slowest) : MAX_ITERS;
         s->iters = want < 1 ? 1 : want > MAX_ITERS ? MAX_ITERS : (int)want;
     }
     return barrier(s);
@@ -291,7 +299,7 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
     const ps_profile_options *o = s->o;
     void *buf[3] = {NULL, NULL, NULL};
     gemm_call g;
-    if (o->gemm_timer != NULL)
+    if (o->gemm_timer != NULL) /* one thread (see ps_profile_measure) */
         return gemm_timed_natively(s, err);
     memset(&g, 0, sizeof g);
     g.op.name = "profile-gemm";
@@ -319,9 +327,9 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
         if (!ok)
             goto out;
         /* one measurement, recorded for every dtype (see the header) */
-        double sec = slowest_median(s, 1);
+        double sec = slowest_median(s, s->n);
         int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
-        for (int d = 0; d < n_dt; d++)
+        for (int d = 0; d < n_dt && rank == 0; d++)
             PS_TRY(add_gemm(s, sh, o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32, sec, err));
         for (int t = 0; t < 3; t++) {
             b->ops->release(b, rank, buf[t]);
@@ -558,14 +566,18 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     s.o = o;
     s.db = db;
     s.host = host;
-    s.times = calloc((size_t)(max_group * o->reps), sizeof *s.times);
-    s.warm = calloc((size_t)max_group, sizeof *s.warm);
+    s.times = calloc((size_t)(b->n_devices * o->reps), sizeof *s.times);
+    s.warm = calloc((size_t)b->n_devices, sizeof *s.warm);
     PS_TRY_ALLOC(s.times, err);
     PS_TRY_ALLOC(s.warm, err);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
+    /* GEMMs on device 0 alone, or on every device at once */
+    s.gemm_phase = true;
     if (o->n_shapes > 0)
-        st = run_threads(&s, 1, gemm_thread, err);
+        st = run_threads(&s, o->gemm_all_devices && o->gemm_timer == NULL ? b->n_devices : 1,
+                         gemm_thread, err);
+    s.gemm_phase = false;
     /* group sizes 2, 4, 8, ... and max_group itself */
     for (int n = 2; st == PS_OK && o->max_bytes > 0 && n <= max_group;
          n = n * 2 > max_group && n < max_group ? max_group : n * 2)

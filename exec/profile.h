@@ -51,6 +51,12 @@ typedef struct ps_profile_options {
     int reps;                     /* timed repetitions, >= 1 (median) */
     double min_rep_s;             /* a repetition lasts at least this long */
     bool progress;                /* one line per entry on stderr */
+    /* GEMMs on every device at once, the slowest counting: what they cost
+     * when a plan's devices compute together on shared hardware (the CPU
+     * backend's threads on the host's cores). A repetition then lasts at
+     * least 50 ms, so that it spans the scheduler's time slices in which
+     * the threads take turns. false: device 0 alone. */
+    bool gemm_all_devices;
     /* GEMMs timed by this, once per shape and dtype, instead of the
      * backend's fp32 MATMUL op (e.g. cuBLAS in fp16/bf16: what a training
      * job in that dtype gets, where the executors compute in fp32). It

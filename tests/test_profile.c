@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "core/json.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/profile.h"
@@ -322,6 +323,22 @@ static void documented_example(void **state)
                  (3.2768e-05 + 0.000524288) / 2, 1e-12);
     assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 16, 67108864),
                  0.000524288 * (30.0 / 16) / (14.0 / 8), 1e-12);
+    /* the host cluster of the CPU example: the DB's device kind */
+    start = strstr(end + 3, "```json\n");
+    assert_non_null(start);
+    start += 8;
+    end = strstr(start, "```");
+    assert_non_null(end);
+    *end = '\0';
+    ps_json_doc *doc = NULL;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_json_doc_parse("cpu-host.json", start, &doc, &err), PS_OK);
+    ps_jv root = ps_json_doc_root(doc);
+    if (ps_cluster_from_json(&root, &c, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(c->kinds[0].name, "cpu");
+    ps_cluster_free(c);
+    ps_json_doc_free(doc);
     ps_profile_db_free(db);
 }
 
@@ -777,11 +794,26 @@ static void cpu_group_sizes(void **state)
     ps_profile_db_free(db);
     db = NULL;
 
+    /* GEMMs on every device at once: one entry per shape, from the slowest */
+    static const ps_profile_shape shape[] = {{32, 32, 32}};
+    o.shapes = shape;
+    o.n_shapes = 1;
+    o.max_bytes = 0;
+    o.gemm_all_devices = true;
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 1);
+    assert_int_equal(db->n_comm, 0);
+    assert_true(db->gemm[0].seconds > 0);
+    ps_profile_db_free(db);
+    db = NULL;
+
     o.reps = 0;
     assert_int_equal(ps_profile_measure(b, &o, &db, &err), PS_ERR_INVALID);
     assert_null(db);
     o.reps = 1;
     o.min_bytes = 2;
+    o.max_bytes = 4096;
     assert_int_equal(ps_profile_measure(b, &o, &db, NULL), PS_ERR_INVALID);
     b->ops->destroy(b);
 }
