@@ -17,6 +17,7 @@ int ps_cmd_demo(int argc, char **argv);
 
 int ps_cmd_sim(int argc, char **argv);
 int ps_cmd_exec(int argc, char **argv);
+int ps_cmd_profile(int argc, char **argv);
 /* What `pipeshard sim` and the demo say in a build configured without SimGrid
  * (PS_WITH_SIMGRID=OFF, which compiles the simulator's users with PS_NO_SIMGRID). */
 #define PS_CLI_NO_SIMGRID "this build has no SimGrid (configure with -DPS_WITH_SIMGRID=ON)"
@@ -27,6 +28,14 @@ int ps_cmd_plot(int argc, char **argv);
  * and writes them readably to dir; prints a one-line digest on stderr. */
 struct ps_plan;
 ps_status ps_cli_dump_programs(const struct ps_plan *plan, const char *dir, ps_error *err);
+
+/* Loads a profile DB (--profile-db) and lends it to cluster c's cost model
+ * (c->profile); warns when c has no device kind of the DB's name (the DB
+ * then stands for every device). The caller frees *out after c's last use. */
+struct ps_cluster;
+struct ps_profile_db;
+ps_status ps_cli_attach_profile(const char *path, struct ps_cluster *c,
+                                struct ps_profile_db **out, ps_error *err);
 
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);

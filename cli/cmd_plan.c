@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "cli/model_opts.h"
 #include "core/json.h"
+#include "core/profile_db.h"
 #include "planner/inter_pass.h"
 #include "planner/stage_file.h"
 
@@ -48,6 +49,8 @@ static void help(void)
         "                       divides the global batch and keeps the fastest\n"
         "  --force-batch-axis0  keep the batch dimension on mesh axis 0 (Alpa's 2-D default)\n"
         "  --time-limit S       ILP time limit in seconds (default 60)\n"
+        "  --profile-db DB.json measured GEMM and communication times (pipeshard profile,\n"
+        "                       docs/profile-db.md) instead of the analytic cost model\n"
         "  --explain            print every op's strategy and its communication\n"
         "  --json               print the predictions as JSON\n"
         "  --dump-programs DIR  lower the plan to per-device programs, check them, and\n"
@@ -60,7 +63,8 @@ static void help(void)
 enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
-    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP
+    OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
+    OPT_PROFILE_DB
 };
 
 static const struct option own_options[] = {
@@ -83,6 +87,7 @@ static const struct option own_options[] = {
     {"pp", required_argument, NULL, OPT_PP},
     {"json", no_argument, NULL, OPT_JSON},
     {"dump-programs", required_argument, NULL, OPT_DUMP},
+    {"profile-db", required_argument, NULL, OPT_PROFILE_DB},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -171,7 +176,7 @@ int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
-    const char *stages_file = NULL, *dump_dir = NULL;
+    const char *stages_file = NULL, *dump_dir = NULL, *profile_path = NULL;
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
@@ -240,6 +245,7 @@ int ps_cmd_plan(int argc, char **argv)
             break;
         case OPT_EXPLAIN: do_explain = true; break;
         case OPT_DUMP: dump_dir = optarg; break;
+        case OPT_PROFILE_DB: profile_path = optarg; break;
         case OPT_LAYER_NUM:
             if (strcmp(optarg, "manual") == 0) {
                 inter.manual_layers = true;
@@ -304,6 +310,7 @@ int ps_cmd_plan(int argc, char **argv)
     ps_error err = {0};
     ps_status st = PS_OK;
     ps_cluster *cluster = NULL;
+    ps_profile_db *profile = NULL;
     ps_graph *fwd = NULL, *step = NULL;
     ps_plan *plan = NULL;
     ps_intra_result *r = NULL;
@@ -313,6 +320,8 @@ int ps_cmd_plan(int argc, char **argv)
         PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
     else
         PS_TRY(ps_cluster_load(cluster_file, &cluster, &err));
+    if (profile_path != NULL)
+        PS_TRY(ps_cli_attach_profile(profile_path, cluster, &profile, &err));
     if (auto_micro && (!pipeshard || uniform || stages_file != NULL)) {
         st = ps_error_set(&err, PS_ERR_INVALID,
                           "--micro-batches auto goes with --method pipeshard (the stage DP)");
@@ -408,5 +417,6 @@ out:
     ps_graph_free(step);
     ps_graph_free(fwd);
     ps_cluster_free(cluster);
+    ps_profile_db_free(profile);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/profile_db.h"
 #include "core/program.h"
 #include "planner/lower.h"
 #include "sim/sim.h"
@@ -17,7 +18,7 @@ static void help(void)
 {
     printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
            "                     [--collective-steps] [--no-local-allgather] [--no-check]\n"
-           "                     [--predicted P.json] [--json]\n\n"
+           "                     [--predicted P.json] [--profile-db DB.json] [--json]\n\n"
            "Lowers the plan to per-device programs and replays one training step of them\n"
            "on a SimGrid model of the plan's cluster (docs/simulator.md). Prints the\n"
            "simulated iteration, per-stage times and memory beside the planner's.\n\n"
@@ -30,6 +31,9 @@ static void help(void)
            "                         when uncontended)\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --no-check             skip the program checker (large clusters)\n"
+           "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
+           "                         take its GEMM times (communication is simulated on\n"
+           "                         the cluster's links either way)\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
@@ -49,7 +53,7 @@ int ps_cmd_sim(int argc, char **argv)
 }
 #else
 enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
-       OPT_JSON };
+       OPT_JSON, OPT_PROFILE_DB };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -60,6 +64,7 @@ static const struct option options[] = {
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"no-check", no_argument, NULL, OPT_NO_CHECK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"profile-db", required_argument, NULL, OPT_PROFILE_DB},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -67,6 +72,7 @@ static const struct option options[] = {
 int ps_cmd_sim(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL;
+    const char *profile_path = NULL;
     bool check = true, json = false;
     ps_sim_options so = ps_sim_options_default();
     ps_lower_options lo = ps_lower_options_default();
@@ -84,6 +90,7 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_NO_CHECK: check = false; break;
         case OPT_JSON: json = true; break;
+        case OPT_PROFILE_DB: profile_path = optarg; break;
         default:
             return ps_cli_usage_error("sim", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -100,7 +107,10 @@ int ps_cmd_sim(int argc, char **argv)
     ps_program_set *set = NULL;
     ps_summary *sum = NULL, *pred = NULL;
     ps_sim_stats stats = {0};
+    ps_profile_db *profile = NULL;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
+    if (profile_path != NULL)
+        PS_TRY(ps_cli_attach_profile(profile_path, plan->cluster, &profile, &err));
     PS_TRY(ps_plan_model_build(plan, &m, &err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
     if (check)
@@ -142,6 +152,7 @@ out:
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(plan);
+    ps_profile_db_free(profile);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }
 #endif /* PS_NO_SIMGRID */

@@ -21,6 +21,7 @@ static const struct {
     {"sim", ps_cmd_sim, "simulate a plan on a SimGrid model of its cluster"},
 #endif
     {"exec", ps_cmd_exec, "run a plan's programs on the CPU or GPUs (measured)"},
+    {"profile", ps_cmd_profile, "measure GEMMs and collectives into a profile DB"},
     {"compare", ps_cmd_compare, "run summaries of one plan side by side, with errors per stage"},
     {"plot", ps_cmd_plot, "charts of a timeline or a scaling CSV (gnuplot)"},
     {"demo", ps_cmd_demo, "the main job on an embedded default"},

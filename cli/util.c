@@ -5,6 +5,23 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
+#include "core/cluster.h"
+#include "core/log.h"
+#include "core/profile_db.h"
+
+ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db **out,
+                                ps_error *err)
+{
+    ps_status st = ps_profile_db_load(path, out, err);
+    if (st != PS_OK)
+        return st;
+    c->profile = *out;
+    if (ps_cluster_find_kind(c, (*out)->device) < 0)
+        PS_LOG_WARN("%s: the cluster \"%s\" has no device kind \"%s\"; the profile DB's "
+                    "measurements (backend %s) stand for all of its devices",
+                    path, c->name, (*out)->device, (*out)->backend);
+    return PS_OK;
+}
 
 int ps_cli_fail(const ps_error *err, ps_status st)
 {

@@ -140,6 +140,7 @@ ps_status ps_cluster_clone(const ps_cluster *c, ps_cluster **out)
            (size_t)ps_cluster_device_count(c) * sizeof *copy->device_kind);
     copy->intra = c->intra;
     copy->inter = c->inter;
+    copy->profile = c->profile;
     *out = copy;
     copy = NULL;
 out:

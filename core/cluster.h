@@ -60,6 +60,11 @@ typedef struct ps_cluster {
     int *device_kind;      /* [nodes * devices_per_node]: index into kinds */
     ps_intra_link intra;
     ps_inter_link inter;
+    /* Measured times the cost model uses instead of its analytic defaults
+     * (core/profile_db.h); borrowed, NULL = none. Set by the caller that
+     * loaded the DB (pipeshard plan --profile-db); clones share it; files,
+     * equality and validation ignore it. */
+    const struct ps_profile_db *profile;
 } ps_cluster;
 
 extern const char *const ps_intra_topology_names[PS_INTRA_TOPOLOGY_COUNT];

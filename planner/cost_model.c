@@ -18,11 +18,25 @@ static double nic_share_bytes_per_s(const ps_cluster *c, int active)
     return c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s / (double)active;
 }
 
+bool ps_profile_applies(const ps_cluster *c, int device)
+{
+    if (c->profile == NULL)
+        return false;
+    int k = ps_cluster_find_kind(c, c->profile->device);
+    return k < 0 || c->device_kind[device] == k;
+}
+
 double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double bytes)
 {
     int dpn = c->devices_per_node;
-    if (from_device / dpn == to_device / dpn)
+    if (from_device / dpn == to_device / dpn) {
+        if (ps_profile_applies(c, from_device) && ps_profile_applies(c, to_device)) {
+            double s = ps_profile_collective_s(c->profile, PS_PROFILE_SEND_RECV, 2, bytes);
+            if (s >= 0)
+                return s;
+        }
         return c->intra.latency_s + bytes / c->intra.bandwidth_bytes_per_s;
+    }
     double bw = fmin(nic_share_bytes_per_s(c, dpn), c->intra.bandwidth_bytes_per_s);
     return c->inter.latency_s + bytes / bw;
 }
@@ -67,8 +81,11 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
         m->peak_flops[t] = INFINITY;
     m->memory_bandwidth_bytes_per_s = INFINITY;
     m->memory_bytes = INFINITY;
+    m->profile = c->profile;
     for (int i = 0; i < m->n_devices; i++) {
         m->devices[i] = first_device + i;
+        if (!ps_profile_applies(c, m->devices[i]))
+            m->profile = NULL;
         const ps_device_kind *k = ps_cluster_device(c, m->devices[i]);
         for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++)
             m->peak_flops[t] = fmin(m->peak_flops[t], k->peak_flops[t]);
@@ -109,6 +126,11 @@ static double ring_s(const ps_logical_mesh *m, ps_collective kind, int axis, dou
     int n = m->shape[axis];
     if (n <= 1 || bytes <= 0)
         return 0;
+    if (m->profile != NULL && !m->crosses_nodes[axis]) {
+        double s = ps_profile_collective_s(m->profile, (ps_profile_comm)kind, n, bytes);
+        if (s >= 0)
+            return s;
+    }
     double a = m->alpha_s[axis], b = m->beta_s_per_byte[axis];
     double steps = n - 1, frac = (double)(n - 1) / n;
     if (kind == PS_COLL_ALL_REDUCE)
@@ -153,6 +175,11 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
     double eff = gemm ? m->params.gemm_efficiency : m->params.other_efficiency;
     double t_flops = flops / (peak * eff);
     double t_bytes = bytes / (m->memory_bandwidth_bytes_per_s * m->params.bandwidth_efficiency);
+    if (gemm && m->profile != NULL) {
+        double s = ps_profile_gemm_s(m->profile, (ps_dtype)t, flops);
+        if (s >= 0)
+            t_flops = s;
+    }
     return fmax(t_flops, t_bytes);
 }
 

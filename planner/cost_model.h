@@ -12,14 +12,23 @@
  *   reduce-scatter   (n-1)a + (n-1)/n B b      (B: the input size)
  *   all-to-all       (n-1)a + (n-1)/n B b
  * Compute is a roofline: max(FLOPs / (peak * efficiency), bytes / (memory
- * bandwidth * efficiency)), on the slowest device of the mesh. A measured
- * profile DB will replace these defaults (see ps_cost_params). */
+ * bandwidth * efficiency)), on the slowest device of the mesh.
+ *
+ * With a measured profile DB (ps_cluster.profile, core/profile_db.h) whose
+ * device the mesh's devices are (see ps_mesh_create), a GEMM takes the DB's
+ * time for its FLOPs and dtype (still at least the bytes term of the
+ * roofline: a lookup by FLOPs does not see a skinny GEMM's memory traffic),
+ * a collective on an axis inside a node and a transfer inside a node take
+ * the DB's time for their kind, group size and bytes. Whatever the DB does
+ * not cover (other ops, dtypes or kinds it lacks, axes across nodes) keeps
+ * the analytic model. */
 #ifndef PS_PLANNER_COST_MODEL_H
 #define PS_PLANNER_COST_MODEL_H
 
 #include "core/cluster.h"
 #include "core/collective.h"
 #include "core/graph.h"
+#include "core/profile_db.h"
 #include "core/sharding.h"
 
 /* Tunable efficiencies of the analytic model. */
@@ -43,10 +52,14 @@ typedef struct ps_logical_mesh {
     double memory_bandwidth_bytes_per_s;     /* slowest device */
     double memory_bytes;                     /* smallest device */
     ps_cost_params params;
+    const ps_profile_db *profile; /* borrowed from the cluster; NULL: analytic */
 } ps_logical_mesh;
 
 /* The submesh of `hosts` x `devices_per_host` devices whose first device is
- * first_device, viewed as d0 x d1 (d0 * d1 = hosts * devices_per_host). */
+ * first_device, viewed as d0 x d1 (d0 * d1 = hosts * devices_per_host).
+ * The cluster's profile DB, if any, applies when every device of the mesh
+ * is of the DB's device kind, or when the cluster has no kind of that name
+ * (the DB then describes all of its devices). */
 ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
                          int d0, int d1, ps_logical_mesh **out, ps_error *err);
 void ps_mesh_free(ps_logical_mesh *m);
@@ -56,9 +69,13 @@ void ps_mesh_free(ps_logical_mesh *m);
 double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes);
 
 /* Time of one point-to-point transfer between two devices of cluster c:
- * the intra-node link inside a node, else the device's share of its node's
+ * the intra-node link inside a node (or the profile DB's send-recv time,
+ * when it applies to both devices), else the device's share of its node's
  * NICs (the same share a mesh axis across nodes gets). */
 double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double bytes);
+
+/* Whether the cluster's profile DB describes device d (false without one). */
+bool ps_profile_applies(const ps_cluster *c, int device);
 
 /* Roofline time of local work of the given dtype. */
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,

@@ -1,0 +1,329 @@
+/* pipeshard profile: measure a backend's GEMMs and communication and write
+ * a profile DB (docs/profile-db.md) for plan --profile-db. */
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/profile_db.h"
+#include "exec/cpu/cpu_backend.h"
+#include "exec/profile.h"
+#ifdef PS_HAVE_CUDA
+#include "exec/cuda/cuda_backend.h"
+#endif
+
+static void help(void)
+{
+    printf("usage: pipeshard profile --backend cpu|cuda [--devices N] [--quick] [OPTIONS]\n"
+           "                         -o DB.json\n\n"
+           "Measures GEMM throughput and collective and send/recv times through a backend\n"
+           "(nccl-tests conventions: time, algbw, busbw) and writes a profile DB that\n"
+           "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
+           "(docs/profile-db.md). Prints the measurements as tables.\n\n"
+           "  --backend cpu|cuda   the backend to measure (required)\n"
+           "  --devices N          devices (cpu: threads; default: the online cores, 2 to 8;\n"
+           "                       cuda: GPUs, default: all); groups of 2, 4, 8, ... and N\n"
+           "  --quick              a few GEMM shapes, 1 KiB to 4 MiB by x4, groups up to 4,\n"
+           "                       5 repetitions (seconds)\n"
+           "  --device-name NAME   the DB's device kind: the cluster's kind of that name is the\n"
+           "                       one the DB describes (default: the backend's name, which\n"
+           "                       stands for every device of any cluster)\n"
+           "  --dtypes LIST        GEMM dtypes recorded, e.g. fp32,bf16 (default all three:\n"
+           "                       executors compute every float type in fp32)\n"
+           "  --min-bytes S        smallest message (default 1K; suffixes K, M, G = KiB...)\n"
+           "  --max-bytes S        largest message (default 64M, --quick 4M; 0: no\n"
+           "                       communication)\n"
+           "  --size-factor F      ratio of consecutive sizes (default 2, --quick 4)\n"
+           "  --max-group N        largest group measured (default: every device)\n"
+           "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
+           "  --no-gemm            skip the GEMMs\n"
+           "  --native-gemm        cuda: time GEMMs with cuBLAS in each dtype of --dtypes\n"
+           "                       (fp16/bf16 on tensor cores: what a training job in that\n"
+           "                       dtype gets) instead of the executor's fp32 MATMUL op\n"
+           "  --tf32               cuda: the backend's fp32 GEMMs on TF32 tensor cores (as\n"
+           "                       'pipeshard exec --tf32'; with --native-gemm: fp32 entries)\n"
+           "  --progress           one line per entry on stderr while measuring\n"
+           "  -o, --output DB.json where to write the DB (required)\n"
+           "  -h, --help           this help\n");
+}
+
+enum {
+    OPT_BACKEND = 256,
+    OPT_DEVICES,
+    OPT_QUICK,
+    OPT_NAME,
+    OPT_DTYPES,
+    OPT_MIN,
+    OPT_MAX,
+    OPT_FACTOR,
+    OPT_GROUP,
+    OPT_REPS,
+    OPT_NO_GEMM,
+    OPT_PROGRESS,
+    OPT_NATIVE,
+    OPT_TF32
+};
+
+static const struct option options[] = {
+    {"backend", required_argument, NULL, OPT_BACKEND},
+    {"devices", required_argument, NULL, OPT_DEVICES},
+    {"quick", no_argument, NULL, OPT_QUICK},
+    {"device-name", required_argument, NULL, OPT_NAME},
+    {"dtypes", required_argument, NULL, OPT_DTYPES},
+    {"min-bytes", required_argument, NULL, OPT_MIN},
+    {"max-bytes", required_argument, NULL, OPT_MAX},
+    {"size-factor", required_argument, NULL, OPT_FACTOR},
+    {"max-group", required_argument, NULL, OPT_GROUP},
+    {"reps", required_argument, NULL, OPT_REPS},
+    {"no-gemm", no_argument, NULL, OPT_NO_GEMM},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"native-gemm", no_argument, NULL, OPT_NATIVE},
+    {"tf32", no_argument, NULL, OPT_TF32},
+    {"output", required_argument, NULL, 'o'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* "4096", "64K", "4M", "1G" (binary units). */
+static bool parse_size(const char *text, int64_t *out)
+{
+    char buf[32];
+    size_t len = strlen(text);
+    if (len == 0 || len >= sizeof buf)
+        return false;
+    memcpy(buf, text, len + 1);
+    int shift = 0;
+    char last = buf[len - 1];
+    if (last == 'K' || last == 'k' || last == 'M' || last == 'm' || last == 'G' || last == 'g') {
+        shift = last == 'K' || last == 'k' ? 10 : last == 'M' || last == 'm' ? 20 : 30;
+        buf[len - 1] = '\0';
+    }
+    int64_t v;
+    if (!ps_cli_parse_int(buf, 0, INT64_C(1) << 40, &v) || (v << shift) > (INT64_C(1) << 40))
+        return false;
+    *out = v << shift;
+    return true;
+}
+
+/* "fp32,bf16" into dtypes; false on an unknown or repeated name. */
+static bool parse_dtypes(const char *text, ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT], int *n)
+{
+    char buf[64];
+    if (strlen(text) >= sizeof buf)
+        return false;
+    snprintf(buf, sizeof buf, "%s", text);
+    *n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        ps_dtype t;
+        if (ps_dtype_parse(tok, &t) != 0 || (int)t >= PS_FLOAT_DTYPE_COUNT ||
+            *n >= PS_FLOAT_DTYPE_COUNT)
+            return false;
+        for (int i = 0; i < *n; i++)
+            if (dtypes[i] == t)
+                return false;
+        dtypes[(*n)++] = t;
+    }
+    return *n > 0;
+}
+
+static void print_tables(const ps_profile_db *db)
+{
+    printf("profile       backend %s, device \"%s\", %d device(s)\n", db->backend, db->device,
+           db->devices);
+    if (db->n_gemm > 0) {
+        printf("\n# GEMM (m x k by k x n)\n#%9s %9s %9s  %-16s %12s %10s\n", "m", "n", "k",
+               "dtypes", "time (us)", "TFLOP/s");
+        for (int i = 0; i < db->n_gemm; i++) {
+            const ps_profile_gemm *g = &db->gemm[i];
+            bool seen = false;
+            for (int j = 0; j < i && !seen; j++)
+                seen = db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
+                       db->gemm[j].seconds == g->seconds;
+            if (seen)
+                continue;
+            /* the dtypes measured with the same time: one measurement */
+            char dts[32] = "";
+            size_t used = 0;
+            for (int j = i; j < db->n_gemm; j++)
+                if (db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
+                    db->gemm[j].seconds == g->seconds && used + 1 < sizeof dts)
+                    used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
+                                             ps_dtype_name(db->gemm[j].dtype));
+            double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k;
+            printf(" %9lld %9lld %9lld  %-16s %12.2f %10.4f\n", (long long)g->m, (long long)g->n,
+                   (long long)g->k, dts, g->seconds * 1e6, flops / g->seconds / 1e12);
+        }
+    }
+    for (int i = 0; i < db->n_comm; i++) {
+        const ps_profile_comm_entry *c = &db->comm[i];
+        if (i == 0 || c->kind != db->comm[i - 1].kind || c->n != db->comm[i - 1].n)
+            printf("\n# %s, %d devices\n#%14s %12s %13s %13s\n", ps_profile_comm_names[c->kind],
+                   c->n, "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)");
+        double algbw = (double)c->bytes / c->seconds;
+        printf(" %14lld %12.2f %13.3f %13.3f\n", (long long)c->bytes, c->seconds * 1e6, algbw / 1e9,
+               algbw * ps_profile_busbw_factor(c->kind, c->n) / 1e9);
+    }
+}
+
+#ifdef PS_HAVE_CUDA
+/* --native-gemm: cuBLAS in the entry's dtype on GPU 0. */
+static ps_status cuda_gemm_timer(void *arg, const ps_profile_shape *sh, ps_dtype dtype, int reps,
+                                 double *seconds, ps_error *err)
+{
+    bool tf32 = *(const bool *)arg;
+    if (sh->m > INT32_MAX || sh->n > INT32_MAX || sh->k > INT32_MAX)
+        return ps_error_set(err, PS_ERR_INVALID, "GEMM profile: sizes beyond 2^31");
+    return ps_cuda_profile_gemm_flags(0, (int)sh->m, (int)sh->n, (int)sh->k, dtype,
+                                      tf32 ? PS_CUDA_PROFILE_TF32 : 0u, reps, seconds, err);
+}
+#endif
+
+/* A backend of `kind` with n devices and the profile's timing slots. */
+static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend **out, ps_error *err)
+{
+    if (strcmp(kind, "cpu") == 0) {
+        int *slots = malloc((size_t)n * sizeof *slots);
+        if (slots == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        for (int d = 0; d < n; d++)
+            slots[d] = PS_PROFILE_SLOTS;
+        ps_status st = ps_cpu_backend_create(n, slots, out, err);
+        free(slots);
+        return st;
+    }
+#ifdef PS_HAVE_CUDA
+    ps_cuda_backend_options co = ps_cuda_backend_options_default();
+    co.allow_tf32 = tf32;
+    return ps_cuda_backend_create(n, PS_PROFILE_SLOTS, &co, out, err);
+#else
+    (void)tf32;
+    return ps_error_set(err, PS_ERR_UNSUPPORTED,
+                        "backend \"%s\" is not available in this build (built without CUDA; "
+                        "have: cpu)",
+                        kind);
+#endif
+}
+
+int ps_cmd_profile(int argc, char **argv)
+{
+    const char *backend = NULL, *output = NULL;
+    bool quick = false, no_gemm = false, progress = false, native = false, tf32 = false;
+    int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0;
+    ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT] = {PS_DTYPE_F32, PS_DTYPE_F16, PS_DTYPE_BF16};
+    int n_dtypes = PS_FLOAT_DTYPE_COUNT;
+    const char *device_name = NULL;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "ho:", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': help(); return 0;
+        case 'o': output = optarg; break;
+        case OPT_BACKEND: backend = optarg; break;
+        case OPT_DEVICES:
+            if (!ps_cli_parse_int(optarg, 1, 1024, &devices))
+                return ps_cli_usage_error("profile", "--devices wants 1 to 1024");
+            break;
+        case OPT_QUICK: quick = true; break;
+        case OPT_NAME: device_name = optarg; break;
+        case OPT_DTYPES:
+            if (!parse_dtypes(optarg, dtypes, &n_dtypes))
+                return ps_cli_usage_error("profile",
+                                          "--dtypes wants a list of fp32, fp16 and "
+                                          "bf16, e.g. fp32,bf16, not \"%s\"",
+                                          optarg);
+            break;
+        case OPT_MIN:
+        case OPT_MAX:
+            if (!parse_size(optarg, c == OPT_MIN ? &min_bytes : &max_bytes))
+                return ps_cli_usage_error("profile",
+                                          "%s wants a size such as 4096, 64K or 4M "
+                                          "(at most 1T), not \"%s\"",
+                                          c == OPT_MIN ? "--min-bytes" : "--max-bytes", optarg);
+            break;
+        case OPT_FACTOR:
+            if (!ps_cli_parse_int(optarg, 2, 1024, &factor))
+                return ps_cli_usage_error("profile", "--size-factor wants 2 to 1024");
+            break;
+        case OPT_GROUP:
+            if (!ps_cli_parse_int(optarg, 2, 1024, &group))
+                return ps_cli_usage_error("profile", "--max-group wants 2 to 1024");
+            break;
+        case OPT_REPS:
+            if (!ps_cli_parse_int(optarg, 1, 1000, &reps))
+                return ps_cli_usage_error("profile", "--reps wants 1 to 1000");
+            break;
+        case OPT_NO_GEMM: no_gemm = true; break;
+        case OPT_PROGRESS: progress = true; break;
+        case OPT_NATIVE: native = true; break;
+        case OPT_TF32: tf32 = true; break;
+        default:
+            return ps_cli_usage_error("profile", "unknown or incomplete option \"%s\"",
+                                      argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return ps_cli_usage_error("profile", "unexpected argument \"%s\"", argv[optind]);
+    if (backend == NULL)
+        return ps_cli_usage_error("profile", "--backend cpu|cuda is required");
+    if (strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0)
+        return ps_cli_usage_error("profile", "--backend is cpu or cuda, not \"%s\"", backend);
+    if (output == NULL)
+        return ps_cli_usage_error("profile", "-o DB.json is required");
+    bool cuda = strcmp(backend, "cuda") == 0;
+    if ((native || tf32) && !cuda)
+        return ps_cli_usage_error("profile", "--native-gemm and --tf32 go with --backend cuda");
+    if (devices == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        devices = cores < 2 ? 2 : cores > 8 ? 8 : cores;
+#ifdef PS_HAVE_CUDA
+        if (cuda) /* 0 GPUs: the backend says so */
+            devices = ps_cuda_device_count() > 0 ? ps_cuda_device_count() : 1;
+#endif
+    }
+
+    ps_profile_options o = quick ? ps_profile_options_quick() : ps_profile_options_default();
+    o.device_name = device_name;
+    o.dtypes = dtypes;
+    o.n_dtypes = n_dtypes;
+    o.progress = progress;
+    if (min_bytes >= 0)
+        o.min_bytes = min_bytes;
+    if (max_bytes >= 0)
+        o.max_bytes = max_bytes;
+    if (factor > 0)
+        o.size_factor = (int)factor;
+    if (group > 0)
+        o.max_group = (int)group;
+    if (reps > 0)
+        o.reps = (int)reps;
+    if (no_gemm)
+        o.n_shapes = 0;
+#ifdef PS_HAVE_CUDA
+    if (native) {
+        o.gemm_timer = cuda_gemm_timer;
+        o.gemm_timer_arg = &tf32;
+    }
+#endif
+    if (o.n_shapes == 0 && (o.max_bytes == 0 || devices < 2))
+        return ps_cli_usage_error("profile", "nothing to measure: no GEMMs and no "
+                                             "communication (--devices >= 2 and --max-bytes > 0)");
+
+    ps_error err = {0};
+    ps_status st = PS_OK;
+    ps_backend *b = NULL;
+    ps_profile_db *db = NULL;
+    PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
+    PS_TRY(ps_profile_measure(b, &o, &db, &err));
+    PS_TRY(ps_profile_db_save(db, output, &err));
+    print_tables(db);
+out:
+    if (b != NULL)
+        b->ops->destroy(b);
+    ps_profile_db_free(db);
+    return st == PS_OK ? 0 : ps_cli_fail(&err, st);
+}

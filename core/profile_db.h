@@ -1,0 +1,128 @@
+/* Profile DB: measured GEMM and communication times of one device kind on
+ * one backend (docs/profile-db.md), and the lookups the cost model makes in
+ * it instead of its analytic defaults.
+ *
+ * It lives in core/ because three layers share it: exec/ measures and
+ * writes it (exec/profile.c), the cluster carries a borrowed pointer to it,
+ * and the planner's cost model reads it. Nothing here knows about meshes.
+ *
+ * Sizes follow nccl-tests: `bytes` of all-reduce and all-to-all is the local
+ * buffer, of all-gather the gathered (output) size, of reduce-scatter the
+ * input size, of send-recv the message (the cost model's conventions too).
+ * algbw = bytes / seconds; busbw = algbw x 2(n-1)/n for all-reduce,
+ * x (n-1)/n for all-gather, reduce-scatter and all-to-all, x 1 for
+ * send-recv. A GEMM of m x k by k x n counts 2 m n k FLOPs.
+ *
+ * Lookups interpolate, per table (one per GEMM dtype, one per
+ * communication kind and group size), over times made monotone in size
+ * (each time is at least every time of a smaller size: noise never makes a
+ * larger message cheaper):
+ *   size <= smallest        the smallest's time (latency-bound)
+ *   between two sizes       linear in size between the neighbours
+ *   size > largest          size / (the largest's rate): its bandwidth
+ * A group size between two measured ones is interpolated linearly in n;
+ * outside the measured range the nearest one is used with its busbw (time
+ * scaled by the ratio of the busbw factors). */
+#ifndef PS_CORE_PROFILE_DB_H
+#define PS_CORE_PROFILE_DB_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/collective.h"
+#include "core/dtype.h"
+#include "core/status.h"
+
+#define PS_PROFILE_DB_VERSION 1
+#define PS_PROFILE_NAME_MAX 64
+
+/* What a communication entry measured: the four collectives (same values
+ * as ps_collective) and a point-to-point send/receive. */
+typedef enum ps_profile_comm {
+    PS_PROFILE_ALL_REDUCE = PS_COLL_ALL_REDUCE,
+    PS_PROFILE_ALL_GATHER = PS_COLL_ALL_GATHER,
+    PS_PROFILE_REDUCE_SCATTER = PS_COLL_REDUCE_SCATTER,
+    PS_PROFILE_ALL_TO_ALL = PS_COLL_ALL_TO_ALL,
+    PS_PROFILE_SEND_RECV = PS_COLL_COUNT,
+    PS_PROFILE_COMM_COUNT
+} ps_profile_comm;
+
+/* "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv". */
+extern const char *const ps_profile_comm_names[PS_PROFILE_COMM_COUNT];
+
+/* busbw / algbw: 2(n-1)/n, (n-1)/n or 1 (0 for n < 2). */
+double ps_profile_busbw_factor(ps_profile_comm kind, int n);
+
+typedef struct ps_profile_gemm {
+    int64_t m, n, k;
+    ps_dtype dtype; /* fp32, fp16 or bf16 */
+    double seconds; /* median of the repetitions */
+} ps_profile_gemm;
+
+typedef struct ps_profile_comm_entry {
+    ps_profile_comm kind;
+    int n;          /* group size (2 for send-recv) */
+    int64_t bytes;  /* nccl-tests size, see above */
+    double seconds; /* median of the repetitions */
+} ps_profile_comm_entry;
+
+/* One table of the lookups: sizes ascending, monotone times. */
+typedef struct ps_profile_table {
+    int kind; /* ps_profile_comm, or -1 for a GEMM table */
+    int n;    /* group size; the dtype for a GEMM table */
+    int count;
+    double *size; /* bytes or FLOPs */
+    double *seconds;
+} ps_profile_table;
+
+typedef struct ps_profile_db {
+    char device[PS_PROFILE_NAME_MAX];  /* device kind, e.g. "a100-sxm4-80gb" or "cpu" */
+    char backend[PS_PROFILE_NAME_MAX]; /* "cpu" or "cuda" */
+    int devices;                       /* devices the measurement used */
+    int n_gemm, cap_gemm;
+    ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, m, n, k after finish */
+    int n_comm, cap_comm;
+    ps_profile_comm_entry *comm; /* sorted by kind, n, bytes after finish */
+    /* built by ps_profile_db_finish; lookups read only these */
+    int n_tables;
+    ps_profile_table *tables;
+    bool finished;
+} ps_profile_db;
+
+extern const char *const ps_profile_backend_names[2]; /* "cpu", "cuda" */
+
+/* An empty DB (no entries); backend must be "cpu" or "cuda". */
+ps_status ps_profile_db_create(const char *device, const char *backend, int devices,
+                               ps_profile_db **out, ps_error *err);
+void ps_profile_db_free(ps_profile_db *db);
+/* Append entries (checked: positive sizes and times, a float dtype, a known
+ * kind, n >= 2, send-recv with n = 2). The DB needs ps_profile_db_finish
+ * again before lookups. */
+ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err);
+ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err);
+/* Sorts the entries, rejects duplicates (same shape and dtype, or same
+ * kind, n and bytes) and an empty DB, and builds the lookup tables. */
+ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err);
+
+/* A DB file; errors point into it ("FILE:LINE:COL: PATH: what"). */
+ps_status ps_profile_db_load(const char *path, ps_profile_db **out, ps_error *err);
+/* The same from text in memory (name is used in messages). */
+ps_status ps_profile_db_parse(const char *name, const char *text, ps_profile_db **out,
+                              ps_error *err);
+/* The file format, with the derived flops_per_s, algbw and busbw; loading
+ * it gives an equal DB. The DB must be finished. */
+ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out);
+ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error *err);
+bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
+
+/* Lookups (finished DB). Seconds of a GEMM of `flops` FLOPs of dtype:
+ * 0 for flops <= 0, -1 when the DB has no GEMM of that dtype. */
+double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
+/* flops / ps_profile_gemm_s; 0 when there is no entry or flops <= 0. */
+double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
+/* Seconds of a communication among n devices (ignored for send-recv):
+ * 0 for n < 2 or bytes <= 0, -1 when the DB has no entry of that kind. */
+double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes);
+
+#endif

@@ -1,0 +1,586 @@
+#include "exec/profile.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+
+/* Upper bound of back-to-back calls in one repetition (tiny messages). */
+#define MAX_ITERS 1000
+#define MAX_REPS 1000
+
+static const ps_profile_shape default_shapes[] = {
+    {64, 64, 64},       {128, 128, 128},  {256, 256, 256},  {512, 512, 512},   {1024, 1024, 1024},
+    {2048, 2048, 2048}, {2048, 512, 512}, {512, 2048, 512}, {2048, 2048, 512}, {4096, 1024, 1024},
+};
+static const ps_profile_shape quick_shapes[] = {{64, 64, 64}, {128, 128, 128}, {256, 256, 256}};
+
+ps_profile_options ps_profile_options_default(void)
+{
+    return (ps_profile_options){
+        .shapes = default_shapes,
+        .n_shapes = (int)(sizeof default_shapes / sizeof *default_shapes),
+        .min_bytes = 1 << 10,
+        .max_bytes = 64 << 20,
+        .size_factor = 2,
+        .warmup = 2,
+        .reps = 9,
+        .min_rep_s = 5e-3,
+    };
+}
+
+ps_profile_options ps_profile_options_quick(void)
+{
+    return (ps_profile_options){
+        .shapes = quick_shapes,
+        .n_shapes = (int)(sizeof quick_shapes / sizeof *quick_shapes),
+        .min_bytes = 1 << 10,
+        .max_bytes = 4 << 20,
+        .size_factor = 4,
+        .max_group = 4,
+        .warmup = 2,
+        .reps = 5,
+        .min_rep_s = 5e-4,
+    };
+}
+
+/* ---- threads and an abortable barrier ---------------------------------- */
+
+typedef struct shared {
+    ps_backend *b;
+    const ps_profile_options *o;
+    ps_profile_db *db;
+    int n; /* threads (group size) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    unsigned generation;
+    bool failed;
+    ps_error err; /* the first failure */
+    ps_status st;
+    const float *host; /* read-only source data, max elements */
+    double *times;     /* [n * reps]: seconds per call, per rank and repetition */
+    double *warm;      /* [n]: seconds of one warm-up call per rank */
+    int iters;
+} shared;
+
+/* Records a failure and unblocks every peer: those waiting in the barrier
+ * here, and (through abort) those inside a collective or a receive. */
+static void fail(shared *s, ps_status st, const ps_error *err)
+{
+    pthread_mutex_lock(&s->mu);
+    bool first = !s->failed;
+    if (first) {
+        s->failed = true;
+        s->st = st;
+        s->err = *err;
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (first)
+        s->b->ops->abort(s->b);
+}
+
+/* Returns false when a peer failed. */
+static bool barrier(shared *s)
+{
+    pthread_mutex_lock(&s->mu);
+    unsigned gen = s->generation;
+    if (++s->arrived == s->n) {
+        s->arrived = 0;
+        s->generation++;
+        pthread_cond_broadcast(&s->cv);
+    } else {
+        while (gen == s->generation && !s->failed)
+            pthread_cond_wait(&s->cv, &s->mu);
+    }
+    bool ok = !s->failed;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+typedef struct worker {
+    shared *s;
+    int rank;
+    ps_status (*fn)(shared *s, int rank, ps_error *err);
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    ps_error err = {0};
+    ps_log_set_thread_rank(w->rank);
+    ps_status st = w->fn(w->s, w->rank, &err);
+    if (st != PS_OK)
+        fail(w->s, st, &err);
+    return NULL;
+}
+
+/* Runs fn on n threads (ranks 0..n-1, which are devices 0..n-1). */
+static ps_status run_threads(shared *s, int n, ps_status (*fn)(shared *, int, ps_error *),
+                             ps_error *err)
+{
+    pthread_t *th = malloc((size_t)n * sizeof *th);
+    worker *w = malloc((size_t)n * sizeof *w);
+    int started = 0;
+    if (th == NULL || w == NULL) {
+        free(th);
+        free(w);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    s->n = n;
+    s->arrived = 0;
+    for (int r = 0; r < n; r++) {
+        w[r] = (worker){s, r, fn};
+        if (pthread_create(&th[r], NULL, worker_main, &w[r]) != 0) {
+            ps_error e = {0};
+            ps_error_set(&e, PS_ERR_INTERNAL, "cannot start the thread of device %d", r);
+            fail(s, PS_ERR_INTERNAL, &e);
+            break;
+        }
+        started++;
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(th[r], NULL);
+    free(th);
+    free(w);
+    if (s->failed) {
+        ps_error_clear(err);
+        return ps_error_set(err, s->st, "%s", s->err.msg);
+    }
+    return PS_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over repetitions of the slowest rank's time per call. */
+static double slowest_median(const shared *s, int n)
+{
+    int reps = s->o->reps;
+    double v[MAX_REPS];
+    for (int k = 0; k < reps; k++) {
+        v[k] = 0;
+        for (int r = 0; r < n; r++)
+            v[k] = fmax(v[k], s->times[r * reps + k]);
+    }
+    qsort(v, (size_t)reps, sizeof *v, cmp_double);
+    return reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
+}
+
+/* After each rank's warm-up: rank 0 picks the calls per repetition from the
+ * slowest rank's fastest warm-up call. */
+static bool agree_iters(shared *s, int rank, double warm_s)
+{
+    s->warm[rank] = warm_s;
+    if (!barrier(s))
+        return false;
+    if (rank == 0) {
+        double slowest = 0;
+        for (int r = 0; r < s->n; r++)
+            slowest = fmax(slowest, s->warm[r]);
+        double want = slowest > 0 ? ceil(s->o->min_rep_s / slowest) : MAX_ITERS;
+        s->iters = want < 1 ? 1 : want > MAX_ITERS ? MAX_ITERS : (int)want;
+    }
+    return barrier(s);
+}
+
+/* ---- one measurement: warm-up, then timed repetitions --------------------- */
+
+typedef ps_status (*call_fn)(shared *s, int rank, void *arg, ps_error *err);
+
+/* Times call(arg) on every rank; s->times receives seconds per call divided
+ * by `per_call` (the transfers one call makes). */
+static ps_status timed(shared *s, int rank, call_fn call, void *arg, int per_call, bool *ok,
+                       ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_backend *b = s->b;
+    const ps_profile_options *o = s->o;
+    double t = 0, fastest = INFINITY;
+    *ok = false;
+    for (int i = 0; i < o->warmup; i++) {
+        PS_TRY(b->ops->mark(b, rank, 0, err));
+        PS_TRY(call(s, rank, arg, err));
+        PS_TRY(b->ops->mark(b, rank, 1, err));
+        PS_TRY(b->ops->finish(b, rank, err));
+        PS_TRY(b->ops->elapsed(b, rank, 0, 1, &t, err));
+        fastest = fmin(fastest, t);
+    }
+    /* the fastest warm-up call: one delayed wake-up must not shrink the
+     * repetitions to single calls */
+    if (!agree_iters(s, rank, fastest))
+        goto out;
+    for (int k = 0; k < o->reps; k++) {
+        if (!barrier(s))
+            goto out;
+        PS_TRY(b->ops->mark(b, rank, 0, err));
+        for (int i = 0; i < s->iters; i++)
+            PS_TRY(call(s, rank, arg, err));
+        PS_TRY(b->ops->mark(b, rank, 1, err));
+        PS_TRY(b->ops->finish(b, rank, err));
+        PS_TRY(b->ops->elapsed(b, rank, 0, 1, &t, err));
+        s->times[rank * o->reps + k] = t / s->iters / per_call;
+    }
+    *ok = barrier(s); /* every rank's times are in */
+out:
+    return st;
+}
+
+/* ---- GEMMs ------------------------------------------------------------- */
+
+typedef struct gemm_call {
+    ps_op op;
+    ps_tile in[2], out;
+} gemm_call;
+
+static ps_status gemm_once(shared *s, int rank, void *arg, ps_error *err)
+{
+    gemm_call *g = arg;
+    return s->b->ops->op(s->b, rank, &g->op, g->in, &g->out, NULL, err);
+}
+
+static ps_tile matrix(void *data, int64_t rows, int64_t cols)
+{
+    ps_tensor_desc d = {.dtype = PS_DTYPE_F32, .rank = 2, .shape = {rows, cols}};
+    return ps_tile_whole(data, &d);
+}
+
+static ps_status add_gemm(shared *s, const ps_profile_shape *sh, ps_dtype dtype, double sec,
+                          ps_error *err)
+{
+    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .dtype = dtype, .seconds = sec};
+    if (s->o->progress)
+        fprintf(stderr, "profile: GEMM %lld x %lld x %lld %s: %.4g s, %.4g TFLOP/s\n",
+                (long long)sh->m, (long long)sh->n, (long long)sh->k, ps_dtype_name(dtype), sec,
+                2.0 * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
+    return ps_profile_db_add_gemm(s->db, &e, err);
+}
+
+/* GEMMs through an external timer, one measurement per dtype. */
+static ps_status gemm_timed_natively(shared *s, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_profile_options *o = s->o;
+    int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
+    for (int i = 0; i < o->n_shapes; i++)
+        for (int d = 0; d < n_dt; d++) {
+            ps_dtype t = o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32;
+            double sec = 0;
+            PS_TRY(o->gemm_timer(o->gemm_timer_arg, &o->shapes[i], t, o->reps, &sec, err));
+            if (!(sec > 0)) {
+                st = ps_error_set(err, PS_ERR_DEVICE, "profile: the GEMM timer returned %g s", sec);
+                goto out;
+            }
+            PS_TRY(add_gemm(s, &o->shapes[i], t, sec, err));
+        }
+out:
+    return st;
+}
+
+static ps_status gemm_thread(shared *s, int rank, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_backend *b = s->b;
+    const ps_profile_options *o = s->o;
+    void *buf[3] = {NULL, NULL, NULL};
+    gemm_call g;
+    if (o->gemm_timer != NULL)
+        return gemm_timed_natively(s, err);
+    memset(&g, 0, sizeof g);
+    g.op.name = "profile-gemm";
+    g.op.kind = PS_OP_MATMUL;
+    g.op.forward_op = -1;
+    g.op.n_in = 2;
+    g.op.n_out = 1;
+    g.op.in[1] = 1;
+    g.op.out[0] = 2;
+    g.op.attrs = ps_op_attrs_default(PS_OP_MATMUL);
+    snprintf(g.op.attrs.einsum, sizeof g.op.attrs.einsum, "mk,kn->mn");
+    for (int i = 0; i < o->n_shapes; i++) {
+        const ps_profile_shape *sh = &o->shapes[i];
+        int64_t elems[3] = {sh->m * sh->k, sh->k * sh->n, sh->m * sh->n};
+        for (int t = 0; t < 3; t++) {
+            PS_TRY(b->ops->alloc(b, rank, elems[t] * 4, &buf[t], err));
+            if (t < 2)
+                PS_TRY(b->ops->upload(b, rank, buf[t], s->host, elems[t] * 4, err));
+        }
+        g.in[0] = matrix(buf[0], sh->m, sh->k);
+        g.in[1] = matrix(buf[1], sh->k, sh->n);
+        g.out = matrix(buf[2], sh->m, sh->n);
+        bool ok;
+        PS_TRY(timed(s, rank, gemm_once, &g, 1, &ok, err));
+        if (!ok)
+            goto out;
+        /* one measurement, recorded for every dtype (see the header) */
+        double sec = slowest_median(s, 1);
+        int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
+        for (int d = 0; d < n_dt; d++)
+            PS_TRY(add_gemm(s, sh, o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32, sec, err));
+        for (int t = 0; t < 3; t++) {
+            b->ops->release(b, rank, buf[t]);
+            buf[t] = NULL;
+        }
+    }
+out:
+    for (int t = 0; t < 3; t++)
+        if (buf[t] != NULL)
+            b->ops->release(b, rank, buf[t]);
+    return st;
+}
+
+/* ---- communication ------------------------------------------------------- */
+
+typedef struct comm_call {
+    ps_profile_comm kind;
+    ps_exec_group g;
+    ps_tile src, dst;
+    int64_t count; /* send-recv: elements */
+} comm_call;
+
+static ps_status comm_once(shared *s, int rank, void *arg, ps_error *err)
+{
+    comm_call *c = arg;
+    ps_backend *b = s->b;
+    if (c->kind != PS_PROFILE_SEND_RECV)
+        return b->ops->collective(b, rank, &c->g, (ps_collective)c->kind, &c->src, &c->dst, err);
+    /* a round trip 0 -> 1 -> 0: two transfers (timed() halves it) */
+    int64_t off[1] = {0}, size[1] = {c->count};
+    ps_status st;
+    if (rank == 0) {
+        st = b->ops->send(b, rank, 1, &c->src, off, size, 0, 1, err);
+        return st != PS_OK ? st : b->ops->recv(b, rank, 1, &c->dst, off, size, 0, 1, err);
+    }
+    st = b->ops->recv(b, rank, 0, &c->dst, off, size, 0, 1, err);
+    return st != PS_OK ? st : b->ops->send(b, rank, 0, &c->src, off, size, 0, 1, err);
+}
+
+static ps_tile vector(void *data, int64_t global, int64_t offset, int64_t len)
+{
+    ps_tile t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.rank = 1;
+    t.shape[0] = len;
+    t.global[0] = global;
+    t.offset[0] = offset;
+    return t;
+}
+
+/* The tiles of one measurement of `count` elements (the nccl-tests size /
+ * 4) on rank r of n; returns the elements each buffer needs, or 0 to skip
+ * (an all-to-all smaller than one element per peer). */
+static int64_t layout(comm_call *c, int n, int r, int64_t count, int64_t *src_elems,
+                      int64_t *dst_elems, int64_t *bytes)
+{
+    int64_t start, len;
+    ps_coll_chunk(count, n, r, &start, &len);
+    *bytes = count * 4;
+    switch (c->kind) {
+    case PS_PROFILE_ALL_REDUCE:
+        c->src = vector(NULL, count, 0, count);
+        c->dst = c->src;
+        break;
+    case PS_PROFILE_ALL_GATHER: /* count: the gathered size */
+        c->src = vector(NULL, count, start, len);
+        c->dst = vector(NULL, count, 0, count);
+        break;
+    case PS_PROFILE_REDUCE_SCATTER: /* count: the input size */
+        c->src = vector(NULL, count, 0, count);
+        c->dst = vector(NULL, count, start, len);
+        break;
+    case PS_PROFILE_ALL_TO_ALL: {
+        /* [n, n * per]: a row per member before, a column block after */
+        int64_t per = count / n;
+        if (per < 1)
+            return 0;
+        memset(&c->src, 0, sizeof c->src);
+        c->src.rank = c->dst.rank = 2;
+        c->src.global[0] = c->dst.global[0] = n;
+        c->src.global[1] = c->dst.global[1] = n * per;
+        c->src.shape[0] = 1;
+        c->src.shape[1] = n * per;
+        c->src.offset[0] = r;
+        c->dst = c->src;
+        c->dst.shape[0] = n;
+        c->dst.shape[1] = per;
+        c->dst.offset[0] = 0;
+        c->dst.offset[1] = r * per;
+        *bytes = n * per * 4;
+        break;
+    }
+    case PS_PROFILE_SEND_RECV:
+        c->count = count;
+        c->src = c->dst = vector(NULL, count, 0, count);
+        break;
+    case PS_PROFILE_COMM_COUNT: return 0;
+    }
+    *src_elems = ps_tile_numel(&c->src);
+    *dst_elems = ps_tile_numel(&c->dst);
+    return *src_elems > *dst_elems ? *src_elems : *dst_elems;
+}
+
+static const char *size_text(int64_t bytes, char *buf, size_t cap)
+{
+    if (bytes >= (1 << 20) && bytes % (1 << 20) == 0)
+        snprintf(buf, cap, "%lld MiB", (long long)(bytes >> 20));
+    else if (bytes >= 1024 && bytes % 1024 == 0)
+        snprintf(buf, cap, "%lld KiB", (long long)(bytes >> 10));
+    else
+        snprintf(buf, cap, "%lld B", (long long)bytes);
+    return buf;
+}
+
+static ps_status comm_thread(shared *s, int rank, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_backend *b = s->b;
+    const ps_profile_options *o = s->o;
+    int n = s->n;
+    int *devices = malloc((size_t)n * sizeof *devices);
+    void *src = NULL, *dst = NULL;
+    PS_TRY_ALLOC(devices, err);
+    for (int r = 0; r < n; r++)
+        devices[r] = r;
+    unsigned kinds = o->kinds ? o->kinds : (1u << PS_PROFILE_COMM_COUNT) - 1;
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++) {
+        ps_profile_comm kind = (ps_profile_comm)k;
+        /* send-recv once, between devices 0 and 1 */
+        if (!(kinds & (1u << k)) || (kind == PS_PROFILE_SEND_RECV && n != 2))
+            continue;
+        for (int64_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= o->size_factor) {
+            comm_call c;
+            memset(&c, 0, sizeof c);
+            c.kind = kind;
+            /* one group id per group size: the CPU backend keys its
+             * rendezvous by id */
+            c.g = (ps_exec_group){.id = n, .n = n, .devices = devices, .rank = rank};
+            int64_t src_elems, dst_elems, real_bytes;
+            if (layout(&c, n, rank, bytes / 4, &src_elems, &dst_elems, &real_bytes) == 0)
+                continue;
+            PS_TRY(b->ops->alloc(b, rank, src_elems * 4, &src, err));
+            PS_TRY(b->ops->alloc(b, rank, dst_elems * 4, &dst, err));
+            PS_TRY(b->ops->upload(b, rank, src, s->host, src_elems * 4, err));
+            PS_TRY(b->ops->upload(b, rank, dst, s->host, dst_elems * 4, err));
+            c.src.data = src;
+            c.dst.data = dst;
+            bool ok;
+            PS_TRY(timed(s, rank, comm_once, &c, kind == PS_PROFILE_SEND_RECV ? 2 : 1, &ok, err));
+            if (!ok)
+                goto out;
+            if (rank == 0) {
+                ps_profile_comm_entry e = {
+                    .kind = kind, .n = n, .bytes = real_bytes, .seconds = slowest_median(s, n)};
+                PS_TRY(ps_profile_db_add_comm(s->db, &e, err));
+                if (o->progress) {
+                    char t[32];
+                    fprintf(stderr, "profile: %s over %d devices, %s: %.4g us\n",
+                            ps_profile_comm_names[kind], n, size_text(real_bytes, t, sizeof t),
+                            e.seconds * 1e6);
+                }
+            }
+            b->ops->release(b, rank, src);
+            b->ops->release(b, rank, dst);
+            src = dst = NULL;
+            /* rank 0 has recorded before anyone reuses the shared times */
+            if (!barrier(s))
+                goto out;
+        }
+    }
+out:
+    free(devices);
+    if (src != NULL)
+        b->ops->release(b, rank, src);
+    if (dst != NULL)
+        b->ops->release(b, rank, dst);
+    return st;
+}
+
+/* ---- the whole profile ----------------------------------------------------- */
+
+static ps_status check_options(const ps_backend *b, const ps_profile_options *o, ps_error *err)
+{
+    if (o->warmup < 1 || o->reps < 1 || o->reps > MAX_REPS || !(o->min_rep_s >= 0))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile: warm-up and repetitions must be at least 1 (at most %d "
+                            "repetitions)",
+                            MAX_REPS);
+    for (int i = 0; i < o->n_shapes; i++)
+        if (o->shapes[i].m < 1 || o->shapes[i].n < 1 || o->shapes[i].k < 1)
+            return ps_error_set(err, PS_ERR_INVALID, "profile: GEMM shape %d is not positive", i);
+    for (int i = 0; i < o->n_dtypes; i++)
+        if ((int)o->dtypes[i] < 0 || (int)o->dtypes[i] >= PS_FLOAT_DTYPE_COUNT)
+            return ps_error_set(err, PS_ERR_INVALID, "profile: dtype %d is not a float type",
+                                (int)o->dtypes[i]);
+    if (o->max_bytes > 0 &&
+        (o->min_bytes < 4 || o->min_bytes > o->max_bytes || o->size_factor < 2 ||
+         o->size_factor > 1024 || o->max_bytes > ((int64_t)1 << 40)))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile: sizes %lld to %lld bytes by x%d: want 4 <= min <= max "
+                            "<= 1 TiB and a factor of 2 to 1024",
+                            (long long)o->min_bytes, (long long)o->max_bytes, o->size_factor);
+    if (b->n_devices < 1)
+        return ps_error_set(err, PS_ERR_INVALID, "profile: the backend has no device");
+    return PS_OK;
+}
+
+ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_profile_db **out,
+                             ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_profile_db *db = NULL;
+    float *host = NULL;
+    shared s;
+    memset(&s, 0, sizeof s);
+    *out = NULL;
+    PS_TRY(check_options(b, o, err));
+    const char *name = o->device_name != NULL ? o->device_name : b->ops->name;
+    PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &db, err));
+    /* the largest buffer any measurement uploads */
+    int64_t most = o->max_bytes > 0 ? o->max_bytes / 4 : 1;
+    for (int i = 0; i < o->n_shapes; i++) {
+        const ps_profile_shape *sh = &o->shapes[i];
+        int64_t e = sh->m * sh->k > sh->k * sh->n ? sh->m * sh->k : sh->k * sh->n;
+        most = e > most ? e : most;
+    }
+    host = malloc((size_t)most * sizeof *host);
+    PS_TRY_ALLOC(host, err);
+    for (int64_t i = 0; i < most; i++) /* small values: sums stay finite */
+        host[i] = (float)(i % 7) * 0.125f;
+    int max_group = o->max_group > 0 && o->max_group < b->n_devices ? o->max_group : b->n_devices;
+    s.b = b;
+    s.o = o;
+    s.db = db;
+    s.host = host;
+    s.times = calloc((size_t)(max_group * o->reps), sizeof *s.times);
+    s.warm = calloc((size_t)max_group, sizeof *s.warm);
+    PS_TRY_ALLOC(s.times, err);
+    PS_TRY_ALLOC(s.warm, err);
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    if (o->n_shapes > 0)
+        st = run_threads(&s, 1, gemm_thread, err);
+    /* group sizes 2, 4, 8, ... and max_group itself */
+    for (int n = 2; st == PS_OK && o->max_bytes > 0 && n <= max_group;
+         n = n * 2 > max_group && n < max_group ? max_group : n * 2)
+        st = run_threads(&s, n, comm_thread, err);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+    if (st != PS_OK)
+        goto out;
+    PS_TRY(ps_profile_db_finish(db, err));
+    *out = db;
+    db = NULL;
+out:
+    free(s.times);
+    free(s.warm);
+    free(host);
+    ps_profile_db_free(db);
+    return st;
+}

@@ -1,0 +1,75 @@
+/* Profile mode: measures a backend's GEMM throughput and communication
+ * times through the backend interface (exec/backend.h) and fills a profile
+ * DB (core/profile_db.h) that the cost model reads with --profile-db.
+ *
+ * GEMMs: a synthetic MATMUL op ("mk,kn->mn") on device 0, per shape. The
+ * backend interface carries no dtype (executors hold fp32 tiles), so one
+ * measurement per shape is recorded under every dtype requested: it is what
+ * a GEMM of that dtype costs on this backend. A gemm_timer (below) measures
+ * each dtype natively instead.
+ *
+ * Communication: one thread per device, as the runtime runs them. For every
+ * group size n (2, 4, 8, ... and the device count, at most max_group) the
+ * devices 0..n-1 run all-reduce, all-gather, reduce-scatter and all-to-all
+ * over sizes min_bytes, min_bytes * size_factor, ... up to max_bytes
+ * (nccl-tests sizes: all-gather counts its output, reduce-scatter its input,
+ * all-reduce and all-to-all their local buffer). send-recv is half a round
+ * trip between devices 0 and 1 (0 sends, 1 receives and sends back, as
+ * OSU's latency test), so that latency is not hidden by queued sends.
+ * A repetition starts all members together (a barrier), times
+ * `iters` back-to-back calls between two timing marks per device, and
+ * counts the slowest member; iters is chosen from the fastest warm-up call
+ * so that a repetition lasts at least min_rep_s. Every entry is the median of `reps`
+ * repetitions, per call. */
+#ifndef PS_EXEC_PROFILE_H
+#define PS_EXEC_PROFILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/profile_db.h"
+#include "exec/backend.h"
+
+/* Timing slots per device the backend must be created with. */
+#define PS_PROFILE_SLOTS 2
+
+typedef struct ps_profile_shape {
+    int64_t m, n, k;
+} ps_profile_shape;
+
+typedef struct ps_profile_options {
+    const char *device_name;        /* the DB's device kind name (NULL: the backend's) */
+    const ps_profile_shape *shapes; /* GEMM shapes (borrowed); n_shapes 0: no GEMMs */
+    int n_shapes;
+    const ps_dtype *dtypes; /* recorded per dtype; n_dtypes 0: fp32 only */
+    int n_dtypes;
+    int64_t min_bytes, max_bytes; /* communication sizes; max_bytes 0: none */
+    int size_factor;              /* >= 2 */
+    int max_group;                /* largest group (0: every device) */
+    unsigned kinds;               /* bit (1 << ps_profile_comm) per kind; 0: all */
+    int warmup;                   /* untimed calls before timing, >= 1 */
+    int reps;                     /* timed repetitions, >= 1 (median) */
+    double min_rep_s;             /* a repetition lasts at least this long */
+    bool progress;                /* one line per entry on stderr */
+    /* GEMMs timed by this, once per shape and dtype, instead of the
+     * backend's fp32 MATMUL op (e.g. cuBLAS in fp16/bf16: what a training
+     * job in that dtype gets, where the executors compute in fp32). It
+     * returns seconds per GEMM. NULL: the backend's op. */
+    ps_status (*gemm_timer)(void *arg, const ps_profile_shape *shape, ps_dtype dtype, int reps,
+                            double *seconds, ps_error *err);
+    void *gemm_timer_arg;
+} ps_profile_options;
+
+/* The full profile: GEMM cubes 64..2048 and transformer-like rectangles,
+ * sizes 1 KiB .. 64 MiB by x2, every kind, every group size. */
+ps_profile_options ps_profile_options_default(void);
+/* A quick one (seconds on a laptop): cubes 64..256, 1 KiB .. 4 MiB by x4,
+ * groups up to 4, few repetitions. */
+ps_profile_options ps_profile_options_quick(void);
+
+/* Measures b (created with PS_PROFILE_SLOTS timing slots per device) and
+ * returns a finished DB of backend b->ops->name. */
+ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_profile_db **out,
+                             ps_error *err);
+
+#endif

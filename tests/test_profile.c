@@ -1,0 +1,950 @@
+/* core/profile_db, its use by the cost model, exec/profile and `pipeshard
+ * profile`: file round trips, every malformed DB, the interpolation's
+ * closed forms, plans made with a DB that mirrors the analytic model (the
+ * same predictions), a DB of slower GEMMs (proportionally slower compute),
+ * and a quick measurement on the CPU backend (positive, and larger messages
+ * cost more; nothing timed against a bound). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/profile_db.h"
+#include "exec/cpu/cpu_backend.h"
+#include "exec/profile.h"
+#ifdef PS_HAVE_CUDA
+#include "exec/cuda/cuda_ops.h"
+#endif
+#include "planner/cost_model.h"
+#include "planner/inter_pass.h"
+#include "planner/plan_intra.h"
+
+static bool close_to(double a, double b, double rtol)
+{
+    return fabs(a - b) <= 1e-300 + rtol * fabs(b);
+}
+
+#define assert_close(a, b, rtol)                                                                   \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!close_to(a_, b_, rtol))                                                               \
+            fail_msg("%s = %.17g, expected %.17g (%s)", #a, a_, b_, #b);                           \
+    } while (0)
+
+static ps_profile_db *new_db(const char *device)
+{
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_db_create(device, "cpu", 8, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    return db;
+}
+
+static void add_gemm(ps_profile_db *db, int64_t m, int64_t n, int64_t k, ps_dtype t, double s)
+{
+    ps_error err = {0};
+    ps_profile_gemm g = {.m = m, .n = n, .k = k, .dtype = t, .seconds = s};
+    if (ps_profile_db_add_gemm(db, &g, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+}
+
+static void add_comm(ps_profile_db *db, ps_profile_comm kind, int n, int64_t bytes, double s)
+{
+    ps_error err = {0};
+    ps_profile_comm_entry c = {.kind = kind, .n = n, .bytes = bytes, .seconds = s};
+    if (ps_profile_db_add_comm(db, &c, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+}
+
+static void finish(ps_profile_db *db)
+{
+    ps_error err = {0};
+    if (ps_profile_db_finish(db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+}
+
+static void temp_path(char *path, size_t cap, const char *what)
+{
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, cap, "%s/ps_test_%s_XXXXXX", dir != NULL && *dir ? dir : "/tmp", what);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
+/* ---- file format --------------------------------------------------------- */
+
+static void round_trip(void **state)
+{
+    (void)state;
+    ps_profile_db *db = new_db("test-device");
+    /* entries out of order: finish sorts them */
+    add_comm(db, PS_PROFILE_ALL_GATHER, 4, 1 << 20, 3.25e-4);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 1 << 10, 1.0 / 3.0 * 1e-5);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 4096, 2e-6);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 1 << 6, 7e-6);
+    add_gemm(db, 256, 256, 256, PS_DTYPE_BF16, 1e-4);
+    add_gemm(db, 64, 64, 64, PS_DTYPE_F32, 3e-5);
+    add_gemm(db, 128, 32, 64, PS_DTYPE_F32, 2.9e-5);
+    finish(db);
+    assert_int_equal(db->gemm[0].dtype, PS_DTYPE_F32);
+    assert_int_equal(db->gemm[0].m, 64); /* equal FLOPs: by m */
+    assert_int_equal(db->gemm[2].dtype, PS_DTYPE_BF16);
+    assert_int_equal(db->comm[0].bytes, 1 << 6);
+    assert_int_equal(db->comm[3].kind, PS_PROFILE_SEND_RECV);
+
+    char path[512];
+    temp_path(path, sizeof path, "profile");
+    ps_error err = {0};
+    assert_int_equal(ps_profile_db_save(db, path, &err), PS_OK);
+    ps_profile_db *back = NULL;
+    if (ps_profile_db_load(path, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(ps_profile_db_equal(db, back));
+    /* derived figures are written, nccl-tests style */
+    json_t *j = NULL;
+    assert_int_equal(ps_profile_db_to_json(back, &j), PS_OK);
+    json_t *ag = json_array_get(json_object_get(j, "collectives"), 2);
+    assert_string_equal(json_string_value(json_object_get(ag, "kind")), "all-gather");
+    assert_close(json_real_value(json_object_get(ag, "algbw_bytes_per_s")), (1 << 20) / 3.25e-4,
+                 1e-15);
+    assert_close(json_real_value(json_object_get(ag, "busbw_bytes_per_s")),
+                 (1 << 20) / 3.25e-4 * 0.75, 1e-15);
+    json_t *g = json_array_get(json_object_get(j, "gemm"), 2);
+    assert_close(json_real_value(json_object_get(g, "flops_per_s")), 2.0 * (1 << 24) / 1e-4, 1e-15);
+    json_decref(j);
+    unlink(path);
+    ps_profile_db_free(back);
+    ps_profile_db_free(db);
+}
+
+/* Programmatic entries are checked too. */
+static void bad_entries(void **state)
+{
+    (void)state;
+    ps_profile_db *db = new_db("d");
+    ps_error err = {0};
+    ps_profile_gemm g = {.m = 0, .n = 1, .k = 1, .dtype = PS_DTYPE_F32, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_gemm(db, &g, &err), PS_ERR_INVALID);
+    g = (ps_profile_gemm){.m = 1, .n = 1, .k = 1, .dtype = PS_DTYPE_I32, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_gemm(db, &g, NULL), PS_ERR_INVALID);
+    g.dtype = PS_DTYPE_F16;
+    g.seconds = NAN;
+    assert_int_equal(ps_profile_db_add_gemm(db, &g, NULL), PS_ERR_INVALID);
+    ps_profile_comm_entry c = {.kind = PS_PROFILE_SEND_RECV, .n = 3, .bytes = 1, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_comm(db, &c, NULL), PS_ERR_INVALID);
+    c = (ps_profile_comm_entry){.kind = PS_PROFILE_ALL_REDUCE, .n = 1, .bytes = 1, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_comm(db, &c, NULL), PS_ERR_INVALID);
+    /* nothing measured */
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_finish(db, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "holds no measurements"));
+    /* duplicates */
+    add_comm(db, PS_PROFILE_ALL_TO_ALL, 2, 64, 1);
+    add_comm(db, PS_PROFILE_ALL_TO_ALL, 2, 64, 2);
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_finish(db, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "all-to-all over 2 devices of 64 bytes measured twice"));
+    assert_true(ps_profile_collective_s(db, PS_PROFILE_ALL_TO_ALL, 2, 64) < 0);
+    ps_profile_db_free(db);
+    db = NULL;
+    assert_int_equal(ps_profile_db_create("d", "tpu", 1, &db, NULL), PS_ERR_INVALID);
+    assert_int_equal(ps_profile_db_create("", "cpu", 1, &db, NULL), PS_ERR_INVALID);
+    assert_null(db);
+    ps_profile_db_free(NULL);
+}
+
+/* Malformed files: each fails with "NAME:LINE:COL: PATH: what". */
+static void malformed(void **state)
+{
+    (void)state;
+#define HEAD "{\"version\": 1, \"device\": \"d\", \"backend\": \"cpu\", "
+#define AR "{\"kind\": \"all-reduce\", \"n\": 2, \"bytes\": 1024, \"seconds\": 1e-5}"
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"", "db.json:1:1: '[' or '{' expected near end of file"},
+        {"   ", "'[' or '{' expected"},
+        {"[]", "db.json:1:1: (top level): expected an object, found an array"},
+        {"{}", "(top level): missing key \"version\""},
+        {"{\"version\": 2}", "version: profile DB version 2 is not supported"},
+        {"{\"version\": \"1\"}", "version: expected an integer, found a string"},
+        {"{\"version\": 1, \"backend\": \"cpu\"}", "missing key \"device\""},
+        {"{\"version\": 1, \"device\": \"\", \"backend\": \"cpu\"}", "device: a name must have"},
+        {"{\"version\": 1, \"device\": \"d\", \"backend\": \"tpu\"}",
+         "backend: unknown value \"tpu\" (expected one of: cpu, cuda)"},
+        {HEAD "\"devices\": 0, \"gemm\": []}", "devices: 0 is out of range"},
+        {HEAD "\"gemm\": []}", "(top level): the profile DB holds no measurements"},
+        {HEAD "\"gemm\": [], \"collectives\": []}", "holds no measurements"},
+        {HEAD "\"gemm\": {}}", "gemm: expected an array, found an object"},
+        {HEAD "\"gemm\": [3]}", "gemm[0]: expected an object, found an integer"},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\"}]}",
+         "gemm[0]: missing key \"seconds\""},
+        {HEAD "\"gemm\": [{\"m\": \"64\", \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", "
+              "\"seconds\": 1}]}",
+         "gemm[0].m: expected an integer, found a string"},
+        {HEAD "\"gemm\": [{\"m\": -64, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", "
+              "\"seconds\": 1}]}",
+         "gemm[0].m: must be at least 1 (found -64)"},
+        {HEAD "\"gemm\": [{\"m\": 64, \"n\": 1, \"k\": 1.5, \"dtype\": \"fp32\", "
+              "\"seconds\": 1}]}",
+         "gemm[0].k: expected an integer, found a number"},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"i32\", \"seconds\": 1}]}",
+         "gemm[0].dtype: unknown value \"i32\" (expected one of: fp32, fp16, bf16)"},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 0}]}",
+         "gemm[0].seconds: must be positive (found 0)"},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": -1}]}",
+         "gemm[0].seconds: must be positive (found -1)"},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 1, "
+              "\"tflops\": 1}]}",
+         "gemm[0].tflops: unknown key \"tflops\""},
+        {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 1, "
+              "\"flops_per_s\": 3}]}",
+         "gemm[0].flops_per_s: 3 does not match the one derived from seconds (2)"},
+        {HEAD "\"gemm\": [{\"m\": 2, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 1}, "
+              "{\"m\": 2, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 2}]}",
+         "gemm[1]: GEMM 2 x 1 x 1 fp32 is also gemm[0]"},
+        {HEAD "\"collectives\": [{\"kind\": \"broadcast\", \"n\": 2, \"bytes\": 1, "
+              "\"seconds\": 1}]}",
+         "collectives[0].kind: unknown value \"broadcast\" (expected one of: all-reduce, "
+         "all-gather, reduce-scatter, all-to-all, send-recv)"},
+        {HEAD "\"collectives\": [{\"kind\": 3, \"n\": 2, \"bytes\": 1, \"seconds\": 1}]}",
+         "collectives[0].kind: expected a string, found an integer"},
+        {HEAD "\"collectives\": [{\"kind\": \"all-reduce\", \"bytes\": 1, \"seconds\": 1}]}",
+         "collectives[0]: missing key \"n\""},
+        {HEAD "\"collectives\": [{\"kind\": \"all-reduce\", \"n\": 1, \"bytes\": 1, "
+              "\"seconds\": 1}]}",
+         "collectives[0].n: must be at least 2 (found 1)"},
+        {HEAD "\"collectives\": [{\"kind\": \"send-recv\", \"n\": 4, \"bytes\": 1, "
+              "\"seconds\": 1}]}",
+         "collectives[0].n: send-recv is between 2 devices (found 4)"},
+        {HEAD "\"collectives\": [{\"kind\": \"all-gather\", \"n\": 2, \"bytes\": -1024, "
+              "\"seconds\": 1}]}",
+         "collectives[0].bytes: must be at least 1 (found -1024)"},
+        {HEAD "\"collectives\": [{\"kind\": \"all-gather\", \"n\": 2, \"bytes\": 1e3, "
+              "\"seconds\": 1}]}",
+         "collectives[0].bytes: expected an integer, found a number"},
+        {HEAD "\"collectives\": [{\"kind\": \"all-gather\", \"n\": 2, \"bytes\": 1, "
+              "\"seconds\": null}]}",
+         "collectives[0].seconds: expected a number, found null"},
+        {HEAD "\"collectives\": [{\"kind\": \"all-reduce\", \"n\": 4, \"bytes\": 1000, "
+              "\"seconds\": 1, \"busbw_bytes_per_s\": 1000}]}",
+         "collectives[0].busbw_bytes_per_s: 1000 does not match the one derived from seconds "
+         "(1500)"},
+        {HEAD "\"collectives\": [" AR ", " AR "]}",
+         "collectives[1]: all-reduce over 2 devices of 1024 bytes is also collectives[0]"},
+        {HEAD "\"collectives\": [" AR "], \"extra\": 1}", "extra: unknown key \"extra\""},
+        {HEAD "\"collectives\": [" AR "]", "db.json:1:"},
+    };
+#undef HEAD
+#undef AR
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ps_error err = {0};
+        ps_profile_db *db = NULL;
+        ps_status st = ps_profile_db_parse("db.json", cases[i].text, &db, &err);
+        if (st == PS_OK)
+            fail_msg("case %zu parsed: %s", i, cases[i].text);
+        assert_null(db);
+        assert_int_equal(err.status, st);
+        if (strncmp(err.msg, "db.json:", 8) != 0)
+            fail_msg("case %zu: no position in \"%s\"", i, err.msg);
+        if (strstr(err.msg, cases[i].want) == NULL)
+            fail_msg("case %zu: expected \"%s\" in \"%s\"", i, cases[i].want, err.msg);
+    }
+    /* positions count lines and columns of the offending value */
+    ps_error err = {0};
+    ps_profile_db *db = NULL;
+    const char *text = "{\n"
+                       "  \"version\": 1,\n"
+                       "  \"device\": \"d\",\n"
+                       "  \"backend\": \"cuda\",\n"
+                       "  \"collectives\": [\n"
+                       "    {\"kind\": \"all-reduce\", \"n\": 8, \"bytes\": 0, \"seconds\": 1}\n"
+                       "  ]\n"
+                       "}\n";
+    assert_int_equal(ps_profile_db_parse("db.json", text, &db, &err), PS_ERR_INVALID);
+    assert_string_equal(err.msg,
+                        "db.json:6:45: collectives[0].bytes: must be at least 1 (found 0)");
+    /* a missing file names itself */
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_load("/nonexistent/db.json", &db, &err), PS_ERR_IO);
+    assert_true(strncmp(err.msg, "/nonexistent/db.json", 20) == 0);
+    /* a minimal DB: send-recv needs no n, derived figures are optional */
+    ps_error_clear(&err);
+    if (ps_profile_db_parse("ok.json",
+                            "{\"version\": 1, \"device\": \"d\", \"backend\": \"cuda\", "
+                            "\"collectives\": [{\"kind\": \"send-recv\", \"bytes\": 8, "
+                            "\"seconds\": 4, \"algbw_bytes_per_s\": 2}]}",
+                            &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->comm[0].n, 2);
+    assert_int_equal(db->devices, 1);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_SEND_RECV, 7, 16), 8, 1e-15);
+    ps_profile_db_free(db);
+}
+
+/* The example of docs/profile-db.md loads, and its figures are what it says. */
+static void documented_example(void **state)
+{
+    (void)state;
+    const char *path = PS_TEST_DATA_DIR "/../../docs/profile-db.md";
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    char *start = strstr(text, "```json\n");
+    assert_non_null(start);
+    start += 8;
+    char *end = strstr(start, "```");
+    assert_non_null(end);
+    *end = '\0';
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_db_parse("docs/profile-db.md", start, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 1);
+    assert_int_equal(db->n_comm, 3);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 2.0 * 4096 * 4096 * 4096),
+                 2.62144e14, 1e-12);
+    /* halfway between the two all-reduce sizes; 16 devices keep the busbw of 8 */
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 8, 34078720),
+                 (3.2768e-05 + 0.000524288) / 2, 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 16, 67108864),
+                 0.000524288 * (30.0 / 16) / (14.0 / 8), 1e-12);
+    ps_profile_db_free(db);
+}
+
+/* ---- interpolation --------------------------------------------------------- */
+
+static void interpolation(void **state)
+{
+    (void)state;
+    ps_profile_db *db = new_db("d");
+    /* all-reduce over 2: 10 us at 1 KiB, 16 us at 4 KiB, 64 us at 16 KiB */
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 1024, 10e-6);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 4096, 16e-6);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 16384, 64e-6);
+    /* over 4: twice as long */
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 4, 1024, 20e-6);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 4, 4096, 32e-6);
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 4, 16384, 128e-6);
+    /* noisy all-gather: 2 KiB measured faster than 1 KiB */
+    add_comm(db, PS_PROFILE_ALL_GATHER, 4, 1024, 10e-6);
+    add_comm(db, PS_PROFILE_ALL_GATHER, 4, 2048, 8e-6);
+    add_comm(db, PS_PROFILE_ALL_GATHER, 4, 4096, 20e-6);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1000, 5e-6);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 3000, 9e-6);
+    /* fp32 GEMMs: 2^21 FLOPs in 1 ms (two shapes, averaged), 2^24 in 2 ms */
+    add_gemm(db, 64, 128, 128, PS_DTYPE_F32, 0.8e-3);
+    add_gemm(db, 128, 64, 128, PS_DTYPE_F32, 1.2e-3);
+    add_gemm(db, 256, 256, 128, PS_DTYPE_F32, 2e-3);
+    finish(db);
+    const ps_profile_comm AR = PS_PROFILE_ALL_REDUCE;
+
+    /* below the smallest: its latency; between: linear; above: bandwidth */
+    assert_close(ps_profile_collective_s(db, AR, 2, 1), 10e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 512), 10e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 1024), 10e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 2048), 10e-6 + 6e-6 / 3, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 4096), 16e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 10240), 16e-6 + 48e-6 / 2, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 65536), 65536 * 64e-6 / 16384, 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 2, 1e12), 1e12 * 64e-6 / 16384, 1e-12);
+    /* group sizes: n = 3 halfway between 2 and 4; n = 8 beyond 4 keeps the
+     * busbw of 4 (factor 2*7/8 against 2*3/4) */
+    assert_close(ps_profile_collective_s(db, AR, 3, 2048), 1.5 * (10e-6 + 6e-6 / 3), 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 8, 4096), 32e-6 * (14.0 / 8) / (6.0 / 4), 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_GATHER, 2, 4096), 20e-6 * 0.5 / 0.75,
+                 1e-12);
+    assert_close(ps_profile_collective_s(db, AR, 1, 4096), 0, 0);
+    assert_close(ps_profile_collective_s(db, AR, 4, 0), 0, 0);
+    /* monotone: the noisy 2 KiB point is raised to 10 us */
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_GATHER, 4, 2048), 10e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_GATHER, 4, 3072), 15e-6, 1e-12);
+    /* send-recv ignores n */
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_SEND_RECV, 8, 2000), 7e-6, 1e-12);
+    assert_close(ps_profile_collective_s(db, PS_PROFILE_SEND_RECV, 2, 6000), 18e-6, 1e-12);
+    /* kinds the DB lacks */
+    assert_true(ps_profile_collective_s(db, PS_PROFILE_REDUCE_SCATTER, 2, 4096) < 0);
+    assert_true(ps_profile_collective_s(db, PS_PROFILE_ALL_TO_ALL, 2, 4096) < 0);
+
+    /* GEMM: 2^21 FLOPs take the mean 1 ms */
+    double f1 = 2.0 * 64 * 128 * 128, f2 = 2.0 * 256 * 256 * 128;
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, f1), 1e-3, 1e-12);
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, f1 / 4), 1e-3, 1e-12);
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, (f1 + f2) / 2), 1.5e-3, 1e-12);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_F32, f2), f2 / 2e-3, 1e-12);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_F32, 16 * f2), f2 / 2e-3, 1e-12);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_F32, f1 / 4), f1 / 4 / 1e-3, 1e-12);
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, 0), 0, 0);
+    assert_true(ps_profile_gemm_s(db, PS_DTYPE_BF16, f1) < 0);
+    assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, f1), 0, 0);
+
+    /* nccl-tests bus bandwidth factors */
+    assert_close(ps_profile_busbw_factor(AR, 8), 1.75, 1e-15);
+    assert_close(ps_profile_busbw_factor(PS_PROFILE_REDUCE_SCATTER, 4), 0.75, 1e-15);
+    assert_close(ps_profile_busbw_factor(PS_PROFILE_ALL_TO_ALL, 2), 0.5, 1e-15);
+    assert_close(ps_profile_busbw_factor(PS_PROFILE_SEND_RECV, 2), 1, 1e-15);
+    ps_profile_db_free(db);
+}
+
+/* ---- the cost model -------------------------------------------------------- */
+
+/* A DB that measures exactly what the analytic model predicts for cluster c's
+ * intra-node link and device kind 0, GEMMs at rate_scale times its GEMM
+ * rate: ring collectives for n = 2, 4, 8 and transfers from 1 byte to
+ * 16 TiB, GEMMs of 1 to 2^36 FLOP-ish sizes. */
+static ps_profile_db *analytic_db(const ps_cluster *c, double rate_scale)
+{
+    ps_profile_db *db = new_db(c->kinds[0].name);
+    double a = c->intra.latency_s, b = 1 / c->intra.bandwidth_bytes_per_s;
+    for (int i = 0; i <= 44; i++) {
+        int64_t bytes = (int64_t)1 << i;
+        for (int n = 2; n <= 8; n *= 2)
+            for (int k = 0; k < PS_COLL_COUNT; k++)
+                add_comm(db, (ps_profile_comm)k, n, bytes,
+                         ps_coll_ring_s((ps_collective)k, n, (double)bytes, a, b));
+        add_comm(db, PS_PROFILE_SEND_RECV, 2, bytes, a + (double)bytes * b);
+    }
+    ps_cost_params p = ps_cost_params_default();
+    for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++) {
+        double rate = c->kinds[0].peak_flops[t] * p.gemm_efficiency * rate_scale;
+        if (!(rate > 0))
+            continue;
+        for (int64_t s = 1; s <= 4096; s *= 2)
+            add_gemm(db, s, s, s, (ps_dtype)t, 2.0 * (double)(s * s * s) / rate);
+    }
+    finish(db);
+    return db;
+}
+
+static ps_graph *mlp_forward(ps_model_config *cfg, long long micro_batch)
+{
+    assert_int_equal(ps_zoo_lookup("mlp", cfg, NULL), PS_OK);
+    cfg->batch = micro_batch;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(cfg, &fwd, NULL), PS_OK);
+    return fwd;
+}
+
+static ps_plan *pipeshard_plan(ps_cluster *c, const ps_profile_db *db)
+{
+    ps_model_config cfg;
+    ps_graph *fwd = mlp_forward(&cfg, 2048 / 16);
+    c->profile = db;
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .global_batch = 2048,
+                           .micro_batches = 16,
+                           .ilp = ps_ilp_options_default()};
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 2;
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_pipeshard(&req, &o, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    c->profile = NULL;
+    ps_graph_free(fwd);
+    return p;
+}
+
+/* Measurements equal to the analytic model give the same predictions. */
+static void analytic_db_same_predictions(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_profile_db *db = analytic_db(c, 1);
+
+    /* collectives and transfers on every mesh of the node */
+    static const int shapes[][2] = {{8, 1}, {1, 8}, {2, 4}, {4, 2}, {2, 1}, {1, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int n = shapes[s][0] * shapes[s][1];
+        ps_logical_mesh *m0 = NULL, *m1 = NULL;
+        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m0, NULL), PS_OK);
+        c->profile = db;
+        assert_int_equal(ps_mesh_create(c, 0, 1, n, shapes[s][0], shapes[s][1], &m1, NULL), PS_OK);
+        assert_ptr_equal(m1->profile, db);
+        for (double bytes = 11; bytes < 1e11; bytes *= 7.3)
+            for (int k = 0; k < PS_COLL_COUNT; k++)
+                for (unsigned axes = 1; axes <= 3; axes++)
+                    assert_close(ps_collective_s(m1, (ps_collective)k, axes, bytes),
+                                 ps_collective_s(m0, (ps_collective)k, axes, bytes), 1e-12);
+        for (double flops = 2; flops < 1e15; flops *= 11)
+            for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++)
+                for (double bytes = 1; bytes < 1e12; bytes *= 1000)
+                    assert_close(ps_compute_s(m1, (ps_dtype)t, flops, bytes, true),
+                                 ps_compute_s(m0, (ps_dtype)t, flops, bytes, true), 1e-12);
+        double p2p = ps_p2p_s(c, 0, 5, 12345);
+        c->profile = NULL;
+        assert_close(p2p, ps_p2p_s(c, 0, 5, 12345), 1e-12);
+        ps_mesh_free(m0);
+        ps_mesh_free(m1);
+    }
+
+    /* whole plans: stage DP, ILPs and the pipeline formula */
+    ps_plan *p0 = pipeshard_plan(c, NULL), *p1 = pipeshard_plan(c, db);
+    assert_int_equal(p0->n_stages, p1->n_stages);
+    assert_close(p1->iteration_s, p0->iteration_s, 1e-9);
+    assert_close(p1->peak_memory_bytes, p0->peak_memory_bytes, 1e-12);
+    for (int k = 0; k < p0->n_stages; k++) {
+        assert_close(p1->stages[k].time_s, p0->stages[k].time_s, 1e-9);
+        assert_close(p1->stages[k].forward_s, p0->stages[k].forward_s, 1e-9);
+        assert_close(p1->stages[k].backward_s, p0->stages[k].backward_s, 1e-9);
+    }
+    ps_plan_free(p0);
+    ps_plan_free(p1);
+    ps_profile_db_free(db);
+    ps_cluster_free(c);
+}
+
+/* Sum of the GEMM ops' predicted compute and the whole stage's compute of a
+ * data-parallel one-stage plan of mlp on cluster c. */
+static void data_parallel_compute(ps_cluster *c, const ps_profile_db *db, double *gemm_s,
+                                  double *other_s)
+{
+    ps_model_config cfg;
+    ps_graph *fwd = mlp_forward(&cfg, 256);
+    c->profile = db;
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .method = PS_METHOD_DATA,
+                           .global_batch = 256,
+                           .micro_batches = 1,
+                           .ilp = ps_ilp_options_default()};
+    ps_plan *p = NULL;
+    ps_intra_result *r = NULL;
+    ps_graph *step = NULL;
+    ps_error err = {0};
+    if (ps_plan_one_stage(&req, &p, &r, &step, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    *gemm_s = *other_s = 0;
+    for (int i = 0; i < step->n_ops; i++)
+        *(step->ops[i].kind == PS_OP_MATMUL ? gemm_s : other_s) += r->op_strategy[i].compute_s;
+    assert_true(*gemm_s > 0 && *other_s > 0);
+    c->profile = NULL;
+    ps_plan_free(p);
+    ps_intra_result_free(r);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+}
+
+/* GEMMs measured 2x slower: every GEMM's predicted time doubles, nothing
+ * else changes. */
+static void slower_gemms_double_compute(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_profile_db *same = analytic_db(c, 1), *slow = analytic_db(c, 0.5);
+    ps_logical_mesh *m = NULL;
+    c->profile = slow;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 4, 2, &m, NULL), PS_OK);
+    c->profile = same;
+    ps_logical_mesh *m1 = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 4, 2, &m1, NULL), PS_OK);
+    for (double flops = 1e3; flops < 1e16; flops *= 13) {
+        /* compute-bound (few bytes): exactly twice */
+        assert_close(ps_compute_s(m, PS_DTYPE_F16, flops, 1, true),
+                     2 * ps_compute_s(m1, PS_DTYPE_F16, flops, 1, true), 1e-12);
+        /* other ops keep the roofline */
+        assert_close(ps_compute_s(m, PS_DTYPE_F16, flops, 1, false),
+                     ps_compute_s(m1, PS_DTYPE_F16, flops, 1, false), 1e-15);
+    }
+    ps_mesh_free(m);
+    ps_mesh_free(m1);
+    double g0, o0, g1, o1, g2, o2;
+    data_parallel_compute(c, NULL, &g0, &o0);
+    data_parallel_compute(c, same, &g1, &o1);
+    data_parallel_compute(c, slow, &g2, &o2);
+    assert_close(g1, g0, 1e-12);
+    assert_close(g2, 2 * g0, 1e-9);
+    assert_close(o2, o0, 1e-12);
+    assert_close(o1, o0, 1e-12);
+    ps_profile_db_free(same);
+    ps_profile_db_free(slow);
+    ps_cluster_free(c);
+}
+
+/* Which meshes the DB applies to, and axes across nodes. */
+static void where_the_db_applies(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:2", &c, NULL), PS_OK);
+    /* a DB that makes every collective cost 1 s */
+    ps_profile_db *db = new_db(c->kinds[0].name);
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++)
+        add_comm(db, (ps_profile_comm)k, 2, 1, 1.0);
+    finish(db);
+    c->profile = db;
+    assert_true(ps_profile_applies(c, 0) && ps_profile_applies(c, 15));
+    ps_logical_mesh *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &m, NULL), PS_OK);
+    assert_ptr_equal(m->profile, db);
+    /* axis 0 crosses the nodes: analytic; axis 1 stays inside: the DB */
+    assert_true(m->crosses_nodes[0] && !m->crosses_nodes[1]);
+    assert_true(ps_collective_s(m, PS_COLL_ALL_REDUCE, 1, 1000) < 1e-3);
+    assert_true(ps_collective_s(m, PS_COLL_ALL_REDUCE, 2, 1) >= 1.0);
+    assert_true(ps_p2p_s(c, 0, 1, 1) >= 1.0);
+    assert_true(ps_p2p_s(c, 0, 8, 1) < 1e-3);
+    ps_mesh_free(m);
+
+    /* a cluster with a kind of the DB's name: only those devices */
+    ps_device_kind other = c->kinds[0];
+    snprintf(other.name, sizeof other.name, "other-gpu");
+    int k = -1;
+    assert_int_equal(ps_cluster_add_kind(c, &other, &k, NULL), PS_OK);
+    c->device_kind[3] = k;
+    assert_true(ps_profile_applies(c, 2));
+    assert_false(ps_profile_applies(c, 3));
+    assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &m, NULL), PS_OK);
+    assert_ptr_equal(m->profile, db);
+    ps_mesh_free(m);
+    assert_int_equal(ps_mesh_create(c, 0, 1, 4, 1, 4, &m, NULL), PS_OK);
+    assert_null(m->profile);
+    assert_true(ps_collective_s(m, PS_COLL_ALL_REDUCE, 2, 1) < 1e-3);
+    ps_mesh_free(m);
+    assert_true(ps_p2p_s(c, 2, 3, 1) < 1e-3);
+    /* a DB of another device name stands for every device */
+    snprintf(db->device, sizeof db->device, "cpu");
+    assert_true(ps_profile_applies(c, 3));
+    c->profile = NULL;
+    assert_false(ps_profile_applies(c, 3));
+    ps_profile_db_free(db);
+    ps_cluster_free(c);
+}
+
+/* ---- measurement ------------------------------------------------------------ */
+
+static const ps_profile_comm_entry *find_comm(const ps_profile_db *db, ps_profile_comm kind, int n,
+                                              int64_t bytes)
+{
+    for (int i = 0; i < db->n_comm; i++)
+        if (db->comm[i].kind == kind && db->comm[i].n == n && db->comm[i].bytes == bytes)
+            return &db->comm[i];
+    return NULL;
+}
+
+static ps_backend *cpu_backend(int n)
+{
+    int slots[8];
+    for (int d = 0; d < n; d++)
+        slots[d] = PS_PROFILE_SLOTS;
+    ps_backend *b = NULL;
+    ps_error err = {0};
+    if (ps_cpu_backend_create(n, slots, &b, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    return b;
+}
+
+/* Whether every kind's 4 MiB entry took longer than its 1 KiB one. */
+static bool larger_takes_longer(const ps_profile_db *db, char *why, size_t cap)
+{
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++) {
+        const ps_profile_comm_entry *lo = find_comm(db, (ps_profile_comm)k, 2, 1024);
+        const ps_profile_comm_entry *hi = find_comm(db, (ps_profile_comm)k, 2, 4 << 20);
+        if (!(hi->seconds > lo->seconds)) {
+            snprintf(why, cap, "%s: 4 MiB in %g s, 1 KiB in %g s", ps_profile_comm_names[k],
+                     hi->seconds, lo->seconds);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A quick profile of 2 CPU devices: every entry is there and positive, a
+ * 4096x larger message takes longer and a 64x larger GEMM too. Nothing is
+ * compared with a fixed time, and the ratios are far beyond noise; the
+ * machines tests run on can be loaded enough to stall a thread wake-up for
+ * milliseconds, so the message sizes get three measurements to show it
+ * once (entries are medians of repetitions of many calls each). */
+static void cpu_measurement(void **state)
+{
+    (void)state;
+    ps_backend *b = cpu_backend(2);
+    static const ps_profile_shape shapes[] = {{32, 32, 32}, {128, 128, 128}};
+    static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16};
+    ps_profile_options o = ps_profile_options_quick();
+    o.shapes = shapes;
+    o.n_shapes = 2;
+    o.dtypes = dtypes;
+    o.n_dtypes = 2;
+    o.min_bytes = 1024;
+    o.max_bytes = 4 << 20;
+    o.size_factor = 64;
+    o.reps = 5;
+    o.min_rep_s = 2e-3;
+    o.device_name = "test-cpu";
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(db->device, "test-cpu");
+    assert_string_equal(db->backend, "cpu");
+    assert_int_equal(db->devices, 2);
+    assert_int_equal(db->n_gemm, 4);
+    assert_int_equal(db->n_comm, 5 * 3);
+    for (int i = 0; i < db->n_gemm; i++)
+        assert_true(db->gemm[i].seconds > 0 && isfinite(db->gemm[i].seconds));
+    /* one measurement per shape, recorded per dtype */
+    assert_true(db->gemm[0].seconds == db->gemm[2].seconds);
+    assert_true(db->gemm[1].seconds > db->gemm[0].seconds);
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++) {
+        const ps_profile_comm_entry *lo = find_comm(db, (ps_profile_comm)k, 2, 1024);
+        const ps_profile_comm_entry *mid = find_comm(db, (ps_profile_comm)k, 2, 64 << 10);
+        const ps_profile_comm_entry *hi = find_comm(db, (ps_profile_comm)k, 2, 4 << 20);
+        if (lo == NULL || mid == NULL || hi == NULL)
+            fail_msg("%s: missing sizes", ps_profile_comm_names[k]);
+        assert_true(lo->seconds > 0 && mid->seconds > 0 && hi->seconds > 0 &&
+                    isfinite(hi->seconds));
+    }
+    char why[200];
+    for (int attempt = 1; !larger_takes_longer(db, why, sizeof why); attempt++) {
+        if (attempt == 3)
+            fail_msg("three measurements: %s", why);
+        printf("# measuring again (%s)\n", why);
+        ps_profile_options again = o;
+        again.n_shapes = 0;
+        ps_profile_db *db2 = NULL;
+        if (ps_profile_measure(b, &again, &db2, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        /* keep the GEMMs of the first run, the messages of the new one */
+        for (int i = 0; i < db->n_comm; i++)
+            db->comm[i] = db2->comm[i];
+        ps_profile_db_free(db2);
+        finish(db);
+    }
+    /* the lookups answer for every kind */
+    for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++)
+        assert_true(ps_profile_collective_s(db, (ps_profile_comm)k, 2, 1e5) > 0);
+    assert_true(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 1e7) > 0);
+    assert_true(ps_profile_gemm_s(db, PS_DTYPE_F16, 1e7) < 0);
+    /* and it survives its file */
+    char path[512];
+    temp_path(path, sizeof path, "measured");
+    assert_int_equal(ps_profile_db_save(db, path, &err), PS_OK);
+    ps_profile_db *back = NULL;
+    if (ps_profile_db_load(path, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(ps_profile_db_equal(db, back));
+    unlink(path);
+    ps_profile_db_free(back);
+    ps_profile_db_free(db);
+    b->ops->destroy(b);
+}
+
+/* Group sizes 2, 4 and the device count (3 here: 2, 3); no send-recv
+ * beyond 2; options are checked. */
+static void cpu_group_sizes(void **state)
+{
+    (void)state;
+    ps_backend *b = cpu_backend(3);
+    ps_profile_options o = ps_profile_options_quick();
+    o.n_shapes = 0;
+    o.min_bytes = 4096;
+    o.max_bytes = 4096;
+    o.reps = 1;
+    o.min_rep_s = 0;
+    o.kinds =
+        1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;
+    ps_profile_db *db = NULL;
+    ps_error err = {0};
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 0);
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 2, 4096));
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 3, 4096));
+    assert_non_null(find_comm(db, PS_PROFILE_SEND_RECV, 2, 4096));
+    /* all-to-all over 3: the local size rounds down to whole elements per peer */
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 3, 4092));
+    assert_int_equal(db->n_comm, 5);
+    ps_profile_db_free(db);
+    db = NULL;
+
+    o.reps = 0;
+    assert_int_equal(ps_profile_measure(b, &o, &db, &err), PS_ERR_INVALID);
+    assert_null(db);
+    o.reps = 1;
+    o.min_bytes = 2;
+    assert_int_equal(ps_profile_measure(b, &o, &db, NULL), PS_ERR_INVALID);
+    b->ops->destroy(b);
+}
+
+/* ---- the command line -------------------------------------------------------- */
+
+/* Runs the binary with `args` (shell words), stdout and stderr into files
+ * under dir; returns the exit status. */
+static int run_cli(const char *dir, const char *args, char **out, char **errs)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out.txt 2>%s/err.txt", PS_PIPESHARD_BIN, args, dir, dir);
+    int rc = system(cmd);
+    char path[600];
+    char **dst[2] = {out, errs};
+    const char *names[2] = {"out.txt", "err.txt"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        char *buf = calloc(1, 1 << 20);
+        assert_non_null(buf);
+        size_t got = fread(buf, 1, (1 << 20) - 1, f);
+        buf[got] = '\0';
+        fclose(f);
+        unlink(path);
+        *dst[i] = buf;
+    }
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void cli(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ps-test-profile-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char args[1024], *out, *err;
+
+    /* a quick CPU profile: a DB and nccl-tests style tables */
+    snprintf(args, sizeof args, "profile --backend cpu --devices 2 --quick -o %s/db.json", dir);
+    int rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    assert_non_null(strstr(out, "# GEMM"));
+    assert_non_null(strstr(out, "# all-reduce, 2 devices"));
+    assert_non_null(strstr(out, "# send-recv, 2 devices"));
+    assert_non_null(strstr(out, "busbw (GB/s)"));
+    free(out);
+    free(err);
+    char db_path[600];
+    snprintf(db_path, sizeof db_path, "%s/db.json", dir);
+    ps_profile_db *db = NULL;
+    ps_error e = {0};
+    if (ps_profile_db_load(db_path, &db, &e) != PS_OK)
+        fail_msg("%s", e.msg);
+    assert_string_equal(db->device, "cpu");
+    ps_profile_db_free(db);
+
+    /* plan with it: other predictions than the analytic model's */
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --method data --json --profile-db %s "
+             "-o %s/p1.json",
+             db_path, dir);
+    rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    assert_non_null(strstr(err, "no device kind \"cpu\""));
+    json_t *with = json_loads(out, 0, NULL);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --method data --json -o %s/p0.json", dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 0);
+    json_t *without = json_loads(out, 0, NULL);
+    free(out);
+    free(err);
+    assert_non_null(with);
+    assert_non_null(without);
+    double t1 = json_number_value(json_object_get(with, "iteration_s"));
+    double t0 = json_number_value(json_object_get(without, "iteration_s"));
+    assert_true(t0 > 0 && t1 > 10 * t0); /* a CPU core is far slower than an A100 */
+    json_decref(with);
+    json_decref(without);
+
+    /* a malformed DB: exit 1, the file's position in the message */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("{\"version\": 1, \"device\": \"d\", \"backend\": \"cpu\",\n"
+          " \"gemm\": [{\"m\": 8, \"n\": 8, \"k\": 8, \"dtype\": \"fp64\", \"seconds\": 1}]}\n",
+          f);
+    fclose(f);
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --profile-db %s -o %s/p2.json", bad, dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 1);
+    char want[700];
+    snprintf(want, sizeof want, "pipeshard: %s:2:45: gemm[0].dtype: unknown value \"fp64\"", bad);
+    if (strstr(err, want) == NULL)
+        fail_msg("expected \"%s\" in \"%s\"", want, err);
+    free(out);
+    free(err);
+    unlink(bad);
+
+    /* usage errors and the CUDA refusal */
+    assert_int_equal(run_cli(dir, "profile -o x.json", &out, &err), 2);
+    assert_non_null(strstr(err, "--backend cpu|cuda is required"));
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --backend tpu -o x.json", &out, &err), 2);
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --backend cpu --max-bytes 12Q -o x.json", &out, &err),
+                     2);
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir, "profile --help", &out, &err), 0);
+    assert_non_null(strstr(out, "--profile-db"));
+    free(out);
+    free(err);
+    /* --backend cuda: refused by a build without CUDA, or without a GPU
+     * (measured on a GPU by tests/test_cuda_profile.c) */
+    bool no_gpu = true;
+#ifdef PS_HAVE_CUDA
+    no_gpu = ps_cuda_device_count() == 0;
+#endif
+    if (no_gpu) {
+        snprintf(args, sizeof args, "profile --backend cuda --quick -o %s/cuda.json", dir);
+        assert_int_equal(run_cli(dir, args, &out, &err), 1);
+#ifdef PS_HAVE_CUDA
+        assert_non_null(strstr(err, "no usable GPU"));
+#else
+        assert_non_null(strstr(err, "backend \"cuda\" is not available in this build"));
+#endif
+        free(out);
+        free(err);
+    }
+    assert_int_equal(run_cli(dir, "profile --backend cpu --tf32 -o x.json", &out, &err), 2);
+    free(out);
+    free(err);
+    char path[600];
+    const char *files[] = {"db.json", "p0.json", "p1.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(round_trip),
+        cmocka_unit_test(bad_entries),
+        cmocka_unit_test(malformed),
+        cmocka_unit_test(documented_example),
+        cmocka_unit_test(interpolation),
+        cmocka_unit_test(analytic_db_same_predictions),
+        cmocka_unit_test(slower_gemms_double_compute),
+        cmocka_unit_test(where_the_db_applies),
+        cmocka_unit_test(cpu_measurement),
+        cmocka_unit_test(cpu_group_sizes),
+        cmocka_unit_test(cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
