@@ -183,6 +183,135 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
     return fmax(t_flops, t_bytes);
 }
 
+/* A dimension split over both axes holds block i0 * d1 + i1 (axis 0 major).
+ * Two changes of a dimension's split leave blocks that no spec describes:
+ * taking axis 0 out of an S01 split (device (i0, i1) is left with the strided
+ * blocks i1, d1 + i1, ...), and putting axis 0 under an existing axis-1
+ * split (block i1 * d0 + i0). A resharding plan avoids both. */
+static bool split_change_ok(uint8_t before, uint8_t after)
+{
+    if (before == 3 && !(after & 1u))
+        return false;
+    if (before == 2 && after == 3)
+        return false;
+    return true;
+}
+
+typedef struct reshard_walk {
+    ps_reshard_step *steps;
+    int n;
+    bool ok;
+    ps_sharding_spec cur;
+    const ps_logical_mesh *m;
+    const ps_tensor_desc *t;
+} reshard_walk;
+
+static void walk_step(reshard_walk *w, int kind, int axis, const ps_sharding_spec *next,
+                      double bytes)
+{
+    for (int d = 0; d < w->t->rank; d++)
+        if (!split_change_ok(w->cur.dim_axes[d], next->dim_axes[d]))
+            w->ok = false;
+    if (w->n >= PS_RESHARD_MAX_STEPS) {
+        w->ok = false;
+        return;
+    }
+    ps_reshard_step *s = &w->steps[w->n++];
+    *s = (ps_reshard_step){.kind = kind, .axis = axis, .to = *next, .bytes = bytes};
+    s->seconds = kind < 0 ? 0
+                          : ps_collective_s(w->m, (ps_collective)kind,
+                                            axis == 2 ? 3u : 1u << axis, bytes);
+    w->cur = *next;
+}
+
+/* Gathers axis a out of dimension d (an all-gather over a). */
+static void walk_gather(reshard_walk *w, int d, int a)
+{
+    double local = ps_spec_tile_bytes(&w->cur, w->t, w->m->shape);
+    ps_sharding_spec next = w->cur;
+    next.dim_axes[d] &= (uint8_t)~(1u << a);
+    walk_step(w, PS_COLL_ALL_GATHER, a, &next, local * w->m->shape[a]);
+}
+
+/* The axis-by-axis walk from `from` to `to`, axes in the order given. */
+static void walk_axes(reshard_walk *w, const ps_sharding_spec *to, const int order[2])
+{
+    const ps_logical_mesh *m = w->m;
+    /* an S01 dimension that must lose axis 0, or an axis-1 split that must
+     * get axis 0 under it: gather axis 1 out first */
+    for (int d = 0; d < w->t->rank && m->shape[0] > 1 && m->shape[1] > 1; d++) {
+        uint8_t c = w->cur.dim_axes[d], want = to->dim_axes[d];
+        if ((c == 3 && !(want & 1u)) || (c == 2 && want == 3))
+            walk_gather(w, d, 1);
+    }
+    for (int i = 0; i < PS_MESH_AXES; i++) {
+        int a = order[i];
+        unsigned bit = 1u << a;
+        if (m->shape[a] == 1)
+            continue;
+        ps_sharding_spec next = w->cur;
+        int src = ps_spec_dim_of_axis(&w->cur, a), dst = ps_spec_dim_of_axis(to, a);
+        double local = ps_spec_tile_bytes(&w->cur, w->t, m->shape);
+        if (to->partial & bit) {
+            /* a partial sum is wanted: a replica becomes one free of charge
+             * (one device keeps the value, the others zeros) */
+            if (w->cur.partial & bit)
+                continue;
+            if (src >= 0)
+                walk_gather(w, src, a);
+            next = w->cur;
+            next.partial |= (uint8_t)bit;
+            walk_step(w, -1, a, &next, 0);
+        } else if (w->cur.partial & bit) {
+            next.partial &= (uint8_t)~bit;
+            if (dst >= 0) {
+                next.dim_axes[dst] |= (uint8_t)bit;
+                walk_step(w, PS_COLL_REDUCE_SCATTER, a, &next, local);
+            } else {
+                walk_step(w, PS_COLL_ALL_REDUCE, a, &next, local);
+            }
+        } else if (src >= 0 && dst < 0) {
+            walk_gather(w, src, a);
+        } else if (src >= 0 && dst >= 0 && src != dst) {
+            next.dim_axes[src] &= (uint8_t)~bit;
+            next.dim_axes[dst] |= (uint8_t)bit;
+            walk_step(w, PS_COLL_ALL_TO_ALL, a, &next, local);
+        } else if (src < 0 && dst >= 0) {
+            next.dim_axes[dst] |= (uint8_t)bit; /* slicing a replica is free */
+            walk_step(w, -1, a, &next, 0);
+        }
+    }
+    /* an axis-1 split that the walk left under axis 0 (slices in axis order) */
+    if (!ps_spec_equal(&w->cur, to)) {
+        for (int d = 0; d < w->t->rank; d++)
+            if (w->cur.dim_axes[d] != to->dim_axes[d])
+                w->ok = false;
+        if (w->cur.partial != to->partial)
+            w->ok = false;
+    }
+}
+
+/* Always possible: everything gathered (axis 1 before axis 0 in S01
+ * dimensions) and reduced, then sliced to `to`. */
+static void walk_via_replica(reshard_walk *w, const ps_sharding_spec *to)
+{
+    for (int d = 0; d < w->t->rank; d++) {
+        if (w->cur.dim_axes[d] & 2u)
+            walk_gather(w, d, 1);
+        if (w->cur.dim_axes[d] & 1u)
+            walk_gather(w, d, 0);
+    }
+    for (int a = 0; a < PS_MESH_AXES; a++)
+        if (w->cur.partial & (1u << a)) {
+            double local = ps_spec_tile_bytes(&w->cur, w->t, w->m->shape);
+            ps_sharding_spec next = w->cur;
+            next.partial &= (uint8_t)~(1u << a);
+            walk_step(w, PS_COLL_ALL_REDUCE, a, &next, local);
+        }
+    if (!ps_spec_equal(&w->cur, to))
+        walk_step(w, -1, 0, to, 0); /* slicing a replica (and making partials) is local */
+}
+
 int ps_reshard_plan(const ps_logical_mesh *m, const ps_tensor_desc *t,
                     const ps_sharding_spec *from, const ps_sharding_spec *to,
                     ps_reshard_step steps[PS_RESHARD_MAX_STEPS])
@@ -192,68 +321,37 @@ int ps_reshard_plan(const ps_logical_mesh *m, const ps_tensor_desc *t,
         return -1;
     if (ps_spec_equal(from, to))
         return 0;
-    int n = 0;
-    /* Walk the axes, tracking the local size as the layout changes. */
-    ps_sharding_spec cur = *from;
-#define PS_STEP(k, ax, b)                                                            \
-    do {                                                                             \
-        steps[n] = (ps_reshard_step){.kind = (k), .axis = (ax), .to = cur, .bytes = (b)}; \
-        steps[n].seconds = (k) < 0 ? 0 : ps_collective_s(m, (ps_collective)(k),        \
-                                                         (ax) == 2 ? 3u : 1u << (ax), (b)); \
-        n++;                                                                         \
-    } while (0)
-    for (int a = 0; a < PS_MESH_AXES; a++) {
-        unsigned bit = 1u << a;
-        if (m->shape[a] == 1)
+    /* both axis orders; the cheaper realizable one */
+    static const int orders[2][2] = {{0, 1}, {1, 0}};
+    ps_reshard_step trial[2][PS_RESHARD_MAX_STEPS];
+    int best = -1;
+    double best_s = INFINITY;
+    reshard_walk w[2];
+    for (int o = 0; o < 2; o++) {
+        w[o] = (reshard_walk){.steps = trial[o], .ok = true, .cur = *from, .m = m, .t = t};
+        walk_axes(&w[o], to, orders[o]);
+        if (!w[o].ok)
             continue;
-        int src = ps_spec_dim_of_axis(&cur, a), dst = ps_spec_dim_of_axis(to, a);
-        double local = ps_spec_tile_bytes(&cur, t, m->shape);
-        if (to->partial & bit) {
-            /* a partial sum is wanted: a replica becomes one free of charge
-             * (one device keeps the value, the others zeros) */
-            if (cur.partial & bit)
-                continue;
-            if (src >= 0) {
-                cur.dim_axes[src] &= (uint8_t)~bit;
-                PS_STEP(PS_COLL_ALL_GATHER, a, local * m->shape[a]);
-            }
-            cur.partial |= (uint8_t)bit;
-            PS_STEP(-1, a, 0);
-        } else if (cur.partial & bit) {
-            cur.partial &= (uint8_t)~bit;
-            if (dst >= 0) {
-                cur.dim_axes[dst] |= (uint8_t)bit;
-                PS_STEP(PS_COLL_REDUCE_SCATTER, a, local);
-            } else {
-                PS_STEP(PS_COLL_ALL_REDUCE, a, local);
-            }
-        } else if (src >= 0 && dst < 0) {
-            cur.dim_axes[src] &= (uint8_t)~bit;
-            PS_STEP(PS_COLL_ALL_GATHER, a, local * m->shape[a]);
-        } else if (src >= 0 && dst >= 0 && src != dst) {
-            cur.dim_axes[src] &= (uint8_t)~bit;
-            cur.dim_axes[dst] |= (uint8_t)bit;
-            PS_STEP(PS_COLL_ALL_TO_ALL, a, local);
-        } else if (src < 0 && dst >= 0) {
-            cur.dim_axes[dst] |= (uint8_t)bit; /* slicing a replica is free */
-            PS_STEP(-1, a, 0);
+        double sec = 0;
+        for (int i = 0; i < w[o].n; i++)
+            sec += trial[o][i].seconds;
+        if (sec < best_s) {
+            best_s = sec;
+            best = o;
         }
     }
-    /* A dimension split over axis 1 and then sliced over axis 0 holds block
-     * i1 * d0 + i0, not the i0 * d1 + i1 that S01 means: the blocks must be
-     * permuted, an all-to-all over both axes. */
-    for (int d = 0; d < t->rank; d++)
-        if (to->dim_axes[d] == 3 && from->dim_axes[d] == 2 && m->shape[0] > 1) {
-            cur = *to;
-            PS_STEP(PS_COLL_ALL_TO_ALL, 2, ps_spec_tile_bytes(to, t, m->shape));
-            break;
-        }
-#undef PS_STEP
-    /* the walk may leave the tensor's own layout where only the order of
-     * splits differs; the last step lands on `to` */
-    if (n > 0)
-        steps[n - 1].to = *to;
-    return n;
+    reshard_walk r;
+    if (best >= 0) {
+        r = w[best];
+    } else {
+        r = (reshard_walk){.steps = trial[0], .ok = true, .cur = *from, .m = m, .t = t};
+        walk_via_replica(&r, to);
+    }
+    memcpy(steps, r.steps, (size_t)r.n * sizeof *steps);
+    /* the last step lands on `to` exactly */
+    if (r.n > 0)
+        steps[r.n - 1].to = *to;
+    return r.n;
 }
 
 double ps_reshard_s(const ps_logical_mesh *m, const ps_tensor_desc *t,

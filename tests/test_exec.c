@@ -22,6 +22,7 @@
 #include "exec/cpu/cpu_backend.h"
 #include "exec/data.h"
 #include "exec/runtime.h"
+#include "planner/cost_model.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
 #include "planner/plan_intra.h"
@@ -420,6 +421,136 @@ static void test_data_layout_free(void **state)
     ps_graph_free(fwd);
 }
 
+/* ---- every resharding the cost model charges can be executed ---- */
+
+static void spec_box(const ps_sharding_spec *s, const ps_tensor_desc *t, const int *mesh,
+                     int i0, int i1, int64_t *off, int64_t *size)
+{
+    ps_tensor_desc tile;
+    assert_true(ps_spec_tile(s, t, mesh, &tile));
+    ps_spec_tile_offset(s, t, mesh, i0, i1, off);
+    for (int k = 0; k < t->rank; k++)
+        size[k] = tile.shape[k];
+}
+
+static bool box_inside(int rank, const int64_t *ao, const int64_t *as, const int64_t *bo,
+                       const int64_t *bs)
+{
+    for (int k = 0; k < rank; k++)
+        if (ao[k] < bo[k] || ao[k] + as[k] > bo[k] + bs[k])
+            return false;
+    return true;
+}
+
+/* One step from `a` to `b` over `axis` (2: both) is realizable by box
+ * semantics on every device of the mesh. */
+static int bad_steps;
+
+static void step_fail(const char *fmt, ...)
+{
+    if (bad_steps++ < 12) {
+        va_list ap;
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+    }
+}
+
+static void check_step(const ps_tensor_desc *t, const int *mesh, int kind, int axis,
+                       const ps_sharding_spec *a, const ps_sharding_spec *b, const char *what)
+{
+    for (int i0 = 0; i0 < mesh[0]; i0++)
+        for (int i1 = 0; i1 < mesh[1]; i1++) {
+            int64_t dof[PS_MAX_RANK], ds[PS_MAX_RANK], so[PS_MAX_RANK], ss[PS_MAX_RANK];
+            spec_box(b, t, mesh, i0, i1, dof, ds);
+            int64_t need = ps_box_numel(t->rank, ds), covered = 0;
+            bool inside_own = false;
+            for (int j0 = 0; j0 < mesh[0]; j0++)
+                for (int j1 = 0; j1 < mesh[1]; j1++) {
+                    bool member = (axis == 2) || (axis == 0 && j1 == i1) || (axis == 1 && j0 == i0);
+                    if (kind < 0)
+                        member = j0 == i0 && j1 == i1;
+                    if (!member)
+                        continue;
+                    spec_box(a, t, mesh, j0, j1, so, ss);
+                    int64_t o[PS_MAX_RANK], z[PS_MAX_RANK];
+                    if (j0 == i0 && j1 == i1)
+                        inside_own = box_inside(t->rank, dof, ds, so, ss);
+                    if (kind == PS_COLL_ALL_GATHER && ps_box_intersect(t->rank, so, ss, dof, ds, o, z)) {
+                        if (!box_inside(t->rank, so, ss, dof, ds))
+                            step_fail("%s: a member's tile is not inside the gathered tile", what);
+                        covered += ps_box_numel(t->rank, z);
+                    }
+                    if (kind == PS_COLL_ALL_TO_ALL && ps_box_intersect(t->rank, so, ss, dof, ds, o, z))
+                        covered += ps_box_numel(t->rank, z);
+                }
+            if (kind == PS_COLL_ALL_GATHER || kind == PS_COLL_ALL_TO_ALL) {
+                if (covered < need)
+                    step_fail("%s: device (%d, %d) gets %lld of its %lld elements", what, i0, i1,
+                              (long long)covered, (long long)need);
+            } else if (!inside_own) {
+                /* reduce-scatter, all-reduce and slices keep a part of the own tile */
+                step_fail("%s: device (%d, %d)'s new tile is not inside its old one", what, i0, i1);
+            }
+        }
+}
+
+static void test_reshard_steps_realizable(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    const int shapes[][2] = {{2, 2}, {2, 4}, {4, 2}};
+    ps_tensor_desc t = {.dtype = PS_DTYPE_F32, .rank = 2, .shape = {16, 32}};
+    int checked = 0;
+    for (int m = 0; m < 3; m++) {
+        ps_logical_mesh *mesh = NULL;
+        ps_error err = {0};
+        if (ps_mesh_create(c, 0, 1, shapes[m][0] * shapes[m][1], shapes[m][0], shapes[m][1], &mesh, &err) != PS_OK)
+            fail_msg("mesh: %s", err.msg);
+        /* every spec of a rank-2 tensor: each axis on dim 0, dim 1 or none; partial bits */
+        ps_sharding_spec specs[64];
+        int n = 0;
+        for (int a0 = 0; a0 < 3; a0++)
+            for (int a1 = 0; a1 < 3; a1++)
+                for (int p = 0; p < 4; p++) {
+                    ps_sharding_spec s = ps_spec_replicated(2);
+                    if (a0 < 2)
+                        s.dim_axes[a0] |= 1;
+                    if (a1 < 2)
+                        s.dim_axes[a1] |= 2;
+                    if ((a0 < 2 && (p & 1)) || (a1 < 2 && (p & 2)))
+                        continue;
+                    s.partial = (uint8_t)p;
+                    specs[n++] = s;
+                }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                ps_reshard_step steps[PS_RESHARD_MAX_STEPS];
+                int k = ps_reshard_plan(mesh, &t, &specs[i], &specs[j], steps);
+                if (k < 0)
+                    continue;
+                ps_sharding_spec cur = specs[i];
+                for (int q = 0; q < k; q++) {
+                    char a[PS_SPEC_STR_MAX], b[PS_SPEC_STR_MAX], what[200];
+                    snprintf(what, sizeof what, "%dx%d %s -> %s step %d", shapes[m][0], shapes[m][1],
+                             ps_spec_format(&specs[i], a, sizeof a),
+                             ps_spec_format(&specs[j], b, sizeof b), q);
+                    check_step(&t, mesh->shape, steps[q].kind, steps[q].axis, &cur, &steps[q].to,
+                               what);
+                    cur = steps[q].to;
+                    checked++;
+                }
+                assert_true(ps_spec_equal(&cur, &specs[j]));
+            }
+        ps_mesh_free(mesh);
+    }
+    printf("  %d resharding steps checked, %d not realizable\n", checked, bad_steps);
+    assert_int_equal(bad_steps, 0);
+    assert_true(checked > 500);
+    ps_cluster_free(c);
+}
+
 static void test_box_pack(void **state)
 {
     (void)state;
@@ -450,6 +581,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_box_pack),
+        cmocka_unit_test(test_reshard_steps_realizable),
         cmocka_unit_test(test_data_layout_free),
         cmocka_unit_test(test_mlp_methods),
         cmocka_unit_test(test_gpt_3d),
