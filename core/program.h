@@ -149,6 +149,8 @@ typedef struct ps_program_set {
     ps_buffer *buffers;
     int n_groups, cap_groups;
     ps_group *groups;
+    int *group_slots;     /* hash index of groups by devices (-1 = empty), [cap_group_slots] */
+    int cap_group_slots;
     int n_regions, cap_regions;
     ps_region *regions;
     int n_operands, cap_operands;
@@ -168,7 +170,9 @@ void ps_program_set_free(ps_program_set *s);
 /* Builders; each returns the new index through *index_out (may be NULL). */
 ps_status ps_program_add_kernel(ps_program_set *s, int stage, ps_phase phase, int *index_out);
 ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *index_out);
-/* Returns an existing group with the same devices in the same order, or a new one. */
+/* Returns an existing group with the same devices in the same order, or a new one:
+ * one index per device list, so that all members of a collective name the same
+ * group (an executor makes one communicator per group). */
 ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out);
 ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out);
 /* Appends n buffer ids to the operand table; *index_out is the first. */
