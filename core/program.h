@@ -19,9 +19,14 @@
  *
  * Every instruction carries its predicted cost: FLOPs, bytes and seconds
  * from the planner's cost model (seconds for the stage's slowest device).
- * Sends are asynchronous (the sender goes on; a FREE of the sent buffer
- * waits for the transfer); receives and collectives block. The set owns all
- * of its memory; the step graph it refers to is borrowed. */
+ * Sends are buffered: the sender goes on at once and may FREE the sent
+ * buffer right after the SEND, so a backend takes the data at the send (the
+ * executors copy it out; the simulator only times the transfer) and a FREE
+ * never waits for one. Waiting there would deadlock 1F1B: stage 0 frees
+ * activation mb 1 after sending it while stage 1 first returns gradient
+ * mb 0. Receives and collectives block. Messages between two devices
+ * arrive in the order sent. The set owns all of its memory; the step graph
+ * it refers to is borrowed. */
 #ifndef PS_CORE_PROGRAM_H
 #define PS_CORE_PROGRAM_H
 
