@@ -17,7 +17,7 @@ static void help(void)
 {
     printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
            "                     [--collective-steps] [--no-local-allgather] [--no-check]\n"
-           "                     [--predicted P.json] [--json]\n\n"
+           "                     [--predicted P.json] [--dump-programs DIR] [--json]\n\n"
            "Lowers the plan to per-device programs and replays one training step of them\n"
            "on a SimGrid model of the plan's cluster (docs/simulator.md). Prints the\n"
            "simulated iteration, per-stage times and memory beside the planner's.\n\n"
@@ -30,12 +30,14 @@ static void help(void)
            "                         when uncontended)\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --no-check             skip the program checker (large clusters)\n"
+           "  --dump-programs DIR    also write the programs readably to DIR (as plan\n"
+           "                         --dump-programs does), before they are checked\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
 
 enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
-       OPT_JSON };
+       OPT_JSON, OPT_DUMP };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -46,13 +48,14 @@ static const struct option options[] = {
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"no-check", no_argument, NULL, OPT_NO_CHECK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"dump-programs", required_argument, NULL, OPT_DUMP},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 int ps_cmd_sim(int argc, char **argv)
 {
-    const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL;
+    const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL, *dump_dir = NULL;
     bool check = true, json = false;
     ps_sim_options so = ps_sim_options_default();
     ps_lower_options lo = ps_lower_options_default();
@@ -70,6 +73,7 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_NO_CHECK: check = false; break;
         case OPT_JSON: json = true; break;
+        case OPT_DUMP: dump_dir = optarg; break;
         default:
             return ps_cli_usage_error("sim", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -89,6 +93,8 @@ int ps_cmd_sim(int argc, char **argv)
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     PS_TRY(ps_plan_model_build(plan, &m, &err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
+    if (dump_dir != NULL)
+        PS_TRY(ps_program_set_dump_dir(set, dump_dir, &err));
     if (check)
         PS_TRY(ps_program_set_check(set, NULL, &err));
     so.progress = ps_log_progress_enabled();

@@ -147,6 +147,19 @@ static void check_kernels_match_plan(const ps_plan *p, const ps_program_set *set
         assert_int_equal(runs[PS_PHASE_FORWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_BACKWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_UPDATE], 1);
+        /* what lives the whole step (the program's per-step allocations:
+         * weights, optimizer state, gradient accumulators) is what the plan
+         * counts: gradients in the layout their producers write */
+        double lasting = 0;
+        for (int i = 0; i < prog->n_instrs; i++)
+            if (prog->instrs[i].kind == PS_INSTR_ALLOC && prog->instrs[i].mb < 0)
+                lasting += set->buffers[prog->instrs[i].buffer].bytes;
+        double plan_lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
+        if (fabs(lasting - plan_lasting) > 1e-9 * plan_lasting)
+            fail_msg("%s %s stage %d: per-step buffers %.9g bytes, plan %.9g (weights %.9g, "
+                     "gradients %.9g, optimizer %.9g)",
+                     p->model_name, p->method, k, lasting, plan_lasting, ps->weight_bytes,
+                     ps->gradient_bytes, ps->optimizer_bytes);
     }
 }
 
