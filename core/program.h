@@ -129,7 +129,10 @@ typedef struct ps_program_stage {
     int *devices;                  /* row-major over the logical mesh */
     int mesh[PS_MESH_AXES];
     int kernel[PS_PHASE_COUNT];    /* kernel index per phase, -1 if empty */
-    double reference_flops_per_s;  /* speed the kernels' seconds assume (slowest device) */
+    double reference_flops_per_s;  /* speed of the device the kernels' seconds are for (the
+                                    * slowest at the model's dtype), as
+                                    * ps_device_kind_speed_flops_per_s measures it: a
+                                    * device of speed v runs them in seconds * ref / v */
 } ps_program_stage;
 
 typedef struct ps_program {

@@ -792,6 +792,123 @@ static void lowered_plans_run(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- the planner's own prediction, uncontended ---- */
+
+/* Zoo plans on one DGX-A100 node (every device its own NVSwitch port: no
+ * link is shared by two flows). One-stage plans have no cross-stage
+ * transfers, and the simulated iteration is the planner's. Pipelines also
+ * move activations and gradients between stages, which the planner does
+ * not charge (nor does Alpa's stage DP): there the stage times must match,
+ * and so must the iteration once those transfers carry no bytes (they
+ * still synchronize the stages, at one route latency each). */
+typedef struct zoo_plan {
+    const char *model;
+    int method; /* ps_intra_method for one-stage plans; -1: uniform dp x op x pp */
+    int dp, op, pp;
+} zoo_plan;
+
+static ps_plan *zoo_plan_make(const zoo_plan *z, const ps_cluster *c, ps_graph **fwd_out)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup(z->model, &cfg, NULL), PS_OK);
+    if (cfg.family == PS_MODEL_GPT) {
+        cfg.layers = 4;
+        cfg.hidden = 1024;
+        cfg.ffn = 4096;
+        cfg.heads = 16;
+        cfg.seq = 512;
+        cfg.vocab = 4096;
+    } else {
+        cfg.hidden = 4096;
+    }
+    long long global = 64;
+    int micro = 8;
+    cfg.batch = global / micro;
+    assert_int_equal(ps_model_build(&cfg, fwd_out, NULL), PS_OK);
+    ps_plan_request req = {.forward = *fwd_out,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .global_batch = global,
+                           .micro_batches = micro,
+                           .ilp = ps_ilp_options_default(),
+                           .method = z->method >= 0 ? (ps_intra_method)z->method : PS_METHOD_SHARD};
+    ps_inter_options io = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    ps_status st = z->method >= 0 ? ps_plan_one_stage(&req, &p, NULL, NULL, &err)
+                                  : ps_plan_uniform(&req, &io, z->dp, z->op, z->pp, &p, &err);
+    if (st != PS_OK)
+        fail_msg("plan %s: %s", z->model, err.msg);
+    return p;
+}
+
+static void planner_prediction_uncontended(void **state)
+{
+    (void)state;
+    const zoo_plan plans[] = {
+        {"gpt-350m", PS_METHOD_DATA, 0, 0, 0}, {"gpt-350m", PS_METHOD_SHARD, 0, 0, 0},
+        {"gpt-350m", -1, 2, 2, 2},             {"gpt-350m", -1, 1, 2, 4},
+        {"mlp", PS_METHOD_DATA, 0, 0, 0},      {"mlp", PS_METHOD_SHARD, 0, 0, 0},
+        {"mlp", -1, 2, 2, 2},
+    };
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+        const zoo_plan *z = &plans[i];
+        ps_graph *fwd = NULL;
+        ps_plan *p = zoo_plan_make(z, c, &fwd);
+        ps_plan_model *pm = NULL;
+        ps_error err = {0};
+        assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
+        ps_lower_options lo = ps_lower_options_default();
+        ps_program_set *set = NULL;
+        if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
+            fail_msg("lower: %s", err.msg);
+        char what[96];
+        if (z->method >= 0)
+            snprintf(what, sizeof what, "%s %s", z->model, p->method);
+        else
+            snprintf(what, sizeof what, "%s uniform %dx%dx%d", z->model, z->dp, z->op, z->pp);
+        ps_summary *sum = simulate(set, c, NULL, NULL);
+        double full = sum->iteration_s;
+        ps_summary_free(sum);
+        /* the same programs with weightless transfers between stages (and
+         * the all-gathers that follow them): they no longer share device
+         * ports with the stages' own collectives either */
+        for (int d = 0; d < set->n_devices; d++)
+            for (int j = 0; j < set->programs[d].n_instrs; j++) {
+                ps_instr *in = &set->programs[d].instrs[j];
+                if (in->kind == PS_INSTR_SEND || in->kind == PS_INSTR_RECV ||
+                    in->kind == PS_INSTR_COLLECTIVE)
+                    in->bytes = 0;
+            }
+        sum = simulate(set, c, NULL, NULL);
+        double bare = sum->iteration_s;
+        for (int k = 0; k < p->n_stages; k++) {
+            const ps_plan_stage *ps = &p->stages[k];
+            assert_close(sum->stages[k].forward_s, ps->forward_s, 0.05, what);
+            assert_close(sum->stages[k].backward_s, ps->backward_s, 0.05, what);
+            assert_close(sum->stages[k].update_s, ps->update_s, 0.05, what);
+        }
+        print_message("%-24s %d stage(s): planner %.4g ms, simulated %.4g ms (%+.2f%%), "
+                      "without transfer bytes %.4g ms (%+.2f%%)\n",
+                      what, p->n_stages, p->iteration_s * 1e3, full * 1e3,
+                      100 * (full / p->iteration_s - 1), bare * 1e3,
+                      100 * (bare / p->iteration_s - 1));
+        assert_close(bare, p->iteration_s, 0.05, what);
+        if (p->n_stages == 1)
+            assert_close(full, p->iteration_s, 0.05, what);
+        ps_summary_free(sum);
+        ps_program_set_free(set);
+        ps_plan_model_free(pm);
+        ps_plan_free(p);
+        ps_graph_free(fwd);
+    }
+    ps_cluster_free(c);
+    report_worst("planner_prediction_uncontended");
+}
+
 /* ---- scale smoke test ---- */
 
 static void smoke_1024_devices(void **state)
@@ -852,6 +969,7 @@ int main(void)
         cmocka_unit_test(heterogeneous_speeds),
         cmocka_unit_test(trace_is_valid_json),
         cmocka_unit_test(lowered_plans_run),
+        cmocka_unit_test(planner_prediction_uncontended),
         cmocka_unit_test(smoke_1024_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
