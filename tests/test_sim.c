@@ -425,6 +425,95 @@ static void mesh_collectives_match_cost_model(void **state)
     report_worst("mesh_collectives_match_cost_model");
 }
 
+/* ---- a collective over the whole mesh (axis 2) is hierarchical ---- */
+
+/* Closed forms, independent of the cost model: on a d0 x d1 mesh, axis 1
+ * (rows, inside a node) has latency a1 and bandwidth w1; axis 0 has a0 and
+ * w0 (across nodes: the NIC shared by the d1 rings that cross it at once).
+ * all-reduce = reduce-scatter on axis 1 (S) + all-reduce on axis 0 (S/d1)
+ * + all-gather on axis 1 (S); all-gather = axis 0 (S/d1) + axis 1 (S);
+ * reduce-scatter = axis 1 (S) + axis 0 (S/d1); all-to-all = axis 1 (S) +
+ * axis 0 (S). A ring of n on X bytes: k steps of a + X/n/w, k = 2(n-1) for
+ * an all-reduce, n-1 otherwise. */
+static double ring_closed(ps_collective kind, int n, double X, double a, double w)
+{
+    if (n <= 1)
+        return 0;
+    double k = kind == PS_COLL_ALL_REDUCE ? 2.0 * (n - 1) : n - 1.0;
+    return k * (a + X / n / w);
+}
+
+static double whole_mesh_closed(ps_collective kind, int d0, int d1, double S, double a0,
+                                double w0, double a1, double w1)
+{
+    switch (kind) {
+    case PS_COLL_ALL_REDUCE:
+        return ring_closed(PS_COLL_REDUCE_SCATTER, d1, S, a1, w1) +
+               ring_closed(PS_COLL_ALL_REDUCE, d0, S / d1, a0, w0) +
+               ring_closed(PS_COLL_ALL_GATHER, d1, S, a1, w1);
+    case PS_COLL_ALL_GATHER:
+        return ring_closed(kind, d0, S / d1, a0, w0) + ring_closed(kind, d1, S, a1, w1);
+    case PS_COLL_REDUCE_SCATTER:
+        return ring_closed(kind, d1, S, a1, w1) + ring_closed(kind, d0, S / d1, a0, w0);
+    case PS_COLL_ALL_TO_ALL:
+        return ring_closed(kind, d1, S, a1, w1) + ring_closed(kind, d0, S, a0, w0);
+    case PS_COLL_COUNT: break;
+    }
+    return 0;
+}
+
+static void whole_mesh_collectives_are_hierarchical(void **state)
+{
+    (void)state;
+    const double w1 = 300 * GB, a1 = 2e-6, nic = 100 * GB, inter_lat = 10e-6;
+    /* 2 nodes as a 2 x 8 mesh (axis 0 across nodes), and one node as 2 x 4 */
+    const struct {
+        int nodes, d0, d1;
+    } cases[] = {{2, 2, 8}, {1, 2, 4}};
+    const double sizes[] = {1 * GB, 1e6};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int nodes = cases[ci].nodes, d0 = cases[ci].d0, d1 = cases[ci].d1, n = d0 * d1;
+        ps_cluster *c = cluster_make(nodes, 8, w1, a1, 1, nic, inter_lat, 312e12);
+        double a0 = nodes > 1 ? inter_lat : a1;
+        double w0 = nodes > 1 ? fmin(nic / d1, w1) : w1;
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+            for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
+                double S = sizes[si];
+                ps_program_set *s = set_make(nodes * 8, 1);
+                int devs[16];
+                for (int d = 0; d < n; d++)
+                    devs[d] = d;
+                stage_set(s, 0, devs, d0, d1, 312e12);
+                int k = -1;
+                assert_int_equal(ps_program_add_kernel(s, 0, PS_PHASE_BACKWARD, &k), PS_OK);
+                ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
+                in.coll = (uint8_t)kind;
+                in.axis = 2;
+                in.bytes = S;
+                assert_int_equal(ps_kernel_append(&s->kernels[k], &in), PS_OK);
+                for (int d = 0; d < n; d++)
+                    emit(s, d, run_of(k, 0));
+                ps_summary *sum = simulate(s, c, NULL, NULL);
+                double want = whole_mesh_closed((ps_collective)kind, d0, d1, S, a0, w0, a1, w1);
+                char what[96];
+                snprintf(what, sizeof what, "%s over %d x %d on %d node(s), %g bytes",
+                         ps_collective_names[kind], d0, d1, nodes, S);
+                assert_close(sum->iteration_s, want, 0.02, what);
+                for (int d = 0; d < n; d++)
+                    assert_close(sum->devices[d].comm_s, want, 0.02, what);
+                /* and a flat ring over all n would not pass: the test tells them apart */
+                if (nodes > 1 && S > 1e8) {
+                    double flat = ring_closed((ps_collective)kind, n, S, a0, fmin(nic / d1, w1));
+                    assert_true(fabs(flat - want) > 0.1 * want);
+                }
+                ps_summary_free(sum);
+                ps_program_set_free(s);
+            }
+        ps_cluster_free(c);
+    }
+    report_worst("whole_mesh_collectives_are_hierarchical");
+}
+
 /* ---- (d) memory ---- */
 
 static void memory_peak_is_exact(void **state)
@@ -961,6 +1050,7 @@ int main(void)
         cmocka_unit_test(pipeline_bubble),
         cmocka_unit_test(nic_is_shared),
         cmocka_unit_test(mesh_collectives_match_cost_model),
+        cmocka_unit_test(whole_mesh_collectives_are_hierarchical),
         cmocka_unit_test(memory_peak_is_exact),
         cmocka_unit_test(deadlock_is_reported),
         cmocka_unit_test(bad_program_is_an_error),
