@@ -123,9 +123,9 @@ int ps_cmd_sim(int argc, char **argv)
                    plan->stages[k].time_s > 0
                        ? 100 * (sum->stages[k].time_s / plan->stages[k].time_s - 1)
                        : 0);
-        printf("simulator     %.3g s wall (platform %.3g s), %lld events, %.3g events/s, "
-               "peak RSS %.3g MiB\n",
-               stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
+        printf("simulator     %.3g s wall (platform %.3g s, CPU %.3g s), %lld events, %.3g "
+               "events/s, peak RSS %.3g MiB\n",
+               stats.wall_s, stats.platform_s, stats.cpu_s, stats.events, stats.events_per_s,
                stats.peak_rss_bytes / (1 << 20));
     }
 out:
