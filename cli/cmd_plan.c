@@ -53,8 +53,9 @@ static void help(void)
         "                       docs/profile-db.md) instead of the analytic cost model\n"
         "  --explain            print every op's strategy and its communication\n"
         "  --json               print the predictions as JSON\n"
-        "  --dump-programs DIR  lower the plan to per-device programs, check them, and\n"
-        "                       write them readably to DIR (kernels.txt, device-N.txt, ...)\n"
+        "  --dump-programs DIR  lower the plan to per-device programs, write them readably\n"
+        "                       to DIR (kernels.txt, device-N.txt, ...) and check them\n"
+        "                       (the files stay when the check fails, to read why)\n"
         "  -o, --output P.json  where to write the plan (required)\n"
         PS_MODEL_OPTIONS_HELP
         "  -h, --help           this help\n");

@@ -18,7 +18,8 @@ static void help(void)
 {
     printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
            "                     [--collective-steps] [--no-local-allgather] [--no-check]\n"
-           "                     [--predicted P.json] [--profile-db DB.json] [--json]\n\n"
+           "                     [--predicted P.json] [--profile-db DB.json]\n"
+           "                     [--dump-programs DIR] [--json]\n\n"
            "Lowers the plan to per-device programs and replays one training step of them\n"
            "on a SimGrid model of the plan's cluster (docs/simulator.md). Prints the\n"
            "simulated iteration, per-stage times and memory beside the planner's.\n\n"
@@ -34,6 +35,8 @@ static void help(void)
            "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
            "                         take its GEMM times (communication is simulated on\n"
            "                         the cluster's links either way)\n"
+           "  --dump-programs DIR    also write the programs readably to DIR (as plan\n"
+           "                         --dump-programs does), before they are checked\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
@@ -53,7 +56,7 @@ int ps_cmd_sim(int argc, char **argv)
 }
 #else
 enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
-       OPT_JSON, OPT_PROFILE_DB };
+       OPT_JSON, OPT_PROFILE_DB, OPT_DUMP };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -64,6 +67,7 @@ static const struct option options[] = {
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"no-check", no_argument, NULL, OPT_NO_CHECK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"dump-programs", required_argument, NULL, OPT_DUMP},
     {"profile-db", required_argument, NULL, OPT_PROFILE_DB},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -71,7 +75,7 @@ static const struct option options[] = {
 
 int ps_cmd_sim(int argc, char **argv)
 {
-    const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL;
+    const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL, *dump_dir = NULL;
     const char *profile_path = NULL;
     bool check = true, json = false;
     ps_sim_options so = ps_sim_options_default();
@@ -90,6 +94,7 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_NO_CHECK: check = false; break;
         case OPT_JSON: json = true; break;
+        case OPT_DUMP: dump_dir = optarg; break;
         case OPT_PROFILE_DB: profile_path = optarg; break;
         default:
             return ps_cli_usage_error("sim", "unknown or incomplete option \"%s\"",
@@ -113,6 +118,8 @@ int ps_cmd_sim(int argc, char **argv)
         PS_TRY(ps_cli_attach_profile(profile_path, plan->cluster, &profile, &err));
     PS_TRY(ps_plan_model_build(plan, &m, &err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
+    if (dump_dir != NULL)
+        PS_TRY(ps_program_set_dump_dir(set, dump_dir, &err));
     if (check)
         PS_TRY(ps_program_set_check(set, NULL, &err));
     so.progress = ps_log_progress_enabled();
@@ -141,9 +148,9 @@ int ps_cmd_sim(int argc, char **argv)
                    plan->stages[k].time_s > 0
                        ? 100 * (sum->stages[k].time_s / plan->stages[k].time_s - 1)
                        : 0);
-        printf("simulator     %.3g s wall (platform %.3g s), %lld events, %.3g events/s, "
-               "peak RSS %.3g MiB\n",
-               stats.wall_s, stats.platform_s, stats.events, stats.events_per_s,
+        printf("simulator     %.3g s wall (platform %.3g s, CPU %.3g s), %lld events, %.3g "
+               "events/s, peak RSS %.3g MiB\n",
+               stats.wall_s, stats.platform_s, stats.cpu_s, stats.events, stats.events_per_s,
                stats.peak_rss_bytes / (1 << 20));
     }
 out:

@@ -14,12 +14,12 @@ ps_status ps_cli_dump_programs(const ps_plan *plan, const char *dir, ps_error *e
     ps_lower_options lo = ps_lower_options_default();
     PS_TRY(ps_plan_model_build(plan, &m, err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, err));
-    PS_TRY(ps_program_set_check(set, NULL, err));
     PS_TRY(ps_program_set_dump_dir(set, dir, err));
+    PS_TRY(ps_program_set_check(set, NULL, err));
     ps_program_stats stats;
     ps_program_set_stats(set, &stats);
     fprintf(stderr,
-            "pipeshard: programs checked and written to %s: %d kernels (%lld instructions), "
+            "pipeshard: programs written to %s and checked: %d kernels (%lld instructions), "
             "%lld program instructions, %lld executed\n",
             dir, set->n_kernels, stats.kernel_instrs, stats.program_instrs, stats.executed_instrs);
 out:

@@ -25,6 +25,12 @@ const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device)
     return &c->kinds[c->device_kind[device]];
 }
 
+double ps_device_kind_speed_flops_per_s(const ps_device_kind *k)
+{
+    double fp16 = k->peak_flops[PS_DTYPE_F16];
+    return fp16 > 0 ? fp16 : k->peak_flops[PS_DTYPE_F32];
+}
+
 /* ---- construction ------------------------------------------------------ */
 
 static bool name_ok(const char *name, size_t cap)

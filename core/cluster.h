@@ -79,6 +79,9 @@ static inline int ps_cluster_device_count(const ps_cluster *c)
 }
 /* Borrowed pointer to the kind of device d (0 <= d < device_count). */
 const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device);
+/* One speed per device kind, for simulators (a SimGrid host's speed, the
+ * programs' reference speed): its fp16 peak FLOP/s, or fp32 without fp16. */
+double ps_device_kind_speed_flops_per_s(const ps_device_kind *k);
 
 /* "NAME" or "NAME:N" (N nodes, default 1) of a built-in preset. */
 ps_status ps_cluster_from_preset(const char *spec, ps_cluster **out, ps_error *err);

@@ -34,11 +34,9 @@ ps_status ps_program_set_create(const ps_graph *step, int n_devices, int n_stage
         p->coord[0] = p->coord[1] = -1;
         p->axis_group[0] = p->axis_group[1] = p->axis_group[2] = -1;
     }
-    for (int i = 0; i < n_stages; i++) {
+    for (int i = 0; i < n_stages; i++)
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
             s->stages[i].kernel[ph] = -1;
-        s->stages[i].reference_dtype = -1;
-    }
     s->micro_batches = 1;
     *out = s;
     return PS_OK;
@@ -61,6 +59,7 @@ void ps_program_set_free(ps_program_set *s)
     for (int g = 0; g < s->n_groups; g++)
         free(s->groups[g].devices);
     free(s->groups);
+    free(s->group_slots);
     free(s->regions);
     free(s->operands);
     free(s);
@@ -95,16 +94,56 @@ ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *inde
     return PS_OK;
 }
 
+static uint64_t group_hash(const int *devices, int n)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++)
+        h = (h ^ (uint64_t)(unsigned)devices[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+/* Inserts group g into the hash index (which has room). */
+static void group_slot_put(ps_program_set *s, int g)
+{
+    uint64_t mask = (uint64_t)s->cap_group_slots - 1;
+    uint64_t h = group_hash(s->groups[g].devices, s->groups[g].n) & mask;
+    while (s->group_slots[h] >= 0)
+        h = (h + 1) & mask;
+    s->group_slots[h] = g;
+}
+
 ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out)
 {
-    /* groups are few (mesh rows and columns, replica sets): a linear scan
-     * from the newest finds repeats, which come in runs */
-    for (int g = s->n_groups - 1; g >= 0 && g >= s->n_groups - 64; g--)
-        if (s->groups[g].n == n && memcmp(s->groups[g].devices, devices, (size_t)n * sizeof(int)) == 0) {
-            if (index_out)
-                *index_out = g;
-            return PS_OK;
+    /* a hash index over all groups: a lowering asks for the same mesh rows,
+     * columns and replica sets once per device, and thousands of groups may
+     * come between two requests for one list */
+    if (s->cap_group_slots > 0) {
+        uint64_t mask = (uint64_t)s->cap_group_slots - 1;
+        for (uint64_t h = group_hash(devices, n) & mask; s->group_slots[h] >= 0;
+             h = (h + 1) & mask) {
+            const ps_group *g = &s->groups[s->group_slots[h]];
+            if (g->n == n && memcmp(g->devices, devices, (size_t)n * sizeof(int)) == 0) {
+                if (index_out)
+                    *index_out = s->group_slots[h];
+                return PS_OK;
+            }
         }
+    }
+    if (2 * (s->n_groups + 1) > s->cap_group_slots) {
+        if (s->cap_group_slots > (1 << 29))
+            return PS_ERR_NOMEM;
+        int cap = s->cap_group_slots ? 2 * s->cap_group_slots : 64;
+        int *slots = malloc((size_t)(unsigned)cap * sizeof *slots);
+        if (slots == NULL)
+            return PS_ERR_NOMEM;
+        for (int i = 0; i < cap; i++)
+            slots[i] = -1;
+        free(s->group_slots);
+        s->group_slots = slots;
+        s->cap_group_slots = cap;
+        for (int g = 0; g < s->n_groups; g++)
+            group_slot_put(s, g);
+    }
     ps_status st = ps_array_grow((void **)&s->groups, &s->cap_groups, s->n_groups + 1,
                                  sizeof *s->groups);
     if (st != PS_OK)
@@ -114,6 +153,7 @@ ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int
         return PS_ERR_NOMEM;
     memcpy(copy, devices, (size_t)n * sizeof *copy);
     s->groups[s->n_groups] = (ps_group){.n = n, .devices = copy};
+    group_slot_put(s, s->n_groups);
     if (index_out)
         *index_out = s->n_groups;
     s->n_groups++;

@@ -19,9 +19,14 @@
  *
  * Every instruction carries its predicted cost: FLOPs, bytes and seconds
  * from the planner's cost model (seconds for the stage's slowest device).
- * Sends are asynchronous (the sender goes on; a FREE of the sent buffer
- * waits for the transfer); receives and collectives block. The set owns all
- * of its memory; the step graph it refers to is borrowed. */
+ * Sends are buffered: the sender goes on at once and may FREE the sent
+ * buffer right after the SEND, so a backend takes the data at the send (the
+ * executors copy it out; the simulator only times the transfer) and a FREE
+ * never waits for one. Waiting there would deadlock 1F1B: stage 0 frees
+ * activation mb 1 after sending it while stage 1 first returns gradient
+ * mb 0. Receives and collectives block. Messages between two devices
+ * arrive in the order sent. The set owns all of its memory; the step graph
+ * it refers to is borrowed. */
 #ifndef PS_CORE_PROGRAM_H
 #define PS_CORE_PROGRAM_H
 
@@ -124,9 +129,10 @@ typedef struct ps_program_stage {
     int *devices;                  /* row-major over the logical mesh */
     int mesh[PS_MESH_AXES];
     int kernel[PS_PHASE_COUNT];    /* kernel index per phase, -1 if empty */
-    double reference_flops_per_s;  /* speed the kernels' seconds assume (slowest device) */
-    int reference_dtype;           /* ps_dtype whose peak reference_flops_per_s is; -1:
-                                    * the simulated host's own speed (hand-made sets) */
+    double reference_flops_per_s;  /* speed of the device the kernels' seconds are for (the
+                                    * slowest at the model's dtype), as
+                                    * ps_device_kind_speed_flops_per_s measures it: a
+                                    * device of speed v runs them in seconds * ref / v */
 } ps_program_stage;
 
 typedef struct ps_program {
@@ -151,6 +157,8 @@ typedef struct ps_program_set {
     ps_buffer *buffers;
     int n_groups, cap_groups;
     ps_group *groups;
+    int *group_slots;     /* hash index of groups by devices (-1 = empty), [cap_group_slots] */
+    int cap_group_slots;
     int n_regions, cap_regions;
     ps_region *regions;
     int n_operands, cap_operands;
@@ -170,7 +178,9 @@ void ps_program_set_free(ps_program_set *s);
 /* Builders; each returns the new index through *index_out (may be NULL). */
 ps_status ps_program_add_kernel(ps_program_set *s, int stage, ps_phase phase, int *index_out);
 ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *index_out);
-/* Returns an existing group with the same devices in the same order, or a new one. */
+/* Returns an existing group with the same devices in the same order, or a new one:
+ * one index per device list, so that all members of a collective name the same
+ * group (an executor makes one communicator per group). */
 ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out);
 ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out);
 /* Appends n buffer ids to the operand table; *index_out is the first. */

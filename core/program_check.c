@@ -424,6 +424,113 @@ static ps_status advance(checker *c, int device, bool *progress)
     return PS_OK;
 }
 
+/* The instruction device d is blocked at (a kernel's when inside a RUN). */
+static const ps_instr *blocked_instr(const checker *c, int d)
+{
+    const ps_program_set *s = c->s;
+    const device_state *ds = &c->dev[d];
+    const ps_instr *in = &s->programs[d].instrs[ds->pc];
+    return ds->kpc >= 0 ? &s->kernels[in->kernel].instrs[ds->kpc] : in;
+}
+
+/* Whom blocked device d waits for: the peer of its receive, or a member of
+ * its collective's group that has not entered it; -1 if none is found. */
+static int blocker_of(const checker *c, int d)
+{
+    const ps_program_set *s = c->s;
+    const device_state *ds = &c->dev[d];
+    const ps_instr *in = blocked_instr(c, d);
+    if (in->kind == PS_INSTR_RECV)
+        return in->peer;
+    if (!ds->waiting)
+        return -1;
+    const ps_group *g = &s->groups[ds->wait_group];
+    for (int i = 0; i < g->n; i++) {
+        const device_state *m = &c->dev[g->devices[i]];
+        if (!(m->waiting && m->wait_group == ds->wait_group))
+            return g->devices[i];
+    }
+    return -1;
+}
+
+/* "instruction 5 (kernel 2, instruction 7): receive of x from device 3" */
+static void describe_wait(const checker *c, int d, char *buf, size_t n)
+{
+    const ps_program_set *s = c->s;
+    const device_state *ds = &c->dev[d];
+    const ps_instr *in = blocked_instr(c, d);
+    int len = ds->kpc >= 0
+                  ? snprintf(buf, n, "instruction %d (kernel %d, instruction %d): ", ds->pc,
+                             s->programs[d].instrs[ds->pc].kernel, ds->kpc)
+                  : snprintf(buf, n, "instruction %d: ", ds->pc);
+    if (len < 0 || (size_t)len >= n)
+        return;
+    if (in->kind == PS_INSTR_RECV)
+        snprintf(buf + len, n - (size_t)len, "receive of %s from device %d",
+                 tensor_of(s, in->buffer), in->peer);
+    else if (in->kind == PS_INSTR_COLLECTIVE && ds->waiting)
+        snprintf(buf + len, n - (size_t)len, "%s on group %d (%d devices)",
+                 ps_collective_names[in->coll], ds->wait_group, s->groups[ds->wait_group].n);
+    else
+        snprintf(buf + len, n - (size_t)len, "%s", ps_instr_kind_names[in->kind]);
+}
+
+/* Deadlock: device d (the first blocked one) waits for a chain of devices
+ * that ends at one that has finished or closes into a cycle; names the
+ * first wait and the one where the chain closes, which is where the fault
+ * usually is (a first blocked receive is often only a consequence). */
+static ps_status deadlock_report(checker *c, int d)
+{
+    const ps_program_set *s = c->s;
+    char first[512], last[512], next[512];
+    describe_wait(c, d, first, sizeof first);
+    unsigned char *seen = calloc((size_t)s->n_devices + 1, 1);
+    if (seen == NULL)
+        return ps_error_set(c->err, PS_ERR_NOMEM, "out of memory");
+    const char *hint = "";
+    int cur = d, hops = 0;
+    seen[cur] = 1;
+    for (;;) {
+        int b = blocker_of(c, cur);
+        if (b < 0 || b >= s->n_devices || c->dev[b].done || seen[b]) {
+            describe_wait(c, cur, last, sizeof last);
+            if (b >= 0 && b < s->n_devices && c->dev[b].done)
+                snprintf(next, sizeof next, "device %d, which has ended", b);
+            else if (b >= 0 && b < s->n_devices) {
+                char bw[400];
+                describe_wait(c, b, bw, sizeof bw);
+                snprintf(next, sizeof next, "device %d, blocked at %s", b, bw);
+                /* members that name different groups of the same devices */
+                const device_state *x = &c->dev[cur], *y = &c->dev[b];
+                if (x->waiting && y->waiting && x->wait_group != y->wait_group) {
+                    const ps_group *gx = &s->groups[x->wait_group], *gy = &s->groups[y->wait_group];
+                    if (gx->n == gy->n &&
+                        memcmp(gx->devices, gy->devices, (size_t)gx->n * sizeof(int)) == 0)
+                        hint = " (the two groups hold the same devices: the members of a "
+                               "collective must name one group)";
+                }
+            } else
+                snprintf(next, sizeof next, "no device");
+            break;
+        }
+        seen[b] = 1;
+        cur = b;
+        hops++;
+    }
+    free(seen);
+    if (hops == 0)
+        return ps_error_set(c->err, PS_ERR_INTERNAL,
+                            "program check: deadlock: device %d, %s, waits for %s%s", d, first,
+                            next, hint);
+    char via[64] = "";
+    if (hops > 1)
+        snprintf(via, sizeof via, " (through %d other device%s)", hops - 1, hops > 2 ? "s" : "");
+    return ps_error_set(c->err, PS_ERR_INTERNAL,
+                        "program check: deadlock: device %d, %s, waits%s for device %d, %s, "
+                        "which waits for %s%s",
+                        d, first, via, cur, last, next, hint);
+}
+
 ps_status ps_program_set_check(const ps_program_set *s, double *peak_bytes_out, ps_error *err)
 {
     ps_status st = PS_OK;
@@ -442,18 +549,7 @@ ps_status ps_program_set_check(const ps_program_set *s, double *peak_bytes_out, 
     for (int d = 0; d < s->n_devices; d++) {
         const device_state *ds = &c.dev[d];
         if (!ds->done) {
-            const ps_program *p = &s->programs[d];
-            const ps_instr *in = &p->instrs[ds->pc];
-            char what[256];
-            if (ds->kpc >= 0)
-                in = &s->kernels[in->kernel].instrs[ds->kpc];
-            if (in->kind == PS_INSTR_RECV)
-                snprintf(what, sizeof what, "receive of %s from device %d never sent",
-                         tensor_of(s, in->buffer), in->peer);
-            else
-                snprintf(what, sizeof what, "%s never completed by all members of group %d",
-                         ps_instr_kind_names[in->kind], ds->wait_group);
-            st = fail_at(&c, d, "deadlock: ", what);
+            st = deadlock_report(&c, d);
             goto out;
         }
         if (ds->live.n > 0) {

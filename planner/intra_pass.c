@@ -140,9 +140,17 @@ static void readable_name(const ps_graph *g, const ps_op *op, const ps_op_signat
         ps_spec_format(&s->in[0], s->name, sizeof s->name);
 }
 
-/* Tensors that must live through the step (weights, state, the gradients
- * the update reads) or through a micro-batch (forward tensors the backward
- * pass reads). */
+/* Roles of tensors in memory (bits of kept[t]). */
+enum {
+    KEPT_ACT = 1,   /* forward tensor the backward pass reads: lives through a micro-batch */
+    KEPT_ACCUM = 2, /* gradient the update reads: accumulated over micro-batches in the
+                     * layout its producer writes (the lowering's accumulator), alive the
+                     * whole step */
+};
+
+/* Tensors that must live through a micro-batch (forward tensors the
+ * backward pass reads) or the step (the gradients the update reads;
+ * weights and state are sources). */
 static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_error *err)
 {
     unsigned char *kept = calloc((size_t)g->n_tensors + 1, 1);
@@ -150,13 +158,18 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
-        if (op->pass != PS_PASS_BACKWARD && op->pass != PS_PASS_RECOMPUTE)
-            continue;
         for (int k = 0; k < op->n_in; k++) {
             const ps_tensor *t = &g->tensors[op->in[k]];
+            if (op->pass == PS_PASS_UPDATE) {
+                if (t->producer >= 0 && g->ops[t->producer].pass != PS_PASS_UPDATE)
+                    kept[op->in[k]] |= KEPT_ACCUM;
+                continue;
+            }
+            if (op->pass != PS_PASS_BACKWARD && op->pass != PS_PASS_RECOMPUTE)
+                continue;
             if (t->kind == PS_TENSOR_INPUT ||
                 (t->producer >= 0 && g->ops[t->producer].pass == PS_PASS_FORWARD))
-                kept[op->in[k]] = 1;
+                kept[op->in[k]] |= KEPT_ACT;
         }
     }
     *kept_out = kept;
@@ -477,12 +490,13 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         for (int s = 0; s < c.n_op[i]; s++) {
             const ps_strategy *sg = &c.op[i][s];
             mem[s] = 0;
+            /* activations kept for the backward pass, and gradient accumulators
+             * in the layout written here (partial sums reduced only by the
+             * update are full-size tiles) */
             for (int k = 0; k < op->n_out; k++)
                 if (kept[op->out[k]])
                     mem[s] += ps_spec_tile_bytes(&sg->out[k], &g->tensors[op->out[k]].desc,
                                                  m->shape);
-            if (op->kind == PS_OP_ADAM) /* the gradient buffer, in the update's layout */
-                mem[s] += ps_spec_tile_bytes(&sg->in[1], &g->tensors[op->in[1]].desc, m->shape);
             cost[s] = (sg->compute_s + sg->comm_s) * scale + opt->memory_weight_s_per_byte * mem[s];
         }
         if ((st = ps_ilp_add_node(p, c.n_op[i], cost, mem, NULL)) != PS_OK) {
@@ -494,7 +508,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         if (c.src[t] == NULL)
             continue;
         const ps_tensor *x = &g->tensors[t];
-        bool counts = x->kind != PS_TENSOR_INPUT || kept[t];
+        bool counts = x->kind != PS_TENSOR_INPUT || (kept[t] & KEPT_ACT);
         for (int s = 0; s < c.n_src[t]; s++) {
             mem[s] = counts ? ps_spec_tile_bytes(&c.src[t][s], &x->desc, m->shape) : 0;
             cost[s] = opt->memory_weight_s_per_byte * mem[s];
@@ -576,14 +590,13 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         r->comm_s[op->pass] += s->comm_s + r->reshard_in_s[i];
         for (int k = 0; k < op->n_out; k++) {
             double b = ps_spec_tile_bytes(&s->out[k], &g->tensors[op->out[k]].desc, m->shape);
-            if (kept[op->out[k]])
+            if (kept[op->out[k]] & KEPT_ACCUM)
+                r->gradient_bytes += b;
+            else if (kept[op->out[k]] & KEPT_ACT)
                 r->activation_bytes += b;
             else if (b > transient)
                 transient = b;
         }
-        if (op->kind == PS_OP_ADAM)
-            r->gradient_bytes += ps_spec_tile_bytes(&s->in[1], &g->tensors[op->in[1]].desc,
-                                                    m->shape);
     }
     for (int t = 0; t < n_t; t++) {
         const ps_tensor *x = &g->tensors[t];
@@ -592,7 +605,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
             r->weight_bytes += b;
         else if (x->kind == PS_TENSOR_OPT_STATE)
             r->optimizer_bytes += b;
-        else if (x->kind == PS_TENSOR_INPUT && kept[t])
+        else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACT))
             r->activation_bytes += b;
     }
     r->peak_memory_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +

@@ -1016,8 +1016,11 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
         PS_TRY_ALLOC(ps->devices, err);
         memcpy(ps->devices, s->devices, (size_t)s->n_devices * sizeof *ps->devices);
         PS_TRY(stage_setup(&L, k));
-        /* the speed the predicted seconds assume: the mesh's slowest device
-         * for the model's dtype */
+        /* the predicted seconds are for the mesh's slowest device at the
+         * model's dtype; the reference is that device's speed in the unit
+         * every backend measures devices by (ps_device_kind_speed_flops_per_s:
+         * fp16 peak), so that it runs the seconds exactly whatever the dtype
+         * (an fp32 model on A100s once ran 16x fast: fp32 reference, fp16 host) */
         ps_dtype dt = g->n_tensors > 0 ? g->tensors[0].desc.dtype : PS_DTYPE_F32;
         for (int t = 0; t < g->n_tensors; t++)
             if (g->tensors[t].kind == PS_TENSOR_PARAM) {
@@ -1025,9 +1028,16 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
                 break;
             }
         int di = dt < PS_FLOAT_DTYPE_COUNT ? (int)dt : PS_DTYPE_F32;
-        double peak = L.st[k].mesh->peak_flops[di];
-        ps->reference_flops_per_s = peak > 0 ? peak : L.st[k].mesh->peak_flops[PS_DTYPE_F32];
-        ps->reference_dtype = peak > 0 ? di : PS_DTYPE_F32;
+        double slowest = INFINITY;
+        ps->reference_flops_per_s = 0;
+        for (int i = 0; i < s->n_devices; i++) {
+            const ps_device_kind *kd = ps_cluster_device(p->cluster, s->devices[i]);
+            double peak = kd->peak_flops[di] > 0 ? kd->peak_flops[di] : kd->peak_flops[PS_DTYPE_F32];
+            if (peak < slowest) {
+                slowest = peak;
+                ps->reference_flops_per_s = ps_device_kind_speed_flops_per_s(kd);
+            }
+        }
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
             ps->kernel[ph] = -1;
     }

@@ -33,12 +33,6 @@
 #define PS_SIM_POD_DEVICES 128
 #define PS_SIM_FANOUT 16
 
-double ps_sim_kind_speed_flops_per_s(const ps_device_kind *k)
-{
-    double fp16 = k->peak_flops[PS_DTYPE_F16];
-    return fp16 > 0 ? fp16 : k->peak_flops[PS_DTYPE_F32];
-}
-
 /* Extra latency of a NIC hop, so that port + NIC + NIC + port adds up to
  * the inter-node latency (never below an intra-node route). */
 static double nic_latency_s(const ps_cluster *c)
@@ -108,7 +102,7 @@ static void write_pod(const layout *l, int pod, bool root)
     fprintf(f, "<zone id=\"pod%d\" routing=\"DijkstraCache\">\n", pod);
     for (int d = lo * dpn; d < hi * dpn; d++)
         fprintf(f, "<host id=\"dev%d\" speed=\"%.17gf\"/>\n", d,
-                ps_sim_kind_speed_flops_per_s(ps_cluster_device(c, d)));
+                ps_device_kind_speed_flops_per_s(ps_cluster_device(c, d)));
     for (int n = lo; n < hi; n++)
         fprintf(f, "<router id=\"node%d_sw\"/>\n", n);
     if (c->nodes > 1)

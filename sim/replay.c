@@ -63,10 +63,10 @@ typedef struct sim_actor {
     sim_ctx *ctx;
     const ps_program *prog;
     int device;
-    double speed_flops_per_s;            /* the host's: SimGrid executes at this speed */
-    const ps_device_kind *kind;
-    /* computes not yet executed: flushed as one execution */
-    double pend_exec_flops, pend_pred_flops;
+    double speed_flops_per_s;
+    /* computes not yet executed: flushed as one execution, with the
+     * latencies of coalesced collective steps deferred to it (pend_delay_s) */
+    double pend_exec_flops, pend_pred_flops, pend_delay_s;
     int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
     /* accounting */
     double compute_s, comm_s, end_s;
@@ -90,7 +90,7 @@ typedef struct sim_actor {
     /* caches: open addressing, capacities are powers of two */
     sim_peer *peers;
     int n_peers, cap_peers;
-    int *grp_key, *grp_rank;
+    int *grp_key, *grp_rank; /* rank * 2 + (all members on one node); -1 not a member */
     int n_grp, cap_grp;
 } sim_actor;
 
@@ -234,8 +234,9 @@ static sg_mailbox_t peer_box(sim_actor *a, int device, int which, double *latenc
     return p->box[which];
 }
 
-/* This device's rank in group g, -1 if it is not a member, -2 out of memory. */
-static int group_rank(sim_actor *a, int g)
+/* This device's rank in group g, -1 if it is not a member, -2 out of memory;
+ * *one_node (may be NULL): all members are on one node. */
+static int group_rank(sim_actor *a, int g, bool *one_node)
 {
     if (2 * (a->n_grp + 1) > a->cap_grp) {
         int cap = a->cap_grp ? a->cap_grp * 2 : 8;
@@ -267,30 +268,47 @@ static int group_rank(sim_actor *a, int g)
         h = (h + 1) & mask;
     if (a->grp_key[h] < 0) {
         const ps_group *gr = &a->ctx->set->groups[g];
-        int r = -1;
-        for (int i = 0; i < gr->n && r < 0; i++)
+        int r = -1, dpn = a->ctx->c->devices_per_node;
+        bool local = true;
+        for (int i = 0; i < gr->n; i++) {
             if (gr->devices[i] == a->device)
                 r = i;
+            local = local && gr->devices[i] / dpn == gr->devices[0] / dpn;
+        }
         a->grp_key[h] = g;
-        a->grp_rank[h] = r;
+        a->grp_rank[h] = r < 0 ? -1 : 2 * r + local;
         a->n_grp++;
     }
-    return a->grp_rank[h];
+    int v = a->grp_rank[h];
+    if (one_node)
+        *one_node = v >= 0 && (v & 1);
+    return v < 0 ? v : v >> 1;
 }
 
 /* ---- time ---- */
 
 static void flush_compute(sim_actor *a)
 {
-    if (!(a->pend_exec_flops > 0)) {
+    double delay_s = a->pend_delay_s;
+    a->pend_delay_s = 0;
+    if (!(a->pend_exec_flops > 0) && !(delay_s > 0)) {
         a->pend_exec_flops = a->pend_pred_flops = 0;
         return;
     }
+    /* the deferred latencies first (communication), then the computes:
+     * one execution, the host's speed turning seconds into FLOPs */
     double t0 = simgrid_get_clock();
-    sg_actor_execute(a->pend_exec_flops);
+    sg_actor_execute(a->pend_exec_flops + delay_s * a->speed_flops_per_s);
     double t1 = simgrid_get_clock();
-    a->compute_s += t1 - t0;
+    double comm_s = fmin(delay_s, t1 - t0);
+    a->comm_s += comm_s;
+    a->compute_s += t1 - t0 - comm_s;
+    t0 += comm_s;
     a->events++;
+    if (!(a->pend_exec_flops > 0)) {
+        a->pend_pred_flops = 0;
+        return;
+    }
     if (a->ctx->trace) {
         char name[64];
         if (a->cur_phase < 0)
@@ -429,8 +447,14 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     return true;
 }
 
-/* One coalesced run of ring steps: `bytes` to `to` and from `from`, after
- * `extra_latencies` route latencies (the steps merged into it). */
+/* One coalesced run of ring steps: `bytes` to `to` and from `from`, plus
+ * `extra_latencies` route latencies (the steps merged into it). Without a
+ * trace the latencies are deferred to the device's next execution (one
+ * event instead of a sleep): when nothing contends, a member ends at the
+ * same time either way (the ring's last transfer ends that much earlier,
+ * and every member then waits as long), and under contention only when
+ * the bytes move shifts, by microseconds. With a trace they are slept
+ * first, so that spans show where the time goes. */
 static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_latencies)
 {
     double latency_s;
@@ -441,7 +465,9 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     double t0 = simgrid_get_clock();
     a->waiting = WAIT_COLLECTIVE;
     a->wait_peer = from;
-    if (extra_latencies > 0) {
+    if (extra_latencies > 0 && a->ctx->trace == NULL) {
+        a->pend_delay_s += extra_latencies * latency_s;
+    } else if (extra_latencies > 0) {
         sg_actor_sleep_for(extra_latencies * latency_s);
         a->events++;
     }
@@ -468,13 +494,24 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
     const ps_group *gr = &set->groups[g];
     if (gr->n <= 1 || !(bytes > 0))
         return true; /* nothing moves; the cost model charges nothing either */
-    int rank = group_rank(a, g);
+    bool one_node = false;
+    int rank = group_rank(a, g, &one_node);
     if (rank == -2)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
     if (rank < 0)
         return actor_fail(a, PS_ERR_INVALID, "collective on a group the device is not in");
     int n = gr->n, steps = ps_coll_step_count(kind, n);
     double chunk = bytes / n;
+    if (kind == PS_COLL_ALL_TO_ALL && one_node && !a->ctx->o->collective_steps && n > 2) {
+        /* the n-1 pairwise steps as one transfer of their bytes to the ring
+         * neighbour, plus n-2 latencies: the same time when uncontended, and
+         * inside a node (a non-blocking switch) the same bytes through each
+         * device's ports, so the same contention; n-1 times fewer transfers.
+         * Across nodes the peers matter (which flows cross a NIC): step by step */
+        ps_coll_step s = ps_coll_step_of(PS_COLL_ALL_GATHER, n, rank, 0);
+        return transfer(a, gr->devices[s.send_to], gr->devices[s.recv_from], (n - 1) * chunk,
+                        n - 2);
+    }
     for (int j = 0; j < steps;) {
         ps_coll_step s = ps_coll_step_of(kind, n, rank, j);
         int k = 1;
@@ -585,36 +622,23 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
     return actor_fail(a, PS_ERR_INVALID, "instruction not allowed here");
 }
 
-/* The FLOPs one predicted second is on this host: the host runs at its
- * kind's fp16 speed, the seconds assume the stage's reference speed in the
- * model's dtype; a device that is faster in that dtype than the reference
- * takes proportionally less time. */
-static double scaled_reference(const sim_actor *a, const ps_program_stage *st)
-{
-    double ref = st->reference_flops_per_s;
-    int dt = st->reference_dtype;
-    double own = a->kind != NULL && dt >= 0 && dt < PS_FLOAT_DTYPE_COUNT ? a->kind->peak_flops[dt] : 0;
-    if (!(own > 0))
-        return ref;
-    return ref * a->speed_flops_per_s / own;
-}
-
 static bool run_kernel(sim_actor *a, const ps_instr *in)
 {
     const ps_program_set *set = a->ctx->set;
     if (in->kernel < 0 || in->kernel >= set->n_kernels)
         return actor_fail(a, PS_ERR_INVALID, "run of an invalid kernel");
-    flush_compute(a);
+    /* latencies deferred before the kernel (a program collective's) go into
+     * its first execution, ahead of the kernel's own time */
+    if (a->pend_exec_flops > 0)
+        flush_compute(a);
     const ps_kernel *k = &set->kernels[in->kernel];
     double ref =
         k->stage >= 0 && k->stage < set->n_stages ? set->stages[k->stage].reference_flops_per_s : 0;
     if (!(ref > 0)) /* no reference speed: take the seconds as this device's */
         ref = a->speed_flops_per_s;
-    else
-        ref = scaled_reference(a, &set->stages[k->stage]);
     a->cur_phase = (int)k->phase;
     a->cur_mb = in->mb;
-    double t0 = simgrid_get_clock();
+    double t0 = simgrid_get_clock() + a->pend_delay_s;
     for (int i = 0; i < k->n_instrs; i++) {
         a->kpc = i;
         if (k->instrs[i].kind == PS_INSTR_RUN)
@@ -644,8 +668,6 @@ static void actor_main(int argc, char **argv)
         p->stage >= 0 && p->stage < set->n_stages ? set->stages[p->stage].reference_flops_per_s : 0;
     if (!(ref > 0))
         ref = a->speed_flops_per_s;
-    else
-        ref = scaled_reference(a, &set->stages[p->stage]);
     for (a->pc = 0; a->pc < p->n_instrs; a->pc++) {
         const ps_instr *in = &p->instrs[a->pc];
         bool ok = in->kind == PS_INSTR_RUN ? run_kernel(a, in) : step(a, in, in->mb, ref);
@@ -865,7 +887,6 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
             continue;
         a->prog = &s->programs[d];
         a->speed_flops_per_s = sg_host_get_speed(ctx.hosts[d]);
-        a->kind = ps_cluster_device(c, d);
         char name[32];
         snprintf(name, sizeof name, "dev%d", d);
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);

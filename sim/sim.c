@@ -30,7 +30,7 @@ typedef struct blob_header {
     int32_t status;
     int32_t n_devices;
     int32_t reserved;
-    double iteration_s, load_s, wall_s, peak_rss_bytes;
+    double iteration_s, load_s, wall_s, peak_rss_bytes, cpu_s;
     int64_t events;
     char error[PS_ERROR_MSG_MAX];
 } blob_header;
@@ -81,7 +81,13 @@ static void child_main(const ps_program_set *s, const ps_cluster *c, const ps_si
     ps_status st = res.devices == NULL ? ps_error_set(&err, PS_ERR_NOMEM, "out of memory")
                                        : ps_sim_replay(s, c, o, platform_path, &res, &err);
     struct rusage ru;
-    double rss = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0;
+    bool ru_ok = getrusage(RUSAGE_SELF, &ru) == 0;
+    double rss = ru_ok ? (double)ru.ru_maxrss * 1024.0 : 0;
+    /* CPU time of this process alone (it starts at zero after fork): what a
+     * shared machine does not inflate the way it does wall time */
+    double cpu = ru_ok ? (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                             (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec
+                       : 0;
     blob_header h = {.magic = BLOB_MAGIC,
                      .status = st,
                      .n_devices = s->n_devices,
@@ -89,6 +95,7 @@ static void child_main(const ps_program_set *s, const ps_cluster *c, const ps_si
                      .load_s = res.load_s,
                      .wall_s = res.wall_s,
                      .peak_rss_bytes = rss,
+                     .cpu_s = cpu,
                      .events = res.events};
     if (st != PS_OK)
         snprintf(h.error, sizeof h.error, "%s", err.msg[0] ? err.msg : ps_status_str(st));
@@ -405,6 +412,7 @@ ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c, const 
         stats_out->events = h->events;
         stats_out->events_per_s = h->wall_s > 0 ? (double)h->events / h->wall_s : 0;
         stats_out->peak_rss_bytes = h->peak_rss_bytes;
+        stats_out->cpu_s = h->cpu_s;
     }
 out:
     if (pid > 0) { /* failed after fork: do not leave the child behind */

@@ -51,6 +51,7 @@ typedef struct ps_sim_stats {
     long long events;         /* executions + communications + sleeps started */
     double events_per_s;
     double peak_rss_bytes;    /* of the child process */
+    double cpu_s;             /* the child's CPU time (user + system), platform load included */
 } ps_sim_stats;
 
 ps_sim_options ps_sim_options_default(void);

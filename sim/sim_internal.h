@@ -15,9 +15,6 @@
  * max(inter.latency_s, intra.latency_s) across nodes. */
 double ps_sim_route_latency_s(const ps_cluster *c, int a, int b);
 
-/* Host speed of a device kind: its fp16 peak, or fp32 where it has none. */
-double ps_sim_kind_speed_flops_per_s(const ps_device_kind *k);
-
 /* Per-device results of one replay. */
 typedef struct ps_sim_device_result {
     double compute_s;                   /* in executions */

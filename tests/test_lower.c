@@ -147,6 +147,19 @@ static void check_kernels_match_plan(const ps_plan *p, const ps_program_set *set
         assert_int_equal(runs[PS_PHASE_FORWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_BACKWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_UPDATE], 1);
+        /* what lives the whole step (the program's per-step allocations:
+         * weights, optimizer state, gradient accumulators) is what the plan
+         * counts: gradients in the layout their producers write */
+        double lasting = 0;
+        for (int i = 0; i < prog->n_instrs; i++)
+            if (prog->instrs[i].kind == PS_INSTR_ALLOC && prog->instrs[i].mb < 0)
+                lasting += set->buffers[prog->instrs[i].buffer].bytes;
+        double plan_lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
+        if (fabs(lasting - plan_lasting) > 1e-9 * plan_lasting)
+            fail_msg("%s %s stage %d: per-step buffers %.9g bytes, plan %.9g (weights %.9g, "
+                     "gradients %.9g, optimizer %.9g)",
+                     p->model_name, p->method, k, lasting, plan_lasting, ps->weight_bytes,
+                     ps->gradient_bytes, ps->optimizer_bytes);
     }
 }
 
@@ -210,6 +223,92 @@ static void tied_embedding_travels(void **state)
     ps_plan_model_free(m);
     ps_plan_free(p);
     ps_cluster_free(c);
+}
+
+/* Regression: gpt-175b uniform dp 1 x op 8 x pp 16 on dgx-a100:16 failed the
+ * checker ("receive ... never sent") while the replay completed. The cause:
+ * ps_program_add_group looked for an existing group only among the last 64,
+ * so the first six devices of stage 6 named the mesh's group created by the
+ * transfers into it and the last two a new copy; their kernel collectives
+ * then waited in different groups (an executor would make two communicators
+ * and hang). The same layout on a small GPT: every member of a mesh row,
+ * column and mesh names one group, and the programs pass the checker. */
+static void mesh_groups_are_shared_by_their_members(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    /* big enough that the intra-op pass shards (kernels with collectives) */
+    cfg.layers = 16;
+    cfg.hidden = 512;
+    cfg.ffn = 2048;
+    cfg.heads = 8;
+    cfg.seq = 64;
+    cfg.vocab = 512;
+    cfg.batch = 1;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:16", &c, NULL), PS_OK);
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 16, .micro_batches = 16,
+                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
+    ps_inter_options o = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_uniform(&req, &o, 1, 8, 16, &p, &err) != PS_OK)
+        fail_msg("uniform 1 x 8 x 16: %s", err.msg);
+    ps_graph_free(fwd);
+    ps_plan_model *m = NULL;
+    ps_program_set *set = lower(p, &m, true); /* fails on the checker before the fix */
+    int kernel_collectives = 0;
+    for (int k = 0; k < set->n_kernels; k++)
+        for (int i = 0; i < set->kernels[k].n_instrs; i++)
+            kernel_collectives += set->kernels[k].instrs[i].kind == PS_INSTR_COLLECTIVE;
+    assert_true(kernel_collectives > 0);
+    for (int k = 0; k < set->n_stages; k++) {
+        const ps_program_stage *ps = &set->stages[k];
+        const ps_program *first = &set->programs[ps->devices[0]];
+        for (int i = 0; i < ps->n_devices; i++) {
+            const ps_program *q = &set->programs[ps->devices[i]];
+            /* one mesh: its group; one row (1 x 8: the mesh): one group */
+            assert_int_equal(q->axis_group[2], first->axis_group[2]);
+            if (q->coord[0] == first->coord[0])
+                assert_int_equal(q->axis_group[1], first->axis_group[1]);
+        }
+    }
+    /* no two groups hold the same device list */
+    for (int a = 0; a < set->n_groups; a++)
+        for (int b = a + 1; b < set->n_groups; b++)
+            assert_false(set->groups[a].n == set->groups[b].n &&
+                         memcmp(set->groups[a].devices, set->groups[b].devices,
+                                (size_t)set->groups[a].n * sizeof(int)) == 0);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
+/* ps_program_add_group finds a device list however many groups came since. */
+static void add_group_finds_old_groups(void **state)
+{
+    (void)state;
+    ps_program_set *s = NULL;
+    assert_int_equal(ps_program_set_create(NULL, 4096, 1, &s), PS_OK);
+    int first = -1, again = -1, g = -1;
+    int mesh[8] = {48, 49, 50, 51, 52, 53, 54, 55};
+    assert_int_equal(ps_program_add_group(s, mesh, 8, &first), PS_OK);
+    for (int d = 0; d < 4096; d++)
+        assert_int_equal(ps_program_add_group(s, &d, 1, &g), PS_OK);
+    assert_int_equal(ps_program_add_group(s, mesh, 8, &again), PS_OK);
+    assert_int_equal(again, first);
+    int d = 1000, reversed[8] = {55, 54, 53, 52, 51, 50, 49, 48};
+    assert_int_equal(ps_program_add_group(s, &d, 1, &g), PS_OK);
+    assert_int_equal(s->groups[g].devices[0], 1000);
+    assert_int_equal(ps_program_add_group(s, reversed, 8, &g), PS_OK); /* ring order matters */
+    assert_int_not_equal(g, first);
+    assert_int_equal(s->n_groups, 1 + 4096 + 1);
+    ps_program_set_free(s);
 }
 
 /* ---- the checker against broken programs ---- */
@@ -341,6 +440,37 @@ static void checker_catches_broken_programs(void **state)
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(p);
+
+    /* one member names a copy of its mesh group (the bug of
+     * mesh_groups_are_shared_by_their_members): the report names both groups */
+    set = good_programs(&p, &m);
+    int axis = -1;
+    for (int k = 0; k < set->n_kernels && axis < 0; k++)
+        for (int i = 0; i < set->kernels[k].n_instrs && axis < 0; i++) {
+            const ps_instr *in = &set->kernels[k].instrs[i];
+            int st0 = set->kernels[k].stage;
+            if (in->kind == PS_INSTR_COLLECTIVE && in->axis >= 0 &&
+                set->stages[st0].mesh[in->axis < 2 ? in->axis : 0] > 1) {
+                axis = in->axis;
+                d0 = set->stages[st0].devices[0];
+            }
+        }
+    assert_true(axis >= 0);
+    prog = &set->programs[d0];
+    const ps_group *orig = &set->groups[prog->axis_group[axis]];
+    int *rev = malloc((size_t)orig->n * sizeof *rev);
+    for (int i = 0; i < orig->n; i++)
+        rev[i] = orig->devices[orig->n - 1 - i];
+    int copy;
+    assert_int_equal(ps_program_add_group(set, rev, orig->n, &copy), PS_OK);
+    orig = &set->groups[prog->axis_group[axis]];
+    memcpy(set->groups[copy].devices, orig->devices, (size_t)orig->n * sizeof(int));
+    free(rev);
+    prog->axis_group[axis] = copy;
+    expect_failure(set, "the two groups hold the same devices");
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
 }
 
 int main(void)
@@ -348,6 +478,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_family_method_and_schedule),
         cmocka_unit_test(tied_embedding_travels),
+        cmocka_unit_test(mesh_groups_are_shared_by_their_members),
+        cmocka_unit_test(add_group_finds_old_groups),
         cmocka_unit_test(checker_catches_broken_programs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
