@@ -1,49 +1,121 @@
-/* pipeshard demo: the main job on an embedded default. */
+/* pipeshard demo: the main job on an embedded default, and the whole loop
+ * (plan, simulate, execute, compare, plot) on a GPT small enough for the CPU. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 
+#define DEMO_STEPS 7
+
+static void step(int i, const char *what)
+{
+    printf("%spipeshard demo %d/%d: %s\n\n", i > 1 ? "\n" : "", i, DEMO_STEPS, what);
+    fflush(stdout);
+}
+
+static int run(int (*cmd)(int, char **), char **argv)
+{
+    int argc = 0;
+    while (argv[argc] != NULL)
+        argc++;
+    int rc = cmd(argc, argv);
+    fflush(stdout);
+    return rc;
+}
+
+/* The small GPT of steps 4-7: 4 layers, hidden 256, fp32 (the CPU backend's
+ * precision), 16 samples in 4 micro-batches, on the same 8-GPU node. */
+#define SMALL_GPT "--model", "gpt-350m", "--layers", "4", "--hidden", "256", "--heads", "4", \
+                  "--seq", "128", "--vocab", "2048", "--dtype", "fp32"
+
 int ps_cmd_demo(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        printf("usage: pipeshard demo\n\nRuns the main job on an embedded default: the training "
-               "step of the built-in\nGPT-2.6B (Alpa's benchmark suite), then its pipeshard plan "
-               "on one p3.16xlarge\nnode (8 V100s), written to demo-plan.json, then one training "
-               "step of that plan\nsimulated on a SimGrid model of the node (demo-trace.json opens "
-               "in Perfetto;\ndemo-summary.json is the run summary).\n");
+        printf("usage: pipeshard demo\n\n"
+               "Runs the main job on an embedded default, then the whole loop on a small GPT:\n"
+               "  1. the training step of the built-in GPT-2.6B (Alpa's benchmark suite);\n"
+               "  2. its pipeshard plan on one p3.16xlarge node (8 V100s): demo-plan.json;\n"
+               "  3. one training step of that plan simulated on a SimGrid model of the node\n"
+               "     (demo-trace.json opens in Perfetto; demo-summary.json is the summary);\n"
+               "  4. the pipeshard plan of a 4-layer GPT (hidden 256, fp32) on the same node:\n"
+               "     demo-small-plan.json, its prediction demo-small-planner.json;\n"
+               "  5. its simulation: demo-small-sim.json, demo-small-sim-trace.json;\n"
+               "  6. its execution on the CPU backend (8 threads as the 8 GPUs), checked\n"
+               "     against the single-device step: demo-small-exec.json,\n"
+               "     demo-small-exec-trace.json;\n"
+               "  7. the three compared per stage, with charts in demo-plots/ (gnuplot).\n"
+               "The CPU measures its own speed, not a V100's: step 7 shows how a measured\n"
+               "run lines up with the predictions (docs/compare.md).\n");
 #ifdef PS_NO_SIMGRID
-        printf("\nIn this build the simulation is skipped: %s.\n", PS_CLI_NO_SIMGRID);
+        printf("\nIn this build the simulations are skipped: %s.\n", PS_CLI_NO_SIMGRID);
 #endif
         return 0;
     }
     if (argc > 1)
         return ps_cli_usage_error("demo", "takes no arguments");
-    printf("pipeshard demo 1/3: the training step of GPT-2.6B (Alpa suite), global batch 1024 "
-           "in 64 micro-batches of 16\n\n");
-    fflush(stdout);
-    char *graph[] = {"graph", "--model", "gpt-2.6b", "--batch", "16", NULL};
-    int rc = ps_cmd_graph(5, graph);
+    step(1, "the training step of GPT-2.6B (Alpa suite), global batch 1024 in 64 "
+            "micro-batches of 16");
+    int rc = run(ps_cmd_graph, (char *[]){"graph", "--model", "gpt-2.6b", "--batch", "16", NULL});
     if (rc != 0)
         return rc;
-    printf("\npipeshard demo 2/3: its pipeshard plan on one p3.16xlarge node (8 x V100-16GB), "
-           "written to demo-plan.json\n\n");
-    fflush(stdout);
-    char *plan[] = {"plan",     "--model",         "gpt-2.6b", "--cluster", "p3.16xlarge:1",
-                    "--micro-batches", "64",       "--layer-num", "8",      "--remat",
-                    "-o",       "demo-plan.json",  NULL};
-    rc = ps_cmd_plan(12, plan);
+    step(2, "its pipeshard plan on one p3.16xlarge node (8 x V100-16GB), written to "
+            "demo-plan.json");
+    rc = run(ps_cmd_plan, (char *[]){"plan", "--model", "gpt-2.6b", "--cluster", "p3.16xlarge:1",
+                                     "--micro-batches", "64", "--layer-num", "8", "--remat", "-o",
+                                     "demo-plan.json", NULL});
     if (rc != 0)
         return rc;
 #ifdef PS_NO_SIMGRID
-    printf("\npipeshard demo 3/3: skipped, the simulation of that plan: %s\n", PS_CLI_NO_SIMGRID);
+    step(3, "skipped, the simulation of that plan: " PS_CLI_NO_SIMGRID);
+#else
+    step(3, "one training step of that plan, simulated (timeline in demo-trace.json, summary "
+            "in\ndemo-summary.json)");
+    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-plan.json", "--trace",
+                                    "demo-trace.json", "--summary", "demo-summary.json", NULL});
+    if (rc != 0)
+        return rc;
+#endif
+    step(4, "the whole loop on a 4-layer GPT (hidden 256, fp32): its pipeshard plan on the "
+            "same node,\nwritten to demo-small-plan.json");
+    rc = run(ps_cmd_plan, (char *[]){"plan", SMALL_GPT, "--cluster", "p3.16xlarge:1",
+                                     "--global-batch", "16", "--micro-batches", "4", "-o",
+                                     "demo-small-plan.json", NULL});
+    if (rc != 0)
+        return rc;
+#ifdef PS_NO_SIMGRID
+    step(5, "skipped, its simulation: " PS_CLI_NO_SIMGRID);
+#else
+    step(5, "its simulation (demo-small-sim.json; the planner's prediction as a summary in\n"
+            "demo-small-planner.json)");
+    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-small-plan.json", "--summary",
+                                    "demo-small-sim.json", "--predicted",
+                                    "demo-small-planner.json", "--trace",
+                                    "demo-small-sim-trace.json", NULL});
+    if (rc != 0)
+        return rc;
+#endif
+    step(6, "its execution on the CPU backend, every GPU a thread, checked against the "
+            "single-device\nstep (demo-small-exec.json, demo-small-exec-trace.json)");
+    rc = run(ps_cmd_exec, (char *[]){"exec", "--plan", "demo-small-plan.json", "--backend", "cpu",
+                                     "--check", "--summary", "demo-small-exec.json", "--trace",
+                                     "demo-small-exec-trace.json", NULL});
+    if (rc != 0)
+        return rc;
+#ifdef PS_NO_SIMGRID
+    step(7, "skipped, the comparison with the predictions: they come from `pipeshard sim`, "
+            "and " PS_CLI_NO_SIMGRID);
     return 0;
 #else
-    printf("\npipeshard demo 3/3: one training step of that plan, simulated (timeline in "
-           "demo-trace.json,\nsummary in demo-summary.json)\n\n");
-    fflush(stdout);
-    char *sim[] = {"sim", "--plan", "demo-plan.json", "--trace", "demo-trace.json",
-                   "--summary", "demo-summary.json", NULL};
-    return ps_cmd_sim(7, sim);
+    step(7, "the planner, the simulator and the CPU measurement compared per stage; charts "
+            "in demo-plots/");
+    rc = run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
+                                        "demo-small-sim.json", "demo-small-exec.json", "--plot",
+                                        "demo-plots", NULL});
+    if (rc != 0) { /* the charts need gnuplot: the table alone */
+        printf("\n(no charts: see the message above)\n\n");
+        rc = run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
+                                            "demo-small-sim.json", "demo-small-exec.json", NULL});
+    }
+    return rc;
 #endif
 }
