@@ -10,8 +10,10 @@
  * - Elementwise ops, BIAS_ADD, LAYERNORM(_GRAD), SOFTMAX(_GRAD), RESHAPE,
  *   TRANSPOSE: local. SOFTMAX's causal mask compares global positions:
  *   query q = offset[rank-2] + i, key k = offset[rank-1] + j, masked if k > q.
- * - LAYERNORM_GRAD / BATCHNORM_GRAD's dgamma, dbeta and every reduction over
- *   a split dimension are partial sums of the local contributions.
+ * - LAYERNORM_GRAD's dgamma, dbeta and every reduction over a split
+ *   dimension are partial sums of the local contributions. BATCHNORM_GRAD
+ *   reduces its dgamma and dbeta through ctx->reduce (they are the sums its
+ *   dx needs anyway): whole values on every member.
  * - REDUCE mean and BROADCAST mean divide by the GLOBAL count of the reduced
  *   dimensions (tile.global), so local results are addends of the true value.
  * - MSE_LOSS = sum over local elements of (p - t)^2 / global numel (an addend

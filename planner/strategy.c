@@ -202,7 +202,7 @@ ps_status ps_op_signature_of(const ps_graph *g, int op_id, const unsigned char *
         for (int k = 2; k < x->rank; k++)
             fixed |= 1u << k;
         fresh(s, x, fixed, L);
-        s->internal_reduce[(int)L[0]] = op->kind == PS_OP_BATCHNORM; /* synchronized stats */
+        s->internal_reduce[(int)L[0]] = true; /* synchronized statistics (and their gradients) */
         copy_labels(s->in[0], L, x->rank);
         s->in[1][0] = L[1];
         if (op->kind == PS_OP_BATCHNORM) {

@@ -1339,10 +1339,16 @@ static ps_status op_batchnorm(const run *r)
                 sdx += d[i] * (p[i] - mean[c]) * rstd[c];
             }
         }
-        fdata(&r->out[1])[c] = buf[c] = (float)sdx;
-        fdata(&r->out[2])[c] = buf[C + c] = (float)sd;
+        buf[c] = (float)sdx;
+        buf[C + c] = (float)sd;
     }
+    /* the totals are dgamma and dbeta themselves: with the batch split, the
+     * planner counts them reduced by the op's own collective, not partial */
     PS_TRY(group_reduce(r, buf, 2 * C, PS_REDUCE_OP_SUM));
+    for (int64_t c = 0; c < C; c++) {
+        fdata(&r->out[1])[c] = buf[c];
+        fdata(&r->out[2])[c] = buf[C + c];
+    }
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) {
             const float *p = fdata(x) + (n * C + c) * S, *d = fdata(&r->in[2]) + (n * C + c) * S;

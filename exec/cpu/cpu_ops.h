@@ -23,7 +23,8 @@
  *   dim 1, counted over the whole tensor (tile.global); when those dims are
  *   split the op sums its per-channel partial sums through ctx->reduce (the
  *   devices splitting the batch), as the losses do for a split vocabulary.
- *   dgamma and dbeta are still the local addends.
+ *   dgamma and dbeta are those totals (the planner counts the batch label of
+ *   both ops as reduced inside the op, planner/strategy.c).
  * - MOE_GATE: softmax over the experts, top-k by probability (ties go to the
  *   lower expert), capacity filled GShard-style: every token's first choice
  *   in token order, then every token's second choice, and so on; slot =
