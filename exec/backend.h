@@ -90,6 +90,11 @@ typedef struct ps_backend_ops {
      * with PS_ERR_DEVICE); called once after the first error. */
     void (*abort)(ps_backend *b);
     void (*destroy)(ps_backend *b);
+
+    /* Optional, NULL where a backend has none (keep it last: positional
+     * initializers end before it): `reduce` in double precision. */
+    ps_status (*reduce64)(ps_backend *b, int device, const ps_exec_group *g, double *data,
+                          int64_t n, ps_reduce_op op, ps_error *err);
 } ps_backend_ops;
 
 struct ps_backend {

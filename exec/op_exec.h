@@ -53,6 +53,10 @@ typedef struct ps_op_reduce {
     int group_size; /* 1: nothing to reduce, fn may be NULL */
     void *arg;
     ps_status (*fn)(void *arg, float *data, int64_t n, ps_reduce_op op, ps_error *err);
+    /* the same in double precision, or NULL where the backend has none: sums
+     * whose small differences matter (batchnorm's statistics and gradients,
+     * which cancel) keep their precision across devices */
+    ps_status (*fn64)(void *arg, double *data, int64_t n, ps_reduce_op op, ps_error *err);
 } ps_op_reduce;
 
 typedef struct ps_op_context {

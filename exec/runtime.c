@@ -374,6 +374,14 @@ static ps_status reduce_trampoline(void *arg, float *data, int64_t n, ps_reduce_
     return rt->b->ops->reduce(rt->b, a->d->device, &a->g, data, n, op, err);
 }
 
+static ps_status reduce64_trampoline(void *arg, double *data, int64_t n, ps_reduce_op op,
+                                     ps_error *err)
+{
+    reduce_arg *a = arg;
+    runtime *rt = a->d->rt;
+    return rt->b->ops->reduce64(rt->b, a->d->device, &a->g, data, n, op, err);
+}
+
 static ps_exec_group group_view(const runtime *rt, const device_state *d, int group)
 {
     ps_exec_group g = {.id = group, .n = 1, .devices = &d->device, .rank = 0};
@@ -472,6 +480,7 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         ctx.reduce.group_size = ra.g.n;
         ctx.reduce.arg = &ra;
         ctx.reduce.fn = reduce_trampoline;
+        ctx.reduce.fn64 = rt->b->ops->reduce64 != NULL ? reduce64_trampoline : NULL;
     }
     ps_status st = PS_OK;
     if (op->kind == PS_OP_ADAM && op->n_in > 1 && rt->opt->keep_params &&

@@ -314,6 +314,34 @@ static ps_status cpu_reduce(ps_backend *b, int device, const ps_exec_group *g, f
     return st;
 }
 
+static ps_status cpu_reduce64(ps_backend *b, int device, const ps_exec_group *g, double *data,
+                              int64_t n, ps_reduce_op op, ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    double *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
+    if (copy == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    memcpy(copy, data, (size_t)n * sizeof *copy);
+    rendezvous *r;
+    PS_TRY_RET(rdv_enter(c, device, g, 20 + (int)op, copy, NULL, n, &r, err));
+    ps_status st = PS_OK;
+    for (int m = 0; m < r->n; m++)
+        if (r->count[m] != n)
+            st = ps_error_set(err, PS_ERR_INTERNAL,
+                              "device %d: reduction of %lld values meets one of %lld", device,
+                              (long long)n, (long long)r->count[m]);
+    for (int64_t i = 0; i < n && st == PS_OK; i++) {
+        double v = ((double *)r->copy[0])[i];
+        for (int m = 1; m < r->n; m++) {
+            double x = ((double *)r->copy[m])[i];
+            v = op == PS_REDUCE_OP_MAX ? (x > v ? x : v) : v + x;
+        }
+        data[i] = v;
+    }
+    rdv_leave(c, r);
+    return st;
+}
+
 /* ---- point to point ---- */
 
 static void chunk_range(int64_t count, int chunks, int chunk, int64_t *start, int64_t *len)
@@ -469,6 +497,7 @@ static const ps_backend_ops cpu_ops = {
     .copy_box = cpu_copy_box,
     .collective = cpu_collective,
     .reduce = cpu_reduce,
+    .reduce64 = cpu_reduce64,
     .send = cpu_send,
     .recv = cpu_recv,
     .mark = cpu_mark,

@@ -114,6 +114,28 @@ static ps_status group_reduce(const run *r, float *data, int64_t n, ps_reduce_op
     return PS_OK;
 }
 
+/* The same in double precision where the backend has it; else through
+ * floats (scratch: n floats). */
+static ps_status group_reduce64(const run *r, double *data, float *scratch, int64_t n,
+                                ps_reduce_op rop)
+{
+    const ps_op_reduce *g = &r->ctx->reduce;
+    if (g->group_size <= 1)
+        return PS_OK;
+    if (g->fn64 != NULL) {
+        ps_status st = g->fn64(g->arg, data, n, rop, r->err);
+        if (st != PS_OK)
+            return op_fail(r, st, "reduce over %d devices failed", g->group_size);
+        return PS_OK;
+    }
+    for (int64_t i = 0; i < n; i++)
+        scratch[i] = (float)data[i];
+    ps_status st = group_reduce(r, scratch, n, rop);
+    for (int64_t i = 0; i < n && st == PS_OK; i++)
+        data[i] = scratch[i];
+    return st;
+}
+
 /* True when the dims other than `keep` are split across tiles (the op then
  * needs its reduce group to see the whole tensor). */
 static bool split_outside(const ps_tile *t, int keep)
@@ -1258,6 +1280,8 @@ static ps_status bn_stats(const run *r, const ps_tile *x, double *mean, double *
         FAIL("batch statistics over a split batch need the op's reduce group");
     if (r->ctx->reduce.group_size > 1 && !split_outside(x, 1))
         FAIL("a reduce group of %d devices but the batch is whole", r->ctx->reduce.group_size);
+    /* sums in double, reduced in double: the variance and the gradient's
+     * terms cancel, so single-precision totals would show */
     for (int64_t c = 0; c < C; c++) {
         double s = 0;
         for (int64_t n = 0; n < N; n++) {
@@ -1265,12 +1289,12 @@ static ps_status bn_stats(const run *r, const ps_tile *x, double *mean, double *
             for (int64_t i = 0; i < S; i++)
                 s += p[i];
         }
-        buf[c] = (float)s;
+        mean[c] = s;
     }
-    if ((st = group_reduce(r, buf, C, PS_REDUCE_OP_SUM)) != PS_OK)
+    if ((st = group_reduce64(r, mean, buf, C, PS_REDUCE_OP_SUM)) != PS_OK)
         return st;
     for (int64_t c = 0; c < C; c++)
-        mean[c] = buf[c] / *count;
+        mean[c] /= *count;
     for (int64_t c = 0; c < C; c++) {
         double q = 0;
         for (int64_t n = 0; n < N; n++) {
@@ -1278,12 +1302,12 @@ static ps_status bn_stats(const run *r, const ps_tile *x, double *mean, double *
             for (int64_t i = 0; i < S; i++)
                 q += (p[i] - mean[c]) * (p[i] - mean[c]);
         }
-        buf[c] = (float)q;
+        rstd[c] = q;
     }
-    if ((st = group_reduce(r, buf, C, PS_REDUCE_OP_SUM)) != PS_OK)
+    if ((st = group_reduce64(r, rstd, buf, C, PS_REDUCE_OP_SUM)) != PS_OK)
         return st;
     for (int64_t c = 0; c < C; c++)
-        rstd[c] = 1.0 / sqrt(buf[c] / *count + r->a->eps);
+        rstd[c] = 1.0 / sqrt(rstd[c] / *count + r->a->eps);
     return PS_OK;
 }
 
@@ -1308,14 +1332,14 @@ static ps_status op_batchnorm(const run *r)
                  (st = need_same(r, gamma, &r->out[1], "gamma", "dgamma")) != PS_OK ||
                  (st = need_same(r, gamma, &r->out[2], "gamma", "dbeta")) != PS_OK))
         return st;
-    double *mean = malloc((size_t)(2 * C + 1) * sizeof(double));
+    double *mean = malloc((size_t)(4 * C + 1) * sizeof(double)); /* mean, rstd, totals */
     float *buf = malloc((size_t)(2 * C + 1) * sizeof(float));
     double count;
     if (mean == NULL || buf == NULL) {
         st = op_fail(r, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    double *rstd = mean + C;
+    double *rstd = mean + C, *tot = mean + 2 * C;
     PS_TRY(bn_stats(r, x, mean, rstd, buf, &count));
     const float *g = fdata(gamma);
     if (!grad) {
@@ -1339,21 +1363,21 @@ static ps_status op_batchnorm(const run *r)
                 sdx += d[i] * (p[i] - mean[c]) * rstd[c];
             }
         }
-        buf[c] = (float)sdx;
-        buf[C + c] = (float)sd;
+        tot[c] = sdx;
+        tot[C + c] = sd;
     }
     /* the totals are dgamma and dbeta themselves: with the batch split, the
      * planner counts them reduced by the op's own collective, not partial */
-    PS_TRY(group_reduce(r, buf, 2 * C, PS_REDUCE_OP_SUM));
+    PS_TRY(group_reduce64(r, tot, buf, 2 * C, PS_REDUCE_OP_SUM));
     for (int64_t c = 0; c < C; c++) {
-        fdata(&r->out[1])[c] = buf[c];
-        fdata(&r->out[2])[c] = buf[C + c];
+        fdata(&r->out[1])[c] = (float)tot[c];
+        fdata(&r->out[2])[c] = (float)tot[C + c];
     }
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) {
             const float *p = fdata(x) + (n * C + c) * S, *d = fdata(&r->in[2]) + (n * C + c) * S;
             float *o = fdata(&r->out[0]) + (n * C + c) * S;
-            double mdx = buf[c] / count, md = buf[C + c] / count;
+            double mdx = tot[c] / count, md = tot[C + c] / count;
             for (int64_t i = 0; i < S; i++) {
                 double xh = (p[i] - mean[c]) * rstd[c];
                 o[i] = (float)(g[c] * rstd[c] * (d[i] - md - xh * mdx));
