@@ -128,11 +128,8 @@ static void fail(runtime *rt, device_state *d)
 
 /* ---- tiles and instances ---- */
 
-static int64_t elem_bytes(const ps_tensor *t)
-{
-    (void)t;
-    return 4; /* fp32 or int32 (exec/tile.h) */
-}
+/* Executors hold every element as fp32 or int32 (exec/tile.h). */
+#define PS_EXEC_ELEM_BYTES 4
 
 static ps_tile tile_of(const runtime *rt, const device_state *d, int buffer, void *data)
 {
@@ -190,13 +187,13 @@ static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile 
 {
     runtime *rt = d->rt;
     int64_t n = ps_tile_numel(t);
-    void *host = malloc((size_t)(n > 0 ? n : 1) * 4);
+    void *host = malloc((size_t)(n > 0 ? n : 1) * PS_EXEC_ELEM_BYTES);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     ps_status st = ps_exec_fill(rt->g, rt->set->buffers[buffer].tensor, mb, rt->opt->seed, t,
                                 host, &d->err);
     if (st == PS_OK)
-        st = rt->b->ops->upload(rt->b, d->device, t->data, host, n * 4, &d->err);
+        st = rt->b->ops->upload(rt->b, d->device, t->data, host, n * PS_EXEC_ELEM_BYTES, &d->err);
     free(host);
     return st;
 }
@@ -216,7 +213,7 @@ static ps_status do_alloc(device_state *d, int buffer, int mb, bool program_leve
         return PS_OK;
     }
     ps_tile t = tile_of(rt, d, buffer, NULL);
-    int64_t bytes = ps_tile_numel(&t) * elem_bytes(&rt->g->tensors[rt->set->buffers[buffer].tensor]);
+    int64_t bytes = ps_tile_numel(&t) * PS_EXEC_ELEM_BYTES;
     PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &d->inst[i], &d->err));
     if (program_level && persistent(rt, buffer)) {
         t.data = d->inst[i];
@@ -234,7 +231,7 @@ static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_
     float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
-    ps_status st = rt->b->ops->download(rt->b, d->device, host, t->data, n * 4, &d->err);
+    ps_status st = rt->b->ops->download(rt->b, d->device, host, t->data, n * PS_EXEC_ELEM_BYTES, &d->err);
     if (st == PS_OK) {
         pthread_mutex_lock(&rt->mu);
         float **slot = &whole[tensor];
@@ -414,7 +411,7 @@ static ps_status target_open(device_state *d, int buffer, int mb, bool accumulat
     w->instance = w->tile.data;
     w->scratch = accumulate && d->written[w->index];
     if (w->scratch) {
-        int64_t bytes = ps_tile_numel(&w->tile) * 4;
+        int64_t bytes = ps_tile_numel(&w->tile) * PS_EXEC_ELEM_BYTES;
         PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &w->tile.data, &d->err));
     }
     return PS_OK;
@@ -608,7 +605,6 @@ static ps_status exec_chunk_gather(device_state *d, const ps_instr *in)
 
 static ps_status exec_kernel_instr(device_state *d, const ps_instr *in, int mb)
 {
-    runtime *rt = d->rt;
     exec_event *e;
     switch ((ps_instr_kind)in->kind) {
     case PS_INSTR_COMPUTE:
@@ -633,7 +629,6 @@ static ps_status exec_kernel_instr(device_state *d, const ps_instr *in, int mb)
         return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: %s inside a kernel",
                             d->device, ps_instr_kind_names[in->kind]);
     }
-    (void)rt;
 }
 
 static ps_status exec_run_kernel(device_state *d, const ps_instr *in)
