@@ -5,7 +5,7 @@ SAN_BUILD ?= build-sanitize
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-sanitize bench clean
+.PHONY: all deps build demo test test-sanitize bench bench-check bench-baseline clean
 
 all: build
 
@@ -36,6 +36,16 @@ bench: build
 	$(BUILD)/bench_intra
 	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv
 	$(BUILD)/bench_sim --csv $(BUILD)/bench_sim.csv
+
+# The regression check (about half a minute): a quick subset of the benchmarks run
+# fresh and compared with bench/baselines/bench_check.csv: plan quality within 1%,
+# timings (as ratios to a calibration loop run alongside) within 1.5x. See docs/bench.md.
+bench-check: build
+	$(BUILD)/bench_check --baseline bench/baselines/bench_check.csv --csv $(BUILD)/bench_check.csv
+
+# Rewrites the stored baseline from a fresh run on this machine (commit the result).
+bench-baseline: build
+	$(BUILD)/bench_check --csv bench/baselines/bench_check.csv
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(BUILD).configure.log $(SAN_BUILD).configure.log
