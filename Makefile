@@ -30,11 +30,12 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
 
-# Benchmarks (minutes): ILP sizes and times, planning times for the GPT suite,
-# simulator speed on GPT-3 175B at 1024 and 4096 devices.
+# Benchmarks (long): ILP sizes and times, planning times and predicted throughput
+# for the GPT, MoE and Wide-ResNet suites (and the scaling chart's CSV), simulator
+# speed on GPT-3 175B at 1024 and 4096 devices. See docs/bench.md.
 bench: build
 	$(BUILD)/bench_intra
-	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv
+	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv --scaling $(BUILD)/bench_scaling.csv
 	$(BUILD)/bench_sim --csv $(BUILD)/bench_sim.csv
 
 # The regression check (about half a minute): a quick subset of the benchmarks run
