@@ -191,9 +191,9 @@ static ps_status cluster_slice(const char *preset, int gpus, ps_cluster **out, p
  * best of `repeats` timings, each covering `slowdown` plans, and *ratio (with
  * `cal`) the best of their ratios to the calibration runs around them. */
 static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_batch,
-                            int micro_batches, int layer_num, bool remat, int repeats,
-                            int slowdown, ps_calib *cal, ps_plan **out, double *dt_s,
-                            double *ratio, ps_error *err)
+                            int micro_batches, int layer_num, bool remat, int repeats, int slowdown,
+                            ps_calib *cal, ps_plan **out, double *dt_s, double *ratio,
+                            ps_error *err)
 {
     ps_status st = PS_OK;
     ps_cluster *c = NULL;
@@ -204,9 +204,13 @@ static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_ba
     PS_TRY(cluster_slice("p3.16xlarge", gpus, &c, err));
     cfg.batch = global_batch / micro_batches;
     PS_TRY(ps_model_build(&cfg, &fwd, err));
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = global_batch,
-                           .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .global_batch = global_batch,
+                           .micro_batches = micro_batches,
+                           .ilp = ps_ilp_options_default()};
     req.train.remat = remat;
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = layer_num;
@@ -338,9 +342,13 @@ static ps_status run_sim(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_erro
     PS_TRY(ps_zoo_lookup("gpt-175b", &cfg, err));
     cfg.batch = 3;
     PS_TRY(ps_model_build(&cfg, &fwd, err));
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .method = PS_METHOD_SHARD,
-                           .global_batch = 3 * micro_batches, .micro_batches = micro_batches,
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .method = PS_METHOD_SHARD,
+                           .global_batch = 3 * micro_batches,
+                           .micro_batches = micro_batches,
                            .ilp = ps_ilp_options_default()};
     req.train.remat = true;
     req.ilp.time_limit_s = 10;
@@ -398,8 +406,8 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
     ps_exec_result *res = NULL;
     int *slots = NULL;
     double dt = 0, ratio = 0;
-    PS_TRY(plan_model(cfg, gpus, global_batch, micro_batches, 0, false, 1, 1, NULL, &p, &dt,
-                      &ratio, err));
+    PS_TRY(plan_model(cfg, gpus, global_batch, micro_batches, 0, false, 1, 1, NULL, &p, &dt, &ratio,
+                      err));
     ps_lower_options lo = ps_lower_options_default();
     PS_TRY(ps_plan_model_build(p, &m, err));
     PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
@@ -435,8 +443,8 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
     rows_add(rs, name, "ratio", ratio, "calib");
     snprintf(name, sizeof name, "exec.%s@%d.step_s", label, gpus);
     rows_add(rs, name, "info", best, "s");
-    printf("  CPU executor, %s on %d devices (%d stage%s): step %.3f s\n", label, gpus,
-           p->n_stages, p->n_stages == 1 ? "" : "s", best);
+    printf("  CPU executor, %s on %d devices (%d stage%s): step %.3f s\n", label, gpus, p->n_stages,
+           p->n_stages == 1 ? "" : "s", best);
     fflush(stdout);
 out:
     if (b != NULL)
@@ -516,8 +524,10 @@ static int csv_read(const char *path, ps_bench_rows *rs)
         }
         if (!header) {
             if (strcmp(line, "metric,kind,value,unit") != 0) {
-                fprintf(stderr, "bench_check: %s:%d: expected the header "
-                                "\"metric,kind,value,unit\"\n", path, lineno);
+                fprintf(stderr,
+                        "bench_check: %s:%d: expected the header "
+                        "\"metric,kind,value,unit\"\n",
+                        path, lineno);
                 fclose(f);
                 return -1;
             }
@@ -609,8 +619,8 @@ static int compare(const ps_bench_rows *base, const ps_bench_rows *fresh, double
                 fprintf(stderr,
                         "bench_check: regression in %s: baseline %.6g %s, fresh %.6g %s "
                         "(%+.2f%%; tolerance +%.2f%%)\n",
-                        b->metric, b->value, b->unit, f->value, f->unit,
-                        (change - 1) * 100, quality_tol * 100);
+                        b->metric, b->value, b->unit, f->value, f->unit, (change - 1) * 100,
+                        quality_tol * 100);
             else
                 fprintf(stderr,
                         "bench_check: regression in %s: baseline %.6g, fresh %.6g (seconds per "

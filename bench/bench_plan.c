@@ -34,17 +34,28 @@ typedef struct bench_case {
 
 #define P3 "p3.16xlarge"
 static const bench_case cases[] = {
-    {"gpt", "gpt-350m", P3, 1, 1024, 64, 8},         {"gpt", "gpt-760m", P3, 2, 1024, 64, 8},
-    {"gpt", "gpt-1.3b", P3, 4, 1024, 64, 8},         {"gpt", "gpt-2.6b", P3, 8, 1024, 64, 8},
-    {"gpt", "gpt-6.7b", P3, 16, 1024, 64, 8},        {"gpt", "gpt-15b", P3, 32, 1024, 64, 8},
-    {"gpt", "gpt-39b", P3, 64, 1024, 64, 8},         {"gpt", "gpt-175b", "dgx-a100", 1024, 1536, 128, 16},
-    {"moe", "moe-380m", P3, 1, 1024, 64, 8},         {"moe", "moe-690m", P3, 2, 1024, 64, 8},
-    {"moe", "moe-1.3b", P3, 4, 1024, 64, 8},         {"moe", "moe-2.4b", P3, 8, 1024, 64, 8},
-    {"moe", "moe-10b", P3, 16, 1024, 64, 8},         {"moe", "moe-27b", P3, 32, 1024, 64, 8},
-    {"moe", "moe-70b", P3, 64, 1024, 64, 8},         {"wresnet", "wresnet-250m", P3, 1, 1536, 32, 8},
-    {"wresnet", "wresnet-500m", P3, 2, 1536, 32, 8}, {"wresnet", "wresnet-1b", P3, 4, 1536, 32, 8},
-    {"wresnet", "wresnet-2b", P3, 8, 1536, 32, 8},   {"wresnet", "wresnet-4b", P3, 16, 1536, 32, 8},
-    {"wresnet", "wresnet-6.8b", P3, 32, 1536, 32, 8}, {"wresnet", "wresnet-13b", P3, 64, 1536, 32, 8},
+    {"gpt", "gpt-350m", P3, 1, 1024, 64, 8},
+    {"gpt", "gpt-760m", P3, 2, 1024, 64, 8},
+    {"gpt", "gpt-1.3b", P3, 4, 1024, 64, 8},
+    {"gpt", "gpt-2.6b", P3, 8, 1024, 64, 8},
+    {"gpt", "gpt-6.7b", P3, 16, 1024, 64, 8},
+    {"gpt", "gpt-15b", P3, 32, 1024, 64, 8},
+    {"gpt", "gpt-39b", P3, 64, 1024, 64, 8},
+    {"gpt", "gpt-175b", "dgx-a100", 1024, 1536, 128, 16},
+    {"moe", "moe-380m", P3, 1, 1024, 64, 8},
+    {"moe", "moe-690m", P3, 2, 1024, 64, 8},
+    {"moe", "moe-1.3b", P3, 4, 1024, 64, 8},
+    {"moe", "moe-2.4b", P3, 8, 1024, 64, 8},
+    {"moe", "moe-10b", P3, 16, 1024, 64, 8},
+    {"moe", "moe-27b", P3, 32, 1024, 64, 8},
+    {"moe", "moe-70b", P3, 64, 1024, 64, 8},
+    {"wresnet", "wresnet-250m", P3, 1, 1536, 32, 8},
+    {"wresnet", "wresnet-500m", P3, 2, 1536, 32, 8},
+    {"wresnet", "wresnet-1b", P3, 4, 1536, 32, 8},
+    {"wresnet", "wresnet-2b", P3, 8, 1536, 32, 8},
+    {"wresnet", "wresnet-4b", P3, 16, 1536, 32, 8},
+    {"wresnet", "wresnet-6.8b", P3, 32, 1536, 32, 8},
+    {"wresnet", "wresnet-13b", P3, 64, 1536, 32, 8},
 };
 
 static const char *suite_title(const char *suite)
@@ -67,8 +78,8 @@ static ps_status cluster_for(const bench_case *b, ps_cluster **out, ps_error *er
     int nodes = b->gpus / per_node;
     char name[64];
     snprintf(name, sizeof name, "%s:%dx%d", b->preset, nodes, per_node);
-    st = ps_cluster_create(name, nodes, per_node, &node->kinds[0], &node->intra, &node->inter,
-                           out, err);
+    st = ps_cluster_create(name, nodes, per_node, &node->kinds[0], &node->intra, &node->inter, out,
+                           err);
     ps_cluster_free(node);
     return st;
 }
@@ -115,8 +126,8 @@ int main(int argc, char **argv)
         fprintf(scaling, "# Alpa's suites (weak scaling: a larger model per GPU count), "
                          "planner's prediction, pipeshard plans\n"
                          "series,devices,throughput (TFLOP/s),model,iteration_s\n");
-    printf("%-12s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages",
-           "iter_s", "TFLOP/s", "mfu", "plan_s");
+    printf("%-12s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages", "iter_s",
+           "TFLOP/s", "mfu", "plan_s");
     double total = 0;
     int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) {
@@ -137,8 +148,10 @@ int main(int argc, char **argv)
             st = ps_model_build(&cfg, &fwd, &err);
         }
         if (st == PS_OK) {
-            ps_plan_request req = {.forward = fwd, .config = &cfg,
-                                   .train = ps_train_options_default(), .cluster = c,
+            ps_plan_request req = {.forward = fwd,
+                                   .config = &cfg,
+                                   .train = ps_train_options_default(),
+                                   .cluster = c,
                                    .global_batch = b->global_batch,
                                    .micro_batches = b->micro_batches,
                                    .ilp = ps_ilp_options_default()};
@@ -151,8 +164,8 @@ int main(int argc, char **argv)
         double dt = now_s() - t0;
         total += dt;
         if (st == PS_OK) {
-            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name,
-                   b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt);
+            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name, b->gpus,
+                   p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt);
             if (csv != NULL)
                 fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f\n", b->suite, b->model, c->name,
                         b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu, dt);

@@ -59,8 +59,8 @@ static check_run run_compare(const char *base, const char *fresh, const char *ex
     char cmd[2048], out_path[300], err_path[300];
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp_dir);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmp_dir);
-    snprintf(cmd, sizeof cmd, "'%s' --compare '%s' '%s' %s >'%s' 2>'%s'", PS_BENCH_CHECK_BIN,
-             base, fresh, extra ? extra : "", out_path, err_path);
+    snprintf(cmd, sizeof cmd, "'%s' --compare '%s' '%s' %s >'%s' 2>'%s'", PS_BENCH_CHECK_BIN, base,
+             fresh, extra ? extra : "", out_path, err_path);
     int status = system(cmd);
     assert_true(WIFEXITED(status));
     check_run r = {.rc = WEXITSTATUS(status), .out = slurp(out_path), .err = slurp(err_path)};
