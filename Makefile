@@ -5,7 +5,7 @@ SAN_BUILD ?= build-sanitize
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-sanitize bench clean
+.PHONY: all deps build demo test test-sanitize bench bench-check bench-baseline clean
 
 all: build
 
@@ -30,12 +30,23 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
 
-# Benchmarks (minutes): ILP sizes and times, planning times for the GPT suite,
-# simulator speed on GPT-3 175B at 1024 and 4096 devices.
+# Benchmarks (long): ILP sizes and times, planning times and predicted throughput
+# for the GPT, MoE and Wide-ResNet suites (and the scaling chart's CSV), simulator
+# speed on GPT-3 175B at 1024 and 4096 devices. See docs/bench.md.
 bench: build
 	$(BUILD)/bench_intra
-	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv
+	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv --scaling $(BUILD)/bench_scaling.csv
 	$(BUILD)/bench_sim --csv $(BUILD)/bench_sim.csv
+
+# The regression check (about half a minute): a quick subset of the benchmarks run
+# fresh and compared with bench/baselines/bench_check.csv: plan quality within 1%,
+# timings (as ratios to a calibration loop run alongside) within 1.5x. See docs/bench.md.
+bench-check: build
+	$(BUILD)/bench_check --baseline bench/baselines/bench_check.csv --csv $(BUILD)/bench_check.csv
+
+# Rewrites the stored baseline from a fresh run on this machine (commit the result).
+bench-baseline: build
+	$(BUILD)/bench_check --csv bench/baselines/bench_check.csv
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(BUILD).configure.log $(SAN_BUILD).configure.log

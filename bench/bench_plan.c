@@ -1,9 +1,17 @@
-/* Planning wall time and predicted throughput for Alpa's GPT suite on its GPU
- * counts (p3.16xlarge V100 nodes; 1-4 GPUs are one node's slice) and GPT-3
- * 175B on 128 DGX-A100 nodes. Global batch 1024 (1536 for 175B) in 64
- * micro-batches (128 for 175B), remat on, 8 clustered layers (16 for 175B).
+/* Planning wall time and predicted throughput for Alpa's GPT, MoE and
+ * Wide-ResNet suites on their GPU counts (p3.16xlarge V100 nodes; 1-4 GPUs are
+ * one node's slice) and GPT-3 175B on 128 DGX-A100 nodes. GPT and MoE: global
+ * batch 1024 in 64 micro-batches (GPT-3 175B: 1536 in 128); Wide-ResNet: 1536
+ * in 32; remat on, 8 clustered layers (16 for 175B).
  * One row per case; the last line is the headline (total planning time).
- * --quick: the cases up to 8 GPUs; --csv FILE also writes the rows as CSV. */
+ *
+ *   bench_plan [--quick] [--suite gpt|moe|wresnet|all] [--time-limit S]
+ *              [--csv FILE] [--scaling FILE]
+ *
+ * --quick: the cases up to 8 GPUs; --suite: one suite (default all);
+ * --time-limit: the ILP's limit per solve (default 10 s); --csv FILE also
+ * writes the rows as CSV; --scaling FILE writes the total predicted throughput
+ * against devices per suite, the CSV that `pipeshard plot --scaling` reads. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,16 +28,44 @@ static double now_s(void)
 }
 
 typedef struct bench_case {
-    const char *model, *preset;
+    const char *suite, *model, *preset;
     int gpus, global_batch, micro_batches, layer_num;
 } bench_case;
 
+#define P3 "p3.16xlarge"
 static const bench_case cases[] = {
-    {"gpt-350m", "p3.16xlarge", 1, 1024, 64, 8},  {"gpt-760m", "p3.16xlarge", 2, 1024, 64, 8},
-    {"gpt-1.3b", "p3.16xlarge", 4, 1024, 64, 8},  {"gpt-2.6b", "p3.16xlarge", 8, 1024, 64, 8},
-    {"gpt-6.7b", "p3.16xlarge", 16, 1024, 64, 8}, {"gpt-15b", "p3.16xlarge", 32, 1024, 64, 8},
-    {"gpt-39b", "p3.16xlarge", 64, 1024, 64, 8},  {"gpt-175b", "dgx-a100", 1024, 1536, 128, 16},
+    {"gpt", "gpt-350m", P3, 1, 1024, 64, 8},
+    {"gpt", "gpt-760m", P3, 2, 1024, 64, 8},
+    {"gpt", "gpt-1.3b", P3, 4, 1024, 64, 8},
+    {"gpt", "gpt-2.6b", P3, 8, 1024, 64, 8},
+    {"gpt", "gpt-6.7b", P3, 16, 1024, 64, 8},
+    {"gpt", "gpt-15b", P3, 32, 1024, 64, 8},
+    {"gpt", "gpt-39b", P3, 64, 1024, 64, 8},
+    {"gpt", "gpt-175b", "dgx-a100", 1024, 1536, 128, 16},
+    {"moe", "moe-380m", P3, 1, 1024, 64, 8},
+    {"moe", "moe-690m", P3, 2, 1024, 64, 8},
+    {"moe", "moe-1.3b", P3, 4, 1024, 64, 8},
+    {"moe", "moe-2.4b", P3, 8, 1024, 64, 8},
+    {"moe", "moe-10b", P3, 16, 1024, 64, 8},
+    {"moe", "moe-27b", P3, 32, 1024, 64, 8},
+    {"moe", "moe-70b", P3, 64, 1024, 64, 8},
+    {"wresnet", "wresnet-250m", P3, 1, 1536, 32, 8},
+    {"wresnet", "wresnet-500m", P3, 2, 1536, 32, 8},
+    {"wresnet", "wresnet-1b", P3, 4, 1536, 32, 8},
+    {"wresnet", "wresnet-2b", P3, 8, 1536, 32, 8},
+    {"wresnet", "wresnet-4b", P3, 16, 1536, 32, 8},
+    {"wresnet", "wresnet-6.8b", P3, 32, 1536, 32, 8},
+    {"wresnet", "wresnet-13b", P3, 64, 1536, 32, 8},
 };
+
+static const char *suite_title(const char *suite)
+{
+    if (strcmp(suite, "gpt") == 0)
+        return "GPT";
+    if (strcmp(suite, "moe") == 0)
+        return "GShard MoE";
+    return "Wide-ResNet";
+}
 
 /* The preset's node, sliced to fewer devices when the case needs under one node. */
 static ps_status cluster_for(const bench_case *b, ps_cluster **out, ps_error *err)
@@ -42,8 +78,8 @@ static ps_status cluster_for(const bench_case *b, ps_cluster **out, ps_error *er
     int nodes = b->gpus / per_node;
     char name[64];
     snprintf(name, sizeof name, "%s:%dx%d", b->preset, nodes, per_node);
-    st = ps_cluster_create(name, nodes, per_node, &node->kinds[0], &node->intra, &node->inter,
-                           out, err);
+    st = ps_cluster_create(name, nodes, per_node, &node->kinds[0], &node->intra, &node->inter, out,
+                           err);
     ps_cluster_free(node);
     return st;
 }
@@ -51,22 +87,52 @@ static ps_status cluster_for(const bench_case *b, ps_cluster **out, ps_error *er
 int main(int argc, char **argv)
 {
     bool quick = false;
-    FILE *csv = NULL;
+    const char *suite = "all";
+    double time_limit_s = 10;
+    FILE *csv = NULL, *scaling = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0)
+        const char *bad = NULL;
+        if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
-        else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
-            csv = fopen(argv[++i], "w");
+        } else if (strcmp(argv[i], "--suite") == 0 && i + 1 < argc) {
+            suite = argv[++i];
+            if (strcmp(suite, "gpt") != 0 && strcmp(suite, "moe") != 0 &&
+                strcmp(suite, "wresnet") != 0 && strcmp(suite, "all") != 0)
+                bad = "--suite wants gpt, moe, wresnet or all";
+        } else if (strcmp(argv[i], "--time-limit") == 0 && i + 1 < argc) {
+            time_limit_s = atof(argv[++i]);
+            if (time_limit_s <= 0)
+                bad = "--time-limit wants a positive number of seconds";
+        } else if ((strcmp(argv[i], "--csv") == 0 || strcmp(argv[i], "--scaling") == 0) &&
+                   i + 1 < argc) {
+            FILE **f = argv[i][2] == 'c' ? &csv : &scaling;
+            *f = fopen(argv[++i], "w");
+            if (*f == NULL) {
+                fprintf(stderr, "bench_plan: cannot write %s\n", argv[i]);
+                return 1;
+            }
+        } else {
+            bad = "usage: bench_plan [--quick] [--suite gpt|moe|wresnet|all] [--time-limit S] "
+                  "[--csv FILE] [--scaling FILE]";
+        }
+        if (bad != NULL) {
+            fprintf(stderr, "bench_plan: %s\n", bad);
+            return 2;
+        }
     }
     if (csv != NULL)
-        fprintf(csv, "model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s\n");
-    printf("%-9s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages",
-           "iter_s", "TFLOP/s", "mfu", "plan_s");
+        fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s\n");
+    if (scaling != NULL)
+        fprintf(scaling, "# Alpa's suites (weak scaling: a larger model per GPU count), "
+                         "planner's prediction, pipeshard plans\n"
+                         "series,devices,throughput (TFLOP/s),model,iteration_s\n");
+    printf("%-12s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages", "iter_s",
+           "TFLOP/s", "mfu", "plan_s");
     double total = 0;
     int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) {
         const bench_case *b = &cases[i];
-        if (quick && b->gpus > 8)
+        if ((quick && b->gpus > 8) || (strcmp(suite, "all") != 0 && strcmp(suite, b->suite) != 0))
             continue;
         ps_error err = {0};
         ps_cluster *c = NULL;
@@ -82,12 +148,15 @@ int main(int argc, char **argv)
             st = ps_model_build(&cfg, &fwd, &err);
         }
         if (st == PS_OK) {
-            ps_plan_request req = {.forward = fwd, .config = &cfg,
-                                   .train = ps_train_options_default(), .cluster = c,
+            ps_plan_request req = {.forward = fwd,
+                                   .config = &cfg,
+                                   .train = ps_train_options_default(),
+                                   .cluster = c,
                                    .global_batch = b->global_batch,
                                    .micro_batches = b->micro_batches,
                                    .ilp = ps_ilp_options_default()};
             req.train.remat = true;
+            req.ilp.time_limit_s = time_limit_s;
             ps_inter_options o = ps_inter_options_default();
             o.layer_num = b->layer_num;
             st = ps_plan_pipeshard(&req, &o, &p, &err);
@@ -95,13 +164,17 @@ int main(int argc, char **argv)
         double dt = now_s() - t0;
         total += dt;
         if (st == PS_OK) {
-            printf("%-9s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name, b->gpus,
+            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name, b->gpus,
                    p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt);
             if (csv != NULL)
-                fprintf(csv, "%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f\n", b->model, c->name, b->gpus,
-                        p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu, dt);
+                fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f\n", b->suite, b->model, c->name,
+                        b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu, dt);
+            /* one series per suite on one kind of node (GPT-3 175B's DGX-A100 stays out) */
+            if (scaling != NULL && strcmp(b->preset, P3) == 0)
+                fprintf(scaling, "%s (%s),%d,%.6g,%s,%.6g\n", suite_title(b->suite), P3, b->gpus,
+                        p->tflops_per_device * b->gpus, b->model, p->iteration_s);
         } else {
-            printf("%-9s %-22s %5d  failed: %s (%.2f s)\n", b->model, c ? c->name : b->preset,
+            printf("%-12s %-22s %5d  failed: %s (%.2f s)\n", b->model, c ? c->name : b->preset,
                    b->gpus, err.msg, dt);
         }
         fflush(stdout);
@@ -114,5 +187,7 @@ int main(int argc, char **argv)
     printf("total planning time %.1f s, max RSS %ld MB\n", total, ru.ru_maxrss / 1024);
     if (csv != NULL)
         fclose(csv);
+    if (scaling != NULL)
+        fclose(scaling);
     return 0;
 }

@@ -1,0 +1,743 @@
+/* The benchmark regression check: runs a quick subset of the benchmarks
+ * (about a minute on two cores) and compares it with a stored baseline.
+ *
+ * Two kinds of checked metrics:
+ *   quality  deterministic predictions (planned and simulated iteration
+ *            times, the ILP objective); lower is better; a regression is a
+ *            fresh value above baseline * (1 + quality tolerance), default 1%.
+ *   ratio    timings, each divided by the mean time of a fixed calibration
+ *            loop (plain C, none of the project's code) run just before and
+ *            just after it, so that a slower or busier machine moves both; the
+ *            best of the repeats; lower is better;
+ *            a regression is a fresh ratio above baseline * time tolerance,
+ *            default 1.5x.
+ * Rows of kind info (absolute seconds) are recorded but never compared.
+ *
+ *   bench_check [--baseline FILE] [--csv FILE] [--slowdown N]
+ *               [--quality-tol F] [--time-tol F]
+ *   bench_check --compare BASELINE.csv FRESH.csv [--quality-tol F] [--time-tol F]
+ *
+ * The first form runs the workloads, writes the fresh rows to --csv (if
+ * given) and compares them with --baseline (if given). --slowdown N runs
+ * every timed workload N times inside its timing (an injected regression, to
+ * see the check fail). The second form only compares two CSV files. Exit
+ * status: 0 pass, 1 regression, 2 usage or input error. The last line is the
+ * verdict. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/program.h"
+#include "exec/cpu/cpu_backend.h"
+#include "exec/runtime.h"
+#include "planner/inter_pass.h"
+#include "planner/intra_pass.h"
+#include "planner/lower.h"
+#include "planner/plan_model.h"
+#include "planner/train_step.h"
+#include "sim/sim.h"
+
+#define MAX_ROWS 128
+#define NAME_LEN 96
+#define CALIB_RUNS 64
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct ps_bench_row {
+    char metric[NAME_LEN];
+    char kind[16]; /* quality, ratio, info */
+    double value;
+    char unit[16];
+} ps_bench_row;
+
+typedef struct ps_bench_rows {
+    int n;
+    ps_bench_row r[MAX_ROWS];
+    char machine[512];
+} ps_bench_rows;
+
+static void rows_add(ps_bench_rows *rs, const char *metric, const char *kind, double value,
+                     const char *unit)
+{
+    if (rs->n >= MAX_ROWS)
+        return;
+    ps_bench_row *r = &rs->r[rs->n++];
+    snprintf(r->metric, sizeof r->metric, "%s", metric);
+    snprintf(r->kind, sizeof r->kind, "%s", kind);
+    r->value = value;
+    snprintf(r->unit, sizeof r->unit, "%s", unit);
+}
+
+/* ---- machine description ---- */
+
+static void machine_describe(char *buf, size_t len)
+{
+    char cpu[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f != NULL) {
+        char line[512];
+        while (fgets(line, sizeof line, f) != NULL) {
+            if (strncmp(line, "model name", 10) == 0) {
+                const char *c = strchr(line, ':');
+                if (c != NULL) {
+                    c++;
+                    while (*c == ' ' || *c == '\t')
+                        c++;
+                    snprintf(cpu, sizeof cpu, "%s", c);
+                    cpu[strcspn(cpu, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    for (char *p = cpu; *p; p++)
+        if (*p == ',')
+            *p = ' ';
+    struct utsname u;
+    char un[256] = "unknown";
+    if (uname(&u) == 0)
+        snprintf(un, sizeof un, "%s %s %s", u.sysname, u.release, u.machine);
+    snprintf(buf, len, "nproc %ld; cpu %s; uname %s", sysconf(_SC_NPROCESSORS_ONLN), cpu, un);
+}
+
+/* ---- calibration: fixed work independent of the project's code ---- */
+
+#define CALIB_WORDS (256u << 10) /* 1 MiB of uint32: in L2, like most planner data */
+
+static double calib_once(uint32_t *buf)
+{
+    double t0 = now_s();
+    uint64_t x = 88172645463325252ull;
+    double acc = 0;
+    for (uint32_t i = 0; i < CALIB_WORDS; i++)
+        buf[i] = i * 2654435761u;
+    for (int k = 0; k < 120000000; k++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        uint32_t j = (uint32_t)(x % CALIB_WORDS);
+        buf[j] += (uint32_t)k;
+        acc = acc * 0.999999 + (double)(buf[(j * 7u) % CALIB_WORDS] & 1023u) * 1e-3;
+    }
+    volatile double sink = acc;
+    (void)sink;
+    return now_s() - t0;
+}
+
+typedef struct ps_calib {
+    uint32_t *buf;
+    int n;
+    double s[CALIB_RUNS];
+} ps_calib;
+
+/* Runs the calibration loop once; returns its time. */
+static double calib_run(ps_calib *c)
+{
+    double t = calib_once(c->buf);
+    if (c->n < CALIB_RUNS)
+        c->s[c->n++] = t;
+    return t;
+}
+
+/* A timing `dt_s` in units of the calibration runs just before and after it. */
+static double calib_ratio(double dt_s, double before_s, double after_s)
+{
+    return dt_s / (0.5 * (before_s + after_s));
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double calib_median(const ps_calib *c)
+{
+    double s[CALIB_RUNS];
+    memcpy(s, c->s, (size_t)c->n * sizeof s[0]);
+    qsort(s, (size_t)c->n, sizeof s[0], cmp_double);
+    return s[c->n / 2];
+}
+
+/* ---- workloads ---- */
+
+/* The preset's node, sliced to `gpus` devices when fewer than one node. */
+static ps_status cluster_slice(const char *preset, int gpus, ps_cluster **out, ps_error *err)
+{
+    ps_cluster *node = NULL;
+    ps_status st = ps_cluster_from_preset(preset, &node, err);
+    if (st != PS_OK)
+        return st;
+    int per_node = gpus < node->devices_per_node ? gpus : node->devices_per_node;
+    char name[64];
+    snprintf(name, sizeof name, "%s:%dx%d", preset, gpus / per_node, per_node);
+    st = ps_cluster_create(name, gpus / per_node, per_node, &node->kinds[0], &node->intra,
+                           &node->inter, out, err);
+    ps_cluster_free(node);
+    return st;
+}
+
+/* Plans `cfg` (pipeshard, remat) on `gpus` devices of p3.16xlarge; *dt_s is the
+ * best of `repeats` timings, each covering `slowdown` plans, and *ratio (with
+ * `cal`) the best of their ratios to the calibration runs around them. */
+static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_batch,
+                            int micro_batches, int layer_num, bool remat, int repeats, int slowdown,
+                            ps_calib *cal, ps_plan **out, double *dt_s, double *ratio,
+                            ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_cluster *c = NULL;
+    ps_graph *fwd = NULL;
+    ps_model_config cfg = *cfg0;
+    *out = NULL;
+    *dt_s = 0;
+    PS_TRY(cluster_slice("p3.16xlarge", gpus, &c, err));
+    cfg.batch = global_batch / micro_batches;
+    PS_TRY(ps_model_build(&cfg, &fwd, err));
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .global_batch = global_batch,
+                           .micro_batches = micro_batches,
+                           .ilp = ps_ilp_options_default()};
+    req.train.remat = remat;
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = layer_num;
+    for (int r = 0; r < repeats; r++) {
+        double c0 = cal != NULL ? calib_run(cal) : 0;
+        double t0 = now_s();
+        for (int k = 0; k < slowdown; k++) {
+            ps_plan_free(*out);
+            *out = NULL;
+            PS_TRY(ps_plan_pipeshard(&req, &o, out, err));
+        }
+        double dt = now_s() - t0;
+        *dt_s = r == 0 || dt < *dt_s ? dt : *dt_s;
+        if (cal != NULL) {
+            double q = calib_ratio(dt, c0, calib_run(cal));
+            *ratio = r == 0 || q < *ratio ? q : *ratio;
+        }
+    }
+out:
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+    return st;
+}
+
+typedef struct ps_gpt_case {
+    const char *model;
+    int gpus;
+    bool timed;
+} ps_gpt_case;
+
+static const ps_gpt_case gpt_cases[] = {
+    {"gpt-350m", 1, false}, {"gpt-760m", 2, true}, {"gpt-1.3b", 4, true}};
+
+static ps_status run_plans(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_error *err)
+{
+    ps_status st = PS_OK;
+    for (size_t i = 0; i < sizeof gpt_cases / sizeof gpt_cases[0]; i++) {
+        const ps_gpt_case *g = &gpt_cases[i];
+        ps_model_config cfg;
+        ps_plan *p = NULL;
+        double dt = 0, ratio = 0;
+        PS_TRY(ps_zoo_lookup(g->model, &cfg, err));
+        PS_TRY(plan_model(&cfg, g->gpus, 1024, 64, 8, true, 1, g->timed ? slowdown : 1,
+                          g->timed ? cal : NULL, &p, &dt, &ratio, err));
+        char m[NAME_LEN];
+        snprintf(m, sizeof m, "plan.%s@%d.iteration_s", g->model, g->gpus);
+        rows_add(rs, m, "quality", p->iteration_s, "s");
+        if (g->timed) {
+            snprintf(m, sizeof m, "plan.%s@%d.plan_time", g->model, g->gpus);
+            rows_add(rs, m, "ratio", ratio, "calib");
+        }
+        snprintf(m, sizeof m, "plan.%s@%d.plan_s", g->model, g->gpus);
+        rows_add(rs, m, "info", dt, "s");
+        printf("  plan %-9s on %d GPUs: iteration %.6g s, planned in %.2f s\n", g->model, g->gpus,
+               p->iteration_s, dt);
+        fflush(stdout);
+        ps_plan_free(p);
+    }
+out:
+    return st;
+}
+
+/* One GPT-2.6B layer's intra-op ILP on a free 2 x 4 mesh (bench_intra's
+ * slowest one-layer case). */
+static ps_status run_intra(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_model_config cfg;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_cluster *c = NULL;
+    ps_logical_mesh *m = NULL;
+    ps_intra_result *r = NULL;
+    PS_TRY(ps_zoo_lookup("gpt-2.6b", &cfg, err));
+    cfg.layers = 1;
+    cfg.batch = 8;
+    PS_TRY(ps_model_build(&cfg, &fwd, err));
+    ps_train_options o = ps_train_options_default();
+    PS_TRY(ps_train_step_build(fwd, &o, &step, err));
+    PS_TRY(ps_cluster_from_preset("p3.16xlarge:1", &c, err));
+    PS_TRY(ps_mesh_create(c, 0, 1, 8, 2, 4, &m, err));
+    ps_intra_options io = ps_intra_options_default();
+    io.force_batch_axis0 = false;
+    io.ilp.time_limit_s = 60;
+    io.ilp.mip_gap = 0.01;
+    double best = 0, ratio = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double c0 = calib_run(cal);
+        double t0 = now_s();
+        for (int k = 0; k < slowdown; k++) {
+            ps_intra_result_free(r);
+            r = NULL;
+            PS_TRY(ps_intra_solve(step, m, &io, &r, err));
+        }
+        double dt = now_s() - t0;
+        double q = calib_ratio(dt, c0, calib_run(cal));
+        best = rep == 0 || dt < best ? dt : best;
+        ratio = rep == 0 || q < ratio ? q : ratio;
+    }
+    rows_add(rs, "intra.gpt-2.6b-layer@2x4.objective_s", "quality", r->objective_s, "s");
+    rows_add(rs, "intra.gpt-2.6b-layer@2x4.solve_time", "ratio", ratio, "calib");
+    rows_add(rs, "intra.gpt-2.6b-layer@2x4.solve_s", "info", best, "s");
+    printf("  intra-op ILP, one GPT-2.6B layer on a 2x4 mesh: objective %.6g s, solved in "
+           "%.2f s\n",
+           r->objective_s, best);
+    fflush(stdout);
+out:
+    ps_intra_result_free(r);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+    return st;
+}
+
+/* GPT-3 175B under the uniform plan 1 x 8 x 16 on 128 DGX-A100 devices
+ * (bench_sim's smallest size): one simulated step. */
+static ps_status run_sim(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_cluster *c = NULL;
+    ps_graph *fwd = NULL;
+    ps_plan *p = NULL;
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_summary *sum = NULL;
+    const int micro_batches = 32;
+    PS_TRY(ps_cluster_from_preset("dgx-a100:16", &c, err));
+    ps_model_config cfg;
+    PS_TRY(ps_zoo_lookup("gpt-175b", &cfg, err));
+    cfg.batch = 3;
+    PS_TRY(ps_model_build(&cfg, &fwd, err));
+    ps_plan_request req = {.forward = fwd,
+                           .config = &cfg,
+                           .train = ps_train_options_default(),
+                           .cluster = c,
+                           .method = PS_METHOD_SHARD,
+                           .global_batch = 3 * micro_batches,
+                           .micro_batches = micro_batches,
+                           .ilp = ps_ilp_options_default()};
+    req.train.remat = true;
+    req.ilp.time_limit_s = 10;
+    ps_inter_options io = ps_inter_options_default();
+    PS_TRY(ps_plan_uniform(&req, &io, 1, 8, 16, &p, err));
+    ps_lower_options lo = ps_lower_options_default();
+    PS_TRY(ps_plan_model_build(p, &m, err));
+    PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
+    double best = 0, ratio = 0, sim_iteration_s = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double c0 = calib_run(cal);
+        double wall = 0;
+        for (int k = 0; k < slowdown; k++) {
+            ps_sim_stats stats;
+            ps_sim_options so = ps_sim_options_default();
+            ps_summary_free(sum);
+            sum = NULL;
+            PS_TRY(ps_sim_run(set, c, &so, &sum, &stats, err));
+            wall += stats.wall_s;
+            sim_iteration_s = sum->iteration_s;
+        }
+        double q = calib_ratio(wall, c0, calib_run(cal));
+        best = rep == 0 || wall < best ? wall : best;
+        ratio = rep == 0 || q < ratio ? q : ratio;
+    }
+    rows_add(rs, "sim.gpt-175b@128.plan_iteration_s", "quality", p->iteration_s, "s");
+    rows_add(rs, "sim.gpt-175b@128.sim_iteration_s", "quality", sim_iteration_s, "s");
+    rows_add(rs, "sim.gpt-175b@128.sim_time", "ratio", ratio, "calib");
+    rows_add(rs, "sim.gpt-175b@128.sim_wall_s", "info", best, "s");
+    printf("  simulator, GPT-3 175B on 128 devices, %d micro-batches: simulated iteration "
+           "%.6g s, simulated in %.2f s\n",
+           micro_batches, sim_iteration_s, best);
+    fflush(stdout);
+out:
+    ps_summary_free(sum);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+    return st;
+}
+
+/* Plans a small model and runs it on the CPU backend: the measured step time
+ * (the last of two steps; best of three runs) against the calibration. */
+static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *label,
+                              const ps_model_config *cfg, int gpus, int global_batch,
+                              int micro_batches, int slowdown, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_plan *p = NULL;
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_backend *b = NULL;
+    ps_exec_result *res = NULL;
+    int *slots = NULL;
+    double dt = 0, ratio = 0;
+    PS_TRY(plan_model(cfg, gpus, global_batch, micro_batches, 0, false, 1, 1, NULL, &p, &dt, &ratio,
+                      err));
+    ps_lower_options lo = ps_lower_options_default();
+    PS_TRY(ps_plan_model_build(p, &m, err));
+    PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
+    slots = malloc((size_t)set->n_devices * sizeof *slots);
+    PS_TRY_ALLOC(slots, err);
+    for (int d = 0; d < set->n_devices; d++)
+        slots[d] = ps_exec_timing_slots(set, d);
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double c0 = calib_run(cal);
+        double step_s = 0;
+        for (int k = 0; k < slowdown; k++) {
+            PS_TRY(ps_cpu_backend_create(set->n_devices, slots, &b, err));
+            ps_exec_options eo = ps_exec_options_default();
+            eo.steps = 2;
+            ps_exec_result_free(res);
+            res = NULL;
+            st = ps_exec_run(set, b, &eo, &res, err);
+            b->ops->destroy(b);
+            b = NULL;
+            if (st != PS_OK)
+                goto out;
+            step_s += res->summary->iteration_s;
+        }
+        double q = calib_ratio(step_s, c0, calib_run(cal));
+        best = rep == 0 || step_s < best ? step_s : best;
+        ratio = rep == 0 || q < ratio ? q : ratio;
+    }
+    char name[NAME_LEN];
+    snprintf(name, sizeof name, "exec.%s@%d.plan_iteration_s", label, gpus);
+    rows_add(rs, name, "quality", p->iteration_s, "s");
+    snprintf(name, sizeof name, "exec.%s@%d.step_time", label, gpus);
+    rows_add(rs, name, "ratio", ratio, "calib");
+    snprintf(name, sizeof name, "exec.%s@%d.step_s", label, gpus);
+    rows_add(rs, name, "info", best, "s");
+    printf("  CPU executor, %s on %d devices (%d stage%s): step %.3f s\n", label, gpus, p->n_stages,
+           p->n_stages == 1 ? "" : "s", best);
+    fflush(stdout);
+out:
+    if (b != NULL)
+        b->ops->destroy(b);
+    ps_exec_result_free(res);
+    free(slots);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    return st;
+}
+
+static ps_status run_exec(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_model_config mlp, gpt;
+    PS_TRY(ps_zoo_lookup("mlp", &mlp, err));
+    mlp.hidden = 512;
+    PS_TRY(run_exec_one(rs, cal, "mlp-h512", &mlp, 2, 256, 2, slowdown, err));
+    /* the demo's small GPT: 4 layers, hidden 256, seq 128, vocab 2048, fp32 */
+    PS_TRY(ps_zoo_lookup("gpt-350m", &gpt, err));
+    gpt.layers = 4;
+    gpt.hidden = 256;
+    gpt.ffn = 4 * 256;
+    gpt.heads = 4;
+    gpt.seq = 128;
+    gpt.vocab = 2048;
+    gpt.dtype = PS_DTYPE_F32;
+    PS_TRY(run_exec_one(rs, cal, "gpt-small", &gpt, 4, 16, 4, slowdown, err));
+out:
+    return st;
+}
+
+/* ---- CSV ---- */
+
+static int csv_write(const char *path, const ps_bench_rows *rs)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "bench_check: cannot write %s\n", path);
+        return -1;
+    }
+    fprintf(f, "# pipeshard bench_check: quality rows lower is better (tolerance relative), "
+               "ratio rows are seconds per calibration-loop second (lower is better)\n");
+    fprintf(f, "# machine: %s\n", rs->machine);
+    fprintf(f, "metric,kind,value,unit\n");
+    for (int i = 0; i < rs->n; i++)
+        fprintf(f, "%s,%s,%.9g,%s\n", rs->r[i].metric, rs->r[i].kind, rs->r[i].value,
+                rs->r[i].unit);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "bench_check: cannot write %s\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int csv_read(const char *path, ps_bench_rows *rs)
+{
+    memset(rs, 0, sizeof *rs);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "bench_check: cannot read %s\n", path);
+        return -1;
+    }
+    char line[1024];
+    int lineno = 0;
+    bool header = false;
+    while (fgets(line, sizeof line, f) != NULL) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '\0')
+            continue;
+        if (line[0] == '#') {
+            if (strncmp(line, "# machine: ", 11) == 0)
+                snprintf(rs->machine, sizeof rs->machine, "%.500s", line + 11);
+            continue;
+        }
+        if (!header) {
+            if (strcmp(line, "metric,kind,value,unit") != 0) {
+                fprintf(stderr,
+                        "bench_check: %s:%d: expected the header "
+                        "\"metric,kind,value,unit\"\n",
+                        path, lineno);
+                fclose(f);
+                return -1;
+            }
+            header = true;
+            continue;
+        }
+        char *fields[4];
+        int n = 0;
+        char *s = line;
+        while (n < 4) {
+            fields[n++] = s;
+            char *comma = strchr(s, ',');
+            if (comma == NULL)
+                break;
+            *comma = '\0';
+            s = comma + 1;
+        }
+        char *end = NULL;
+        double v = n == 4 ? strtod(fields[2], &end) : 0;
+        if (n != 4 || end == fields[2] || *end != '\0' ||
+            (strcmp(fields[1], "quality") != 0 && strcmp(fields[1], "ratio") != 0 &&
+             strcmp(fields[1], "info") != 0)) {
+            fprintf(stderr, "bench_check: %s:%d: expected metric,quality|ratio|info,NUMBER,unit\n",
+                    path, lineno);
+            fclose(f);
+            return -1;
+        }
+        if (rs->n >= MAX_ROWS) {
+            fprintf(stderr, "bench_check: %s:%d: more than %d rows\n", path, lineno, MAX_ROWS);
+            fclose(f);
+            return -1;
+        }
+        rows_add(rs, fields[0], fields[1], v, fields[3]);
+    }
+    fclose(f);
+    if (!header) {
+        fprintf(stderr, "bench_check: %s: no \"metric,kind,value,unit\" header\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- comparison ---- */
+
+static const ps_bench_row *rows_find(const ps_bench_rows *rs, const char *metric)
+{
+    for (int i = 0; i < rs->n; i++)
+        if (strcmp(rs->r[i].metric, metric) == 0)
+            return &rs->r[i];
+    return NULL;
+}
+
+/* Returns the number of regressions (metrics missing from the fresh run count). */
+static int compare(const ps_bench_rows *base, const ps_bench_rows *fresh, double quality_tol,
+                   double time_tol)
+{
+    int bad = 0, checked = 0;
+    printf("baseline machine: %s\n", base->machine[0] ? base->machine : "(not recorded)");
+    printf("fresh machine:    %s\n", fresh->machine[0] ? fresh->machine : "(not recorded)");
+    printf("%-44s %-7s %12s %12s %8s  %s\n", "metric", "kind", "baseline", "fresh", "change",
+           "verdict");
+    for (int i = 0; i < base->n; i++) {
+        const ps_bench_row *b = &base->r[i];
+        if (strcmp(b->kind, "info") == 0)
+            continue;
+        const ps_bench_row *f = rows_find(fresh, b->metric);
+        if (f == NULL) {
+            printf("%-44s %-7s %12.6g %12s %8s  REGRESSION: missing from the fresh run\n",
+                   b->metric, b->kind, b->value, "-", "-");
+            bad++;
+            continue;
+        }
+        checked++;
+        bool quality = strcmp(b->kind, "quality") == 0;
+        double limit = quality ? b->value * (1 + quality_tol) : b->value * time_tol;
+        double low = quality ? b->value * (1 - quality_tol) : b->value / time_tol;
+        double change = b->value != 0 ? f->value / b->value : (f->value == 0 ? 1 : 1e300);
+        const char *verdict = "ok";
+        if (f->value > limit) {
+            verdict = "REGRESSION";
+            bad++;
+        } else if (f->value < low) {
+            verdict = "improved beyond tolerance (refresh the baseline)";
+        }
+        printf("%-44s %-7s %12.6g %12.6g %7.3fx  %s\n", b->metric, b->kind, b->value, f->value,
+               change, verdict);
+        if (f->value > limit) {
+            if (quality)
+                fprintf(stderr,
+                        "bench_check: regression in %s: baseline %.6g %s, fresh %.6g %s "
+                        "(%+.2f%%; tolerance +%.2f%%)\n",
+                        b->metric, b->value, b->unit, f->value, f->unit, (change - 1) * 100,
+                        quality_tol * 100);
+            else
+                fprintf(stderr,
+                        "bench_check: regression in %s: baseline %.6g, fresh %.6g (seconds per "
+                        "calibration second; %.2fx; tolerance %.2fx)\n",
+                        b->metric, b->value, f->value, change, time_tol);
+        }
+    }
+    for (int i = 0; i < fresh->n; i++)
+        if (strcmp(fresh->r[i].kind, "info") != 0 && rows_find(base, fresh->r[i].metric) == NULL)
+            printf("%-44s %-7s %12s %12.6g %8s  new (not in the baseline)\n", fresh->r[i].metric,
+                   fresh->r[i].kind, "-", fresh->r[i].value, "-");
+    if (bad)
+        printf("bench-check: FAILED, %d regression%s in %d metrics (quality tolerance %.2f%%, "
+               "time tolerance %.2fx)\n",
+               bad, bad == 1 ? "" : "s", checked, quality_tol * 100, time_tol);
+    else
+        printf("bench-check: passed, %d metrics within tolerance (quality %.2f%%, time %.2fx)\n",
+               checked, quality_tol * 100, time_tol);
+    return bad;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_check [--baseline FILE] [--csv FILE] [--slowdown N]\n"
+            "                   [--quality-tol F] [--time-tol F]\n"
+            "       bench_check --compare BASELINE.csv FRESH.csv [--quality-tol F] "
+            "[--time-tol F]\n"
+            "  --quality-tol F  relative tolerance of deterministic predictions (default 0.01)\n"
+            "  --time-tol F     factor allowed on timing ratios (default 1.5)\n"
+            "  --slowdown N     run every timed workload N times (an injected regression)\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *baseline = NULL, *csv = NULL, *cmp_base = NULL, *cmp_fresh = NULL;
+    double quality_tol = 0.01, time_tol = 1.5;
+    int slowdown = 1;
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        if (strcmp(argv[i], "--baseline") == 0 && i + 1 < argc) {
+            baseline = argv[++i];
+        } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
+            csv = argv[++i];
+        } else if (strcmp(argv[i], "--compare") == 0 && i + 2 < argc) {
+            cmp_base = argv[++i];
+            cmp_fresh = argv[++i];
+        } else if (strcmp(argv[i], "--quality-tol") == 0 && i + 1 < argc) {
+            quality_tol = strtod(argv[++i], &end);
+            if (*end != '\0' || quality_tol < 0) {
+                fprintf(stderr, "bench_check: --quality-tol wants a non-negative number, e.g. "
+                                "0.01 (1%%)\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--time-tol") == 0 && i + 1 < argc) {
+            time_tol = strtod(argv[++i], &end);
+            if (*end != '\0' || time_tol < 1) {
+                fprintf(stderr, "bench_check: --time-tol wants a factor >= 1, e.g. 1.5\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--slowdown") == 0 && i + 1 < argc) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || v < 1 || v > 16) {
+                fprintf(stderr, "bench_check: --slowdown wants a whole factor from 1 to 16\n");
+                return 2;
+            }
+            slowdown = (int)v;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage();
+            return 0;
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    static ps_bench_rows base, fresh;
+    if (cmp_base != NULL) {
+        if (csv_read(cmp_base, &base) != 0 || csv_read(cmp_fresh, &fresh) != 0)
+            return 2;
+        return compare(&base, &fresh, quality_tol, time_tol) ? 1 : 0;
+    }
+    if (baseline != NULL && csv_read(baseline, &base) != 0)
+        return 2;
+
+    machine_describe(fresh.machine, sizeof fresh.machine);
+    printf("bench_check on %s%s\n", fresh.machine,
+           slowdown > 1 ? " (injected slowdown: timed workloads run several times)" : "");
+    ps_calib cal = {.buf = malloc(CALIB_WORDS * sizeof(uint32_t))};
+    if (cal.buf == NULL) {
+        fprintf(stderr, "bench_check: out of memory\n");
+        return 2;
+    }
+    double t0 = now_s();
+    ps_error err = {0};
+    ps_status st = run_plans(&fresh, &cal, slowdown, &err);
+    if (st == PS_OK)
+        st = run_intra(&fresh, &cal, slowdown, &err);
+    if (st == PS_OK)
+        st = run_sim(&fresh, &cal, slowdown, &err);
+    if (st == PS_OK)
+        st = run_exec(&fresh, &cal, slowdown, &err);
+    if (st != PS_OK) {
+        fprintf(stderr, "bench_check: a workload failed: %s\n", err.msg);
+        free(cal.buf);
+        return 2;
+    }
+    double calib = calib_median(&cal);
+    rows_add(&fresh, "calibration_s", "info", calib, "s");
+    rows_add(&fresh, "total_s", "info", now_s() - t0, "s");
+    free(cal.buf);
+    printf("calibration loop %.3f s (median of %d); workloads and calibration %.1f s\n", calib,
+           cal.n, now_s() - t0);
+    if (csv != NULL && csv_write(csv, &fresh) != 0)
+        return 2;
+    if (baseline == NULL) {
+        printf("bench-check: no baseline given, nothing compared\n");
+        return 0;
+    }
+    return compare(&base, &fresh, quality_tol, time_tol) ? 1 : 0;
+}
