@@ -286,16 +286,19 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
     return PS_OK;
 }
 
-static ps_status cpu_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
-                            int64_t n, ps_reduce_op op, ps_error *err)
+/* An in-place all-reduce of n values of float (dbl false) or double; the
+ * members' values are combined in rank order, in the values' precision. */
+static ps_status reduce_values(ps_backend *b, int device, const ps_exec_group *g, void *data,
+                               int64_t n, ps_reduce_op op, bool dbl, ps_error *err)
 {
     cpu_backend *c = cb(b);
-    float *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
+    size_t size = dbl ? sizeof(double) : sizeof(float);
+    void *copy = malloc((size_t)(n > 0 ? n : 1) * size);
     if (copy == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-    memcpy(copy, data, (size_t)n * sizeof *copy);
+    memcpy(copy, data, (size_t)n * size);
     rendezvous *r;
-    PS_TRY_RET(rdv_enter(c, device, g, 10 + (int)op, copy, NULL, n, &r, err));
+    PS_TRY_RET(rdv_enter(c, device, g, (dbl ? 20 : 10) + (int)op, copy, NULL, n, &r, err));
     ps_status st = PS_OK;
     for (int m = 0; m < r->n; m++)
         if (r->count[m] != n)
@@ -303,43 +306,36 @@ static ps_status cpu_reduce(ps_backend *b, int device, const ps_exec_group *g, f
                               "device %d: reduction of %lld values meets one of %lld", device,
                               (long long)n, (long long)r->count[m]);
     for (int64_t i = 0; i < n && st == PS_OK; i++) {
-        float v = ((float *)r->copy[0])[i];
+        double v = dbl ? ((double *)r->copy[0])[i] : ((float *)r->copy[0])[i];
+        float vf = (float)v; /* floats add in float, as one device would */
         for (int m = 1; m < r->n; m++) {
-            float x = ((float *)r->copy[m])[i];
-            v = op == PS_REDUCE_OP_MAX ? (x > v ? x : v) : v + x;
+            double x = dbl ? ((double *)r->copy[m])[i] : ((float *)r->copy[m])[i];
+            if (op == PS_REDUCE_OP_MAX)
+                v = x > v ? x : v;
+            else if (dbl)
+                v += x;
+            else
+                v = vf = vf + (float)x;
         }
-        data[i] = v;
+        if (dbl)
+            ((double *)data)[i] = v;
+        else
+            ((float *)data)[i] = op == PS_REDUCE_OP_MAX ? (float)v : vf;
     }
     rdv_leave(c, r);
     return st;
 }
 
+static ps_status cpu_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
+                            int64_t n, ps_reduce_op op, ps_error *err)
+{
+    return reduce_values(b, device, g, data, n, op, false, err);
+}
+
 static ps_status cpu_reduce64(ps_backend *b, int device, const ps_exec_group *g, double *data,
                               int64_t n, ps_reduce_op op, ps_error *err)
 {
-    cpu_backend *c = cb(b);
-    double *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
-    if (copy == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-    memcpy(copy, data, (size_t)n * sizeof *copy);
-    rendezvous *r;
-    PS_TRY_RET(rdv_enter(c, device, g, 20 + (int)op, copy, NULL, n, &r, err));
-    ps_status st = PS_OK;
-    for (int m = 0; m < r->n; m++)
-        if (r->count[m] != n)
-            st = ps_error_set(err, PS_ERR_INTERNAL,
-                              "device %d: reduction of %lld values meets one of %lld", device,
-                              (long long)n, (long long)r->count[m]);
-    for (int64_t i = 0; i < n && st == PS_OK; i++) {
-        double v = ((double *)r->copy[0])[i];
-        for (int m = 1; m < r->n; m++) {
-            double x = ((double *)r->copy[m])[i];
-            v = op == PS_REDUCE_OP_MAX ? (x > v ? x : v) : v + x;
-        }
-        data[i] = v;
-    }
-    rdv_leave(c, r);
-    return st;
+    return reduce_values(b, device, g, data, n, op, true, err);
 }
 
 /* ---- point to point ---- */
