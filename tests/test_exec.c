@@ -49,6 +49,11 @@ static void small_config(const char *name, ps_model_config *cfg)
         cfg->heads = 4;
         cfg->seq = 16;
         cfg->vocab = 128;
+        if (cfg->family == PS_MODEL_MOE) {
+            cfg->seq = 32;
+            cfg->experts = 4;
+            cfg->expert_group = 32;
+        }
     }
 }
 
@@ -187,6 +192,18 @@ static void test_gpt_3d(void **state)
         assert_int_equal(p->n_stages, 2);
         assert_int_equal(p->stages[0].n_devices, 4);
         check_against_reference(p, 2, gpipe ? "gpt dp2 op2 pp2 gpipe" : "gpt dp2 op2 pp2 1f1b");
+        ps_plan_free(p);
+    }
+    /* GShard MoE: the gate, dispatch and combine with their all-to-alls */
+    const method moe_methods[] = {M_DATA, M_UNIFORM};
+    for (int i = 0; i < 2; i++) {
+        method m = moe_methods[i];
+        ps_model_config cfg;
+        small_config("moe-380m", &cfg);
+        ps_plan *p = plan_of(&cfg, m, false, c);
+        char what[64];
+        snprintf(what, sizeof what, "moe %s", method_names[m]);
+        check_against_reference(p, 1, what);
         ps_plan_free(p);
     }
     for (int m = M_DATA; m <= M_SHARD; m++) {
