@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "exec/data.h"
+#include "traces/program_summary.h"
 #include "traces/trace.h"
 
 /* ---- the run's shared state ---- */
@@ -769,19 +770,16 @@ static ps_status summarize(runtime *rt, ps_error *err)
     ps_trace_writer *tw = NULL;
     double *phase_sum = NULL;
     int *phase_runs = NULL;
-    ps_status st = ps_summary_create(s->n_devices, s->n_stages, &sum);
-    if (st != PS_OK)
-        return ps_error_set(err, st, "out of memory");
+    char source[16];
     if (rt->opt->source != NULL)
-        snprintf(sum->source, sizeof sum->source, "%s", rt->opt->source);
+        snprintf(source, sizeof source, "%s", rt->opt->source);
     else
-        snprintf(sum->source, sizeof sum->source, "exec-%s", rt->b->ops->name);
-    snprintf(sum->plan, sizeof sum->plan, "%s", s->plan_digest);
-    snprintf(sum->model, sizeof sum->model, "%s", s->model);
-    snprintf(sum->cluster, sizeof sum->cluster, "%s", s->cluster);
-    sum->micro_batches = rt->M;
+        snprintf(source, sizeof source, "exec-%s", rt->b->ops->name);
+    int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
+    ps_status st = ps_summary_from_programs(s, source, NULL, dpn, &sum, err);
+    if (st != PS_OK)
+        return st;
     if (rt->opt->trace_path != NULL) {
-        int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
         PS_TRY(ps_trace_open(rt->opt->trace_path, dpn, &tw, err));
         ps_trace_set_info(tw, "source", sum->source);
         ps_trace_set_info(tw, "plan", s->plan_digest);
@@ -794,12 +792,10 @@ static ps_status summarize(runtime *rt, ps_error *err)
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    int staged = 0;
     for (int i = 0; i < s->n_devices; i++) {
         device_state *d = &rt->dev[i];
         ps_summary_device *sd = &sum->devices[i];
-        int stage = d->prog->stage;
-        sd->stage = stage >= 0 && stage < s->n_stages ? stage : -1;
+        int stage = sd->stage;
         sd->peak_memory_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
         sum->iteration_s = fmax(sum->iteration_s, d->iteration_s);
@@ -845,12 +841,10 @@ static ps_status summarize(runtime *rt, ps_error *err)
                                              ? e->peer
                                              : -1,
                                  .bytes = e->bytes, .flops = e->flops};
-            if ((st = ps_trace_add(tw, &te)) != PS_OK)
-                break;
+            PS_TRY(ps_trace_add(tw, &te));
         }
-        if (sd->stage < 0)
+        if (stage < 0)
             continue;
-        staged++;
         for (int j = 0; j < d->n_runs; j++) {
             double dur;
             PS_TRY(rt->b->ops->elapsed(rt->b, i, d->runs[j].begin, d->runs[j].end, &dur, err));
@@ -858,15 +852,12 @@ static ps_status summarize(runtime *rt, ps_error *err)
             phase_runs[stage * PS_PHASE_COUNT + d->runs[j].phase]++;
         }
         ps_summary_stage *g = &sum->stages[stage];
-        if (g->n_devices++ == 0)
-            g->first_device = i;
         g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
     }
     for (int i = 0; i < s->n_devices; i++) {
         ps_summary_device *sd = &sum->devices[i];
         sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
     }
-    int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
     for (int k = 0; k < s->n_stages; k++) {
         ps_summary_stage *g = &sum->stages[k];
         double *ps = &phase_sum[k * PS_PHASE_COUNT];
@@ -875,32 +866,8 @@ static ps_status summarize(runtime *rt, ps_error *err)
         g->backward_s = pr[1] ? ps[1] / pr[1] : 0;
         g->update_s = pr[2] ? ps[2] / pr[2] : 0;
         g->time_s = g->forward_s + g->backward_s;
-        const ps_program_stage *ps_ = &s->stages[k];
-        int nodes = 0, last = -1;
-        for (int j = 0; j < ps_->n_devices; j++) {
-            int node = ps_->devices[j] / dpn;
-            nodes += node != last;
-            last = node;
-        }
-        if (nodes > 0 && g->n_devices % nodes == 0) {
-            g->submesh[0] = nodes;
-            g->submesh[1] = g->n_devices / nodes;
-        } else {
-            g->submesh[0] = 1;
-            g->submesh[1] = g->n_devices;
-        }
-        g->logical_mesh[0] = ps_->mesh[0];
-        g->logical_mesh[1] = ps_->mesh[1];
-        if ((long long)ps_->mesh[0] * ps_->mesh[1] != g->n_devices) {
-            g->logical_mesh[0] = g->n_devices;
-            g->logical_mesh[1] = 1;
-        }
     }
-    if (sum->iteration_s > 0 && staged > 0) {
-        sum->tflops_per_device = s->flops_per_step / sum->iteration_s / staged / 1e12;
-        if (s->mfu_peak_flops_per_s > 0)
-            sum->mfu = sum->tflops_per_device * 1e12 / s->mfu_peak_flops_per_s;
-    }
+    ps_summary_set_throughput(sum, s);
     rt->result->summary = sum;
     sum = NULL;
 out:

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "sim/sim_internal.h"
+#include "traces/program_summary.h"
 
 #define BLOB_MAGIC 0x70737331u /* "pss1" */
 
@@ -218,43 +219,25 @@ static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const b
 {
     ps_status st = PS_OK;
     ps_summary *sum = NULL;
-    int *count = calloc((size_t)(s->n_stages > 0 ? s->n_stages : 1), sizeof *count);
-    PS_TRY_ALLOC(count, err);
-    if ((st = ps_summary_create(s->n_devices, s->n_stages, &sum)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
-        goto out;
-    }
-    snprintf(sum->source, sizeof sum->source, "sim");
-    snprintf(sum->plan, sizeof sum->plan, "%s", s->plan_digest);
-    snprintf(sum->model, sizeof sum->model, "%s", s->model);
-    snprintf(sum->cluster, sizeof sum->cluster, "%s", s->cluster[0] ? s->cluster : c->name);
-    sum->micro_batches = s->micro_batches > 0 ? s->micro_batches : 1;
+    PS_TRY(ps_summary_from_programs(s, "sim", c->name, c->devices_per_node, &sum, err));
     sum->iteration_s = h->iteration_s;
     sum->wall_s = h->wall_s;
-    int staged = 0;
     for (int d = 0; d < s->n_devices; d++) {
         ps_summary_device *sd = &sum->devices[d];
         const ps_sim_device_result *r = &dev[d];
-        int stage = s->programs[d].stage;
-        sd->stage = stage >= 0 && stage < s->n_stages ? stage : -1;
         sd->compute_s = r->compute_s;
         sd->comm_s = r->comm_s;
         sd->idle_s = fmax(0.0, h->iteration_s - r->compute_s - r->comm_s);
         sd->peak_memory_bytes = r->peak_memory_bytes;
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, r->peak_memory_bytes);
-        if (sd->stage < 0)
-            continue;
-        staged++;
-        ps_summary_stage *g = &sum->stages[sd->stage];
-        if (count[sd->stage]++ == 0)
-            g->first_device = d;
-        g->n_devices++;
-        g->peak_memory_bytes = fmax(g->peak_memory_bytes, r->peak_memory_bytes);
+        if (sd->stage >= 0)
+            sum->stages[sd->stage].peak_memory_bytes =
+                fmax(sum->stages[sd->stage].peak_memory_bytes, r->peak_memory_bytes);
     }
     for (int i = 0; i < s->n_stages; i++) {
         ps_summary_stage *g = &sum->stages[i];
         double sum_s[PS_PHASE_COUNT] = {0};
-        int runs[PS_PHASE_COUNT] = {0}, nodes = 0, last_node = -1;
+        int runs[PS_PHASE_COUNT] = {0};
         for (int d = 0; d < s->n_devices; d++) {
             if (sum->devices[d].stage != i)
                 continue;
@@ -262,9 +245,6 @@ static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const b
                 sum_s[ph] += dev[d].phase_sum_s[ph];
                 runs[ph] += dev[d].phase_runs[ph];
             }
-            int node = d / c->devices_per_node; /* devices are node-major */
-            nodes += node != last_node;
-            last_node = node;
         }
         g->forward_s =
             runs[PS_PHASE_FORWARD] ? sum_s[PS_PHASE_FORWARD] / runs[PS_PHASE_FORWARD] : 0;
@@ -272,33 +252,12 @@ static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const b
             runs[PS_PHASE_BACKWARD] ? sum_s[PS_PHASE_BACKWARD] / runs[PS_PHASE_BACKWARD] : 0;
         g->update_s = runs[PS_PHASE_UPDATE] ? sum_s[PS_PHASE_UPDATE] / runs[PS_PHASE_UPDATE] : 0;
         g->time_s = g->forward_s + g->backward_s;
-        int n = g->n_devices;
-        if (nodes > 0 && n % nodes == 0) {
-            g->submesh[0] = nodes;
-            g->submesh[1] = n / nodes;
-        } else {
-            g->submesh[0] = 1;
-            g->submesh[1] = n;
-        }
-        const int *mesh = s->stages[i].mesh;
-        if ((long long)mesh[0] * mesh[1] == n && mesh[0] > 0) {
-            g->logical_mesh[0] = mesh[0];
-            g->logical_mesh[1] = mesh[1];
-        } else {
-            g->logical_mesh[0] = n;
-            g->logical_mesh[1] = 1;
-        }
     }
-    if (h->iteration_s > 0 && staged > 0) {
-        sum->tflops_per_device = s->flops_per_step / h->iteration_s / staged / 1e12;
-        if (s->mfu_peak_flops_per_s > 0)
-            sum->mfu = sum->tflops_per_device * 1e12 / s->mfu_peak_flops_per_s;
-    }
+    ps_summary_set_throughput(sum, s);
     *out = sum;
     sum = NULL;
 out:
     ps_summary_free(sum);
-    free(count);
     return st;
 }
 
