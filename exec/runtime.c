@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "exec/box.h"
 #include "exec/data.h"
 #include "traces/program_summary.h"
 #include "traces/trace.h"
@@ -232,7 +233,8 @@ static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_
     float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
-    ps_status st = rt->b->ops->download(rt->b, d->device, host, t->data, n * PS_EXEC_ELEM_BYTES, &d->err);
+    ps_status st =
+        rt->b->ops->download(rt->b, d->device, host, t->data, n * PS_EXEC_ELEM_BYTES, &d->err);
     if (st == PS_OK) {
         pthread_mutex_lock(&rt->mu);
         float **slot = &whole[tensor];
@@ -241,19 +243,14 @@ static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_
         if (*slot == NULL) {
             st = ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
         } else {
-            int64_t coord[PS_MAX_RANK];
-            for (int64_t i = 0; i < n; i++) {
-                int64_t r = i, gi = 0, stride = 1;
-                for (int k = t->rank - 1; k >= 0; k--) {
-                    coord[k] = t->offset[k] + r % t->shape[k];
-                    r /= t->shape[k];
-                }
-                for (int k = t->rank - 1; k >= 0; k--) {
-                    gi += coord[k] * stride;
-                    stride *= t->global[k];
-                }
-                (*slot)[gi] = host[i];
+            ps_tile local = *t, all = *t;
+            local.data = host;
+            all.data = *slot;
+            for (int k = 0; k < t->rank; k++) {
+                all.shape[k] = t->global[k];
+                all.offset[k] = 0;
             }
+            ps_box_copy_host(&local, &all, t->offset, t->shape, false);
         }
         pthread_mutex_unlock(&rt->mu);
     }
@@ -559,10 +556,7 @@ static void box_of(const runtime *rt, const ps_tile *t, int region, int64_t *off
         }
         return;
     }
-    for (int k = 0; k < t->rank; k++) {
-        off[k] = t->offset[k];
-        size[k] = t->shape[k];
-    }
+    ps_tile_box(t, off, size);
 }
 
 static ps_status exec_p2p(device_state *d, const ps_instr *in)
