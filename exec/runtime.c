@@ -814,12 +814,7 @@ static ps_status summarize(runtime *rt, ps_error *err)
             } else if (e->category == PS_TRACE_COMPUTE && e->op < -1) {
                 snprintf(name, sizeof name, "%s", e->op == -2 ? "slice" : "load");
             } else if (e->category == PS_TRACE_COMPUTE) {
-                if (e->phase < 0)
-                    snprintf(name, sizeof name, "compute");
-                else if (e->phase == PS_PHASE_UPDATE || e->mb < 0)
-                    snprintf(name, sizeof name, "%s", ps_phase_names[e->phase]);
-                else
-                    snprintf(name, sizeof name, "%s mb%d", ps_phase_names[e->phase], e->mb);
+                ps_trace_compute_name(e->phase, e->mb, name, sizeof name);
             } else if (e->category == PS_TRACE_COLLECTIVE) {
                 snprintf(name, sizeof name, "%s group %d", ps_collective_names[e->coll],
                          e->group);

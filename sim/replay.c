@@ -311,12 +311,7 @@ static void flush_compute(sim_actor *a)
     }
     if (a->ctx->trace) {
         char name[64];
-        if (a->cur_phase < 0)
-            snprintf(name, sizeof name, "compute");
-        else if (a->cur_phase == PS_PHASE_UPDATE || a->cur_mb < 0)
-            snprintf(name, sizeof name, "%s", ps_phase_names[a->cur_phase]);
-        else
-            snprintf(name, sizeof name, "%s mb%d", ps_phase_names[a->cur_phase], a->cur_mb);
+        ps_trace_compute_name(a->cur_phase, a->cur_mb, name, sizeof name);
         trace_span(a, a->device, PS_TRACE_COMPUTE, name, t0, t1, a->cur_mb, -1, 0,
                    a->pend_pred_flops);
     }

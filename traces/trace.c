@@ -4,6 +4,8 @@
  * millions of events costs no memory per event. */
 #include "traces/trace.h"
 
+#include "core/program.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -363,4 +365,14 @@ out:
     free(w->path);
     free(w);
     return st;
+}
+
+void ps_trace_compute_name(int phase, int micro_batch, char *buf, int cap)
+{
+    if (phase < 0 || phase >= PS_PHASE_COUNT)
+        snprintf(buf, (size_t)cap, "compute");
+    else if (phase == PS_PHASE_UPDATE || micro_batch < 0)
+        snprintf(buf, (size_t)cap, "%s", ps_phase_names[phase]);
+    else
+        snprintf(buf, (size_t)cap, "%s mb%d", ps_phase_names[phase], micro_batch);
 }

@@ -53,4 +53,9 @@ ps_status ps_trace_add(ps_trace_writer *w, const ps_trace_event *e);
 /* Finishes the JSON and closes the file; the writer is freed even on error. */
 ps_status ps_trace_close(ps_trace_writer *w, ps_error *err);
 
+/* The name of a span of a kernel's computations, as every writer spells it:
+ * "forward mb3", "backward mb0", "update", or "compute" outside a kernel
+ * (phase < 0). */
+void ps_trace_compute_name(int phase, int micro_batch, char *buf, int cap);
+
 #endif
