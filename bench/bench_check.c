@@ -420,7 +420,7 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
         double c0 = calib_run(cal);
         double step_s = 0;
         for (int k = 0; k < slowdown; k++) {
-            PS_TRY(ps_cpu_backend_create(set->n_devices, slots, &b, err));
+            PS_TRY(ps_cpu_backend_create(set->n_devices, slots, NULL, &b, err));
             ps_exec_options eo = ps_exec_options_default();
             eo.steps = 2;
             ps_exec_result_free(res);

@@ -13,6 +13,7 @@
 #include "core/program.h"
 #include "exec/check.h"
 #include "exec/cpu/cpu_backend.h"
+#include "exec/hosts.h"
 #ifdef PS_HAVE_CUDA
 #include "exec/cuda/cuda_backend.h"
 #endif
@@ -33,6 +34,9 @@ static void help(void)
            "every device is a GPU. Prints the measured iteration, per-stage times and memory\n"
            "beside the planner's prediction; the summary and the timeline of the last step use\n"
            "the formats of `pipeshard sim` (docs/trace-format.md).\n\n"
+           "Several hosts: start one process per node of the plan's cluster with an MPI\n"
+           "launcher (mpirun -np NODES pipeshard exec ...); each runs its node's devices, rank 0\n"
+           "prints and writes the results. The CPU backend runs across hosts this way.\n\n"
            "options:\n"
            "  --plan P.json          the plan (pipeshard plan -o)\n"
            "  --backend cpu|cuda     where to run (default cpu)\n"
@@ -81,7 +85,26 @@ static const struct option options[] = {
 typedef struct backend_choice {
     const char *kind; /* cpu, cuda */
     bool share_gpu, tf32;
+    ps_hosts *hosts;  /* the launch's processes, or NULL */
+    int fail_device;  /* test mode: this device fails (PIPESHARD_FAIL_DEVICE), or -1 */
 } backend_choice;
+
+/* ---- test mode: a backend whose device `fail_device` fails in its first
+ * backward op, so that the stop of every device (and host) can be tested
+ * from the command line ---- */
+
+static const ps_backend_ops *inject_real;
+static ps_backend_ops inject_ops;
+static int inject_device = -1;
+
+static ps_status inject_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                           ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    if (device == inject_device && op->pass == PS_PASS_BACKWARD)
+        return ps_error_set(err, PS_ERR_DEVICE, "injected failure (PIPESHARD_FAIL_DEVICE=%d)",
+                            device);
+    return inject_real->op(b, device, op, in, out, ctx, err);
+}
 
 /* Lowers, checks and runs a plan on a new backend. */
 static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
@@ -98,12 +121,22 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     PS_TRY(ps_plan_model_build(plan, &m, err));
     PS_TRY(ps_plan_lower(plan, m, lo, &set, err));
     PS_TRY(ps_program_set_check(set, NULL, err));
+    if (bc->hosts != NULL) {
+        PS_TRY(ps_hosts_assign(bc->hosts, set->n_devices, plan->cluster->devices_per_node, err));
+        if (ps_hosts_count(bc->hosts) > 1 && strcmp(bc->kind, "cpu") != 0) {
+            st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                              "the %s backend runs in one process; across hosts only the cpu "
+                              "backend runs (start it without mpirun)",
+                              bc->kind);
+            goto out;
+        }
+    }
     slots = malloc((size_t)set->n_devices * sizeof *slots);
     PS_TRY_ALLOC(slots, err);
     for (int d = 0; d < set->n_devices; d++)
         slots[d] = ps_exec_timing_slots(set, d);
     if (strcmp(bc->kind, "cpu") == 0) {
-        PS_TRY(ps_cpu_backend_create(set->n_devices, slots, &b, err));
+        PS_TRY(ps_cpu_backend_create(set->n_devices, slots, bc->hosts, &b, err));
     } else {
 #ifdef PS_HAVE_CUDA
         int most = 0;
@@ -122,10 +155,22 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
         goto out;
 #endif
     }
-    PS_TRY(ps_exec_run(set, b, eo, out, err));
+    if (bc->fail_device >= 0) {
+        inject_real = b->ops;
+        inject_ops = *b->ops;
+        inject_ops.op = inject_op;
+        inject_device = bc->fail_device;
+        b->ops = &inject_ops;
+    }
+    ps_exec_options o = *eo;
+    o.hosts = bc->hosts;
+    PS_TRY(ps_exec_run(set, b, &o, out, err));
 out:
-    if (b != NULL)
+    if (b != NULL) {
+        if (b->ops == &inject_ops)
+            b->ops = inject_real;
         b->ops->destroy(b);
+    }
     free(slots);
     if (st == PS_OK && set_out != NULL) {
         *set_out = set;
@@ -204,14 +249,29 @@ int ps_cmd_exec(int argc, char **argv)
     ps_program_set *set = NULL, *ref_set = NULL;
     ps_exec_result *r = NULL, *ref = NULL;
     bool mismatch = false;
+    ps_hosts *hosts = NULL;
+    int rank = 0;
     char source[16];
     snprintf(source, sizeof source, "exec-%s", backend);
     eo.source = source;
     eo.keep_params = check;
+    PS_TRY(ps_hosts_init(&hosts, &err));
+    rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     eo.devices_per_node = plan->cluster->devices_per_node;
-    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32};
+    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32,
+                         .hosts = hosts, .fail_device = -1};
+    const char *fail_env = getenv("PIPESHARD_FAIL_DEVICE");
+    if (fail_env != NULL && !ps_cli_parse_int(fail_env, 0, INT32_MAX, &v)) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "PIPESHARD_FAIL_DEVICE needs a device number, not \"%s\"", fail_env);
+        goto out;
+    }
+    if (fail_env != NULL)
+        bc.fail_device = (int)v;
     PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &err));
+    if (rank != 0) /* rank 0 prints, writes and checks */
+        goto out;
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(r->summary, summary_path, &err));
     if (json) {
@@ -231,8 +291,12 @@ int ps_cmd_exec(int argc, char **argv)
                    r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
         for (int s = 0; s < r->steps; s++)
             printf("step %d: loss %.9g\n", s + 1, r->loss[s]);
-        printf("run           %.3g s wall, %d steps on the %s backend\n", r->wall_s, r->steps,
+        int nh = ps_hosts_count(hosts);
+        printf("run           %.3g s wall, %d steps on the %s backend", r->wall_s, r->steps,
                backend);
+        if (nh > 1)
+            printf(", %d hosts (MPI)", nh);
+        printf("\n");
     }
     if (check) {
         ps_exec_options ro = eo;
@@ -240,7 +304,7 @@ int ps_cmd_exec(int argc, char **argv)
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
-        backend_choice cpu = {.kind = "cpu"};
+        backend_choice cpu = {.kind = "cpu", .fail_device = -1};
         PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &err));
         ps_exec_comparison cmp;
         ps_exec_compare(set->step, r, ref_set->step, ref, tol, param_atol, &cmp);
@@ -265,6 +329,13 @@ out:
     ps_plan_model_free(ref_m);
     ps_plan_free(plan);
     ps_plan_free(ref_plan);
+    if (st != PS_OK && ps_hosts_count(hosts) > 1) {
+        /* the other hosts may wait for this one: name the rank, stop them all */
+        fprintf(stderr, "pipeshard: exec: rank %d of %d: %s\n", rank, ps_hosts_count(hosts),
+                err.msg);
+        ps_hosts_abort(hosts, 1);
+    }
+    ps_hosts_finalize(hosts);
     if (st != PS_OK)
         return ps_cli_fail(&err, st);
     return mismatch ? 1 : 0;

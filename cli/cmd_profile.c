@@ -196,7 +196,7 @@ static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend *
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         for (int d = 0; d < n; d++)
             slots[d] = PS_PROFILE_SLOTS;
-        ps_status st = ps_cpu_backend_create(n, slots, out, err);
+        ps_status st = ps_cpu_backend_create(n, slots, NULL, out, err);
         free(slots);
         return st;
     }

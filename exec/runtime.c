@@ -74,6 +74,8 @@ struct runtime {
     ps_error first_err;
     ps_status first_status;
     ps_exec_result *result;
+    ps_hosts *hosts;   /* NULL: every device is in this process */
+    float **param_cover, **grad_cover; /* [n_tensors], several hosts and keep_params */
 };
 
 static void barrier_init(exec_barrier *b, int n)
@@ -98,6 +100,17 @@ static bool barrier_wait(runtime *rt)
     pthread_mutex_lock(&b->mu);
     unsigned long gen = b->generation;
     if (++b->waiting == b->n) {
+        if (rt->hosts != NULL && !rt->failed) {
+            /* the other processes' devices too (this process's wait here) */
+            ps_error e = {0};
+            if (ps_hosts_barrier(rt->hosts, &e) != PS_OK) {
+                rt->failed = true;
+                pthread_mutex_lock(&rt->mu);
+                rt->first_status = PS_ERR_DEVICE;
+                rt->first_err = e;
+                pthread_mutex_unlock(&rt->mu);
+            }
+        }
         b->waiting = 0;
         b->generation++;
         pthread_cond_broadcast(&b->cv);
@@ -225,8 +238,11 @@ static ps_status do_alloc(device_state *d, int buffer, int mb, bool program_leve
     return PS_OK;
 }
 
-/* Copies a tile into the whole tensor `tensor` of a result array. */
-static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_tile *t)
+/* Copies a tile into the whole tensor `tensor` of a result array; with
+ * `cover` (runs of several hosts), also marks the elements written (1.0)
+ * so that the hosts' parts can be merged. */
+static ps_status keep_tile(device_state *d, float **whole, float **cover, int tensor,
+                           const ps_tile *t)
 {
     runtime *rt = d->rt;
     int64_t n = ps_tile_numel(t);
@@ -237,12 +253,17 @@ static ps_status keep_tile(device_state *d, float **whole, int tensor, const ps_
         rt->b->ops->download(rt->b, d->device, host, t->data, n * PS_EXEC_ELEM_BYTES, &d->err);
     if (st == PS_OK) {
         pthread_mutex_lock(&rt->mu);
-        float **slot = &whole[tensor];
-        if (*slot == NULL)
-            *slot = calloc((size_t)ps_tile_global_numel(t), sizeof **slot);
-        if (*slot == NULL) {
-            st = ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
-        } else {
+        for (int pass = 0; pass < (cover != NULL ? 2 : 1) && st == PS_OK; pass++) {
+            float **slot = pass == 0 ? &whole[tensor] : &cover[tensor];
+            if (*slot == NULL)
+                *slot = calloc((size_t)ps_tile_global_numel(t), sizeof **slot);
+            if (*slot == NULL) {
+                st = ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+                break;
+            }
+            if (pass == 1)
+                for (int64_t i = 0; i < n; i++)
+                    host[i] = 1.0f;
             ps_tile local = *t, all = *t;
             local.data = host;
             all.data = *slot;
@@ -270,7 +291,8 @@ static ps_status do_free(device_state *d, int buffer, int mb, bool program_level
         const ps_tensor *t = &rt->g->tensors[rt->set->buffers[buffer].tensor];
         if (last && rt->opt->keep_params && t->kind == PS_TENSOR_PARAM) {
             ps_tile x = tile_of(rt, d, buffer, d->inst[i]);
-            PS_TRY_RET(keep_tile(d, rt->result->params, rt->set->buffers[buffer].tensor, &x));
+            PS_TRY_RET(keep_tile(d, rt->result->params, rt->param_cover,
+                                 rt->set->buffers[buffer].tensor, &x));
         }
         if (d->kept[buffer] != NULL)
             rt->b->ops->release(rt->b, d->device, d->kept[buffer]);
@@ -480,7 +502,7 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
     ps_status st = PS_OK;
     if (op->kind == PS_OP_ADAM && op->n_in > 1 && rt->opt->keep_params &&
         d->step == rt->opt->steps)
-        st = keep_tile(d, rt->result->grads, op->in[0], &tin[1]);
+        st = keep_tile(d, rt->result->grads, rt->grad_cover, op->in[0], &tin[1]);
     if (st == PS_OK)
         st = rt->b->ops->op(rt->b, d->device, op, tin, tout, &ctx, &d->err);
     if (st != PS_OK) {
@@ -750,6 +772,21 @@ static void *device_main(void *arg)
 
 /* ---- summary and trace of the last step ---- */
 
+/* What a device measured in the last step, as plain data: the process of
+ * rank 0 assembles the summary and the trace from every host's reports. */
+typedef struct report_head {
+    int32_t device, n_events;
+    double iteration_s, compute_s, comm_s, peak_bytes;
+    double phase_sum[PS_PHASE_COUNT];
+    int32_t phase_runs[PS_PHASE_COUNT];
+} report_head;
+
+typedef struct report_event {
+    int32_t category, mb, peer, pad;
+    double t0, dur, bytes, flops;
+    char name[112];
+} report_event;
+
 static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
                              double *dur, ps_error *err)
 {
@@ -757,22 +794,151 @@ static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, 
     return rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, dur, err);
 }
 
+static void event_name(const runtime *rt, const exec_event *e, char *name, size_t size)
+{
+    if (e->category == PS_TRACE_COMPUTE && e->op >= 0)
+        snprintf(name, size, "%s", rt->g->ops[e->op].name);
+    else if (e->category == PS_TRACE_COMPUTE && e->op < -1)
+        snprintf(name, size, "%s", e->op == -2 ? "slice" : "load");
+    else if (e->category == PS_TRACE_COMPUTE)
+        ps_trace_compute_name(e->phase, e->mb, name, size);
+    else if (e->category == PS_TRACE_COLLECTIVE)
+        snprintf(name, size, "%s group %d", ps_collective_names[e->coll], e->group);
+    else
+        snprintf(name, size, "%s %d", e->category == PS_TRACE_SEND ? "send to" : "recv from",
+                 e->peer);
+}
+
+/* The reports of this process's devices, one after another (events only
+ * when there is a trace to write). */
+static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error *err)
+{
+    const ps_program_set *s = rt->set;
+    bool events = rt->opt->trace_path != NULL;
+    size_t total = 0;
+    for (int i = 0; i < s->n_devices; i++)
+        if (ps_hosts_is_local(rt->hosts, i))
+            total += sizeof(report_head) +
+                     (events ? (size_t)rt->dev[i].n_events * sizeof(report_event) : 0);
+    char *buf = calloc(total > 0 ? total : 1, 1);
+    if (buf == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    char *p = buf;
+    for (int i = 0; i < s->n_devices; i++) {
+        if (!ps_hosts_is_local(rt->hosts, i))
+            continue;
+        device_state *d = &rt->dev[i];
+        report_head h;
+        memset(&h, 0, sizeof h);
+        h.device = i;
+        h.n_events = events ? d->n_events : 0;
+        h.iteration_s = d->iteration_s;
+        h.peak_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
+        for (int j = 0; j < d->n_runs; j++) {
+            double dur;
+            ps_status st = rt->b->ops->elapsed(rt->b, i, d->runs[j].begin, d->runs[j].end, &dur,
+                                               err);
+            if (st != PS_OK) {
+                free(buf);
+                return st;
+            }
+            h.phase_sum[d->runs[j].phase] += dur;
+            h.phase_runs[d->runs[j].phase]++;
+        }
+        /* compute and communication seconds come from every event */
+        double compute = 0, comm = 0;
+        report_event *ev = (report_event *)(p + sizeof h); /* buf is calloc'd: aligned */
+        for (int j = 0; j < d->n_events; j++) {
+            const exec_event *e = &d->events[j];
+            double t0, dur;
+            ps_status st = event_times(rt, d, e, &t0, &dur, err);
+            if (st != PS_OK) {
+                free(buf);
+                return st;
+            }
+            if (e->category == PS_TRACE_COMPUTE)
+                compute += dur;
+            else
+                comm += dur;
+            if (!events)
+                continue;
+            report_event *r = &ev[j];
+            r->category = e->category;
+            r->mb = e->mb;
+            r->peer = e->peer;
+            r->t0 = t0;
+            r->dur = dur;
+            r->bytes = e->bytes;
+            r->flops = e->flops;
+            event_name(rt, e, r->name, sizeof r->name);
+        }
+        h.compute_s = compute;
+        h.comm_s = comm;
+        memcpy(p, &h, sizeof h);
+        p += sizeof h + (size_t)h.n_events * sizeof(report_event);
+    }
+    *out = buf;
+    *bytes = total;
+    return PS_OK;
+}
+/* The summary and the timeline of the last step, on rank 0, from every
+ * process's reports. */
 static ps_status summarize(runtime *rt, ps_error *err)
 {
     const ps_program_set *s = rt->set;
+    void *mine = NULL, *all = NULL;
+    size_t mine_bytes = 0;
+    int hosts = ps_hosts_count(rt->hosts);
+    size_t *sizes = calloc((size_t)hosts, sizeof *sizes);
+    if (sizes == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = build_reports(rt, &mine, &mine_bytes, err);
+    if (st != PS_OK) { /* the other hosts wait in the gather: stop them all */
+        free(sizes);
+        return st;
+    }
+    st = ps_hosts_gather(rt->hosts, mine, mine_bytes, &all, sizes, err);
+    free(mine);
+    if (st != PS_OK || ps_hosts_rank(rt->hosts) != 0) {
+        free(sizes);
+        free(all);
+        return st;
+    }
+    size_t total = 0;
+    for (int h = 0; h < hosts; h++)
+        total += sizes[h];
+    free(sizes);
+
     ps_summary *sum = NULL;
     ps_trace_writer *tw = NULL;
     double *phase_sum = NULL;
     int *phase_runs = NULL;
+    const report_head **head = NULL;
     char source[16];
     if (rt->opt->source != NULL)
         snprintf(source, sizeof source, "%s", rt->opt->source);
     else
         snprintf(source, sizeof source, "exec-%s", rt->b->ops->name);
     int dpn = rt->opt->devices_per_node > 0 ? rt->opt->devices_per_node : s->n_devices;
-    ps_status st = ps_summary_from_programs(s, source, NULL, dpn, &sum, err);
-    if (st != PS_OK)
-        return st;
+    PS_TRY(ps_summary_from_programs(s, source, NULL, dpn, &sum, err));
+    /* every device's report, by device */
+    head = calloc((size_t)s->n_devices, sizeof *head);
+    PS_TRY_ALLOC(head, err);
+    for (size_t off = 0; off + sizeof(report_head) <= total;) {
+        const report_head *h = (const report_head *)((const char *)all + off);
+        if (h->device < 0 || h->device >= s->n_devices || head[h->device] != NULL ||
+            h->n_events < 0) {
+            st = ps_error_set(err, PS_ERR_INTERNAL, "a malformed device report from a host");
+            goto out;
+        }
+        head[h->device] = h;
+        off += sizeof *h + (size_t)h->n_events * sizeof(report_event);
+    }
+    for (int i = 0; i < s->n_devices; i++)
+        if (head[i] == NULL) {
+            st = ps_error_set(err, PS_ERR_INTERNAL, "no host reported device %d", i);
+            goto out;
+        }
     if (rt->opt->trace_path != NULL) {
         PS_TRY(ps_trace_open(rt->opt->trace_path, dpn, &tw, err));
         ps_trace_set_info(tw, "source", sum->source);
@@ -787,58 +953,35 @@ static ps_status summarize(runtime *rt, ps_error *err)
         goto out;
     }
     for (int i = 0; i < s->n_devices; i++) {
-        device_state *d = &rt->dev[i];
+        const report_head *h = head[i];
         ps_summary_device *sd = &sum->devices[i];
         int stage = sd->stage;
-        sd->peak_memory_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
+        sd->peak_memory_bytes = h->peak_bytes;
+        sd->compute_s = h->compute_s;
+        sd->comm_s = h->comm_s;
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
-        sum->iteration_s = fmax(sum->iteration_s, d->iteration_s);
-        if (tw != NULL && sd->stage >= 0) {
+        sum->iteration_s = fmax(sum->iteration_s, h->iteration_s);
+        if (tw != NULL && stage >= 0) {
             char name[64];
             snprintf(name, sizeof name, "device %d (stage %d)", i, stage);
             ps_trace_name_device(tw, i, name);
         }
-        for (int j = 0; j < d->n_events; j++) {
-            const exec_event *e = &d->events[j];
-            double t0, dur;
-            PS_TRY(event_times(rt, d, e, &t0, &dur, err));
-            if (e->category == PS_TRACE_COMPUTE)
-                sd->compute_s += dur;
-            else
-                sd->comm_s += dur;
-            if (tw == NULL)
-                continue;
-            char name[128];
-            if (e->category == PS_TRACE_COMPUTE && e->op >= 0) {
-                snprintf(name, sizeof name, "%s", rt->g->ops[e->op].name);
-            } else if (e->category == PS_TRACE_COMPUTE && e->op < -1) {
-                snprintf(name, sizeof name, "%s", e->op == -2 ? "slice" : "load");
-            } else if (e->category == PS_TRACE_COMPUTE) {
-                ps_trace_compute_name(e->phase, e->mb, name, sizeof name);
-            } else if (e->category == PS_TRACE_COLLECTIVE) {
-                snprintf(name, sizeof name, "%s group %d", ps_collective_names[e->coll],
-                         e->group);
-            } else {
-                snprintf(name, sizeof name, "%s %d",
-                         e->category == PS_TRACE_SEND ? "send to" : "recv from", e->peer);
-            }
+        const report_event *ev = (const report_event *)(h + 1);
+        for (int j = 0; tw != NULL && j < h->n_events; j++) {
+            const report_event *e = &ev[j];
+            bool p2p = e->category == PS_TRACE_SEND || e->category == PS_TRACE_RECV;
             ps_trace_event te = {.device = i, .category = (ps_trace_category)e->category,
-                                 .name = name, .start_s = t0, .duration_s = dur,
+                                 .name = e->name, .start_s = e->t0, .duration_s = e->dur,
                                  .micro_batch = e->mb, .stage = stage,
-                                 .peer = e->category == PS_TRACE_SEND ||
-                                                 e->category == PS_TRACE_RECV
-                                             ? e->peer
-                                             : -1,
-                                 .bytes = e->bytes, .flops = e->flops};
+                                 .peer = p2p ? e->peer : -1, .bytes = e->bytes,
+                                 .flops = e->flops};
             PS_TRY(ps_trace_add(tw, &te));
         }
         if (stage < 0)
             continue;
-        for (int j = 0; j < d->n_runs; j++) {
-            double dur;
-            PS_TRY(rt->b->ops->elapsed(rt->b, i, d->runs[j].begin, d->runs[j].end, &dur, err));
-            phase_sum[stage * PS_PHASE_COUNT + d->runs[j].phase] += dur;
-            phase_runs[stage * PS_PHASE_COUNT + d->runs[j].phase]++;
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            phase_sum[stage * PS_PHASE_COUNT + ph] += h->phase_sum[ph];
+            phase_runs[stage * PS_PHASE_COUNT + ph] += h->phase_runs[ph];
         }
         ps_summary_stage *g = &sum->stages[stage];
         g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
@@ -865,9 +1008,57 @@ out:
         if (st == PS_OK)
             st = st2;
     }
+    free(head);
+    free(all);
     free(phase_sum);
     free(phase_runs);
     ps_summary_free(sum);
+    return st;
+}
+
+/* Merges the hosts' parts of whole tensors into rank 0's result: element
+ * by element, from whichever host wrote it (their `cover` is 1). */
+static ps_status merge_tensors(runtime *rt, float **whole, float **cover, ps_error *err)
+{
+    int hosts = ps_hosts_count(rt->hosts);
+    size_t *sizes = calloc((size_t)hosts, sizeof *sizes);
+    if (sizes == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = PS_OK;
+    for (int t = 0; t < rt->g->n_tensors && st == PS_OK; t++) {
+        size_t n = whole[t] != NULL ? (size_t)ps_tensor_desc_numel(&rt->g->tensors[t].desc) : 0;
+        float *mine = malloc(2 * n * sizeof *mine + 1);
+        if (mine == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (n > 0) {
+            memcpy(mine, whole[t], n * sizeof *mine);
+            memcpy(mine + n, cover[t], n * sizeof *mine);
+        }
+        void *all = NULL;
+        st = ps_hosts_gather(rt->hosts, mine, 2 * n * sizeof *mine, &all, sizes, err);
+        free(mine);
+        if (st == PS_OK && ps_hosts_rank(rt->hosts) == 0) {
+            const char *p = all;
+            for (int h = 0; h < hosts; h++) {
+                size_t m = sizes[h] / (2 * sizeof(float));
+                const float *v = (const float *)p, *c = v + m;
+                p += sizes[h];
+                if (h == 0 || m == 0)
+                    continue;
+                if (whole[t] == NULL && (whole[t] = calloc(m, sizeof(float))) == NULL) {
+                    st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                for (size_t i = 0; i < m; i++)
+                    if (c[i] != 0)
+                        whole[t][i] = v[i];
+            }
+        }
+        free(all);
+    }
+    free(sizes);
     return st;
 }
 
@@ -921,6 +1112,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     rt.b = b;
     rt.opt = o;
     rt.M = s->micro_batches > 0 ? s->micro_batches : 1;
+    rt.hosts = o->hosts != NULL && ps_hosts_count(o->hosts) > 1 ? o->hosts : NULL;
     pthread_t *threads = NULL;
     int started = 0;
     size_t n_inst = (size_t)s->n_buffers * (size_t)(rt.M + 1);
@@ -936,6 +1128,14 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
     rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
     threads = calloc((size_t)s->n_devices, sizeof *threads);
+    if (rt.hosts != NULL && o->keep_params) {
+        rt.param_cover = calloc((size_t)rt.g->n_tensors, sizeof *rt.param_cover);
+        rt.grad_cover = calloc((size_t)rt.g->n_tensors, sizeof *rt.grad_cover);
+        if (rt.param_cover == NULL || rt.grad_cover == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
     if (r->loss == NULL || r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
         threads == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
@@ -950,11 +1150,15 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
                 in->op < rt.g->n_ops)
                 rt.op_reduce_axis[in->op] = in->axis >= 0 ? in->axis : 2;
         }
+    int n_local = 0;
     for (int i = 0; i < s->n_devices; i++) {
         device_state *d = &rt.dev[i];
         d->rt = &rt;
         d->device = i;
         d->prog = &s->programs[i];
+        if (!ps_hosts_is_local(rt.hosts, i))
+            continue; /* another process runs it */
+        n_local++;
         d->n_slots = ps_exec_timing_slots(s, i);
         d->inst = calloc(n_inst > 0 ? n_inst : 1, sizeof *d->inst);
         d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
@@ -966,9 +1170,11 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         }
     }
     pthread_mutex_init(&rt.mu, NULL);
-    barrier_init(&rt.barrier, s->n_devices);
+    barrier_init(&rt.barrier, n_local);
     for (int i = 0; i < s->n_devices; i++) {
-        if (pthread_create(&threads[i], NULL, device_main, &rt.dev[i]) != 0) {
+        if (!ps_hosts_is_local(rt.hosts, i))
+            continue;
+        if (pthread_create(&threads[started], NULL, device_main, &rt.dev[i]) != 0) {
             rt.dev[i].status = ps_error_set(&rt.dev[i].err, PS_ERR_NOMEM,
                                             "cannot start the thread of device %d", i);
             fail(&rt, &rt.dev[i]);
@@ -982,7 +1188,20 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         st = rt.first_status != PS_OK ? rt.first_status : PS_ERR_DEVICE;
         *err = rt.first_err;
     } else {
-        st = summarize(&rt, err);
+        /* the loss of every host's devices; whole parameters and gradients
+         * and the summary on rank 0 */
+        st = ps_hosts_sum(rt.hosts, r->loss, o->steps, err);
+        if (st == PS_OK && rt.param_cover != NULL)
+            st = merge_tensors(&rt, r->params, rt.param_cover, err);
+        if (st == PS_OK && rt.grad_cover != NULL)
+            st = merge_tensors(&rt, r->grads, rt.grad_cover, err);
+        if (st == PS_OK)
+            st = summarize(&rt, err);
+        for (int t = 0; ps_hosts_rank(rt.hosts) != 0 && t < rt.g->n_tensors; t++) {
+            free(r->params[t]); /* this host's part only: rank 0 has the whole */
+            free(r->grads[t]);
+            r->params[t] = r->grads[t] = NULL;
+        }
     }
     r->wall_s = now_s() - t_start;
     if (r->summary != NULL)
@@ -1010,6 +1229,14 @@ out:
         }
     free(rt.dev);
     free(rt.op_reduce_axis);
+    for (int t = 0; t < rt.g->n_tensors; t++) {
+        if (rt.param_cover != NULL)
+            free(rt.param_cover[t]);
+        if (rt.grad_cover != NULL)
+            free(rt.grad_cover[t]);
+    }
+    free(rt.param_cover);
+    free(rt.grad_cover);
     free(threads);
     if (st == PS_OK)
         *out = r;

@@ -19,6 +19,7 @@
 
 #include "core/program.h"
 #include "exec/backend.h"
+#include "exec/hosts.h"
 #include "traces/summary.h"
 
 typedef struct ps_exec_options {
@@ -30,10 +31,15 @@ typedef struct ps_exec_options {
     bool keep_params;        /* copy the parameters after the last step to the result */
     bool trace_ops;          /* one timeline span per op (default: per run of a kernel's
                               * consecutive computations, as the simulator writes) */
+    ps_hosts *hosts;         /* the processes of an MPI launch (after ps_hosts_assign),
+                              * borrowed; NULL: every device runs in this process */
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);
 
+/* Across several processes every process gets the loss (summed over all
+ * hosts); the summary, the trace, params and grads are rank 0's only (NULL
+ * elsewhere). */
 typedef struct ps_exec_result {
     int steps;
     double *loss;            /* [steps]: the loss summed over micro-batches */

@@ -113,7 +113,7 @@ static ps_status run_plan(const ps_plan *p, const ps_exec_options *o, run *out, 
     slots = malloc((size_t)out->set->n_devices * sizeof *slots);
     for (int d = 0; d < out->set->n_devices; d++)
         slots[d] = ps_exec_timing_slots(out->set, d);
-    PS_TRY(ps_cpu_backend_create(out->set->n_devices, slots, &b, err));
+    PS_TRY(ps_cpu_backend_create(out->set->n_devices, slots, NULL, &b, err));
     PS_TRY(ps_exec_run(out->set, b, o, &out->r, err));
 out:
     if (b != NULL)
@@ -345,7 +345,7 @@ static void test_failure_stops_all(void **state)
         slots[d] = ps_exec_timing_slots(set, d);
     for (fail_device = 0; fail_device < 8; fail_device += 3) {
         ps_backend *b = NULL;
-        assert_int_equal(ps_cpu_backend_create(8, slots, &b, &err), PS_OK);
+        assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
         real_ops = b->ops;
         failing_ops = *b->ops;
         failing_ops.op = failing_op;

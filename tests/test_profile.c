@@ -665,7 +665,7 @@ static ps_backend *cpu_backend(int n)
         slots[d] = PS_PROFILE_SLOTS;
     ps_backend *b = NULL;
     ps_error err = {0};
-    if (ps_cpu_backend_create(n, slots, &b, &err) != PS_OK)
+    if (ps_cpu_backend_create(n, slots, NULL, &b, &err) != PS_OK)
         fail_msg("%s", err.msg);
     return b;
 }
