@@ -382,12 +382,31 @@ typedef struct stage_spec {
     config cfg;
 } stage_spec;
 
-/* Places the stages, solves each on its own devices and writes the plan. */
-static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L, bool manual,
-                         bool gpipe, const char *method, const stage_spec *stages, int n,
-                         ps_plan **out, ps_error *err)
+/* Places the stages, solves each on its own devices and writes the plan.
+ * fwd: the layered forward graph. With several stages the step is built
+ * again knowing them (ps_train_options.layer_stage: a parameter shared by
+ * stages sums its gradient at the update), the step the plan's model and its
+ * lowering will have, so that the plan's ops and phase times are its. */
+static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const ps_graph *step,
+                         int L, bool manual, bool gpipe, const char *method,
+                         const stage_spec *stages, int n, ps_plan **out, ps_error *err)
 {
     ps_status st = PS_OK;
+    ps_graph *staged = NULL;
+    int *layer_stage = NULL;
+    if (n > 1) {
+        layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
+        PS_TRY_ALLOC(layer_stage, err);
+        for (int l = 0; l < L; l++)
+            layer_stage[l] = -1;
+        for (int k = 0; k < n; k++)
+            for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
+                layer_stage[l] = k;
+        ps_train_options t = req->train;
+        t.layer_stage = layer_stage;
+        PS_TRY(ps_train_step_build(fwd, &t, &staged, err));
+        step = staged;
+    }
     const ps_cluster *c = req->cluster;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
     ps_plan *plan = NULL;
@@ -483,6 +502,8 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *step, int L
     plan = NULL;
 out:
     ps_plan_free(plan);
+    ps_graph_free(staged);
+    free(layer_stage);
     return st;
 }
 
@@ -677,7 +698,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int k = 0; k < sp.n_stages; k++)
         chosen[k] = (stage_spec){sp.stages[k].first, sp.stages[k].last, subs[sp.stages[k].sub],
                                  cfgs[sp.stages[k].sub][sp.stages[k].cfg]};
-    PS_TRY(realize(req, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out, err));
+    PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out,
+                   err));
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
@@ -754,7 +776,7 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
                           c->name, ps_cluster_device_count(c));
         goto out;
     }
-    PS_TRY(realize(req, step, lay.n_layers, manual, o->gpipe, method, specs, n, out, err));
+    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, method, specs, n, out, err));
 out:
     ps_graph_free(step);
     ps_graph_free(fwd);

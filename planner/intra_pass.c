@@ -161,7 +161,11 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
         for (int k = 0; k < op->n_in; k++) {
             const ps_tensor *t = &g->tensors[op->in[k]];
             if (op->pass == PS_PASS_UPDATE) {
-                if (t->producer >= 0 && g->ops[t->producer].pass != PS_PASS_UPDATE)
+                /* accumulated here, or (an INPUT of a stage's slice) another
+                 * stage's accumulated contribution to a shared parameter's
+                 * gradient, received for the update (memory only then) */
+                if ((t->producer >= 0 && g->ops[t->producer].pass != PS_PASS_UPDATE) ||
+                    (t->producer < 0 && t->kind == PS_TENSOR_INPUT))
                     kept[op->in[k]] |= KEPT_ACCUM;
                 continue;
             }
@@ -172,6 +176,25 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
                 kept[op->in[k]] |= KEPT_ACT;
         }
     }
+    /* a parameter's gradient contribution that nothing here reads goes to
+     * the stage that updates the parameter, which sums the stages'
+     * contributions at the update (ps_train_options.layer_stage): it is
+     * accumulated here over the micro-batches */
+    unsigned char *read = calloc((size_t)g->n_tensors + 1, 1);
+    if (read == NULL) {
+        free(kept);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n_ops; i++)
+        for (int k = 0; k < g->ops[i].n_in; k++)
+            read[g->ops[i].in[k]] = 1;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const ps_tensor *x = &g->tensors[t];
+        if (!read[t] && x->producer >= 0 && g->ops[x->producer].pass == PS_PASS_BACKWARD &&
+            x->grad_of >= 0 && g->tensors[x->grad_of].kind == PS_TENSOR_PARAM)
+            kept[t] |= KEPT_ACCUM;
+    }
+    free(read);
     *kept_out = kept;
     return PS_OK;
 }
@@ -508,7 +531,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         if (c.src[t] == NULL)
             continue;
         const ps_tensor *x = &g->tensors[t];
-        bool counts = x->kind != PS_TENSOR_INPUT || (kept[t] & KEPT_ACT);
+        bool counts = x->kind != PS_TENSOR_INPUT || kept[t];
         for (int s = 0; s < c.n_src[t]; s++) {
             mem[s] = counts ? ps_spec_tile_bytes(&c.src[t][s], &x->desc, m->shape) : 0;
             cost[s] = opt->memory_weight_s_per_byte * mem[s];
@@ -605,6 +628,9 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
             r->weight_bytes += b;
         else if (x->kind == PS_TENSOR_OPT_STATE)
             r->optimizer_bytes += b;
+        else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACCUM))
+            transient = fmax(transient, b); /* another stage's contribution, received for
+                                             * the update and freed by it */
         else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACT))
             r->activation_bytes += b;
     }

@@ -21,6 +21,8 @@ enum {
     CLS_ACCUM = 2,   /* gradient accumulated over micro-batches, read by the update */
     CLS_DATA = 3,    /* a batch input, loaded per micro-batch */
     CLS_RECV = 4,    /* produced by another stage, received per micro-batch */
+    CLS_RECV_STEP = 5, /* produced by another stage, received once, for the update (a
+                        * shared parameter's gradient contribution, accumulated there) */
 };
 
 /* One transfer of a cross-stage tensor: (part of) a tile from a device of
@@ -43,6 +45,8 @@ typedef struct crossing {
     int from, to;
     ps_phase phase;     /* of its producer: the receiver takes it before that phase */
     bool param_copy;    /* a shared parameter, sent after the owner's update */
+    bool accumulated;   /* a gradient contribution accumulated over the micro-batches,
+                         * sent once before the sender's update (phase UPDATE) */
     int src_buffer;     /* sender's home buffer */
     int reduce_steps;   /* partial sums reduced on the sender first */
     ps_reshard_step reduce[PS_RESHARD_MAX_STEPS];
@@ -81,6 +85,7 @@ typedef struct lower_ctx {
     int n_stages;
     stage_ctx *st;
     int *stage_of_layer;
+    bool *update_reads; /* [step tensors]: read by an update-pass op */
     int n_cross, cap_cross;
     crossing *cross;
     ps_error *err;
@@ -396,23 +401,22 @@ static ps_status stage_setup(lower_ctx *L, int k)
     }
     for (int t = 0; t < n_t; t++) {
         const ps_tensor *x = &g->tensors[s->step_of[t]];
+        int fu = s->first_use[t];
         if (x->producer < 0)
             s->cls[t] = x->kind == PS_TENSOR_INPUT ? CLS_DATA : CLS_PERSIST;
         else if (s->slice->tensors[t].producer < 0)
-            s->cls[t] = CLS_RECV;
+            s->cls[t] = fu >= 0 && s->slice->ops[fu].pass == PS_PASS_UPDATE ? CLS_RECV_STEP
+                                                                           : CLS_RECV;
         else
             s->cls[t] = CLS_LOCAL;
     }
-    for (int j = 0; j < s->n_ops; j++) {
-        const ps_op *op = &s->slice->ops[j];
-        if (op->pass != PS_PASS_UPDATE)
-            continue;
-        for (int q = 0; q < op->n_in; q++) {
-            int t = op->in[q];
-            int p = s->slice->tensors[t].producer;
-            if (s->cls[t] == CLS_LOCAL && p >= 0 && s->slice->ops[p].pass != PS_PASS_UPDATE)
-                s->cls[t] = CLS_ACCUM;
-        }
+    /* what an update reads, here or in another stage, from the micro-batches'
+     * passes: accumulated over them */
+    for (int t = 0; t < n_t; t++) {
+        int p = s->slice->tensors[t].producer;
+        if (s->cls[t] == CLS_LOCAL && p >= 0 && s->slice->ops[p].pass != PS_PASS_UPDATE &&
+            L->update_reads[s->step_of[t]])
+            s->cls[t] = CLS_ACCUM;
     }
 out:
     free(batch);
@@ -615,7 +619,7 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
         full.partial = 0;
         x->reduce_steps = ps_reshard_plan(A->mesh, d, &sa, &full, x->reduce);
         for (int i = 0; i < x->reduce_steps; i++)
-            PS_TRY(new_buffer(L, x->from, x->tensor, &x->reduce[i].to, !x->param_copy,
+            PS_TRY(new_buffer(L, x->from, x->tensor, &x->reduce[i].to, x->phase != PS_PHASE_UPDATE,
                               &x->reduced_buffer[i]));
         sa = full;
     }
@@ -715,13 +719,17 @@ static ps_status find_crossings(lower_ctx *L)
             int T = B->step_of[t];
             const ps_tensor *x = &g->tensors[T];
             crossing *c;
-            if (B->cls[t] == CLS_RECV) {
+            if (B->cls[t] == CLS_RECV || B->cls[t] == CLS_RECV_STEP) {
                 int a = stage_of_op(L, x->producer);
                 PS_TRY(cross_add(L, &c));
                 c->tensor = T;
                 c->from = a;
                 c->to = b;
                 c->phase = phase_of(g->ops[x->producer].pass);
+                if (B->cls[t] == CLS_RECV_STEP) {
+                    c->accumulated = c->phase != PS_PHASE_UPDATE;
+                    c->phase = PS_PHASE_UPDATE;
+                }
                 continue;
             }
             if (B->cls[t] != CLS_PERSIST)
@@ -790,12 +798,28 @@ static ps_status append_simple(lower_ctx *L, ps_program *p, ps_instr_kind kind, 
 }
 
 /* Receives of stage b's device for the crossings taken before phase ph. */
-static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph, int mb)
+/* Around the update kernel: what is received before it (what the update
+ * reads) and after it (copies of shared parameters), what is sent before it
+ * (accumulated gradient contributions) and after it (what it produced). */
+enum { AROUND_ANY = 0, AROUND_BEFORE = 1, AROUND_AFTER = 2 };
+
+static bool receive_when(const crossing *c, int when)
+{
+    return when == AROUND_ANY || (when == AROUND_BEFORE) == !c->param_copy;
+}
+
+static bool send_when(const crossing *c, int when)
+{
+    return when == AROUND_ANY || (when == AROUND_BEFORE) == c->accumulated;
+}
+
+static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph, int mb,
+                                 int when)
 {
     ps_status st = PS_OK;
     for (int i = 0; i < L->n_cross; i++) {
         const crossing *c = &L->cross[i];
-        if (c->to != b || c->phase != ph)
+        if (c->to != b || c->phase != ph || !receive_when(c, when))
             continue;
         if (!c->param_copy)
             PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, c->dst_buffer, mb));
@@ -833,13 +857,14 @@ out:
 }
 
 /* Sends of stage a's device for the crossings produced in phase ph. */
-static ps_status program_send(lower_ctx *L, ps_program *p, int a, ps_phase ph, int mb)
+static ps_status program_send(lower_ctx *L, ps_program *p, int a, ps_phase ph, int mb,
+                              int when)
 {
     ps_status st = PS_OK;
     stage_ctx *A = &L->st[a];
     for (int i = 0; i < L->n_cross; i++) {
         const crossing *c = &L->cross[i];
-        if (c->from != a || c->phase != ph)
+        if (c->from != a || c->phase != ph || !send_when(c, when))
             continue;
         int src = c->src_buffer;
         for (int r = 0; r < c->reduce_steps; r++) {
@@ -892,8 +917,10 @@ static ps_status program_run(lower_ctx *L, ps_program *p, int k, ps_phase ph, in
 {
     ps_status st = PS_OK;
     stage_ctx *s = &L->st[k];
-    if (ph != PS_PHASE_UPDATE)
-        PS_TRY(program_receive(L, p, k, ph, mb));
+    bool update = ph == PS_PHASE_UPDATE;
+    if (update)
+        PS_TRY(program_send(L, p, k, ph, mb, AROUND_BEFORE));
+    PS_TRY(program_receive(L, p, k, ph, mb, update ? AROUND_BEFORE : AROUND_ANY));
     if (s->kernel[ph] >= 0) {
         const ps_kernel *kern = &L->set->kernels[s->kernel[ph]];
         ps_instr in = ps_instr_init(PS_INSTR_RUN);
@@ -904,9 +931,9 @@ static ps_status program_run(lower_ctx *L, ps_program *p, int k, ps_phase ph, in
             in.flops += kern->instrs[i].flops;
         PS_TRY(append(L, p, &in));
     }
-    PS_TRY(program_send(L, p, k, ph, mb));
-    if (ph == PS_PHASE_UPDATE)
-        PS_TRY(program_receive(L, p, k, ph, mb));
+    PS_TRY(program_send(L, p, k, ph, mb, update ? AROUND_AFTER : AROUND_ANY));
+    if (update)
+        PS_TRY(program_receive(L, p, k, ph, mb, AROUND_AFTER));
 out:
     return st;
 }
@@ -977,6 +1004,7 @@ static void lower_ctx_clear(lower_ctx *L)
     }
     free(L->cross);
     free(L->stage_of_layer);
+    free(L->update_reads);
 }
 
 ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower_options *o,
@@ -994,8 +1022,14 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
     }
     L.st = calloc((size_t)p->n_stages + 1, sizeof *L.st);
     L.stage_of_layer = malloc(((size_t)g->n_layers + 1) * sizeof *L.stage_of_layer);
+    L.update_reads = calloc((size_t)g->n_tensors + 1, sizeof *L.update_reads);
     PS_TRY_ALLOC(L.st, err);
     PS_TRY_ALLOC(L.stage_of_layer, err);
+    PS_TRY_ALLOC(L.update_reads, err);
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].pass == PS_PASS_UPDATE)
+            for (int q = 0; q < g->ops[i].n_in; q++)
+                L.update_reads[g->ops[i].in[q]] = true;
     for (int k = 0; k < p->n_stages; k++)
         for (int l = p->stages[k].first_layer; l <= p->stages[k].last_layer; l++)
             L.stage_of_layer[l] = k;

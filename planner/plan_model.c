@@ -13,6 +13,7 @@ void ps_plan_model_free(ps_plan_model *m)
     ps_graph_free(m->layered);
     ps_graph_free(m->step);
     free(m->remat_layers);
+    free(m->layer_stage);
     free(m);
 }
 
@@ -64,6 +65,20 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
             goto out;
     } else {
         m->train = ps_train_options_default();
+    }
+    if (p->n_stages > 1) {
+        /* a parameter shared by stages (a tied embedding) sums its gradient
+         * once per step (ps_train_options.layer_stage) */
+        int n = m->layered->n_layers;
+        m->layer_stage = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->layer_stage);
+        PS_TRY_ALLOC(m->layer_stage, err);
+        for (int l = 0; l < n; l++)
+            m->layer_stage[l] = -1;
+        for (int k = 0; k < p->n_stages; k++)
+            for (int l = p->stages[k].first_layer; l <= p->stages[k].last_layer && l < n; l++)
+                if (l >= 0)
+                    m->layer_stage[l] = k;
+        m->train.layer_stage = m->layer_stage;
     }
     PS_TRY(ps_train_step_build(m->layered, &m->train, &m->step, err));
     *out = m;

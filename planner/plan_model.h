@@ -18,6 +18,7 @@ typedef struct ps_plan_model {
     ps_model_config config;
     ps_train_options train;
     bool *remat_layers;
+    int *layer_stage; /* [layered->n_layers]: the plan's stage of each layer (several stages) */
 } ps_plan_model;
 
 ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *err);

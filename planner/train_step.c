@@ -12,6 +12,7 @@ ps_train_options ps_train_options_default(void)
     memset(&o, 0, sizeof o);
     o.remat = false;
     o.remat_layers = NULL;
+    o.layer_stage = NULL;
     o.optimizer_dtype = PS_DTYPE_F32;
     o.master_weights = true;
     o.adam = ps_op_attrs_default(PS_OP_ADAM);
@@ -27,6 +28,7 @@ typedef struct builder {
     int cap;
     int *grad;       /* tensor -> its accumulated gradient tensor, -1 */
     int *recomputed; /* forward tensor -> its recomputed copy, -1 */
+    const int *layer_stage; /* ps_train_options.layer_stage */
     bool *needs_grad;
     bool *layer_remat;
     bool *layer_recomputed;
@@ -91,7 +93,14 @@ static ps_status contribute(builder *b, int x, int g_t, const ps_op *fwd, int fw
     char suffix[280];
     snprintf(suffix, sizeof suffix, ".grad_sum:%s", b->g->tensors[x].name);
     int in[2] = {b->grad[x], g_t};
-    int op = emit(b, PS_PASS_BACKWARD, fwd, fwd_id, PS_OP_ADD, suffix, in, 2, NULL);
+    /* a parameter's contributions from different stages meet at the update */
+    ps_pass pass = PS_PASS_BACKWARD;
+    int prev = b->g->tensors[b->grad[x]].producer;
+    if (b->layer_stage != NULL && b->g->tensors[x].kind == PS_TENSOR_PARAM && prev >= 0 &&
+        (b->g->ops[prev].pass == PS_PASS_UPDATE ||
+         b->layer_stage[b->g->ops[prev].layer] != b->layer_stage[fwd->layer]))
+        pass = PS_PASS_UPDATE;
+    int op = emit(b, pass, fwd, fwd_id, PS_OP_ADD, suffix, in, 2, NULL);
     if (op < 0)
         return b->err->status ? b->err->status : PS_ERR_NOMEM;
     int sum = out_of(b, op, 0);
@@ -386,6 +395,7 @@ ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *o
     PS_TRY_ALLOC(b->layer_remat, err);
     PS_TRY_ALLOC(b->layer_recomputed, err);
     int loss_layer = g->ops[g->tensors[g->loss].producer].layer;
+    b->layer_stage = opt->layer_stage;
     for (int l = 0; l < g->n_layers; l++)
         b->layer_remat[l] = opt->remat_layers ? opt->remat_layers[l] : opt->remat;
     b->layer_remat[loss_layer] = false;

@@ -22,6 +22,12 @@ typedef struct ps_train_options {
     bool remat;
     /* Per layer override (n_layers entries), or NULL to follow `remat`. */
     const bool *remat_layers;
+    /* Pipeline stages by layer (n_layers entries), or NULL. A parameter
+     * used in layers of different stages (a tied embedding) sums its
+     * gradient contributions in the update pass, once per step: each stage
+     * accumulates its own contribution over the micro-batches and sends it
+     * once, instead of once per micro-batch (the sum of sums is the same). */
+    const int *layer_stage;
     ps_dtype optimizer_dtype; /* Adam m and v (fp32 by default) */
     /* When parameters are not in optimizer_dtype (fp16/bf16 training), keep
      * an optimizer_dtype master copy too (mixed precision). Default true. */

@@ -147,11 +147,12 @@ static void check_kernels_match_plan(const ps_plan *p, const ps_program_set *set
         assert_int_equal(runs[PS_PHASE_FORWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_BACKWARD], p->micro_batches);
         assert_int_equal(runs[PS_PHASE_UPDATE], 1);
-        /* what lives the whole step (the program's per-step allocations:
-         * weights, optimizer state, gradient accumulators) is what the plan
-         * counts: gradients in the layout their producers write */
+        /* what lives the whole step (the program's per-step allocations
+         * before its first kernel: weights, optimizer state, gradient
+         * accumulators; not what the update receives or reduces) is what
+         * the plan counts: gradients in the layout their producers write */
         double lasting = 0;
-        for (int i = 0; i < prog->n_instrs; i++)
+        for (int i = 0; i < prog->n_instrs && prog->instrs[i].kind != PS_INSTR_RUN; i++)
             if (prog->instrs[i].kind == PS_INSTR_ALLOC && prog->instrs[i].mb < 0)
                 lasting += set->buffers[prog->instrs[i].buffer].bytes;
         double plan_lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
@@ -194,8 +195,9 @@ static void every_family_method_and_schedule(void **state)
     ps_cluster_free(c);
 }
 
-/* The tied embedding of GPT: the last stage reads wte, the first updates it;
- * the updated value travels back after the update. */
+/* GPT's tied embedding: the owner (stage 0) sends the updated table to the
+ * last stage once per step, and the head's gradient contribution comes back
+ * once per step, accumulated (ps_train_options.layer_stage). */
 static void tied_embedding_travels(void **state)
 {
     (void)state;
@@ -219,6 +221,32 @@ static void tied_embedding_travels(void **state)
         }
     }
     assert_true(recv_wte >= 1);
+    /* and its gradient contribution from the head goes the other way once
+     * per step, accumulated, before the owner's update (not once per
+     * micro-batch) */
+    int contrib = ps_graph_find_tensor(m->step, "head.logits.grad_b");
+    assert_true(contrib >= 0);
+    assert_int_equal(m->step->tensors[contrib].grad_of, wte);
+    int sends_step = 0, sends_mb = 0;
+    for (int i = 0; i < prog->n_instrs; i++) {
+        const ps_instr *in = &prog->instrs[i];
+        if (in->kind == PS_INSTR_SEND && set->buffers[in->buffer].tensor == contrib)
+            in->mb < 0 ? sends_step++ : sends_mb++;
+    }
+    assert_int_equal(sends_mb, 0);
+    assert_true(sends_step >= 1);
+    const ps_program *first = &set->programs[p->stages[0].devices[0]];
+    int recv_at = -1, update_at = -1;
+    for (int i = 0; i < first->n_instrs; i++) {
+        const ps_instr *in = &first->instrs[i];
+        if (in->kind == PS_INSTR_RECV && set->buffers[in->buffer].tensor == contrib) {
+            assert_int_equal(in->mb, -1);
+            recv_at = i;
+        }
+        if (in->kind == PS_INSTR_RUN && set->kernels[in->kernel].phase == PS_PHASE_UPDATE)
+            update_at = i;
+    }
+    assert_true(recv_at >= 0 && update_at > recv_at);
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(p);
