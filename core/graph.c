@@ -184,6 +184,7 @@ ps_status ps_graph_add_op(ps_graph *g, const ps_op_def *def, int *op_id_out, ps_
     op->kind = def->kind;
     op->pass = def->pass;
     op->layer = def->layer;
+    op->block = def->layer;
     op->forward_op = def->forward_op;
     op->attrs = def->attrs;
     op->n_in = def->n_in;
@@ -393,6 +394,7 @@ ps_status ps_graph_slice(const ps_graph *g, int lo, int hi, ps_graph **out, ps_e
         }
         int id;
         PS_TRY(ps_graph_add_op(s, &def, &id, err));
+        s->ops[id].block = op->block;
         for (int k = 0; k < op->n_out; k++) {
             int t = op->out[k];
             map[t] = s->ops[id].out[k];

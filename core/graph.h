@@ -52,6 +52,10 @@ typedef struct ps_op {
     ps_op_kind kind;
     ps_pass pass;
     int layer;
+    /* The layer tag the op was added with (a model's block), kept when the
+     * graph is re-layered (clustered layers), sliced or differentiated: the
+     * intra-op pass ties identical blocks inside one clustered layer. */
+    int block;
     int forward_op; /* RECOMPUTE/BACKWARD: the forward op it derives from; else -1 */
     int n_in, n_out;
     int in[PS_MAX_OP_IO];

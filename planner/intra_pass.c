@@ -267,7 +267,30 @@ static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes,
                             int *tied_out, ps_error *err)
 {
     ps_status st = PS_OK;
-    int L = g->n_layers;
+    /* the units tied: the model's blocks (ps_op.block), densely numbered,
+     * so that identical blocks inside one clustered layer are tied too */
+    int max_block = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        max_block = g->ops[i].block > max_block ? g->ops[i].block : max_block;
+    int *unit = malloc(((size_t)g->n_ops + 1) * sizeof *unit);
+    int *dense = malloc(((size_t)max_block + 2) * sizeof *dense);
+    int *src_unit = malloc(((size_t)g->n_tensors + 1) * sizeof *src_unit);
+    if (unit == NULL || dense == NULL || src_unit == NULL) {
+        free(unit);
+        free(dense);
+        free(src_unit);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; b <= max_block; b++)
+        dense[b] = -1;
+    int L = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        int b = g->ops[i].block >= 0 ? g->ops[i].block : 0;
+        if (dense[b] < 0)
+            dense[b] = L++;
+        unit[i] = dense[b];
+    }
+    free(dense);
     int *tie = malloc(((size_t)n_nodes + 1) * sizeof *tie);
     int *pos = malloc(((size_t)g->n_ops + 1) * sizeof *pos);
     int *first = calloc((size_t)L + 2, sizeof *first), *order = NULL;
@@ -291,7 +314,7 @@ static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes,
         tie[v] = v;
     /* ops per layer, in graph order (CSR) */
     for (int i = 0; i < g->n_ops; i++)
-        first[g->ops[i].layer + 1]++;
+        first[unit[i] + 1]++;
     for (int l = 0; l < L; l++)
         first[l + 1] += first[l];
     order = malloc(((size_t)g->n_ops + 1) * sizeof *order);
@@ -301,18 +324,24 @@ static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes,
         PS_TRY_ALLOC(fill, err);
         memcpy(fill, first, (size_t)L * sizeof *fill);
         for (int i = 0; i < g->n_ops; i++) {
-            pos[i] = fill[g->ops[i].layer] - first[g->ops[i].layer];
-            order[fill[g->ops[i].layer]++] = i;
+            pos[i] = fill[unit[i]] - first[unit[i]];
+            order[fill[unit[i]]++] = i;
         }
         free(fill);
     }
-    /* a source is local to a layer when every op reading it is in that layer */
-    for (int t = 0; t < g->n_tensors; t++)
+    /* a source is local to a unit when every op reading it is in that unit */
+    for (int t = 0; t < g->n_tensors; t++) {
         local_src[t] = g->tensors[t].producer < 0;
+        src_unit[t] = -1;
+    }
     for (int i = 0; i < g->n_ops; i++)
         for (int k = 0; k < g->ops[i].n_in; k++) {
             int t = g->ops[i].in[k];
-            if (g->tensors[t].producer < 0 && g->tensors[t].layer != g->ops[i].layer)
+            if (g->tensors[t].producer >= 0)
+                continue;
+            if (src_unit[t] < 0)
+                src_unit[t] = unit[i];
+            else if (src_unit[t] != unit[i])
                 local_src[t] = false;
         }
     for (int t = 0; t < g->n_tensors; t++)
@@ -328,7 +357,7 @@ static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes,
             for (int k = 0; k < op->n_in && ok; k++) {
                 int t = op->in[k];
                 const ps_tensor *x = &g->tensors[t];
-                if (x->producer >= 0 && g->ops[x->producer].layer == l) {
+                if (x->producer >= 0 && unit[x->producer] == l) {
                     int oi = 0;
                     while (g->ops[x->producer].out[oi] != t)
                         oi++;
@@ -407,6 +436,8 @@ out:
     free(first);
     free(pos);
     free(tie);
+    free(unit);
+    free(src_unit);
     return st;
 }
 

@@ -71,9 +71,10 @@ static int emit(builder *b, ps_pass pass, const ps_op *fwd, int fwd_id, ps_op_ki
                      .forward_op = fwd_id, .n_in = n_in,
                      .attrs = attrs ? *attrs : ps_op_attrs_default(kind)};
     memcpy(def.in, in, (size_t)n_in * sizeof *in);
-    int id;
+    int id, block = fwd->block; /* fwd may point into the ops that grow */
     if (ps_graph_add_op(b->g, &def, &id, b->err) != PS_OK || ensure(b) != PS_OK)
         return -1;
+    b->g->ops[id].block = block;
     return id;
 }
 
@@ -353,7 +354,20 @@ static ps_status add_adam(builder *b, const ps_train_options *opt, int p)
     ps_op_def def = {.kind = PS_OP_ADAM, .name = name, .layer = layer, .pass = PS_PASS_UPDATE,
                      .forward_op = -1, .n_in = n_in, .attrs = opt->adam};
     memcpy(def.in, in, sizeof in);
-    PS_TRY(ps_graph_add_op(g, &def, NULL, b->err));
+    /* the update belongs to the block of the parameter's first reader */
+    int block = layer;
+    for (int i = 0; i < g->n_ops; i++) {
+        bool reads = false;
+        for (int k = 0; k < g->ops[i].n_in; k++)
+            reads |= g->ops[i].in[k] == p;
+        if (reads) {
+            block = g->ops[i].block;
+            break;
+        }
+    }
+    int id;
+    PS_TRY(ps_graph_add_op(g, &def, &id, b->err));
+    g->ops[id].block = block;
     PS_TRY(ensure(b));
 out:
     return st;
