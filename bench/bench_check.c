@@ -40,6 +40,7 @@
 #include "planner/plan_model.h"
 #include "planner/train_step.h"
 #include "sim/sim.h"
+#include "bench/bench_machine.h"
 
 #define MAX_ROWS 128
 #define NAME_LEN 96
@@ -75,39 +76,6 @@ static void rows_add(ps_bench_rows *rs, const char *metric, const char *kind, do
     snprintf(r->kind, sizeof r->kind, "%s", kind);
     r->value = value;
     snprintf(r->unit, sizeof r->unit, "%s", unit);
-}
-
-/* ---- machine description ---- */
-
-static void machine_describe(char *buf, size_t len)
-{
-    char cpu[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f != NULL) {
-        char line[512];
-        while (fgets(line, sizeof line, f) != NULL) {
-            if (strncmp(line, "model name", 10) == 0) {
-                const char *c = strchr(line, ':');
-                if (c != NULL) {
-                    c++;
-                    while (*c == ' ' || *c == '\t')
-                        c++;
-                    snprintf(cpu, sizeof cpu, "%s", c);
-                    cpu[strcspn(cpu, "\n")] = '\0';
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
-    for (char *p = cpu; *p; p++)
-        if (*p == ',')
-            *p = ' ';
-    struct utsname u;
-    char un[256] = "unknown";
-    if (uname(&u) == 0)
-        snprintf(un, sizeof un, "%s %s %s", u.sysname, u.release, u.machine);
-    snprintf(buf, len, "nproc %ld; cpu %s; uname %s", sysconf(_SC_NPROCESSORS_ONLN), cpu, un);
 }
 
 /* ---- calibration: fixed work independent of the project's code ---- */

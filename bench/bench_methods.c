@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/utsname.h>
 #include <time.h>
 
+#include "bench/bench_machine.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
@@ -216,10 +216,10 @@ int main(int argc, char **argv)
         }
     }
     if (csv != NULL) {
-        struct utsname u;
-        uname(&u);
-        fprintf(csv, "# bench_methods on %s %s %s; simulated on SimGrid, p3.16xlarge; remat %s\n",
-                u.nodename, u.sysname, u.machine, remat ? "on" : "off");
+        char machine[600];
+        machine_describe(machine, sizeof machine);
+        fprintf(csv, "# bench_methods, simulated on SimGrid, p3.16xlarge, remat %s; machine: %s\n",
+                remat ? "on" : "off", machine);
         fprintf(csv, "model,gpus,method,dp,op,pp,micro_batches,status,planned_iteration_s,"
                      "simulated_iteration_s,simulated_tflops_per_device,plan_s\n");
     }

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench/bench_machine.h"
 #include "planner/inter_pass.h"
 
 static double now_s(void)
@@ -120,8 +121,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (csv != NULL)
+    if (csv != NULL) {
+        char machine[600];
+        machine_describe(machine, sizeof machine);
+        fprintf(csv, "# bench_plan, ILP time limit %g s per solve; machine: %s\n", time_limit_s,
+                machine);
         fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s\n");
+    }
     if (scaling != NULL)
         fprintf(scaling, "# Alpa's suites (weak scaling: a larger model per GPU count), "
                          "planner's prediction, pipeshard plans\n"

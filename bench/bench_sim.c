@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench/bench_machine.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
@@ -153,6 +154,11 @@ int main(int argc, char **argv)
     if (micro_batches <= 0) {
         fprintf(stderr, "bench_sim: --micro-batches wants a positive count\n");
         return 2;
+    }
+    if (csv != NULL) {
+        char machine[600];
+        machine_describe(machine, sizeof machine);
+        fprintf(csv, "# bench_sim, one simulated step; machine: %s\n", machine);
     }
     if (csv != NULL)
         fprintf(csv, "model,devices,dp,op,pp,micro_batches,plan_s,lower_s,check_s,"
