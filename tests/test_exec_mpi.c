@@ -210,6 +210,12 @@ static void test_wrong_process_count(void **state)
         strstr(out, "start one per host (mpirun -np 2)") == NULL)
         fail_msg("three processes for two hosts: exit %d\n%s", rc, out);
     free(out);
+    /* the CUDA backend runs in one process: refused across hosts (or absent) */
+    rc = sh(&out, MPIRUN " %s exec --plan count.json --backend cuda", 2, PS_PIPESHARD_BIN);
+    if (rc == 0 || (strstr(out, "cuda backend runs in one process") == NULL &&
+                    strstr(out, "not available in this build") == NULL))
+        fail_msg("cuda across hosts: exit %d\n%s", rc, out);
+    free(out);
 }
 
 static void test_failure_stops_every_host(void **state)
