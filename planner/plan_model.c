@@ -78,9 +78,12 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
             for (int l = p->stages[k].first_layer; l <= p->stages[k].last_layer && l < n; l++)
                 if (l >= 0)
                     m->layer_stage[l] = k;
-        m->train.layer_stage = m->layer_stage;
     }
-    PS_TRY(ps_train_step_build(m->layered, &m->train, &m->step, err));
+    /* the stages are this plan's: m->train (which others reuse for other
+     * graphs, e.g. the single-device reference) does not keep them */
+    ps_train_options staged = m->train;
+    staged.layer_stage = m->layer_stage;
+    PS_TRY(ps_train_step_build(m->layered, &staged, &m->step, err));
     *out = m;
     m = NULL;
 out:
