@@ -329,7 +329,8 @@ out:
 
 static bool is_float_tensor(const ps_tensor *t) { return t->desc.dtype != PS_DTYPE_I32; }
 
-static ps_status add_adam(builder *b, const ps_train_options *opt, int p)
+/* block: the block of the parameter's first reader (the update's), or -1. */
+static ps_status add_adam(builder *b, const ps_train_options *opt, int p, int block)
 {
     ps_status st = PS_OK;
     ps_graph *g = b->g;
@@ -354,20 +355,9 @@ static ps_status add_adam(builder *b, const ps_train_options *opt, int p)
     ps_op_def def = {.kind = PS_OP_ADAM, .name = name, .layer = layer, .pass = PS_PASS_UPDATE,
                      .forward_op = -1, .n_in = n_in, .attrs = opt->adam};
     memcpy(def.in, in, sizeof in);
-    /* the update belongs to the block of the parameter's first reader */
-    int block = layer;
-    for (int i = 0; i < g->n_ops; i++) {
-        bool reads = false;
-        for (int k = 0; k < g->ops[i].n_in; k++)
-            reads |= g->ops[i].in[k] == p;
-        if (reads) {
-            block = g->ops[i].block;
-            break;
-        }
-    }
     int id;
     PS_TRY(ps_graph_add_op(g, &def, &id, b->err));
-    g->ops[id].block = block;
+    g->ops[id].block = block >= 0 ? block : layer;
     PS_TRY(ensure(b));
 out:
     return st;
@@ -379,6 +369,7 @@ ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *o
     ps_status st = PS_OK;
     builder bb = {0};
     builder *b = &bb;
+    int *reader_block = NULL; /* [tensor]: block of its first forward reader, -1 */
     b->err = err;
     *out = NULL;
     PS_TRY(ps_graph_check(forward, err));
@@ -443,8 +434,17 @@ ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *o
     }
     b->grad[g->loss] = -1;
 
-    /* Adam for every parameter, in tensor order. */
+    /* Adam for every parameter, in tensor order, in the block of the
+     * parameter's first reader. */
     int n_sources = g->n_tensors;
+    reader_block = malloc(((size_t)n_sources + 1) * sizeof *reader_block);
+    PS_TRY_ALLOC(reader_block, err);
+    for (int t = 0; t < n_sources; t++)
+        reader_block[t] = -1;
+    for (int f = 0; f < b->n_forward_ops; f++)
+        for (int k = 0; k < g->ops[f].n_in; k++)
+            if (reader_block[g->ops[f].in[k]] < 0)
+                reader_block[g->ops[f].in[k]] = g->ops[f].block;
     for (int p = 0; p < n_sources; p++) {
         if (g->tensors[p].kind != PS_TENSOR_PARAM)
             continue;
@@ -453,7 +453,7 @@ ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *o
                               g->tensors[p].name);
             goto out;
         }
-        PS_TRY(add_adam(b, opt, p));
+        PS_TRY(add_adam(b, opt, p, reader_block[p]));
     }
     PS_TRY(ps_graph_check(g, err));
     *out = g;
@@ -465,6 +465,7 @@ out:
     free(b->needs_grad);
     free(b->layer_remat);
     free(b->layer_recomputed);
+    free(reader_block);
     return st;
 }
 
