@@ -16,10 +16,10 @@
 #endif
 
 #ifdef PS_HAVE_MPI
-/* A send in flight: MPI owns `data` until the request completes. */
+/* A send in flight: MPI reads `owner`'s block until the request completes. */
 typedef struct pending_send {
     MPI_Request req;
-    void *data;
+    void *owner;
 } pending_send;
 #endif
 
@@ -127,7 +127,7 @@ void ps_hosts_finalize(ps_hosts *h)
 #ifdef PS_HAVE_MPI
     for (int i = 0; i < h->n_pending; i++) {
         MPI_Wait(&h->pending[i].req, MPI_STATUS_IGNORE);
-        free(h->pending[i].data);
+        free(h->pending[i].owner);
     }
     free(h->pending);
     pthread_mutex_destroy(&h->mu);
@@ -205,7 +205,7 @@ static void reap_sends(ps_hosts *h)
         int done = 0;
         MPI_Test(&h->pending[i].req, &done, MPI_STATUS_IGNORE);
         if (done)
-            free(h->pending[i].data);
+            free(h->pending[i].owner);
         else
             h->pending[kept++] = h->pending[i];
     }
@@ -213,13 +213,13 @@ static void reap_sends(ps_hosts *h)
 }
 #endif
 
-ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, void *data, size_t bytes,
-                        ps_error *err)
+ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, const void *data,
+                        size_t bytes, void *owner, ps_error *err)
 {
 #ifdef PS_HAVE_MPI
     if (h->mpi && h->count > 1) {
         if (bytes > (size_t)INT_MAX) {
-            free(data);
+            free(owner);
             return ps_error_set(err, PS_ERR_UNSUPPORTED,
                                 "device %d: a message of %zu bytes to device %d is larger than "
                                 "one MPI message (2 GiB)",
@@ -232,7 +232,7 @@ ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, void *data, 
             pending_send *p = realloc(h->pending, (size_t)cap * sizeof *p);
             if (p == NULL) {
                 pthread_mutex_unlock(&h->mu);
-                free(data);
+                free(owner);
                 return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
             }
             h->pending = p;
@@ -242,19 +242,19 @@ ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, void *data, 
         int rc = MPI_Isend(data, (int)bytes, MPI_BYTE, ps_hosts_owner(h, dst),
                            tag_of(h, src, dst, channel), MPI_COMM_WORLD, &ps->req);
         if (rc == MPI_SUCCESS) {
-            ps->data = data;
+            ps->owner = owner;
             h->n_pending++;
         }
         pthread_mutex_unlock(&h->mu);
         if (rc != MPI_SUCCESS) {
-            free(data);
+            free(owner);
             return mpi_fail(h, rc, "MPI_Isend", err);
         }
         return PS_OK;
     }
 #endif
-    (void)dst, (void)channel, (void)bytes, (void)h;
-    free(data);
+    (void)dst, (void)channel, (void)data, (void)bytes, (void)h;
+    free(owner);
     return single_process(src, err);
 }
 

@@ -45,10 +45,11 @@ ps_status ps_hosts_assign(ps_hosts *h, int n_devices, int per_host, ps_error *er
 int ps_hosts_owner(const ps_hosts *h, int device);
 bool ps_hosts_is_local(const ps_hosts *h, int device);
 
-/* A message from device `src` (local) to device `dst` (on another process).
- * Takes ownership of `data` (malloc'd; freed once sent) and returns at once. */
-ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, void *data, size_t bytes,
-                        ps_error *err);
+/* A message of `bytes` bytes at `data` from device `src` (local) to device
+ * `dst` (on another process). Takes ownership of `owner`, the malloc'd block
+ * that holds the data (freed once sent, or on failure), and returns at once. */
+ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, const void *data,
+                        size_t bytes, void *owner, ps_error *err);
 /* Waits for the next message from `src` to `dst` (local) on `channel`, or
  * until stop(arg) says to give up (PS_ERR_DEVICE). *data is malloc'd; the
  * caller frees it. */

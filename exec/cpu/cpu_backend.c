@@ -269,18 +269,8 @@ static ps_status post(cpu_backend *c, int src, int dst, int channel, void *paylo
                       ps_error *err)
 {
     message *m = msg_of(payload);
-    if (remote(c, dst)) {
-        /* MPI sends the payload only: move it into a buffer of its own */
-        void *buf = malloc(m->bytes > 0 ? m->bytes : 1);
-        if (buf == NULL) {
-            free(m);
-            return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", src);
-        }
-        memcpy(buf, m->data, m->bytes);
-        size_t bytes = m->bytes;
-        free(m);
-        return ps_hosts_send(c->hosts, src, dst, channel, buf, bytes, err);
-    }
+    if (remote(c, dst)) /* the payload travels; the message is freed once sent */
+        return ps_hosts_send(c->hosts, src, dst, channel, m->data, m->bytes, m, err);
     size_t q = queue_of(c, src, dst, channel);
     pthread_mutex_lock(&c->mu);
     if (c->tail[q] != NULL)
