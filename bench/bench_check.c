@@ -27,8 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/utsname.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/program.h"
@@ -40,18 +38,11 @@
 #include "planner/plan_model.h"
 #include "planner/train_step.h"
 #include "sim/sim.h"
-#include "bench/bench_machine.h"
+#include "bench/bench_common.h"
 
 #define MAX_ROWS 128
 #define NAME_LEN 96
 #define CALIB_RUNS 64
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct ps_bench_row {
     char metric[NAME_LEN];
@@ -139,22 +130,6 @@ static double calib_median(const ps_calib *c)
 
 /* ---- workloads ---- */
 
-/* The preset's node, sliced to `gpus` devices when fewer than one node. */
-static ps_status cluster_slice(const char *preset, int gpus, ps_cluster **out, ps_error *err)
-{
-    ps_cluster *node = NULL;
-    ps_status st = ps_cluster_from_preset(preset, &node, err);
-    if (st != PS_OK)
-        return st;
-    int per_node = gpus < node->devices_per_node ? gpus : node->devices_per_node;
-    char name[64];
-    snprintf(name, sizeof name, "%s:%dx%d", preset, gpus / per_node, per_node);
-    st = ps_cluster_create(name, gpus / per_node, per_node, &node->kinds[0], &node->intra,
-                           &node->inter, out, err);
-    ps_cluster_free(node);
-    return st;
-}
-
 /* Plans `cfg` (pipeshard, remat) on `gpus` devices of p3.16xlarge; *dt_s is the
  * best of `repeats` timings, each covering `slowdown` plans, and *ratio (with
  * `cal`) the best of their ratios to the calibration runs around them. */
@@ -169,7 +144,7 @@ static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_ba
     ps_model_config cfg = *cfg0;
     *out = NULL;
     *dt_s = 0;
-    PS_TRY(cluster_slice("p3.16xlarge", gpus, &c, err));
+    PS_TRY(bench_cluster_slice("p3.16xlarge", gpus, &c, err));
     cfg.batch = global_batch / micro_batches;
     PS_TRY(ps_model_build(&cfg, &fwd, err));
     ps_plan_request req = {.forward = fwd,

@@ -5,18 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_common.h"
 #include "planner/intra_pass.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int run(const char *model, int layers, int batch, int d0, int d1, bool force,
                double *solve_s)

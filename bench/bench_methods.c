@@ -23,21 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
-#include "bench/bench_machine.h"
+#include "bench/bench_common.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
 #include "planner/plan_model.h"
 #include "sim/sim.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct bench_case {
     const char *model;
@@ -58,21 +50,6 @@ static const bench_case cases[] = {
  * automatic plan searches the powers of two up to 128 itself. */
 static const int grid_micro_batches[] = {16, 32, 64, 128};
 #define N_GRID_MB ((int)(sizeof grid_micro_batches / sizeof grid_micro_batches[0]))
-
-static ps_status cluster_for(int gpus, ps_cluster **out, ps_error *err)
-{
-    ps_cluster *node = NULL;
-    ps_status st = ps_cluster_from_preset("p3.16xlarge", &node, err);
-    if (st != PS_OK)
-        return st;
-    int per_node = gpus < node->devices_per_node ? gpus : node->devices_per_node;
-    char name[64];
-    snprintf(name, sizeof name, "p3.16xlarge:%dx%d", gpus / per_node, per_node);
-    st = ps_cluster_create(name, gpus / per_node, per_node, &node->kinds[0], &node->intra,
-                           &node->inter, out, err);
-    ps_cluster_free(node);
-    return st;
-}
 
 typedef enum { KIND_AUTO, KIND_UNIFORM, KIND_DATA, KIND_ZERO2, KIND_ZERO3 } plan_kind;
 static const char *const kind_names[] = {"auto", "uniform", "data", "zero2", "zero3"};
@@ -233,7 +210,7 @@ int main(int argc, char **argv)
             continue;
         ps_error err = {0};
         ps_cluster *c = NULL;
-        if (cluster_for(b->gpus, &c, &err) != PS_OK) {
+        if (bench_cluster_slice("p3.16xlarge", b->gpus, &c, &err) != PS_OK) {
             fprintf(stderr, "bench_methods: %s\n", err.msg);
             return 1;
         }

@@ -16,17 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
-#include "bench/bench_machine.h"
+#include "bench/bench_common.h"
 #include "planner/inter_pass.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct bench_case {
     const char *suite, *model, *preset;
@@ -66,23 +58,6 @@ static const char *suite_title(const char *suite)
     if (strcmp(suite, "moe") == 0)
         return "GShard MoE";
     return "Wide-ResNet";
-}
-
-/* The preset's node, sliced to fewer devices when the case needs under one node. */
-static ps_status cluster_for(const bench_case *b, ps_cluster **out, ps_error *err)
-{
-    ps_cluster *node = NULL;
-    ps_status st = ps_cluster_from_preset(b->preset, &node, err);
-    if (st != PS_OK)
-        return st;
-    int per_node = b->gpus < node->devices_per_node ? b->gpus : node->devices_per_node;
-    int nodes = b->gpus / per_node;
-    char name[64];
-    snprintf(name, sizeof name, "%s:%dx%d", b->preset, nodes, per_node);
-    st = ps_cluster_create(name, nodes, per_node, &node->kinds[0], &node->intra, &node->inter, out,
-                           err);
-    ps_cluster_free(node);
-    return st;
 }
 
 int main(int argc, char **argv)
@@ -146,7 +121,7 @@ int main(int argc, char **argv)
         ps_plan *p = NULL;
         ps_model_config cfg;
         double t0 = now_s();
-        ps_status st = cluster_for(b, &c, &err);
+        ps_status st = bench_cluster_slice(b->preset, b->gpus, &c, &err);
         if (st == PS_OK)
             st = ps_zoo_lookup(b->model, &cfg, &err);
         if (st == PS_OK) {

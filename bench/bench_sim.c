@@ -17,9 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
-#include "bench/bench_machine.h"
+#include "bench/bench_common.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
@@ -29,13 +28,6 @@
 #define MAX_SIZES 16
 #define OP 8  /* operator parallelism: one DGX-A100 node */
 #define PP 16 /* pipeline stages */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct row {
     int devices, dp;
