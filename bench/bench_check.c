@@ -39,6 +39,7 @@
 #include "planner/train_step.h"
 #include "sim/sim.h"
 #include "bench/bench_common.h"
+#include "core/malloc_tune.h"
 
 #define MAX_ROWS 128
 #define NAME_LEN 96
@@ -599,6 +600,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv); /* the allocator the CLI runs with */
     const char *baseline = NULL, *csv = NULL, *cmp_base = NULL, *cmp_fresh = NULL;
     double quality_tol = 0.01, time_tol = 1.5;
     int slowdown = 1;

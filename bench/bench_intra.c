@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bench/bench_common.h"
+#include "core/malloc_tune.h"
 #include "planner/intra_pass.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
@@ -63,6 +64,7 @@ out:
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv); /* the allocator the CLI runs with */
     /* --quick: one layer only (for CI smoke runs) */
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     static const int meshes[3][2] = {{1, 8}, {2, 4}, {8, 1}};

@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "core/malloc_tune.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
@@ -163,6 +164,7 @@ static void print_row(const outcome *r, FILE *csv, const bench_case *b)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv); /* the allocator the CLI runs with */
     bool quick = false;
     const char *only = NULL;
     double time_limit_s = 10;

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "core/malloc_tune.h"
 #include "planner/inter_pass.h"
 
 typedef struct bench_case {
@@ -62,6 +63,7 @@ static const char *suite_title(const char *suite)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv); /* the allocator the CLI runs with */
     bool quick = false;
     const char *suite = "all";
     double time_limit_s = 10;

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "core/malloc_tune.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
@@ -113,6 +114,7 @@ static int parse_sizes(const char *s, int *sizes)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv); /* the allocator the CLI runs with */
     int sizes[MAX_SIZES] = {1024, 4096}, n_sizes = 2, micro_batches = 64;
     double time_limit_s = 10;
     bool check = false;

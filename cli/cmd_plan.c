@@ -138,6 +138,16 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
         printf("              forward %.4g ms, backward %.4g ms per micro-batch; update %.4g ms "
                "per step\n",
                s->forward_s * 1e3, s->backward_s * 1e3, s->update_s * 1e3);
+        if (s->send_forward_s > 0 && s->send_backward_s > 0)
+            printf("              sends %.4g ms of activations on, %.4g ms of gradients back per "
+                   "micro-batch\n",
+                   s->send_forward_s * 1e3, s->send_backward_s * 1e3);
+        else if (s->send_forward_s > 0)
+            printf("              sends %.4g ms of activations on per micro-batch\n",
+                   s->send_forward_s * 1e3);
+        else if (s->send_backward_s > 0)
+            printf("              sends %.4g ms of gradients back per micro-batch\n",
+                   s->send_backward_s * 1e3);
         printf("              memory %s per device: weights %s, gradients %s, optimizer %s, "
                "activations %s per micro-batch\n",
                ps_cli_bytes(s->peak_memory_bytes, a, sizeof a),

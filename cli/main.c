@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/malloc_tune.h"
 
 static const struct {
     const char *name;
@@ -40,6 +41,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

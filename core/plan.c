@@ -162,6 +162,8 @@ static ps_status stage_json(const ps_plan_stage *s, int index, json_t **out)
     PS_TRY(ps_json_set(pred, "forward_s", json_real(s->forward_s)));
     PS_TRY(ps_json_set(pred, "backward_s", json_real(s->backward_s)));
     PS_TRY(ps_json_set(pred, "update_s", json_real(s->update_s)));
+    PS_TRY(ps_json_set(pred, "send_forward_s", json_real(s->send_forward_s)));
+    PS_TRY(ps_json_set(pred, "send_backward_s", json_real(s->send_backward_s)));
     PS_TRY(ps_json_set(pred, "weight_bytes", json_real(s->weight_bytes)));
     PS_TRY(ps_json_set(pred, "gradient_bytes", json_real(s->gradient_bytes)));
     PS_TRY(ps_json_set(pred, "optimizer_bytes", json_real(s->optimizer_bytes)));
@@ -325,6 +327,8 @@ static ps_status read_stage(const ps_jv *sv, ps_plan *p, ps_error *err)
         PS_TRY(ps_jv_opt_double(&pred, "forward_s", 0, 0, 1e30, &s->forward_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "backward_s", 0, 0, 1e30, &s->backward_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "update_s", 0, 0, 1e30, &s->update_s, err));
+        PS_TRY(ps_jv_opt_double(&pred, "send_forward_s", 0, 0, 1e30, &s->send_forward_s, err));
+        PS_TRY(ps_jv_opt_double(&pred, "send_backward_s", 0, 0, 1e30, &s->send_backward_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "weight_bytes", 0, 0, 1e30, &s->weight_bytes, err));
         PS_TRY(ps_jv_opt_double(&pred, "gradient_bytes", 0, 0, 1e30, &s->gradient_bytes, err));
         PS_TRY(ps_jv_opt_double(&pred, "optimizer_bytes", 0, 0, 1e30, &s->optimizer_bytes, err));

@@ -39,6 +39,9 @@ typedef struct ps_plan_stage {
     /* predictions (seconds per micro-batch; update per step) */
     double forward_s, backward_s, update_s;
     double time_s;               /* forward + backward of one micro-batch */
+    /* per micro-batch: this stage's forward outputs to later stages, its
+     * backward outputs to earlier ones (busiest device, nothing contending) */
+    double send_forward_s, send_backward_s;
     double peak_memory_bytes, weight_bytes, gradient_bytes, optimizer_bytes,
         activation_bytes;
     int n_ops, n_tensors;

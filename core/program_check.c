@@ -26,9 +26,15 @@ static uint64_t mix(int64_t k)
     return x ^ (x >> 29);
 }
 
+/* Rehashes into a table at most a quarter full, dropping the deleted
+ * slots: a device allocates and frees its per-micro-batch buffers again and
+ * again, so most slots that fill the table are tombstones, and doubling on
+ * each refill would grow it with the allocations instead of the live set. */
 static bool live_grow(live_set *s)
 {
-    int cap = s->cap ? s->cap * 2 : 64;
+    int cap = s->cap ? s->cap : 64;
+    while ((s->n + 1) * 4 > cap)
+        cap *= 2;
     int64_t *keys = malloc((size_t)cap * sizeof *keys);
     if (keys == NULL)
         return false;

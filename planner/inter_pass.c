@@ -11,6 +11,8 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "planner/layer_cluster.h"
+#include "planner/lower.h"
+#include "planner/pipeline_time.h"
 #include "planner/stage_dp.h"
 
 const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT] = {
@@ -382,6 +384,48 @@ typedef struct stage_spec {
     config cfg;
 } stage_spec;
 
+/* The plan's iteration time: its stages in the lowering's schedule, with
+ * the transfers between them (planner/pipeline_time.h), and each stage's
+ * send times. alpa_s: Alpa's sum + (B - 1) max, the fallback. */
+static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gpipe, double alpa_s,
+                                    ps_error *err)
+{
+    ps_status st = PS_OK;
+    int n = plan->n_stages;
+    ps_stage_link *links = NULL;
+    int n_links = 0;
+    double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
+    PS_TRY_ALLOC(t, err);
+    PS_TRY(ps_plan_stage_links(plan, step, ps_lower_options_default().local_allgather, &links,
+                               &n_links, err));
+    for (int k = 0; k < n; k++) {
+        ps_plan_stage *s = &plan->stages[k];
+        t[k] = s->forward_s;
+        t[n + k] = s->backward_s;
+        t[2 * n + k] = s->update_s;
+        s->send_forward_s = s->send_backward_s = 0;
+    }
+    for (int l = 0; l < n_links; l++) {
+        ps_plan_stage *s = &plan->stages[links[l].from];
+        if (links[l].kind == PS_LINK_FORWARD)
+            s->send_forward_s += links[l].reduce_s + links[l].seconds;
+        else if (links[l].kind == PS_LINK_BACKWARD)
+            s->send_backward_s += links[l].reduce_s + links[l].seconds;
+    }
+    double it = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links,
+                                        plan->micro_batches, gpipe);
+    if (isnan(it)) {
+        PS_LOG_WARN("the stages' transfers wait for each other: Alpa's pipeline formula "
+                    "predicts the iteration");
+        it = alpa_s;
+    }
+    plan->iteration_s = it;
+out:
+    free(links);
+    free(t);
+    return st;
+}
+
 /* Places the stages, solves each on its own devices and writes the plan.
  * fwd: the layered forward graph. With several stages the step is built
  * again knowing them (ps_train_options.layer_stage: a parameter shared by
@@ -492,7 +536,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         if (st != PS_OK)
             goto out;
     }
-    plan->iteration_s = sum + (B - 1) * slowest + update;
+    PS_TRY(pipeline_iteration(plan, step, gpipe, sum + (B - 1) * slowest + update, err));
     plan->flops_per_step = flops;
     plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
     plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);

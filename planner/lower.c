@@ -6,6 +6,7 @@
 
 #include "core/array.h"
 #include "planner/cost_model.h"
+#include "planner/cross_mesh.h"
 #include "planner/intra_pass.h"
 #include "planner/strategy.h"
 
@@ -547,50 +548,6 @@ out:
 
 /* ---- crossings between stages ---- */
 
-static void tile_region(const ps_sharding_spec *spec, const ps_tensor_desc *d, const int mesh[2],
-                        int i0, int i1, ps_region *r)
-{
-    ps_tensor_desc tile;
-    ps_spec_tile(spec, d, mesh, &tile);
-    r->rank = d->rank;
-    ps_spec_tile_offset(spec, d, mesh, i0, i1, r->offset);
-    for (int x = 0; x < d->rank; x++)
-        r->size[x] = tile.shape[x];
-}
-
-static bool region_intersect(const ps_region *a, const ps_region *b, ps_region *out)
-{
-    out->rank = a->rank;
-    for (int x = 0; x < a->rank; x++) {
-        int64_t lo = a->offset[x] > b->offset[x] ? a->offset[x] : b->offset[x];
-        int64_t ha = a->offset[x] + a->size[x], hb = b->offset[x] + b->size[x];
-        int64_t hi = ha < hb ? ha : hb;
-        if (hi <= lo)
-            return false;
-        out->offset[x] = lo;
-        out->size[x] = hi - lo;
-    }
-    return true;
-}
-
-static bool region_equal(const ps_region *a, const ps_region *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int x = 0; x < a->rank; x++)
-        if (a->offset[x] != b->offset[x] || a->size[x] != b->size[x])
-            return false;
-    return true;
-}
-
-static int64_t region_numel(const ps_region *r)
-{
-    int64_t n = 1;
-    for (int x = 0; x < r->rank; x++)
-        n *= r->size[x];
-    return n;
-}
-
 static ps_status cross_add(lower_ctx *L, crossing **out)
 {
     if (ps_array_grow((void **)&L->cross, &L->cap_cross, L->n_cross + 1, sizeof *L->cross) != PS_OK)
@@ -601,6 +558,12 @@ static ps_status cross_add(lower_ctx *L, crossing **out)
 }
 
 /* The transfers that move tensor x from stage a's layout to stage b's. */
+#define NOMEM_OUT                                                              \
+    do {                                                                       \
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");                 \
+        goto out;                                                              \
+    } while (0)
+
 static ps_status cross_plan(lower_ctx *L, crossing *x)
 {
     ps_status st = PS_OK;
@@ -611,7 +574,7 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
     ps_sharding_spec sa = A->ps->tensors[A->plan_tensor[ta]].spec,
                      sb = B->ps->tensors[B->plan_tensor[tb]].spec;
     int cap_x = 0, cap_g = 0;
-    ps_region *src_box = NULL;
+    ps_cross_plan plan = {0};
     x->src_buffer = A->home[ta];
     x->dst_buffer = B->home[tb];
     if (sa.partial) {
@@ -626,88 +589,45 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
     if (sb.partial)
         return ps_error_set(err, PS_ERR_INVALID, "stage %d receives %s as a partial sum", x->to,
                             L->step->tensors[x->tensor].name);
-    int na = A->ps->n_devices, nb = B->ps->n_devices;
-    const int *ma = A->ps->logical_mesh, *mb = B->ps->logical_mesh;
-    src_box = malloc((size_t)na * sizeof *src_box);
-    PS_TRY_ALLOC(src_box, err);
-    for (int i = 0; i < na; i++)
-        tile_region(&sa, d, ma, i / ma[1], i % ma[1], &src_box[i]);
-    /* axes of b along which receivers hold the same tile */
-    unsigned used = 0;
-    for (int q = 0; q < sb.rank; q++)
-        used |= sb.dim_axes[q];
-    double elem = ps_dtype_size(d->dtype);
-    for (int r = 0; r < nb; r++) {
-        int r0 = r / mb[1], r1 = r % mb[1];
-        ps_region box;
-        tile_region(&sb, d, mb, r0, r1, &box);
-        /* replica group of r: coordinates free along the unused axes */
-        int group[4096], g_n = 0, my_rank = 0;
-        for (int q = 0; q < nb && L->opt.local_allgather; q++) {
-            int q0 = q / mb[1], q1 = q % mb[1];
-            if (((used & 1) && q0 != r0) || ((used & 2) && q1 != r1))
-                continue;
-            if (q == r)
-                my_rank = g_n;
-            if (g_n < 4096)
-                group[g_n++] = B->ps->devices[q];
+    PS_TRY(ps_cross_mesh_plan(L->plan->cluster, d, &sa, A->ps->devices, A->ps->logical_mesh, &sb,
+                              B->mesh, L->opt.local_allgather, &plan, err));
+    int group_id = -1, group_of = -1; /* the set's id of the plan's group group_of */
+    for (int i = 0; i < plan.n_xfers; i++) {
+        const ps_cross_xfer *px = &plan.xfers[i];
+        if (px->group >= 0 && px->group != group_of) {
+            group_of = px->group;
+            int start = plan.group_start[px->group];
+            if (ps_program_add_group(L->set, plan.group_devices + start,
+                                     plan.group_start[px->group + 1] - start, &group_id) != PS_OK)
+                NOMEM_OUT;
         }
-        int chunks = g_n > 1 ? g_n : 1;
-        int group_id = -1;
-        if (chunks > 1 && ps_program_add_group(L->set, group, g_n, &group_id) != PS_OK)
-            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < na; i++) {
-            ps_region part;
-            if (!region_intersect(&box, &src_box[i], &part))
-                continue;
-            /* the first device holding this box stands for its replicas */
-            bool first = true;
-            for (int j = 0; j < i && first; j++)
-                first = !region_equal(&src_box[j], &src_box[i]);
-            if (!first)
-                continue;
-            int replicas[4096], n_rep = 0;
-            for (int j = i; j < na && n_rep < 4096; j++)
-                if (region_equal(&src_box[j], &src_box[i]))
-                    replicas[n_rep++] = A->ps->devices[j];
-            int64_t numel = region_numel(&part);
-            int use_chunks = chunks > 1 && numel >= chunks ? chunks : 1;
-            int region_id;
-            if (ps_program_add_region(L->set, &part, &region_id) != PS_OK)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            int64_t start, len = numel;
-            if (use_chunks > 1)
-                ps_coll_chunk(numel, use_chunks, my_rank, &start, &len);
-            xfer t = {.dst = B->ps->devices[r], .region = region_id,
-                      .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks};
-            t.src = replicas[(r + t.chunk) % n_rep];
-            t.bytes = (double)len * elem;
-            t.seconds = ps_p2p_s(L->plan->cluster, t.src, t.dst, t.bytes);
-            if (ps_array_grow((void **)&x->xfers, &cap_x, x->n_xfers + 1, sizeof *x->xfers) !=
-                PS_OK)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            x->xfers[x->n_xfers++] = t;
-            if (use_chunks > 1) {
-                xgather gth = {.group = group_id, .region = region_id,
-                               .bytes = (double)numel * elem};
-                unsigned axes = (used & 1 ? 0u : 1u) | (used & 2 ? 0u : 2u);
-                gth.seconds = ps_collective_s(B->mesh, PS_COLL_ALL_GATHER, axes, gth.bytes);
-                if (ps_array_grow((void **)&x->gathers, &cap_g, x->n_gathers + 1,
-                                  sizeof *x->gathers) != PS_OK)
-                    return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-                int cap_m = cap_g;
-                int *m2 = realloc(x->gather_members, (size_t)cap_m * sizeof *m2);
-                PS_TRY_ALLOC(m2, err);
-                x->gather_members = m2;
-                x->gather_members[x->n_gathers] = B->ps->devices[r];
-                x->gathers[x->n_gathers++] = gth;
-            }
+        int region_id;
+        if (ps_program_add_region(L->set, &px->region, &region_id) != PS_OK)
+            NOMEM_OUT;
+        xfer t = {.src = px->src, .dst = px->dst, .region = region_id, .chunk = px->chunk,
+                  .chunks = px->chunks, .bytes = px->bytes, .seconds = px->seconds};
+        if (ps_array_grow((void **)&x->xfers, &cap_x, x->n_xfers + 1, sizeof *x->xfers) != PS_OK)
+            NOMEM_OUT;
+        x->xfers[x->n_xfers++] = t;
+        if (px->chunks > 1) {
+            xgather gth = {.group = group_id, .region = region_id, .bytes = px->gather_bytes,
+                           .seconds = px->gather_seconds};
+            if (ps_array_grow((void **)&x->gathers, &cap_g, x->n_gathers + 1,
+                              sizeof *x->gathers) != PS_OK)
+                NOMEM_OUT;
+            int *m2 = realloc(x->gather_members, (size_t)cap_g * sizeof *m2);
+            if (m2 == NULL)
+                NOMEM_OUT;
+            x->gather_members = m2;
+            x->gather_members[x->n_gathers] = px->dst;
+            x->gathers[x->n_gathers++] = gth;
         }
     }
 out:
-    free(src_box);
+    ps_cross_plan_clear(&plan);
     return st;
 }
+#undef NOMEM_OUT
 
 static ps_status find_crossings(lower_ctx *L)
 {

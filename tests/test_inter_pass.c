@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "planner/inter_pass.h"
+#include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
 
 static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
@@ -45,23 +46,62 @@ static ps_plan *plan_for(const char *model, int hidden, int layers, long long gl
 }
 
 /* Stages cover the layers in order and the devices exactly once; the
- * iteration is the pipeline formula over the stages' own predictions. */
+ * iteration is the lowering's schedule over the stages' own predictions and
+ * the transfers between them, priced again from the plan as written (its
+ * model's training step, its layouts): at least every stage's own work and
+ * the first micro-batch's way through all stages and back. */
 static void check_plan(const ps_plan *p, int n_devices)
 {
     assert_int_equal(ps_plan_validate(p, NULL), PS_OK);
-    int used = 0;
-    double sum = 0, slowest = 0, update = 0;
-    for (int k = 0; k < p->n_stages; k++) {
+    int used = 0, n = p->n_stages, B = p->micro_batches;
+    double chain = 0;
+    double *t = calloc(3 * (size_t)n, sizeof *t);
+    assert_non_null(t);
+    for (int k = 0; k < n; k++) {
         const ps_plan_stage *s = &p->stages[k];
         used += s->n_devices;
-        sum += s->time_s;
-        slowest = fmax(slowest, s->time_s);
-        update = fmax(update, s->update_s);
         assert_true(s->peak_memory_bytes <= p->cluster->kinds[0].memory_bytes);
+        assert_true(fabs(s->time_s - (s->forward_s + s->backward_s)) <= 1e-9 * s->time_s);
+        assert_true(p->iteration_s >= B * s->time_s + s->update_s);
+        chain += s->time_s;
+        t[k] = s->forward_s;
+        t[n + k] = s->backward_s;
+        t[2 * n + k] = s->update_s;
+        if (k == 0)
+            assert_true(s->send_backward_s == 0);
+        if (k == n - 1)
+            assert_true(s->send_forward_s == 0);
     }
     assert_int_equal(used, n_devices);
-    double want = sum + (p->micro_batches - 1) * slowest + update;
+    assert_true(p->iteration_s >= chain);
+    ps_plan_model *m = NULL;
+    ps_error err = {0};
+    if (ps_plan_model_build(p, &m, &err) != PS_OK)
+        fail_msg("plan model: %s", err.msg);
+    ps_stage_link *links = NULL;
+    int n_links = 0;
+    assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, &err), PS_OK);
+    double sends[2] = {0, 0};
+    for (int l = 0; l < n_links; l++) {
+        assert_true(links[l].from != links[l].to);
+        if (links[l].kind == PS_LINK_FORWARD || links[l].kind == PS_LINK_BACKWARD)
+            sends[links[l].kind] += links[l].reduce_s + links[l].seconds;
+    }
+    double recorded[2] = {0, 0};
+    for (int k = 0; k < n; k++) {
+        recorded[0] += p->stages[k].send_forward_s;
+        recorded[1] += p->stages[k].send_backward_s;
+    }
+    for (int i = 0; i < 2; i++)
+        assert_true(fabs(recorded[i] - sends[i]) <= 1e-9 * (sends[i] + 1e-12));
+    if (n > 1)
+        assert_true(n_links > 0);
+    double want = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links, B,
+                                          strcmp(p->schedule, "gpipe") == 0);
     assert_true(fabs(p->iteration_s - want) <= 1e-9 * want);
+    free(links);
+    free(t);
+    ps_plan_model_free(m);
 }
 
 /* The pipeshard tutorial's MLP on one 8-device node: manual boundaries and

@@ -1,0 +1,63 @@
+/* The pipeline's iteration time with the transfers between its stages.
+ *
+ * Alpa's stage DP prices a pipeline as sum(t_i) + (B - 1) max(t_i), stage
+ * times alone. With 1F1B a stage keeps at most (stages after it + 1)
+ * micro-batches in flight, so a transfer between stages that is short beside
+ * a stage still stretches every cycle of the schedule: on two stages with
+ * stage time t and transfer c each way, one micro-batch per t + c instead of
+ * per t. This module prices the transfers (with the lowering's own
+ * cross-mesh plan, planner/cross_mesh.h) and times the exact schedule the
+ * lowering emits, instruction order and dependencies, when nothing else
+ * shares the links. */
+#ifndef PS_PLANNER_PIPELINE_TIME_H
+#define PS_PLANNER_PIPELINE_TIME_H
+
+#include "core/graph.h"
+#include "core/plan.h"
+
+typedef enum ps_link_kind {
+    PS_LINK_FORWARD = 0,     /* per micro-batch: from's forward, then to's forward */
+    PS_LINK_BACKWARD = 1,    /* per micro-batch: from's backward, then to's backward */
+    PS_LINK_ACCUMULATED = 2, /* per step: from's last backward, then to's update (a shared
+                              * parameter's gradient contribution) */
+    PS_LINK_PARAM_COPY = 3,  /* per step: from's update, then the end of to's step (the
+                              * updated value of a parameter both stages read) */
+    PS_LINK_UPDATE = 4,      /* per step: from's update, then to's update (what one
+                              * stage's update makes and another's reads) */
+    PS_LINK_KIND_COUNT
+} ps_link_kind;
+
+/* The tensors one stage sends another in one phase, together. */
+typedef struct ps_stage_link {
+    int from, to;
+    ps_link_kind kind;
+    int tensors;
+    double bytes;    /* whole tensors */
+    double reduce_s; /* the sender's reductions of partial sums first (its time) */
+    double seconds;  /* then the transfers and local all-gathers: the receiver's time, as
+                      * a transfer starts when its receiver asks for it */
+} ps_stage_link;
+
+/* The links between the stages of plan p, whose training step is `step` (built
+ * knowing the stages; planner/plan_model.h), priced with or without local
+ * all-gather. *out: malloc'ed, one entry per (from, to, kind). */
+ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local_allgather,
+                              ps_stage_link **out, int *n_out, ps_error *err);
+
+/* Iteration time of n stages running `micro_batches` micro-batches in the
+ * lowering's order (1F1B: stage k runs min(n - k - 1, B) forwards, then a
+ * forward and a backward in turn, then the remaining backwards; GPipe: all
+ * forwards, then all backwards), then its update. A forward (backward) waits
+ * for its own stage, then receives each forward (backward) link into the
+ * stage of the same micro-batch in turn (a link's transfer starts when its
+ * data is ready and the receiver asks); after a kernel the stage reduces
+ * the partial sums it sends. An update waits for the stage's last backward
+ * and its accumulated and update links; the step ends when every update has
+ * and every parameter copy is received.
+ * Times are per micro-batch (forward, backward) and per step (update).
+ * NAN if the links make the schedule wait for itself. */
+double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
+                               const double *update_s, const ps_stage_link *links,
+                               int n_links, int micro_batches, bool gpipe);
+
+#endif

@@ -1,0 +1,428 @@
+/* planner/pipeline_time: the schedule's timing against an explicit longest
+ * path and closed forms, and the priced links against the lowered programs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "planner/inter_pass.h"
+#include "planner/lower.h"
+#include "planner/pipeline_time.h"
+#include "planner/plan_model.h"
+
+/* ---- reference: the schedule as an explicit graph, longest path ---- */
+
+#define MAX_NODES 20000
+#define MAX_EDGES 60000
+
+typedef struct dag {
+    int n, n_edges;
+    double dur[MAX_NODES];
+    int edge_from[MAX_EDGES], edge_to[MAX_EDGES];
+} dag;
+
+static int node(dag *g, double dur)
+{
+    assert_true(g->n < MAX_NODES);
+    g->dur[g->n] = dur;
+    return g->n++;
+}
+
+static void edge(dag *g, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return;
+    assert_true(g->n_edges < MAX_EDGES);
+    g->edge_from[g->n_edges] = a;
+    g->edge_to[g->n_edges++] = b;
+}
+
+/* Longest path ending at each node (Kahn's order); NAN on a cycle. */
+static double longest(const dag *g, int sink)
+{
+    static int indeg[MAX_NODES], queue[MAX_NODES];
+    static double finish[MAX_NODES];
+    memset(indeg, 0, sizeof indeg);
+    for (int e = 0; e < g->n_edges; e++)
+        indeg[g->edge_to[e]]++;
+    int head = 0, tail = 0;
+    for (int v = 0; v < g->n; v++) {
+        finish[v] = g->dur[v];
+        if (indeg[v] == 0)
+            queue[tail++] = v;
+    }
+    while (head < tail) {
+        int v = queue[head++];
+        for (int e = 0; e < g->n_edges; e++) {
+            if (g->edge_from[e] != v)
+                continue;
+            int w = g->edge_to[e];
+            finish[w] = fmax(finish[w], finish[v] + g->dur[w]);
+            if (--indeg[w] == 0)
+                queue[tail++] = w;
+        }
+    }
+    return tail == g->n ? finish[sink] : NAN;
+}
+
+/* The lowering's order, written out plainly. */
+static void order_of(int k, int n, int m, bool gpipe, int *phase, int *mb)
+{
+    int warm = gpipe ? m : (n - k - 1 < m ? n - k - 1 : m), i = 0;
+    for (int j = 0; j < warm; j++, i++)
+        phase[i] = 0, mb[i] = j;
+    for (int j = 0; j < m - warm; j++) {
+        phase[i] = 0, mb[i++] = warm + j;
+        phase[i] = 1, mb[i++] = j;
+    }
+    for (int j = m - warm; j < m; j++, i++)
+        phase[i] = 1, mb[i] = j;
+}
+
+static double reference(int n, const double *f, const double *b, const double *u,
+                        const ps_stage_link *links, int n_links, int m, bool gpipe)
+{
+    static dag g;
+    g.n = g.n_edges = 0;
+    int sink = node(&g, 0);
+    int last[16], ready[16][2][32], upd_ready[16], upd_end[16];
+    int phase[64], mb[64];
+    for (int k = 0; k < n; k++)
+        last[k] = -1;
+    /* kernels: receives in link order, the kernel, the sender's reductions;
+     * per-micro-batch receives come after their source's ready node, so the
+     * graph is built in rounds of the order's position */
+    for (int pos = 0; pos < 2 * m; pos++)
+        for (int k = 0; k < n; k++) {
+            order_of(k, n, m, gpipe, phase, mb);
+            ready[k][phase[pos]][mb[pos]] = -2; /* placeholder */
+        }
+    /* nodes first, edges to sources after all exist */
+    int recv_node[16][2][32][8], kernel_node[16][2][32];
+    for (int k = 0; k < n; k++) {
+        order_of(k, n, m, gpipe, phase, mb);
+        for (int pos = 0; pos < 2 * m; pos++) {
+            int ph = phase[pos], i = mb[pos], r = 0;
+            for (int l = 0; l < n_links; l++)
+                if (links[l].to == k && (int)links[l].kind == ph) {
+                    int v = node(&g, links[l].seconds);
+                    edge(&g, last[k], v);
+                    last[k] = v;
+                    recv_node[k][ph][i][r++] = v;
+                }
+            int v = node(&g, ph ? b[k] : f[k]);
+            edge(&g, last[k], v);
+            last[k] = kernel_node[k][ph][i] = v;
+            for (int l = 0; l < n_links; l++)
+                if (links[l].from == k && (int)links[l].kind == ph) {
+                    int w = node(&g, links[l].reduce_s);
+                    edge(&g, last[k], w);
+                    last[k] = w;
+                }
+            ready[k][ph][i] = last[k];
+        }
+    }
+    for (int k = 0; k < n; k++)
+        for (int ph = 0; ph < 2; ph++)
+            for (int i = 0; i < m; i++) {
+                int r = 0;
+                for (int l = 0; l < n_links; l++)
+                    if (links[l].to == k && (int)links[l].kind == ph)
+                        edge(&g, ready[links[l].from][ph][i], recv_node[k][ph][i][r++]);
+            }
+    /* updates */
+    for (int k = 0; k < n; k++)
+        for (int l = 0; l < n_links; l++)
+            if (links[l].from == k && links[l].kind == PS_LINK_ACCUMULATED) {
+                int w = node(&g, links[l].reduce_s);
+                edge(&g, last[k], w);
+                last[k] = w;
+            }
+    for (int k = 0; k < n; k++)
+        upd_ready[k] = last[k];
+    int upd_recv[16][8], n_upd_recv[16] = {0};
+    for (int k = 0; k < n; k++) {
+        for (int l = 0; l < n_links; l++)
+            if (links[l].to == k &&
+                (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE)) {
+                int v = node(&g, links[l].seconds);
+                edge(&g, last[k], v);
+                last[k] = v;
+                upd_recv[k][n_upd_recv[k]++] = v;
+                if (links[l].kind == PS_LINK_ACCUMULATED)
+                    edge(&g, upd_ready[links[l].from], v);
+            }
+        int v = node(&g, u[k]);
+        edge(&g, last[k], v);
+        last[k] = v;
+        for (int l = 0; l < n_links; l++)
+            if (links[l].from == k &&
+                (links[l].kind == PS_LINK_UPDATE || links[l].kind == PS_LINK_PARAM_COPY)) {
+                int w = node(&g, links[l].reduce_s);
+                edge(&g, last[k], w);
+                last[k] = w;
+            }
+        upd_end[k] = last[k];
+    }
+    for (int k = 0; k < n; k++) {
+        int r = 0;
+        for (int l = 0; l < n_links; l++)
+            if (links[l].to == k &&
+                (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE)) {
+                if (links[l].kind == PS_LINK_UPDATE)
+                    edge(&g, upd_end[links[l].from], upd_recv[k][r]);
+                r++;
+            }
+        for (int l = 0; l < n_links; l++)
+            if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY) {
+                int v = node(&g, links[l].seconds);
+                edge(&g, last[k], v);
+                edge(&g, upd_end[links[l].from], v);
+                last[k] = v;
+            }
+        edge(&g, last[k], sink);
+    }
+    (void)kernel_node;
+    return longest(&g, sink);
+}
+
+static double uniform01(unsigned *seed)
+{
+    *seed = *seed * 1103515245u + 12345u;
+    return ((*seed >> 8) & 0xFFFF) / 65536.0;
+}
+
+/* Random pipelines (1-5 stages, 1-9 micro-batches, both schedules) with
+ * neighbour links, skips, and per-step links: the schedule's time equals the
+ * longest path through the explicit graph of its kernels and receives. */
+static void schedule_is_the_longest_path(void **state)
+{
+    (void)state;
+    unsigned seed = 7;
+    double worst = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(uniform01(&seed) * 5), m = 1 + (int)(uniform01(&seed) * 9);
+        bool gpipe = uniform01(&seed) < 0.3;
+        double f[8], b[8], u[8];
+        ps_stage_link links[32];
+        int n_links = 0;
+        for (int k = 0; k < n; k++) {
+            f[k] = 0.1 + uniform01(&seed);
+            b[k] = 0.1 + 2 * uniform01(&seed);
+            u[k] = uniform01(&seed);
+        }
+        for (int k = 0; k + 1 < n; k++) {
+            links[n_links++] = (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD,
+                                               .reduce_s = 0.1 * uniform01(&seed),
+                                               .seconds = 0.5 * uniform01(&seed)};
+            links[n_links++] = (ps_stage_link){.from = k + 1, .to = k, .kind = PS_LINK_BACKWARD,
+                                               .reduce_s = 0.1 * uniform01(&seed),
+                                               .seconds = 0.5 * uniform01(&seed)};
+            if (k + 2 < n && uniform01(&seed) < 0.3)
+                links[n_links++] = (ps_stage_link){.from = k, .to = k + 2,
+                                                   .kind = PS_LINK_FORWARD,
+                                                   .seconds = uniform01(&seed)};
+        }
+        if (n > 1 && uniform01(&seed) < 0.5) {
+            links[n_links++] = (ps_stage_link){.from = n - 1, .to = 0,
+                                               .kind = PS_LINK_ACCUMULATED,
+                                               .reduce_s = 0.1 * uniform01(&seed),
+                                               .seconds = uniform01(&seed)};
+            links[n_links++] = (ps_stage_link){.from = 0, .to = n - 1,
+                                               .kind = PS_LINK_PARAM_COPY,
+                                               .seconds = uniform01(&seed)};
+        }
+        if (n > 2 && uniform01(&seed) < 0.3)
+            links[n_links++] = (ps_stage_link){.from = 0, .to = 1, .kind = PS_LINK_UPDATE,
+                                               .seconds = uniform01(&seed)};
+        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
+        double want = reference(n, f, b, u, links, n_links, m, gpipe);
+        assert_false(isnan(got));
+        double rel = fabs(got - want) / want;
+        if (rel > 1e-12)
+            fail_msg("trial %d: %d stages, %d micro-batches, %s: %.17g, longest path %.17g",
+                     trial, n, m, gpipe ? "gpipe" : "1f1b", got, want);
+        worst = fmax(worst, rel);
+    }
+    print_message("300 random pipelines: largest relative difference %.2g\n", worst);
+}
+
+/* p equal stages, transfers that take no time: (B + p - 1)(f + b) + update,
+ * for both schedules (Alpa's formula on equal stages). */
+static void equal_stages_closed_form(void **state)
+{
+    (void)state;
+    for (int p = 1; p <= 6; p++)
+        for (int m = 1; m <= 12; m++)
+            for (int gpipe = 0; gpipe < 2; gpipe++) {
+                double f[6], b[6], u[6];
+                ps_stage_link links[10];
+                int n_links = 0;
+                for (int k = 0; k < p; k++)
+                    f[k] = 1, b[k] = 2, u[k] = 0.5;
+                for (int k = 0; k + 1 < p; k++) {
+                    links[n_links++] =
+                        (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD};
+                    links[n_links++] =
+                        (ps_stage_link){.from = k + 1, .to = k, .kind = PS_LINK_BACKWARD};
+                }
+                double got = ps_pipeline_iteration_s(p, f, b, u, links, n_links, m, gpipe);
+                assert_true(fabs(got - ((m + p - 1) * 3.0 + 0.5)) < 1e-12);
+            }
+    /* two stages, transfers of c each way, 1F1B: each stage receives c
+     * before each kernel it gets data for, so it settles to one micro-batch
+     * per f + b + c; closed form for B micro-batches: derived by hand */
+    double f[2] = {1, 1}, b[2] = {2, 2}, u[2] = {0, 0}, c = 0.25;
+    ps_stage_link links[2] = {
+        {.from = 0, .to = 1, .kind = PS_LINK_FORWARD, .seconds = c},
+        {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD, .seconds = c},
+    };
+    for (int m = 1; m <= 10; m++) {
+        double got = ps_pipeline_iteration_s(2, f, b, u, links, 2, m, false);
+        /* stage 0's first backward starts at 2f + b + 2c (after F0 crossed,
+         * ran forward and backward on stage 1 and came back); from there
+         * every micro-batch takes c + b + f on stage 0 (it receives, runs
+         * backward, runs the next forward) and the last one c + b */
+        double want = 2 * f[0] + b[0] + 2 * c + (m - 1) * (c + b[0] + f[0]) + b[0];
+        if (m == 1)
+            want = f[0] + c + f[1] + b[1] + c + b[0];
+        assert_true(fabs(got - want) < 1e-12);
+    }
+}
+
+/* Links whose forwards wait for each other have no schedule. */
+static void cyclic_links_are_nan(void **state)
+{
+    (void)state;
+    double f[2] = {1, 1}, b[2] = {1, 1}, u[2] = {0, 0};
+    ps_stage_link links[2] = {
+        {.from = 0, .to = 1, .kind = PS_LINK_FORWARD},
+        {.from = 1, .to = 0, .kind = PS_LINK_FORWARD},
+    };
+    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, links, 2, 4, false)));
+    ps_stage_link upd[2] = {
+        {.from = 0, .to = 1, .kind = PS_LINK_UPDATE},
+        {.from = 1, .to = 0, .kind = PS_LINK_UPDATE},
+    };
+    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, upd, 2, 4, false)));
+    assert_true(isnan(ps_pipeline_iteration_s(0, f, b, u, NULL, 0, 4, false)));
+}
+
+/* ---- links against the lowered programs ---- */
+
+static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int op, int pp)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup(model, &cfg, NULL), PS_OK);
+    if (cfg.family == PS_MODEL_GPT) {
+        cfg.layers = 4;
+        cfg.hidden = 512;
+        cfg.ffn = 2048;
+        cfg.heads = 8;
+        cfg.seq = 256;
+        cfg.vocab = 2048;
+    } else {
+        cfg.hidden = 1024;
+    }
+    long long global = 64;
+    int micro = 4;
+    cfg.batch = global / micro;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset(cluster, &c, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = global, .micro_batches = micro,
+                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
+    ps_inter_options io = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_uniform(&req, &io, dp, op, pp, &p, &err) != PS_OK)
+        fail_msg("plan %s: %s", model, err.msg);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+    return p;
+}
+
+/* Every micro-batch link carries whole tensors once (local all-gather
+ * splits each part among the receivers that share it): the bytes the
+ * programs send from one stage to another for micro-batch 0 are the links'
+ * bytes, and their predicted seconds never exceed the link's time. */
+static void links_match_the_programs(void **state)
+{
+    (void)state;
+    const struct {
+        const char *model, *cluster;
+        int dp, op, pp;
+    } cases[] = {
+        {"gpt-350m", "dgx-a100:1", 2, 2, 2}, {"gpt-350m", "dgx-a100:1", 1, 2, 4},
+        {"gpt-350m", "p3.16xlarge:2", 1, 8, 2}, {"mlp", "p3.16xlarge:2", 2, 4, 2},
+        {"mlp", "dgx-a100:1", 2, 1, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ps_plan *p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
+                                  cases[i].pp);
+        ps_plan_model *m = NULL;
+        ps_error err = {0};
+        assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+        ps_lower_options lo = ps_lower_options_default();
+        ps_program_set *set = NULL;
+        if (ps_plan_lower(p, m, &lo, &set, &err) != PS_OK)
+            fail_msg("lower: %s", err.msg);
+        ps_stage_link *links = NULL;
+        int n_links = 0;
+        assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, &err), PS_OK);
+        int n = p->n_stages;
+        double *sent = calloc((size_t)n * n, sizeof *sent), *linked = calloc((size_t)n * n,
+                                                                             sizeof *linked);
+        int *stage = malloc((size_t)set->n_devices * sizeof *stage);
+        for (int d = 0; d < set->n_devices; d++)
+            stage[d] = set->programs[d].stage;
+        for (int d = 0; d < set->n_devices; d++)
+            for (int j = 0; j < set->programs[d].n_instrs; j++) {
+                const ps_instr *in = &set->programs[d].instrs[j];
+                if (in->kind == PS_INSTR_SEND && in->mb == 0)
+                    sent[stage[d] * n + stage[in->peer]] += in->bytes;
+            }
+        for (int l = 0; l < n_links; l++)
+            if (links[l].kind == PS_LINK_FORWARD || links[l].kind == PS_LINK_BACKWARD) {
+                assert_true(links[l].kind == PS_LINK_FORWARD ? links[l].to > links[l].from
+                                                             : links[l].to < links[l].from);
+                linked[links[l].from * n + links[l].to] += links[l].bytes;
+                assert_true(links[l].seconds > 0);
+            }
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < n; b++)
+                if (fabs(sent[a * n + b] - linked[a * n + b]) > 1e-9 * linked[a * n + b])
+                    fail_msg("%s %s %dx%dx%d: stage %d to %d: programs send %.0f bytes per "
+                             "micro-batch, links carry %.0f",
+                             cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
+                             cases[i].pp, a, b, sent[a * n + b], linked[a * n + b]);
+        for (int a = 0; a + 1 < n; a++)
+            assert_true(linked[a * n + a + 1] > 0 && linked[(a + 1) * n + a] > 0);
+        free(sent);
+        free(linked);
+        free(stage);
+        free(links);
+        ps_program_set_free(set);
+        ps_plan_model_free(m);
+        ps_plan_free(p);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(schedule_is_the_longest_path),
+        cmocka_unit_test(equal_stages_closed_form),
+        cmocka_unit_test(cyclic_links_are_nan),
+        cmocka_unit_test(links_match_the_programs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
