@@ -8,10 +8,14 @@
  * peak RSS (ps_sim_stats). The last line is the headline.
  *
  *   bench_sim [--devices 1024,4096,16384] [--micro-batches N] [--check]
- *             [--time-limit S] [--csv FILE]
+ *             [--node-collectives flows|closed-form|both] [--time-limit S]
+ *             [--csv FILE]
  *
- * --check also runs the program checker (its time is reported). Goals: 30 s
- * of simulation at 1024 devices, 10 minutes at 4096 and 16384. */
+ * --check also runs the program checker (its time is reported).
+ * --node-collectives: how the simulator times collectives inside a node
+ * (ps_sim_options.node_collectives_closed_form); `both` simulates the same
+ * programs each way, one after the other. Goals: 30 s of simulation at 1024
+ * devices, 10 minutes at 4096 and 16384. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,11 +40,15 @@ typedef struct row {
     long long program_instrs;
     ps_sim_stats stats;
     double sim_iteration_s, plan_iteration_s;
+    bool closed_form; /* node collectives by their closed form */
 } row;
 
+#define MAX_MODES 2
+
 /* Plans, lowers and simulates gpt-175b on `devices` devices. */
-static ps_status run_size(int devices, int micro_batches, double time_limit_s, bool check, row *r,
-                          ps_error *err)
+/* r[0..n_modes): one row per simulator mode (modes[i]: closed form). */
+static ps_status run_size(int devices, int micro_batches, double time_limit_s, bool check,
+                          const bool *modes, int n_modes, row *rows, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_cluster *c = NULL;
@@ -50,6 +58,7 @@ static ps_status run_size(int devices, int micro_batches, double time_limit_s, b
     ps_program_set *set = NULL;
     ps_summary *sum = NULL;
     char preset[32];
+    row *r = &rows[0];
     memset(r, 0, sizeof *r);
     r->devices = devices;
     r->dp = devices / (OP * PP);
@@ -83,9 +92,16 @@ static ps_status run_size(int devices, int micro_batches, double time_limit_s, b
         PS_TRY(ps_program_set_check(set, NULL, err));
         r->check_s = now_s() - t0;
     }
-    ps_sim_options so = ps_sim_options_default();
-    PS_TRY(ps_sim_run(set, c, &so, &sum, &r->stats, err));
-    r->sim_iteration_s = sum->iteration_s;
+    for (int i = 0; i < n_modes; i++) {
+        if (i > 0)
+            rows[i] = rows[0];
+        ps_sim_options so = ps_sim_options_default();
+        so.node_collectives_closed_form = rows[i].closed_form = modes[i];
+        ps_summary_free(sum);
+        sum = NULL;
+        PS_TRY(ps_sim_run(set, c, &so, &sum, &rows[i].stats, err));
+        rows[i].sim_iteration_s = sum->iteration_s;
+    }
 out:
     ps_summary_free(sum);
     ps_program_set_free(set);
@@ -117,7 +133,8 @@ int main(int argc, char **argv)
     ps_malloc_tune(argv); /* the allocator the CLI runs with */
     int sizes[MAX_SIZES] = {1024, 4096}, n_sizes = 2, micro_batches = 64;
     double time_limit_s = 10;
-    bool check = false;
+    bool check = false, modes[MAX_MODES] = {false, true};
+    int n_modes = 1;
     FILE *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
@@ -133,6 +150,18 @@ int main(int argc, char **argv)
             time_limit_s = atof(argv[++i]);
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
+        } else if (strcmp(argv[i], "--node-collectives") == 0 && i + 1 < argc) {
+            const char *m = argv[++i];
+            if (strcmp(m, "both") == 0) {
+                n_modes = 2;
+            } else if (strcmp(m, "flows") == 0 || strcmp(m, "closed-form") == 0) {
+                n_modes = 1;
+                modes[0] = strcmp(m, "closed-form") == 0;
+            } else {
+                fprintf(stderr, "bench_sim: --node-collectives takes flows, closed-form or "
+                                "both\n");
+                return 2;
+            }
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
             csv = fopen(argv[++i], "w");
             if (csv == NULL) {
@@ -141,7 +170,8 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_sim [--devices 1024,4096,16384] [--micro-batches N] "
-                            "[--check] [--time-limit S] [--csv FILE]\n");
+                            "[--check] [--node-collectives flows|closed-form|both] "
+                            "[--time-limit S] [--csv FILE]\n");
             return 2;
         }
     }
@@ -157,44 +187,51 @@ int main(int argc, char **argv)
     if (csv != NULL)
         fprintf(csv, "model,devices,dp,op,pp,micro_batches,plan_s,lower_s,check_s,"
                      "program_instrs,sim_wall_s,sim_cpu_s,platform_s,events,events_per_s,"
-                     "peak_rss_bytes,sim_iteration_s,plan_iteration_s\n");
+                     "peak_rss_bytes,sim_iteration_s,plan_iteration_s,node_collectives\n");
     printf("gpt-175b, uniform dp x %d x %d, %d micro-batches, remat; one simulated step\n", OP,
            PP, micro_batches);
-    printf("%7s %4s %8s %8s %10s %9s %9s %11s %10s %9s %8s %8s\n", "devices", "dp", "plan_s",
-           "lower_s", "instrs", "wall_s", "cpu_s", "events", "events/s", "RSS_MB", "sim_s",
-           "plan_it");
+    printf("%7s %4s %8s %8s %10s %9s %9s %11s %10s %9s %8s %8s %s\n", "devices", "dp",
+           "plan_s", "lower_s", "instrs", "wall_s", "cpu_s", "events", "events/s", "RSS_MB",
+           "sim_s", "plan_it", "node collectives");
     char headline[512] = "";
     size_t hl = 0;
     int failed = 0;
     for (int i = 0; i < n_sizes; i++) {
-        row r;
+        row rows[MAX_MODES];
         ps_error err = {0};
-        if (run_size(sizes[i], micro_batches, time_limit_s, check, &r, &err) != PS_OK) {
+        if (run_size(sizes[i], micro_batches, time_limit_s, check, modes, n_modes, rows, &err) !=
+            PS_OK) {
             printf("%7d failed: %s\n", sizes[i], err.msg);
             failed++;
             continue;
         }
-        printf("%7d %4d %8.1f %8.1f %10lld %9.1f %9.1f %11lld %10.3g %9.0f %8.4g %8.4g\n",
-               r.devices, r.dp, r.plan_s, r.lower_s, r.program_instrs, r.stats.wall_s,
-               r.stats.cpu_s, r.stats.events, r.stats.events_per_s, r.stats.peak_rss_bytes / 1e6,
-               r.sim_iteration_s, r.plan_iteration_s);
-        if (check)
-            printf("        program check %.1f s\n", r.check_s);
-        fflush(stdout);
-        if (csv != NULL) {
-            fprintf(csv, "gpt-175b,%d,%d,%d,%d,%d,%.3f,%.3f,%.3f,%lld,%.3f,%.3f,%.3f,%lld,%.6g,%.0f,"
-                         "%.6g,%.6g\n",
-                    r.devices, r.dp, OP, PP, micro_batches, r.plan_s, r.lower_s, r.check_s,
-                    r.program_instrs, r.stats.wall_s, r.stats.cpu_s, r.stats.platform_s,
-                    r.stats.events, r.stats.events_per_s, r.stats.peak_rss_bytes,
-                    r.sim_iteration_s, r.plan_iteration_s);
-            fflush(csv);
+        for (int j = 0; j < n_modes; j++) {
+            const row *r = &rows[j];
+            const char *mode = r->closed_form ? "closed-form" : "flows";
+            printf("%7d %4d %8.1f %8.1f %10lld %9.1f %9.1f %11lld %10.3g %9.0f %8.4g %8.4g %s\n",
+                   r->devices, r->dp, r->plan_s, r->lower_s, r->program_instrs, r->stats.wall_s,
+                   r->stats.cpu_s, r->stats.events, r->stats.events_per_s,
+                   r->stats.peak_rss_bytes / 1e6, r->sim_iteration_s, r->plan_iteration_s, mode);
+            if (check && j == 0)
+                printf("        program check %.1f s\n", r->check_s);
+            fflush(stdout);
+            if (csv != NULL) {
+                fprintf(csv,
+                        "gpt-175b,%d,%d,%d,%d,%d,%.3f,%.3f,%.3f,%lld,%.3f,%.3f,%.3f,%lld,%.6g,"
+                        "%.0f,%.6g,%.6g,%s\n",
+                        r->devices, r->dp, OP, PP, micro_batches, r->plan_s, r->lower_s,
+                        r->check_s, r->program_instrs, r->stats.wall_s, r->stats.cpu_s,
+                        r->stats.platform_s, r->stats.events, r->stats.events_per_s,
+                        r->stats.peak_rss_bytes, r->sim_iteration_s, r->plan_iteration_s, mode);
+                fflush(csv);
+            }
+            double goal_s = r->devices <= 1024 ? 30 : 600;
+            int w = snprintf(headline + hl, sizeof headline - hl,
+                             "%s%d devices %s %.1f s (goal %.0f s)", hl ? ", " : "", r->devices,
+                             mode, r->stats.wall_s, goal_s);
+            if (w > 0 && (size_t)w < sizeof headline - hl)
+                hl += (size_t)w;
         }
-        double goal_s = r.devices <= 1024 ? 30 : 600;
-        int w = snprintf(headline + hl, sizeof headline - hl, "%s%d devices %.1f s (goal %.0f s)",
-                         hl ? ", " : "", r.devices, r.stats.wall_s, goal_s);
-        if (w > 0 && (size_t)w < sizeof headline - hl)
-            hl += (size_t)w;
     }
     if (csv != NULL)
         fclose(csv);

@@ -17,7 +17,8 @@
 static void help(void)
 {
     printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
-           "                     [--collective-steps] [--no-local-allgather] [--no-check]\n"
+           "                     [--collective-steps] [--node-collectives flows|closed-form]\n"
+           "                     [--no-local-allgather] [--no-check]\n"
            "                     [--predicted P.json] [--profile-db DB.json]\n"
            "                     [--dump-programs DIR] [--json]\n\n"
            "Lowers the plan to per-device programs and replays one training step of them\n"
@@ -30,6 +31,9 @@ static void help(void)
            "  --predicted P.json     also write the planner's prediction as a summary\n"
            "  --collective-steps     send every ring step separately (slower, same time\n"
            "                         when uncontended)\n"
+           "  --node-collectives M   flows (default): a collective inside one node moves its\n"
+           "                         bytes as transfers that share links; closed-form: it\n"
+           "                         takes the ring's time, no events (large clusters)\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --no-check             skip the program checker (large clusters)\n"
            "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
@@ -56,7 +60,7 @@ int ps_cmd_sim(int argc, char **argv)
 }
 #else
 enum { OPT_PLAN = 256, OPT_TRACE, OPT_SUMMARY, OPT_STEPS, OPT_NO_LAG, OPT_NO_CHECK, OPT_PRED,
-       OPT_JSON, OPT_PROFILE_DB, OPT_DUMP };
+       OPT_JSON, OPT_PROFILE_DB, OPT_DUMP, OPT_NODE_COLL };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -64,6 +68,7 @@ static const struct option options[] = {
     {"summary", required_argument, NULL, OPT_SUMMARY},
     {"predicted", required_argument, NULL, OPT_PRED},
     {"collective-steps", no_argument, NULL, OPT_STEPS},
+    {"node-collectives", required_argument, NULL, OPT_NODE_COLL},
     {"no-local-allgather", no_argument, NULL, OPT_NO_LAG},
     {"no-check", no_argument, NULL, OPT_NO_CHECK},
     {"json", no_argument, NULL, OPT_JSON},
@@ -91,6 +96,14 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_SUMMARY: summary_path = optarg; break;
         case OPT_PRED: pred_path = optarg; break;
         case OPT_STEPS: so.collective_steps = true; break;
+        case OPT_NODE_COLL:
+            if (strcmp(optarg, "flows") == 0 || strcmp(optarg, "closed-form") == 0) {
+                so.node_collectives_closed_form = strcmp(optarg, "closed-form") == 0;
+                break;
+            }
+            return ps_cli_usage_error("sim", "--node-collectives takes flows or closed-form, "
+                                             "not \"%s\"",
+                                      optarg);
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_NO_CHECK: check = false; break;
         case OPT_JSON: json = true; break;

@@ -67,6 +67,8 @@ typedef struct sim_actor {
     /* computes not yet executed: flushed as one execution, with the
      * latencies of coalesced collective steps deferred to it (pend_delay_s) */
     double pend_exec_flops, pend_pred_flops, pend_delay_s;
+    bool pend_closed_form; /* pend_delay_s holds closed-form collectives (traced as such) */
+    double coll_t0;        /* the current collective's first transfer, -1 before */
     int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
     /* accounting */
     double compute_s, comm_s, end_s;
@@ -290,7 +292,9 @@ static int group_rank(sim_actor *a, int g, bool *one_node)
 static void flush_compute(sim_actor *a)
 {
     double delay_s = a->pend_delay_s;
+    bool closed_form = a->pend_closed_form;
     a->pend_delay_s = 0;
+    a->pend_closed_form = false;
     if (!(a->pend_exec_flops > 0) && !(delay_s > 0)) {
         a->pend_exec_flops = a->pend_pred_flops = 0;
         return;
@@ -300,9 +304,13 @@ static void flush_compute(sim_actor *a)
     double t0 = simgrid_get_clock();
     sg_actor_execute(a->pend_exec_flops + delay_s * a->speed_flops_per_s);
     double t1 = simgrid_get_clock();
-    double comm_s = fmin(delay_s, t1 - t0);
+    /* a delay alone is all communication (no rounding into compute) */
+    double comm_s = a->pend_exec_flops > 0 ? fmin(delay_s, t1 - t0) : t1 - t0;
     a->comm_s += comm_s;
     a->compute_s += t1 - t0 - comm_s;
+    if (closed_form && comm_s > 0 && a->ctx->trace)
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, "node collectives (closed form)", t0,
+                   t0 + comm_s, a->cur_mb, -1, 0, 0);
     t0 += comm_s;
     a->events++;
     if (!(a->pend_exec_flops > 0)) {
@@ -497,6 +505,16 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
         return actor_fail(a, PS_ERR_INVALID, "collective on a group the device is not in");
     int n = gr->n, steps = ps_coll_step_count(kind, n);
     double chunk = bytes / n;
+    if (one_node && a->ctx->o->node_collectives_closed_form) {
+        const ps_cluster *c = a->ctx->c;
+        a->pend_delay_s += ps_coll_ring_s(kind, n, bytes, c->intra.latency_s,
+                                          1.0 / c->intra.bandwidth_bytes_per_s);
+        a->pend_closed_form = true;
+        return true;
+    }
+    flush_compute(a);
+    if (a->coll_t0 < 0)
+        a->coll_t0 = simgrid_get_clock();
     if (kind == PS_COLL_ALL_TO_ALL && one_node && !a->ctx->o->collective_steps && n > 2) {
         /* the n-1 pairwise steps as one transfer of their bytes to the ring
          * neighbour, plus n-2 latencies: the same time when uncontended, and
@@ -525,14 +543,14 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
 
 static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
 {
-    flush_compute(a);
     const ps_program_set *set = a->ctx->set;
     const ps_program *p = a->prog;
     if (in->coll >= PS_COLL_COUNT)
         return actor_fail(a, PS_ERR_INVALID, "unknown collective");
     ps_collective kind = (ps_collective)in->coll;
-    double t0 = simgrid_get_clock(), S = in->bytes;
+    double S = in->bytes;
     bool ok = true;
+    a->coll_t0 = -1; /* set by the first ring that moves bytes */
     if (in->axis == PS_MESH_AXES) {
         /* the whole mesh, hierarchically as the cost model charges it:
          * axis 1 on the full size, axis 0 on what is left per device */
@@ -560,14 +578,14 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
     } else {
         ok = ring(a, kind, ps_instr_group(set, p, in), S);
     }
-    if (ok && a->ctx->trace) {
+    if (ok && a->ctx->trace && a->coll_t0 >= 0) {
         char name[64];
         if (in->axis >= 0)
             snprintf(name, sizeof name, "%s axis %d", ps_collective_names[kind], in->axis);
         else
             snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], in->group);
-        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, t0, simgrid_get_clock(), mb, -1,
-                   in->bytes, 0);
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, a->coll_t0, simgrid_get_clock(), mb,
+                   -1, in->bytes, 0);
     }
     return ok;
 }

@@ -42,6 +42,14 @@ typedef struct ps_sim_options {
      * transfer of their bytes plus the latencies of the others (the same
      * time when uncontended, far fewer events). */
     bool collective_steps;
+    /* Time a collective whose members share one node by the ring's closed
+     * form (the intra-node link's latency and bandwidth) instead of
+     * transfers: it joins the member's next execution, no events of its own.
+     * Its bytes no longer share device ports with other traffic and its
+     * members no longer wait for each other (they run the same kernel in
+     * step); several times fewer events on large clusters
+     * (docs/simulator.md). Default false: transfers. */
+    bool node_collectives_closed_form;
     bool progress; /* progress on stderr (simulated seconds, events) */
 } ps_sim_options;
 

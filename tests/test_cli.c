@@ -37,7 +37,7 @@
 extern char **environ;
 
 #define BAD_DIR PS_TEST_DATA_DIR "/bad"
-#define MAX_ARGS 16
+#define MAX_ARGS 32
 /* A child that runs longer is killed (a hang is a failure, not a stall). */
 #define CHILD_TIMEOUT_S 120.0
 
@@ -794,6 +794,37 @@ static void test_sim_without_simgrid(void **state)
 }
 #endif
 
+#ifndef PS_NO_SIMGRID
+/* sim --node-collectives: closed-form runs; anything else is a usage error. */
+static void test_sim_node_collectives(void **state)
+{
+    const fixture *fx = *state;
+    char out[512];
+    snprintf(out, sizeof out, "%s/sim-plan.json", fx->dir);
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method",
+                           "uniform", "--dp", "2", "--op", "2", "--pp", "2", "--global-batch",
+                           "64", "--micro-batches", "4", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"sim", "--plan", out, "--node-collectives", "closed-form", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "simulated / predicted");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {"sim", "--plan", out, "--node-collectives", "fast", NULL};
+        expect_usage_error(fx, a, "--node-collectives takes flows or closed-form, not \"fast\"");
+    }
+}
+#endif
+
 /* ---- fixture ------------------------------------------------------------------ */
 
 static int group_setup(void **state)
@@ -958,6 +989,10 @@ static void test_plan(void **state)
         expect_exit(&r, 0);
         expect_in(&r, true, "method manual");
         expect_in(&r, true, "stage 1       layers 1-1 on devices 4-7");
+        /* two stages: each prints what it sends the other per micro-batch */
+        expect_in(&r, true, "sends ");
+        expect_in(&r, true, "of activations on per micro-batch");
+        expect_in(&r, true, "of gradients back per micro-batch");
         run_result_free(&r);
     }
     {
@@ -998,6 +1033,8 @@ int main(void)
         cmocka_unit_test(test_demo),
 #ifdef PS_NO_SIMGRID
         cmocka_unit_test(test_sim_without_simgrid),
+#else
+        cmocka_unit_test(test_sim_node_collectives),
 #endif
         cmocka_unit_test(test_plan),
     };

@@ -188,7 +188,8 @@ static void ring_collectives_match_closed_form(void **state)
     ps_cluster *c = cluster_make(1, 8, B, alpha, 1, 25 * GB, 5e-6, 312e12);
     const int ns[] = {2, 4, 8};
     const double sizes[] = {1 * GB, 64e3};
-    for (int steps = 0; steps < 2; steps++)
+    /* mode 0: coalesced transfers, 1: step by step, 2: closed form */
+    for (int steps = 0; steps < 3; steps++)
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
             for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++)
                 for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
@@ -203,7 +204,8 @@ static void ring_collectives_match_closed_form(void **state)
                     for (int d = 0; d < n; d++)
                         emit(s, d, coll_group((ps_collective)kind, g, S));
                     ps_sim_options o = ps_sim_options_default();
-                    o.collective_steps = steps;
+                    o.collective_steps = steps == 1;
+                    o.node_collectives_closed_form = steps == 2;
                     ps_summary *sum = simulate(s, c, &o, NULL);
                     double want = ps_coll_ring_s((ps_collective)kind, n, S, alpha, 1 / B);
                     char what[96];
@@ -704,7 +706,10 @@ static void platform_of_two_nodes(void **state)
     assert_null(strstr(x, "pod4"));
     assert_non_null(strstr(x, "<zoneRoute src=\"pod0\" dst=\"pod3\" gw_src=\"pod0_gw\" "
                               "gw_dst=\"pod3_gw\" symmetrical=\"NO\"><link_ctn "
-                              "id=\"group0_4_core\"/></zoneRoute>"));
+                              "id=\"group0_4_core0_3\"/></zoneRoute>"));
+    /* one core link per route, none shared by all routes between pods */
+    assert_non_null(strstr(x, "<link id=\"group0_4_core3_0\" bandwidth=\"1e18Bps\""));
+    assert_null(strstr(x, "\"group0_4_core\""));
     free(x);
     ps_cluster_free(c);
 }
@@ -951,9 +956,19 @@ static void check_prediction(const zoo_plan *z, ps_cluster *c)
     else
         snprintf(what, sizeof what, "%s uniform %dx%dx%d %s", z->model, z->dp, z->op, z->pp,
                  c->name);
-    ps_summary *sum = simulate(set, c, NULL, NULL);
+    ps_sim_stats flows_stats, closed_stats;
+    ps_summary *sum = simulate(set, c, NULL, &flows_stats);
     double full = sum->iteration_s;
     ps_summary_free(sum);
+    /* the stages' own collectives inside a node by their closed form: the
+     * same time where nothing contends with them, fewer events */
+    ps_sim_options o = ps_sim_options_default();
+    o.node_collectives_closed_form = true;
+    sum = simulate(set, c, &o, &closed_stats);
+    double closed = sum->iteration_s;
+    ps_summary_free(sum);
+    assert_close(closed, full, 0.05, what);
+    assert_true(closed_stats.events <= flows_stats.events);
     /* weightless, the transfers no longer share device ports with the
      * stages' own collectives either: each stage's times are its own */
     for (int d = 0; d < set->n_devices; d++)
@@ -972,10 +987,12 @@ static void check_prediction(const zoo_plan *z, ps_cluster *c)
         assert_close(sum->stages[k].update_s, ps->update_s, 0.05, what);
     }
     print_message("%-32s %d stage(s): planner %.4g ms, simulated %.4g ms (%+.2f%%), "
-                  "without transfer bytes %.4g ms (%+.2f%%)\n",
+                  "without transfer bytes %.4g ms (%+.2f%%); closed-form node collectives "
+                  "%.4g ms (%+.2f%%), %lld events instead of %lld\n",
                   what, p->n_stages, p->iteration_s * 1e3, full * 1e3,
                   100 * (full / p->iteration_s - 1), bare * 1e3,
-                  100 * (bare / p->iteration_s - 1));
+                  100 * (bare / p->iteration_s - 1), closed * 1e3, 100 * (closed / full - 1),
+                  closed_stats.events, flows_stats.events);
     /* the planner charges the transfers between stages (pipeline_time.h) */
     assert_close(full, p->iteration_s, 0.05, what);
     ps_summary_free(sum);
