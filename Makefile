@@ -32,13 +32,14 @@ test-sanitize: deps
 
 # Benchmarks (long): ILP sizes and times, planning times and predicted throughput
 # for the GPT, MoE and Wide-ResNet suites (and the scaling chart's CSV), simulator
-# speed on GPT-3 175B at 1024 and 4096 devices, the automatic plan against the best
+# speed on GPT-3 175B at 1024, 4096 and 16384 devices, the automatic plan against the best
 # uniform, data and ZeRO plans on the simulator. See docs/bench.md.
 bench: build
 	$(BUILD)/bench_intra
 	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv --scaling $(BUILD)/bench_scaling.csv
 	$(BUILD)/bench_methods --csv $(BUILD)/bench_methods.csv
-	$(BUILD)/bench_sim --csv $(BUILD)/bench_sim.csv
+	$(BUILD)/bench_sim --devices 1024,4096 --node-collectives both --csv $(BUILD)/bench_sim.csv
+	$(BUILD)/bench_sim --devices 16384 --node-collectives closed-form --csv $(BUILD)/bench_sim_16384.csv
 
 # The regression check (about half a minute): a quick subset of the benchmarks run
 # fresh and compared with bench/baselines/bench_check.csv: plan quality within 1%,

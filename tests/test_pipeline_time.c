@@ -15,6 +15,7 @@
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
+#include "test_util.h"
 
 /* ---- reference: the schedule as an explicit graph, longest path ---- */
 
@@ -192,55 +193,49 @@ static double reference(int n, const double *f, const double *b, const double *u
     return longest(&g, sink);
 }
 
-static double uniform01(unsigned *seed)
-{
-    *seed = *seed * 1103515245u + 12345u;
-    return ((*seed >> 8) & 0xFFFF) / 65536.0;
-}
-
 /* Random pipelines (1-5 stages, 1-9 micro-batches, both schedules) with
  * neighbour links, skips, and per-step links: the schedule's time equals the
  * longest path through the explicit graph of its kernels and receives. */
 static void schedule_is_the_longest_path(void **state)
 {
     (void)state;
-    unsigned seed = 7;
+    test_rng_seed(7);
     double worst = 0;
     for (int trial = 0; trial < 300; trial++) {
-        int n = 1 + (int)(uniform01(&seed) * 5), m = 1 + (int)(uniform01(&seed) * 9);
-        bool gpipe = uniform01(&seed) < 0.3;
+        int n = 1 + (int)(uniform() * 5), m = 1 + (int)(uniform() * 9);
+        bool gpipe = uniform() < 0.3;
         double f[8], b[8], u[8];
         ps_stage_link links[32];
         int n_links = 0;
         for (int k = 0; k < n; k++) {
-            f[k] = 0.1 + uniform01(&seed);
-            b[k] = 0.1 + 2 * uniform01(&seed);
-            u[k] = uniform01(&seed);
+            f[k] = 0.1 + uniform();
+            b[k] = 0.1 + 2 * uniform();
+            u[k] = uniform();
         }
         for (int k = 0; k + 1 < n; k++) {
             links[n_links++] = (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD,
-                                               .reduce_s = 0.1 * uniform01(&seed),
-                                               .seconds = 0.5 * uniform01(&seed)};
+                                               .reduce_s = 0.1 * uniform(),
+                                               .seconds = 0.5 * uniform()};
             links[n_links++] = (ps_stage_link){.from = k + 1, .to = k, .kind = PS_LINK_BACKWARD,
-                                               .reduce_s = 0.1 * uniform01(&seed),
-                                               .seconds = 0.5 * uniform01(&seed)};
-            if (k + 2 < n && uniform01(&seed) < 0.3)
+                                               .reduce_s = 0.1 * uniform(),
+                                               .seconds = 0.5 * uniform()};
+            if (k + 2 < n && uniform() < 0.3)
                 links[n_links++] = (ps_stage_link){.from = k, .to = k + 2,
                                                    .kind = PS_LINK_FORWARD,
-                                                   .seconds = uniform01(&seed)};
+                                                   .seconds = uniform()};
         }
-        if (n > 1 && uniform01(&seed) < 0.5) {
+        if (n > 1 && uniform() < 0.5) {
             links[n_links++] = (ps_stage_link){.from = n - 1, .to = 0,
                                                .kind = PS_LINK_ACCUMULATED,
-                                               .reduce_s = 0.1 * uniform01(&seed),
-                                               .seconds = uniform01(&seed)};
+                                               .reduce_s = 0.1 * uniform(),
+                                               .seconds = uniform()};
             links[n_links++] = (ps_stage_link){.from = 0, .to = n - 1,
                                                .kind = PS_LINK_PARAM_COPY,
-                                               .seconds = uniform01(&seed)};
+                                               .seconds = uniform()};
         }
-        if (n > 2 && uniform01(&seed) < 0.3)
+        if (n > 2 && uniform() < 0.3)
             links[n_links++] = (ps_stage_link){.from = 0, .to = 1, .kind = PS_LINK_UPDATE,
-                                               .seconds = uniform01(&seed)};
+                                               .seconds = uniform()};
         double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
         double want = reference(n, f, b, u, links, n_links, m, gpipe);
         assert_false(isnan(got));

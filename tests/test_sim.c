@@ -888,13 +888,12 @@ static void lowered_plans_run(void **state)
 
 /* ---- the planner's own prediction, uncontended ---- */
 
-/* Zoo plans on one DGX-A100 node (every device its own NVSwitch port: no
- * link is shared by two flows). One-stage plans have no cross-stage
- * transfers, and the simulated iteration is the planner's. Pipelines also
- * move activations and gradients between stages, which the planner does
- * not charge (nor does Alpa's stage DP): there the stage times must match,
- * and so must the iteration once those transfers carry no bytes (they
- * still synchronize the stages, at one route latency each). */
+/* Zoo plans on one DGX-A100 node (every device its own NVSwitch port) and
+ * pipelines over two nodes. One-stage plans have no cross-stage transfers,
+ * and the simulated iteration is the planner's. Pipelines also move
+ * activations and gradients between stages, which the planner charges by
+ * its schedule (planner/pipeline_time.h): the stage times must match once
+ * those transfers carry no bytes, and the iteration with them. */
 typedef struct zoo_plan {
     const char *model;
     int method; /* ps_intra_method for one-stage plans; -1: uniform dp x op x pp */
