@@ -36,6 +36,8 @@ static void help(void)
         "  --schedule S         1f1b (default) or gpipe\n"
         "  --rows               print the stage cost table (one row per layer range,\n"
         "                       submesh and logical mesh)\n"
+        "  --no-transfer-costs  the stage DP's costs leave out what a stage receives from\n"
+        "                       its neighbours per micro-batch (Alpa's stage costs)\n"
         "  --stages FILE        use the stages of a stage file instead of the stage DP\n"
         "                       (Alpa's manual stage option; docs/plan-format.md)\n"
         "  --method uniform --dp D --op O --pp P\n"
@@ -65,7 +67,7 @@ enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
     OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
-    OPT_PROFILE_DB
+    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS
 };
 
 static const struct option own_options[] = {
@@ -82,6 +84,7 @@ static const struct option own_options[] = {
     {"submesh-choices", required_argument, NULL, OPT_SUBMESH},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"rows", no_argument, NULL, OPT_ROWS},
+    {"no-transfer-costs", no_argument, NULL, OPT_NO_TRANSFER_COSTS},
     {"stages", required_argument, NULL, OPT_STAGES},
     {"dp", required_argument, NULL, OPT_DP},
     {"op", required_argument, NULL, OPT_OP},
@@ -284,6 +287,7 @@ int ps_cmd_plan(int argc, char **argv)
             inter.gpipe = strcmp(optarg, "gpipe") == 0;
             break;
         case OPT_ROWS: inter.print_rows = true; break;
+        case OPT_NO_TRANSFER_COSTS: inter.transfer_costs = false; break;
         case OPT_STAGES: stages_file = optarg; break;
         case OPT_DP:
         case OPT_OP:

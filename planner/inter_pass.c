@@ -23,12 +23,32 @@ ps_inter_options ps_inter_options_default(void)
     return (ps_inter_options){.layer_num = 0, .manual_layers = false,
                               .submeshes = PS_SUBMESH_POWER_OF_TWO, .gpipe = false,
                               .print_rows = false, .exact_ranges = false,
-                              .stage_time_limit_s = 20};
+                              .stage_time_limit_s = 20, .transfer_costs = true};
 }
 
 typedef struct submesh {
     int hosts, devices; /* devices per host */
 } submesh;
+
+/* What a stage of layers [first, last] on submesh s receives per micro-batch
+ * (the activations into `first`, the gradients of those into last + 1),
+ * in seconds: through its nodes' NICs when it spans whole nodes of a
+ * cluster of several (its neighbours are then on other nodes), else
+ * through its devices' intra-node links (a neighbour on the same node: the
+ * optimistic case). */
+static double stage_receive_s(const ps_cluster *c, const ps_layering *lay, int first, int last,
+                              int hosts, int devices)
+{
+    int hops = (first > 0) + (last + 1 < lay->n_layers);
+    double bytes = (first > 0 ? lay->boundary_bytes[first] : 0) +
+                   (last + 1 < lay->n_layers ? lay->boundary_bytes[last + 1] : 0);
+    if (hops == 0 || !(bytes > 0))
+        return 0;
+    bool whole_nodes = c->nodes > 1 && devices == c->devices_per_node;
+    double bw = whole_nodes ? hosts * c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s
+                            : (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
+    return hops * (whole_nodes ? c->inter.latency_s : c->intra.latency_s) + bytes / bw;
+}
 
 typedef struct config {
     int d0, d1;
@@ -685,17 +705,24 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                     size_t idx = ps_stage_table_index(table, l, i, s, k);
                     /* the update and its gradient reductions, once per step, are
                      * amortized over the micro-batches as in Alpa's stage costs */
-                    table->cost[idx] = e->ok ? e->time_s + e->update_s / B : INFINITY;
+                    table->cost[idx] =
+                        e->ok ? e->time_s + e->update_s / B +
+                                    (o->transfer_costs ? stage_receive_s(c, &lay, l, i,
+                                                                         subs[s].hosts,
+                                                                         subs[s].devices)
+                                                       : 0)
+                              : INFINITY;
                     table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
                     if (o->print_rows && e->ok)
                         printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g ms, "
-                               "weights+state %.4g GB, activations %.4g GB per micro-batch, "
-                               "later stages allowed %d)\n",
+                               "receives %.4g ms, weights+state %.4g GB, activations %.4g GB "
+                               "per micro-batch, later stages allowed %d)\n",
                                l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
-                               cfgs[s][k].lean ? " lean" : "",
-                               e->time_s * 1e3, e->static_bytes / 1e9, e->act_bytes / 1e9,
-                               table->max_succ[idx]);
+                               cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
+                               stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices) *
+                                   1e3,
+                               e->static_bytes / 1e9, e->act_bytes / 1e9, table->max_succ[idx]);
                 }
         }
     }

@@ -30,6 +30,11 @@ typedef struct ps_inter_options {
      * which is L instead of L(L+1)/2 solves per configuration. */
     bool exact_ranges;
     double stage_time_limit_s; /* ILP limit per table entry */
+    /* Add to each stage's cost what it receives per micro-batch (its input
+     * activations, its outputs' gradients) over the links into its devices:
+     * in 1F1B a stage's cycle grows by it (planner/pipeline_time.h). false:
+     * Alpa's stage costs, compute and the stage's own communication only. */
+    bool transfer_costs;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);
