@@ -169,7 +169,8 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
         for (int i = 0; i < s->n_devices; i++) /* the plan's device order */
             mesh[k]->devices[i] = s->devices[i];
     }
-    qsort(cross, (size_t)n_cross, sizeof *cross, by_link);
+    if (n_cross > 1) /* one stage: nothing crosses, and cross is NULL */
+        qsort(cross, (size_t)n_cross, sizeof *cross, by_link);
     links = calloc((size_t)(n_cross > 0 ? n_cross : 1), sizeof *links);
     PS_TRY_ALLOC(links, err);
     for (int i = 0; i < n_cross; i++) {

@@ -961,6 +961,22 @@ static void test_plan(void **state)
         run_result_free(&r);
     }
     {
+        /* the stage cost rows show what each stage receives; Alpa's costs on request */
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                           "2", "--micro-batches", "16", "--rows", "-o", out, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "receives ");
+        run_result_free(&r);
+        const char *b[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                           "2", "--micro-batches", "16", "--no-transfer-costs", "-o", out, NULL};
+        run_ok(fx, b, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "predicted     iteration");
+        run_result_free(&r);
+    }
+    {
         /* a stage file with a malformed stage: positioned error */
         char stages[512];
         snprintf(stages, sizeof stages, "%s/stages.json", fx->dir);
