@@ -160,6 +160,16 @@ ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int
     return PS_OK;
 }
 
+bool ps_region_equal(const ps_region *a, const ps_region *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->offset[d] != b->offset[d] || a->size[d] != b->size[d])
+            return false;
+    return true;
+}
+
 ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out)
 {
     ps_status st = ps_array_grow((void **)&s->regions, &s->cap_regions, s->n_regions + 1,

@@ -183,6 +183,8 @@ ps_status ps_program_add_buffer(ps_program_set *s, const ps_buffer *b, int *inde
  * group (an executor makes one communicator per group). */
 ps_status ps_program_add_group(ps_program_set *s, const int *devices, int n, int *index_out);
 ps_status ps_program_add_region(ps_program_set *s, const ps_region *r, int *index_out);
+/* Same rank, offsets and sizes. */
+bool ps_region_equal(const ps_region *a, const ps_region *b);
 /* Appends n buffer ids to the operand table; *index_out is the first. */
 ps_status ps_program_add_operands(ps_program_set *s, const int *buffers, int n, int *index_out);
 ps_status ps_kernel_append(ps_kernel *k, const ps_instr *in);

@@ -237,13 +237,7 @@ static bool same_region(const ps_program_set *s, int a, int b)
         return true;
     if (a < 0 || b < 0 || a >= s->n_regions || b >= s->n_regions)
         return false;
-    const ps_region *x = &s->regions[a], *y = &s->regions[b];
-    if (x->rank != y->rank)
-        return false;
-    for (int d = 0; d < x->rank; d++)
-        if (x->offset[d] != y->offset[d] || x->size[d] != y->size[d])
-            return false;
-    return true;
+    return ps_region_equal(&s->regions[a], &s->regions[b]);
 }
 
 static bool same_collective(const ps_program_set *s, const ps_instr *a, const ps_instr *b)

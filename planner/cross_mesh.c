@@ -33,16 +33,6 @@ static bool region_intersect(const ps_region *a, const ps_region *b, ps_region *
     return true;
 }
 
-static bool region_equal(const ps_region *a, const ps_region *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int x = 0; x < a->rank; x++)
-        if (a->offset[x] != b->offset[x] || a->size[x] != b->size[x])
-            return false;
-    return true;
-}
-
 static int64_t region_numel(const ps_region *r)
 {
     int64_t n = 1;
@@ -84,7 +74,7 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
     for (int i = 0; i < na; i++) {
         first_of[i] = i;
         for (int j = 0; j < i && first_of[i] == i; j++)
-            if (region_equal(&src_box[j], &src_box[i]))
+            if (ps_region_equal(&src_box[j], &src_box[i]))
                 first_of[i] = j;
     }
     /* axes of the consuming mesh along which receivers hold the same tile */
