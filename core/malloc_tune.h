@@ -9,7 +9,9 @@
  * small objects per simulated event, in bursts of thousands, and the larger
  * cache makes a large simulation about 1.35x faster at the same peak memory
  * (docs/simulator.md). glibc reads tunables only at start-up, hence the
- * re-execution. Set GLIBC_TUNABLES (even to "") to keep glibc's defaults.
+ * re-execution. Set GLIBC_TUNABLES (even to "") to keep glibc's defaults,
+ * and under a tool that would not follow an exec of /proc/self/exe
+ * (valgrind without --trace-children=yes). 
  * Returns only when nothing was re-executed (or the exec failed). */
 void ps_malloc_tune(char **argv);
 
