@@ -97,8 +97,10 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
                 my_rank = g_n;
             if (ps_array_grow((void **)&out->group_devices, &cap_gd,
                               out->group_start[out->n_groups] + g_n + 1,
-                              sizeof *out->group_devices) != PS_OK)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                              sizeof *out->group_devices) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
             out->group_devices[out->group_start[out->n_groups] + g_n++] = to_mesh->devices[q];
         }
         int chunks = g_n > 1 ? g_n : 1;
@@ -119,7 +121,7 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             int64_t start, len = numel;
             if (use_chunks > 1)
                 ps_coll_chunk(numel, use_chunks, my_rank, &start, &len);
-            ps_cross_xfer t = {.dst = to_mesh->devices[r], .receiver = r, .region = part,
+            ps_cross_xfer t = {.dst = to_mesh->devices[r], .region = part,
                                .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks,
                                .group = group};
             t.src = replicas[(r + t.chunk) % n_rep];
@@ -131,8 +133,10 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
                     ps_collective_s(to_mesh, PS_COLL_ALL_GATHER, gather_axes, t.gather_bytes);
             }
             if (ps_array_grow((void **)&out->xfers, &cap_x, out->n_xfers + 1,
-                              sizeof *out->xfers) != PS_OK)
-                return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                              sizeof *out->xfers) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
             out->xfers[out->n_xfers++] = t;
         }
     }

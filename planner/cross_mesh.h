@@ -17,7 +17,6 @@
 
 typedef struct ps_cross_xfer {
     int src, dst;          /* global device ids */
-    int receiver;          /* index of dst in the consuming mesh (row-major) */
     ps_region region;      /* the part moved, in full-tensor coordinates */
     int chunk, chunks;     /* the chunk of the region moved (chunks 1: all of it) */
     int group;             /* the receivers that all-gather the region (index into

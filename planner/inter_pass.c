@@ -703,15 +703,13 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 for (int k = 0; k < n_cfgs[s]; k++) {
                     const entry *e = &entries[s * max_cfg + k];
                     size_t idx = ps_stage_table_index(table, l, i, s, k);
+                    double receive_s =
+                        stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices);
                     /* the update and its gradient reductions, once per step, are
                      * amortized over the micro-batches as in Alpa's stage costs */
-                    table->cost[idx] =
-                        e->ok ? e->time_s + e->update_s / B +
-                                    (o->transfer_costs ? stage_receive_s(c, &lay, l, i,
-                                                                         subs[s].hosts,
-                                                                         subs[s].devices)
-                                                       : 0)
-                              : INFINITY;
+                    table->cost[idx] = e->ok ? e->time_s + e->update_s / B +
+                                                   (o->transfer_costs ? receive_s : 0)
+                                             : INFINITY;
                     table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
                     if (o->print_rows && e->ok)
                         printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g ms, "
@@ -720,9 +718,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
                                cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
-                               stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices) *
-                                   1e3,
-                               e->static_bytes / 1e9, e->act_bytes / 1e9, table->max_succ[idx]);
+                               receive_s * 1e3, e->static_bytes / 1e9, e->act_bytes / 1e9,
+                               table->max_succ[idx]);
                 }
         }
     }

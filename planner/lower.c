@@ -34,9 +34,10 @@ typedef struct xfer {
     double bytes, seconds;
 } xfer;
 
-/* The all-gather among receivers that got chunks of one region. */
+/* The all-gather among receivers that got chunks of one region, as run by
+ * one of them (member). */
 typedef struct xgather {
-    int group, region;
+    int group, region, member;
     double bytes, seconds;
 } xgather;
 
@@ -56,7 +57,6 @@ typedef struct crossing {
     int n_xfers, n_gathers;
     xfer *xfers;
     xgather *gathers;
-    int *gather_members; /* [n_gathers] receiving device that runs gather g */
 } crossing;
 
 typedef struct stage_ctx {
@@ -610,16 +610,11 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
             NOMEM_OUT;
         x->xfers[x->n_xfers++] = t;
         if (px->chunks > 1) {
-            xgather gth = {.group = group_id, .region = region_id, .bytes = px->gather_bytes,
-                           .seconds = px->gather_seconds};
+            xgather gth = {.group = group_id, .region = region_id, .member = px->dst,
+                           .bytes = px->gather_bytes, .seconds = px->gather_seconds};
             if (ps_array_grow((void **)&x->gathers, &cap_g, x->n_gathers + 1,
                               sizeof *x->gathers) != PS_OK)
                 NOMEM_OUT;
-            int *m2 = realloc(x->gather_members, (size_t)cap_g * sizeof *m2);
-            if (m2 == NULL)
-                NOMEM_OUT;
-            x->gather_members = m2;
-            x->gather_members[x->n_gathers] = px->dst;
             x->gathers[x->n_gathers++] = gth;
         }
     }
@@ -759,7 +754,7 @@ static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph
             PS_TRY(append(L, p, &in));
         }
         for (int j = 0; j < c->n_gathers; j++) {
-            if (c->gather_members[j] != p->device)
+            if (c->gathers[j].member != p->device)
                 continue;
             ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
             in.coll = PS_COLL_ALL_GATHER;
@@ -920,7 +915,6 @@ static void lower_ctx_clear(lower_ctx *L)
     for (int i = 0; i < L->n_cross; i++) {
         free(L->cross[i].xfers);
         free(L->cross[i].gathers);
-        free(L->cross[i].gather_members);
     }
     free(L->cross);
     free(L->stage_of_layer);

@@ -86,7 +86,7 @@ out:
     return st;
 }
 
-/* Adds the crossing (tensor, a -> b) unless b already takes that tensor. */
+/* Appends the crossing (tensor, a -> b). */
 static ps_status add_crossing(crossing **v, int *n, int *cap, int tensor, int a, int b,
                               ps_link_kind kind, ps_error *err)
 {
@@ -101,7 +101,8 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
 {
     ps_status st = PS_OK;
     int n = p->n_stages, max_layer = 0;
-    int *stage_of_layer = NULL, *seen = NULL;
+    int *stage_of_layer = NULL;
+    unsigned char *reads = NULL;
     crossing *cross = NULL;
     int n_cross = 0, cap_cross = 0, n_links = 0;
     ps_stage_link *links = NULL;
@@ -116,10 +117,10 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
         if (step->ops[i].layer > max_layer)
             max_layer = step->ops[i].layer;
     stage_of_layer = malloc(((size_t)max_layer + 1) * sizeof *stage_of_layer);
-    /* seen[t * n + b]: stage b takes tensor t already (n is small: <= 64 in practice) */
-    seen = calloc((size_t)step->n_tensors * (size_t)n + 1, sizeof *seen);
+    /* reads[t * n + b]: stage b reads tensor t (n is small: <= 64 in practice) */
+    reads = calloc((size_t)step->n_tensors * (size_t)n + 1, 1);
     PS_TRY_ALLOC(stage_of_layer, err);
-    PS_TRY_ALLOC(seen, err);
+    PS_TRY_ALLOC(reads, err);
     for (int l = 0; l <= max_layer; l++)
         stage_of_layer[l] = -1;
     for (int k = 0; k < n; k++)
@@ -135,9 +136,11 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
         for (int q = 0; q < op->n_in; q++) {
             int t = op->in[q];
             const ps_tensor *x = &step->tensors[t];
-            if (x->producer < 0 || seen[(size_t)t * n + b])
+            if (reads[(size_t)t * n + b])
                 continue;
-            seen[(size_t)t * n + b] = 1;
+            reads[(size_t)t * n + b] = 1;
+            if (x->producer < 0)
+                continue;
             int a = stage_of_layer[step->ops[x->producer].layer];
             if (a < 0 || a == b)
                 continue;
@@ -157,7 +160,7 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
             if (q == 1 || step->tensors[t].producer >= 0)
                 continue; /* input 1 is the gradient */
             for (int b = 0; b < n; b++)
-                if (b != a && plan_tensor_named(&p->stages[b], step->tensors[t].name) != NULL)
+                if (b != a && reads[(size_t)t * n + b])
                     PS_TRY(add_crossing(&cross, &n_cross, &cap_cross, t, a, b, PS_LINK_PARAM_COPY,
                                         err));
         }
@@ -197,7 +200,7 @@ out:
     free(mesh);
     free(links);
     free(cross);
-    free(seen);
+    free(reads);
     free(stage_of_layer);
     return st;
 }

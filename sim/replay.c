@@ -68,7 +68,6 @@ typedef struct sim_actor {
      * latencies of coalesced collective steps deferred to it (pend_delay_s) */
     double pend_exec_flops, pend_pred_flops, pend_delay_s;
     bool pend_closed_form; /* pend_delay_s holds closed-form collectives (traced as such) */
-    double coll_t0;        /* the current collective's first transfer, -1 before */
     int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
     /* accounting */
     double compute_s, comm_s, end_s;
@@ -488,8 +487,10 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     return true;
 }
 
-/* A collective on group g expanded into ring (or pairwise) steps. */
-static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
+/* A collective on group g expanded into ring (or pairwise) steps (or, inside
+ * a node with closed-form node collectives, added to the pending delay).
+ * *t0: when the first transfer of the instruction began, -1 before. */
+static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *t0)
 {
     const ps_program_set *set = a->ctx->set;
     if (g < 0 || g >= set->n_groups)
@@ -513,8 +514,8 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes)
         return true;
     }
     flush_compute(a);
-    if (a->coll_t0 < 0)
-        a->coll_t0 = simgrid_get_clock();
+    if (*t0 < 0)
+        *t0 = simgrid_get_clock();
     if (kind == PS_COLL_ALL_TO_ALL && one_node && !a->ctx->o->collective_steps && n > 2) {
         /* the n-1 pairwise steps as one transfer of their bytes to the ring
          * neighbour, plus n-2 latencies: the same time when uncontended, and
@@ -550,7 +551,7 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
     ps_collective kind = (ps_collective)in->coll;
     double S = in->bytes;
     bool ok = true;
-    a->coll_t0 = -1; /* set by the first ring that moves bytes */
+    double t0 = -1; /* set by the first ring that moves bytes */
     if (in->axis == PS_MESH_AXES) {
         /* the whole mesh, hierarchically as the cost model charges it:
          * axis 1 on the full size, axis 0 on what is left per device */
@@ -560,31 +561,34 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
                         : 1;
         switch (kind) {
         case PS_COLL_ALL_REDUCE:
-            ok = (g1 < 0 || ring(a, PS_COLL_REDUCE_SCATTER, g1, S)) &&
-                 (g0 < 0 || ring(a, PS_COLL_ALL_REDUCE, g0, S / d1)) &&
-                 (g1 < 0 || ring(a, PS_COLL_ALL_GATHER, g1, S));
+            ok = (g1 < 0 || ring(a, PS_COLL_REDUCE_SCATTER, g1, S, &t0)) &&
+                 (g0 < 0 || ring(a, PS_COLL_ALL_REDUCE, g0, S / d1, &t0)) &&
+                 (g1 < 0 || ring(a, PS_COLL_ALL_GATHER, g1, S, &t0));
             break;
         case PS_COLL_ALL_GATHER:
-            ok = (g0 < 0 || ring(a, kind, g0, S / d1)) && (g1 < 0 || ring(a, kind, g1, S));
+            ok = (g0 < 0 || ring(a, kind, g0, S / d1, &t0)) &&
+                 (g1 < 0 || ring(a, kind, g1, S, &t0));
             break;
         case PS_COLL_REDUCE_SCATTER:
-            ok = (g1 < 0 || ring(a, kind, g1, S)) && (g0 < 0 || ring(a, kind, g0, S / d1));
+            ok = (g1 < 0 || ring(a, kind, g1, S, &t0)) &&
+                 (g0 < 0 || ring(a, kind, g0, S / d1, &t0));
             break;
         case PS_COLL_ALL_TO_ALL:
-            ok = (g1 < 0 || ring(a, kind, g1, S)) && (g0 < 0 || ring(a, kind, g0, S));
+            ok = (g1 < 0 || ring(a, kind, g1, S, &t0)) &&
+                 (g0 < 0 || ring(a, kind, g0, S, &t0));
             break;
         case PS_COLL_COUNT: break;
         }
     } else {
-        ok = ring(a, kind, ps_instr_group(set, p, in), S);
+        ok = ring(a, kind, ps_instr_group(set, p, in), S, &t0);
     }
-    if (ok && a->ctx->trace && a->coll_t0 >= 0) {
+    if (ok && a->ctx->trace && t0 >= 0) {
         char name[64];
         if (in->axis >= 0)
             snprintf(name, sizeof name, "%s axis %d", ps_collective_names[kind], in->axis);
         else
             snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], in->group);
-        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, a->coll_t0, simgrid_get_clock(), mb,
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, t0, simgrid_get_clock(), mb,
                    -1, in->bytes, 0);
     }
     return ok;

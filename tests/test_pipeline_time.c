@@ -96,16 +96,10 @@ static double reference(int n, const double *f, const double *b, const double *u
     int phase[64], mb[64];
     for (int k = 0; k < n; k++)
         last[k] = -1;
-    /* kernels: receives in link order, the kernel, the sender's reductions;
-     * per-micro-batch receives come after their source's ready node, so the
-     * graph is built in rounds of the order's position */
-    for (int pos = 0; pos < 2 * m; pos++)
-        for (int k = 0; k < n; k++) {
-            order_of(k, n, m, gpipe, phase, mb);
-            ready[k][phase[pos]][mb[pos]] = -2; /* placeholder */
-        }
-    /* nodes first, edges to sources after all exist */
-    int recv_node[16][2][32][8], kernel_node[16][2][32];
+    /* kernels, stage by stage: receives in link order, the kernel, the
+     * sender's reductions; the edges from each receive's source come after
+     * every node exists */
+    int recv_node[16][2][32][8];
     for (int k = 0; k < n; k++) {
         order_of(k, n, m, gpipe, phase, mb);
         for (int pos = 0; pos < 2 * m; pos++) {
@@ -119,7 +113,7 @@ static double reference(int n, const double *f, const double *b, const double *u
                 }
             int v = node(&g, ph ? b[k] : f[k]);
             edge(&g, last[k], v);
-            last[k] = kernel_node[k][ph][i] = v;
+            last[k] = v;
             for (int l = 0; l < n_links; l++)
                 if (links[l].from == k && (int)links[l].kind == ph) {
                     int w = node(&g, links[l].reduce_s);
@@ -189,7 +183,6 @@ static double reference(int n, const double *f, const double *b, const double *u
             }
         edge(&g, last[k], sink);
     }
-    (void)kernel_node;
     return longest(&g, sink);
 }
 
