@@ -672,7 +672,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 items[n_items++] = (work_item){slices[k], s, c2, cache[k].budget,
                                                &cache[k].entries[s * max_cfg + c2]};
     workers w = {.items = items, .n_items = n_items, .st = PS_OK, .cluster = c, .subs = subs,
-                 .cfgs = cfgs, .req = req, .limit_s = o->stage_time_limit_s};
+                 .cfgs = cfgs, .req = req,
+                 /* the request's limit caps every solve, table entries too */
+                 .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
+                                ? fmin(o->stage_time_limit_s, req->ilp.time_limit_s)
+                                : o->stage_time_limit_s};
     if ((st = run_workers(&w)) != PS_OK) {
         st = ps_error_set(err, st, "costing the stages failed (%s)", ps_status_str(st));
         goto out;

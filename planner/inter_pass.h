@@ -29,7 +29,8 @@ typedef struct ps_inter_options {
      * and longer ranges composed from them (Alpa's profile-and-compose),
      * which is L instead of L(L+1)/2 solves per configuration. */
     bool exact_ranges;
-    double stage_time_limit_s; /* ILP limit per table entry */
+    double stage_time_limit_s; /* ILP limit per table entry (default 20 s; the
+                                * request's ILP limit caps it) */
     /* Add to each stage's cost what it receives per micro-batch (its input
      * activations, its outputs' gradients) over the links into its devices:
      * in 1F1B a stage's cycle grows by it (planner/pipeline_time.h). false:

@@ -101,7 +101,7 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err)
 
 ps_ilp_options ps_ilp_options_default(void)
 {
-    return (ps_ilp_options){.time_limit_s = 60, .mip_gap = 1e-4, .reduce = true};
+    return (ps_ilp_options){.time_limit_s = 60, .mip_gap = 1e-4, .stall_s = 2, .reduce = true};
 }
 
 void ps_ilp_result_clear(ps_ilp_result *r)
@@ -819,7 +819,9 @@ static int glpk_to_log(void *info, const char *s)
 
 typedef struct glpk_ctx {
     const double *start; /* incumbent column values [1..n], or NULL */
-    double gap;
+    double gap;          /* the least relative gap seen */
+    double stall_s;      /* stop after this long without a narrower gap; 0: never */
+    double narrowed_at;  /* now_s() when the gap last narrowed */
 } glpk_ctx;
 
 static void glpk_callback(glp_tree *tree, void *info)
@@ -829,9 +831,65 @@ static void glpk_callback(glp_tree *tree, void *info)
         glp_ios_heur_sol(tree, ctx->start);
         ctx->start = NULL; /* once is enough */
     }
-    double gap = glp_ios_mip_gap(tree);
-    if (gap < ctx->gap)
+    double gap = glp_ios_mip_gap(tree), t = now_s();
+    if (gap < ctx->gap) {
         ctx->gap = gap;
+        ctx->narrowed_at = t;
+    } else if (ctx->stall_s > 0 && isfinite(ctx->gap) && t - ctx->narrowed_at > ctx->stall_s) {
+        /* neither a better answer nor a better bound for a while: with a
+         * knapsack (memory) row the bound can sit a percent or two under a
+         * good incumbent for the whole time limit */
+        glp_ios_terminate(tree);
+    }
+}
+
+/* An edge's strategies in classes: u's strategies whose rows of the cost
+ * matrix are equal form one class, and so do v's whose columns are equal.
+ * The program then needs one edge variable per pair of classes, and one
+ * marginal row per class (the class's node variables summed): the same 0-1
+ * program and the same relaxation, with half the columns on 2-D meshes,
+ * where many layouts cost the same against one neighbour. */
+typedef struct edge_classes {
+    int cu, cv;          /* number of classes on each side */
+    int *of_u, *of_v;    /* [k_u], [k_v] class of each strategy */
+    int *rep_u, *rep_v;  /* [cu], [cv] a member of each class */
+} edge_classes;
+
+static bool same_cost(double a, double b) { return a == b || (isinf(a) && isinf(b)); }
+
+/* Classes of the k strategies whose `len` costs (at base + s * stride_s +
+ * i * stride_i) are equal. */
+static int classify(const double *base, int k, int len, int stride_s, int stride_i, int *of,
+                    int *rep)
+{
+    int n = 0;
+    for (int s = 0; s < k; s++) {
+        of[s] = -1;
+        for (int c = 0; c < n && of[s] < 0; c++) {
+            int r = rep[c];
+            bool eq = true;
+            for (int i = 0; i < len && eq; i++)
+                eq = same_cost(base[s * stride_s + i * stride_i], base[r * stride_s + i * stride_i]);
+            if (eq)
+                of[s] = c;
+        }
+        if (of[s] < 0) {
+            rep[n] = s;
+            of[s] = n++;
+        }
+    }
+    return n;
+}
+
+static void edge_classes_free(edge_classes *c, int n)
+{
+    for (int e = 0; c != NULL && e < n; e++) {
+        free(c[e].of_u);
+        free(c[e].of_v);
+        free(c[e].rep_u);
+        free(c[e].rep_v);
+    }
+    free(c);
 }
 
 /* Builds and solves the 0-1 program of the live part of w; on success
@@ -847,6 +905,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     int *edge_col = malloc(((size_t)p->n_edges + 1) * sizeof *edge_col);
     int *ia = NULL, *ja = NULL;
     double *ar = NULL, *start = NULL;
+    edge_classes *cls = NULL; /* [edge] */
     glp_prob *lp = NULL;
     PS_TRY_ALLOC(node_col, err);
     PS_TRY_ALLOC(edge_col, err);
@@ -869,15 +928,29 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         }
     }
     free(touched);
+    cls = calloc((size_t)p->n_edges + 1, sizeof *cls);
+    PS_TRY_ALLOC(cls, err);
     for (int e = 0; e < p->n_edges; e++) {
         edge_col[e] = 0;
         if (w->edge_dead[e])
             continue;
-        int ku = p->nodes[p->edges[e].u].k, kv = p->nodes[p->edges[e].v].k;
+        const ps_ilp_edge *ed = &p->edges[e];
+        int ku = p->nodes[ed->u].k, kv = p->nodes[ed->v].k;
+        edge_classes *c = &cls[e];
+        c->of_u = malloc((size_t)ku * sizeof *c->of_u);
+        c->rep_u = malloc((size_t)ku * sizeof *c->rep_u);
+        c->of_v = malloc((size_t)kv * sizeof *c->of_v);
+        c->rep_v = malloc((size_t)kv * sizeof *c->rep_v);
+        if (c->of_u == NULL || c->rep_u == NULL || c->of_v == NULL || c->rep_v == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        c->cu = classify(ed->cost, ku, kv, kv, 1, c->of_u, c->rep_u);
+        c->cv = classify(ed->cost, kv, ku, 1, kv, c->of_v, c->rep_v);
         edge_col[e] = cols + 1;
-        cols += ku * kv;
-        rows += ku + kv;
-        nnz += (size_t)ku * kv * 2 + (size_t)ku + (size_t)kv;
+        cols += c->cu * c->cv;
+        rows += c->cu + c->cv;
+        nnz += (size_t)c->cu * c->cv * 2 + (size_t)ku + (size_t)kv;
     }
     bool mem_row = w->with_memory;
     if (mem_row) {
@@ -956,29 +1029,32 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         if (w->edge_dead[e])
             continue;
         const ps_ilp_edge *ed = &p->edges[e];
+        const edge_classes *ec = &cls[e];
         int ku = p->nodes[ed->u].k, kv = p->nodes[ed->v].k;
-        int row_u = row + 1, row_v = row + 1 + ku;
-        for (int i = 0; i < ku; i++) {
-            glp_set_row_bnds(lp, row_u + i, GLP_FX, 0, 0);
-            k_nz++, ia[k_nz] = row_u + i, ja[k_nz] = node_col[ed->u] + i, ar[k_nz] = -1;
-        }
-        for (int j = 0; j < kv; j++) {
-            glp_set_row_bnds(lp, row_v + j, GLP_FX, 0, 0);
-            k_nz++, ia[k_nz] = row_v + j, ja[k_nz] = node_col[ed->v] + j, ar[k_nz] = -1;
-        }
+        int row_u = row + 1, row_v = row + 1 + ec->cu;
+        /* class marginals: the edge's variables of class a sum to the node
+         * variables of a's members */
+        for (int a = 0; a < ec->cu; a++)
+            glp_set_row_bnds(lp, row_u + a, GLP_FX, 0, 0);
+        for (int b = 0; b < ec->cv; b++)
+            glp_set_row_bnds(lp, row_v + b, GLP_FX, 0, 0);
         for (int i = 0; i < ku; i++)
-            for (int j = 0; j < kv; j++) {
-                int c = edge_col[e] + i * kv + j;
-                double x = ed->cost[i * kv + j];
+            k_nz++, ia[k_nz] = row_u + ec->of_u[i], ja[k_nz] = node_col[ed->u] + i, ar[k_nz] = -1;
+        for (int j = 0; j < kv; j++)
+            k_nz++, ia[k_nz] = row_v + ec->of_v[j], ja[k_nz] = node_col[ed->v] + j, ar[k_nz] = -1;
+        for (int a = 0; a < ec->cu; a++)
+            for (int b = 0; b < ec->cv; b++) {
+                int c = edge_col[e] + a * ec->cv + b;
+                double x = ed->cost[ec->rep_u[a] * kv + ec->rep_v[b]];
                 glp_set_col_kind(lp, c, GLP_BV);
                 if (isfinite(x))
                     glp_set_obj_coef(lp, c, x * scale);
                 else
                     glp_set_col_bnds(lp, c, GLP_FX, 0, 0); /* forbidden pair */
-                k_nz++, ia[k_nz] = row_u + i, ja[k_nz] = c, ar[k_nz] = 1;
-                k_nz++, ia[k_nz] = row_v + j, ja[k_nz] = c, ar[k_nz] = 1;
+                k_nz++, ia[k_nz] = row_u + a, ja[k_nz] = c, ar[k_nz] = 1;
+                k_nz++, ia[k_nz] = row_v + b, ja[k_nz] = c, ar[k_nz] = 1;
             }
-        row += ku + kv;
+        row += ec->cu + ec->cv;
     }
     if (mem_row) {
         /* in units of the budget, so that the row is as well scaled as the
@@ -997,15 +1073,16 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     glp_set_obj_coef(lp, 0, const_cost * scale);
     glp_load_matrix(lp, (int)k_nz, ia, ja, ar);
 
-    glpk_ctx ctx = {.start = NULL, .gap = INFINITY};
+    glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .stall_s = opt->stall_s};
     if (incumbent != NULL) {
         for (int v = 0; v < n; v++)
             if (node_col[v] != 0)
                 start[node_col[v] + incumbent[v]] = 1;
         for (int e = 0; e < p->n_edges; e++)
             if (!w->edge_dead[e]) {
-                int kv = p->nodes[p->edges[e].v].k;
-                start[edge_col[e] + incumbent[p->edges[e].u] * kv + incumbent[p->edges[e].v]] = 1;
+                const edge_classes *ec = &cls[e];
+                start[edge_col[e] + ec->of_u[incumbent[p->edges[e].u]] * ec->cv +
+                      ec->of_v[incumbent[p->edges[e].v]]] = 1;
             }
         ctx.start = start;
     }
@@ -1037,6 +1114,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     iocp.tm_lim = (int)(opt->time_limit_s * 1000);
     iocp.mip_gap = opt->mip_gap;
     double t_mip = now_s();
+    ctx.narrowed_at = t_mip;
     ret = glp_intopt(lp, &iocp);
     t_mip = now_s() - t_mip;
     int status = glp_mip_status(lp);
@@ -1069,6 +1147,7 @@ out:
     free(ja);
     free(ar);
     free(start);
+    edge_classes_free(cls, p->n_edges);
     return st;
 }
 

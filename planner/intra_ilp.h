@@ -48,6 +48,8 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err);
 typedef struct ps_ilp_options {
     double time_limit_s; /* GLPK's limit (default 60) */
     double mip_gap;      /* relative gap at which GLPK may stop (default 1e-4) */
+    double stall_s;      /* GLPK stops with its best answer when neither it nor the
+                          * bound has improved for this long (default 2; 0: never) */
     bool reduce;         /* apply the exact reductions first (default true) */
 } ps_ilp_options;
 

@@ -18,8 +18,11 @@
 
 
 /* A random DAG: nodes 2..8, 1..4 strategies, edges between random pairs
- * (about a third of them), costs in [0, 10), a few forbidden pairs. */
-static ps_ilp_problem *random_problem(bool with_memory, bool allow_forbidden)
+ * (about a third of them), costs in [0, 10), a few forbidden pairs. Coarse
+ * edge costs take three values, so that rows and columns of an edge's matrix
+ * often repeat (as resharding costs on 2-D meshes do) and the program's edge
+ * variables are per class of equal rows and columns. */
+static ps_ilp_problem *random_problem_of(bool with_memory, bool allow_forbidden, bool coarse)
 {
     ps_ilp_problem *p = NULL;
     assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
@@ -40,7 +43,9 @@ static ps_ilp_problem *random_problem(bool with_memory, bool allow_forbidden)
             double c[16];
             int kk = p->nodes[u].k * p->nodes[v].k;
             for (int i = 0; i < kk; i++)
-                c[i] = allow_forbidden && uniform() < 0.05 ? INFINITY : 10 * uniform();
+                c[i] = allow_forbidden && uniform() < 0.05 ? INFINITY
+                       : coarse                            ? (double)below(3)
+                                                           : 10 * uniform();
             assert_int_equal(ps_ilp_add_edge(p, u, v, c), PS_OK);
             if (uniform() < 0.1) /* a parallel edge, sometimes reversed */
                 assert_int_equal(ps_ilp_add_edge(p, v, u, (double[16]){1, 2, 3, 4, 5, 6, 7, 8,
@@ -63,11 +68,22 @@ static ps_ilp_problem *random_problem(bool with_memory, bool allow_forbidden)
     return p;
 }
 
-static void check_against_brute_force(bool with_memory, bool reduce)
+/* Columns of the program without classes: one per strategy and per pair. */
+static int full_columns(const ps_ilp_problem *p)
 {
-    int solved = 0, infeasible = 0;
+    int cols = 0;
+    for (int v = 0; v < p->n_nodes; v++)
+        cols += p->nodes[v].k;
+    for (int e = 0; e < p->n_edges; e++)
+        cols += p->nodes[p->edges[e].u].k * p->nodes[p->edges[e].v].k;
+    return cols;
+}
+
+static void check_against_brute_force_of(bool with_memory, bool reduce, bool coarse)
+{
+    int solved = 0, infeasible = 0, compressed = 0;
     for (int t = 0; t < 200; t++) {
-        ps_ilp_problem *p = random_problem(with_memory, true);
+        ps_ilp_problem *p = random_problem_of(with_memory, true, coarse);
         ps_ilp_result bf = {0}, ilp = {0};
         ps_error e1 = {0}, e2 = {0};
         ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, &e1);
@@ -84,6 +100,8 @@ static void check_against_brute_force(bool with_memory, bool reduce)
             assert_true(ilp.optimal);
             if (with_memory)
                 assert_true(ilp.memory <= p->mem_budget);
+            if (!reduce && ilp.glpk_cols > 0 && ilp.glpk_cols < full_columns(p))
+                compressed++;
             solved++;
         } else {
             assert_int_equal(s2, PS_ERR_INFEASIBLE);
@@ -94,7 +112,16 @@ static void check_against_brute_force(bool with_memory, bool reduce)
         ps_ilp_problem_free(p);
     }
     assert_true(solved >= 150);
+    /* unreduced coarse programs reach GLPK with repeated rows: the classes
+     * must have been used, or this test checks nothing about them */
+    if (coarse && !reduce)
+        assert_true(compressed >= 20);
     (void)infeasible;
+}
+
+static void check_against_brute_force(bool with_memory, bool reduce)
+{
+    check_against_brute_force_of(with_memory, reduce, false);
 }
 
 static void matches_brute_force(void **state)
@@ -113,6 +140,15 @@ static void matches_brute_force_unreduced(void **state)
     (void)state;
     check_against_brute_force(false, false);
     check_against_brute_force(true, false);
+}
+
+/* Edge variables per class of equal rows and columns keep the optimum. */
+static void matches_brute_force_coarse_costs(void **state)
+{
+    (void)state;
+    for (int with_memory = 0; with_memory < 2; with_memory++)
+        for (int reduce = 0; reduce < 2; reduce++)
+            check_against_brute_force_of(with_memory, reduce, true);
 }
 
 /* A chain needs no search: eliminating its links one by one is exact. */
@@ -234,6 +270,7 @@ int main(void)
         cmocka_unit_test(matches_brute_force),
         cmocka_unit_test(matches_brute_force_with_memory),
         cmocka_unit_test(matches_brute_force_unreduced),
+        cmocka_unit_test(matches_brute_force_coarse_costs),
         cmocka_unit_test(chain_uses_forest_dp),
         cmocka_unit_test(infeasible_memory_names_the_numbers),
         cmocka_unit_test(medium_instance_with_memory),
