@@ -1,15 +1,15 @@
 #include "planner/inter_pass.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 
 #include "core/json.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "planner/layer_cluster.h"
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
@@ -99,6 +99,13 @@ static int list_configs(const submesh *s, int devices_per_node, config *out)
     return k;
 }
 
+static double wall_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* A structural hash of a graph: equal for identical layer ranges. */
 static uint64_t graph_hash(const ps_graph *g)
 {
@@ -145,16 +152,9 @@ typedef struct cache_item {
     entry *entries; /* [n_sub * n_cfg] */
 } cache_item;
 
-/* A slice on a mesh with one logical configuration: the fastest layout, or
- * for a lean configuration one that weighs memory like time; then, if that
- * needs more than `budget` bytes per device, the fastest within the budget
- * (as Alpa's stage profiling does). *fastest_need gets the
- * fastest layout's memory (for messages). */
-static ps_status solve_stage(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
-                             const ps_plan_request *req, double limit_s, double budget,
-                             ps_intra_result **out, double *fastest_need, ps_error *err)
+static ps_intra_options stage_intra_options(const config *cf, const ps_plan_request *req,
+                                            double limit_s)
 {
-    ps_intra_result *r = NULL;
     ps_intra_options io = ps_intra_options_default();
     io.method = PS_METHOD_SHARD;
     io.force_batch_axis0 = cf->force;
@@ -164,72 +164,102 @@ static ps_status solve_stage(const ps_graph *slice, const ps_logical_mesh *m, co
         io.ilp.time_limit_s = limit_s;
         io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
     }
+    return io;
+}
+
+/* A slice's fastest layout on a mesh with one logical configuration. */
+static ps_status solve_fastest(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                               const ps_plan_request *req, double limit_s, ps_intra_result **out,
+                               ps_error *err)
+{
+    ps_intra_options io = stage_intra_options(cf, req, limit_s);
     *out = NULL;
-    ps_status st = ps_intra_solve(slice, m, &io, &r, err);
-    if (st != PS_OK)
-        return st;
-    if (fastest_need != NULL)
-        *fastest_need = r->peak_memory_bytes;
+    return ps_intra_solve(slice, m, &io, out, err);
+}
+
+/* From the fastest layout: for a lean configuration one that weighs memory
+ * like time; then, if that needs more than `budget` bytes per device, the
+ * fastest within the budget (as Alpa's stage profiling does). *out is NULL
+ * when the fastest layout is the answer, else a new result. The fastest
+ * layout is shared by a configuration and its lean variant, and by the
+ * retries with smaller budgets. */
+static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                              const ps_plan_request *req, double limit_s, double budget,
+                              const ps_intra_result *fastest, ps_intra_result **out,
+                              ps_error *err)
+{
+    ps_intra_options io = stage_intra_options(cf, req, limit_s);
+    const ps_intra_result *r = fastest;
+    ps_intra_result *own = NULL;
+    *out = NULL;
     double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
     double transient = r->peak_memory_bytes - lasting;
     if (cf->lean && lasting > 1.05 * r->min_memory_bytes) {
         /* memory weighed like time: each byte above the least costs what the
          * fastest layout's time per byte is, twice (a soft constraint that
          * keeps the exact reductions; a hard one is far slower to solve) */
-        double t = r->objective_s;
-        ps_intra_result_free(r);
-        r = NULL;
-        io.memory_weight_s_per_byte = 2 * t / lasting;
-        st = ps_intra_solve(slice, m, &io, &r, err);
+        io.memory_weight_s_per_byte = 2 * r->objective_s / lasting;
+        ps_status st = ps_intra_solve(slice, m, &io, &own, err);
         if (st != PS_OK)
             return st;
         io.memory_weight_s_per_byte = 0;
+        r = own;
         lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
         transient = r->peak_memory_bytes - lasting;
     }
-    double cap = INFINITY;
-    if (r->peak_memory_bytes > budget)
-        cap = budget - transient;
-    if (isfinite(cap)) {
-        ps_intra_result_free(r);
-        r = NULL;
+    if (r->peak_memory_bytes > budget) {
+        double cap = budget - transient;
+        ps_intra_result_free(own);
         if (cap <= 0)
             return ps_error_set(err, PS_ERR_INFEASIBLE, "temporaries alone exceed the budget");
         io.memory_budget_bytes = cap;
-        st = ps_intra_solve(slice, m, &io, &r, err);
-        if (st != PS_OK)
-            return st;
+        return ps_intra_solve(slice, m, &io, out, err);
     }
-    *out = r;
+    *out = own;
     return PS_OK;
 }
 
-/* One table entry: the slice on one submesh and logical mesh. */
-static ps_status cost_entry(const ps_graph *slice, const ps_cluster *c, const submesh *s,
-                            const config *cf, const ps_plan_request *req, double limit_s,
-                            double budget, entry *e)
+static void entry_fill(entry *e, const ps_intra_result *r)
+{
+    e->ok = true;
+    e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
+                r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
+                r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
+    e->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
+    e->static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
+    e->act_bytes = r->activation_bytes;
+    e->transient_bytes = r->peak_memory_bytes - e->static_bytes - e->act_bytes;
+}
+
+/* The table entries of a slice on one submesh and logical mesh: `n` variants
+ * of the configuration (itself and its lean variant) sharing one solve of
+ * the fastest layout. An entry that fits nowhere is left absent. */
+static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const submesh *s,
+                              const config *const *cfs, int n, const ps_plan_request *req,
+                              double limit_s, double budget, entry *const *es)
 {
     ps_logical_mesh *m = NULL;
-    ps_intra_result *r = NULL;
+    ps_intra_result *fastest = NULL;
     ps_error inner = {0};
-    memset(e, 0, sizeof *e);
-    ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cf->d0, cf->d1, &m, &inner);
+    for (int v = 0; v < n; v++)
+        memset(es[v], 0, sizeof *es[v]);
+    ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1, &m, &inner);
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
-    st = solve_stage(slice, m, cf, req, limit_s, budget, &r, &e->need_bytes, &inner);
-    if (st == PS_OK) {
-        e->ok = true;
-        e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
-                    r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
-                    r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
-        e->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
-        e->static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
-        e->act_bytes = r->activation_bytes;
-        e->transient_bytes = r->peak_memory_bytes - e->static_bytes - e->act_bytes;
-    } else if (st == PS_ERR_INFEASIBLE) {
-        st = PS_OK; /* absent */
+    st = solve_fastest(slice, m, cfs[0], req, limit_s, &fastest, &inner);
+    for (int v = 0; v < n && st == PS_OK; v++) {
+        ps_intra_result *r = NULL;
+        es[v]->need_bytes = fastest->peak_memory_bytes;
+        st = solve_within(slice, m, cfs[v], req, limit_s, budget, fastest, &r, &inner);
+        if (st == PS_OK)
+            entry_fill(es[v], r != NULL ? r : fastest);
+        else if (st == PS_ERR_INFEASIBLE)
+            st = PS_OK; /* absent */
+        ps_intra_result_free(r);
     }
-    ps_intra_result_free(r);
+    if (st == PS_ERR_INFEASIBLE)
+        st = PS_OK; /* absent */
+    ps_intra_result_free(fastest);
     ps_mesh_free(m);
     return st;
 }
@@ -300,76 +330,35 @@ static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *fir
 
 /* ---- solving the table's entries on all cores ----------------------------------- */
 
+/* One work item: a slice on a submesh with one configuration and its lean
+ * variant (entries `out[0]` and `out[1]`). */
 typedef struct work_item {
     const ps_graph *slice;
-    int sub, cfg;
-    double budget; /* bytes per device the entry may use */
-    entry *out;
+    int sub, cfg, lean_cfg; /* lean_cfg < 0: none */
+    double budget;          /* bytes per device an entry may use */
+    entry *out[2];
 } work_item;
 
-typedef struct workers {
+typedef struct table_work {
     const work_item *items;
-    int n_items;
-    int next, finished; /* guarded by lock */
-    ps_status st;
     const ps_cluster *cluster;
     const submesh *subs;
     config (*cfgs)[MAX_CONFIGS];
     const ps_plan_request *req;
     double limit_s;
-    pthread_mutex_t lock;
-} workers;
+    ps_status *status; /* [item] */
+} table_work;
 
-static void work(workers *w)
+static bool table_item(void *ctx, int k)
 {
-    for (;;) {
-        pthread_mutex_lock(&w->lock);
-        int k = w->st == PS_OK && w->next < w->n_items ? w->next++ : -1;
-        pthread_mutex_unlock(&w->lock);
-        if (k < 0)
-            return;
-        const work_item *it = &w->items[k];
-        ps_status st = cost_entry(it->slice, w->cluster, &w->subs[it->sub],
-                                  &w->cfgs[it->sub][it->cfg], w->req, w->limit_s, it->budget,
-                                  it->out);
-        pthread_mutex_lock(&w->lock);
-        if (st != PS_OK && w->st == PS_OK)
-            w->st = st;
-        w->finished++;
-        if (ps_log_progress_enabled())
-            fprintf(stderr, "\rpipeshard: stage costs: %d/%d intra-op solves", w->finished,
-                    w->n_items);
-        pthread_mutex_unlock(&w->lock);
-    }
-}
-
-static void *worker_main(void *arg)
-{
-    work(arg);
-    ps_ilp_thread_done();
-    return NULL;
-}
-
-/* Runs the items on one thread per core (GLPK keeps its state per thread). */
-static ps_status run_workers(workers *w)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
-    if (n > w->n_items)
-        n = w->n_items > 0 ? w->n_items : 1;
-    pthread_t threads[64];
-    int started = 0;
-    pthread_mutex_init(&w->lock, NULL);
-    for (int i = 1; i < n; i++)
-        if (pthread_create(&threads[started], NULL, worker_main, w) == 0)
-            started++;
-    work(w); /* this thread works too */
-    for (int i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-    pthread_mutex_destroy(&w->lock);
-    if (ps_log_progress_enabled() && w->n_items > 0)
-        fprintf(stderr, "\n");
-    return w->st;
+    const table_work *w = ctx;
+    const work_item *it = &w->items[k];
+    const config *cfs[2] = {&w->cfgs[it->sub][it->cfg],
+                            it->lean_cfg >= 0 ? &w->cfgs[it->sub][it->lean_cfg] : NULL};
+    w->status[k] = cost_entries(it->slice, w->cluster, &w->subs[it->sub], cfs,
+                                it->lean_cfg >= 0 ? 2 : 1, w->req, w->limit_s, it->budget,
+                                it->out);
+    return w->status[k] == PS_OK;
 }
 
 /* Layers (manual boundaries or clustering), the relayered forward graph and
@@ -446,6 +435,66 @@ out:
     return st;
 }
 
+/* The micro-batches of activations stage k of n keeps in flight. */
+static int stage_in_flight(bool gpipe, int B, int n, int k)
+{
+    return gpipe ? B : (n - k < B ? n - k : B);
+}
+
+/* The chosen stages' layouts, solved on all cores. */
+typedef struct stage_solve {
+    const stage_spec *stages;
+    const ps_plan_request *req;
+    bool gpipe;
+    int n;
+    ps_graph **slices;        /* [stage] */
+    ps_logical_mesh **meshes; /* [stage] */
+    ps_intra_result **results; /* [stage], filled by stage_item */
+    ps_status *status;        /* [stage] */
+    ps_error *errors;         /* [stage] */
+} stage_solve;
+
+/* Stage k's layout: the stage keeps `in_flight` micro-batches of
+ * activations, so while the layout does not fit them, solve again with
+ * less room. */
+static bool stage_item(void *ctx, int k)
+{
+    stage_solve *ss = ctx;
+    const stage_spec *ch = &ss->stages[k];
+    const ps_logical_mesh *m = ss->meshes[k];
+    ps_intra_result *fastest = NULL, *r = NULL;
+    int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
+    double budget = m->memory_bytes;
+    ps_status st = solve_fastest(ss->slices[k], m, &ch->cfg, ss->req, 0, &fastest, &ss->errors[k]);
+    for (int attempt = 0; st == PS_OK && attempt < 3; attempt++) {
+        ps_intra_result_free(r);
+        r = NULL;
+        st = solve_within(ss->slices[k], m, &ch->cfg, ss->req, 0, budget, fastest, &r,
+                          &ss->errors[k]);
+        if (st != PS_OK)
+            break;
+        const ps_intra_result *got = r != NULL ? r : fastest;
+        double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
+        if (need <= m->memory_bytes)
+            break;
+        budget -= need - m->memory_bytes;
+        if (budget <= 0)
+            break;
+    }
+    if (st == PS_OK && r == NULL) {
+        r = fastest;
+        fastest = NULL;
+    }
+    ps_intra_result_free(fastest);
+    if (st != PS_OK) {
+        ps_intra_result_free(r);
+        r = NULL;
+    }
+    ss->results[k] = r;
+    ss->status[k] = st;
+    return st == PS_OK;
+}
+
 /* Places the stages, solves each on its own devices and writes the plan.
  * fwd: the layered forward graph. With several stages the step is built
  * again knowing them (ps_train_options.layer_stage: a parameter shared by
@@ -497,65 +546,83 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     snprintf(plan->method, sizeof plan->method, "%s", method);
     snprintf(plan->schedule, sizeof plan->schedule, "%s", gpipe ? "gpipe" : "1f1b");
     double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
-    for (int k = 0; k < n; k++) {
+    /* each stage's slice and mesh, then their layouts solved on all cores */
+    stage_solve ss = {.stages = stages, .req = req, .gpipe = gpipe, .n = n};
+    ss.slices = calloc((size_t)n, sizeof *ss.slices);
+    ss.meshes = calloc((size_t)n, sizeof *ss.meshes);
+    ss.results = calloc((size_t)n, sizeof *ss.results);
+    ss.status = calloc((size_t)n, sizeof *ss.status);
+    ss.errors = calloc((size_t)n, sizeof *ss.errors);
+    if (ss.slices == NULL || ss.meshes == NULL || ss.results == NULL || ss.status == NULL ||
+        ss.errors == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out_stages;
+    }
+    for (int k = 0; k < n && st == PS_OK; k++) {
         const stage_spec *ch = &stages[k];
-        ps_graph *slice = NULL;
-        ps_logical_mesh *m = NULL;
-        ps_intra_result *r = NULL;
-        ps_plan_stage *ps = NULL;
-        st = ps_graph_slice(step, ch->first, ch->last, &slice, err);
+        st = ps_graph_slice(step, ch->first, ch->last, &ss.slices[k], err);
         if (st == PS_OK)
             st = ps_mesh_create(c, first[k], ch->sub.hosts, ch->sub.devices, ch->cfg.d0,
-                                ch->cfg.d1, &m, err);
-        /* the stage keeps `in_flight` micro-batches of activations: solve
-         * again with less room while the layout does not fit them */
-        int in_flight = gpipe ? B : (n - k < B ? n - k : B);
-        double budget = m != NULL ? m->memory_bytes : 0;
-        for (int attempt = 0; st == PS_OK && attempt < 3; attempt++) {
-            ps_intra_result_free(r);
-            r = NULL;
-            st = solve_stage(slice, m, &ch->cfg, req, 0, budget, &r, NULL, err);
-            if (st != PS_OK)
-                break;
-            double need = r->peak_memory_bytes + (in_flight - 1) * r->activation_bytes;
-            if (need <= m->memory_bytes)
-                break;
-            budget -= need - m->memory_bytes;
-            if (budget <= 0)
-                break;
-        }
-        if (st == PS_OK &&
-            (st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
-                PS_OK)
-            st = ps_error_set(err, st, "out of memory");
-        if (st == PS_OK)
-            st = ps_plan_fill_stage(ps, slice, m, r, err);
-        if (st == PS_OK) {
-            ps->first_layer = ch->first;
-            ps->last_layer = ch->last;
-            double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
-            ps->peak_memory_bytes = lasting +
-                                    (r->peak_memory_bytes - lasting - ps->activation_bytes) +
-                                    in_flight * ps->activation_bytes;
-            sum += ps->time_s;
-            slowest = fmax(slowest, ps->time_s);
-            update = fmax(update, ps->update_s);
-            peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
-            ps_graph_stats gs;
-            if (ps_graph_stats_compute(slice, &gs) == PS_OK)
-                flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                          gs.flops[PS_PASS_RECOMPUTE]) * B +
-                         gs.flops[PS_PASS_UPDATE];
-            if (ps->peak_memory_bytes > m->memory_bytes)
-                PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
-                            ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
-        }
-        ps_intra_result_free(r);
-        ps_mesh_free(m);
-        ps_graph_free(slice);
-        if (st != PS_OK)
-            goto out;
+                                ch->cfg.d1, &ss.meshes[k], err);
     }
+    if (st != PS_OK)
+        goto out_stages;
+    if (!ps_parallel_for(n, stage_item, &ss, ps_ilp_thread_done, NULL)) {
+        for (int k = 0; k < n; k++)
+            if (ss.status[k] != PS_OK) {
+                st = ps_error_set(err, ss.status[k], "%s", ss.errors[k].msg);
+                break;
+            }
+        goto out_stages;
+    }
+    for (int k = 0; k < n && st == PS_OK; k++) {
+        const ps_graph *slice = ss.slices[k];
+        const ps_logical_mesh *m = ss.meshes[k];
+        const ps_intra_result *r = ss.results[k];
+        const stage_spec *ch = &stages[k];
+        ps_plan_stage *ps = NULL;
+        int in_flight = stage_in_flight(gpipe, B, n, k);
+        if ((st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
+            PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            break;
+        }
+        if ((st = ps_plan_fill_stage(ps, slice, m, r, err)) != PS_OK)
+            break;
+        ps->first_layer = ch->first;
+        ps->last_layer = ch->last;
+        double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
+        ps->peak_memory_bytes = lasting + (r->peak_memory_bytes - lasting - ps->activation_bytes) +
+                                in_flight * ps->activation_bytes;
+        sum += ps->time_s;
+        slowest = fmax(slowest, ps->time_s);
+        update = fmax(update, ps->update_s);
+        peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
+        ps_graph_stats gs;
+        if (ps_graph_stats_compute(slice, &gs) == PS_OK)
+            flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                      gs.flops[PS_PASS_RECOMPUTE]) * B +
+                     gs.flops[PS_PASS_UPDATE];
+        if (ps->peak_memory_bytes > m->memory_bytes)
+            PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
+                        ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
+    }
+out_stages:
+    for (int k = 0; k < n; k++) {
+        if (ss.results != NULL)
+            ps_intra_result_free(ss.results[k]);
+        if (ss.meshes != NULL)
+            ps_mesh_free(ss.meshes[k]);
+        if (ss.slices != NULL)
+            ps_graph_free(ss.slices[k]);
+    }
+    free(ss.results);
+    free(ss.meshes);
+    free(ss.slices);
+    free(ss.status);
+    free(ss.errors);
+    if (st != PS_OK)
+        goto out;
     PS_TRY(pipeline_iteration(plan, step, gpipe, sum + (B - 1) * slowest + update, err));
     plan->flops_per_step = flops;
     plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
@@ -585,6 +652,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
     ps_graph **slices = NULL;  /* [cache index] the slice each cache item solves */
     work_item *items = NULL;
+    ps_status *item_status = NULL; /* [item] */
     int n_cache = 0;
     submesh subs[MAX_SUBMESHES];
     config cfgs[MAX_SUBMESHES][MAX_CONFIGS];
@@ -665,23 +733,41 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         }
     items = calloc((size_t)n_cache * n_sub * max_cfg + 1, sizeof *items);
     PS_TRY_ALLOC(items, err);
-    int n_items = 0;
+    int n_items = 0, n_entries = 0;
     for (int k = 0; k < n_cache; k++)
         for (int s = 0; s < n_sub; s++)
-            for (int c2 = 0; c2 < n_cfgs[s]; c2++)
-                items[n_items++] = (work_item){slices[k], s, c2, cache[k].budget,
-                                               &cache[k].entries[s * max_cfg + c2]};
-    workers w = {.items = items, .n_items = n_items, .st = PS_OK, .cluster = c, .subs = subs,
-                 .cfgs = cfgs, .req = req,
-                 /* the request's limit caps every solve, table entries too */
-                 .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
-                                ? fmin(o->stage_time_limit_s, req->ilp.time_limit_s)
-                                : o->stage_time_limit_s};
-    if ((st = run_workers(&w)) != PS_OK) {
+            for (int c2 = 0; c2 < n_cfgs[s]; c2++) {
+                if (cfgs[s][c2].lean)
+                    continue; /* solved with its plain configuration */
+                int lean = -1;
+                for (int c3 = 0; c3 < n_cfgs[s] && lean < 0; c3++)
+                    if (cfgs[s][c3].lean && cfgs[s][c3].d0 == cfgs[s][c2].d0 &&
+                        cfgs[s][c3].d1 == cfgs[s][c2].d1 &&
+                        cfgs[s][c3].force == cfgs[s][c2].force)
+                        lean = c3;
+                entry *e = cache[k].entries + s * max_cfg;
+                items[n_items++] = (work_item){slices[k], s, c2, lean, cache[k].budget,
+                                               {&e[c2], lean >= 0 ? &e[lean] : NULL}};
+                n_entries += 1 + (lean >= 0);
+            }
+    item_status = calloc((size_t)n_items + 1, sizeof *item_status);
+    PS_TRY_ALLOC(item_status, err);
+    double t_table = wall_s();
+    table_work w = {.items = items, .cluster = c, .subs = subs, .cfgs = cfgs, .req = req,
+                    /* the request's limit caps every solve, table entries too */
+                    .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
+                                   ? fmin(o->stage_time_limit_s, req->ilp.time_limit_s)
+                                   : o->stage_time_limit_s,
+                    .status = item_status};
+    if (!ps_parallel_for(n_items, table_item, &w, ps_ilp_thread_done,
+                         "pipeshard: stage costs (configurations)")) {
+        for (int k = 0; k < n_items && st == PS_OK; k++)
+            st = item_status[k];
         st = ps_error_set(err, st, "costing the stages failed (%s)", ps_status_str(st));
         goto out;
     }
-    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d intra-op solves", n_cache, n_items);
+    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
+                n_cache, n_entries, wall_s() - t_table);
     for (int l = 0; l < L; l++) {
         for (int i = l; i < L; i++) {
             entry *entries = entries_of[l * L + i];
@@ -770,8 +856,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int k = 0; k < sp.n_stages; k++)
         chosen[k] = (stage_spec){sp.stages[k].first, sp.stages[k].last, subs[sp.stages[k].sub],
                                  cfgs[sp.stages[k].sub][sp.stages[k].cfg]};
+    double t_realize = wall_s();
     PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out,
                    err));
+    PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s", sp.n_stages,
+                wall_s() - t_realize);
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
@@ -782,6 +871,7 @@ out:
     free(slices);
     free(entries_of);
     free(items);
+    free(item_status);
     for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
         free(composed[k]);
     free(composed);

@@ -99,9 +99,28 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err)
     return PS_OK;
 }
 
+/* A copy of p (nodes, edges, budget). */
+static ps_status problem_copy(const ps_ilp_problem *p, ps_ilp_problem **out)
+{
+    ps_ilp_problem *q = NULL;
+    ps_status st = ps_ilp_problem_create(&q);
+    for (int v = 0; v < p->n_nodes && st == PS_OK; v++)
+        st = ps_ilp_add_node(q, p->nodes[v].k, p->nodes[v].cost, p->nodes[v].mem, NULL);
+    for (int e = 0; e < p->n_edges && st == PS_OK; e++)
+        st = ps_ilp_add_edge(q, p->edges[e].u, p->edges[e].v, p->edges[e].cost);
+    if (st != PS_OK) {
+        ps_ilp_problem_free(q);
+        return st;
+    }
+    q->mem_budget = p->mem_budget;
+    *out = q;
+    return PS_OK;
+}
+
 ps_ilp_options ps_ilp_options_default(void)
 {
-    return (ps_ilp_options){.time_limit_s = 60, .mip_gap = 1e-4, .stall_s = 2, .reduce = true};
+    return (ps_ilp_options){
+        .time_limit_s = 60, .mip_gap = 1e-4, .stall_s = 2, .reduce = true, .lagrangian = true};
 }
 
 void ps_ilp_result_clear(ps_ilp_result *r)
@@ -820,8 +839,10 @@ static int glpk_to_log(void *info, const char *s)
 typedef struct glpk_ctx {
     const double *start; /* incumbent column values [1..n], or NULL */
     double gap;          /* the least relative gap seen */
-    double stall_s;      /* stop after this long without a narrower gap; 0: never */
-    double narrowed_at;  /* now_s() when the gap last narrowed */
+    double stall_s;      /* stop after this long without the gap narrowing by a
+                          * tenth; 0: never */
+    double gap_ref;      /* the gap when it last narrowed by a tenth */
+    double narrowed_at;  /* now_s() then */
 } glpk_ctx;
 
 static void glpk_callback(glp_tree *tree, void *info)
@@ -832,13 +853,15 @@ static void glpk_callback(glp_tree *tree, void *info)
         ctx->start = NULL; /* once is enough */
     }
     double gap = glp_ios_mip_gap(tree), t = now_s();
-    if (gap < ctx->gap) {
+    if (gap < ctx->gap)
         ctx->gap = gap;
+    if (gap < 0.9 * ctx->gap_ref) {
+        ctx->gap_ref = gap;
         ctx->narrowed_at = t;
     } else if (ctx->stall_s > 0 && isfinite(ctx->gap) && t - ctx->narrowed_at > ctx->stall_s) {
-        /* neither a better answer nor a better bound for a while: with a
-         * knapsack (memory) row the bound can sit a percent or two under a
-         * good incumbent for the whole time limit */
+        /* the gap has not narrowed by a tenth for a while: with a knapsack
+         * (memory) row the bound can sit a fraction of a percent under a
+         * good incumbent for the whole time limit, creeping up */
         glp_ios_terminate(tree);
     }
 }
@@ -1073,7 +1096,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     glp_set_obj_coef(lp, 0, const_cost * scale);
     glp_load_matrix(lp, (int)k_nz, ia, ja, ar);
 
-    glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .stall_s = opt->stall_s};
+    glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .gap_ref = INFINITY, .stall_s = opt->stall_s};
     if (incumbent != NULL) {
         for (int v = 0; v < n; v++)
             if (node_col[v] != 0)
@@ -1118,8 +1141,8 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     ret = glp_intopt(lp, &iocp);
     t_mip = now_s() - t_mip;
     int status = glp_mip_status(lp);
-    PS_LOG_DEBUG("ILP: %d columns, %d rows; relaxation %.3f s, branch and cut %.3f s (code %d)",
-                 cols, rows, t_lp, t_mip, ret);
+    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, branch and cut %.3f s (code %d)",
+                 cols, rows, mem_row ? " (one of memory)" : "", t_lp, t_mip, ret);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
@@ -1181,6 +1204,115 @@ double ps_ilp_min_memory(const ps_ilp_problem *p)
     return m;
 }
 
+/* ---- a memory budget by Lagrangian relaxation -------------------------------------- *
+ * min cost + lambda * memory has no memory row: the exact eliminations, the
+ * forest DP and the program without its knapsack row apply, and each such
+ * solve is a fraction of the constrained one. For every lambda, L(lambda) -
+ * lambda * budget bounds the constrained optimum from below; every answer
+ * that fits is a candidate. Bisecting lambda (the dual is concave in it)
+ * closes the gap to a percent or less on the planner's programs, which
+ * have many layouts between fastest and leanest; where it does not, the
+ * best candidate is GLPK's incumbent. */
+
+typedef struct lagrange_state {
+    const ps_ilp_problem *p;
+    ps_ilp_problem *q; /* p without its budget, node costs re-weighted per lambda */
+    ps_ilp_options opt;
+    int *best;         /* [n_nodes] the best choice that fits (original strategies) */
+    double best_cost;  /* its cost, INFINITY while none */
+    double bound;      /* the best lower bound on the constrained optimum */
+    int solves;
+} lagrange_state;
+
+/* Solves the relaxation at lambda; *fits tells whether its answer fits. */
+static ps_status lagrange_at(lagrange_state *ls, double lambda, bool *fits, ps_error *err)
+{
+    const ps_ilp_problem *p = ls->p;
+    for (int v = 0; v < p->n_nodes; v++)
+        for (int s = 0; s < p->nodes[v].k; s++)
+            ls->q->nodes[v].cost[s] = p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s];
+    ps_ilp_result r = {0};
+    ps_status st = ps_ilp_solve(ls->q, &ls->opt, &r, err);
+    ls->solves++;
+    if (st != PS_OK)
+        return st;
+    double mem = 0, cost = ps_ilp_evaluate(p, r.choice, &mem);
+    /* the relaxation's optimum is at least its answer's value less its gap */
+    ls->bound = fmax(ls->bound, r.objective * (1 - r.gap) - lambda * p->mem_budget);
+    *fits = mem <= p->mem_budget;
+    if (*fits && cost < ls->best_cost) {
+        ls->best_cost = cost;
+        memcpy(ls->best, r.choice, (size_t)p->n_nodes * sizeof *ls->best);
+    }
+    ps_ilp_result_clear(&r);
+    return PS_OK;
+}
+
+static bool lagrange_closed(const lagrange_state *ls, double gap)
+{
+    return isfinite(ls->best_cost) && ls->best_cost - ls->bound <= gap * ls->best_cost;
+}
+
+/* Fills ls->best (when something fits), ls->best_cost and ls->bound. */
+static ps_status lagrange(lagrange_state *ls, double deadline, ps_error *err)
+{
+    const ps_ilp_problem *p = ls->p;
+    bool fits = false;
+    PS_TRY_RET(lagrange_at(ls, 0, &fits, err));
+    if (fits || lagrange_closed(ls, ls->opt.mip_gap))
+        return PS_OK;
+    /* a first lambda on the program's own scale (its largest cost per its
+     * largest memory, a thousandth of it), grown until an answer fits */
+    double lo = 0, hi = 0, big_cost = 0, big_mem = 0;
+    for (int v = 0; v < p->n_nodes; v++)
+        for (int s = 0; s < p->nodes[v].k; s++)
+            if (isfinite(p->nodes[v].cost[s])) {
+                big_cost = fmax(big_cost, p->nodes[v].cost[s]);
+                big_mem = fmax(big_mem, p->nodes[v].mem[s]);
+            }
+    double scale = big_mem > 0 ? fmax(big_cost, 1e-12) / big_mem : 1;
+    for (int i = 0; i < 40 && !fits; i++) {
+        lo = hi;
+        hi = hi == 0 ? scale * 1e-3 : hi * 8;
+        PS_TRY_RET(lagrange_at(ls, hi, &fits, err));
+        if (now_s() > deadline)
+            return PS_OK;
+    }
+    if (!fits)
+        return PS_OK;
+    /* the dual's best lambda lies in [lo, hi]; narrowed to 5% its bound is
+     * within a few parts per thousand of the dual's optimum here, and more
+     * steps rarely close what that leaves (the duality gap) */
+    for (int i = 0; i < 8 && hi > 1.05 * lo && !lagrange_closed(ls, ls->opt.mip_gap) &&
+                    now_s() < deadline;
+         i++) {
+        double mid = lo > 0 ? sqrt(lo * hi) : hi / 8;
+        PS_TRY_RET(lagrange_at(ls, mid, &fits, err));
+        if (fits)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return PS_OK;
+}
+
+/* The relaxation's answer (original strategies) in w's reduced strategies;
+ * false when reductions dropped one of its strategies. */
+static bool lagrange_incumbent(const work *w, const int *original, int *reduced)
+{
+    for (int v = 0; v < w->p->n_nodes; v++) {
+        if (w->node_dead[v])
+            return false; /* eliminated nodes only without a budget */
+        reduced[v] = -1;
+        for (int s = 0; s < w->p->nodes[v].k && reduced[v] < 0; s++)
+            if (w->orig[v][s] == original[v])
+                reduced[v] = s;
+        if (reduced[v] < 0)
+            return false;
+    }
+    return true;
+}
+
 ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
                        ps_error *err)
 {
@@ -1188,6 +1320,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     double t0 = now_s();
     work w;
     adjacency adj = {0};
+    lagrange_state ls = {0};
     int *choice = NULL, *incumbent = NULL;
     memset(out, 0, sizeof *out);
     memset(&w, 0, sizeof w);
@@ -1198,6 +1331,32 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                           "device, %.4g GB are available",
                           ps_ilp_min_memory(p) / 1e9, p->mem_budget / 1e9);
         goto out;
+    }
+    if (p->mem_budget > 0 && opt->lagrangian) {
+        if ((st = problem_copy(p, &ls.q)) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+        ls.p = p;
+        ls.q->mem_budget = 0;
+        ls.opt = *opt;
+        ls.best = calloc((size_t)p->n_nodes + 1, sizeof *ls.best);
+        PS_TRY_ALLOC(ls.best, err);
+        ls.best_cost = INFINITY;
+        ls.bound = -INFINITY;
+        /* half the time limit at most: GLPK may need the rest */
+        PS_TRY(lagrange(&ls, t0 + 0.5 * opt->time_limit_s, err));
+        if (lagrange_closed(&ls, opt->mip_gap)) {
+            out->choice = ls.best;
+            ls.best = NULL;
+            out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
+            out->method = "lagrangian";
+            out->optimal = true;
+            out->gap = out->objective > 0 ? fmax(0, (out->objective - ls.bound) / out->objective)
+                                          : 0;
+            out->solve_s = now_s() - t0;
+            goto out;
+        }
     }
     if ((st = work_init(&w, p)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
@@ -1231,6 +1390,13 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
         bool have_incumbent = local_search(&w, &adj, incumbent);
         if (have_incumbent && !isfinite(work_evaluate(&w, incumbent)))
             have_incumbent = false;
+        if (ls.best != NULL && isfinite(ls.best_cost) &&
+            lagrange_incumbent(&w, ls.best, choice) &&
+            (!have_incumbent || work_evaluate(&w, choice) < work_evaluate(&w, incumbent))) {
+            /* the relaxation's best answer that fits is the better start */
+            memcpy(incumbent, choice, (size_t)p->n_nodes * sizeof *incumbent);
+            have_incumbent = true;
+        }
         bool optimal = false;
         double gap = 1;
         ps_error inner = {0};
@@ -1273,6 +1439,8 @@ out:
     work_free(&w);
     free(choice);
     free(incumbent);
+    free(ls.best);
+    ps_ilp_problem_free(ls.q);
     return st;
 }
 

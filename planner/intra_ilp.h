@@ -48,9 +48,13 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err);
 typedef struct ps_ilp_options {
     double time_limit_s; /* GLPK's limit (default 60) */
     double mip_gap;      /* relative gap at which GLPK may stop (default 1e-4) */
-    double stall_s;      /* GLPK stops with its best answer when neither it nor the
-                          * bound has improved for this long (default 2; 0: never) */
+    double stall_s;      /* GLPK stops with its best answer when the gap between it
+                          * and the bound has not narrowed by a tenth for this long
+                          * (default 2; 0: never) */
     bool reduce;         /* apply the exact reductions first (default true) */
+    bool lagrangian;     /* with a memory budget, bisect a price on memory first and
+                          * stop there when its bound proves the answer within
+                          * mip_gap (default true) */
 } ps_ilp_options;
 
 ps_ilp_options ps_ilp_options_default(void);
@@ -64,7 +68,8 @@ typedef struct ps_ilp_result {
     double solve_s;    /* wall time of the whole solve */
     int reduced_nodes, reduced_edges; /* size after reductions */
     int glpk_cols, glpk_rows;         /* 0 when GLPK was not needed */
-    const char *method; /* "reductions" (nothing left to search), "forest-dp", "glpk" */
+    const char *method; /* "reductions" (nothing left to search), "forest-dp",
+                         * "lagrangian" (a memory budget met by pricing memory), "glpk" */
 } ps_ilp_result;
 
 void ps_ilp_result_clear(ps_ilp_result *r);

@@ -151,6 +151,50 @@ static void matches_brute_force_coarse_costs(void **state)
             check_against_brute_force_of(with_memory, reduce, true);
 }
 
+/* A memory budget met by pricing memory: with no gap allowed the pricing may
+ * stop only where its bound proves its answer optimal; with 5% allowed, its
+ * answer is within 5% of the optimum. Answers always fit; without pricing
+ * the same programs give the same optima. */
+static void lagrangian_matches_brute_force(void **state)
+{
+    (void)state;
+    for (int g = 0; g < 2; g++) {
+        double gap = g == 0 ? 0 : 0.05;
+        int priced = 0, solved = 0;
+        for (int t = 0; t < 300; t++) {
+            ps_ilp_problem *p = random_problem_of(true, true, t % 2 == 1);
+            ps_ilp_result bf = {0}, r = {0}, plain = {0};
+            ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, NULL);
+            ps_ilp_options o = ps_ilp_options_default();
+            o.mip_gap = gap;
+            ps_status s2 = ps_ilp_solve(p, &o, &r, NULL);
+            o.lagrangian = false;
+            o.mip_gap = 0;
+            ps_status s3 = ps_ilp_solve(p, &o, &plain, NULL);
+            assert_int_equal(s1 == PS_OK, s2 == PS_OK);
+            assert_int_equal(s1 == PS_OK, s3 == PS_OK);
+            if (s1 == PS_OK) {
+                double tol = 1e-9 * (1 + bf.objective);
+                if (r.objective < bf.objective - tol ||
+                    r.objective > bf.objective * (1 + gap) + tol)
+                    fail_msg("instance %d (gap %g): brute force %.12g, %s %.12g", t, gap,
+                             bf.objective, r.method, r.objective);
+                assert_true(r.memory <= p->mem_budget);
+                assert_true(fabs(plain.objective - bf.objective) <= tol);
+                priced += strcmp(r.method, "lagrangian") == 0;
+                solved++;
+            }
+            ps_ilp_result_clear(&bf);
+            ps_ilp_result_clear(&r);
+            ps_ilp_result_clear(&plain);
+            ps_ilp_problem_free(p);
+        }
+        print_message("gap %g: %d of %d answered by pricing memory\n", gap, priced, solved);
+        assert_true(solved >= 200);
+        assert_true(priced >= 20); /* or this test checks nothing of the pricing */
+    }
+}
+
 /* A chain needs no search: eliminating its links one by one is exact. */
 static void chain_uses_forest_dp(void **state)
 {
@@ -174,7 +218,8 @@ static void chain_uses_forest_dp(void **state)
     assert_int_equal(r.reduced_nodes, 0);
     assert_true(r.optimal);
     assert_int_equal(r.glpk_cols, 0);
-    /* and GLPK agrees when forced (a budget above everything) */
+    /* and GLPK agrees when forced (a budget above everything, no pricing) */
+    o.lagrangian = false;
     p->mem_budget = 1e30;
     ps_ilp_result g = {0};
     p->nodes[0].mem[0] = 1; /* keep the memory row non-trivial */
@@ -271,6 +316,7 @@ int main(void)
         cmocka_unit_test(matches_brute_force_with_memory),
         cmocka_unit_test(matches_brute_force_unreduced),
         cmocka_unit_test(matches_brute_force_coarse_costs),
+        cmocka_unit_test(lagrangian_matches_brute_force),
         cmocka_unit_test(chain_uses_forest_dp),
         cmocka_unit_test(infeasible_memory_names_the_numbers),
         cmocka_unit_test(medium_instance_with_memory),
