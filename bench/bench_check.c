@@ -64,10 +64,13 @@ static void rows_add(ps_bench_rows *rs, const char *metric, const char *kind, do
     if (rs->n >= MAX_ROWS)
         return;
     ps_bench_row *r = &rs->r[rs->n++];
-    snprintf(r->metric, sizeof r->metric, "%s", metric);
-    snprintf(r->kind, sizeof r->kind, "%s", kind);
+    /* fields are cut at their size (the metric names here are short) */
+    bool cut = snprintf(r->metric, sizeof r->metric, "%s", metric) >= (int)sizeof r->metric;
+    cut |= snprintf(r->kind, sizeof r->kind, "%s", kind) >= (int)sizeof r->kind;
+    cut |= snprintf(r->unit, sizeof r->unit, "%s", unit) >= (int)sizeof r->unit;
+    if (cut)
+        fprintf(stderr, "bench_check: a field of metric %s was cut\n", r->metric);
     r->value = value;
-    snprintf(r->unit, sizeof r->unit, "%s", unit);
 }
 
 /* ---- calibration: fixed work independent of the project's code ---- */

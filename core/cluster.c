@@ -437,7 +437,7 @@ static ps_status read_override(ps_cluster *c, const ps_jv *ov, ps_error *err)
     ps_status st = PS_OK;
     ps_jv dev, list;
     size_t n;
-    int kind, id;
+    int kind = 0, id = 0; /* set before use; -O3 cannot see it */
     PS_TRY(ps_jv_check_keys(ov, override_keys, err));
     if (!ps_jv_has(ov, "devices") && !ps_jv_has(ov, "nodes")) {
         st = ps_jv_fail(ov, err, PS_ERR_INVALID,

@@ -724,7 +724,7 @@ static ps_status run_step(device_state *d)
     d->open_compute = -1;
     d->cur_phase = d->cur_mb = -1;
     d->wrote_loss = false;
-    int first, last;
+    int first = 0, last = 0;
     PS_TRY_RET(mark(d, &first));
     for (int i = 0; i < d->prog->n_instrs; i++)
         PS_TRY_RET(exec_program_instr(d, &d->prog->instrs[i]));

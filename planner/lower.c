@@ -633,7 +633,7 @@ static ps_status find_crossings(lower_ctx *L)
         for (int t = 0; t < B->slice->n_tensors; t++) {
             int T = B->step_of[t];
             const ps_tensor *x = &g->tensors[T];
-            crossing *c;
+            crossing *c = NULL;
             if (B->cls[t] == CLS_RECV || B->cls[t] == CLS_RECV_STEP) {
                 int a = stage_of_op(L, x->producer);
                 PS_TRY(cross_add(L, &c));

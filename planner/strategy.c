@@ -28,7 +28,7 @@ static const ps_tensor_desc *in_desc(const ps_graph *g, const ps_op *op, int i)
  * split. */
 static void fresh(ps_op_signature *s, const ps_tensor_desc *d, unsigned fixed, signed char *labels)
 {
-    for (int k = 0; k < d->rank; k++)
+    for (int k = 0; k < d->rank && k < PS_MAX_RANK; k++)
         labels[k] = (signed char)new_label(s, d->shape[k], !(fixed & (1u << k)));
 }
 
@@ -374,7 +374,7 @@ static ps_sharding_spec operand_spec(const ps_op_signature *s, const signed char
         if (l == PS_LABEL_A2A)
             l = has_expert ? s->expert_label : s->group_label;
         bool present = false;
-        for (int k = 0; k < rank; k++) {
+        for (int k = 0; k < rank && k < PS_MAX_RANK; k++) {
             if (labels[k] == l && !(has_expert && assign[a] == PS_LABEL_A2A &&
                                     l == s->group_label)) {
                 spec.dim_axes[k] |= (uint8_t)(1u << a);

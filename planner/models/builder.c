@@ -19,7 +19,8 @@ void ps_mb_scope(ps_model_builder *b, int layer, const char *prefix)
 
 static void full_name(const ps_model_builder *b, const char *name, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s%s", b->prefix, name);
+    if (snprintf(buf, cap, "%s%s", b->prefix, name) >= (int)cap)
+        buf[cap - 1] = '\0'; /* a long name is cut, as snprintf cuts it */
 }
 
 static int source(ps_model_builder *b, const char *name, ps_tensor_kind kind, ps_dtype dtype,
