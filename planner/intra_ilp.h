@@ -6,10 +6,12 @@
  * total memory <= budget. This module makes the instance small by exact
  * reductions, computes an incumbent (exact on forests, local search plus a
  * memory repair otherwise), and hands the rest to GLPK as a 0-1 program with
- * one-hot node variables and linearized edge variables. Without a memory
+ * one-hot node variables and linearized edge variables (one per pair of
+ * classes of equal rows and columns of the edge's costs). Without a memory
  * constraint, nodes with one or two neighbours (followers: elementwise chains,
- * reshapes) are eliminated exactly first. It is the only module that includes
- * glpk.h. */
+ * reshapes) are eliminated exactly first; with one, memory is first priced
+ * (Lagrangian relaxation) and GLPK only runs when that leaves a gap. It is
+ * the only module that includes glpk.h. */
 #ifndef PS_PLANNER_INTRA_ILP_H
 #define PS_PLANNER_INTRA_ILP_H
 
