@@ -1221,6 +1221,7 @@ typedef struct lagrange_state {
     int *best;         /* [n_nodes] the best choice that fits (original strategies) */
     double best_cost;  /* its cost, INFINITY while none */
     double bound;      /* the best lower bound on the constrained optimum */
+    double deadline;   /* now_s() by which the pricing stops */
     int solves;
 } lagrange_state;
 
@@ -1232,6 +1233,7 @@ static ps_status lagrange_at(lagrange_state *ls, double lambda, bool *fits, ps_e
         for (int s = 0; s < p->nodes[v].k; s++)
             ls->q->nodes[v].cost[s] = p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s];
     ps_ilp_result r = {0};
+    ls->opt.time_limit_s = fmax(0.05, ls->deadline - now_s()); /* the pricing's share */
     ps_status st = ps_ilp_solve(ls->q, &ls->opt, &r, err);
     ls->solves++;
     if (st != PS_OK)
@@ -1254,8 +1256,9 @@ static bool lagrange_closed(const lagrange_state *ls, double gap)
 }
 
 /* Fills ls->best (when something fits), ls->best_cost and ls->bound. */
-static ps_status lagrange(lagrange_state *ls, double deadline, ps_error *err)
+static ps_status lagrange(lagrange_state *ls, ps_error *err)
 {
+    double deadline = ls->deadline;
     const ps_ilp_problem *p = ls->p;
     bool fits = false;
     PS_TRY_RET(lagrange_at(ls, 0, &fits, err));
@@ -1345,8 +1348,16 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
         ls.best_cost = INFINITY;
         ls.bound = -INFINITY;
         /* half the time limit at most: GLPK may need the rest */
-        PS_TRY(lagrange(&ls, t0 + 0.5 * opt->time_limit_s, err));
-        if (lagrange_closed(&ls, opt->mip_gap)) {
+        ls.deadline = t0 + 0.5 * opt->time_limit_s;
+        ps_error inner = {0};
+        ps_status lst = lagrange(&ls, &inner);
+        if (lst == PS_ERR_NOMEM) {
+            st = ps_error_set(err, lst, "out of memory");
+            goto out;
+        }
+        if (lst != PS_OK) /* the program below says what is wrong, in its words */
+            PS_LOG_DEBUG("ILP: pricing memory failed (%s); solving with the budget", inner.msg);
+        else if (lagrange_closed(&ls, opt->mip_gap)) {
             out->choice = ls.best;
             ls.best = NULL;
             out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
