@@ -121,6 +121,27 @@ void ps_mesh_free(ps_logical_mesh *m)
     free(m);
 }
 
+bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b)
+{
+    if (a->hosts != b->hosts || a->devices_per_host != b->devices_per_host ||
+        a->n_devices != b->n_devices || a->profile != b->profile ||
+        a->memory_bandwidth_bytes_per_s != b->memory_bandwidth_bytes_per_s ||
+        a->memory_bytes != b->memory_bytes ||
+        a->params.gemm_efficiency != b->params.gemm_efficiency ||
+        a->params.other_efficiency != b->params.other_efficiency ||
+        a->params.bandwidth_efficiency != b->params.bandwidth_efficiency)
+        return false;
+    for (int x = 0; x < PS_MESH_AXES; x++)
+        if (a->shape[x] != b->shape[x] || a->alpha_s[x] != b->alpha_s[x] ||
+            a->beta_s_per_byte[x] != b->beta_s_per_byte[x] ||
+            a->crosses_nodes[x] != b->crosses_nodes[x])
+            return false;
+    for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++)
+        if (a->peak_flops[t] != b->peak_flops[t])
+            return false;
+    return true;
+}
+
 static double ring_s(const ps_logical_mesh *m, ps_collective kind, int axis, double bytes)
 {
     int n = m->shape[axis];

@@ -63,6 +63,9 @@ typedef struct ps_logical_mesh {
 ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
                          int d0, int d1, ps_logical_mesh **out, ps_error *err);
 void ps_mesh_free(ps_logical_mesh *m);
+/* Whether two meshes cost every op and collective the same: all but their
+ * device ids equal (the same shape on the same kind of devices and links). */
+bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b);
 
 /* Time of a collective over the mesh axes in `axes` (bit mask; both axes =
  * hierarchical: axis 1 first, then axis 0 on the reduced share). */

@@ -441,18 +441,39 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
     return gpipe ? B : (n - k < B ? n - k : B);
 }
 
-/* The chosen stages' layouts, solved on all cores. */
+/* The chosen stages' layouts, solved on all cores: first the fastest layout
+ * of each distinct stage (identical layers on meshes of equal costs, the
+ * middle stages of a transformer, share one), then each stage's within its
+ * memory. */
 typedef struct stage_solve {
     const stage_spec *stages;
     const ps_plan_request *req;
     bool gpipe;
     int n;
-    ps_graph **slices;        /* [stage] */
-    ps_logical_mesh **meshes; /* [stage] */
-    ps_intra_result **results; /* [stage], filled by stage_item */
-    ps_status *status;        /* [stage] */
-    ps_error *errors;         /* [stage] */
+    ps_graph **slices;         /* [stage] */
+    ps_logical_mesh **meshes;  /* [stage] */
+    int *leader;               /* [stage] the stage whose fastest layout it shares */
+    ps_intra_result **fastest; /* [stage] owned by leaders, NULL elsewhere */
+    ps_intra_result **results; /* [stage] NULL: the leader's fastest layout */
+    ps_status *status;         /* [stage] */
+    ps_error *errors;          /* [stage] */
 } stage_solve;
+
+static bool stage_fastest_item(void *ctx, int k)
+{
+    stage_solve *ss = ctx;
+    if (ss->leader[k] != k)
+        return true;
+    ss->status[k] = solve_fastest(ss->slices[k], ss->meshes[k], &ss->stages[k].cfg, ss->req, 0,
+                                  &ss->fastest[k], &ss->errors[k]);
+    return ss->status[k] == PS_OK;
+}
+
+/* The layout stage k uses: its own result or its leader's fastest. */
+static const ps_intra_result *stage_result(const stage_solve *ss, int k)
+{
+    return ss->results[k] != NULL ? ss->results[k] : ss->fastest[ss->leader[k]];
+}
 
 /* Stage k's layout: the stage keeps `in_flight` micro-batches of
  * activations, so while the layout does not fit them, solve again with
@@ -462,10 +483,11 @@ static bool stage_item(void *ctx, int k)
     stage_solve *ss = ctx;
     const stage_spec *ch = &ss->stages[k];
     const ps_logical_mesh *m = ss->meshes[k];
-    ps_intra_result *fastest = NULL, *r = NULL;
+    const ps_intra_result *fastest = ss->fastest[ss->leader[k]];
+    ps_intra_result *r = NULL;
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
     double budget = m->memory_bytes;
-    ps_status st = solve_fastest(ss->slices[k], m, &ch->cfg, ss->req, 0, &fastest, &ss->errors[k]);
+    ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < 3; attempt++) {
         ps_intra_result_free(r);
         r = NULL;
@@ -481,11 +503,6 @@ static bool stage_item(void *ctx, int k)
         if (budget <= 0)
             break;
     }
-    if (st == PS_OK && r == NULL) {
-        r = fastest;
-        fastest = NULL;
-    }
-    ps_intra_result_free(fastest);
     if (st != PS_OK) {
         ps_intra_result_free(r);
         r = NULL;
@@ -551,10 +568,12 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     ss.slices = calloc((size_t)n, sizeof *ss.slices);
     ss.meshes = calloc((size_t)n, sizeof *ss.meshes);
     ss.results = calloc((size_t)n, sizeof *ss.results);
+    ss.fastest = calloc((size_t)n, sizeof *ss.fastest);
+    ss.leader = calloc((size_t)n, sizeof *ss.leader);
     ss.status = calloc((size_t)n, sizeof *ss.status);
     ss.errors = calloc((size_t)n, sizeof *ss.errors);
-    if (ss.slices == NULL || ss.meshes == NULL || ss.results == NULL || ss.status == NULL ||
-        ss.errors == NULL) {
+    if (ss.slices == NULL || ss.meshes == NULL || ss.results == NULL || ss.fastest == NULL ||
+        ss.leader == NULL || ss.status == NULL || ss.errors == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out_stages;
     }
@@ -567,7 +586,17 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     }
     if (st != PS_OK)
         goto out_stages;
-    if (!ps_parallel_for(n, stage_item, &ss, ps_ilp_thread_done, NULL)) {
+    for (int k = 0; k < n; k++) {
+        uint64_t h = graph_hash(ss.slices[k]);
+        ss.leader[k] = k;
+        for (int j = 0; j < k && ss.leader[k] == k; j++)
+            if (ss.leader[j] == j && graph_hash(ss.slices[j]) == h &&
+                stages[j].cfg.force == stages[k].cfg.force &&
+                ps_mesh_costs_equal(ss.meshes[j], ss.meshes[k]))
+                ss.leader[k] = j;
+    }
+    if (!ps_parallel_for(n, stage_fastest_item, &ss, ps_ilp_thread_done, NULL) ||
+        !ps_parallel_for(n, stage_item, &ss, ps_ilp_thread_done, NULL)) {
         for (int k = 0; k < n; k++)
             if (ss.status[k] != PS_OK) {
                 st = ps_error_set(err, ss.status[k], "%s", ss.errors[k].msg);
@@ -578,7 +607,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     for (int k = 0; k < n && st == PS_OK; k++) {
         const ps_graph *slice = ss.slices[k];
         const ps_logical_mesh *m = ss.meshes[k];
-        const ps_intra_result *r = ss.results[k];
+        const ps_intra_result *r = stage_result(&ss, k);
         const stage_spec *ch = &stages[k];
         ps_plan_stage *ps = NULL;
         int in_flight = stage_in_flight(gpipe, B, n, k);
@@ -611,12 +640,16 @@ out_stages:
     for (int k = 0; k < n; k++) {
         if (ss.results != NULL)
             ps_intra_result_free(ss.results[k]);
+        if (ss.fastest != NULL)
+            ps_intra_result_free(ss.fastest[k]);
         if (ss.meshes != NULL)
             ps_mesh_free(ss.meshes[k]);
         if (ss.slices != NULL)
             ps_graph_free(ss.slices[k]);
     }
     free(ss.results);
+    free(ss.fastest);
+    free(ss.leader);
     free(ss.meshes);
     free(ss.slices);
     free(ss.status);

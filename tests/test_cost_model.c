@@ -139,6 +139,46 @@ static void mesh_link_parameters(void **state)
     ps_cluster_free(c);
 }
 
+/* Meshes of equal costs: the same shape on the same kinds of devices and
+ * links, wherever they lie; a different shape, a mesh across nodes or
+ * smaller devices cost differently. */
+static void mesh_costs_equal(void **state)
+{
+    (void)state;
+    ps_cluster *c = preset("dgx-a100:2");
+    ps_logical_mesh *a = NULL, *b = NULL, *x = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 4, 2, 2, &a, NULL), PS_OK);
+    assert_int_equal(ps_mesh_create(c, 12, 1, 4, 2, 2, &b, NULL), PS_OK); /* node 1 */
+    assert_true(ps_mesh_costs_equal(a, b));
+    assert_int_not_equal(a->devices[0], b->devices[0]);
+    assert_int_equal(ps_mesh_create(c, 0, 1, 4, 1, 4, &x, NULL), PS_OK); /* another shape */
+    assert_false(ps_mesh_costs_equal(a, x));
+    ps_mesh_free(x);
+    ps_mesh_free(b);
+    /* the same 2 x 2 on two nodes: axis 0 crosses the NICs */
+    ps_mesh_free(a);
+    assert_int_equal(ps_mesh_create(c, 0, 1, 8, 2, 4, &a, NULL), PS_OK);
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &x, NULL), PS_OK);
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &b, NULL), PS_OK);
+    assert_true(ps_mesh_costs_equal(x, b));
+    assert_false(ps_mesh_costs_equal(a, x));
+    ps_mesh_free(x);
+    ps_mesh_free(b);
+    /* node 1 with smaller devices: the same shape no longer costs the same */
+    ps_device_kind small = c->kinds[0];
+    snprintf(small.name, sizeof small.name, "%s", "a100-40gb-test");
+    small.memory_bytes /= 2;
+    int k = -1;
+    assert_int_equal(ps_cluster_add_kind(c, &small, &k, NULL), PS_OK);
+    for (int d = 8; d < 16; d++)
+        c->device_kind[d] = k;
+    assert_int_equal(ps_mesh_create(c, 8, 1, 8, 2, 4, &b, NULL), PS_OK);
+    assert_false(ps_mesh_costs_equal(a, b));
+    ps_mesh_free(a);
+    ps_mesh_free(b);
+    ps_cluster_free(c);
+}
+
 /* Ring collectives equal their closed forms. */
 static void collective_closed_forms(void **state)
 {
@@ -214,7 +254,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spec_text_round_trip),  cmocka_unit_test(tiles_cover_the_tensor),
-        cmocka_unit_test(mesh_link_parameters),  cmocka_unit_test(collective_closed_forms),
+        cmocka_unit_test(mesh_link_parameters),
+        cmocka_unit_test(mesh_costs_equal),  cmocka_unit_test(collective_closed_forms),
         cmocka_unit_test(resharding_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
