@@ -79,7 +79,7 @@ static void rows_add(ps_bench_rows *rs, const char *metric, const char *kind, do
 
 static double calib_once(uint32_t *buf)
 {
-    double t0 = now_s();
+    double t0 = ps_monotonic_s();
     uint64_t x = 88172645463325252ull;
     double acc = 0;
     for (uint32_t i = 0; i < CALIB_WORDS; i++)
@@ -94,7 +94,7 @@ static double calib_once(uint32_t *buf)
     }
     volatile double sink = acc;
     (void)sink;
-    return now_s() - t0;
+    return ps_monotonic_s() - t0;
 }
 
 typedef struct ps_calib {
@@ -163,13 +163,13 @@ static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_ba
     o.layer_num = layer_num;
     for (int r = 0; r < repeats; r++) {
         double c0 = cal != NULL ? calib_run(cal) : 0;
-        double t0 = now_s();
+        double t0 = ps_monotonic_s();
         for (int k = 0; k < slowdown; k++) {
             ps_plan_free(*out);
             *out = NULL;
             PS_TRY(ps_plan_pipeshard(&req, &o, out, err));
         }
-        double dt = now_s() - t0;
+        double dt = ps_monotonic_s() - t0;
         *dt_s = r == 0 || dt < *dt_s ? dt : *dt_s;
         if (cal != NULL) {
             double q = calib_ratio(dt, c0, calib_run(cal));
@@ -245,13 +245,13 @@ static ps_status run_intra(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_er
     double best = 0, ratio = 0;
     for (int rep = 0; rep < 3; rep++) {
         double c0 = calib_run(cal);
-        double t0 = now_s();
+        double t0 = ps_monotonic_s();
         for (int k = 0; k < slowdown; k++) {
             ps_intra_result_free(r);
             r = NULL;
             PS_TRY(ps_intra_solve(step, m, &io, &r, err));
         }
-        double dt = now_s() - t0;
+        double dt = ps_monotonic_s() - t0;
         double q = calib_ratio(dt, c0, calib_run(cal));
         best = rep == 0 || dt < best ? dt : best;
         ratio = rep == 0 || q < ratio ? q : ratio;
@@ -661,7 +661,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_check: out of memory\n");
         return 2;
     }
-    double t0 = now_s();
+    double t0 = ps_monotonic_s();
     ps_error err = {0};
     ps_status st = run_plans(&fresh, &cal, slowdown, &err);
     if (st == PS_OK)
@@ -677,10 +677,10 @@ int main(int argc, char **argv)
     }
     double calib = calib_median(&cal);
     rows_add(&fresh, "calibration_s", "info", calib, "s");
-    rows_add(&fresh, "total_s", "info", now_s() - t0, "s");
+    rows_add(&fresh, "total_s", "info", ps_monotonic_s() - t0, "s");
     free(cal.buf);
     printf("calibration loop %.3f s (median of %d); workloads and calibration %.1f s\n", calib,
-           cal.n, now_s() - t0);
+           cal.n, ps_monotonic_s() - t0);
     if (csv != NULL && csv_write(csv, &fresh) != 0)
         return 2;
     if (baseline == NULL) {

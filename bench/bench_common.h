@@ -6,18 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/utsname.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/cluster.h"
-
-/* Monotonic seconds. */
-static inline double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The preset's node, sliced to `gpus` devices when the case needs under one
  * node (else gpus / devices-per-node whole nodes), named PRESET:NODESxPER. */

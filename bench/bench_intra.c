@@ -40,10 +40,10 @@ static int run(const char *model, int layers, int batch, int d0, int d1, bool fo
     io.force_batch_axis0 = force;
     io.ilp.time_limit_s = 60;
     io.ilp.mip_gap = 0.01;
-    double t0 = now_s();
+    double t0 = ps_monotonic_s();
     if (ps_intra_solve(step, m, &io, &r, &err) != PS_OK)
         goto out;
-    *solve_s = now_s() - t0;
+    *solve_s = ps_monotonic_s() - t0;
     printf("%-9s %6d %6d  (%d,%d)%s %7d %7d %9.0f %7d %7d %8d %8d  %-9s %-3s %8.4f  %9.3f\n",
            model, (int)cfg.layers, step->n_ops, d0, d1, force ? "f" : " ", r->ilp_nodes, r->ilp_edges,
            r->strategies_total, r->ilp.reduced_nodes, r->ilp.reduced_edges, r->ilp.glpk_cols,

@@ -79,7 +79,7 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
     ps_summary *sum = NULL;
     ps_model_config cfg;
     ps_status st = PS_OK;
-    double t0 = now_s();
+    double t0 = ps_monotonic_s();
     PS_TRY(ps_zoo_lookup(b->model, &cfg, &err));
     cfg.batch = b->global_batch / r->micro_batches;
     PS_TRY(ps_model_build(&cfg, &fwd, &err));
@@ -112,7 +112,7 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
         st = ps_plan_one_stage(&req, &p, NULL, NULL, &err);
         break;
     }
-    r->plan_s = now_s() - t0;
+    r->plan_s = ps_monotonic_s() - t0;
     if (st != PS_OK)
         goto out;
     r->planned_s = p->iteration_s;

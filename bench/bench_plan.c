@@ -122,7 +122,7 @@ int main(int argc, char **argv)
         ps_graph *fwd = NULL;
         ps_plan *p = NULL;
         ps_model_config cfg;
-        double t0 = now_s();
+        double t0 = ps_monotonic_s();
         ps_status st = bench_cluster_slice(b->preset, b->gpus, &c, &err);
         if (st == PS_OK)
             st = ps_zoo_lookup(b->model, &cfg, &err);
@@ -144,7 +144,7 @@ int main(int argc, char **argv)
             o.layer_num = b->layer_num;
             st = ps_plan_pipeshard(&req, &o, &p, &err);
         }
-        double dt = now_s() - t0;
+        double dt = ps_monotonic_s() - t0;
         total += dt;
         if (st == PS_OK) {
             printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name, b->gpus,

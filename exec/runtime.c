@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/clock.h"
 #include "exec/box.h"
 #include "exec/data.h"
 #include "traces/program_summary.h"
@@ -1087,12 +1087,6 @@ void ps_exec_result_free(ps_exec_result *r)
     free(r);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_options *o,
                       ps_exec_result **out, ps_error *err)
@@ -1116,7 +1110,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     pthread_t *threads = NULL;
     int started = 0;
     size_t n_inst = (size_t)s->n_buffers * (size_t)(rt.M + 1);
-    double t_start = now_s();
+    double t_start = ps_monotonic_s();
     ps_exec_result *r = calloc(1, sizeof *r);
     PS_TRY_ALLOC(r, err);
     rt.result = r;
@@ -1203,7 +1197,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
             r->params[t] = r->grads[t] = NULL;
         }
     }
-    r->wall_s = now_s() - t_start;
+    r->wall_s = ps_monotonic_s() - t_start;
     if (r->summary != NULL)
         r->summary->wall_s = r->wall_s;
     barrier_destroy(&rt.barrier);

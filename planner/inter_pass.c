@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/parallel.h"
@@ -99,12 +99,6 @@ static int list_configs(const submesh *s, int devices_per_node, config *out)
     return k;
 }
 
-static double wall_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* A structural hash of a graph: equal for identical layer ranges. */
 static uint64_t graph_hash(const ps_graph *g)
@@ -586,11 +580,12 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     }
     if (st != PS_OK)
         goto out_stages;
+    uint64_t hashes[64]; /* [stage]; n <= 64, checked above */
     for (int k = 0; k < n; k++) {
-        uint64_t h = graph_hash(ss.slices[k]);
+        hashes[k] = graph_hash(ss.slices[k]);
         ss.leader[k] = k;
         for (int j = 0; j < k && ss.leader[k] == k; j++)
-            if (ss.leader[j] == j && graph_hash(ss.slices[j]) == h &&
+            if (ss.leader[j] == j && hashes[j] == hashes[k] &&
                 stages[j].cfg.force == stages[k].cfg.force &&
                 ps_mesh_costs_equal(ss.meshes[j], ss.meshes[k]))
                 ss.leader[k] = j;
@@ -785,7 +780,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             }
     item_status = calloc((size_t)n_items + 1, sizeof *item_status);
     PS_TRY_ALLOC(item_status, err);
-    double t_table = wall_s();
+    double t_table = ps_monotonic_s();
     table_work w = {.items = items, .cluster = c, .subs = subs, .cfgs = cfgs, .req = req,
                     /* the request's limit caps every solve, table entries too */
                     .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
@@ -800,7 +795,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         goto out;
     }
     PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
-                n_cache, n_entries, wall_s() - t_table);
+                n_cache, n_entries, ps_monotonic_s() - t_table);
     for (int l = 0; l < L; l++) {
         for (int i = l; i < L; i++) {
             entry *entries = entries_of[l * L + i];
@@ -889,11 +884,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int k = 0; k < sp.n_stages; k++)
         chosen[k] = (stage_spec){sp.stages[k].first, sp.stages[k].last, subs[sp.stages[k].sub],
                                  cfgs[sp.stages[k].sub][sp.stages[k].cfg]};
-    double t_realize = wall_s();
+    double t_realize = ps_monotonic_s();
     PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out,
                    err));
     PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s", sp.n_stages,
-                wall_s() - t_realize);
+                ps_monotonic_s() - t_realize);
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/array.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 /* ---- problem construction -------------------------------------------------- */
@@ -145,12 +145,6 @@ double ps_ilp_evaluate(const ps_ilp_problem *p, const int *choice, double *memor
     return cost;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- brute force -------------------------------------------------------------- */
 
@@ -158,7 +152,7 @@ ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
                              ps_ilp_result *out, ps_error *err)
 {
     ps_status st = PS_OK;
-    double t0 = now_s(), combos = 1;
+    double t0 = ps_monotonic_s(), combos = 1;
     memset(out, 0, sizeof *out);
     for (int i = 0; i < p->n_nodes; i++)
         combos *= p->nodes[i].k;
@@ -193,7 +187,7 @@ ps_status ps_ilp_brute_force(const ps_ilp_problem *p, double max_combinations,
     out->memory = best_mem;
     out->optimal = true;
     out->method = "brute-force";
-    out->solve_s = now_s() - t0;
+    out->solve_s = ps_monotonic_s() - t0;
 out:
     free(cur);
     free(best);
@@ -842,7 +836,7 @@ typedef struct glpk_ctx {
     double stall_s;      /* stop after this long without the gap narrowing by a
                           * tenth; 0: never */
     double gap_ref;      /* the gap when it last narrowed by a tenth */
-    double narrowed_at;  /* now_s() then */
+    double narrowed_at;  /* ps_monotonic_s() then */
 } glpk_ctx;
 
 static void glpk_callback(glp_tree *tree, void *info)
@@ -852,7 +846,7 @@ static void glpk_callback(glp_tree *tree, void *info)
         glp_ios_heur_sol(tree, ctx->start);
         ctx->start = NULL; /* once is enough */
     }
-    double gap = glp_ios_mip_gap(tree), t = now_s();
+    double gap = glp_ios_mip_gap(tree), t = ps_monotonic_s();
     if (gap < ctx->gap)
         ctx->gap = gap;
     if (gap < 0.9 * ctx->gap_ref) {
@@ -1117,10 +1111,10 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
      * from GLPK's default basis on the root relaxation of an unforced 2-D GPT
      * layer (1.3 s vs 5.4 s; LP presolve made it slower, 6.7 s) */
     smcp.meth = GLP_DUALP;
-    double t_lp = now_s();
+    double t_lp = ps_monotonic_s();
     glp_cpx_basis(lp);
     int ret = glp_simplex(lp, &smcp);
-    t_lp = now_s() - t_lp;
+    t_lp = ps_monotonic_s() - t_lp;
     if (ret != 0 || glp_get_status(lp) == GLP_NOFEAS) {
         st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           ret == 0 ? "no strategy choice fits the memory budget"
@@ -1136,10 +1130,10 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     iocp.cb_info = &ctx;
     iocp.tm_lim = (int)(opt->time_limit_s * 1000);
     iocp.mip_gap = opt->mip_gap;
-    double t_mip = now_s();
+    double t_mip = ps_monotonic_s();
     ctx.narrowed_at = t_mip;
     ret = glp_intopt(lp, &iocp);
-    t_mip = now_s() - t_mip;
+    t_mip = ps_monotonic_s() - t_mip;
     int status = glp_mip_status(lp);
     PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, branch and cut %.3f s (code %d)",
                  cols, rows, mem_row ? " (one of memory)" : "", t_lp, t_mip, ret);
@@ -1221,8 +1215,7 @@ typedef struct lagrange_state {
     int *best;         /* [n_nodes] the best choice that fits (original strategies) */
     double best_cost;  /* its cost, INFINITY while none */
     double bound;      /* the best lower bound on the constrained optimum */
-    double deadline;   /* now_s() by which the pricing stops */
-    int solves;
+    double deadline;   /* ps_monotonic_s() by which the pricing stops */
 } lagrange_state;
 
 /* Solves the relaxation at lambda; *fits tells whether its answer fits. */
@@ -1233,9 +1226,8 @@ static ps_status lagrange_at(lagrange_state *ls, double lambda, bool *fits, ps_e
         for (int s = 0; s < p->nodes[v].k; s++)
             ls->q->nodes[v].cost[s] = p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s];
     ps_ilp_result r = {0};
-    ls->opt.time_limit_s = fmax(0.05, ls->deadline - now_s()); /* the pricing's share */
+    ls->opt.time_limit_s = fmax(0.05, ls->deadline - ps_monotonic_s()); /* the pricing's share */
     ps_status st = ps_ilp_solve(ls->q, &ls->opt, &r, err);
-    ls->solves++;
     if (st != PS_OK)
         return st;
     double mem = 0, cost = ps_ilp_evaluate(p, r.choice, &mem);
@@ -1278,7 +1270,7 @@ static ps_status lagrange(lagrange_state *ls, ps_error *err)
         lo = hi;
         hi = hi == 0 ? scale * 1e-3 : hi * 8;
         PS_TRY_RET(lagrange_at(ls, hi, &fits, err));
-        if (now_s() > deadline)
+        if (ps_monotonic_s() > deadline)
             return PS_OK;
     }
     if (!fits)
@@ -1287,7 +1279,7 @@ static ps_status lagrange(lagrange_state *ls, ps_error *err)
      * within a few parts per thousand of the dual's optimum here, and more
      * steps rarely close what that leaves (the duality gap) */
     for (int i = 0; i < 8 && hi > 1.05 * lo && !lagrange_closed(ls, ls->opt.mip_gap) &&
-                    now_s() < deadline;
+                    ps_monotonic_s() < deadline;
          i++) {
         double mid = lo > 0 ? sqrt(lo * hi) : hi / 8;
         PS_TRY_RET(lagrange_at(ls, mid, &fits, err));
@@ -1320,7 +1312,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                        ps_error *err)
 {
     ps_status st = PS_OK;
-    double t0 = now_s();
+    double t0 = ps_monotonic_s();
     work w;
     adjacency adj = {0};
     lagrange_state ls = {0};
@@ -1365,7 +1357,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
             out->optimal = true;
             out->gap = out->objective > 0 ? fmax(0, (out->objective - ls.bound) / out->objective)
                                           : 0;
-            out->solve_s = now_s() - t0;
+            out->solve_s = ps_monotonic_s() - t0;
             goto out;
         }
     }
@@ -1444,7 +1436,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
         ps_ilp_result_clear(out);
         goto out;
     }
-    out->solve_s = now_s() - t0;
+    out->solve_s = ps_monotonic_s() - t0;
 out:
     adjacency_free(&adj);
     work_free(&w);

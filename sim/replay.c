@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <simgrid/actor.h>
@@ -30,6 +29,7 @@
 #include <simgrid/semaphore.h>
 #include <xbt/sysdep.h>
 
+#include "core/clock.h"
 #include "sim/sim_internal.h"
 #include "traces/trace.h"
 
@@ -107,12 +107,6 @@ struct sim_ctx {
     double wall_start_s;
 };
 
-static double wall_now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void *stamp(double t_s)
 {
@@ -703,10 +697,10 @@ static void progress_main(int argc, char **argv)
     (void)argc;
     (void)argv;
     sim_ctx *ctx = sg_actor_self_get_data();
-    double dt_s = 1e-4, last = wall_now_s();
+    double dt_s = 1e-4, last = ps_monotonic_s();
     for (;;) {
         sg_actor_sleep_for(dt_s);
-        double now = wall_now_s();
+        double now = ps_monotonic_s();
         if (now - last < 0.25)
             dt_s *= 2;
         if (now - last >= 1.0) {
@@ -878,15 +872,15 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
                         const char *platform_path, ps_sim_result *res, ps_error *err)
 {
     ps_status st = PS_OK;
-    sim_ctx ctx = {.set = s, .c = c, .o = o, .wall_start_s = wall_now_s()};
+    sim_ctx ctx = {.set = s, .c = c, .o = o, .wall_start_s = ps_monotonic_s()};
     ctx.actors = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.actors);
     ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
     PS_TRY_ALLOC(ctx.actors, err);
     PS_TRY_ALLOC(ctx.hosts, err);
     init_simgrid(count_actors(s));
-    double t0 = wall_now_s();
+    double t0 = ps_monotonic_s();
     simgrid_load_platform(platform_path);
-    res->load_s = wall_now_s() - t0;
+    res->load_s = ps_monotonic_s() - t0;
     unlink(platform_path); /* gone even if the parent dies now (it unlinks too) */
     PS_TRY(map_hosts(&ctx, err));
     if (o->trace_path != NULL)
@@ -970,6 +964,6 @@ out:
         }
     free(ctx.actors);
     free(ctx.hosts);
-    res->wall_s = wall_now_s() - ctx.wall_start_s;
+    res->wall_s = ps_monotonic_s() - ctx.wall_start_s;
     return st;
 }

@@ -18,9 +18,9 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "sim/sim_internal.h"
 #include "traces/program_summary.h"
 
@@ -51,12 +51,6 @@ ps_sim_options ps_sim_options_default(void)
     return (ps_sim_options){.trace_path = NULL, .collective_steps = false, .progress = false};
 }
 
-static double wall_now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static bool write_all(int fd, const void *buf, size_t len)
 {
@@ -302,9 +296,9 @@ ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c, const 
                           programs->n_devices, c->name, ps_cluster_device_count(c));
         goto out;
     }
-    double t0 = wall_now_s();
+    double t0 = ps_monotonic_s();
     PS_TRY(write_platform(c, path, sizeof path, err));
-    double platform_write_s = wall_now_s() - t0;
+    double platform_write_s = ps_monotonic_s() - t0;
 
     if (pipe(blob_pipe) != 0 || pipe(err_pipe) != 0) {
         st = ps_error_set(err, PS_ERR_IO, "pipe: %s", strerror(errno));

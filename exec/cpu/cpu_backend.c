@@ -4,8 +4,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/clock.h"
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
 
@@ -618,9 +618,7 @@ static ps_status cpu_mark(ps_backend *b, int device, int slot, ps_error *err)
     if (slot < 0 || slot >= d->n_slots)
         return ps_error_set(err, PS_ERR_INTERNAL, "device %d: timing slot %d of %d", device,
                             slot, d->n_slots);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    d->stamp[slot] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    d->stamp[slot] = ps_monotonic_s();
     return PS_OK;
 }
 
