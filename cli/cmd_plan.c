@@ -1,5 +1,6 @@
 /* pipeshard plan: a parallelization plan for a model on a cluster. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,12 @@ static void help(void)
         "                       submesh and logical mesh)\n"
         "  --no-transfer-costs  the stage DP's costs leave out what a stage receives from\n"
         "                       its neighbours per micro-batch (Alpa's stage costs)\n"
+        "  --exact-ranges       solve every range of layers for the stage cost table\n"
+        "                       (default: single layers, longer ranges composed from them)\n"
+        "  --stage-imbalance-tolerance T\n"
+        "                       candidate stages only where the submesh's share of the\n"
+        "                       devices is within a factor 1+T of the layers' share of\n"
+        "                       the FLOPs (default: no limit; Alpa's benchmarks use 1)\n"
         "  --stages FILE        use the stages of a stage file instead of the stage DP\n"
         "                       (Alpa's manual stage option; docs/plan-format.md)\n"
         "  --method uniform --dp D --op O --pp P\n"
@@ -68,7 +75,7 @@ enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
     OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
-    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS
+    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES
 };
 
 static const struct option own_options[] = {
@@ -86,6 +93,8 @@ static const struct option own_options[] = {
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"rows", no_argument, NULL, OPT_ROWS},
     {"no-transfer-costs", no_argument, NULL, OPT_NO_TRANSFER_COSTS},
+    {"stage-imbalance-tolerance", required_argument, NULL, OPT_IMBALANCE},
+    {"exact-ranges", no_argument, NULL, OPT_EXACT_RANGES},
     {"stages", required_argument, NULL, OPT_STAGES},
     {"dp", required_argument, NULL, OPT_DP},
     {"op", required_argument, NULL, OPT_OP},
@@ -289,6 +298,13 @@ int ps_cmd_plan(int argc, char **argv)
             break;
         case OPT_ROWS: inter.print_rows = true; break;
         case OPT_NO_TRANSFER_COSTS: inter.transfer_costs = false; break;
+        case OPT_EXACT_RANGES: inter.exact_ranges = true; break;
+        case OPT_IMBALANCE:
+            if (!ps_cli_parse_double(optarg, 0, 1e9, &x))
+                return ps_cli_usage_error("plan", "--stage-imbalance-tolerance wants a number "
+                                                  ">= 0");
+            inter.stage_imbalance_tolerance = x;
+            break;
         case OPT_STAGES: stages_file = optarg; break;
         case OPT_DP:
         case OPT_OP:
@@ -405,9 +421,11 @@ int ps_cmd_plan(int argc, char **argv)
                 PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
         }
     } else {
-        if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows) {
+        if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
+            inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY) {
             st = ps_error_set(&err, PS_ERR_INVALID,
-                              "--layer-num, --schedule and --rows apply to --method pipeshard");
+                              "--layer-num, --schedule, --rows, --exact-ranges and "
+                              "--stage-imbalance-tolerance apply to --method pipeshard");
             goto out;
         }
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));

@@ -1,6 +1,8 @@
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "core/parallel.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -49,7 +51,12 @@ bool ps_parallel_for(int n, ps_parallel_fn fn, void *ctx, void (*thread_done)(vo
 {
     if (n <= 0)
         return true;
+    /* the cores this process may run on (taskset, cgroups' cpusets), not
+     * all the machine's */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0)
+        cores = CPU_COUNT(&allowed);
     int threads_n = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
     if (threads_n > n)
         threads_n = n;

@@ -9,7 +9,7 @@
 typedef bool (*ps_parallel_fn)(void *ctx, int item);
 
 /* Runs fn(ctx, i) for i in [0, n), items handed out in order, on one thread
- * per online core (at most 64 and at most n; the calling thread is one of
+ * per core this process may run on (at most 64 and at most n; the calling thread is one of
  * them). thread_done (may be NULL) runs at the end of every thread started
  * here, for per-thread library state. With `progress` non-NULL and progress
  * enabled (core/log.h), "\r<progress>: <done>/<n>" goes to stderr. Returns

@@ -23,7 +23,8 @@ ps_inter_options ps_inter_options_default(void)
     return (ps_inter_options){.layer_num = 0, .manual_layers = false,
                               .submeshes = PS_SUBMESH_POWER_OF_TWO, .gpipe = false,
                               .print_rows = false, .exact_ranges = false,
-                              .stage_time_limit_s = 20, .transfer_costs = true};
+                              .stage_time_limit_s = 20, .transfer_costs = true,
+                              .stage_imbalance_tolerance = INFINITY};
 }
 
 typedef struct submesh {
@@ -33,21 +34,45 @@ typedef struct submesh {
 /* What a stage of layers [first, last] on submesh s receives per micro-batch
  * (the activations into `first`, the gradients of those into last + 1),
  * in seconds: through its nodes' NICs when it spans whole nodes of a
- * cluster of several (its neighbours are then on other nodes), else
- * through its devices' intra-node links (a neighbour on the same node: the
- * optimistic case). */
+ * cluster of several (its neighbours are then on other nodes) or when
+ * `across` says that its neighbours are on other nodes, else through its
+ * devices' intra-node links (a neighbour on the same node). */
 static double stage_receive_s(const ps_cluster *c, const ps_layering *lay, int first, int last,
-                              int hosts, int devices)
+                              int hosts, int devices, bool across)
 {
     int hops = (first > 0) + (last + 1 < lay->n_layers);
     double bytes = (first > 0 ? lay->boundary_bytes[first] : 0) +
                    (last + 1 < lay->n_layers ? lay->boundary_bytes[last + 1] : 0);
     if (hops == 0 || !(bytes > 0))
         return 0;
-    bool whole_nodes = c->nodes > 1 && devices == c->devices_per_node;
-    double bw = whole_nodes ? hosts * c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s
-                            : (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
-    return hops * (whole_nodes ? c->inter.latency_s : c->intra.latency_s) + bytes / bw;
+    bool nics = c->nodes > 1 && (devices == c->devices_per_node || across);
+    double bw = nics ? fmin(hosts * c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s,
+                            (double)hosts * devices * c->intra.bandwidth_bytes_per_s)
+                     : (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
+    return hops * (nics ? fmax(c->inter.latency_s, c->intra.latency_s) : c->intra.latency_s) +
+           bytes / bw;
+}
+
+/* Whether layers [first, last] on a submesh of `devices` of the cluster's
+ * D are a candidate stage under tolerance t (ps_inter_options). */
+static bool stage_balanced(const ps_layering *lay, int first, int last, int devices, int D,
+                           double t)
+{
+    int L = lay->n_layers;
+    if (devices == D)
+        return first == 0 && last == L - 1;
+    if (!(t < INFINITY))
+        return true;
+    double total = 0, part = 0;
+    for (int q = 0; q < L; q++) {
+        total += lay->flops[q];
+        if (q >= first && q <= last)
+            part += lay->flops[q];
+    }
+    if (!(total > 0))
+        return true;
+    double f = part / total, d = (double)devices / D;
+    return d <= f * (1 + t) && d >= f / (1 + t);
 }
 
 typedef struct config {
@@ -80,16 +105,22 @@ static int list_submeshes(const ps_cluster *c, ps_submesh_choices ch, submesh *o
 }
 
 /* Logical meshes of a submesh, as in Alpa: every (dp, mp) with the model-
- * parallel axis inside one node (mp <= devices per node) and the batch forced
- * onto the dp axis, plus (1, n) with any sharding when n fits in a node. */
-static int list_configs(const submesh *s, int devices_per_node, config *out)
+ * parallel axis inside one node (mp <= devices per node) and the micro-batch
+ * divisible by dp, with the batch forced onto the dp axis; plus (1, n) with
+ * any sharding when n fits in a node. A dp that does not divide the batch
+ * cannot carry it: Alpa leaves it out, and here it would become a free ILP on
+ * a wide mesh, the slowest of the table's solves for a layout nothing forces.
+ * A submesh with no such dp keeps its physical shape, unforced. */
+static int list_configs(const submesh *s, int devices_per_node, long long batch, config *out)
 {
     int n = s->hosts * s->devices, k = 0;
     if (n <= devices_per_node)
         out[k++] = (config){1, n, false, false};
     for (int dp = 2; dp <= n && k < MAX_CONFIGS / 2; dp++)
-        if (n % dp == 0 && n / dp <= devices_per_node)
+        if (n % dp == 0 && n / dp <= devices_per_node && batch % dp == 0)
             out[k++] = (config){dp, n / dp, true, false};
+    if (k == 0)
+        out[k++] = (config){s->hosts, s->devices, false, false};
     /* each also as a lean variant: a stage with many later stages in flight
      * (or several layers) may need memory more than speed */
     for (int i = 0, m = k; i < m; i++) {
@@ -146,6 +177,18 @@ typedef struct cache_item {
     entry *entries; /* [n_sub * n_cfg] */
 } cache_item;
 
+/* The relative gap of the table's solves and of every solve within a memory
+ * budget: the stage DP compares entries known to this precision, and a
+ * budgeted program proven to 1e-4 takes GLPK seconds (its knapsack row
+ * stalls the bound) where the priced relaxation closes a percent in a
+ * fraction of one (planner/intra_ilp.c). The fastest layouts of the chosen
+ * stages keep the request's gap. */
+#define STAGE_GAP 0.01
+
+/* The one-stage plan is solved too when the stage DP's cost of it is within
+ * this factor of the DP's best pipeline (step 6 of ps_plan_pipeshard). */
+#define ONE_STAGE_WITHIN 2.0
+
 static ps_intra_options stage_intra_options(const config *cf, const ps_plan_request *req,
                                             double limit_s)
 {
@@ -156,7 +199,7 @@ static ps_intra_options stage_intra_options(const config *cf, const ps_plan_requ
     io.ilp = req->ilp;
     if (limit_s > 0) {
         io.ilp.time_limit_s = limit_s;
-        io.ilp.mip_gap = fmax(io.ilp.mip_gap, 0.01);
+        io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
     }
     return io;
 }
@@ -183,6 +226,7 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
                               ps_error *err)
 {
     ps_intra_options io = stage_intra_options(cf, req, limit_s);
+    io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
     const ps_intra_result *r = fastest;
     ps_intra_result *own = NULL;
     *out = NULL;
@@ -328,6 +372,7 @@ static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *fir
  * variant (entries `out[0]` and `out[1]`). */
 typedef struct work_item {
     const ps_graph *slice;
+    int slice_id;           /* its index among the distinct slices */
     int sub, cfg, lean_cfg; /* lean_cfg < 0: none */
     double budget;          /* bytes per device an entry may use */
     entry *out[2];
@@ -349,9 +394,15 @@ static bool table_item(void *ctx, int k)
     const work_item *it = &w->items[k];
     const config *cfs[2] = {&w->cfgs[it->sub][it->cfg],
                             it->lean_cfg >= 0 ? &w->cfgs[it->sub][it->lean_cfg] : NULL};
+    double t0 = ps_monotonic_s();
     w->status[k] = cost_entries(it->slice, w->cluster, &w->subs[it->sub], cfs,
                                 it->lean_cfg >= 0 ? 2 : 1, w->req, w->limit_s, it->budget,
                                 it->out);
+    const submesh *s = &w->subs[it->sub];
+    PS_LOG_DEBUG("pipeshard: table entry: slice %d on (%d, %d) as (%d, %d)%s: %.3f s, %s",
+                 it->slice_id, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1,
+                 cfs[0]->force ? " forced" : "", ps_monotonic_s() - t0,
+                 it->out[0]->ok ? "fits" : "absent");
     return w->status[k] == PS_OK;
 }
 
@@ -666,6 +717,51 @@ out:
     return st;
 }
 
+/* "No plan fits in memory", with the closest candidate: the least memory any
+ * stage needs for the whole model (`whole`: its entries) with one
+ * micro-batch in flight. */
+static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options *o,
+                              const entry *whole, int n_sub, const int *n_cfgs, int max_cfg,
+                              double memory, const ps_error *inner, ps_error *err)
+{
+    const ps_cluster *c = req->cluster;
+    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    double need = INFINITY;
+    for (int s = 0; whole != NULL && s < n_sub; s++)
+        for (int k = 0; k < n_cfgs[s]; k++) {
+            const entry *e = &whole[s * max_cfg + k];
+            if (e->need_bytes > 0)
+                need = fmin(need, e->ok ? e->static_bytes + e->transient_bytes + e->act_bytes
+                                        : e->need_bytes);
+        }
+    char extra[320] = "";
+    int used = 0;
+    if (isfinite(need))
+        used = snprintf(extra, sizeof extra,
+                        "; on all %d devices the whole model needs %.4g GB per device", D,
+                        need / 1e9);
+    if (o->stage_imbalance_tolerance < INFINITY)
+        snprintf(extra + used, sizeof extra - (size_t)used,
+                 "; only stages within the imbalance tolerance %g were candidates",
+                 o->stage_imbalance_tolerance);
+    return ps_error_set(err, PS_ERR_INFEASIBLE,
+                        "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
+                        "(devices have %.4g GB); try --remat, more micro-batches or more devices",
+                        req->forward->name, c->name, B, req->global_batch / B, inner->msg, extra,
+                        memory / 1e9);
+}
+
+static bool same_stages(const ps_stage_plan *a, const ps_stage_plan *b)
+{
+    if (a->n_stages != b->n_stages)
+        return false;
+    for (int k = 0; k < a->n_stages; k++)
+        if (a->stages[k].first != b->stages[k].first || a->stages[k].last != b->stages[k].last ||
+            a->stages[k].sub != b->stages[k].sub || a->stages[k].cfg != b->stages[k].cfg)
+            return false;
+    return true;
+}
+
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
 {
@@ -674,10 +770,14 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_layering lay = {0};
     ps_graph *fwd = NULL, *step = NULL;
     ps_stage_table *table = NULL;
-    ps_stage_plan sp = {0};
+    ps_stage_plan sp[2] = {{0}, {0}}; /* the DP's answer each way (step 4) */
+    ps_graph *table_step = NULL;      /* the step with each layer a stage */
+    int *layer_self = NULL;           /* [layer] = layer */
     cache_item *cache = NULL;
     entry **composed = NULL;   /* [first * L + last] composed entries */
     entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
+    int *cache_of = NULL;      /* [first * L + last] their cache index, -1: composed */
+    bool *needed = NULL;       /* [cache index * n_sub + submesh] entries to solve */
     ps_graph **slices = NULL;  /* [cache index] the slice each cache item solves */
     work_item *items = NULL;
     ps_status *item_status = NULL; /* [item] */
@@ -697,11 +797,24 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     bool manual = false;
     PS_TRY(prepare(req, o->layer_num, o->manual_layers, &lay, &fwd, &step, &manual, err));
     int L = lay.n_layers;
+    /* The table's layers are costed as stages of their own: a parameter used
+     * by several layers (a tied embedding) sums its contributions at the
+     * update, once per step, as the plan's step will between stages
+     * (realize), not once per micro-batch. */
+    if (L > 1) {
+        layer_self = malloc((size_t)L * sizeof *layer_self);
+        PS_TRY_ALLOC(layer_self, err);
+        for (int l = 0; l < L; l++)
+            layer_self[l] = l;
+        ps_train_options t = req->train;
+        t.layer_stage = layer_self;
+        PS_TRY(ps_train_step_build(fwd, &t, &table_step, err));
+    }
 
     /* 2. candidate submeshes and logical meshes */
     int n_sub = list_submeshes(c, o->submeshes, subs), max_cfg = 1;
     for (int s = 0; s < n_sub; s++) {
-        n_cfgs[s] = list_configs(&subs[s], c->devices_per_node, cfgs[s]);
+        n_cfgs[s] = list_configs(&subs[s], c->devices_per_node, req->global_batch / B, cfgs[s]);
         if (n_cfgs[s] > max_cfg)
             max_cfg = n_cfgs[s];
     }
@@ -731,14 +844,18 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
      * add up. */
     slices = calloc((size_t)L * L + 1, sizeof *slices);
     entries_of = calloc((size_t)L * L + 1, sizeof *entries_of);
+    cache_of = malloc(((size_t)L * L + 1) * sizeof *cache_of);
     PS_TRY_ALLOC(slices, err);
     PS_TRY_ALLOC(entries_of, err);
+    PS_TRY_ALLOC(cache_of, err);
+    for (int k = 0; k < L * L; k++)
+        cache_of[k] = -1;
     for (int l = 0; l < L; l++)
         for (int i = l; i < L; i++) {
             if (!o->exact_ranges && i > l)
                 continue;
             ps_graph *slice = NULL;
-            PS_TRY(ps_graph_slice(step, l, i, &slice, err));
+            PS_TRY(ps_graph_slice(table_step != NULL ? table_step : step, l, i, &slice, err));
             uint64_t h = graph_hash(slice);
             int found = -1;
             for (int k = 0; k < n_cache && found < 0; k++)
@@ -758,13 +875,30 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 n_cache++;
             }
             entries_of[l * L + i] = cache[found].entries;
+            cache_of[l * L + i] = found;
         }
+    /* the (slice, submesh) pairs some candidate stage needs: its own range
+     * solved, or every single layer it is composed of */
+    needed = calloc((size_t)n_cache * n_sub + 1, sizeof *needed);
+    PS_TRY_ALLOC(needed, err);
+    for (int l = 0; l < L; l++)
+        for (int i = l; i < L; i++)
+            for (int s = 0; s < n_sub; s++) {
+                if (!stage_balanced(&lay, l, i, subs[s].hosts * subs[s].devices, D,
+                                    o->stage_imbalance_tolerance))
+                    continue;
+                if (cache_of[l * L + i] >= 0)
+                    needed[cache_of[l * L + i] * n_sub + s] = true;
+                else
+                    for (int q = l; q <= i; q++)
+                        needed[cache_of[q * L + q] * n_sub + s] = true;
+            }
     items = calloc((size_t)n_cache * n_sub * max_cfg + 1, sizeof *items);
     PS_TRY_ALLOC(items, err);
     int n_items = 0, n_entries = 0;
     for (int k = 0; k < n_cache; k++)
         for (int s = 0; s < n_sub; s++)
-            for (int c2 = 0; c2 < n_cfgs[s]; c2++) {
+            for (int c2 = 0; c2 < n_cfgs[s] && needed[k * n_sub + s]; c2++) {
                 if (cfgs[s][c2].lean)
                     continue; /* solved with its plain configuration */
                 int lean = -1;
@@ -774,7 +908,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         cfgs[s][c3].force == cfgs[s][c2].force)
                         lean = c3;
                 entry *e = cache[k].entries + s * max_cfg;
-                items[n_items++] = (work_item){slices[k], s, c2, lean, cache[k].budget,
+                items[n_items++] = (work_item){slices[k], k, s, c2, lean, cache[k].budget,
                                                {&e[c2], lean >= 0 ? &e[lean] : NULL}};
                 n_entries += 1 + (lean >= 0);
             }
@@ -796,99 +930,147 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
     PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
                 n_cache, n_entries, ps_monotonic_s() - t_table);
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++)
         for (int i = l; i < L; i++) {
-            entry *entries = entries_of[l * L + i];
-            if (entries == NULL) { /* compose */
-                entries = composed[l * L + i];
-                for (int s = 0; s < n_sub; s++)
-                    for (int k = 0; k < n_cfgs[s]; k++) {
-                        entry sum = {.ok = true};
-                        for (int q = l; q <= i; q++) {
-                            const entry *e = &entries_of[q * L + q][s * max_cfg + k];
-                            sum.ok = sum.ok && e->ok;
-                            sum.need_bytes += e->need_bytes;
-                            sum.time_s += e->time_s;
-                            sum.update_s += e->update_s;
-                            sum.static_bytes += e->static_bytes;
-                            sum.act_bytes += e->act_bytes;
-                            sum.transient_bytes = fmax(sum.transient_bytes, e->transient_bytes);
-                        }
-                        entries[s * max_cfg + k] = sum;
-                    }
-            }
+            if (entries_of[l * L + i] != NULL)
+                continue;
+            entry *entries = composed[l * L + i];
             for (int s = 0; s < n_sub; s++)
                 for (int k = 0; k < n_cfgs[s]; k++) {
-                    const entry *e = &entries[s * max_cfg + k];
-                    size_t idx = ps_stage_table_index(table, l, i, s, k);
-                    double receive_s =
-                        stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices);
-                    /* the update and its gradient reductions, once per step, are
-                     * amortized over the micro-batches as in Alpa's stage costs */
-                    table->cost[idx] = e->ok ? e->time_s + e->update_s / B +
-                                                   (o->transfer_costs ? receive_s : 0)
-                                             : INFINITY;
-                    table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
-                    if (o->print_rows && e->ok)
-                        printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g ms, "
-                               "receives %.4g ms, weights+state %.4g GB, activations %.4g GB "
-                               "per micro-batch, later stages allowed %d)\n",
-                               l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
-                               cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
-                               cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
-                               receive_s * 1e3, e->static_bytes / 1e9, e->act_bytes / 1e9,
-                               table->max_succ[idx]);
+                    entry sum = {.ok = true};
+                    for (int q = l; q <= i; q++) {
+                        const entry *e = &entries_of[q * L + q][s * max_cfg + k];
+                        sum.ok = sum.ok && e->ok;
+                        sum.need_bytes += e->need_bytes;
+                        sum.time_s += e->time_s;
+                        sum.update_s += e->update_s;
+                        sum.static_bytes += e->static_bytes;
+                        sum.act_bytes += e->act_bytes;
+                        sum.transient_bytes = fmax(sum.transient_bytes, e->transient_bytes);
+                    }
+                    entries[s * max_cfg + k] = sum;
                 }
+            entries_of[l * L + i] = entries;
         }
-    }
 
-    /* 4. the DP */
-    ps_error inner = {0};
-    if ((st = ps_stage_dp(table, D, B, &sp, &inner)) != PS_OK) {
-        if (st == PS_ERR_INFEASIBLE) {
-            /* the closest candidate: the least memory any stage needs for the
-             * whole model with one micro-batch in flight */
-            double need = INFINITY;
-            entry *whole = entries_of[L - 1] != NULL ? entries_of[L - 1] : composed[L - 1];
-            for (int s = 0; whole != NULL && s < n_sub; s++)
-                for (int k = 0; k < n_cfgs[s]; k++) {
-                    const entry *e = &whole[s * max_cfg + k];
-                    if (e->need_bytes > 0)
-                        need = fmin(need, e->ok ? e->static_bytes + e->transient_bytes +
-                                                      e->act_bytes
-                                                : e->need_bytes);
+    /* 4. the DP. What a stage receives is charged at the link its neighbours
+     * use, which placement (after the DP) decides: a stage of whole nodes
+     * receives through NICs, but a stage within a node may have its
+     * neighbours on its node or on another. Both ways are planned when they
+     * differ (several nodes), and the plan whose schedule is faster kept. */
+    int n_ways = c->nodes > 1 && o->transfer_costs ? 2 : 1;
+    for (int way = 0; way < n_ways; way++) {
+        bool across = way == 1;
+        for (int l = 0; l < L; l++)
+            for (int i = l; i < L; i++)
+                for (int s = 0; s < n_sub; s++) {
+                    bool balanced = stage_balanced(&lay, l, i, table->sub_devices[s], D,
+                                                   o->stage_imbalance_tolerance);
+                    double receive_s = stage_receive_s(c, &lay, l, i, subs[s].hosts,
+                                                       subs[s].devices, across);
+                    for (int k = 0; k < n_cfgs[s]; k++) {
+                        entry e_pruned = {0};
+                        const entry *e =
+                            balanced ? &entries_of[l * L + i][s * max_cfg + k] : &e_pruned;
+                        size_t idx = ps_stage_table_index(table, l, i, s, k);
+                        /* the update and its gradient reductions, once per step, are
+                         * amortized over the micro-batches as in Alpa's stage costs */
+                        table->cost[idx] = e->ok ? e->time_s + e->update_s / B +
+                                                       (o->transfer_costs ? receive_s : 0)
+                                                 : INFINITY;
+                        table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
+                        if (o->print_rows && e->ok && way == 0)
+                            printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g "
+                                   "ms, receives %.4g ms (%.4g ms from other nodes), "
+                                   "weights+state %.4g GB, activations %.4g GB per "
+                                   "micro-batch, later stages allowed %d)\n",
+                                   l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
+                                   cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
+                                   cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
+                                   receive_s * 1e3,
+                                   stage_receive_s(c, &lay, l, i, subs[s].hosts,
+                                                   subs[s].devices, true) * 1e3,
+                                   e->static_bytes / 1e9, e->act_bytes / 1e9,
+                                   table->max_succ[idx]);
+                    }
                 }
-            char extra[160] = "";
-            if (isfinite(need))
-                snprintf(extra, sizeof extra,
-                         "; on all %d devices the whole model needs %.4g GB per device",
-                         D, need / 1e9);
-            st = ps_error_set(err, st,
-                              "no plan fits in memory: %s on %s with %d micro-batches of %lld: "
-                              "%s%s (devices have %.4g GB); try --remat, more micro-batches or "
-                              "more devices",
-                              f0->name, c->name, B, req->global_batch / B, inner.msg, extra,
-                              memory / 1e9);
+        ps_stage_plan *cur = &sp[way];
+        ps_error inner = {0};
+        if ((st = ps_stage_dp(table, D, B, cur, &inner)) != PS_OK) {
+            /* memory alone decides feasibility, the same both ways */
+            if (st == PS_ERR_INFEASIBLE)
+                st = no_plan_fits(req, o, entries_of[L - 1], n_sub, n_cfgs, max_cfg, memory,
+                                  &inner, err);
+            else
+                st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
+            goto out;
+        }
+        if (way > 0 && same_stages(cur, &sp[0]))
+            break;
+
+        /* 5. placement and each stage's sharding */
+        stage_spec chosen[64];
+        if (cur->n_stages > 64) {
+            st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
+            goto out;
+        }
+        for (int k = 0; k < cur->n_stages; k++) {
+            const ps_stage_choice *ch = &cur->stages[k];
+            chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][ch->cfg]};
+        }
+        double t_realize = ps_monotonic_s();
+        ps_plan *plan = NULL;
+        PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, cur->n_stages,
+                       &plan, err));
+        PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s (neighbours of stages "
+                    "within a node charged %s): iteration %.4g s (stage DP: %.4g s)",
+                    cur->n_stages, ps_monotonic_s() - t_realize,
+                    across ? "on other nodes" : "on their node", plan->iteration_s,
+                    cur->iteration_s);
+        if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
+            ps_plan_free(*out);
+            *out = plan;
         } else {
-            st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
+            ps_plan_free(plan);
         }
-        goto out;
     }
 
-    /* 5. placement and each stage's sharding */
-    stage_spec chosen[64];
-    if (sp.n_stages > 64) {
-        st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
-        goto out;
+    /* 6. The whole model on the whole cluster, when the DP pipelined it and
+     * its cost is near: the DP's objective (sum + (B - 1) max of the stage
+     * costs) leaves out how transfers between stages stretch the 1F1B cycle
+     * (planner/pipeline_time.h), which one stage does not have. */
+    int full = -1;
+    for (int s = 0; s < n_sub; s++)
+        if (table->sub_devices[s] == D)
+            full = s;
+    if (full >= 0 && (*out)->n_stages > 1) {
+        int best_k = -1;
+        double best_cost = INFINITY;
+        for (int k = 0; k < n_cfgs[full]; k++) {
+            size_t idx = ps_stage_table_index(table, 0, L - 1, full, k);
+            if (table->max_succ[idx] >= 0 && table->cost[idx] < best_cost) {
+                best_cost = table->cost[idx];
+                best_k = k;
+            }
+        }
+        if (best_k >= 0 && B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
+            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k]};
+            double t_realize = ps_monotonic_s();
+            ps_plan *plan = NULL;
+            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", &one, 1, &plan,
+                           err));
+            PS_LOG_INFO("pipeshard: the whole model on all devices solved and timed in %.3g s: "
+                        "iteration %.4g s (stage DP: %.4g s, pipelined %.4g s)",
+                        ps_monotonic_s() - t_realize, plan->iteration_s, B * best_cost,
+                        sp[0].iteration_s);
+            if (plan->iteration_s < (*out)->iteration_s) {
+                ps_plan_free(*out);
+                *out = plan;
+            } else {
+                ps_plan_free(plan);
+            }
+        }
     }
-    for (int k = 0; k < sp.n_stages; k++)
-        chosen[k] = (stage_spec){sp.stages[k].first, sp.stages[k].last, subs[sp.stages[k].sub],
-                                 cfgs[sp.stages[k].sub][sp.stages[k].cfg]};
-    double t_realize = ps_monotonic_s();
-    PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, sp.n_stages, out,
-                   err));
-    PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s", sp.n_stages,
-                ps_monotonic_s() - t_realize);
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
@@ -898,13 +1080,22 @@ out:
     free(cache);
     free(slices);
     free(entries_of);
+    free(cache_of);
+    free(needed);
     free(items);
     free(item_status);
     for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
         free(composed[k]);
     free(composed);
-    ps_stage_plan_clear(&sp);
+    ps_stage_plan_clear(&sp[0]);
+    ps_stage_plan_clear(&sp[1]);
+    if (st != PS_OK) {
+        ps_plan_free(*out);
+        *out = NULL;
+    }
     ps_stage_table_free(table);
+    ps_graph_free(table_step);
+    free(layer_self);
     ps_graph_free(step);
     ps_graph_free(fwd);
     ps_layering_clear(&lay);

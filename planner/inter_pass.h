@@ -36,6 +36,14 @@ typedef struct ps_inter_options {
      * in 1F1B a stage's cycle grows by it (planner/pipeline_time.h). false:
      * Alpa's stage costs, compute and the stage's own communication only. */
     bool transfer_costs;
+    /* Alpa's stage imbalance tolerance t: a stage of layers [l, i] on a submesh
+     * is a candidate only when the submesh's share of the cluster's devices
+     * lies within [f / (1 + t), f * (1 + t)], f the layers' share of the
+     * model's forward FLOPs (INFINITY, the default: every stage; Alpa's
+     * benchmarks use 1). Single layers are solved only on the submeshes some
+     * candidate range needs them on. A stage on the whole cluster holds all
+     * layers whatever t is (the submeshes cover the cluster). */
+    double stage_imbalance_tolerance;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);

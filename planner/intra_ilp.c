@@ -1130,13 +1130,20 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     iocp.cb_info = &ctx;
     iocp.tm_lim = (int)(opt->time_limit_s * 1000);
     iocp.mip_gap = opt->mip_gap;
+    /* a stall is counted in relaxations: a small program that has not
+     * narrowed its gap in twenty relaxations' worth of branching will not
+     * in a second either */
+    if (ctx.stall_s > 0)
+        ctx.stall_s = fmin(ctx.stall_s, fmax(ctx.stall_s / 8, 20 * t_lp));
     double t_mip = ps_monotonic_s();
     ctx.narrowed_at = t_mip;
     ret = glp_intopt(lp, &iocp);
     t_mip = ps_monotonic_s() - t_mip;
     int status = glp_mip_status(lp);
-    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, branch and cut %.3f s (code %d)",
-                 cols, rows, mem_row ? " (one of memory)" : "", t_lp, t_mip, ret);
+    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, branch and cut %.3f s (code "
+                 "%d, gap %.3g%%)",
+                 cols, rows, mem_row ? " (one of memory)" : "", t_lp, t_mip, ret,
+                 100 * ctx.gap);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
@@ -1153,7 +1160,10 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
                 choice[v] = s;
     }
     *optimal = status == GLP_OPT || ret == GLP_EMIPGAP;
-    *gap = *optimal ? 0 : (isfinite(ctx.gap) ? ctx.gap : 1);
+    /* stopped at the gap tolerance, the answer is within it (and within the
+     * least gap a callback saw), not exact: the Lagrangian bound relies on it */
+    *gap = status == GLP_OPT && ret == 0 ? 0 : fmin(isfinite(ctx.gap) ? ctx.gap : 1,
+                                                    ret == GLP_EMIPGAP ? opt->mip_gap : 1);
 out:
     if (lp != NULL)
         glp_delete_prob(lp);
@@ -1347,6 +1357,11 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
             st = ps_error_set(err, lst, "out of memory");
             goto out;
         }
+        if (lst == PS_OK)
+            PS_LOG_DEBUG("ILP: memory priced in %.3f s, gap %.3g%%", ps_monotonic_s() - t0,
+                         isfinite(ls.best_cost) && ls.best_cost > 0
+                             ? 100 * (ls.best_cost - ls.bound) / ls.best_cost
+                             : INFINITY);
         if (lst != PS_OK) /* the program below says what is wrong, in its words */
             PS_LOG_DEBUG("ILP: pricing memory failed (%s); solving with the budget", inner.msg);
         else if (lagrange_closed(&ls, opt->mip_gap)) {

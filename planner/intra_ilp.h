@@ -51,8 +51,9 @@ typedef struct ps_ilp_options {
     double time_limit_s; /* GLPK's limit (default 60) */
     double mip_gap;      /* relative gap at which GLPK may stop (default 1e-4) */
     double stall_s;      /* GLPK stops with its best answer when the gap between it
-                          * and the bound has not narrowed by a tenth for this long
-                          * (default 2; 0: never) */
+                          * and the bound has not narrowed by a tenth for this long,
+                          * or for 20 root relaxations' time if that is shorter
+                          * (but at least stall_s / 8) (default 2; 0: never) */
     bool reduce;         /* apply the exact reductions first (default true) */
     bool lagrangian;     /* with a memory budget, bisect a price on memory first and
                           * stop there when its bound proves the answer within

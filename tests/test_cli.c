@@ -975,6 +975,23 @@ static void test_plan(void **state)
         expect_exit(&r, 0);
         expect_in(&r, true, "predicted     iteration");
         run_result_free(&r);
+        /* every range solved, and Alpa's imbalance tolerance */
+        const char *c[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                           "2", "--micro-batches", "16", "--exact-ranges",
+                           "--stage-imbalance-tolerance", "1", "-o", out, NULL};
+        run_ok(fx, c, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "predicted     iteration");
+        run_result_free(&r);
+        const char *d[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                           "--stage-imbalance-tolerance", "-1", "-o", out, NULL};
+        expect_usage_error(fx, d, "--stage-imbalance-tolerance wants a number >= 0");
+        const char *e[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
+                           "data", "--exact-ranges", "-o", out, NULL};
+        run_ok(fx, e, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "apply to --method pipeshard");
+        run_result_free(&r);
     }
     {
         /* a stage file with a malformed stage: positioned error */
