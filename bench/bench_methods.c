@@ -115,6 +115,16 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
     r->plan_s = ps_monotonic_s() - t0;
     if (st != PS_OK)
         goto out;
+    /* a uniform or manual stage that the intra-op pass could not fit is
+     * written with a warning (the user asked for it); here it does not fit */
+    double memory = INFINITY;
+    for (int d = 0; d < ps_cluster_device_count(c); d++)
+        memory = fmin(memory, ps_cluster_device(c, d)->memory_bytes);
+    if (p->peak_memory_bytes > memory) {
+        st = ps_error_set(&err, PS_ERR_INFEASIBLE, "needs %.4g GB per device of %.4g GB",
+                          p->peak_memory_bytes / 1e9, memory / 1e9);
+        goto out;
+    }
     r->planned_s = p->iteration_s;
     r->stages = p->n_stages;
     ps_lower_options lo = ps_lower_options_default();

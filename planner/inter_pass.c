@@ -538,7 +538,7 @@ static bool stage_item(void *ctx, int k)
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
     double budget = m->memory_bytes;
     ps_status st = PS_OK;
-    for (int attempt = 0; st == PS_OK && attempt < 3; attempt++) {
+    for (int attempt = 0; st == PS_OK && attempt < 6; attempt++) {
         ps_intra_result_free(r);
         r = NULL;
         st = solve_within(ss->slices[k], m, &ch->cfg, ss->req, 0, budget, fastest, &r,
