@@ -117,9 +117,7 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
         goto out;
     /* a uniform or manual stage that the intra-op pass could not fit is
      * written with a warning (the user asked for it); here it does not fit */
-    double memory = INFINITY;
-    for (int d = 0; d < ps_cluster_device_count(c); d++)
-        memory = fmin(memory, ps_cluster_device(c, d)->memory_bytes);
+    double memory = ps_cluster_min_memory_bytes(c);
     if (p->peak_memory_bytes > memory) {
         st = ps_error_set(&err, PS_ERR_INFEASIBLE, "needs %.4g GB per device of %.4g GB",
                           p->peak_memory_bytes / 1e9, memory / 1e9);

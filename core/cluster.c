@@ -25,6 +25,14 @@ const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device)
     return &c->kinds[c->device_kind[device]];
 }
 
+double ps_cluster_min_memory_bytes(const ps_cluster *c)
+{
+    double memory = INFINITY;
+    for (int d = 0; d < ps_cluster_device_count(c); d++)
+        memory = fmin(memory, ps_cluster_device(c, d)->memory_bytes);
+    return memory;
+}
+
 double ps_device_kind_speed_flops_per_s(const ps_device_kind *k)
 {
     double fp16 = k->peak_flops[PS_DTYPE_F16];

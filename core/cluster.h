@@ -79,6 +79,8 @@ static inline int ps_cluster_device_count(const ps_cluster *c)
 }
 /* Borrowed pointer to the kind of device d (0 <= d < device_count). */
 const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device);
+/* The least memory of any device (bytes): what a plan must fit everywhere. */
+double ps_cluster_min_memory_bytes(const ps_cluster *c);
 /* One speed per device kind, for simulators (a SimGrid host's speed, the
  * programs' reference speed): its fp16 peak FLOP/s, or fp32 without fp16. */
 double ps_device_kind_speed_flops_per_s(const ps_device_kind *k);

@@ -54,24 +54,16 @@ static double stage_receive_s(const ps_cluster *c, const ps_layering *lay, int f
 }
 
 /* Whether layers [first, last] on a submesh of `devices` of the cluster's
- * D are a candidate stage under tolerance t (ps_inter_options). */
-static bool stage_balanced(const ps_layering *lay, int first, int last, int devices, int D,
+ * D are a candidate stage under tolerance t (ps_inter_options); flops:
+ * [L + 1] prefix sums of the layers' forward FLOPs. */
+static bool stage_balanced(const double *flops, int L, int first, int last, int devices, int D,
                            double t)
 {
-    int L = lay->n_layers;
     if (devices == D)
         return first == 0 && last == L - 1;
-    if (!(t < INFINITY))
+    if (!(t < INFINITY) || !(flops[L] > 0))
         return true;
-    double total = 0, part = 0;
-    for (int q = 0; q < L; q++) {
-        total += lay->flops[q];
-        if (q >= first && q <= last)
-            part += lay->flops[q];
-    }
-    if (!(total > 0))
-        return true;
-    double f = part / total, d = (double)devices / D;
+    double f = (flops[last + 1] - flops[first]) / flops[L], d = (double)devices / D;
     return d <= f * (1 + t) && d >= f / (1 + t);
 }
 
@@ -134,7 +126,6 @@ static int list_configs(const submesh *s, int devices_per_node, long long batch,
     }
     return k;
 }
-
 
 /* A structural hash of a graph: equal for identical layer ranges. */
 static uint64_t graph_hash(const ps_graph *g)
@@ -778,6 +769,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_stage_plan sp[2] = {{0}, {0}}; /* the DP's answer each way (step 4) */
     ps_graph *table_step = NULL;      /* the step with each layer a stage */
     int *layer_self = NULL;           /* [layer] = layer */
+    double *flops_prefix = NULL;      /* [L + 1] forward FLOPs of layers before each */
     cache_item *cache = NULL;
     entry **composed = NULL;   /* [first * L + last] composed entries */
     entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
@@ -802,6 +794,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     bool manual = false;
     PS_TRY(prepare(req, o->layer_num, o->manual_layers, &lay, &fwd, &step, &manual, err));
     int L = lay.n_layers;
+    flops_prefix = malloc(((size_t)L + 1) * sizeof *flops_prefix);
+    PS_TRY_ALLOC(flops_prefix, err);
+    flops_prefix[0] = 0;
+    for (int q = 0; q < L; q++)
+        flops_prefix[q + 1] = flops_prefix[q] + lay.flops[q];
     /* The table's layers are costed as stages of their own: a parameter used
      * by several layers (a tied embedding) sums its contributions at the
      * update, once per step, as the plan's step will between stages
@@ -831,9 +828,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         table->sub_devices[s] = subs[s].hosts * subs[s].devices;
 
     /* 3. the stage cost table; identical layer ranges share entries */
-    double memory = INFINITY;
-    for (int d = 0; d < D; d++)
-        memory = fmin(memory, ps_cluster_device(c, d)->memory_bytes);
+    double memory = ps_cluster_min_memory_bytes(c);
     cache = calloc((size_t)L * L + 1, sizeof *cache);
     PS_TRY_ALLOC(cache, err);
     composed = calloc((size_t)L * L, sizeof *composed);
@@ -889,7 +884,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int l = 0; l < L; l++)
         for (int i = l; i < L; i++)
             for (int s = 0; s < n_sub; s++) {
-                if (!stage_balanced(&lay, l, i, subs[s].hosts * subs[s].devices, D,
+                if (!stage_balanced(flops_prefix, L, l, i, table->sub_devices[s], D,
                                     o->stage_imbalance_tolerance))
                     continue;
                 if (cache_of[l * L + i] >= 0)
@@ -969,8 +964,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         for (int l = 0; l < L; l++)
             for (int i = l; i < L; i++)
                 for (int s = 0; s < n_sub; s++) {
-                    bool balanced = stage_balanced(&lay, l, i, table->sub_devices[s], D,
-                                                   o->stage_imbalance_tolerance);
+                    bool balanced = stage_balanced(flops_prefix, L, l, i, table->sub_devices[s],
+                                                   D, o->stage_imbalance_tolerance);
                     double receive_s = stage_receive_s(c, &lay, l, i, subs[s].hosts,
                                                        subs[s].devices, across);
                     for (int k = 0; k < n_cfgs[s]; k++) {
@@ -1101,6 +1096,7 @@ out:
     ps_stage_table_free(table);
     ps_graph_free(table_step);
     free(layer_self);
+    free(flops_prefix);
     ps_graph_free(step);
     ps_graph_free(fwd);
     ps_layering_clear(&lay);

@@ -16,6 +16,33 @@
 #include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
 
+/* GPT-350M's configuration with `layers` blocks. */
+static ps_model_config gpt350m(int layers)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = layers;
+    return cfg;
+}
+
+static ps_cluster *preset(const char *spec)
+{
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset(spec, &c, NULL), PS_OK);
+    return c;
+}
+
+/* A request for cfg built with micro-batches of global_batch / micro_batches. */
+static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, const ps_cluster *c,
+                               long long global_batch, int micro_batches)
+{
+    cfg->batch = global_batch / micro_batches;
+    assert_int_equal(ps_model_build(cfg, fwd, NULL), PS_OK);
+    return (ps_plan_request){.forward = *fwd, .config = cfg, .train = ps_train_options_default(),
+                             .cluster = c, .global_batch = global_batch,
+                             .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
+}
+
 static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
                          int micro_batches, const char *cluster, const ps_inter_options *o,
                          bool remat, ps_status want, ps_error *err)
@@ -28,14 +55,9 @@ static ps_plan *plan_for(const char *model, int hidden, int layers, long long gl
     }
     if (layers > 0)
         cfg.layers = layers;
-    cfg.batch = global_batch / micro_batches;
     ps_graph *fwd = NULL;
-    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset(cluster, &c, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = global_batch,
-                           .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
+    ps_cluster *c = preset(cluster);
+    ps_plan_request req = request(&cfg, &fwd, c, global_batch, micro_batches);
     req.train.remat = remat;
     ps_plan *p = NULL;
     ps_status st = ps_plan_pipeshard(&req, o, &p, err);
@@ -188,17 +210,6 @@ static void nothing_fits(void **state)
     assert_non_null(strstr(err.msg, "try --remat"));
 }
 
-/* A request for cfg built with micro-batches of global_batch / micro_batches. */
-static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, const ps_cluster *c,
-                               long long global_batch, int micro_batches)
-{
-    cfg->batch = global_batch / micro_batches;
-    assert_int_equal(ps_model_build(cfg, fwd, NULL), PS_OK);
-    return (ps_plan_request){.forward = *fwd, .config = cfg, .train = ps_train_options_default(),
-                             .cluster = c, .global_batch = global_batch,
-                             .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
-}
-
 /* Stages' logical meshes put the batch on an axis that divides it: with
  * micro-batches of 2 on 8 devices, no stage has a first axis above 2 (a
  * forced configuration whose axis cannot carry the batch is no candidate);
@@ -206,14 +217,11 @@ static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, const ps_cl
 static void logical_meshes_divide_the_batch(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 4;
+    ps_model_config cfg = gpt350m(4);
     cfg.hidden = 512;
     cfg.ffn = 2048;
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_cluster *c = preset("dgx-a100:1");
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = 4;
     for (int mb = 1; mb <= 4; mb *= 2) {
@@ -242,12 +250,9 @@ static void logical_meshes_divide_the_batch(void **state)
 static void imbalance_tolerance(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 8;
+    ps_model_config cfg = gpt350m(8);
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:2", &c, NULL), PS_OK);
+    ps_cluster *c = preset("p3.16xlarge:2");
     ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = 4;
@@ -272,7 +277,8 @@ static void imbalance_tolerance(void **state)
             double f = 0, d = s->n_devices / 16.0;
             for (int q = s->first_layer; q <= s->last_layer; q++)
                 f += lay.flops[q] / total;
-            if (p->n_stages > 1 && !(d <= f * (1 + t) * (1 + 1e-12) && d >= f / (1 + t) / (1 + 1e-12)))
+            bool within = d <= f * (1 + t) * (1 + 1e-12) && d >= f / (1 + t) / (1 + 1e-12);
+            if (p->n_stages > 1 && !within)
                 fail_msg("tolerance %g: stage %d has %g of the devices, %g of the FLOPs", t, k,
                          d, f);
         }
@@ -290,7 +296,7 @@ static void imbalance_tolerance(void **state)
      * head aside) on 8 devices: shares k/3 never equal 1/8, 1/4 or 1/2 */
     cfg.layers = 3;
     ps_cluster_free(c);
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    c = preset("dgx-a100:1");
     req = request(&cfg, &fwd, c, 64, 8);
     o.layer_num = 3;
     o.stage_imbalance_tolerance = 0;
@@ -316,12 +322,9 @@ static void imbalance_tolerance(void **state)
 static void beats_one_stage_across_nodes(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 8;
+    ps_model_config cfg = gpt350m(8);
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:2", &c, NULL), PS_OK);
+    ps_cluster *c = preset("p3.16xlarge:2");
     ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = 3;
@@ -352,12 +355,9 @@ static void beats_one_stage_across_nodes(void **state)
 static void uniform_and_manual_stages(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 4;
+    ps_model_config cfg = gpt350m(4);
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    ps_cluster *c = preset("p3.16xlarge:1");
     ps_plan_request req = request(&cfg, &fwd, c, 128, 8);
     ps_inter_options o = ps_inter_options_default();
     ps_plan *p = NULL;
@@ -404,12 +404,9 @@ static void uniform_and_manual_stages(void **state)
 static void micro_batch_search(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 2;
+    ps_model_config cfg = gpt350m(2);
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_cluster *c = preset("dgx-a100:1");
     ps_plan_request req = request(&cfg, &fwd, c, 64, 1);
     ps_inter_options o = ps_inter_options_default();
     ps_plan *best = NULL;
@@ -444,12 +441,9 @@ static void micro_batch_search(void **state)
 static void plans_rebuild_their_model(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 4;
+    ps_model_config cfg = gpt350m(4);
     ps_graph *fwd = NULL;
-    ps_cluster *c = NULL;
-    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    ps_cluster *c = preset("p3.16xlarge:1");
     ps_plan_request req = request(&cfg, &fwd, c, 64, 4);
     req.train.remat = true;
     ps_inter_options o = ps_inter_options_default();
