@@ -2,7 +2,11 @@
  * Wide-ResNet suites on their GPU counts (p3.16xlarge V100 nodes; 1-4 GPUs are
  * one node's slice) and GPT-3 175B on 128 DGX-A100 nodes. GPT and MoE: global
  * batch 1024 in 64 micro-batches (GPT-3 175B: 1536 in 128); Wide-ResNet: 1536
- * in 32; remat on, 8 clustered layers (16 for 175B).
+ * in 32; remat on, 8 clustered layers (16 for 175B). Adam's state is fp32
+ * beside an fp32 master copy of fp16 weights, except for MoE-70B, whose 69 B
+ * parameters need 1033 GiB that way (64 V100s have 954 GiB): it keeps
+ * Adam's state in fp16 with no master copy, as Alpa's benchmarks train
+ * (column `optimizer`).
  * One row per case; the last line is the headline (total planning time).
  *
  *   bench_plan [--quick] [--suite gpt|moe|wresnet|all] [--time-limit S]
@@ -24,32 +28,33 @@
 typedef struct bench_case {
     const char *suite, *model, *preset;
     int gpus, global_batch, micro_batches, layer_num;
+    bool fp16_optimizer; /* Adam state in fp16, no master weights (Alpa's) */
 } bench_case;
 
 #define P3 "p3.16xlarge"
 static const bench_case cases[] = {
-    {"gpt", "gpt-350m", P3, 1, 1024, 64, 8},
-    {"gpt", "gpt-760m", P3, 2, 1024, 64, 8},
-    {"gpt", "gpt-1.3b", P3, 4, 1024, 64, 8},
-    {"gpt", "gpt-2.6b", P3, 8, 1024, 64, 8},
-    {"gpt", "gpt-6.7b", P3, 16, 1024, 64, 8},
-    {"gpt", "gpt-15b", P3, 32, 1024, 64, 8},
-    {"gpt", "gpt-39b", P3, 64, 1024, 64, 8},
-    {"gpt", "gpt-175b", "dgx-a100", 1024, 1536, 128, 16},
-    {"moe", "moe-380m", P3, 1, 1024, 64, 8},
-    {"moe", "moe-690m", P3, 2, 1024, 64, 8},
-    {"moe", "moe-1.3b", P3, 4, 1024, 64, 8},
-    {"moe", "moe-2.4b", P3, 8, 1024, 64, 8},
-    {"moe", "moe-10b", P3, 16, 1024, 64, 8},
-    {"moe", "moe-27b", P3, 32, 1024, 64, 8},
-    {"moe", "moe-70b", P3, 64, 1024, 64, 8},
-    {"wresnet", "wresnet-250m", P3, 1, 1536, 32, 8},
-    {"wresnet", "wresnet-500m", P3, 2, 1536, 32, 8},
-    {"wresnet", "wresnet-1b", P3, 4, 1536, 32, 8},
-    {"wresnet", "wresnet-2b", P3, 8, 1536, 32, 8},
-    {"wresnet", "wresnet-4b", P3, 16, 1536, 32, 8},
-    {"wresnet", "wresnet-6.8b", P3, 32, 1536, 32, 8},
-    {"wresnet", "wresnet-13b", P3, 64, 1536, 32, 8},
+    {"gpt", "gpt-350m", P3, 1, 1024, 64, 8, false},
+    {"gpt", "gpt-760m", P3, 2, 1024, 64, 8, false},
+    {"gpt", "gpt-1.3b", P3, 4, 1024, 64, 8, false},
+    {"gpt", "gpt-2.6b", P3, 8, 1024, 64, 8, false},
+    {"gpt", "gpt-6.7b", P3, 16, 1024, 64, 8, false},
+    {"gpt", "gpt-15b", P3, 32, 1024, 64, 8, false},
+    {"gpt", "gpt-39b", P3, 64, 1024, 64, 8, false},
+    {"gpt", "gpt-175b", "dgx-a100", 1024, 1536, 128, 16, false},
+    {"moe", "moe-380m", P3, 1, 1024, 64, 8, false},
+    {"moe", "moe-690m", P3, 2, 1024, 64, 8, false},
+    {"moe", "moe-1.3b", P3, 4, 1024, 64, 8, false},
+    {"moe", "moe-2.4b", P3, 8, 1024, 64, 8, false},
+    {"moe", "moe-10b", P3, 16, 1024, 64, 8, false},
+    {"moe", "moe-27b", P3, 32, 1024, 64, 8, false},
+    {"moe", "moe-70b", P3, 64, 1024, 64, 8, true},
+    {"wresnet", "wresnet-250m", P3, 1, 1536, 32, 8, false},
+    {"wresnet", "wresnet-500m", P3, 2, 1536, 32, 8, false},
+    {"wresnet", "wresnet-1b", P3, 4, 1536, 32, 8, false},
+    {"wresnet", "wresnet-2b", P3, 8, 1536, 32, 8, false},
+    {"wresnet", "wresnet-4b", P3, 16, 1536, 32, 8, false},
+    {"wresnet", "wresnet-6.8b", P3, 32, 1536, 32, 8, false},
+    {"wresnet", "wresnet-13b", P3, 64, 1536, 32, 8, false},
 };
 
 static const char *suite_title(const char *suite)
@@ -103,7 +108,8 @@ int main(int argc, char **argv)
         machine_describe(machine, sizeof machine);
         fprintf(csv, "# bench_plan, ILP time limit %g s per solve; machine: %s\n", time_limit_s,
                 machine);
-        fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s\n");
+        fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s,"
+                     "optimizer\n");
     }
     if (scaling != NULL)
         fprintf(scaling, "# Alpa's suites (weak scaling: a larger model per GPU count), "
@@ -139,6 +145,10 @@ int main(int argc, char **argv)
                                    .micro_batches = b->micro_batches,
                                    .ilp = ps_ilp_options_default()};
             req.train.remat = true;
+            if (b->fp16_optimizer) {
+                req.train.optimizer_dtype = PS_DTYPE_F16;
+                req.train.master_weights = false;
+            }
             req.ilp.time_limit_s = time_limit_s;
             ps_inter_options o = ps_inter_options_default();
             o.layer_num = b->layer_num;
@@ -147,11 +157,13 @@ int main(int argc, char **argv)
         double dt = ps_monotonic_s() - t0;
         total += dt;
         if (st == PS_OK) {
-            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f\n", b->model, c->name, b->gpus,
-                   p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt);
+            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f%s\n", b->model, c->name,
+                   b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt,
+                   b->fp16_optimizer ? "  (fp16 Adam state)" : "");
             if (csv != NULL)
-                fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f\n", b->suite, b->model, c->name,
-                        b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu, dt);
+                fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f,%s\n", b->suite, b->model,
+                        c->name, b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu,
+                        dt, b->fp16_optimizer ? "fp16 Adam state" : "fp32 Adam state + master");
             /* one series per suite on one kind of node (GPT-3 175B's DGX-A100 stays out) */
             if (scaling != NULL && strcmp(b->preset, P3) == 0)
                 fprintf(scaling, "%s (%s),%d,%.6g,%s,%.6g\n", suite_title(b->suite), P3, b->gpus,

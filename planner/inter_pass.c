@@ -31,26 +31,36 @@ typedef struct submesh {
     int hosts, devices; /* devices per host */
 } submesh;
 
+/* Seconds a stage on a submesh of hosts x devices spends per micro-batch
+ * receiving what crosses layer boundary b (between layers b - 1 and b):
+ * through its nodes' NICs when the neighbour is on another node (`across`),
+ * else through its devices' intra-node links. */
+static double boundary_receive_s(const ps_cluster *c, const ps_layering *lay, int b, int hosts,
+                                 int devices, bool across)
+{
+    double bytes = lay->boundary_bytes[b];
+    if (b <= 0 || b >= lay->n_layers || !(bytes > 0))
+        return 0;
+    double intra = (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
+    if (!across)
+        return c->intra.latency_s + bytes / intra;
+    double nics = hosts * c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s;
+    return fmax(c->inter.latency_s, c->intra.latency_s) + bytes / fmin(nics, intra);
+}
+
 /* What a stage of layers [first, last] on submesh s receives per micro-batch
  * (the activations into `first`, the gradients of those into last + 1),
- * in seconds: through its nodes' NICs when it spans whole nodes of a
- * cluster of several (its neighbours are then on other nodes) or when
- * `across` says that its neighbours are on other nodes, else through its
- * devices' intra-node links (a neighbour on the same node). */
+ * in seconds, as Alpa's packing places it: through its nodes' NICs when it
+ * spans whole nodes of a cluster of several (its neighbours are then on
+ * other nodes) or when `across` says that its neighbours are on other
+ * nodes, else through its devices' intra-node links (a neighbour on the
+ * same node). */
 static double stage_receive_s(const ps_cluster *c, const ps_layering *lay, int first, int last,
                               int hosts, int devices, bool across)
 {
-    int hops = (first > 0) + (last + 1 < lay->n_layers);
-    double bytes = (first > 0 ? lay->boundary_bytes[first] : 0) +
-                   (last + 1 < lay->n_layers ? lay->boundary_bytes[last + 1] : 0);
-    if (hops == 0 || !(bytes > 0))
-        return 0;
     bool nics = c->nodes > 1 && (devices == c->devices_per_node || across);
-    double bw = nics ? fmin(hosts * c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s,
-                            (double)hosts * devices * c->intra.bandwidth_bytes_per_s)
-                     : (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
-    return hops * (nics ? fmax(c->inter.latency_s, c->intra.latency_s) : c->intra.latency_s) +
-           bytes / bw;
+    return boundary_receive_s(c, lay, first, hosts, devices, nics) +
+           boundary_receive_s(c, lay, last + 1, hosts, devices, nics);
 }
 
 /* Whether layers [first, last] on a submesh of `devices` of the cluster's
@@ -315,9 +325,12 @@ static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpi
     return k > n_layers ? n_layers : (int)k;
 }
 
-/* Physical places for the stages' submeshes: whole-host ones on consecutive
- * nodes first, then sub-host ones packed into the remaining nodes, larger
- * first (power-of-two sizes always pack). */
+/* Physical places for the stages' submeshes: in pipeline order on
+ * consecutive devices from device 0 when no stage within a node would
+ * straddle two and every stage of whole nodes starts on a node (neighbours
+ * then share a node wherever they can: the stage DP's in-order placement);
+ * else whole-host ones on consecutive nodes first, then sub-host ones packed
+ * into the remaining nodes, larger first (power-of-two sizes always pack). */
 static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *first)
 {
     int N = c->nodes, M = c->devices_per_node;
@@ -326,6 +339,18 @@ static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *fir
     int order[64];
     if (n > 64)
         return false;
+    bool in_order = true;
+    for (int k = 0, offset = 0; k < n && in_order; k++) {
+        const submesh *s = &stage_sub[k];
+        int size = s->hosts * s->devices;
+        in_order = offset + size <= N * M &&
+                   (s->hosts > 1 || s->devices == M ? offset % M == 0
+                                                     : offset / M == (offset + size - 1) / M);
+        first[k] = offset;
+        offset += size;
+    }
+    if (in_order)
+        return true;
     for (int k = 0; k < n; k++)
         order[k] = k;
     for (int a = 0; a < n; a++) /* hosts desc, then devices desc */
@@ -456,6 +481,10 @@ static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gp
         s->send_forward_s = s->send_backward_s = 0;
     }
     for (int l = 0; l < n_links; l++) {
+        PS_LOG_DEBUG("pipeshard: link %d -> %d (kind %d): %d tensors, %.4g MB, reduce %.4g ms, "
+                     "transfer %.4g ms",
+                     links[l].from, links[l].to, (int)links[l].kind, links[l].tensors,
+                     links[l].bytes / 1e6, links[l].reduce_s * 1e3, links[l].seconds * 1e3);
         ps_plan_stage *s = &plan->stages[links[l].from];
         if (links[l].kind == PS_LINK_FORWARD)
             s->send_forward_s += links[l].reduce_s + links[l].seconds;
@@ -699,6 +728,16 @@ out_stages:
     if (st != PS_OK)
         goto out;
     PS_TRY(pipeline_iteration(plan, step, gpipe, sum + (B - 1) * slowest + update, err));
+    for (int k = 0; k < n; k++) {
+        const ps_plan_stage *s = &plan->stages[k];
+        PS_LOG_DEBUG("pipeshard: stage %d: layers %d-%d on (%d, %d) as (%d, %d): forward %.4g "
+                     "ms, backward %.4g ms, update %.4g ms, sends %.4g ms forward, %.4g ms "
+                     "backward",
+                     k, s->first_layer, s->last_layer, s->submesh[0], s->submesh[1],
+                     s->logical_mesh[0], s->logical_mesh[1], s->forward_s * 1e3,
+                     s->backward_s * 1e3, s->update_s * 1e3, s->send_forward_s * 1e3,
+                     s->send_backward_s * 1e3);
+    }
     plan->flops_per_step = flops;
     plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
     plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);
@@ -954,20 +993,36 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         }
 
     /* 4. the DP. What a stage receives is charged at the link its neighbours
-     * use, which placement (after the DP) decides: a stage of whole nodes
-     * receives through NICs, but a stage within a node may have its
-     * neighbours on its node or on another. Both ways are planned when they
-     * differ (several nodes), and the plan whose schedule is faster kept. */
+     * use, which placement decides. Alpa's DP leaves placement to after it
+     * (any packing of the submeshes): a stage of whole nodes then receives
+     * through NICs, one within a node is charged as if its neighbours shared
+     * its node. On several nodes the DP runs again with the stages placed in
+     * pipeline order, where it knows which neighbours are on other nodes,
+     * and the plan whose schedule is faster is kept. */
     int n_ways = c->nodes > 1 && o->transfer_costs ? 2 : 1;
     for (int way = 0; way < n_ways; way++) {
-        bool across = way == 1;
+        bool in_order = way == 1;
+        if (in_order) {
+            if (ps_stage_table_place_in_order(table, c->devices_per_node) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            for (int b = 1; b < L; b++)
+                for (int s = 0; s < n_sub; s++)
+                    for (int across = 0; across < 2; across++)
+                        table->recv_s[((size_t)b * n_sub + s) * 2 + across] =
+                            boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices,
+                                               across);
+        }
         for (int l = 0; l < L; l++)
             for (int i = l; i < L; i++)
                 for (int s = 0; s < n_sub; s++) {
                     bool balanced = stage_balanced(flops_prefix, L, l, i, table->sub_devices[s],
                                                    D, o->stage_imbalance_tolerance);
-                    double receive_s = stage_receive_s(c, &lay, l, i, subs[s].hosts,
-                                                       subs[s].devices, across);
+                    double receive_s =
+                        in_order ? 0
+                                 : stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices,
+                                                   false);
                     for (int k = 0; k < n_cfgs[s]; k++) {
                         entry e_pruned = {0};
                         const entry *e =
@@ -1025,7 +1080,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s (neighbours of stages "
                     "within a node charged %s): iteration %.4g s (stage DP: %.4g s)",
                     cur->n_stages, ps_monotonic_s() - t_realize,
-                    across ? "on other nodes" : "on their node", plan->iteration_s,
+                    in_order ? "where in-order placement puts them" : "on their node",
+                    plan->iteration_s,
                     cur->iteration_s);
         if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
             ps_plan_free(*out);

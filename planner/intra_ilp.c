@@ -1114,6 +1114,21 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     double t_lp = ps_monotonic_s();
     glp_cpx_basis(lp);
     int ret = glp_simplex(lp, &smcp);
+    if (ret == GLP_EFAIL || ret == GLP_ESING || ret == GLP_ECOND) {
+        /* numerical trouble in the dual simplex (rare: MoE layers' costs
+         * span many orders of magnitude): scale the rows and columns and
+         * start the primal simplex again from the standard basis, in the
+         * time left */
+        double spent = ps_monotonic_s() - t_lp;
+        PS_LOG_DEBUG("ILP: the dual simplex failed (code %d) after %.3f s; primal simplex on "
+                     "the scaled program",
+                     ret, spent);
+        glp_scale_prob(lp, GLP_SF_AUTO);
+        glp_std_basis(lp);
+        smcp.meth = GLP_PRIMAL;
+        smcp.tm_lim = (int)(fmax(opt->time_limit_s - spent, 0.001) * 1000);
+        ret = glp_simplex(lp, &smcp);
+    }
     t_lp = ps_monotonic_s() - t_lp;
     if (ret != 0 || glp_get_status(lp) == GLP_NOFEAS) {
         st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,

@@ -37,6 +37,7 @@ void ps_stage_table_free(ps_stage_table *t)
     if (t == NULL)
         return;
     free(t->sub_devices);
+    free(t->recv_s);
     free(t->cost);
     free(t->max_succ);
     free(t);
@@ -45,6 +46,36 @@ void ps_stage_table_free(ps_stage_table *t)
 size_t ps_stage_table_index(const ps_stage_table *t, int first, int last, int sub, int cfg)
 {
     return (((size_t)first * t->n_layers + last) * t->n_submeshes + sub) * t->n_configs + cfg;
+}
+
+ps_status ps_stage_table_place_in_order(ps_stage_table *t, int devices_per_node)
+{
+    if (devices_per_node < 1)
+        return PS_ERR_INVALID;
+    if (t->recv_s == NULL) {
+        t->recv_s = calloc((size_t)t->n_layers * t->n_submeshes * 2, sizeof *t->recv_s);
+        if (t->recv_s == NULL)
+            return PS_ERR_NOMEM;
+    }
+    t->devices_per_node = devices_per_node;
+    return PS_OK;
+}
+
+double ps_stage_table_placed_cost(const ps_stage_table *t, size_t k, int first, int last,
+                                  int sub, int offset)
+{
+    double cost = t->cost[k];
+    int M = t->devices_per_node;
+    if (M <= 0 || !isfinite(cost))
+        return cost;
+    int n = t->sub_devices[sub], S = t->n_submeshes;
+    if (n < M ? offset / M != (offset + n - 1) / M : offset % M != 0)
+        return INFINITY;
+    if (first > 0)
+        cost += t->recv_s[((size_t)first * S + sub) * 2 + (offset % M == 0)];
+    if (last + 1 < t->n_layers)
+        cost += t->recv_s[((size_t)(last + 1) * S + sub) * 2 + ((offset + n) % M == 0)];
+    return cost;
 }
 
 void ps_stage_plan_clear(ps_stage_plan *p)
@@ -88,7 +119,7 @@ static double dp_for(const ps_stage_table *t, int D, double t_max, double *f, in
                             continue;
                         for (int c = 0; c < C; c++) {
                             size_t k = ps_stage_table_index(t, l, i, sub, c);
-                            double cost = t->cost[k];
+                            double cost = ps_stage_table_placed_cost(t, k, l, i, sub, D - d);
                             if (!(cost <= t_max) || t->max_succ[k] < s - 1)
                                 continue;
                             if (cost + rest < best) {
@@ -123,7 +154,10 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
     ps_status st = PS_OK;
     int L = t->n_layers, C = t->n_configs;
     memset(out, 0, sizeof *out);
-    size_t n_entries = (size_t)L * L * t->n_submeshes * C;
+    /* under in-order placement an entry has up to 4 costs: each of its
+     * neighbours on its node or another */
+    int variants = t->devices_per_node > 0 ? 4 : 1;
+    size_t n_entries = (size_t)L * L * t->n_submeshes * C * variants;
     size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
     double *costs = malloc(n_entries * sizeof *costs);
     double *f = malloc(n_f * sizeof *f);
@@ -141,8 +175,21 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
             for (int s = 0; s < t->n_submeshes; s++)
                 for (int c = 0; c < C; c++) {
                     size_t k = ps_stage_table_index(t, l, i, s, c);
-                    if (isfinite(t->cost[k]) && t->max_succ[k] >= 0)
+                    if (!isfinite(t->cost[k]) || t->max_succ[k] < 0)
+                        continue;
+                    if (variants == 1) {
                         costs[n_costs++] = t->cost[k];
+                        continue;
+                    }
+                    for (int v = 0; v < 4; v++) {
+                        double v_cost = t->cost[k];
+                        if (l > 0)
+                            v_cost += t->recv_s[((size_t)l * t->n_submeshes + s) * 2 + (v & 1)];
+                        if (i + 1 < L)
+                            v_cost += t->recv_s[((size_t)(i + 1) * t->n_submeshes + s) * 2 +
+                                           (v >> 1)];
+                        costs[n_costs++] = v_cost;
+                    }
                 }
     qsort(costs, n_costs, sizeof *costs, cmp_double);
     double best = INFINITY;
@@ -186,7 +233,8 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
         ch->last = i;
         ch->sub = sc / C;
         ch->cfg = sc % C;
-        ch->cost_s = t->cost[ps_stage_table_index(t, l, i, ch->sub, ch->cfg)];
+        ch->cost_s = ps_stage_table_placed_cost(
+            t, ps_stage_table_index(t, l, i, ch->sub, ch->cfg), l, i, ch->sub, D - d);
         if (ch->cost_s > out->max_stage_s)
             out->max_stage_s = ch->cost_s;
         d -= t->sub_devices[ch->sub];
@@ -247,9 +295,10 @@ static void brute_rec(brute *b, int l, int n, int d_used)
                 continue;
             for (int c = 0; c < t->n_configs; c++) {
                 size_t idx = ps_stage_table_index(t, l, i, s, c);
-                if (!isfinite(t->cost[idx]) || t->max_succ[idx] < 0)
+                double cost = ps_stage_table_placed_cost(t, idx, l, i, s, d_used);
+                if (!isfinite(cost) || t->max_succ[idx] < 0)
                     continue;
-                b->cur[n] = (ps_stage_choice){l, i, s, c, t->cost[idx]};
+                b->cur[n] = (ps_stage_choice){l, i, s, c, cost};
                 brute_rec(b, i + 1, n + 1, d_used + t->sub_devices[s]);
             }
         }

@@ -9,7 +9,14 @@
  * F(s, l, d) = least total time of layers l..L-1 as s stages on d devices
  * with every stage <= t_max and each stage allowed at most max_succ later
  * stages (1F1B keeps one micro-batch in flight per later stage); the search
- * stops once B * t_max cannot beat the best found. */
+ * stops once B * t_max cannot beat the best found.
+ *
+ * In-order placement (optional, ps_stage_table_place_in_order): the stages
+ * sit on consecutive devices in pipeline order from device 0, so that where
+ * a stage starts (D - d) tells whether its neighbours share its node, and
+ * each stage also pays what it receives from them per micro-batch, at the
+ * node's link or across nodes. A stage within a node may not straddle two;
+ * one of whole nodes starts on a node. */
 #ifndef PS_PLANNER_STAGE_DP_H
 #define PS_PLANNER_STAGE_DP_H
 
@@ -28,12 +35,29 @@ typedef struct ps_stage_table {
      * stages the stage tolerates in memory (-1: it does not fit at all). */
     double *cost;
     int *max_succ;
+    /* in-order placement: devices_per_node > 0 turns it on. recv_s[(b *
+     * n_submeshes + sub) * 2 + across]: seconds a stage on submesh sub
+     * spends per micro-batch receiving across boundary b (between layers
+     * b - 1 and b; the activation into its first layer, or the gradient into
+     * the one after its last), across: from another node. Owned. */
+    int devices_per_node;
+    double *recv_s;
 } ps_stage_table;
 
 ps_status ps_stage_table_create(int n_layers, int n_submeshes, int n_configs,
                                 ps_stage_table **out);
 void ps_stage_table_free(ps_stage_table *t);
 size_t ps_stage_table_index(const ps_stage_table *t, int first, int last, int sub, int cfg);
+
+/* Turns in-order placement on for nodes of `devices_per_node` devices; the
+ * receive costs start at 0 (set recv_s after). */
+ps_status ps_stage_table_place_in_order(ps_stage_table *t, int devices_per_node);
+
+/* Entry k (layers first..last on submesh sub) as a stage starting at device
+ * `offset`: its cost with what it receives under in-order placement, or
+ * INFINITY where it cannot sit there; without placement, cost[k]. */
+double ps_stage_table_placed_cost(const ps_stage_table *t, size_t k, int first, int last,
+                                  int sub, int offset);
 
 typedef struct ps_stage_choice {
     int first, last, sub, cfg;

@@ -48,14 +48,56 @@ static ps_stage_table *random_table(int L, int D, bool memory)
     return t;
 }
 
+/* Stage c's cost at device `offset` under in-order placement on nodes of M
+ * devices, computed here from its definition: INFINITY where it straddles
+ * nodes (within a node) or starts off a node (whole nodes); plus the
+ * receive at each inner boundary, across nodes where the boundary is a node's
+ * edge. */
+static double placed_by_hand(const ps_stage_table *t, const ps_stage_choice *c, int offset,
+                             int M)
+{
+    double cost = t->cost[ps_stage_table_index(t, c->first, c->last, c->sub, c->cfg)];
+    if (M <= 0)
+        return cost;
+    int n = t->sub_devices[c->sub], S = t->n_submeshes;
+    if (n < M) {
+        for (int d = offset; d < offset + n; d++)
+            if (d / M != offset / M)
+                return INFINITY;
+    } else if (offset % M != 0) {
+        return INFINITY;
+    }
+    if (c->first > 0)
+        cost += t->recv_s[((size_t)c->first * S + c->sub) * 2 + (offset % M == 0 ? 1 : 0)];
+    if (c->last + 1 < t->n_layers)
+        cost += t->recv_s[((size_t)(c->last + 1) * S + c->sub) * 2 +
+                          ((offset + n) % M == 0 ? 1 : 0)];
+    return cost;
+}
+
 static void dp_matches_brute_force(void **state)
 {
     (void)state;
     int solved = 0, infeasible = 0;
-    for (int trial = 0; trial < 240; trial++) {
+    for (int trial = 0; trial < 360; trial++) {
         int L = 1 + below(6), D = 1 << below(4), B = 1 + below(16);
         bool memory = trial % 2 == 1;
         ps_stage_table *t = random_table(L, D, memory);
+        /* every third trial: in-order placement on nodes of M devices, with
+         * receives dearer across nodes */
+        int M = 0;
+        if (trial % 3 == 2) {
+            M = 1 << below(4);
+            while (M > D)
+                M /= 2;
+            assert_int_equal(ps_stage_table_place_in_order(t, M), PS_OK);
+            for (int b = 1; b < L; b++)
+                for (int q = 0; q < t->n_submeshes; q++) {
+                    double on_node = 0.05 * uniform();
+                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = on_node;
+                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = on_node + uniform();
+                }
+        }
         ps_stage_plan dp = {0}, bf = {0};
         ps_status s1 = ps_stage_dp(t, D, B, &dp, NULL);
         ps_status s2 = ps_stage_brute_force(t, D, B, &bf, NULL);
@@ -75,8 +117,13 @@ static void dp_matches_brute_force(void **state)
                 devices += t->sub_devices[c->sub];
                 size_t idx = ps_stage_table_index(t, c->first, c->last, c->sub, c->cfg);
                 assert_true(t->max_succ[idx] >= dp.n_stages - 1 - k);
-                sum += t->cost[idx];
-                mx = fmax(mx, t->cost[idx]);
+                double cost = placed_by_hand(t, c, devices - t->sub_devices[c->sub], M);
+                if (!isfinite(cost))
+                    fail_msg("trial %d: stage %d cannot sit at device %d", trial, k,
+                             devices - t->sub_devices[c->sub]);
+                assert_true(fabs(cost - c->cost_s) <= 1e-12 * cost);
+                sum += cost;
+                mx = fmax(mx, cost);
             }
             assert_int_equal(next, L);
             assert_int_equal(devices, D);
@@ -133,12 +180,59 @@ static void pipelining_wins_when_sharding_scales_badly(void **state)
     ps_stage_table_free(t);
 }
 
+/* In-order placement in closed form: two layers on 4 devices. Alone, each
+ * layer takes 0.5 s on 2 devices; both take 0.6 s on 4. Split in two stages
+ * of 2 devices, each receives 0.01 s from its neighbour on its node, or 0.4 s
+ * from another node. */
+static void placement_charges_the_node_edge(void **state)
+{
+    (void)state;
+    ps_stage_table *t = NULL;
+    assert_int_equal(ps_stage_table_create(2, 2, 1, &t), PS_OK);
+    t->sub_devices[0] = 2;
+    t->sub_devices[1] = 4;
+    size_t first = ps_stage_table_index(t, 0, 0, 0, 0), second = ps_stage_table_index(t, 1, 1, 0, 0),
+           both = ps_stage_table_index(t, 0, 1, 1, 0);
+    t->cost[first] = t->cost[second] = 0.5;
+    t->cost[both] = 0.6;
+    t->max_succ[first] = t->max_succ[second] = t->max_succ[both] = 2;
+    const int B = 16;
+    ps_stage_plan p = {0};
+    /* Alpa's DP: two stages, 2 * 0.5 + 15 * 0.5 */
+    assert_int_equal(ps_stage_dp(t, 4, B, &p, NULL), PS_OK);
+    assert_int_equal(p.n_stages, 2);
+    assert_true(fabs(p.iteration_s - 8.5) < 1e-12);
+    ps_stage_plan_clear(&p);
+    for (int across = 0; across < 2; across++) {
+        assert_int_equal(ps_stage_table_place_in_order(t, across ? 2 : 4), PS_OK);
+        t->recv_s[(1 * 2 + 0) * 2 + 0] = 0.01; /* boundary 1, 2-device submesh, on node */
+        t->recv_s[(1 * 2 + 0) * 2 + 1] = 0.4;  /* ... across nodes */
+        assert_int_equal(ps_stage_dp(t, 4, B, &p, NULL), PS_OK);
+        if (across) { /* 2 * 0.9 + 15 * 0.9 = 15.3 > 16 * 0.6: one stage */
+            assert_int_equal(p.n_stages, 1);
+            assert_true(fabs(p.iteration_s - 16 * 0.6) < 1e-12);
+        } else { /* one node: 2 * 0.51 + 15 * 0.51 */
+            assert_int_equal(p.n_stages, 2);
+            assert_true(fabs(p.iteration_s - 17 * 0.51) < 1e-12);
+            assert_true(fabs(p.stages[1].cost_s - 0.51) < 1e-12);
+        }
+        ps_stage_plan_clear(&p);
+    }
+    /* a 2-device stage cannot start at device 1 of a 2-device node, and a
+     * whole-node stage must start on a node */
+    assert_true(isinf(ps_stage_table_placed_cost(t, first, 0, 0, 0, 1)));
+    assert_true(isinf(ps_stage_table_placed_cost(t, both, 0, 1, 1, 1)));
+    assert_true(fabs(ps_stage_table_placed_cost(t, second, 1, 1, 0, 2) - 0.9) < 1e-12);
+    ps_stage_table_free(t);
+}
+
 int main(void)
 {
     test_rng_seed(0x2545f4914f6cdd1dull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dp_matches_brute_force),
         cmocka_unit_test(pipelining_wins_when_sharding_scales_badly),
+        cmocka_unit_test(placement_charges_the_node_edge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
