@@ -220,16 +220,34 @@ static ps_status solve_fastest(const ps_graph *slice, const ps_logical_mesh *m, 
     return ps_intra_solve(slice, m, &io, out, err);
 }
 
+/* Whether a lean configuration's layout differs from the plain one's: only
+ * when the fastest layout's lasting memory is 5% or more above the least. */
+static bool lean_applies(const config *cf, const ps_intra_result *fastest)
+{
+    double lasting = fastest->weight_bytes + fastest->gradient_bytes + fastest->optimizer_bytes +
+                     fastest->activation_bytes;
+    return cf->lean && lasting > 1.05 * fastest->min_memory_bytes;
+}
+
+/* The solve within a budget that a configuration and its lean variant may
+ * share: the lean layout still over the budget leaves the same program as
+ * the plain one's when its temporaries are the same. */
+typedef struct budget_memo {
+    double cap;   /* the budget of the plain configuration's solve; NAN: none */
+    bool reused;  /* set by solve_within_memo: the answer is that solve's */
+} budget_memo;
+
 /* From the fastest layout: for a lean configuration one that weighs memory
  * like time; then, if that needs more than `budget` bytes per device, the
  * fastest within the budget (as Alpa's stage profiling does). *out is NULL
  * when the fastest layout is the answer, else a new result. The fastest
  * layout is shared by a configuration and its lean variant, and by the
- * retries with smaller budgets. */
-static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
-                              const ps_plan_request *req, double limit_s, double budget,
-                              const ps_intra_result *fastest, ps_intra_result **out,
-                              ps_error *err)
+ * retries with smaller budgets. With a memo, a budgeted solve whose budget
+ * is the memo's is skipped (memo->reused). */
+static ps_status solve_within_memo(const ps_graph *slice, const ps_logical_mesh *m,
+                                   const config *cf, const ps_plan_request *req, double limit_s,
+                                   double budget, const ps_intra_result *fastest,
+                                   budget_memo *memo, ps_intra_result **out, ps_error *err)
 {
     ps_intra_options io = stage_intra_options(cf, req, limit_s);
     io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
@@ -238,7 +256,7 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
     *out = NULL;
     double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
     double transient = r->peak_memory_bytes - lasting;
-    if (cf->lean && lasting > 1.05 * r->min_memory_bytes) {
+    if (lean_applies(cf, fastest)) {
         /* memory weighed like time: each byte above the least costs what the
          * fastest layout's time per byte is, twice (a soft constraint that
          * keeps the exact reductions; a hard one is far slower to solve) */
@@ -256,11 +274,25 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
         ps_intra_result_free(own);
         if (cap <= 0)
             return ps_error_set(err, PS_ERR_INFEASIBLE, "temporaries alone exceed the budget");
+        if (memo != NULL && memo->cap == cap) {
+            memo->reused = true;
+            return PS_OK;
+        }
+        if (memo != NULL)
+            memo->cap = cap;
         io.memory_budget_bytes = cap;
         return ps_intra_solve(slice, m, &io, out, err);
     }
     *out = own;
     return PS_OK;
+}
+
+static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                              const ps_plan_request *req, double limit_s, double budget,
+                              const ps_intra_result *fastest, ps_intra_result **out,
+                              ps_error *err)
+{
+    return solve_within_memo(slice, m, cf, req, limit_s, budget, fastest, NULL, out, err);
 }
 
 static void entry_fill(entry *e, const ps_intra_result *r)
@@ -291,11 +323,20 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
     st = solve_fastest(slice, m, cfs[0], req, limit_s, &fastest, &inner);
+    budget_memo memo = {.cap = NAN};
     for (int v = 0; v < n && st == PS_OK; v++) {
         ps_intra_result *r = NULL;
+        if (v > 0 && !lean_applies(cfs[v], fastest) && !lean_applies(cfs[0], fastest)) {
+            *es[v] = *es[0]; /* the same solves: the same entry */
+            continue;
+        }
         es[v]->need_bytes = fastest->peak_memory_bytes;
-        st = solve_within(slice, m, cfs[v], req, limit_s, budget, fastest, &r, &inner);
-        if (st == PS_OK)
+        memo.reused = false;
+        st = solve_within_memo(slice, m, cfs[v], req, limit_s, budget, fastest, &memo, &r,
+                               &inner);
+        if (st == PS_OK && memo.reused)
+            *es[v] = *es[0];
+        else if (st == PS_OK)
             entry_fill(es[v], r != NULL ? r : fastest);
         else if (st == PS_ERR_INFEASIBLE)
             st = PS_OK; /* absent */
