@@ -35,7 +35,8 @@ static void help(void)
            "                         bytes as transfers that share links; closed-form: it\n"
            "                         takes the ring's time, no events (large clusters)\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
-           "  --no-check             skip the program checker (large clusters)\n"
+           "  --no-check             skip the program checker (it runs on another core\n"
+           "                         while the simulation runs; a failed check stops it)\n"
            "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
            "                         take its GEMM times (communication is simulated on\n"
            "                         the cluster's links either way)\n"
@@ -133,8 +134,7 @@ int ps_cmd_sim(int argc, char **argv)
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
     if (dump_dir != NULL)
         PS_TRY(ps_program_set_dump_dir(set, dump_dir, &err));
-    if (check)
-        PS_TRY(ps_program_set_check(set, NULL, &err));
+    so.check_programs = check; /* while the simulation runs */
     so.progress = ps_log_progress_enabled();
     PS_TRY(ps_sim_run(set, plan->cluster, &so, &sum, &stats, &err));
     PS_TRY(ps_summary_from_plan(plan, &pred));

@@ -320,6 +320,10 @@ ps_status ps_sim_run(const ps_program_set *programs, const ps_cluster *c, const 
     close(blob_pipe[1]);
     close(err_pipe[1]);
     blob_pipe[1] = err_pipe[1] = -1;
+    /* meanwhile the child simulates: it may fill its pipes and wait for the
+     * reads below, which only delays it */
+    if (o->check_programs)
+        PS_TRY(ps_program_set_check(programs, NULL, err));
     const char *log = getenv("PIPESHARD_LOG");
     bool forward = o->progress || (log != NULL && strcmp(log, "debug") == 0);
     ps_status read_st = read_child(blob_pipe[0], err_pipe[0], forward, &co, err);

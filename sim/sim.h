@@ -51,6 +51,10 @@ typedef struct ps_sim_options {
      * (docs/simulator.md). Default false: transfers. */
     bool node_collectives_closed_form;
     bool progress; /* progress on stderr (simulated seconds, events) */
+    /* Run the program checker (ps_program_set_check) in the calling process
+     * while the child simulates, on another core: a failed check stops the
+     * child and is the error. Default false. */
+    bool check_programs;
 } ps_sim_options;
 
 typedef struct ps_sim_stats {

@@ -593,6 +593,18 @@ static void deadlock_is_reported(void **state)
     assert_non_null(strstr(err.msg, "deadlock"));
     assert_non_null(strstr(err.msg, "device 0 waits at program instruction 1"));
     assert_non_null(strstr(err.msg, "receive from device 1"));
+    /* the checker, run while the child simulates, finds it first and stops
+     * the child: its message, not the simulator's */
+    ps_sim_options o = ps_sim_options_default();
+    o.check_programs = true;
+    err = (ps_error){0};
+    ps_error direct = {0};
+    ps_status want = ps_program_set_check(s, NULL, &direct);
+    assert_int_not_equal(want, PS_OK);
+    assert_int_equal(ps_sim_run(s, c, &o, &sum, NULL, &err), want);
+    assert_null(sum);
+    print_message("%s\n", err.msg);
+    assert_string_equal(err.msg, direct.msg);
     ps_program_set_free(s);
     ps_cluster_free(c);
 }
