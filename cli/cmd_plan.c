@@ -33,7 +33,9 @@ static void help(void)
         "  --method M           pipeshard (default; also 'auto'), shard, data, zero2, zero3\n"
         "  --layer-num N|manual layers for the stage DP (default: the model's pipeline\n"
         "                       boundaries if it has any, else up to 16 clustered layers)\n"
-        "  --submesh-choices C  power_of_two (default), small_power_of_two or all\n"
+        "  --submesh-choices C  power_of_two (default), small_power_of_two, all, or a\n"
+        "                       list of HOSTSxDEVICES such as 1x2,1x4,2x8 (Alpa's manual\n"
+        "                       submeshes: each within a node or of whole nodes)\n"
         "  --schedule S         1f1b (default) or gpipe\n"
         "  --rows               print the stage cost table (one row per layer range,\n"
         "                       submesh and logical mesh)\n"
@@ -283,12 +285,19 @@ int ps_cmd_plan(int argc, char **argv)
         case OPT_SUBMESH: {
             int found = -1;
             for (int k = 0; k < PS_SUBMESH_CHOICES_COUNT; k++)
-                if (strcmp(optarg, ps_submesh_choices_names[k]) == 0)
+                if (k != PS_SUBMESH_MANUAL && strcmp(optarg, ps_submesh_choices_names[k]) == 0)
                     found = k;
-            if (found < 0)
+            if (found >= 0) {
+                inter.submeshes = (ps_submesh_choices)found;
+                break;
+            }
+            if (strchr(optarg, 'x') == NULL && strchr(optarg, 'X') == NULL)
                 return ps_cli_usage_error("plan", "--submesh-choices wants power_of_two, "
-                                                  "small_power_of_two or all");
-            inter.submeshes = (ps_submesh_choices)found;
+                                                  "small_power_of_two, all or a list such as "
+                                                  "1x2,1x4,2x8");
+            ps_error perr = {0};
+            if (ps_inter_parse_submeshes(optarg, &inter, &perr) != PS_OK)
+                return ps_cli_usage_error("plan", perr.msg);
             break;
         }
         case OPT_SCHEDULE:
@@ -422,10 +431,12 @@ int ps_cmd_plan(int argc, char **argv)
         }
     } else {
         if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
-            inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY) {
+            inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
+            inter.submeshes != PS_SUBMESH_POWER_OF_TWO) {
             st = ps_error_set(&err, PS_ERR_INVALID,
-                              "--layer-num, --schedule, --rows, --exact-ranges and "
-                              "--stage-imbalance-tolerance apply to --method pipeshard");
+                              "--layer-num, --schedule, --rows, --exact-ranges, "
+                              "--submesh-choices and --stage-imbalance-tolerance apply to "
+                              "--method pipeshard");
             goto out;
         }
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));

@@ -16,7 +16,52 @@
 #include "planner/stage_dp.h"
 
 const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT] = {
-    "power_of_two", "small_power_of_two", "all"};
+    "power_of_two", "small_power_of_two", "all", "manual"};
+
+ps_status ps_inter_parse_submeshes(const char *list, ps_inter_options *o, ps_error *err)
+{
+    int n = 0, got[PS_MAX_MANUAL_SUBMESHES][2];
+    const char *p = list;
+    if (list == NULL || *list == '\0')
+        return ps_error_set(err, PS_ERR_INVALID, "an empty submesh list");
+    while (*p != '\0') {
+        char *end = NULL;
+        long h = strtol(p, &end, 10);
+        if (end == p || (*end != 'x' && *end != 'X'))
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "submesh list \"%s\": \"%s\" is not HOSTSxDEVICES (e.g. 1x4)",
+                                list, p);
+        const char *q = end + 1;
+        long d = strtol(q, &end, 10);
+        if (end == q || (*end != ',' && *end != '\0'))
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "submesh list \"%s\": \"%s\" is not HOSTSxDEVICES (e.g. 1x4)",
+                                list, p);
+        if (h < 1 || d < 1 || h > 1 << 20 || d > 1 << 20)
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "submesh list \"%s\": %ldx%ld: hosts and devices must be "
+                                "positive",
+                                list, h, d);
+        if (n == PS_MAX_MANUAL_SUBMESHES)
+            return ps_error_set(err, PS_ERR_INVALID, "submesh list \"%s\": more than %d submeshes",
+                                list, PS_MAX_MANUAL_SUBMESHES);
+        for (int k = 0; k < n; k++)
+            if (got[k][0] == h && got[k][1] == d)
+                return ps_error_set(err, PS_ERR_INVALID,
+                                    "submesh list \"%s\": %ldx%ld appears twice", list, h, d);
+        got[n][0] = (int)h;
+        got[n][1] = (int)d;
+        n++;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && *p == '\0')
+            return ps_error_set(err, PS_ERR_INVALID, "submesh list \"%s\" ends with a comma",
+                                list);
+    }
+    memcpy(o->manual_submeshes, got, (size_t)n * sizeof got[0]);
+    o->n_manual_submeshes = n;
+    o->submeshes = PS_SUBMESH_MANUAL;
+    return PS_OK;
+}
 
 ps_inter_options ps_inter_options_default(void)
 {
@@ -86,9 +131,39 @@ typedef struct config {
 #define MAX_SUBMESHES 64
 #define MAX_CONFIGS 16
 
-static int list_submeshes(const ps_cluster *c, ps_submesh_choices ch, submesh *out)
+/* The candidate submeshes, smaller first; a manual list is checked against
+ * the cluster (-1 and a message when one does not fit it). */
+static int list_submeshes(const ps_cluster *c, const ps_inter_options *o, submesh *out,
+                          ps_error *err)
 {
     int n = 0, M = c->devices_per_node, N = c->nodes;
+    ps_submesh_choices ch = o->submeshes;
+    if (ch == PS_SUBMESH_MANUAL) {
+        if (o->n_manual_submeshes < 1 || o->n_manual_submeshes > PS_MAX_MANUAL_SUBMESHES) {
+            ps_error_set(err, PS_ERR_INVALID, "manual submesh choices: the list is empty");
+            return -1;
+        }
+        for (int k = 0; k < o->n_manual_submeshes; k++) {
+            int h = o->manual_submeshes[k][0], d = o->manual_submeshes[k][1];
+            if (h < 1 || d < 1 || h > N || d > M || (h > 1 && d != M)) {
+                ps_error_set(err, PS_ERR_INVALID,
+                             "submesh %dx%d does not fit %s (%d nodes of %d devices): a "
+                             "submesh is part of one node (1xD, D <= %d) or whole nodes (Hx%d)",
+                             h, d, c->name, N, M, M, M);
+                return -1;
+            }
+            out[n++] = (submesh){h, d};
+        }
+        for (int a = 1; a < n; a++) /* by size: the DP and the table read them so */
+            for (int b = a; b > 0 && out[b].hosts * out[b].devices <
+                                         out[b - 1].hosts * out[b - 1].devices;
+                 b--) {
+                submesh t = out[b];
+                out[b] = out[b - 1];
+                out[b - 1] = t;
+            }
+        return n;
+    }
     for (int m = 1; m <= M && n < MAX_SUBMESHES; m++) {
         bool pow2 = (m & (m - 1)) == 0;
         if (ch != PS_SUBMESH_ALL && !pow2 && m != M)
@@ -104,6 +179,24 @@ static int list_submeshes(const ps_cluster *c, ps_submesh_choices ch, submesh *o
         out[n++] = (submesh){h, M};
     }
     return n;
+}
+
+/* Whether some multiset of the submeshes has exactly D devices (the stage
+ * DP's stages cover the cluster). */
+static bool submeshes_cover(const submesh *subs, int n, int D)
+{
+    unsigned char *reach = calloc((size_t)D + 1, 1);
+    if (reach == NULL)
+        return true; /* the DP will say */
+    reach[0] = 1;
+    for (int d = 1; d <= D; d++)
+        for (int s = 0; s < n && !reach[d]; s++) {
+            int size = subs[s].hosts * subs[s].devices;
+            reach[d] = size <= d && reach[d - size];
+        }
+    bool ok = reach[D];
+    free(reach);
+    return ok;
 }
 
 /* Logical meshes of a submesh, as in Alpa: every (dp, mp) with the model-
@@ -797,25 +890,34 @@ out:
  * stage needs for the whole model (`whole`: its entries) with one
  * micro-batch in flight. */
 static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options *o,
-                              const entry *whole, int n_sub, const int *n_cfgs, int max_cfg,
-                              double memory, const ps_error *inner, ps_error *err)
+                              const entry *whole, const submesh *subs, int n_sub,
+                              const int *n_cfgs, int max_cfg, double memory,
+                              const ps_error *inner, ps_error *err)
 {
     const ps_cluster *c = req->cluster;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
     double need = INFINITY;
+    int at = -1;
     for (int s = 0; whole != NULL && s < n_sub; s++)
         for (int k = 0; k < n_cfgs[s]; k++) {
             const entry *e = &whole[s * max_cfg + k];
-            if (e->need_bytes > 0)
-                need = fmin(need, e->ok ? e->static_bytes + e->transient_bytes + e->act_bytes
-                                        : e->need_bytes);
+            double n = e->ok ? e->static_bytes + e->transient_bytes + e->act_bytes : e->need_bytes;
+            if (e->need_bytes > 0 && n < need) {
+                need = n;
+                at = s;
+            }
         }
     char extra[320] = "";
     int used = 0;
-    if (isfinite(need))
+    if (isfinite(need) && subs[at].hosts * subs[at].devices == D)
         used = snprintf(extra, sizeof extra,
                         "; on all %d devices the whole model needs %.4g GB per device", D,
                         need / 1e9);
+    else if (isfinite(need))
+        used = snprintf(extra, sizeof extra,
+                        "; the whole model needs at least %.4g GB per device (on a %dx%d "
+                        "submesh, the candidate where it needs least)",
+                        need / 1e9, subs[at].hosts, subs[at].devices);
     if (o->stage_imbalance_tolerance < INFINITY)
         snprintf(extra + used, sizeof extra - (size_t)used,
                  "; only stages within the imbalance tolerance %g were candidates",
@@ -894,7 +996,18 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
 
     /* 2. candidate submeshes and logical meshes */
-    int n_sub = list_submeshes(c, o->submeshes, subs), max_cfg = 1;
+    int n_sub = list_submeshes(c, o, subs, err), max_cfg = 1;
+    if (n_sub < 0) {
+        st = PS_ERR_INVALID;
+        goto out;
+    }
+    if (!submeshes_cover(subs, n_sub, D)) {
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "no combination of the candidate submeshes covers the %d devices of "
+                          "%s exactly",
+                          D, c->name);
+        goto out;
+    }
     for (int s = 0; s < n_sub; s++) {
         n_cfgs[s] = list_configs(&subs[s], c->devices_per_node, req->global_batch / B, cfgs[s]);
         if (n_cfgs[s] > max_cfg)
@@ -1093,15 +1206,22 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_plan *cur = &sp[way];
         ps_error inner = {0};
         if ((st = ps_stage_dp(table, D, B, cur, &inner)) != PS_OK) {
-            /* memory alone decides feasibility, the same both ways */
-            if (st == PS_ERR_INFEASIBLE)
-                st = no_plan_fits(req, o, entries_of[L - 1], n_sub, n_cfgs, max_cfg, memory,
-                                  &inner, err);
+            /* memory alone decides feasibility both ways, unless the first
+             * way's stages did not pack and in-order placement fits none */
+            if (st == PS_ERR_INFEASIBLE && in_order && *out == NULL)
+                st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                                  "%s on %s: the stages on the candidate submeshes do not pack "
+                                  "into the nodes (a submesh within a node may not straddle "
+                                  "two); choose submeshes whose sizes divide %d",
+                                  f0->name, c->name, c->devices_per_node);
+            else if (st == PS_ERR_INFEASIBLE)
+                st = no_plan_fits(req, o, entries_of[L - 1], subs, n_sub, n_cfgs, max_cfg,
+                                  memory, &inner, err);
             else
                 st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
             goto out;
         }
-        if (way > 0 && same_stages(cur, &sp[0]))
+        if (way > 0 && *out != NULL && same_stages(cur, &sp[0]))
             break;
 
         /* 5. placement and each stage's sharding */
@@ -1113,6 +1233,18 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         for (int k = 0; k < cur->n_stages; k++) {
             const ps_stage_choice *ch = &cur->stages[k];
             chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][ch->cfg]};
+        }
+        submesh chosen_subs[64];
+        int chosen_first[64];
+        for (int k = 0; k < cur->n_stages; k++)
+            chosen_subs[k] = chosen[k].sub;
+        if (!in_order && n_ways > 1 && !place(c, chosen_subs, cur->n_stages, chosen_first)) {
+            /* submeshes that are not powers of two may not pack; the in-order
+             * DP's always do */
+            PS_LOG_INFO("pipeshard: the stage DP's %d stages (neighbours charged on their node) "
+                        "do not pack into %s; placing in pipeline order instead",
+                        cur->n_stages, c->name);
+            continue;
         }
         double t_realize = ps_monotonic_s();
         ps_plan *plan = NULL;

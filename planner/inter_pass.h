@@ -13,8 +13,11 @@ typedef enum ps_submesh_choices {
     PS_SUBMESH_POWER_OF_TWO = 0,       /* (1,1), (1,2), (1,4) ... (1,M), (2,M), (4,M) ... */
     PS_SUBMESH_SMALL_POWER_OF_TWO = 1, /* the same up to 4 hosts */
     PS_SUBMESH_ALL = 2,                /* (1,1) ... (1,M), (2,M), (3,M) ... (N,M) */
+    PS_SUBMESH_MANUAL = 3,             /* ps_inter_options.manual_submeshes */
     PS_SUBMESH_CHOICES_COUNT
 } ps_submesh_choices;
+
+#define PS_MAX_MANUAL_SUBMESHES 64
 
 extern const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT];
 
@@ -23,6 +26,11 @@ typedef struct ps_inter_options {
                            has any, else min(layer tags, 16) */
     bool manual_layers; /* use the model's pipeline boundaries */
     ps_submesh_choices submeshes;
+    /* PS_SUBMESH_MANUAL: the candidate submeshes (hosts, devices per host),
+     * as Alpa's manually specified submeshes: each within one node
+     * (hosts 1, devices up to a node's) or of whole nodes (devices a node's) */
+    int manual_submeshes[PS_MAX_MANUAL_SUBMESHES][2];
+    int n_manual_submeshes;
     bool gpipe;         /* schedule: GPipe (all forwards, then all backwards) instead of 1F1B */
     bool print_rows;    /* print the stage cost table rows on stdout */
     /* Solve every range of layers; by default only single layers are solved
@@ -47,6 +55,11 @@ typedef struct ps_inter_options {
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);
+
+/* Parses a manual submesh list "HxD,HxD,..." (e.g. "1x2,1x4,2x8") into o
+ * (o->submeshes becomes PS_SUBMESH_MANUAL); PS_ERR_INVALID with a message
+ * on a malformed list. Whether each fits a cluster is checked when planning. */
+ps_status ps_inter_parse_submeshes(const char *list, ps_inter_options *o, ps_error *err);
 
 /* Plans req (its method and mesh fields are ignored). */
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,

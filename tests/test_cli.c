@@ -992,6 +992,32 @@ static void test_plan(void **state)
         expect_exit(&r, 1);
         expect_in(&r, false, "apply to --method pipeshard");
         run_result_free(&r);
+        /* Alpa's manual submesh choices: a list, checked against the cluster */
+        const char *f[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                           "2", "--micro-batches", "16", "--submesh-choices", "1x4,2x8", "-o",
+                           out, NULL};
+        run_ok(fx, f, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "predicted     iteration");
+        run_result_free(&r);
+        const char *g[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                           "--submesh-choices", "1x4,", "-o", out, NULL};
+        expect_usage_error(fx, g, "ends with a comma");
+        const char *h[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                           "--submesh-choices", "some", "-o", out, NULL};
+        expect_usage_error(fx, h, "--submesh-choices wants power_of_two");
+        const char *i[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                           "--submesh-choices", "2x4", "-o", out, NULL};
+        run_ok(fx, i, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "submesh 2x4 does not fit dgx-a100:2");
+        run_result_free(&r);
+        const char *j[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
+                           "data", "--submesh-choices", "all", "-o", out, NULL};
+        run_ok(fx, j, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "apply to --method pipeshard");
+        run_result_free(&r);
     }
     {
         /* a stage file with a malformed stage: positioned error */

@@ -489,6 +489,73 @@ static void plans_rebuild_their_model(void **state)
     ps_graph_free(fwd);
 }
 
+/* Alpa's manual submesh choices: the stages use only the listed submeshes;
+ * lists that cannot cover or pack into the cluster, or submeshes that do
+ * not fit a node, are refused with a message; malformed lists too. */
+static void manual_submesh_choices(void **state)
+{
+    (void)state;
+    ps_model_config cfg = gpt350m(8);
+    ps_graph *fwd = NULL;
+    ps_cluster *c = preset("p3.16xlarge:2");
+    ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 4;
+    const char *lists[] = {"1x4,2x8", "1x8", "1x2,1x4"};
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
+        ps_error err = {0};
+        assert_int_equal(ps_inter_parse_submeshes(lists[i], &o, &err), PS_OK);
+        assert_int_equal(o.submeshes, PS_SUBMESH_MANUAL);
+        ps_plan *p = NULL;
+        if (ps_plan_pipeshard(&req, &o, &p, &err) != PS_OK)
+            fail_msg("%s: %s", lists[i], err.msg);
+        check_plan(p, 16);
+        for (int k = 0; k < p->n_stages; k++) {
+            bool listed = false;
+            for (int q = 0; q < o.n_manual_submeshes; q++)
+                listed = listed || (p->stages[k].submesh[0] == o.manual_submeshes[q][0] &&
+                                    p->stages[k].submesh[1] == o.manual_submeshes[q][1]);
+            if (!listed)
+                fail_msg("%s: stage %d on (%d, %d)", lists[i], k, p->stages[k].submesh[0],
+                         p->stages[k].submesh[1]);
+        }
+        print_message("# %s: %d stage(s), %.4g s\n", lists[i], p->n_stages, p->iteration_s);
+        if (strcmp(lists[i], "1x8") == 0) /* 16 devices in 8s: two stages, a node each */
+            assert_int_equal(p->n_stages, 2);
+        ps_plan_free(p);
+    }
+    const struct {
+        const char *list, *says;
+    } refused[] = {
+        {"1x3", "no combination of the candidate submeshes covers the 16 devices"},
+        {"2x4", "submesh 2x4 does not fit p3.16xlarge:2"},
+        {"1x9", "submesh 1x9 does not fit"},
+        {"4x8", "submesh 4x8 does not fit"},
+        {"1x5,1x6", "do not pack into the nodes"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        ps_error err = {0};
+        assert_int_equal(ps_inter_parse_submeshes(refused[i].list, &o, &err), PS_OK);
+        ps_plan *p = NULL;
+        ps_status st = ps_plan_pipeshard(&req, &o, &p, &err);
+        assert_null(p);
+        if (st == PS_OK || strstr(err.msg, refused[i].says) == NULL)
+            fail_msg("%s: status %d, \"%s\"", refused[i].list, st, err.msg);
+    }
+    const char *malformed[] = {"", "1x", "x4", "1x4,", "1x4,,2x8", "1x4;2x8", "0x4", "1x-2",
+                               "1x4,1x4", "1x4x2", "one by four"};
+    for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+        ps_inter_options m = ps_inter_options_default();
+        ps_error err = {0};
+        if (ps_inter_parse_submeshes(malformed[i], &m, &err) != PS_ERR_INVALID)
+            fail_msg("\"%s\" accepted", malformed[i]);
+        assert_true(err.msg[0] != '\0');
+        assert_int_equal(m.submeshes, PS_SUBMESH_POWER_OF_TWO); /* left alone */
+    }
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +568,7 @@ int main(void)
         cmocka_unit_test(uniform_and_manual_stages),
         cmocka_unit_test(micro_batch_search),
         cmocka_unit_test(plans_rebuild_their_model),
+        cmocka_unit_test(manual_submesh_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
