@@ -561,6 +561,30 @@ static bool table_item(void *ctx, int k)
     return w->status[k] == PS_OK;
 }
 
+/* The layers the stage DP cuts (--rows): each one's forward ops and FLOPs,
+ * and the activation bytes it receives from earlier layers per micro-batch
+ * (what crosses into it when a stage starts there). */
+static void print_layers(const ps_graph *f0, const ps_layering *lay, bool manual)
+{
+    double total = 0;
+    for (int l = 0; l < lay->n_layers; l++)
+        total += lay->flops[l];
+    if (manual)
+        printf("layers: %d from the model's pipeline boundaries\n", lay->n_layers);
+    else
+        printf("layers: %d clustered (FLOPs within (1 + %g) x the average)\n", lay->n_layers,
+               lay->eps_used);
+    for (int l = 0; l < lay->n_layers; l++) {
+        int ops = 0;
+        for (int i = 0; i < f0->n_ops; i++)
+            ops += lay->op_layer[i] == l;
+        printf("layer[%d] = (forward ops %d, forward %.4g GFLOP (%.1f%%), receives %.4g MB "
+               "from earlier layers)\n",
+               l, ops, lay->flops[l] / 1e9, total > 0 ? 100 * lay->flops[l] / total : 0,
+               lay->boundary_bytes[l] / 1e6);
+    }
+}
+
 /* Layers (manual boundaries or clustering), the relayered forward graph and
  * its training step. */
 static ps_status prepare(const ps_plan_request *req, int layer_num, bool manual_layers,
@@ -975,6 +999,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     const ps_graph *f0 = req->forward;
     bool manual = false;
     PS_TRY(prepare(req, o->layer_num, o->manual_layers, &lay, &fwd, &step, &manual, err));
+    if (o->print_rows)
+        print_layers(req->forward, &lay, manual);
     int L = lay.n_layers;
     flops_prefix = malloc(((size_t)L + 1) * sizeof *flops_prefix);
     PS_TRY_ALLOC(flops_prefix, err);

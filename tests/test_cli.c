@@ -968,6 +968,8 @@ static void test_plan(void **state)
         run_ok(fx, a, &r);
         expect_exit(&r, 0);
         expect_in(&r, true, "receives ");
+        expect_in(&r, true, "layers: 2 clustered");
+        expect_in(&r, true, "layer[1] = (forward ops ");
         run_result_free(&r);
         const char *b[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--no-transfer-costs", "-o", out, NULL};
