@@ -48,7 +48,7 @@ static const bench_case cases[] = {
 };
 
 /* The micro-batch counts of the grids (uniform and one-stage plans); the
- * automatic plan searches the powers of two up to 128 itself. */
+ * automatic plan searches the divisors of the global batch up to 128 itself. */
 static const int grid_micro_batches[] = {16, 32, 64, 128};
 #define N_GRID_MB ((int)(sizeof grid_micro_batches / sizeof grid_micro_batches[0]))
 

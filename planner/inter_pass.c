@@ -1458,6 +1458,48 @@ ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o,
     return plan_stages(req, o, stages, pp, "uniform", pp, false, out, err);
 }
 
+/* The most micro-batches --micro-batches auto considers. */
+#define SEARCH_MAX_MICRO_BATCHES 128
+
+/* One candidate of the micro-batch search: the model rebuilt for micro-
+ * batches of global / B samples and planned; *best and *last updated. A
+ * plan that does not fit is no error; anything else is. */
+static ps_status search_try(const ps_plan_request *req, const ps_inter_options *o, long long B,
+                            ps_plan **best, ps_error *last, ps_error *err)
+{
+    ps_model_config cfg = *req->config;
+    cfg.batch = req->global_batch / B;
+    ps_graph *fwd = NULL;
+    ps_plan *p = NULL;
+    ps_error e = {0};
+    ps_status st = ps_model_build(&cfg, &fwd, &e);
+    if (st == PS_OK) {
+        ps_plan_request r = *req;
+        r.forward = fwd;
+        r.config = &cfg;
+        r.micro_batches = (int)B;
+        st = ps_plan_pipeshard(&r, o, &p, &e);
+    }
+    ps_graph_free(fwd);
+    if (st == PS_OK) {
+        PS_LOG_INFO("pipeshard: %lld micro-batches of %lld: iteration %.4g s", B,
+                    req->global_batch / B, p->iteration_s);
+        if (*best == NULL || p->iteration_s < (*best)->iteration_s) {
+            ps_plan_free(*best);
+            *best = p;
+        } else {
+            ps_plan_free(p);
+        }
+        return PS_OK;
+    }
+    if (st == PS_ERR_INFEASIBLE) {
+        PS_LOG_INFO("pipeshard: %lld micro-batches: %s", B, e.msg);
+        *last = e;
+        return PS_OK;
+    }
+    return ps_error_set(err, st, "%s", e.msg);
+}
+
 ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_options *o,
                                    ps_plan **out, ps_error *err)
 {
@@ -1467,47 +1509,54 @@ ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_op
                             "choosing the number of micro-batches rebuilds the model for each "
                             "micro-batch size: it needs a built-in model (--model), not a graph "
                             "file; give --micro-batches N");
+    /* the candidates: every divisor of the global batch up to the cap. A
+     * coarse sweep first (for each power of two, the largest divisor not
+     * above it), then every divisor between the best's coarse neighbours */
+    long long div[SEARCH_MAX_MICRO_BATCHES];
+    bool tried[SEARCH_MAX_MICRO_BATCHES] = {false}, coarse[SEARCH_MAX_MICRO_BATCHES] = {false};
+    int n_div = 0, n_tried = 0;
+    for (long long B = 1; B <= SEARCH_MAX_MICRO_BATCHES && B <= req->global_batch; B++)
+        if (req->global_batch % B == 0)
+            div[n_div++] = B;
+    for (long long p = 1; p <= SEARCH_MAX_MICRO_BATCHES; p *= 2) {
+        int k = n_div - 1;
+        while (k > 0 && div[k] > p)
+            k--;
+        coarse[k] = true;
+    }
     ps_plan *best = NULL;
     ps_error last = {0};
-    int tried = 0;
-    for (long long B = 1; B <= 128 && B <= req->global_batch; B *= 2) {
-        if (req->global_batch % B != 0)
-            continue;
-        ps_model_config cfg = *req->config;
-        cfg.batch = req->global_batch / B;
-        ps_graph *fwd = NULL;
-        ps_plan *p = NULL;
-        ps_error e = {0};
-        ps_status st = ps_model_build(&cfg, &fwd, &e);
-        if (st == PS_OK) {
-            ps_plan_request r = *req;
-            r.forward = fwd;
-            r.config = &cfg;
-            r.micro_batches = (int)B;
-            st = ps_plan_pipeshard(&r, o, &p, &e);
+    ps_status st = PS_OK;
+    for (int k = 0; k < n_div && st == PS_OK; k++)
+        if (coarse[k]) {
+            st = search_try(req, o, div[k], &best, &last, err);
+            tried[k] = true;
+            n_tried++;
         }
-        ps_graph_free(fwd);
-        tried++;
-        if (st == PS_OK) {
-            PS_LOG_INFO("pipeshard: %lld micro-batches of %lld: iteration %.4g s", B,
-                        req->global_batch / B, p->iteration_s);
-            if (best == NULL || p->iteration_s < best->iteration_s) {
-                ps_plan_free(best);
-                best = p;
-            } else {
-                ps_plan_free(p);
-            }
-        } else if (st == PS_ERR_INFEASIBLE) {
-            PS_LOG_INFO("pipeshard: %lld micro-batches: %s", B, e.msg);
-            last = e;
-        } else {
-            ps_plan_free(best);
-            return ps_error_set(err, st, "%s", e.msg);
+    /* refine between the coarse neighbours of the best (everywhere if
+     * nothing fitted) */
+    long long lo = 0, hi = SEARCH_MAX_MICRO_BATCHES + 1;
+    for (int k = 0; k < n_div && best != NULL; k++)
+        if (coarse[k] && div[k] < best->micro_batches)
+            lo = div[k];
+        else if (coarse[k] && div[k] > best->micro_batches && hi > SEARCH_MAX_MICRO_BATCHES)
+            hi = div[k];
+    for (int k = 0; k < n_div && st == PS_OK; k++)
+        if (!tried[k] && div[k] > lo && div[k] < hi) {
+            st = search_try(req, o, div[k], &best, &last, err);
+            tried[k] = true;
+            n_tried++;
         }
+    if (st != PS_OK) {
+        ps_plan_free(best);
+        return st;
     }
     if (best == NULL)
         return ps_error_set(err, PS_ERR_INFEASIBLE, "%s (tried %d micro-batch counts)",
-                            last.msg[0] ? last.msg : "no micro-batch count works", tried);
+                            last.msg[0] ? last.msg : "no micro-batch count works", n_tried);
+    PS_LOG_INFO("pipeshard: %d of the %d micro-batch counts up to %d that divide %lld planned; "
+                "%d kept",
+                n_tried, n_div, SEARCH_MAX_MICRO_BATCHES, req->global_batch, best->micro_batches);
     *out = best;
     return PS_OK;
 }

@@ -65,10 +65,12 @@ ps_status ps_inter_parse_submeshes(const char *list, ps_inter_options *o, ps_err
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err);
 
-/* Also chooses the number of micro-batches (and so the micro-batch size):
- * every power of two B up to 128 that divides the global batch is planned
- * (the model rebuilt for micro-batches of global / B samples) and the
- * fastest plan that fits is kept. Needs a zoo model (req->config); the
+/* Also chooses the number of micro-batches (and so the micro-batch size)
+ * among the divisors B of the global batch up to 128: a coarse sweep (for
+ * each power of two, the largest divisor not above it), then every divisor
+ * between the best one's coarse neighbours, each planned with the model
+ * rebuilt for micro-batches of global / B samples; the fastest plan that
+ * fits is kept. Needs a zoo model (req->config); the
  * req's forward graph and micro_batches are ignored. */
 ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_options *o,
                                    ps_plan **out, ps_error *err);

@@ -404,33 +404,74 @@ static void uniform_and_manual_stages(void **state)
 static void micro_batch_search(void **state)
 {
     (void)state;
-    ps_model_config cfg = gpt350m(2);
     ps_graph *fwd = NULL;
-    ps_cluster *c = preset("dgx-a100:1");
-    ps_plan_request req = request(&cfg, &fwd, c, 64, 1);
     ps_inter_options o = ps_inter_options_default();
+    ps_plan_request req = {0};
+    ps_cluster *c = NULL;
+    /* 64: only powers of two; 384 on 8 V100s: 1 and 2 micro-batches do not
+     * fit, and the divisors around the best (3, 6, 12, ...) are tried too */
+    const struct {
+        long long global;
+        int blocks;
+        const char *cluster;
+    } cases[] = {{64, 2, "dgx-a100:1"}, {384, 8, "p3.16xlarge:1"}};
+    ps_model_config cfg;
+    for (size_t g = 0; g < sizeof cases / sizeof *cases; g++) {
+        long long G = cases[g].global;
+        cfg = gpt350m(cases[g].blocks);
+        ps_cluster_free(c);
+        c = preset(cases[g].cluster);
+        ps_graph_free(fwd);
+        fwd = NULL;
+        req = request(&cfg, &fwd, c, G, 1);
+        ps_plan *best = NULL;
+        ps_error err = {0};
+        if (ps_plan_pipeshard_search(&req, &o, &best, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        check_plan(best, 8);
+        int Bb = best->micro_batches;
+        assert_true(Bb >= 1 && G % Bb == 0);
+        /* no worse than the coarse sweep (for each power of two the largest
+         * divisor not above it) nor the divisors next to its own */
+        int prev = 0, next = 0;
+        for (int d = 1; d <= 128 && d <= G; d++)
+            if (G % d == 0 && d < Bb)
+                prev = d;
+            else if (G % d == 0 && d > Bb && next == 0)
+                next = d;
+        for (int d = 1; d <= 128 && d <= G; d++) {
+            if (G % d != 0)
+                continue;
+            bool coarse = false;
+            for (int p = 1; p <= 128; p *= 2) {
+                int largest = 1;
+                for (int e = 1; e <= p && e <= G; e++)
+                    if (G % e == 0)
+                        largest = e;
+                coarse = coarse || largest == d;
+            }
+            if (!coarse && d != prev && d != next)
+                continue;
+            ps_graph *f = NULL;
+            ps_plan *p = NULL;
+            ps_model_config k = cfg;
+            ps_plan_request r = request(&k, &f, c, G, d);
+            if (ps_plan_pipeshard(&r, &o, &p, NULL) == PS_OK) {
+                if (!(best->iteration_s <= p->iteration_s * (1 + 1e-9)))
+                    fail_msg("global %lld: %d micro-batches %.9g s, kept %d at %.9g s", G, d,
+                             p->iteration_s, Bb, best->iteration_s);
+                ps_plan_free(p);
+            }
+            ps_graph_free(f);
+        }
+        printf("# gpt-350m (%d blocks), global batch %lld on %s: %d micro-batches, %.4g s\n",
+               cases[g].blocks, G, cases[g].cluster, Bb, best->iteration_s);
+        ps_plan_free(best);
+    }
+    /* a graph file cannot be rebuilt per micro-batch size */
     ps_plan *best = NULL;
     ps_error err = {0};
-    if (ps_plan_pipeshard_search(&req, &o, &best, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    check_plan(best, 8);
-    for (int B = 1; B <= 64; B *= 2) {
-        ps_graph *f = NULL;
-        ps_plan *p = NULL;
-        ps_model_config k = cfg;
-        ps_plan_request r = request(&k, &f, c, 64, B);
-        if (ps_plan_pipeshard(&r, &o, &p, NULL) == PS_OK) {
-            assert_true(best->iteration_s <= p->iteration_s * (1 + 1e-12));
-            ps_plan_free(p);
-        }
-        ps_graph_free(f);
-    }
-    printf("# gpt-350m (2 layers), global batch 64 on 8 A100: %d micro-batches, %.4g s\n",
-           best->micro_batches, best->iteration_s);
-    ps_plan_free(best);
-    /* a graph file cannot be rebuilt per micro-batch size */
     req.config = NULL;
-    ps_error_clear(&err);
     assert_int_equal(ps_plan_pipeshard_search(&req, &o, &best, &err), PS_ERR_INVALID);
     ps_cluster_free(c);
     ps_graph_free(fwd);
