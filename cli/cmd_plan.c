@@ -47,8 +47,11 @@ static void help(void)
         "                       candidate stages only where the submesh's share of the\n"
         "                       devices is within a factor 1+T of the layers' share of\n"
         "                       the FLOPs (default: no limit; Alpa's benchmarks use 1)\n"
-        "  --stages FILE        use the stages of a stage file instead of the stage DP\n"
-        "                       (Alpa's manual stage option; docs/plan-format.md)\n"
+        "  --stages auto|uniform|FILE\n"
+        "                       auto: the stage DP (default); uniform: Alpa's uniform\n"
+        "                       plan (as --method uniform, with --dp --op --pp); FILE:\n"
+        "                       the stages of a stage file (Alpa's manual stage option;\n"
+        "                       docs/plan-format.md)\n"
         "  --method uniform --dp D --op O --pp P\n"
         "                       Alpa's uniform 3-D plan: P stages of equal FLOPs, each on a\n"
         "                       D x O mesh with the batch on D\n"
@@ -204,6 +207,7 @@ int ps_cmd_plan(int argc, char **argv)
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
     const char *stages_file = NULL, *dump_dir = NULL, *profile_path = NULL;
+    bool stages_uniform = false, stages_given = false; /* --stages uniform, any --stages */
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
@@ -315,7 +319,13 @@ int ps_cmd_plan(int argc, char **argv)
                                                   ">= 0");
             inter.stage_imbalance_tolerance = x;
             break;
-        case OPT_STAGES: stages_file = optarg; break;
+        case OPT_STAGES: /* auto: the stage DP; uniform: Alpa's uniform plan; else a file */
+            stages_file = strcmp(optarg, "auto") == 0 || strcmp(optarg, "uniform") == 0
+                              ? NULL
+                              : optarg;
+            stages_uniform = strcmp(optarg, "uniform") == 0;
+            stages_given = true;
+            break;
         case OPT_DP:
         case OPT_OP:
         case OPT_PP:
@@ -396,6 +406,12 @@ int ps_cmd_plan(int argc, char **argv)
     req.config = from_zoo ? &cfg : NULL;
     req.train = mo.train;
     req.cluster = cluster;
+    if (stages_given && !pipeshard) {
+        st = ps_error_set(&err, PS_ERR_INVALID, "--stages applies to --method pipeshard");
+        goto out;
+    }
+    if (stages_uniform)
+        uniform = true;
     if (pipeshard) {
         if (do_explain) {
             st = ps_error_set(&err, PS_ERR_UNSUPPORTED,
@@ -407,7 +423,8 @@ int ps_cmd_plan(int argc, char **argv)
         if (uniform) {
             if (dp == 0 || op_degree == 0 || pp == 0 || stages_file != NULL) {
                 st = ps_error_set(&err, PS_ERR_INVALID,
-                                  "--method uniform needs --dp, --op and --pp (and no --stages)");
+                                  "uniform stages (--method uniform or --stages uniform) need "
+                                  "--dp, --op and --pp, and no stage file");
                 goto out;
             }
             PS_TRY(ps_plan_uniform(&req, &inter, dp, op_degree, pp, &plan, &err));

@@ -994,6 +994,32 @@ static void test_plan(void **state)
         expect_exit(&r, 1);
         expect_in(&r, false, "apply to --method pipeshard");
         run_result_free(&r);
+        /* --stages auto|uniform|FILE */
+        const char *k[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
+                           "uniform", "--dp", "2", "--op", "2", "--pp", "2", "-o", out, NULL};
+        run_ok(fx, k, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "stage 1 ");
+        expect_in(&r, true, "logical mesh (2, 2)");
+        run_result_free(&r);
+        const char *l[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
+                           "auto", "-o", out, NULL};
+        run_ok(fx, l, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "predicted     iteration");
+        run_result_free(&r);
+        const char *m[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
+                           "uniform", "-o", out, NULL};
+        run_ok(fx, m, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "need --dp, --op and --pp");
+        run_result_free(&r);
+        const char *n[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "zero2", "--stages", "auto", "-o", out, NULL};
+        run_ok(fx, n, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "--stages applies to --method pipeshard");
+        run_result_free(&r);
         /* Alpa's manual submesh choices: a list, checked against the cluster */
         const char *f[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--submesh-choices", "1x4,2x8", "-o",
