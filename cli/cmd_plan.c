@@ -141,6 +141,31 @@ static void explain(const ps_graph *step, const ps_intra_result *r)
     }
 }
 
+/* The stages in the words of Alpa's pipeshard output: layer ids per stage,
+ * physical and logical mesh shapes, autosharding options. */
+static void alpa_lines(const ps_plan *p)
+{
+    printf("forward_stage_layer_ids  [");
+    for (int i = 0; i < p->n_stages; i++) {
+        printf("%s[", i > 0 ? ", " : "");
+        for (int l = p->stages[i].first_layer; l <= p->stages[i].last_layer; l++)
+            printf("%s%d", l > p->stages[i].first_layer ? ", " : "", l);
+        printf("]");
+    }
+    printf("]\nsubmesh_shapes           [");
+    for (int i = 0; i < p->n_stages; i++)
+        printf("%s(%d, %d)", i > 0 ? ", " : "", p->stages[i].submesh[0], p->stages[i].submesh[1]);
+    printf("]\nlogical_mesh_shapes      [");
+    for (int i = 0; i < p->n_stages; i++)
+        printf("%s(%d, %d)", i > 0 ? ", " : "", p->stages[i].logical_mesh[0],
+               p->stages[i].logical_mesh[1]);
+    printf("]\nautosharding_options     [");
+    for (int i = 0; i < p->n_stages; i++)
+        printf("%s%s", i > 0 ? ", " : "",
+               p->stages[i].force_batch_axis0 ? "{force_batch_dim_to_mesh_dim: 0}" : "{}");
+    printf("]\n");
+}
+
 static void summary(const ps_plan *p, const ps_intra_result *r)
 {
     char a[64], b[64], c[64], d[64], e[64];
@@ -175,6 +200,9 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
                ps_cli_bytes(s->optimizer_bytes, d, sizeof d),
                ps_cli_bytes(s->activation_bytes, e, sizeof e));
     }
+    if (strcmp(p->method, "pipeshard") == 0 || strcmp(p->method, "uniform") == 0 ||
+        strcmp(p->method, "manual") == 0)
+        alpa_lines(p);
     printf("predicted     iteration %.4g s, %.4g TFLOP/s per device (%.1f%% of peak), peak "
            "memory %s\n",
            p->iteration_s, p->tflops_per_device, p->mfu * 100,

@@ -155,6 +155,8 @@ static ps_status stage_json(const ps_plan_stage *s, int index, json_t **out)
     PS_TRY(ps_json_set(o, "devices", ints_json(s->devices, s->n_devices)));
     PS_TRY(ps_json_set(o, "submesh", ints_json(s->submesh, 2)));
     PS_TRY(ps_json_set(o, "logical_mesh", ints_json(s->logical_mesh, 2)));
+    if (s->force_batch_axis0)
+        PS_TRY(ps_json_set(o, "force_batch_axis0", json_true()));
     PS_TRY(ps_json_set(o, "time_s", json_real(s->time_s)));
     PS_TRY(ps_json_set(o, "peak_memory_bytes", json_real(s->peak_memory_bytes)));
     pred = json_object();
@@ -286,9 +288,9 @@ static ps_status read_spec(const ps_jv *v, ps_sharding_spec *out, ps_error *err)
 
 static ps_status read_stage(const ps_jv *sv, ps_plan *p, ps_error *err)
 {
-    static const char *const keys[] = {"index", "layers", "devices", "submesh", "logical_mesh",
-                                       "time_s", "peak_memory_bytes", "predicted", "ops",
-                                       "tensors", NULL};
+    static const char *const keys[] = {"index",   "layers",    "devices", "submesh",
+                                       "logical_mesh", "force_batch_axis0", "time_s",
+                                       "peak_memory_bytes", "predicted", "ops", "tensors", NULL};
     ps_status st = PS_OK;
     ps_jv v, ops_v, tensors_v, pred;
     size_t n_dev, n_ops;
@@ -320,6 +322,7 @@ static ps_status read_stage(const ps_jv *sv, ps_plan *p, ps_error *err)
     PS_TRY(read_ints(&v, s->submesh, 2, 1, PS_CLUSTER_MAX_DEVICES, err));
     PS_TRY(ps_jv_member(sv, "logical_mesh", &v, err));
     PS_TRY(read_ints(&v, s->logical_mesh, 2, 1, PS_CLUSTER_MAX_DEVICES, err));
+    PS_TRY(ps_jv_opt_bool(sv, "force_batch_axis0", false, &s->force_batch_axis0, err));
     PS_TRY(ps_jv_opt_double(sv, "time_s", 0, 0, 1e30, &s->time_s, err));
     PS_TRY(ps_jv_opt_double(sv, "peak_memory_bytes", 0, 0, 1e30, &s->peak_memory_bytes, err));
     if (ps_jv_has(sv, "predicted")) {

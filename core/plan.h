@@ -36,6 +36,7 @@ typedef struct ps_plan_stage {
     int *devices;                /* global ids, row-major over the logical mesh */
     int submesh[2];              /* hosts, devices per host */
     int logical_mesh[2];         /* d0, d1 */
+    bool force_batch_axis0;      /* the ILP kept the batch dimension on mesh axis 0 */
     /* predictions (seconds per micro-batch; update per step) */
     double forward_s, backward_s, update_s;
     double time_s;               /* forward + backward of one micro-batch */

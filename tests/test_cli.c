@@ -1001,6 +1001,13 @@ static void test_plan(void **state)
         expect_exit(&r, 0);
         expect_in(&r, true, "stage 1 ");
         expect_in(&r, true, "logical mesh (2, 2)");
+        /* Alpa's words for the same stages */
+        expect_in(&r, true, "forward_stage_layer_ids  [[0], [1]]");
+        expect_in(&r, true, "submesh_shapes           [(1, 4), (1, 4)]");
+        expect_in(&r, true, "logical_mesh_shapes      [(2, 2), (2, 2)]");
+        expect_in(&r, true,
+                  "autosharding_options     [{force_batch_dim_to_mesh_dim: 0}, "
+                  "{force_batch_dim_to_mesh_dim: 0}]");
         run_result_free(&r);
         const char *l[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "auto", "-o", out, NULL};

@@ -78,11 +78,13 @@ static void plan_file_round_trip(void **state)
                                               PS_METHOD_ZERO3};
     for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
         ps_plan *p = mlp_plan(methods[i], "p3.16xlarge:2", 2);
+        p->stages[0].force_batch_axis0 = i % 2 == 0; /* an autosharding option */
         ps_error err = {0};
         assert_int_equal(ps_plan_save(p, path, &err), PS_OK);
         ps_plan *back = NULL;
         if (ps_plan_load(path, &back, &err) != PS_OK)
             fail_msg("%s", err.msg);
+        assert_int_equal(back->stages[0].force_batch_axis0, i % 2 == 0);
         char *a = dump(p), *b = dump(back);
         assert_string_equal(a, b);
         char da[32], db[32];
@@ -151,6 +153,8 @@ static void malformed_plan_files(void **state)
         {"\"schedule\": \"1f1b\"", "\"schedule\": 3", "expected a string"},
         {"\"logical_mesh\": [\n    1,", "\"logical_mesh\": [\n    2,", "logical mesh 2x8"},
         {"\"layers\": [\n    0,", "\"layers\": [\n    1,", "consecutive layers"},
+        {"\"logical_mesh\": [", "\"force_batch_axis0\": 1, \"logical_mesh\": [",
+         "expected true or false"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         char *at = strstr(good, edits[i].from);
