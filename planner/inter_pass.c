@@ -266,7 +266,8 @@ static uint64_t graph_hash(const ps_graph *g)
 typedef struct entry {
     bool ok;
     double need_bytes; /* the fastest layout's memory, even when it does not fit */
-    double time_s, update_s;
+    double time_s, update_s; /* forward + backward per micro-batch; update per step */
+    double forward_s;        /* the forward part of time_s */
     double static_bytes, act_bytes, transient_bytes;
 } entry;
 
@@ -394,6 +395,7 @@ static void entry_fill(entry *e, const ps_intra_result *r)
     e->time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
                 r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
                 r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
+    e->forward_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD];
     e->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
     e->static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
     e->act_bytes = r->activation_bytes;
@@ -1163,6 +1165,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         sum.ok = sum.ok && e->ok;
                         sum.need_bytes += e->need_bytes;
                         sum.time_s += e->time_s;
+                        sum.forward_s += e->forward_s;
                         sum.update_s += e->update_s;
                         sum.static_bytes += e->static_bytes;
                         sum.act_bytes += e->act_bytes;
@@ -1217,13 +1220,15 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
                         if (o->print_rows && e->ok && way == 0)
                             printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g "
-                                   "ms, receives %.4g ms (%.4g ms from other nodes), "
+                                   "ms (forward %.4g, backward %.4g), update %.4g ms per step, "
+                                   "receives %.4g ms (%.4g ms from other nodes), "
                                    "weights+state %.4g GB, activations %.4g GB per "
                                    "micro-batch, later stages allowed %d)\n",
                                    l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                    cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
                                    cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
-                                   receive_s * 1e3,
+                                   e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
+                                   e->update_s * 1e3, receive_s * 1e3,
                                    stage_receive_s(c, &lay, l, i, subs[s].hosts,
                                                    subs[s].devices, true) * 1e3,
                                    e->static_bytes / 1e9, e->act_bytes / 1e9,

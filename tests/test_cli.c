@@ -969,6 +969,9 @@ static void test_plan(void **state)
         expect_exit(&r, 0);
         expect_in(&r, true, "receives ");
         expect_in(&r, true, "layers: 2 clustered");
+        expect_in(&r, true, "] = stage(time ");
+        expect_in(&r, true, " ms (forward ");
+        expect_in(&r, true, "update ");
         expect_in(&r, true, "layer[1] = (forward ops ");
         run_result_free(&r);
         const char *b[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
