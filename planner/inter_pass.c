@@ -83,9 +83,9 @@ typedef struct submesh {
 static double boundary_receive_s(const ps_cluster *c, const ps_layering *lay, int b, int hosts,
                                  int devices, bool across)
 {
-    double bytes = lay->boundary_bytes[b];
-    if (b <= 0 || b >= lay->n_layers || !(bytes > 0))
+    if (b <= 0 || b >= lay->n_layers || !(lay->boundary_bytes[b] > 0))
         return 0;
+    double bytes = lay->boundary_bytes[b];
     double intra = (double)hosts * devices * c->intra.bandwidth_bytes_per_s;
     if (!across)
         return c->intra.latency_s + bytes / intra;
