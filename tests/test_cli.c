@@ -441,6 +441,26 @@ static void test_cluster_manifest(void **state)
 
 /* ---- usage errors and help ------------------------------------------------- */
 
+/* A run that exits 0 and prints needle on stdout. */
+static void expect_success(const fixture *fx, const char *const *args, const char *needle)
+{
+    run_result r;
+    run_ok(fx, args, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, needle);
+    run_result_free(&r);
+}
+
+/* A run that fails (exit 1) saying needle on stderr. */
+static void expect_failure(const fixture *fx, const char *const *args, const char *needle)
+{
+    run_result r;
+    run_ok(fx, args, &r);
+    expect_exit(&r, 1);
+    expect_in(&r, false, needle);
+    run_result_free(&r);
+}
+
 static void expect_usage_error(const fixture *fx, const char *const *args, const char *needle)
 {
     run_result r;
@@ -812,11 +832,7 @@ static void test_sim_node_collectives(void **state)
     }
     {
         const char *a[] = {"sim", "--plan", out, "--node-collectives", "closed-form", NULL};
-        run_result r;
-        run_ok(fx, a, &r);
-        expect_exit(&r, 0);
-        expect_in(&r, true, "simulated / predicted");
-        run_result_free(&r);
+        expect_success(fx, a, "simulated / predicted");
     }
     {
         const char *a[] = {"sim", "--plan", out, "--node-collectives", "fast", NULL};
@@ -893,10 +909,7 @@ static void test_remat_layers(void **state)
     assert_true(act > number_at(j, "activation_bytes_per_microbatch_remat"));
     json_decref(j);
     const char *bad[] = {"graph", "--model", "gpt-350m", "--remat-layers", "3-99", NULL};
-    run_ok(fx, bad, &r);
-    expect_exit(&r, 1);
-    expect_in(&r, false, "layer 99 does not exist");
-    run_result_free(&r);
+    expect_failure(fx, bad, "layer 99 does not exist");
 }
 
 /* plan: usage errors, a plan written and explained, a model that does not fit. */
@@ -976,27 +989,18 @@ static void test_plan(void **state)
         run_result_free(&r);
         const char *b[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--no-transfer-costs", "-o", out, NULL};
-        run_ok(fx, b, &r);
-        expect_exit(&r, 0);
-        expect_in(&r, true, "predicted     iteration");
-        run_result_free(&r);
+        expect_success(fx, b, "predicted     iteration");
         /* every range solved, and Alpa's imbalance tolerance */
         const char *c[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--exact-ranges",
                            "--stage-imbalance-tolerance", "1", "-o", out, NULL};
-        run_ok(fx, c, &r);
-        expect_exit(&r, 0);
-        expect_in(&r, true, "predicted     iteration");
-        run_result_free(&r);
+        expect_success(fx, c, "predicted     iteration");
         const char *d[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
                            "--stage-imbalance-tolerance", "-1", "-o", out, NULL};
         expect_usage_error(fx, d, "--stage-imbalance-tolerance wants a number >= 0");
         const char *e[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                            "data", "--exact-ranges", "-o", out, NULL};
-        run_ok(fx, e, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "apply to --method pipeshard");
-        run_result_free(&r);
+        expect_failure(fx, e, "apply to --method pipeshard");
         /* --stages auto|uniform|FILE */
         const char *k[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "uniform", "--dp", "2", "--op", "2", "--pp", "2", "-o", out, NULL};
@@ -1014,30 +1018,18 @@ static void test_plan(void **state)
         run_result_free(&r);
         const char *l[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "auto", "-o", out, NULL};
-        run_ok(fx, l, &r);
-        expect_exit(&r, 0);
-        expect_in(&r, true, "predicted     iteration");
-        run_result_free(&r);
+        expect_success(fx, l, "predicted     iteration");
         const char *m[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "uniform", "-o", out, NULL};
-        run_ok(fx, m, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "need --dp, --op and --pp");
-        run_result_free(&r);
+        expect_failure(fx, m, "need --dp, --op and --pp");
         const char *n[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
                            "zero2", "--stages", "auto", "-o", out, NULL};
-        run_ok(fx, n, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "--stages applies to --method pipeshard");
-        run_result_free(&r);
+        expect_failure(fx, n, "--stages applies to --method pipeshard");
         /* Alpa's manual submesh choices: a list, checked against the cluster */
         const char *f[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--submesh-choices", "1x4,2x8", "-o",
                            out, NULL};
-        run_ok(fx, f, &r);
-        expect_exit(&r, 0);
-        expect_in(&r, true, "predicted     iteration");
-        run_result_free(&r);
+        expect_success(fx, f, "predicted     iteration");
         const char *g[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
                            "--submesh-choices", "1x4,", "-o", out, NULL};
         expect_usage_error(fx, g, "ends with a comma");
@@ -1046,16 +1038,10 @@ static void test_plan(void **state)
         expect_usage_error(fx, h, "--submesh-choices wants power_of_two");
         const char *i[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
                            "--submesh-choices", "2x4", "-o", out, NULL};
-        run_ok(fx, i, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "submesh 2x4 does not fit dgx-a100:2");
-        run_result_free(&r);
+        expect_failure(fx, i, "submesh 2x4 does not fit dgx-a100:2");
         const char *j[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                            "data", "--submesh-choices", "all", "-o", out, NULL};
-        run_ok(fx, j, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "apply to --method pipeshard");
-        run_result_free(&r);
+        expect_failure(fx, j, "apply to --method pipeshard");
     }
     {
         /* a stage file with a malformed stage: positioned error */
@@ -1071,10 +1057,7 @@ static void test_plan(void **state)
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--stages", stages,
                            "-o", out, NULL};
         run_result r;
-        run_ok(fx, a, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "stages.json:2:43: stages[0].submesh: expected two numbers");
-        run_result_free(&r);
+        expect_failure(fx, a, "stages.json:2:43: stages[0].submesh: expected two numbers");
         /* and a good one */
         f = fopen(stages, "w");
         fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
@@ -1095,20 +1078,12 @@ static void test_plan(void **state)
     {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--explain",
                            "-o", out, NULL};
-        run_result r;
-        run_ok(fx, a, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "--explain prints one stage's strategies");
-        run_result_free(&r);
+        expect_failure(fx, a, "--explain prints one stage's strategies");
     }
     {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method",
                            "data", "--layer-num", "2", "-o", out, NULL};
-        run_result r;
-        run_ok(fx, a, &r);
-        expect_exit(&r, 1);
-        expect_in(&r, false, "apply to --method pipeshard");
-        run_result_free(&r);
+        expect_failure(fx, a, "apply to --method pipeshard");
     }
 }
 

@@ -43,6 +43,28 @@ static ps_plan_request request(ps_model_config *cfg, ps_graph **fwd, const ps_cl
                              .micro_batches = micro_batches, .ilp = ps_ilp_options_default()};
 }
 
+/* GPT-350M with 8 blocks on two p3.16xlarge nodes, global batch 256 in 16
+ * micro-batches, clustered into `layer_num` layers: the multi-node case of
+ * several tests. */
+typedef struct two_nodes {
+    ps_model_config cfg;
+    ps_graph *fwd;
+    ps_cluster *cluster;
+    ps_plan_request req;
+    ps_inter_options o;
+} two_nodes;
+
+static void two_nodes_setup(two_nodes *t, int layer_num)
+{
+    t->cfg = gpt350m(8);
+    t->fwd = NULL;
+    t->cluster = preset("p3.16xlarge:2");
+    t->req = request(&t->cfg, &t->fwd, t->cluster, 256, 16);
+    t->o = ps_inter_options_default();
+    t->o.layer_num = layer_num;
+}
+
+
 static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
                          int micro_batches, const char *cluster, const ps_inter_options *o,
                          bool remat, ps_status want, ps_error *err)
@@ -250,12 +272,13 @@ static void logical_meshes_divide_the_batch(void **state)
 static void imbalance_tolerance(void **state)
 {
     (void)state;
-    ps_model_config cfg = gpt350m(8);
-    ps_graph *fwd = NULL;
-    ps_cluster *c = preset("p3.16xlarge:2");
-    ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
-    ps_inter_options o = ps_inter_options_default();
-    o.layer_num = 4;
+    two_nodes nodes;
+    two_nodes_setup(&nodes, 4);
+    ps_model_config cfg = nodes.cfg;
+    ps_graph *fwd = nodes.fwd;
+    ps_cluster *c = nodes.cluster;
+    ps_plan_request req = nodes.req;
+    ps_inter_options o = nodes.o;
     ps_layering lay = {0};
     assert_int_equal(ps_layer_cluster_auto(fwd, o.layer_num, 0.5, &lay, NULL), PS_OK);
     double total = 0;
@@ -322,12 +345,12 @@ static void imbalance_tolerance(void **state)
 static void beats_one_stage_across_nodes(void **state)
 {
     (void)state;
-    ps_model_config cfg = gpt350m(8);
-    ps_graph *fwd = NULL;
-    ps_cluster *c = preset("p3.16xlarge:2");
-    ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
-    ps_inter_options o = ps_inter_options_default();
-    o.layer_num = 3;
+    two_nodes nodes;
+    two_nodes_setup(&nodes, 3);
+    ps_graph *fwd = nodes.fwd;
+    ps_cluster *c = nodes.cluster;
+    ps_plan_request req = nodes.req;
+    ps_inter_options o = nodes.o;
     ps_plan *p = NULL;
     ps_error err = {0};
     if (ps_plan_pipeshard(&req, &o, &p, &err) != PS_OK)
@@ -536,12 +559,12 @@ static void plans_rebuild_their_model(void **state)
 static void manual_submesh_choices(void **state)
 {
     (void)state;
-    ps_model_config cfg = gpt350m(8);
-    ps_graph *fwd = NULL;
-    ps_cluster *c = preset("p3.16xlarge:2");
-    ps_plan_request req = request(&cfg, &fwd, c, 256, 16);
-    ps_inter_options o = ps_inter_options_default();
-    o.layer_num = 4;
+    two_nodes nodes;
+    two_nodes_setup(&nodes, 4);
+    ps_graph *fwd = nodes.fwd;
+    ps_cluster *c = nodes.cluster;
+    ps_plan_request req = nodes.req;
+    ps_inter_options o = nodes.o;
     const char *lists[] = {"1x4,2x8", "1x8", "1x2,1x4"};
     for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
         ps_error err = {0};
