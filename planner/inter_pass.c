@@ -314,21 +314,12 @@ static ps_status solve_fastest(const ps_graph *slice, const ps_logical_mesh *m, 
     return ps_intra_solve(slice, m, &io, out, err);
 }
 
-/* Whether a lean configuration's layout differs from the plain one's: only
- * when the fastest layout's lasting memory is 5% or more above the least. */
-static bool lean_applies(const config *cf, const ps_intra_result *fastest)
-{
-    double lasting = fastest->weight_bytes + fastest->gradient_bytes + fastest->optimizer_bytes +
-                     fastest->activation_bytes;
-    return cf->lean && lasting > 1.05 * fastest->min_memory_bytes;
-}
-
 /* The solve within a budget that a configuration and its lean variant may
  * share: the lean layout still over the budget leaves the same program as
  * the plain one's when its temporaries are the same. */
 typedef struct budget_memo {
     double cap;   /* the budget of the plain configuration's solve; NAN: none */
-    bool reused;  /* set by solve_within_memo: the answer is that solve's */
+    bool reused;  /* set by solve_within: the answer is that solve's */
 } budget_memo;
 
 /* From the fastest layout: for a lean configuration one that weighs memory
@@ -338,10 +329,10 @@ typedef struct budget_memo {
  * layout is shared by a configuration and its lean variant, and by the
  * retries with smaller budgets. With a memo, a budgeted solve whose budget
  * is the memo's is skipped (memo->reused). */
-static ps_status solve_within_memo(const ps_graph *slice, const ps_logical_mesh *m,
-                                   const config *cf, const ps_plan_request *req, double limit_s,
-                                   double budget, const ps_intra_result *fastest,
-                                   budget_memo *memo, ps_intra_result **out, ps_error *err)
+static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                              const ps_plan_request *req, double limit_s, double budget,
+                              const ps_intra_result *fastest, budget_memo *memo,
+                              ps_intra_result **out, ps_error *err)
 {
     ps_intra_options io = stage_intra_options(cf, req, limit_s);
     io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
@@ -350,7 +341,7 @@ static ps_status solve_within_memo(const ps_graph *slice, const ps_logical_mesh 
     *out = NULL;
     double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
     double transient = r->peak_memory_bytes - lasting;
-    if (lean_applies(cf, fastest)) {
+    if (cf->lean && lasting > 1.05 * r->min_memory_bytes) {
         /* memory weighed like time: each byte above the least costs what the
          * fastest layout's time per byte is, twice (a soft constraint that
          * keeps the exact reductions; a hard one is far slower to solve) */
@@ -379,14 +370,6 @@ static ps_status solve_within_memo(const ps_graph *slice, const ps_logical_mesh 
     }
     *out = own;
     return PS_OK;
-}
-
-static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
-                              const ps_plan_request *req, double limit_s, double budget,
-                              const ps_intra_result *fastest, ps_intra_result **out,
-                              ps_error *err)
-{
-    return solve_within_memo(slice, m, cf, req, limit_s, budget, fastest, NULL, out, err);
 }
 
 static void entry_fill(entry *e, const ps_intra_result *r)
@@ -421,14 +404,9 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     budget_memo memo = {.cap = NAN};
     for (int v = 0; v < n && st == PS_OK; v++) {
         ps_intra_result *r = NULL;
-        if (v > 0 && !lean_applies(cfs[v], fastest) && !lean_applies(cfs[0], fastest)) {
-            *es[v] = *es[0]; /* the same solves: the same entry */
-            continue;
-        }
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
-        st = solve_within_memo(slice, m, cfs[v], req, limit_s, budget, fastest, &memo, &r,
-                               &inner);
+        st = solve_within(slice, m, cfs[v], req, limit_s, budget, fastest, &memo, &r, &inner);
         if (st == PS_OK && memo.reused)
             *es[v] = *es[0];
         else if (st == PS_OK)
@@ -479,9 +457,7 @@ static bool place(const ps_cluster *c, const submesh *stage_sub, int n, int *fir
     for (int k = 0, offset = 0; k < n && in_order; k++) {
         const submesh *s = &stage_sub[k];
         int size = s->hosts * s->devices;
-        in_order = offset + size <= N * M &&
-                   (s->hosts > 1 || s->devices == M ? offset % M == 0
-                                                     : offset / M == (offset + size - 1) / M);
+        in_order = offset + size <= N * M && ps_stage_fits_at(size, offset, M);
         first[k] = offset;
         offset += size;
     }
@@ -721,7 +697,7 @@ static bool stage_item(void *ctx, int k)
     for (int attempt = 0; st == PS_OK && attempt < 6; attempt++) {
         ps_intra_result_free(r);
         r = NULL;
-        st = solve_within(ss->slices[k], m, &ch->cfg, ss->req, 0, budget, fastest, &r,
+        st = solve_within(ss->slices[k], m, &ch->cfg, ss->req, 0, budget, fastest, NULL, &r,
                           &ss->errors[k]);
         if (st != PS_OK)
             break;

@@ -61,6 +61,18 @@ ps_status ps_stage_table_place_in_order(ps_stage_table *t, int devices_per_node)
     return PS_OK;
 }
 
+bool ps_stage_fits_at(int size, int offset, int devices_per_node)
+{
+    int M = devices_per_node;
+    return size < M ? offset / M == (offset + size - 1) / M : offset % M == 0;
+}
+
+/* What a stage on submesh sub receives across boundary b per micro-batch. */
+static double recv_at(const ps_stage_table *t, int b, int sub, bool across)
+{
+    return t->recv_s[((size_t)b * t->n_submeshes + sub) * 2 + (across ? 1 : 0)];
+}
+
 double ps_stage_table_placed_cost(const ps_stage_table *t, size_t k, int first, int last,
                                   int sub, int offset)
 {
@@ -68,13 +80,13 @@ double ps_stage_table_placed_cost(const ps_stage_table *t, size_t k, int first, 
     int M = t->devices_per_node;
     if (M <= 0 || !isfinite(cost))
         return cost;
-    int n = t->sub_devices[sub], S = t->n_submeshes;
-    if (n < M ? offset / M != (offset + n - 1) / M : offset % M != 0)
+    int n = t->sub_devices[sub];
+    if (!ps_stage_fits_at(n, offset, M))
         return INFINITY;
     if (first > 0)
-        cost += t->recv_s[((size_t)first * S + sub) * 2 + (offset % M == 0)];
+        cost += recv_at(t, first, sub, offset % M == 0);
     if (last + 1 < t->n_layers)
-        cost += t->recv_s[((size_t)(last + 1) * S + sub) * 2 + ((offset + n) % M == 0)];
+        cost += recv_at(t, last + 1, sub, (offset + n) % M == 0);
     return cost;
 }
 
@@ -181,15 +193,9 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
                         costs[n_costs++] = t->cost[k];
                         continue;
                     }
-                    for (int v = 0; v < 4; v++) {
-                        double v_cost = t->cost[k];
-                        if (l > 0)
-                            v_cost += t->recv_s[((size_t)l * t->n_submeshes + s) * 2 + (v & 1)];
-                        if (i + 1 < L)
-                            v_cost += t->recv_s[((size_t)(i + 1) * t->n_submeshes + s) * 2 +
-                                           (v >> 1)];
-                        costs[n_costs++] = v_cost;
-                    }
+                    for (int v = 0; v < 4; v++) /* v & 1, v & 2: first, last edge across */
+                        costs[n_costs++] = t->cost[k] + (l > 0 ? recv_at(t, l, s, v & 1) : 0) +
+                                           (i + 1 < L ? recv_at(t, i + 1, s, v & 2) : 0);
                 }
     qsort(costs, n_costs, sizeof *costs, cmp_double);
     double best = INFINITY;

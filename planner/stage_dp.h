@@ -20,6 +20,7 @@
 #ifndef PS_PLANNER_STAGE_DP_H
 #define PS_PLANNER_STAGE_DP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/status.h"
@@ -52,6 +53,11 @@ size_t ps_stage_table_index(const ps_stage_table *t, int first, int last, int su
 /* Turns in-order placement on for nodes of `devices_per_node` devices; the
  * receive costs start at 0 (set recv_s after). */
 ps_status ps_stage_table_place_in_order(ps_stage_table *t, int devices_per_node);
+
+/* Whether a stage of `size` devices may start at device `offset` on nodes of
+ * `devices_per_node`: within one node when smaller than a node, else on a
+ * node's first device. */
+bool ps_stage_fits_at(int size, int offset, int devices_per_node);
 
 /* Entry k (layers first..last on submesh sub) as a stage starting at device
  * `offset`: its cost with what it receives under in-order placement, or
