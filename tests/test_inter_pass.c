@@ -15,6 +15,7 @@
 #include "planner/layer_cluster.h"
 #include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
+#include "core/profile_db.h"
 
 /* GPT-350M's configuration with `layers` blocks. */
 static ps_model_config gpt350m(int layers)
@@ -65,9 +66,9 @@ static void two_nodes_setup(two_nodes *t, int layer_num)
 }
 
 
-static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
-                         int micro_batches, const char *cluster, const ps_inter_options *o,
-                         bool remat, ps_status want, ps_error *err)
+static ps_plan *plan_on(const char *model, int hidden, int layers, long long global_batch,
+                        int micro_batches, const ps_cluster *c, const ps_inter_options *o,
+                        bool remat, ps_status want, ps_error *err)
 {
     ps_model_config cfg;
     assert_int_equal(ps_zoo_lookup(model, &cfg, NULL), PS_OK);
@@ -78,15 +79,23 @@ static ps_plan *plan_for(const char *model, int hidden, int layers, long long gl
     if (layers > 0)
         cfg.layers = layers;
     ps_graph *fwd = NULL;
-    ps_cluster *c = preset(cluster);
     ps_plan_request req = request(&cfg, &fwd, c, global_batch, micro_batches);
     req.train.remat = remat;
     ps_plan *p = NULL;
     ps_status st = ps_plan_pipeshard(&req, o, &p, err);
     if (st != want)
         fail_msg("status %d, expected %d: %s", st, want, err->msg);
-    ps_cluster_free(c);
     ps_graph_free(fwd);
+    return p;
+}
+
+static ps_plan *plan_for(const char *model, int hidden, int layers, long long global_batch,
+                         int micro_batches, const char *cluster, const ps_inter_options *o,
+                         bool remat, ps_status want, ps_error *err)
+{
+    ps_cluster *c = preset(cluster);
+    ps_plan *p = plan_on(model, hidden, layers, global_batch, micro_batches, c, o, remat, want, err);
+    ps_cluster_free(c);
     return p;
 }
 
@@ -175,6 +184,49 @@ static void tutorial_mlp(void **state)
     assert_true(fabs(a->iteration_s - b->iteration_s) <= 1e-12 * a->iteration_s);
     ps_plan_free(a);
     ps_plan_free(b);
+}
+
+/* The tutorial again, with the GEMM times measured on an H100 (the profile
+ * DB in traces/data/h100/profiled, fp32 GEMMs from 64^3 to 2048^3) on a
+ * DGX-H100 node: its small GEMMs run far from peak (15 us at 64^3, 37.8
+ * TFLOP/s at 1024^3, 50.1 at 2048^3), so eight devices on one stage gain
+ * little over four, and the planner splits the MLP as the tutorial does:
+ * layer 0 on devices 0-3 and layer 1 on devices 4-7, from clustering and
+ * from the manual boundaries alike. (With the analytic model's constant
+ * GEMM efficiency one stage on all eight devices is predicted faster.) */
+static void tutorial_mlp_measured(void **state)
+{
+    (void)state;
+    ps_error err = {0};
+    ps_profile_db *db = NULL;
+    const char *path = PS_TEST_DATA_DIR "/../../traces/data/h100/profiled/h100.profile.json";
+    if (ps_profile_db_load(path, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_cluster *c = preset("dgx-h100:1");
+    assert_true(ps_cluster_find_kind(c, db->device) >= 0);
+    c->profile = db;
+    ps_inter_options o = ps_inter_options_default();
+    for (int manual = 0; manual < 2; manual++) {
+        o.layer_num = manual ? 0 : 2;
+        o.manual_layers = manual;
+        ps_plan *p = plan_on("mlp", 0, 0, 2048, 16, c, &o, false, PS_OK, &err);
+        check_plan(p, 8);
+        assert_int_equal(p->n_stages, 2);
+        for (int k = 0; k < 2; k++) {
+            const ps_plan_stage *s = &p->stages[k];
+            assert_int_equal(s->first_layer, k);
+            assert_int_equal(s->last_layer, k);
+            assert_int_equal(s->n_devices, 4);
+            for (int i = 0; i < 4; i++)
+                assert_int_equal(s->devices[i], 4 * k + i);
+        }
+        printf("# tutorial mlp, measured H100 GEMMs, %s layers: 2 stages of 4 devices, "
+               "iteration %.4g ms\n",
+               manual ? "manual" : "2 clustered", 1e3 * p->iteration_s);
+        ps_plan_free(p);
+    }
+    ps_cluster_free(c);
+    ps_profile_db_free(db);
 }
 
 /* A small GPT on two nodes: a valid pipeline; its file round-trips. */
@@ -624,6 +676,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tutorial_mlp),
+        cmocka_unit_test(tutorial_mlp_measured),
         cmocka_unit_test(gpt_two_nodes),
         cmocka_unit_test(nothing_fits),
         cmocka_unit_test(logical_meshes_divide_the_batch),
