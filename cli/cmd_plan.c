@@ -47,6 +47,10 @@ static void help(void)
         "                       candidate stages only where the submesh's share of the\n"
         "                       devices is within a factor 1+T of the layers' share of\n"
         "                       the FLOPs (default: no limit; Alpa's benchmarks use 1)\n"
+        "  --stage-candidates N pipelines solved and timed per stage DP: its best, then\n"
+        "                       the best of each other stage count within 10%% of it\n"
+        "                       by the DP's objective; the fastest schedule is kept\n"
+        "                       (default 2; 1: Alpa's DP answer alone; at most 16)\n"
         "  --stages auto|uniform|FILE\n"
         "                       auto: the stage DP (default); uniform: Alpa's uniform\n"
         "                       plan (as --method uniform, with --dp --op --pp); FILE:\n"
@@ -81,7 +85,7 @@ enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
     OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
-    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES
+    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES, OPT_CANDIDATES
 };
 
 static const struct option own_options[] = {
@@ -100,6 +104,7 @@ static const struct option own_options[] = {
     {"rows", no_argument, NULL, OPT_ROWS},
     {"no-transfer-costs", no_argument, NULL, OPT_NO_TRANSFER_COSTS},
     {"stage-imbalance-tolerance", required_argument, NULL, OPT_IMBALANCE},
+    {"stage-candidates", required_argument, NULL, OPT_CANDIDATES},
     {"exact-ranges", no_argument, NULL, OPT_EXACT_RANGES},
     {"stages", required_argument, NULL, OPT_STAGES},
     {"dp", required_argument, NULL, OPT_DP},
@@ -347,6 +352,12 @@ int ps_cmd_plan(int argc, char **argv)
                                                   ">= 0");
             inter.stage_imbalance_tolerance = x;
             break;
+        case OPT_CANDIDATES:
+            if (!ps_cli_parse_int(optarg, 1, 16, &v))
+                return ps_cli_usage_error("plan", "--stage-candidates wants an integer from 1 "
+                                                  "to 16");
+            inter.stage_candidates = (int)v;
+            break;
         case OPT_STAGES: /* auto: the stage DP; uniform: Alpa's uniform plan; else a file */
             stages_file = strcmp(optarg, "auto") == 0 || strcmp(optarg, "uniform") == 0
                               ? NULL
@@ -478,11 +489,12 @@ int ps_cmd_plan(int argc, char **argv)
     } else {
         if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
             inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
-            inter.submeshes != PS_SUBMESH_POWER_OF_TWO) {
+            inter.submeshes != PS_SUBMESH_POWER_OF_TWO ||
+            inter.stage_candidates != ps_inter_options_default().stage_candidates) {
             st = ps_error_set(&err, PS_ERR_INVALID,
                               "--layer-num, --schedule, --rows, --exact-ranges, "
-                              "--submesh-choices and --stage-imbalance-tolerance apply to "
-                              "--method pipeshard");
+                              "--submesh-choices, --stage-imbalance-tolerance and "
+                              "--stage-candidates apply to --method pipeshard");
             goto out;
         }
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));

@@ -69,7 +69,7 @@ ps_inter_options ps_inter_options_default(void)
                               .submeshes = PS_SUBMESH_POWER_OF_TWO, .gpipe = false,
                               .print_rows = false, .exact_ranges = false,
                               .stage_time_limit_s = 20, .transfer_costs = true,
-                              .stage_imbalance_tolerance = INFINITY};
+                              .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2};
 }
 
 typedef struct submesh {
@@ -288,6 +288,13 @@ typedef struct cache_item {
 /* The one-stage plan is solved too when the stage DP's cost of it is within
  * this factor of the DP's best pipeline (step 6 of ps_plan_pipeshard). */
 #define ONE_STAGE_WITHIN 2.0
+
+/* Besides the stage DP's best pipeline, the best of each other stage count
+ * whose DP objective is within this factor of it is solved and timed too
+ * (ps_inter_options.stage_candidates pipelines each way at most, nearest
+ * first, and never more than MAX_CANDIDATES). */
+#define CANDIDATES_WITHIN 1.10
+#define MAX_CANDIDATES 16
 
 static ps_intra_options stage_intra_options(const config *cf, const ps_plan_request *req,
                                             double limit_s)
@@ -932,6 +939,18 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                         memory / 1e9);
 }
 
+static ps_status stage_plan_copy(const ps_stage_plan *a, ps_stage_plan *out)
+{
+    *out = *a;
+    out->stages = malloc((size_t)a->n_stages * sizeof *a->stages);
+    if (out->stages == NULL) {
+        memset(out, 0, sizeof *out);
+        return PS_ERR_NOMEM;
+    }
+    memcpy(out->stages, a->stages, (size_t)a->n_stages * sizeof *a->stages);
+    return PS_OK;
+}
+
 static bool same_stages(const ps_stage_plan *a, const ps_stage_plan *b)
 {
     if (a->n_stages != b->n_stages)
@@ -952,6 +971,10 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_graph *fwd = NULL, *step = NULL;
     ps_stage_table *table = NULL;
     ps_stage_plan sp[2] = {{0}, {0}}; /* the DP's answer each way (step 4) */
+    ps_stage_plan *by_count = NULL;   /* [L + 1]: the DP's best per stage count */
+    int *order = NULL;                /* [L]: stage counts by the DP's objective */
+    ps_stage_plan realized[2 * MAX_CANDIDATES] = {{0}}; /* the candidates solved */
+    int n_realized = 0;
     ps_graph *table_step = NULL;      /* the step with each layer a stage */
     int *layer_self = NULL;           /* [layer] = layer */
     double *flops_prefix = NULL;      /* [L + 1] forward FLOPs of layers before each */
@@ -983,6 +1006,10 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     int L = lay.n_layers;
     flops_prefix = malloc(((size_t)L + 1) * sizeof *flops_prefix);
     PS_TRY_ALLOC(flops_prefix, err);
+    by_count = calloc((size_t)L + 1, sizeof *by_count);
+    order = malloc((size_t)L * sizeof *order);
+    PS_TRY_ALLOC(by_count, err);
+    PS_TRY_ALLOC(order, err);
     flops_prefix[0] = 0;
     for (int q = 0; q < L; q++)
         flops_prefix[q + 1] = flops_prefix[q] + lay.flops[q];
@@ -1211,9 +1238,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                    table->max_succ[idx]);
                     }
                 }
-        ps_stage_plan *cur = &sp[way];
         ps_error inner = {0};
-        if ((st = ps_stage_dp(table, D, B, cur, &inner)) != PS_OK) {
+        int max_cand = o->stage_candidates < 1                ? 1
+                       : o->stage_candidates > MAX_CANDIDATES ? MAX_CANDIDATES
+                                                              : o->stage_candidates;
+        if ((st = ps_stage_dp_by_count(table, D, B, max_cand > 1 ? CANDIDATES_WITHIN : 1.0,
+                                       by_count, &inner)) != PS_OK) {
             /* memory alone decides feasibility both ways, unless the first
              * way's stages did not pack and in-order placement fits none */
             if (st == PS_ERR_INFEASIBLE && in_order && *out == NULL)
@@ -1229,47 +1259,77 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
             goto out;
         }
-        if (way > 0 && *out != NULL && same_stages(cur, &sp[0]))
-            break;
+        /* the candidates, best DP objective first: Alpa's answer (sp[way]),
+         * then the best pipeline of each other stage count near it */
+        int n_cand = 0;
+        for (int n = 1; n <= L; n++) {
+            if (by_count[n].n_stages == 0)
+                continue;
+            int at = n_cand++;
+            for (; at > 0 && by_count[order[at - 1]].iteration_s > by_count[n].iteration_s; at--)
+                order[at] = order[at - 1];
+            order[at] = n;
+        }
+        if (n_cand > max_cand)
+            n_cand = max_cand;
+        sp[way] = by_count[order[0]];
+        memset(&by_count[order[0]], 0, sizeof by_count[order[0]]);
+        for (int q = 0; q < n_cand; q++) {
+            const ps_stage_plan *cur = q == 0 ? &sp[way] : &by_count[order[q]];
+            bool seen = false;
+            for (int r = 0; r < n_realized && !seen; r++)
+                seen = same_stages(cur, &realized[r]);
+            if (seen)
+                continue;
 
-        /* 5. placement and each stage's sharding */
-        stage_spec chosen[64];
-        if (cur->n_stages > 64) {
-            st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
-            goto out;
+            /* 5. placement and each stage's sharding */
+            stage_spec chosen[64];
+            if (cur->n_stages > 64) {
+                st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
+                goto out;
+            }
+            for (int k = 0; k < cur->n_stages; k++) {
+                const ps_stage_choice *ch = &cur->stages[k];
+                chosen[k] =
+                    (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][ch->cfg]};
+            }
+            submesh chosen_subs[64];
+            int chosen_first[64];
+            for (int k = 0; k < cur->n_stages; k++)
+                chosen_subs[k] = chosen[k].sub;
+            if (!in_order && n_ways > 1 && !place(c, chosen_subs, cur->n_stages, chosen_first)) {
+                /* submeshes that are not powers of two may not pack; the
+                 * in-order DP's always do */
+                PS_LOG_INFO("pipeshard: the stage DP's %d stages (neighbours charged on their "
+                            "node) do not pack into %s; placing in pipeline order instead",
+                            cur->n_stages, c->name);
+                continue;
+            }
+            double t_realize = ps_monotonic_s();
+            ps_plan *plan = NULL;
+            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen,
+                           cur->n_stages, &plan, err));
+            PS_LOG_INFO("pipeshard: %d stage(s) solved and timed in %.3g s (neighbours of stages "
+                        "within a node charged %s%s): iteration %.4g s (stage DP: %.4g s)",
+                        cur->n_stages, ps_monotonic_s() - t_realize,
+                        in_order ? "where in-order placement puts them" : "on their node",
+                        q == 0 ? "" : "; the best of this stage count", plan->iteration_s,
+                        cur->iteration_s);
+            if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
+                ps_plan_free(*out);
+                *out = plan;
+            } else {
+                ps_plan_free(plan);
+            }
+            /* kept to recognize it the other way */
+            if (stage_plan_copy(cur, &realized[n_realized]) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            n_realized++;
         }
-        for (int k = 0; k < cur->n_stages; k++) {
-            const ps_stage_choice *ch = &cur->stages[k];
-            chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][ch->cfg]};
-        }
-        submesh chosen_subs[64];
-        int chosen_first[64];
-        for (int k = 0; k < cur->n_stages; k++)
-            chosen_subs[k] = chosen[k].sub;
-        if (!in_order && n_ways > 1 && !place(c, chosen_subs, cur->n_stages, chosen_first)) {
-            /* submeshes that are not powers of two may not pack; the in-order
-             * DP's always do */
-            PS_LOG_INFO("pipeshard: the stage DP's %d stages (neighbours charged on their node) "
-                        "do not pack into %s; placing in pipeline order instead",
-                        cur->n_stages, c->name);
-            continue;
-        }
-        double t_realize = ps_monotonic_s();
-        ps_plan *plan = NULL;
-        PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen, cur->n_stages,
-                       &plan, err));
-        PS_LOG_INFO("pipeshard: %d stages solved and timed in %.3g s (neighbours of stages "
-                    "within a node charged %s): iteration %.4g s (stage DP: %.4g s)",
-                    cur->n_stages, ps_monotonic_s() - t_realize,
-                    in_order ? "where in-order placement puts them" : "on their node",
-                    plan->iteration_s,
-                    cur->iteration_s);
-        if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
-            ps_plan_free(*out);
-            *out = plan;
-        } else {
-            ps_plan_free(plan);
-        }
+        for (int n = 0; n <= L; n++)
+            ps_stage_plan_clear(&by_count[n]);
     }
 
     /* 6. The whole model on the whole cluster, when the DP pipelined it and
@@ -1326,6 +1386,12 @@ out:
     free(composed);
     ps_stage_plan_clear(&sp[0]);
     ps_stage_plan_clear(&sp[1]);
+    for (int k = 0; by_count != NULL && k <= lay.n_layers; k++)
+        ps_stage_plan_clear(&by_count[k]);
+    free(by_count);
+    free(order);
+    for (int k = 0; k < n_realized; k++)
+        ps_stage_plan_clear(&realized[k]);
     if (st != PS_OK) {
         ps_plan_free(*out);
         *out = NULL;

@@ -52,6 +52,13 @@ typedef struct ps_inter_options {
      * candidate range needs them on. A stage on the whole cluster holds all
      * layers whatever t is (the submeshes cover the cluster). */
     double stage_imbalance_tolerance;
+    /* Pipelines solved and timed per run of the stage DP (default 2): its
+     * best, then the best of each other stage count whose DP objective is
+     * within 10% of it, nearest first; the plan keeps the fastest schedule.
+     * The objective leaves out how transfers stretch the schedule and the
+     * traffic of shared parameters (a tied embedding) between the first and
+     * last stages once per step. 1: Alpa's DP answer alone. */
+    int stage_candidates;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);

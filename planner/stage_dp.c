@@ -103,10 +103,9 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* One DP for a given t_max. f[(s * (L + 1) + l) * (D + 1) + d]; choice arrays
- * record the argmin for reconstruction. Returns the best total over s, and
- * its stage count in *best_s (0 if none). */
-static double dp_for(const ps_stage_table *t, int D, double t_max, double *f, int *arg_i,
-                     int *arg_sc, int *best_s)
+ * record the argmin for reconstruction (extract). */
+static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int *arg_i,
+                   int *arg_sc)
 {
     int L = t->n_layers, S = t->n_submeshes, C = t->n_configs;
     size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
@@ -148,24 +147,55 @@ static double dp_for(const ps_stage_table *t, int D, double t_max, double *f, in
             }
         }
     }
-    double best = INFINITY;
-    *best_s = 0;
-    for (int s = 1; s <= L; s++)
-        if (F(s, 0, D) < best) {
-            best = F(s, 0, D);
-            *best_s = s;
-        }
-    return best;
 #undef F
 #undef AI
 #undef ASC
 }
 
-ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out, ps_error *err)
+/* The plan of s_count stages that the choice arrays of the last dp_for
+ * hold for all D devices, each stage priced where it sits; iteration_s with
+ * its real slowest stage (<= the t_max it was found at). */
+static ps_status extract(const ps_stage_table *t, int D, int B, int s_count, const int *arg_i,
+                         const int *arg_sc, ps_stage_plan *out)
+{
+    int L = t->n_layers, C = t->n_configs;
+    ps_stage_choice *stages = calloc((size_t)s_count, sizeof *stages);
+    if (stages == NULL)
+        return PS_ERR_NOMEM;
+    free(out->stages);
+    out->stages = stages;
+    out->n_stages = s_count;
+    out->max_stage_s = 0;
+    double sum = 0;
+    int l = 0, d = D;
+    for (int s = s_count, k = 0; s >= 1; s--, k++) {
+        size_t idx = ((size_t)s * (L + 1) + l) * (D + 1) + d;
+        int i = arg_i[idx], sc = arg_sc[idx];
+        ps_stage_choice *ch = &stages[k];
+        ch->first = l;
+        ch->last = i;
+        ch->sub = sc / C;
+        ch->cfg = sc % C;
+        ch->cost_s = ps_stage_table_placed_cost(
+            t, ps_stage_table_index(t, l, i, ch->sub, ch->cfg), l, i, ch->sub, D - d);
+        out->max_stage_s = fmax(out->max_stage_s, ch->cost_s);
+        sum += ch->cost_s;
+        d -= t->sub_devices[ch->sub];
+        l = i + 1;
+    }
+    out->iteration_s = sum + (double)(B - 1) * out->max_stage_s;
+    return PS_OK;
+}
+
+ps_status ps_stage_dp_by_count(const ps_stage_table *t, int D, int B, double within,
+                               ps_stage_plan *by_count, ps_error *err)
 {
     ps_status st = PS_OK;
     int L = t->n_layers, C = t->n_configs;
-    memset(out, 0, sizeof *out);
+    for (int s = 0; s <= L; s++)
+        memset(&by_count[s], 0, sizeof by_count[s]);
+    if (!(within >= 1))
+        return ps_error_set(err, PS_ERR_INVALID, "stage DP: within must be at least 1");
     /* under in-order placement an entry has up to 4 costs: each of its
      * neighbours on its node or another */
     int variants = t->devices_per_node > 0 ? 4 : 1;
@@ -173,14 +203,13 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
     size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
     double *costs = malloc(n_entries * sizeof *costs);
     double *f = malloc(n_f * sizeof *f);
+    double *objective = malloc(((size_t)L + 1) * sizeof *objective);
     int *arg_i = malloc(n_f * sizeof *arg_i), *arg_sc = malloc(n_f * sizeof *arg_sc);
-    int *best_i = malloc(n_f * sizeof *best_i), *best_sc = malloc(n_f * sizeof *best_sc);
     PS_TRY_ALLOC(costs, err);
     PS_TRY_ALLOC(f, err);
+    PS_TRY_ALLOC(objective, err);
     PS_TRY_ALLOC(arg_i, err);
     PS_TRY_ALLOC(arg_sc, err);
-    PS_TRY_ALLOC(best_i, err);
-    PS_TRY_ALLOC(best_sc, err);
     size_t n_costs = 0;
     for (int l = 0; l < L; l++)
         for (int i = l; i < L; i++)
@@ -198,25 +227,33 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
                                            (i + 1 < L ? recv_at(t, i + 1, s, v & 2) : 0);
                 }
     qsort(costs, n_costs, sizeof *costs, cmp_double);
+    for (int s = 0; s <= L; s++)
+        objective[s] = INFINITY;
     double best = INFINITY;
-    int best_stages = 0;
+    int tried = 0;
     for (size_t j = 0; j < n_costs; j++) {
         double t_max = costs[j];
         if (j > 0 && t_max == costs[j - 1])
             continue;
-        if ((double)B * t_max >= best) /* every later t_max is worse */
+        /* a plan whose slowest stage is t_max or slower takes at least
+         * B * t_max: every later t_max is worse than `within` times the best */
+        if ((double)B * t_max >= within * best)
             break;
-        out->t_max_tried++;
-        int s_count;
-        double total = dp_for(t, D, t_max, f, arg_i, arg_sc, &s_count);
-        if (!isfinite(total))
-            continue;
-        double iteration = total + (double)(B - 1) * t_max;
-        if (iteration < best) {
-            best = iteration;
-            best_stages = s_count;
-            memcpy(best_i, arg_i, n_f * sizeof *arg_i);
-            memcpy(best_sc, arg_sc, n_f * sizeof *arg_sc);
+        tried++;
+        dp_for(t, D, t_max, f, arg_i, arg_sc);
+        for (int s = 1; s <= L; s++) {
+            double total = f[((size_t)s * (L + 1)) * (D + 1) + D];
+            if (!isfinite(total))
+                continue;
+            double iteration = total + (double)(B - 1) * t_max;
+            if (iteration < objective[s]) {
+                objective[s] = iteration;
+                best = fmin(best, iteration);
+                if (extract(t, D, B, s, arg_i, arg_sc, &by_count[s]) != PS_OK) {
+                    st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                    goto out;
+                }
+            }
         }
     }
     if (!isfinite(best)) {
@@ -226,38 +263,44 @@ ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
                           L, D);
         goto out;
     }
-    out->stages = calloc((size_t)best_stages, sizeof *out->stages);
-    PS_TRY_ALLOC(out->stages, err);
-    out->n_stages = best_stages;
-    out->iteration_s = best;
-    int l = 0, d = D;
-    for (int s = best_stages, k = 0; s >= 1; s--, k++) {
-        size_t idx = ((size_t)s * (L + 1) + l) * (D + 1) + d;
-        int i = best_i[idx], sc = best_sc[idx];
-        ps_stage_choice *ch = &out->stages[k];
-        ch->first = l;
-        ch->last = i;
-        ch->sub = sc / C;
-        ch->cfg = sc % C;
-        ch->cost_s = ps_stage_table_placed_cost(
-            t, ps_stage_table_index(t, l, i, ch->sub, ch->cfg), l, i, ch->sub, D - d);
-        if (ch->cost_s > out->max_stage_s)
-            out->max_stage_s = ch->cost_s;
-        d -= t->sub_devices[ch->sub];
-        l = i + 1;
+    /* a count whose best is not within the bound was not searched to the end */
+    for (int s = 1; s <= L; s++) {
+        if (objective[s] >= within * best && objective[s] > best)
+            ps_stage_plan_clear(&by_count[s]);
+        by_count[s].t_max_tried = tried;
     }
-    /* the iteration with the real slowest stage (<= the t_max it was found at) */
-    double sum = 0;
-    for (int k = 0; k < best_stages; k++)
-        sum += out->stages[k].cost_s;
-    out->iteration_s = sum + (double)(B - 1) * out->max_stage_s;
 out:
+    if (st != PS_OK)
+        for (int s = 0; s <= L; s++)
+            ps_stage_plan_clear(&by_count[s]);
     free(costs);
     free(f);
+    free(objective);
     free(arg_i);
     free(arg_sc);
-    free(best_i);
-    free(best_sc);
+    return st;
+}
+
+ps_status ps_stage_dp(const ps_stage_table *t, int D, int B, ps_stage_plan *out, ps_error *err)
+{
+    memset(out, 0, sizeof *out);
+    int L = t->n_layers;
+    ps_stage_plan *by_count = calloc((size_t)L + 1, sizeof *by_count);
+    if (by_count == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = ps_stage_dp_by_count(t, D, B, 1.0, by_count, err);
+    if (st == PS_OK) {
+        int best = 0;
+        for (int s = 1; s <= L; s++)
+            if (by_count[s].n_stages > 0 &&
+                (best == 0 || by_count[s].iteration_s < by_count[best].iteration_s))
+                best = s;
+        *out = by_count[best];
+        memset(&by_count[best], 0, sizeof by_count[best]);
+    }
+    for (int s = 0; s <= L; s++)
+        ps_stage_plan_clear(&by_count[s]);
+    free(by_count);
     return st;
 }
 
@@ -265,7 +308,7 @@ out:
 
 typedef struct brute {
     const ps_stage_table *t;
-    int D, B;
+    int D, B, only_n;
     ps_stage_choice cur[64], best[64];
     int n_best;
     double best_iter;
@@ -275,7 +318,7 @@ static void brute_rec(brute *b, int l, int n, int d_used)
 {
     const ps_stage_table *t = b->t;
     if (l == t->n_layers) {
-        if (d_used != b->D)
+        if (d_used != b->D || (b->only_n > 0 && n != b->only_n))
             return;
         double sum = 0, mx = 0;
         for (int k = 0; k < n; k++) {
@@ -310,8 +353,8 @@ static void brute_rec(brute *b, int l, int n, int d_used)
         }
 }
 
-ps_status ps_stage_brute_force(const ps_stage_table *t, int D, int B, ps_stage_plan *out,
-                               ps_error *err)
+ps_status ps_stage_brute_force(const ps_stage_table *t, int D, int B, int n_stages,
+                               ps_stage_plan *out, ps_error *err)
 {
     memset(out, 0, sizeof *out);
     if (t->n_layers > 12)
@@ -322,6 +365,7 @@ ps_status ps_stage_brute_force(const ps_stage_table *t, int D, int B, ps_stage_p
     b->t = t;
     b->D = D;
     b->B = B;
+    b->only_n = n_stages;
     b->best_iter = INFINITY;
     brute_rec(b, 0, 0, 0);
     ps_status st = PS_OK;

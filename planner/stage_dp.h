@@ -84,9 +84,21 @@ void ps_stage_plan_clear(ps_stage_plan *p);
 ps_status ps_stage_dp(const ps_stage_table *t, int total_devices, int micro_batches,
                       ps_stage_plan *out, ps_error *err);
 
-/* Every partition of the layers into consecutive stages and every choice of
- * submesh and configuration per stage, for tests (small tables only). */
+/* The DP's best plan for each number of stages s = 1..n_layers whose best
+ * is within a factor `within` (>= 1) of the overall best: by_count[s]
+ * (n_stages 0 where there is none; by_count[0] unused; n_layers + 1
+ * entries, each cleared with ps_stage_plan_clear). The t_max search runs
+ * until B * t_max reaches `within` times the best, so each plan kept is the
+ * optimum for its count. Alpa's DP keeps only the overall best; the others
+ * let the caller price what the objective leaves out (the schedule, shared
+ * parameters' traffic) on a few near-best pipelines. */
+ps_status ps_stage_dp_by_count(const ps_stage_table *t, int total_devices, int micro_batches,
+                               double within, ps_stage_plan *by_count, ps_error *err);
+
+/* Every partition of the layers into consecutive stages (exactly n_stages of
+ * them, or any number for 0) and every choice of submesh and configuration
+ * per stage, for tests (small tables only). */
 ps_status ps_stage_brute_force(const ps_stage_table *t, int total_devices, int micro_batches,
-                               ps_stage_plan *out, ps_error *err);
+                               int n_stages, ps_stage_plan *out, ps_error *err);
 
 #endif

@@ -1001,6 +1001,24 @@ static void test_plan(void **state)
         const char *e[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                            "data", "--exact-ranges", "-o", out, NULL};
         expect_failure(fx, e, "apply to --method pipeshard");
+        /* stage-count candidates: Alpa's single answer, more, and bad counts */
+        const char *f1[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                            "2", "--micro-batches", "16", "--stage-candidates", "1", "-o", out,
+                            NULL};
+        expect_success(fx, f1, "predicted     iteration");
+        const char *f2[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
+                            "2", "--micro-batches", "16", "--stage-candidates", "16", "-o", out,
+                            NULL};
+        expect_success(fx, f2, "predicted     iteration");
+        static const char *const bad_counts[] = {"0", "17", "two", "", "2.5"};
+        for (size_t q = 0; q < sizeof bad_counts / sizeof *bad_counts; q++) {
+            const char *f3[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                                "--stage-candidates", bad_counts[q], "-o", out, NULL};
+            expect_usage_error(fx, f3, "--stage-candidates wants an integer from 1 to 16");
+        }
+        const char *f4[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
+                            "data", "--stage-candidates", "3", "-o", out, NULL};
+        expect_failure(fx, f4, "apply to --method pipeshard");
         /* --stages auto|uniform|FILE */
         const char *k[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "uniform", "--dp", "2", "--op", "2", "--pp", "2", "-o", out, NULL};

@@ -75,10 +75,38 @@ static double placed_by_hand(const ps_stage_table *t, const ps_stage_choice *c, 
     return cost;
 }
 
+/* The DP's stages are a valid assignment with the iteration time it says:
+ * consecutive layers, all D devices, memory for the later stages, each
+ * stage priced where it sits (by hand). */
+static void check_stages(const ps_stage_table *t, const ps_stage_plan *dp, int D, int B, int M,
+                         int trial)
+{
+    int L = t->n_layers, devices = 0, next = 0;
+    double sum = 0, mx = 0;
+    for (int k = 0; k < dp->n_stages; k++) {
+        const ps_stage_choice *c = &dp->stages[k];
+        assert_int_equal(c->first, next);
+        next = c->last + 1;
+        devices += t->sub_devices[c->sub];
+        size_t idx = ps_stage_table_index(t, c->first, c->last, c->sub, c->cfg);
+        assert_true(t->max_succ[idx] >= dp->n_stages - 1 - k);
+        double cost = placed_by_hand(t, c, devices - t->sub_devices[c->sub], M);
+        if (!isfinite(cost))
+            fail_msg("trial %d: stage %d cannot sit at device %d", trial, k,
+                     devices - t->sub_devices[c->sub]);
+        assert_true(fabs(cost - c->cost_s) <= 1e-12 * cost);
+        sum += cost;
+        mx = fmax(mx, cost);
+    }
+    assert_int_equal(next, L);
+    assert_int_equal(devices, D);
+    assert_true(fabs(sum + (B - 1) * mx - dp->iteration_s) < 1e-9 * dp->iteration_s);
+}
+
 static void dp_matches_brute_force(void **state)
 {
     (void)state;
-    int solved = 0, infeasible = 0;
+    int solved = 0, infeasible = 0, counts_checked = 0;
     for (int trial = 0; trial < 360; trial++) {
         int L = 1 + below(6), D = 1 << below(4), B = 1 + below(16);
         bool memory = trial % 2 == 1;
@@ -100,34 +128,40 @@ static void dp_matches_brute_force(void **state)
         }
         ps_stage_plan dp = {0}, bf = {0};
         ps_status s1 = ps_stage_dp(t, D, B, &dp, NULL);
-        ps_status s2 = ps_stage_brute_force(t, D, B, &bf, NULL);
+        ps_status s2 = ps_stage_brute_force(t, D, B, 0, &bf, NULL);
         if ((s1 == PS_OK) != (s2 == PS_OK))
             fail_msg("trial %d: dp %d, brute force %d", trial, s1, s2);
         if (s1 == PS_OK) {
             if (fabs(dp.iteration_s - bf.iteration_s) > 1e-9 * bf.iteration_s)
                 fail_msg("trial %d (L=%d D=%d B=%d): dp %.12g, brute force %.12g", trial, L, D,
                          B, dp.iteration_s, bf.iteration_s);
-            /* the DP's stages are a valid assignment with that iteration time */
-            int devices = 0, next = 0;
-            double sum = 0, mx = 0;
-            for (int k = 0; k < dp.n_stages; k++) {
-                const ps_stage_choice *c = &dp.stages[k];
-                assert_int_equal(c->first, next);
-                next = c->last + 1;
-                devices += t->sub_devices[c->sub];
-                size_t idx = ps_stage_table_index(t, c->first, c->last, c->sub, c->cfg);
-                assert_true(t->max_succ[idx] >= dp.n_stages - 1 - k);
-                double cost = placed_by_hand(t, c, devices - t->sub_devices[c->sub], M);
-                if (!isfinite(cost))
-                    fail_msg("trial %d: stage %d cannot sit at device %d", trial, k,
-                             devices - t->sub_devices[c->sub]);
-                assert_true(fabs(cost - c->cost_s) <= 1e-12 * cost);
-                sum += cost;
-                mx = fmax(mx, cost);
+            check_stages(t, &dp, D, B, M, trial);
+            /* per stage count, within a random factor of the best: each
+             * count the brute force finds that near is kept, at its
+             * optimum; no count beyond it is */
+            double within = 1 + uniform();
+            ps_stage_plan by_count[7] = {{0}};
+            assert_int_equal(ps_stage_dp_by_count(t, D, B, within, by_count, NULL), PS_OK);
+            for (int n = 1; n <= L; n++) {
+                ps_stage_plan bn = {0};
+                bool any = ps_stage_brute_force(t, D, B, n, &bn, NULL) == PS_OK;
+                bool near = any && bn.iteration_s < within * bf.iteration_s * (1 - 1e-12);
+                if (near && by_count[n].n_stages != n)
+                    fail_msg("trial %d: %d stages (%.12g, best %.12g, within %g) missing",
+                             trial, n, bn.iteration_s, bf.iteration_s, within);
+                if (by_count[n].n_stages > 0) {
+                    assert_int_equal(by_count[n].n_stages, n);
+                    assert_true(any);
+                    assert_true(by_count[n].iteration_s <= within * bf.iteration_s);
+                    if (fabs(by_count[n].iteration_s - bn.iteration_s) > 1e-9 * bn.iteration_s)
+                        fail_msg("trial %d: %d stages: dp %.12g, brute force %.12g", trial, n,
+                                 by_count[n].iteration_s, bn.iteration_s);
+                    check_stages(t, &by_count[n], D, B, M, trial);
+                    counts_checked++;
+                }
+                ps_stage_plan_clear(&bn);
+                ps_stage_plan_clear(&by_count[n]);
             }
-            assert_int_equal(next, L);
-            assert_int_equal(devices, D);
-            assert_true(fabs(sum + (B - 1) * mx - dp.iteration_s) < 1e-9 * dp.iteration_s);
             solved++;
         } else {
             infeasible++;
@@ -136,8 +170,10 @@ static void dp_matches_brute_force(void **state)
         ps_stage_plan_clear(&bf);
         ps_stage_table_free(t);
     }
-    printf("# %d solved, %d infeasible\n", solved, infeasible);
+    printf("# %d solved, %d infeasible; %d best plans per stage count checked\n", solved,
+           infeasible, counts_checked);
     assert_true(solved >= 100);
+    assert_true(counts_checked > solved);
 }
 
 /* Two equal layers on two devices with many micro-batches: one stage per
