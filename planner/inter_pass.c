@@ -1350,7 +1350,13 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 best_k = k;
             }
         }
-        if (best_k >= 0 && B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
+        /* not again when it was one of the DP's candidates */
+        ps_stage_choice whole = {0, L - 1, full, best_k, best_cost};
+        ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
+        bool seen = false;
+        for (int r = 0; r < n_realized && !seen; r++)
+            seen = same_stages(&whole_plan, &realized[r]);
+        if (best_k >= 0 && !seen && B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
             stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k]};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
