@@ -640,6 +640,40 @@ static void test_box_pack(void **state)
     assert_false(ps_box_intersect(2, far, size, a_off, (int64_t[]){7, 6}, o2, s2));
 }
 
+/* The CPU backend keeps released blocks for reuse (no fresh pages every
+ * micro-batch): a block of a released size comes back, other sizes do not
+ * take it, and the accounting counts what is handed out, not what is kept. */
+static void test_cpu_block_reuse(void **state)
+{
+    (void)state;
+    ps_error err = {0};
+    ps_backend *b = NULL;
+    int slots[2] = {2, 2};
+    assert_int_equal(ps_cpu_backend_create(2, slots, NULL, &b, &err), PS_OK);
+    void *a = NULL, *c = NULL, *d = NULL, *e = NULL;
+    assert_int_equal(b->ops->alloc(b, 0, 1 << 20, &a, &err), PS_OK);
+    assert_int_equal(b->ops->alloc(b, 0, 4096, &c, &err), PS_OK);
+    assert_int_equal(b->ops->peak_bytes(b, 0), (1 << 20) + 4096);
+    memset(a, 1, 1 << 20);
+    b->ops->release(b, 0, a);
+    b->ops->release(b, 0, c);
+    /* another size gets its own block; the released one comes back */
+    assert_int_equal(b->ops->alloc(b, 0, 2048, &d, &err), PS_OK);
+    assert_ptr_not_equal(d, a);
+    assert_int_equal(b->ops->alloc(b, 0, 1 << 20, &e, &err), PS_OK);
+    assert_ptr_equal(e, a);
+    assert_int_equal(b->ops->peak_bytes(b, 0), (1 << 20) + 4096);
+    /* device 1 has a pool of its own */
+    void *f = NULL;
+    assert_int_equal(b->ops->alloc(b, 1, 4096, &f, &err), PS_OK);
+    assert_ptr_not_equal(f, c);
+    assert_int_equal(b->ops->peak_bytes(b, 1), 4096);
+    b->ops->release(b, 0, d);
+    b->ops->release(b, 0, e);
+    b->ops->release(b, 1, f);
+    b->ops->destroy(b); /* frees the kept blocks (the sanitizers' leak check) */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -653,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_loss_decreases),
         cmocka_unit_test(test_failure_stops_all),
         cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_cpu_block_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
