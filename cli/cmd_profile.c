@@ -1,5 +1,6 @@
-/* pipeshard profile: measure a backend's GEMMs and communication and write
- * a profile DB (docs/profile-db.md) for plan --profile-db. */
+/* pipeshard profile: measure a backend's GEMMs, its other ops and its
+ * communication and write a profile DB (docs/profile-db.md) for plan
+ * --profile-db. */
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,15 +12,63 @@
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/profile.h"
+#include "planner/models/zoo.h"
+#include "planner/train_step.h"
 #ifdef PS_HAVE_CUDA
 #include "exec/cuda/cuda_backend.h"
 #endif
+
+/* The training steps whose non-GEMM ops are timed (fp32, Adam): a one-block
+ * GPT (4 heads) at hidden 128, 256 and 512 (sequence 64, 128, 256;
+ * vocabulary 1024, 2048, 4096; micro-batch 2, 4, 8) and the tutorial MLP at
+ * hidden 256 and 1024 (batch 64); --quick: the first two GPTs and the
+ * first MLP. Their ops span the sizes of the small plans the CPU backend
+ * runs; the DB extrapolates beyond them at the largest one's bandwidth. */
+enum { N_OP_GRAPHS = 5 };
+
+static ps_status op_graphs_build(bool quick, ps_graph **out, int *n, ps_error *err)
+{
+    static const struct {
+        const char *model;
+        int64_t hidden, seq, vocab, batch;
+    } sizes[N_OP_GRAPHS] = {{"gpt-350m", 128, 64, 1024, 2},
+                            {"gpt-350m", 256, 128, 2048, 4},
+                            {"mlp", 256, 0, 0, 64},
+                            {"gpt-350m", 512, 256, 4096, 8},
+                            {"mlp", 1024, 0, 0, 64}};
+    ps_status st = PS_OK;
+    *n = 0;
+    for (int i = 0; i < (quick ? 3 : N_OP_GRAPHS); i++) {
+        ps_model_config cfg;
+        ps_graph *fwd = NULL;
+        PS_TRY(ps_zoo_lookup(sizes[i].model, &cfg, err));
+        cfg.hidden = sizes[i].hidden;
+        cfg.ffn = 4 * sizes[i].hidden;
+        cfg.batch = sizes[i].batch;
+        cfg.dtype = PS_DTYPE_F32;
+        if (sizes[i].seq > 0) {
+            cfg.layers = 1;
+            cfg.heads = 4;
+            cfg.seq = sizes[i].seq;
+            cfg.vocab = sizes[i].vocab;
+        }
+        PS_TRY(ps_model_build(&cfg, &fwd, err));
+        ps_train_options t = ps_train_options_default();
+        st = ps_train_step_build(fwd, &t, &out[*n], err);
+        ps_graph_free(fwd);
+        if (st != PS_OK)
+            goto out;
+        (*n)++;
+    }
+out:
+    return st;
+}
 
 static void help(void)
 {
     printf("usage: pipeshard profile --backend cpu|cuda [--devices N] [--quick] [OPTIONS]\n"
            "                         -o DB.json\n\n"
-           "Measures GEMM throughput and collective and send/recv times through a backend\n"
+           "Measures GEMM throughput, the other ops of small training steps, collective and send/recv times through a backend\n"
            "(nccl-tests conventions: time, algbw, busbw) and writes a profile DB that\n"
            "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
            "(docs/profile-db.md). Prints the measurements as tables.\n\n"
@@ -40,6 +89,10 @@ static void help(void)
            "  --max-group N        largest group measured (default: every device)\n"
            "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
            "  --no-gemm            skip the GEMMs\n"
+           "  --no-ops             skip the other ops (those of the training steps of a\n"
+           "                       one-block GPT at three sizes and of the tutorial MLP at\n"
+           "                       two, --quick two and one, fp32), which the cost model\n"
+           "                       then charges by its roofline\n"
            "  --gemm-all-devices   time GEMMs on every device at once, the slowest counting\n"
            "                       (cpu: the devices share the host's cores, as in 'exec';\n"
            "                       default: device 0 alone)\n"
@@ -65,6 +118,7 @@ enum {
     OPT_GROUP,
     OPT_REPS,
     OPT_NO_GEMM,
+    OPT_NO_OPS,
     OPT_PROGRESS,
     OPT_NATIVE,
     OPT_TF32,
@@ -83,6 +137,7 @@ static const struct option options[] = {
     {"max-group", required_argument, NULL, OPT_GROUP},
     {"reps", required_argument, NULL, OPT_REPS},
     {"no-gemm", no_argument, NULL, OPT_NO_GEMM},
+    {"no-ops", no_argument, NULL, OPT_NO_OPS},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"native-gemm", no_argument, NULL, OPT_NATIVE},
     {"tf32", no_argument, NULL, OPT_TF32},
@@ -163,6 +218,14 @@ static void print_tables(const ps_profile_db *db)
                    (long long)g->k, dts, g->seconds * 1e6, flops / g->seconds / 1e12);
         }
     }
+    for (int i = 0; i < db->n_op; i++) {
+        const ps_profile_op *e = &db->ops[i];
+        if (i == 0)
+            printf("\n# other ops (inputs and outputs, fp32)\n#%-17s %14s %12s %13s\n", "op",
+                   "bytes", "time (us)", "GB/s");
+        printf(" %-17s %14lld %12.2f %13.3f\n", ps_op_kind_get(e->op)->name, (long long)e->bytes,
+               e->seconds * 1e6, (double)e->bytes / e->seconds / 1e9);
+    }
     for (int i = 0; i < db->n_comm; i++) {
         const ps_profile_comm_entry *c = &db->comm[i];
         if (i == 0 || c->kind != db->comm[i - 1].kind || c->n != db->comm[i - 1].n)
@@ -216,7 +279,8 @@ static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend *
 int ps_cmd_profile(int argc, char **argv)
 {
     const char *backend = NULL, *output = NULL;
-    bool quick = false, no_gemm = false, progress = false, native = false, tf32 = false;
+    bool quick = false, no_gemm = false, no_ops = false, progress = false, native = false,
+         tf32 = false;
     bool all_devices = false;
     int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0;
     ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT] = {PS_DTYPE_F32, PS_DTYPE_F16, PS_DTYPE_BF16};
@@ -264,6 +328,7 @@ int ps_cmd_profile(int argc, char **argv)
                 return ps_cli_usage_error("profile", "--reps wants 1 to 1000");
             break;
         case OPT_NO_GEMM: no_gemm = true; break;
+        case OPT_NO_OPS: no_ops = true; break;
         case OPT_PROGRESS: progress = true; break;
         case OPT_NATIVE: native = true; break;
         case OPT_TF32: tf32 = true; break;
@@ -317,14 +382,21 @@ int ps_cmd_profile(int argc, char **argv)
         o.gemm_timer_arg = &tf32;
     }
 #endif
-    if (o.n_shapes == 0 && (o.max_bytes == 0 || devices < 2))
-        return ps_cli_usage_error("profile", "nothing to measure: no GEMMs and no "
+    if (o.n_shapes == 0 && no_ops && (o.max_bytes == 0 || devices < 2))
+        return ps_cli_usage_error("profile", "nothing to measure: no GEMMs, no other ops and no "
                                              "communication (--devices >= 2 and --max-bytes > 0)");
 
     ps_error err = {0};
     ps_status st = PS_OK;
     ps_backend *b = NULL;
     ps_profile_db *db = NULL;
+    ps_graph *graphs[N_OP_GRAPHS] = {NULL};
+    int n_graphs = 0;
+    if (!no_ops) {
+        PS_TRY(op_graphs_build(quick, graphs, &n_graphs, &err));
+        o.op_graphs = (const ps_graph *const *)graphs;
+        o.n_op_graphs = n_graphs;
+    }
     PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
     PS_TRY(ps_profile_measure(b, &o, &db, &err));
     PS_TRY(ps_profile_db_save(db, output, &err));
@@ -333,5 +405,7 @@ out:
     if (b != NULL)
         b->ops->destroy(b);
     ps_profile_db_free(db);
+    for (int i = 0; i < n_graphs; i++)
+        ps_graph_free(graphs[i]);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

@@ -104,6 +104,7 @@ void ps_profile_db_free(ps_profile_db *db)
     free_tables(db);
     free(db->gemm);
     free(db->comm);
+    free(db->ops);
     free(db);
 }
 
@@ -143,6 +144,23 @@ static ps_status check_comm(const ps_profile_comm_entry *e, ps_error *err)
                             "profile DB: send-recv is between 2 devices, "
                             "not %d",
                             e->n);
+    if (e->bytes < 1 || e->bytes > MAX_BYTES)
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes (1 to 2^50)", name,
+                            (long long)e->bytes);
+    if (!positive_finite(e->seconds))
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be positive", name,
+                            e->seconds);
+    return PS_OK;
+}
+
+static ps_status check_op(const ps_profile_op *e, ps_error *err)
+{
+    if ((int)e->op < 0 || (int)e->op >= PS_OP_KIND_COUNT || e->op == PS_OP_MATMUL)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: op kind %d is not a non-GEMM op (GEMMs have their "
+                            "own entries)",
+                            (int)e->op);
+    const char *name = ps_op_kind_get(e->op)->name;
     if (e->bytes < 1 || e->bytes > MAX_BYTES)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes (1 to 2^50)", name,
                             (long long)e->bytes);
@@ -192,6 +210,18 @@ ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry 
     return PS_OK;
 }
 
+ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_error *err)
+{
+    ps_status st = check_op(e, err);
+    if (st == PS_OK)
+        st = grow((void **)&db->ops, &db->cap_op, db->n_op + 1, sizeof *db->ops, err);
+    if (st != PS_OK)
+        return st;
+    db->ops[db->n_op++] = *e;
+    db->finished = false;
+    return PS_OK;
+}
+
 /* ---- sorting and tables ------------------------------------------------ */
 
 static int cmp_i64(int64_t a, int64_t b)
@@ -211,6 +241,14 @@ static int cmp_gemm(const void *pa, const void *pb)
     if (c == 0)
         c = cmp_i64(a->n, b->n);
     return c != 0 ? c : cmp_i64(a->k, b->k);
+}
+
+static int cmp_op(const void *pa, const void *pb)
+{
+    const ps_profile_op *a = pa, *b = pb;
+    if (a->op != b->op)
+        return (int)a->op - (int)b->op;
+    return cmp_i64(a->bytes, b->bytes);
 }
 
 static int cmp_comm(const void *pa, const void *pb)
@@ -257,9 +295,16 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
     ps_status st = PS_OK;
     double *size = NULL, *secs = NULL;
     free_tables(db);
-    if (db->n_gemm == 0 && db->n_comm == 0)
+    if (db->n_gemm == 0 && db->n_comm == 0 && db->n_op == 0)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB \"%s\" holds no measurements",
                             db->device);
+    if (db->n_op > 0)
+        qsort(db->ops, (size_t)db->n_op, sizeof *db->ops, cmp_op);
+    for (int i = 1; i < db->n_op; i++)
+        if (cmp_op(&db->ops[i - 1], &db->ops[i]) == 0)
+            return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes measured twice",
+                                ps_op_kind_get(db->ops[i].op)->name,
+                                (long long)db->ops[i].bytes);
     if (db->n_gemm > 0)
         qsort(db->gemm, (size_t)db->n_gemm, sizeof *db->gemm, cmp_gemm);
     if (db->n_comm > 0)
@@ -278,8 +323,10 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
                                 ps_profile_comm_names[db->comm[i].kind], db->comm[i].n,
                                 (long long)db->comm[i].bytes);
     int max_count = db->n_gemm > db->n_comm ? db->n_gemm : db->n_comm;
-    /* one table per dtype and per (kind, n): at most one per entry */
-    db->tables = calloc((size_t)(db->n_gemm + db->n_comm), sizeof *db->tables);
+    if (db->n_op > max_count)
+        max_count = db->n_op;
+    /* one table per dtype, per (kind, n) and per op kind: at most one per entry */
+    db->tables = calloc((size_t)(db->n_gemm + db->n_comm + db->n_op), sizeof *db->tables);
     size = malloc((size_t)max_count * sizeof *size);
     secs = malloc((size_t)max_count * sizeof *secs);
     PS_TRY_ALLOC(db->tables, err);
@@ -305,6 +352,16 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
         }
         PS_TRY(make_table(&db->tables[db->n_tables++], (int)db->comm[i].kind, db->comm[i].n, size,
                           secs, count, err));
+        i = j;
+    }
+    for (int i = 0; i < db->n_op;) {
+        int j = i, count = 0;
+        for (; j < db->n_op && db->ops[j].op == db->ops[i].op; j++) {
+            size[count] = (double)db->ops[j].bytes;
+            secs[count++] = db->ops[j].seconds;
+        }
+        PS_TRY(make_table(&db->tables[db->n_tables++], -2, (int)db->ops[i].op, size, secs, count,
+                          err));
         i = j;
     }
     db->finished = true;
@@ -353,6 +410,16 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
 {
     double s = ps_profile_gemm_s(db, dtype, flops);
     return s > 0 && flops > 0 ? flops / s : 0;
+}
+
+double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes)
+{
+    if (db == NULL || !db->finished)
+        return -1;
+    for (int i = 0; i < db->n_tables; i++)
+        if (db->tables[i].kind == -2 && db->tables[i].n == (int)kind)
+            return bytes > 0 ? table_s(&db->tables[i], bytes) : 0;
+    return -1;
 }
 
 double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes)
@@ -443,7 +510,8 @@ static ps_status check_derived(const ps_jv *obj, const char *key, double want, p
 }
 
 static const char *const top_keys[] = {"version", "device",      "backend", "devices",
-                                       "gemm",    "collectives", NULL};
+                                       "gemm",    "collectives", "ops",     NULL};
+static const char *const op_keys[] = {"op", "bytes", "seconds", "bytes_per_s", NULL};
 static const char *const gemm_keys[] = {"m", "n", "k", "dtype", "seconds", "flops_per_s", NULL};
 static const char *const comm_keys[] = {
     "kind", "n", "bytes", "seconds", "algbw_bytes_per_s", "busbw_bytes_per_s", NULL};
@@ -525,6 +593,40 @@ out:
     return st;
 }
 
+static ps_status read_ops(ps_profile_db *db, const ps_jv *arr, ps_error *err)
+{
+    ps_status st = PS_OK;
+    size_t count;
+    PS_TRY(ps_jv_array(arr, &count, err));
+    for (size_t i = 0; i < count; i++) {
+        ps_jv e = ps_jv_element(arr, i), kv;
+        ps_profile_op o;
+        const char *name;
+        PS_TRY(ps_jv_object(&e, err));
+        PS_TRY(ps_jv_check_keys(&e, op_keys, err));
+        PS_TRY(ps_jv_member(&e, "op", &kv, err));
+        PS_TRY(ps_jv_string(&kv, &name, err));
+        if (ps_op_kind_parse(name, &o.op) != 0 || o.op == PS_OP_MATMUL) {
+            st = ps_jv_fail(&kv, err, PS_ERR_INVALID,
+                            "\"%s\" is not an op kind other than matmul (GEMMs go in \"gemm\")",
+                            name);
+            goto out;
+        }
+        PS_TRY(read_int(&e, "bytes", 1, MAX_BYTES, &o.bytes, err));
+        PS_TRY(read_seconds(&e, &o.seconds, err));
+        PS_TRY(check_derived(&e, "bytes_per_s", (double)o.bytes / o.seconds, err));
+        for (int j = 0; j < db->n_op; j++)
+            if (cmp_op(&db->ops[j], &o) == 0) {
+                st = ps_jv_fail(&e, err, PS_ERR_INVALID, "%s of %lld bytes is also ops[%d]", name,
+                                (long long)o.bytes, j);
+                goto out;
+            }
+        PS_TRY(ps_profile_db_add_op(db, &o, err));
+    }
+out:
+    return st;
+}
+
 static ps_status read_name(const ps_jv *obj, const char *key, char out[PS_PROFILE_NAME_MAX],
                            ps_error *err)
 {
@@ -577,10 +679,14 @@ static ps_status from_json(const ps_jv *root, ps_profile_db **out, ps_error *err
         PS_TRY(ps_jv_member(root, "collectives", &v, err));
         PS_TRY(read_comm(db, &v, err));
     }
-    if (db->n_gemm == 0 && db->n_comm == 0) {
+    if (ps_jv_has(root, "ops")) {
+        PS_TRY(ps_jv_member(root, "ops", &v, err));
+        PS_TRY(read_ops(db, &v, err));
+    }
+    if (db->n_gemm == 0 && db->n_comm == 0 && db->n_op == 0) {
         st = ps_jv_fail(root, err, PS_ERR_INVALID,
-                        "the profile DB holds no measurements (\"gemm\" and \"collectives\" "
-                        "are empty or missing)");
+                        "the profile DB holds no measurements (\"gemm\", \"collectives\" and "
+                        "\"ops\" are empty or missing)");
         goto out;
     }
     PS_TRY(ps_profile_db_finish(db, err));
@@ -623,16 +729,18 @@ out:
 ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
 {
     ps_status st = PS_OK;
-    json_t *root = NULL, *gemm = NULL, *comm = NULL;
+    json_t *root = NULL, *gemm = NULL, *comm = NULL, *ops = NULL;
     *out = NULL;
     if (db == NULL || !db->finished)
         return PS_ERR_INVALID;
     root = json_object();
     gemm = json_array();
     comm = json_array();
+    ops = json_array();
     PS_TRY_ALLOC(root, NULL);
     PS_TRY_ALLOC(gemm, NULL);
     PS_TRY_ALLOC(comm, NULL);
+    PS_TRY_ALLOC(ops, NULL);
     PS_TRY(ps_json_set(root, "version", json_integer(PS_PROFILE_DB_VERSION)));
     PS_TRY(ps_json_set(root, "device", json_string(db->device)));
     PS_TRY(ps_json_set(root, "backend", json_string(db->backend)));
@@ -654,16 +762,28 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
                                               "algbw_bytes_per_s", algbw, "busbw_bytes_per_s",
                                               algbw * ps_profile_busbw_factor(c->kind, c->n))));
     }
+    for (int i = 0; i < db->n_op; i++) {
+        const ps_profile_op *o = &db->ops[i];
+        PS_TRY(ps_json_append(ops, json_pack("{s:s, s:I, s:f, s:f}", "op",
+                                             ps_op_kind_get(o->op)->name, "bytes",
+                                             (json_int_t)o->bytes, "seconds", o->seconds,
+                                             "bytes_per_s", (double)o->bytes / o->seconds)));
+    }
     PS_TRY(ps_json_set(root, "gemm", gemm));
     gemm = NULL;
     PS_TRY(ps_json_set(root, "collectives", comm));
     comm = NULL;
+    if (db->n_op > 0) { /* a DB without op entries keeps its earlier form */
+        PS_TRY(ps_json_set(root, "ops", ops));
+        ops = NULL;
+    }
     *out = root;
     root = NULL;
 out:
     json_decref(root);
     json_decref(gemm);
     json_decref(comm);
+    json_decref(ops);
     return st;
 }
 
@@ -682,8 +802,13 @@ ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error
 bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
 {
     if (strcmp(a->device, b->device) != 0 || strcmp(a->backend, b->backend) != 0 ||
-        a->devices != b->devices || a->n_gemm != b->n_gemm || a->n_comm != b->n_comm)
+        a->devices != b->devices || a->n_gemm != b->n_gemm || a->n_comm != b->n_comm ||
+        a->n_op != b->n_op)
         return false;
+    for (int i = 0; i < a->n_op; i++)
+        if (a->ops[i].op != b->ops[i].op || a->ops[i].bytes != b->ops[i].bytes ||
+            a->ops[i].seconds != b->ops[i].seconds)
+            return false;
     for (int i = 0; i < a->n_gemm; i++) {
         const ps_profile_gemm *x = &a->gemm[i], *y = &b->gemm[i];
         if (x->m != y->m || x->n != y->n || x->k != y->k || x->dtype != y->dtype ||

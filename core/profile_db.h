@@ -32,6 +32,7 @@
 
 #include "core/collective.h"
 #include "core/dtype.h"
+#include "core/op.h"
 #include "core/status.h"
 
 #define PS_PROFILE_DB_VERSION 1
@@ -68,8 +69,20 @@ typedef struct ps_profile_comm_entry {
 } ps_profile_comm_entry;
 
 /* One table of the lookups: sizes ascending, monotone times. */
+/* A non-GEMM op of kind `op` timed through the backend's own kernel on one
+ * device: `bytes` is what it reads and writes (its inputs' and outputs'
+ * sizes, as the cost model counts a tile's), `seconds` one call. The cost
+ * model charges an op of that kind by its bytes from these. */
+typedef struct ps_profile_op {
+    ps_op_kind op;
+    int64_t bytes;
+    double seconds;
+} ps_profile_op;
+
 typedef struct ps_profile_table {
-    int kind; /* ps_profile_comm, or -1 for a GEMM table */
+    /* ps_profile_comm; -1: a GEMM table (n: its dtype); -2: an op table
+     * (n: its ps_op_kind) */
+    int kind;
     int n;    /* group size; the dtype for a GEMM table */
     int count;
     double *size; /* bytes or FLOPs */
@@ -84,6 +97,8 @@ typedef struct ps_profile_db {
     ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, m, n, k after finish */
     int n_comm, cap_comm;
     ps_profile_comm_entry *comm; /* sorted by kind, n, bytes after finish */
+    int n_op, cap_op;
+    ps_profile_op *ops; /* sorted by op kind, bytes after finish */
     /* built by ps_profile_db_finish; lookups read only these */
     int n_tables;
     ps_profile_table *tables;
@@ -101,6 +116,8 @@ void ps_profile_db_free(ps_profile_db *db);
  * again before lookups. */
 ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err);
 ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err);
+/* (checked: a kind other than MATMUL, positive bytes and time) */
+ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_error *err);
 /* Sorts the entries, rejects duplicates (same shape and dtype, or same
  * kind, n and bytes) and an empty DB, and builds the lookup tables. */
 ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err);
@@ -121,6 +138,9 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
 double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 /* flops / ps_profile_gemm_s; 0 when there is no entry or flops <= 0. */
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
+/* Seconds of a non-GEMM op of that kind reading and writing `bytes`: 0 for
+ * bytes <= 0, -1 when the DB has no entry of that kind. */
+double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes);
 /* Seconds of a communication among n devices (ignored for send-recv):
  * 0 for n < 2 or bytes <= 0, -1 when the DB has no entry of that kind. */
 double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes);

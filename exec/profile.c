@@ -67,7 +67,10 @@ typedef struct shared {
     double *times;     /* [n * reps]: seconds per call, per rank and repetition */
     double *warm;      /* [n]: seconds of one warm-up call per rank */
     int iters;
-    bool gemm_phase; /* the GEMMs are being measured */
+    bool compute_phase; /* GEMMs or ops: gemm_all_devices applies */
+    /* the ops to time, one per (kind, bytes): op_graph[i], op_index[i] */
+    int n_ops;
+    int *op_graph, *op_index;
 } shared;
 
 /* Records a failure and unblocks every peer: those waiting in the barrier
@@ -191,7 +194,7 @@ static bool agree_iters(shared *s, int rank, double warm_s)
         /* devices sharing hardware take turns in scheduler time slices
          * (milliseconds): a repetition must span several to see it */
         double min_rep_s = s->o->min_rep_s;
-        if (s->o->gemm_all_devices && s->n > 1 && s->gemm_phase)
+        if (s->o->gemm_all_devices && s->n > 1 && s->compute_phase)
             min_rep_s = fmax(min_rep_s, SHARED_REP_S);
         double want = slowest > 0 ? ceil(min_rep_s / slowest) : MAX_ITERS;
         s->iters = want < 1 ? 1 : want > MAX_ITERS ? MAX_ITERS : (int)want;
@@ -340,6 +343,118 @@ out:
     for (int t = 0; t < 3; t++)
         if (buf[t] != NULL)
             b->ops->release(b, rank, buf[t]);
+    return st;
+}
+
+/* ---- other ops ------------------------------------------------------------ */
+
+static bool timed_kind(ps_op_kind k)
+{
+    return k != PS_OP_MATMUL && k != PS_OP_CONV2D && k != PS_OP_CONV2D_GRAD_INPUT &&
+           k != PS_OP_CONV2D_GRAD_FILTER;
+}
+
+/* What the cost model counts for the op on whole tensors: the bytes of its
+ * inputs and outputs. */
+static int64_t op_bytes(const ps_graph *g, const ps_op *op)
+{
+    double bytes = 0;
+    for (int i = 0; i < op->n_in; i++)
+        bytes += ps_tensor_bytes(&g->tensors[op->in[i]]);
+    for (int k = 0; k < op->n_out; k++)
+        bytes += ps_tensor_bytes(&g->tensors[op->out[k]]);
+    return (int64_t)bytes;
+}
+
+/* The ops to time: the first of each (kind, bytes) over the graphs. */
+static ps_status choose_ops(shared *s, ps_error *err)
+{
+    const ps_profile_options *o = s->o;
+    int total = 0;
+    for (int i = 0; i < o->n_op_graphs; i++)
+        total += o->op_graphs[i]->n_ops;
+    s->op_graph = malloc((size_t)(total > 0 ? total : 1) * sizeof *s->op_graph);
+    s->op_index = malloc((size_t)(total > 0 ? total : 1) * sizeof *s->op_index);
+    if (s->op_graph == NULL || s->op_index == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < o->n_op_graphs; i++) {
+        const ps_graph *g = o->op_graphs[i];
+        for (int j = 0; j < g->n_ops; j++) {
+            const ps_op *op = &g->ops[j];
+            int64_t bytes = op_bytes(g, op);
+            if (!timed_kind(op->kind) || op->kind == PS_OP_RESHAPE || bytes < 1)
+                continue;
+            bool seen = false;
+            for (int q = 0; q < s->n_ops && !seen; q++) {
+                const ps_graph *h = o->op_graphs[s->op_graph[q]];
+                const ps_op *p = &h->ops[s->op_index[q]];
+                seen = p->kind == op->kind && op_bytes(h, p) == bytes;
+            }
+            if (seen)
+                continue;
+            s->op_graph[s->n_ops] = i;
+            s->op_index[s->n_ops++] = j;
+        }
+    }
+    return PS_OK;
+}
+
+typedef struct op_call {
+    const ps_op *op;
+    ps_tile in[PS_MAX_OP_IO], out[PS_MAX_OP_IO];
+} op_call;
+
+static ps_status op_once(shared *s, int rank, void *arg, ps_error *err)
+{
+    op_call *c = arg;
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+    return s->b->ops->op(s->b, rank, c->op, c->in, c->out, &ctx, err);
+}
+
+static ps_status ops_thread(shared *s, int rank, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_backend *b = s->b;
+    void *buf[2 * PS_MAX_OP_IO];
+    int n_buf = 0;
+    for (int q = 0; q < s->n_ops; q++) {
+        const ps_graph *g = s->o->op_graphs[s->op_graph[q]];
+        op_call c = {.op = &g->ops[s->op_index[q]]};
+        const ps_op *op = c.op;
+        for (int t = 0; t < op->n_in + op->n_out; t++) {
+            bool input = t < op->n_in;
+            const ps_tensor *x = &g->tensors[input ? op->in[t] : op->out[t - op->n_in]];
+            int64_t numel = ps_tensor_numel(x);
+            PS_TRY(b->ops->alloc(b, rank, numel * 4, &buf[n_buf], err));
+            ps_tile tile = ps_tile_whole(buf[n_buf++], &x->desc);
+            if (input && x->desc.dtype == PS_DTYPE_I32)
+                PS_TRY(b->ops->zero(b, rank, &tile, err)); /* valid ids and labels */
+            else if (input)
+                PS_TRY(b->ops->upload(b, rank, tile.data, s->host, numel * 4, err));
+            if (input)
+                c.in[t] = tile;
+            else
+                c.out[t - op->n_in] = tile;
+        }
+        bool ok;
+        PS_TRY(timed(s, rank, op_once, &c, 1, &ok, err));
+        if (!ok)
+            goto out;
+        double sec = slowest_median(s, s->n);
+        if (rank == 0) {
+            ps_profile_op e = {.op = op->kind, .bytes = op_bytes(g, op), .seconds = sec};
+            if (s->o->progress)
+                fprintf(stderr, "profile: %s of %lld bytes: %.4g s, %.4g GB/s\n",
+                        ps_op_kind_get(op->kind)->name, (long long)e.bytes, sec,
+                        (double)e.bytes / sec / 1e9);
+            PS_TRY(ps_profile_db_add_op(s->db, &e, err));
+        }
+        for (; n_buf > 0; n_buf--)
+            b->ops->release(b, rank, buf[n_buf - 1]);
+    }
+out:
+    for (; n_buf > 0; n_buf--)
+        b->ops->release(b, rank, buf[n_buf - 1]);
     return st;
 }
 
@@ -552,6 +667,11 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &db, err));
     /* the largest buffer any measurement uploads */
     int64_t most = o->max_bytes > 0 ? o->max_bytes / 4 : 1;
+    for (int i = 0; i < o->n_op_graphs; i++)
+        for (int t = 0; t < o->op_graphs[i]->n_tensors; t++) {
+            int64_t e = ps_tensor_numel(&o->op_graphs[i]->tensors[t]);
+            most = e > most ? e : most;
+        }
     for (int i = 0; i < o->n_shapes; i++) {
         const ps_profile_shape *sh = &o->shapes[i];
         int64_t e = sh->m * sh->k > sh->k * sh->n ? sh->m * sh->k : sh->k * sh->n;
@@ -573,11 +693,17 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     /* GEMMs on device 0 alone, or on every device at once */
-    s.gemm_phase = true;
+    s.compute_phase = true;
     if (o->n_shapes > 0)
         st = run_threads(&s, o->gemm_all_devices && o->gemm_timer == NULL ? b->n_devices : 1,
                          gemm_thread, err);
-    s.gemm_phase = false;
+    /* the other ops, the same way */
+    if (st == PS_OK && o->n_op_graphs > 0) {
+        st = choose_ops(&s, err);
+        if (st == PS_OK && s.n_ops > 0)
+            st = run_threads(&s, o->gemm_all_devices ? b->n_devices : 1, ops_thread, err);
+    }
+    s.compute_phase = false;
     /* group sizes 2, 4, 8, ... and max_group itself */
     for (int n = 2; st == PS_OK && o->max_bytes > 0 && n <= max_group;
          n = n * 2 > max_group && n < max_group ? max_group : n * 2)
@@ -592,6 +718,8 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
 out:
     free(s.times);
     free(s.warm);
+    free(s.op_graph);
+    free(s.op_index);
     free(host);
     ps_profile_db_free(db);
     return st;

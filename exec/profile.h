@@ -8,6 +8,15 @@
  * a GEMM of that dtype costs on this backend. A gemm_timer (below) measures
  * each dtype natively instead.
  *
+ * Other ops: every op of the given graphs that is not a GEMM (MATMUL,
+ * CONV2D and its gradients), once per kind and size, through the backend's
+ * op on whole tiles (float inputs a fixed pattern, integer ones zero: valid
+ * ids and labels), recorded by kind and by the bytes of its inputs and
+ * outputs, on device 0 alone or, with gemm_all_devices, on every device at
+ * once as the GEMMs are. The graphs come from the caller (the training
+ * steps of small models: pipeshard profile builds them), since exec/ does
+ * not build models.
+ *
  * Communication: one thread per device, as the runtime runs them. For every
  * group size n (2, 4, 8, ... and the device count, at most max_group) the
  * devices 0..n-1 run all-reduce, all-gather, reduce-scatter and all-to-all
@@ -27,6 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/graph.h"
 #include "core/profile_db.h"
 #include "exec/backend.h"
 
@@ -64,6 +74,9 @@ typedef struct ps_profile_options {
     ps_status (*gemm_timer)(void *arg, const ps_profile_shape *shape, ps_dtype dtype, int reps,
                             double *seconds, ps_error *err);
     void *gemm_timer_arg;
+    /* graphs whose non-GEMM ops are timed (borrowed); none: no op entries */
+    const ps_graph *const *op_graphs;
+    int n_op_graphs;
 } ps_profile_options;
 
 /* The full profile: GEMM cubes 64..2048 and transformer-like rectangles,

@@ -204,6 +204,17 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
     return fmax(t_flops, t_bytes);
 }
 
+double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
+                       double bytes, bool gemm)
+{
+    if (!gemm && m->profile != NULL) {
+        double s = ps_profile_op_s(m->profile, kind, bytes);
+        if (s >= 0)
+            return s;
+    }
+    return ps_compute_s(m, dtype, flops, bytes, gemm);
+}
+
 /* A dimension split over both axes holds block i0 * d1 + i1 (axis 0 major).
  * Two changes of a dimension's split leave blocks that no spec describes:
  * taking axis 0 out of an S01 split (device (i0, i1) is left with the strided

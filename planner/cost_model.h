@@ -84,6 +84,13 @@ bool ps_profile_applies(const ps_cluster *c, int device);
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
                     bool gemm);
 
+/* The time of one op of that kind on its local tiles (flops, and bytes read
+ * and written): a non-GEMM kind the mesh's profile DB measured (its "ops"
+ * entries) takes the measured time at those bytes; anything else
+ * ps_compute_s. */
+double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
+                       double bytes, bool gemm);
+
 /* Cost of turning a tensor laid out as `from` into `to`: per mesh axis, a
  * partial sum is all-reduced or reduce-scattered (or kept, when `to` is
  * partial there too), a split that goes away is all-gathered, a split that

@@ -603,7 +603,8 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
                 local_bytes += ps_spec_tile_bytes(&st->out[k], &outs[k], m->shape);
             if (op->kind == PS_OP_RESHAPE)
                 local_bytes = 0;
-            st->compute_s = ps_compute_s(m, dt, op->cost.flops / parts, local_bytes, gemm);
+            st->compute_s =
+                ps_op_compute_s(m, op->kind, dt, op->cost.flops / parts, local_bytes, gemm);
             /* collectives inside the op */
             for (int a = 0; a < PS_MESH_AXES; a++) {
                 int l = assign[a];

@@ -95,7 +95,15 @@ static void round_trip(void **state)
     add_gemm(db, 256, 256, 256, PS_DTYPE_BF16, 1e-4);
     add_gemm(db, 64, 64, 64, PS_DTYPE_F32, 3e-5);
     add_gemm(db, 128, 32, 64, PS_DTYPE_F32, 2.9e-5);
+    ps_profile_op ops[] = {{PS_OP_SOFTMAX, 1 << 20, 4e-4},
+                           {PS_OP_GELU, 1 << 16, 5e-5},
+                           {PS_OP_GELU, 1 << 10, 3e-6}};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ps_profile_db_add_op(db, &ops[i], NULL), PS_OK);
     finish(db);
+    assert_int_equal(db->ops[0].op, PS_OP_GELU); /* by kind, then bytes */
+    assert_int_equal(db->ops[0].bytes, 1 << 10);
+    assert_int_equal(db->ops[2].op, PS_OP_SOFTMAX);
     assert_int_equal(db->gemm[0].dtype, PS_DTYPE_F32);
     assert_int_equal(db->gemm[0].m, 64); /* equal FLOPs: by m */
     assert_int_equal(db->gemm[2].dtype, PS_DTYPE_BF16);
@@ -121,6 +129,9 @@ static void round_trip(void **state)
                  (1 << 20) / 3.25e-4 * 0.75, 1e-15);
     json_t *g = json_array_get(json_object_get(j, "gemm"), 2);
     assert_close(json_real_value(json_object_get(g, "flops_per_s")), 2.0 * (1 << 24) / 1e-4, 1e-15);
+    json_t *op = json_array_get(json_object_get(j, "ops"), 2);
+    assert_string_equal(json_string_value(json_object_get(op, "op")), "softmax");
+    assert_close(json_real_value(json_object_get(op, "bytes_per_s")), (1 << 20) / 4e-4, 1e-15);
     json_decref(j);
     unlink(path);
     ps_profile_db_free(back);
@@ -144,6 +155,14 @@ static void bad_entries(void **state)
     assert_int_equal(ps_profile_db_add_comm(db, &c, NULL), PS_ERR_INVALID);
     c = (ps_profile_comm_entry){.kind = PS_PROFILE_ALL_REDUCE, .n = 1, .bytes = 1, .seconds = 1};
     assert_int_equal(ps_profile_db_add_comm(db, &c, NULL), PS_ERR_INVALID);
+    ps_profile_op o = {.op = PS_OP_MATMUL, .bytes = 64, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_op(db, &o, NULL), PS_ERR_INVALID);
+    o = (ps_profile_op){.op = PS_OP_KIND_COUNT, .bytes = 64, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_op(db, &o, NULL), PS_ERR_INVALID);
+    o = (ps_profile_op){.op = PS_OP_ADAM, .bytes = 0, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_op(db, &o, NULL), PS_ERR_INVALID);
+    o = (ps_profile_op){.op = PS_OP_ADAM, .bytes = 8, .seconds = INFINITY};
+    assert_int_equal(ps_profile_db_add_op(db, &o, NULL), PS_ERR_INVALID);
     /* nothing measured */
     ps_error_clear(&err);
     assert_int_equal(ps_profile_db_finish(db, &err), PS_ERR_INVALID);
@@ -243,6 +262,27 @@ static void malformed(void **state)
         {HEAD "\"collectives\": [" AR ", " AR "]}",
          "collectives[1]: all-reduce over 2 devices of 1024 bytes is also collectives[0]"},
         {HEAD "\"collectives\": [" AR "], \"extra\": 1}", "extra: unknown key \"extra\""},
+        {HEAD "\"ops\": []}", "holds no measurements"},
+        {HEAD "\"ops\": {}}", "ops: expected an array, found an object"},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64}]}", "ops[0]: missing key \"seconds\""},
+        {HEAD "\"ops\": [{\"op\": \"swish\", \"bytes\": 64, \"seconds\": 1}]}",
+         "ops[0].op: \"swish\" is not an op kind other than matmul"},
+        {HEAD "\"ops\": [{\"op\": \"matmul\", \"bytes\": 64, \"seconds\": 1}]}",
+         "ops[0].op: \"matmul\" is not an op kind other than matmul (GEMMs go in \"gemm\")"},
+        {HEAD "\"ops\": [{\"op\": 3, \"bytes\": 64, \"seconds\": 1}]}",
+         "ops[0].op: expected a string, found an integer"},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 0, \"seconds\": 1}]}",
+         "ops[0].bytes: must be at least 1 (found 0)"},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": -2}]}",
+         "ops[0].seconds: must be positive (found -2)"},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": 2, "
+              "\"bytes_per_s\": 64}]}",
+         "ops[0].bytes_per_s: 64 does not match the one derived from seconds (32)"},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": 1, \"n\": 2}]}",
+         "ops[0].n: unknown key \"n\""},
+        {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": 1}, "
+              "{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": 3}]}",
+         "ops[1]: gelu of 64 bytes is also ops[0]"},
         {HEAD "\"collectives\": [" AR "]", "db.json:1:"},
     };
 #undef HEAD
@@ -289,6 +329,45 @@ static void malformed(void **state)
     assert_int_equal(db->comm[0].n, 2);
     assert_int_equal(db->devices, 1);
     assert_close(ps_profile_collective_s(db, PS_PROFILE_SEND_RECV, 7, 16), 8, 1e-15);
+    ps_profile_db_free(db);
+}
+
+/* Op entries: a table per kind, interpolated like the others; the cost
+ * model charges a non-GEMM op of a measured kind its measured time and
+ * leaves GEMMs and unmeasured kinds to their own rules. */
+static void op_entries(void **state)
+{
+    (void)state;
+    ps_profile_db *db = new_db("a100-sxm4-80gb");
+    ps_profile_op ops[] = {{PS_OP_GELU, 1000, 1e-5}, {PS_OP_GELU, 3000, 2e-5},
+                           {PS_OP_LAYERNORM, 1000, 4e-5}};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ps_profile_db_add_op(db, &ops[i], NULL), PS_OK);
+    add_gemm(db, 64, 64, 64, PS_DTYPE_F32, 1e-5);
+    finish(db);
+    assert_close(ps_profile_op_s(db, PS_OP_GELU, 1000), 1e-5, 1e-15);
+    assert_close(ps_profile_op_s(db, PS_OP_GELU, 2000), 1.5e-5, 1e-12); /* linear between */
+    assert_close(ps_profile_op_s(db, PS_OP_GELU, 500), 1e-5, 1e-15);    /* latency below */
+    assert_close(ps_profile_op_s(db, PS_OP_GELU, 6000), 4e-5, 1e-12);   /* bandwidth above */
+    assert_close(ps_profile_op_s(db, PS_OP_LAYERNORM, 2000), 8e-5, 1e-12);
+    assert_true(ps_profile_op_s(db, PS_OP_SOFTMAX, 1000) < 0);
+    assert_true(ps_profile_op_s(db, PS_OP_GELU, 0) == 0);
+
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_logical_mesh *plain = NULL, *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &plain, NULL), PS_OK);
+    c->profile = db;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &m, NULL), PS_OK);
+    assert_close(ps_op_compute_s(m, PS_OP_GELU, PS_DTYPE_F32, 1e3, 2000, false), 1.5e-5, 1e-12);
+    /* a kind the DB lacks, and a GEMM, as without op entries */
+    assert_close(ps_op_compute_s(m, PS_OP_SOFTMAX, PS_DTYPE_F32, 1e3, 2000, false),
+                 ps_compute_s(plain, PS_DTYPE_F32, 1e3, 2000, false), 1e-12);
+    assert_close(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, 1e9, 2000, true),
+                 ps_compute_s(m, PS_DTYPE_F32, 1e9, 2000, true), 1e-15);
+    ps_mesh_free(plain);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
     ps_profile_db_free(db);
 }
 
@@ -870,7 +949,26 @@ static void cli(void **state)
     if (ps_profile_db_load(db_path, &db, &e) != PS_OK)
         fail_msg("%s", e.msg);
     assert_string_equal(db->device, "cpu");
+    /* the other ops of the small training steps, one table per kind */
+    assert_true(db->n_op > 0);
+    static const ps_op_kind kinds[] = {PS_OP_GELU,      PS_OP_LAYERNORM,   PS_OP_SOFTMAX,
+                                       PS_OP_ADAM,      PS_OP_SOFTMAX_XENT, PS_OP_RELU,
+                                       PS_OP_MSE_LOSS,  PS_OP_GELU_GRAD,  PS_OP_EMBEDDING_GRAD};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+        if (!(ps_profile_op_s(db, kinds[k], 1e6) > 0))
+            fail_msg("no %s entries", ps_op_kind_get(kinds[k])->name);
+    assert_true(ps_profile_op_s(db, PS_OP_MATMUL, 1e6) < 0);
     ps_profile_db_free(db);
+
+    /* --no-ops, --no-gemm and no communication: nothing to measure */
+    snprintf(args, sizeof args,
+             "profile --backend cpu --devices 2 --quick --no-ops --no-gemm --max-bytes 0 -o "
+             "%s/none.json",
+             dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 2);
+    assert_non_null(strstr(err, "nothing to measure"));
+    free(out);
+    free(err);
 
     /* plan with it: other predictions than the analytic model's */
     snprintf(args, sizeof args,
@@ -971,6 +1069,7 @@ int main(void)
         cmocka_unit_test(malformed),
         cmocka_unit_test(documented_example),
         cmocka_unit_test(interpolation),
+        cmocka_unit_test(op_entries),
         cmocka_unit_test(analytic_db_same_predictions),
         cmocka_unit_test(slower_gemms_double_compute),
         cmocka_unit_test(where_the_db_applies),
