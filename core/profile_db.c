@@ -186,40 +186,37 @@ static ps_status grow(void **arr, int *cap, int need, size_t size, ps_error *err
     return PS_OK;
 }
 
-ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err)
+/* Appends entry e of `size` bytes to *arr (*n of *cap) once checked. */
+static ps_status append(ps_profile_db *db, ps_status checked, void **arr, int *n, int *cap,
+                        const void *e, size_t size, ps_error *err)
 {
-    ps_status st = check_gemm(e, err);
+    ps_status st = checked;
     if (st == PS_OK)
-        st = grow((void **)&db->gemm, &db->cap_gemm, db->n_gemm + 1, sizeof *db->gemm, err);
+        st = grow(arr, cap, *n + 1, size, err);
     if (st != PS_OK)
         return st;
-    db->gemm[db->n_gemm++] = *e;
+    memcpy((char *)*arr + (size_t)*n * size, e, size);
+    (*n)++;
     db->finished = false;
     return PS_OK;
+}
+
+ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err)
+{
+    return append(db, check_gemm(e, err), (void **)&db->gemm, &db->n_gemm, &db->cap_gemm, e,
+                  sizeof *e, err);
 }
 
 ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err)
 {
-    ps_status st = check_comm(e, err);
-    if (st == PS_OK)
-        st = grow((void **)&db->comm, &db->cap_comm, db->n_comm + 1, sizeof *db->comm, err);
-    if (st != PS_OK)
-        return st;
-    db->comm[db->n_comm++] = *e;
-    db->finished = false;
-    return PS_OK;
+    return append(db, check_comm(e, err), (void **)&db->comm, &db->n_comm, &db->cap_comm, e,
+                  sizeof *e, err);
 }
 
 ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_error *err)
 {
-    ps_status st = check_op(e, err);
-    if (st == PS_OK)
-        st = grow((void **)&db->ops, &db->cap_op, db->n_op + 1, sizeof *db->ops, err);
-    if (st != PS_OK)
-        return st;
-    db->ops[db->n_op++] = *e;
-    db->finished = false;
-    return PS_OK;
+    return append(db, check_op(e, err), (void **)&db->ops, &db->n_op, &db->cap_op, e, sizeof *e,
+                  err);
 }
 
 /* ---- sorting and tables ------------------------------------------------ */
