@@ -393,14 +393,22 @@ static double table_s(const ps_profile_table *t, double x)
     return t->seconds[lo] + f * (t->seconds[hi] - t->seconds[lo]);
 }
 
-double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops)
+/* The time at x in the one table of (kind, n): 0 for x <= 0, -1 when the
+ * DB has no such table (GEMMs: kind -1, n the dtype; ops: kind -2, n the
+ * op kind). */
+static double one_table_s(const ps_profile_db *db, int kind, int n, double x)
 {
     if (db == NULL || !db->finished)
         return -1;
     for (int i = 0; i < db->n_tables; i++)
-        if (db->tables[i].kind == -1 && db->tables[i].n == (int)dtype)
-            return flops > 0 ? table_s(&db->tables[i], flops) : 0;
+        if (db->tables[i].kind == kind && db->tables[i].n == n)
+            return x > 0 ? table_s(&db->tables[i], x) : 0;
     return -1;
+}
+
+double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops)
+{
+    return one_table_s(db, -1, (int)dtype, flops);
 }
 
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops)
@@ -411,12 +419,7 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
 
 double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes)
 {
-    if (db == NULL || !db->finished)
-        return -1;
-    for (int i = 0; i < db->n_tables; i++)
-        if (db->tables[i].kind == -2 && db->tables[i].n == (int)kind)
-            return bytes > 0 ? table_s(&db->tables[i], bytes) : 0;
-    return -1;
+    return one_table_s(db, -2, (int)kind, bytes);
 }
 
 double ps_profile_collective_s(const ps_profile_db *db, ps_profile_comm kind, int n, double bytes)

@@ -962,6 +962,15 @@ static bool same_stages(const ps_stage_plan *a, const ps_stage_plan *b)
     return true;
 }
 
+/* Whether p's stages are among the n pipelines already solved. */
+static bool solved_before(const ps_stage_plan *p, const ps_stage_plan *solved, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (same_stages(p, &solved[r]))
+            return true;
+    return false;
+}
+
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
 {
@@ -1276,10 +1285,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         memset(&by_count[order[0]], 0, sizeof by_count[order[0]]);
         for (int q = 0; q < n_cand; q++) {
             const ps_stage_plan *cur = q == 0 ? &sp[way] : &by_count[order[q]];
-            bool seen = false;
-            for (int r = 0; r < n_realized && !seen; r++)
-                seen = same_stages(cur, &realized[r]);
-            if (seen)
+            if (solved_before(cur, realized, n_realized))
                 continue;
 
             /* 5. placement and each stage's sharding */
@@ -1353,10 +1359,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         /* not again when it was one of the DP's candidates */
         ps_stage_choice whole = {0, L - 1, full, best_k, best_cost};
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
-        bool seen = false;
-        for (int r = 0; r < n_realized && !seen; r++)
-            seen = same_stages(&whole_plan, &realized[r]);
-        if (best_k >= 0 && !seen && B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
+        if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
+            B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
             stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k]};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
