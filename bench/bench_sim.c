@@ -8,14 +8,15 @@
  * peak RSS (ps_sim_stats). The last line is the headline.
  *
  *   bench_sim [--devices 1024,4096,16384] [--micro-batches N] [--check]
- *             [--node-collectives flows|closed-form|both] [--time-limit S]
- *             [--csv FILE]
+ *             [--node-collectives MODES] [--time-limit S] [--csv FILE]
  *
  * --check also runs the program checker (its time is reported).
- * --node-collectives: how the simulator times collectives inside a node
- * (ps_sim_options.node_collectives_closed_form); `both` simulates the same
- * programs each way, one after the other. Goals: 30 s of simulation at 1024
- * devices, 10 minutes at 4096 and 16384. */
+ * --node-collectives: how the simulator moves the collectives inside a node,
+ * a comma-separated list of flows (the default), transfers and closed-form
+ * (ps_sim_options; `pipeshard sim --node-collectives`); `both` is
+ * flows,closed-form. Each mode simulates the same programs, one after the
+ * other. Goals: 30 s of simulation at 1024 devices, 10 minutes at 4096 and
+ * 16384. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,15 +41,18 @@ typedef struct row {
     long long program_instrs;
     ps_sim_stats stats;
     double sim_iteration_s, plan_iteration_s;
-    bool closed_form; /* node collectives by their closed form */
+    int mode; /* node collectives: a node_mode */
 } row;
 
-#define MAX_MODES 2
+typedef enum node_mode { MODE_FLOWS, MODE_TRANSFERS, MODE_CLOSED_FORM, MODE_COUNT } node_mode;
+static const char *const mode_names[MODE_COUNT] = {"flows", "transfers", "closed-form"};
+
+#define MAX_MODES 8
 
 /* Plans, lowers and simulates gpt-175b on `devices` devices. */
-/* r[0..n_modes): one row per simulator mode (modes[i]: closed form). */
+/* r[0..n_modes): one row per simulator mode (modes[i]: a node_mode). */
 static ps_status run_size(int devices, int micro_batches, double time_limit_s, bool check,
-                          const bool *modes, int n_modes, row *rows, ps_error *err)
+                          const int *modes, int n_modes, row *rows, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_cluster *c = NULL;
@@ -96,7 +100,9 @@ static ps_status run_size(int devices, int micro_batches, double time_limit_s, b
         if (i > 0)
             rows[i] = rows[0];
         ps_sim_options so = ps_sim_options_default();
-        so.node_collectives_closed_form = rows[i].closed_form = modes[i];
+        rows[i].mode = modes[i];
+        so.node_collectives_closed_form = modes[i] == MODE_CLOSED_FORM;
+        so.node_collectives_transfers = modes[i] == MODE_TRANSFERS;
         ps_summary_free(sum);
         sum = NULL;
         PS_TRY(ps_sim_run(set, c, &so, &sum, &rows[i].stats, err));
@@ -128,13 +134,35 @@ static int parse_sizes(const char *s, int *sizes)
     return n;
 }
 
+/* "flows,closed-form" into modes; the count, -1 if malformed. */
+static int parse_modes(const char *s, int *modes)
+{
+    if (strcmp(s, "both") == 0)
+        s = "flows,closed-form";
+    int n = 0;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        int m = -1;
+        for (int k = 0; k < MODE_COUNT; k++)
+            if (strlen(mode_names[k]) == len && strncmp(s, mode_names[k], len) == 0)
+                m = k;
+        if (m < 0 || n == MAX_MODES)
+            return -1;
+        modes[n++] = m;
+        s += len;
+        if (*s == ',' && *++s == '\0')
+            return -1;
+    }
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     ps_malloc_tune(argv); /* the allocator the CLI runs with */
     int sizes[MAX_SIZES] = {1024, 4096}, n_sizes = 2, micro_batches = 64;
     double time_limit_s = 10;
-    bool check = false, modes[MAX_MODES] = {false, true};
-    int n_modes = 1;
+    bool check = false;
+    int modes[MAX_MODES] = {MODE_FLOWS}, n_modes = 1;
     FILE *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
@@ -151,15 +179,10 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
         } else if (strcmp(argv[i], "--node-collectives") == 0 && i + 1 < argc) {
-            const char *m = argv[++i];
-            if (strcmp(m, "both") == 0) {
-                n_modes = 2;
-            } else if (strcmp(m, "flows") == 0 || strcmp(m, "closed-form") == 0) {
-                n_modes = 1;
-                modes[0] = strcmp(m, "closed-form") == 0;
-            } else {
-                fprintf(stderr, "bench_sim: --node-collectives takes flows, closed-form or "
-                                "both\n");
+            n_modes = parse_modes(argv[++i], modes);
+            if (n_modes <= 0) {
+                fprintf(stderr, "bench_sim: --node-collectives takes a list of flows, "
+                                "transfers and closed-form (or both: flows,closed-form)\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
@@ -170,7 +193,7 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_sim [--devices 1024,4096,16384] [--micro-batches N] "
-                            "[--check] [--node-collectives flows|closed-form|both] "
+                            "[--check] [--node-collectives flows,transfers,closed-form|both] "
                             "[--time-limit S] [--csv FILE]\n");
             return 2;
         }
@@ -207,7 +230,7 @@ int main(int argc, char **argv)
         }
         for (int j = 0; j < n_modes; j++) {
             const row *r = &rows[j];
-            const char *mode = r->closed_form ? "closed-form" : "flows";
+            const char *mode = mode_names[r->mode];
             printf("%7d %4d %8.1f %8.1f %10lld %9.1f %9.1f %11lld %10.3g %9.0f %8.4g %8.4g %s\n",
                    r->devices, r->dp, r->plan_s, r->lower_s, r->program_instrs, r->stats.wall_s,
                    r->stats.cpu_s, r->stats.events, r->stats.events_per_s,

@@ -17,7 +17,8 @@
 static void help(void)
 {
     printf("usage: pipeshard sim --plan PLAN.json [--trace T.json] [--summary S.json]\n"
-           "                     [--collective-steps] [--node-collectives flows|closed-form]\n"
+           "                     [--collective-steps]\n"
+           "                     [--node-collectives flows|transfers|closed-form]\n"
            "                     [--no-local-allgather] [--no-check]\n"
            "                     [--predicted P.json] [--profile-db DB.json]\n"
            "                     [--dump-programs DIR] [--json]\n\n"
@@ -32,8 +33,10 @@ static void help(void)
            "  --collective-steps     send every ring step separately (slower, same time\n"
            "                         when uncontended)\n"
            "  --node-collectives M   flows (default): a collective inside one node moves its\n"
-           "                         bytes as transfers that share links; closed-form: it\n"
-           "                         takes the ring's time, no events (large clusters)\n"
+           "                         bytes as transfers that share links, timed without\n"
+           "                         events where nothing else can use them; transfers:\n"
+           "                         always as SimGrid transfers (slower, the same times);\n"
+           "                         closed-form: the ring's time, no events, no sharing\n"
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --no-check             skip the program checker (it runs on another core\n"
            "                         while the simulation runs; a failed check stops it)\n"
@@ -98,12 +101,14 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_PRED: pred_path = optarg; break;
         case OPT_STEPS: so.collective_steps = true; break;
         case OPT_NODE_COLL:
-            if (strcmp(optarg, "flows") == 0 || strcmp(optarg, "closed-form") == 0) {
+            if (strcmp(optarg, "flows") == 0 || strcmp(optarg, "closed-form") == 0 ||
+                strcmp(optarg, "transfers") == 0) {
                 so.node_collectives_closed_form = strcmp(optarg, "closed-form") == 0;
+                so.node_collectives_transfers = strcmp(optarg, "transfers") == 0;
                 break;
             }
-            return ps_cli_usage_error("sim", "--node-collectives takes flows or closed-form, "
-                                             "not \"%s\"",
+            return ps_cli_usage_error("sim", "--node-collectives takes flows, transfers or "
+                                             "closed-form, not \"%s\"",
                                       optarg);
         case OPT_NO_LAG: lo.local_allgather = false; break;
         case OPT_NO_CHECK: check = false; break;

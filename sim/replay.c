@@ -1,9 +1,9 @@
 /* The replay: one SimGrid actor per device interprets its program
  * (docs/simulator.md). Runs in the child process of ps_sim_run.
  *
- * Accounting. compute_s: time in executions. comm_s: time blocked while
- * data moves (receives, collective steps, the latency sleeps of coalesced
- * ring steps). A blocked receive first waits for its sender to post the
+ * Accounting. compute_s: the computes' time. comm_s: time blocked while
+ * data moves (receives, collective steps, the latencies of coalesced ring
+ * steps). A blocked receive first waits for its sender to post the
  * message; that wait is idle time (a pipeline bubble, a straggler), not
  * communication: every message carries its post time in the payload
  * pointer's bits (SimGrid only copies payload pointers, never dereferences
@@ -54,6 +54,16 @@ typedef struct sim_peer {
 
 typedef struct sim_ctx sim_ctx;
 
+/* A member of a group's node ring: its arrivals, by instance parity
+ * (members are at most one instance apart while a neighbour still needs
+ * the older one; node_ring). */
+typedef struct sim_ring_member {
+    int entered;         /* instances it arrived at */
+    double arr_s[2];     /* virtual arrival time */
+    double out_end_s[2]; /* end of its transfer to its successor, once received; -1 */
+    bool out_transfer[2]; /* moved as a SimGrid transfer (else timed) */
+} sim_ring_member;
+
 typedef struct sim_message {
     sg_mailbox_t box;
     double post_s, bytes;
@@ -64,9 +74,15 @@ typedef struct sim_actor {
     const ps_program *prog;
     int device;
     double speed_flops_per_s;
-    /* computes not yet executed: flushed as one execution, with the
-     * latencies of coalesced collective steps deferred to it (pend_delay_s) */
-    double pend_exec_flops, pend_pred_flops, pend_delay_s;
+    /* Virtual time: where the program is, at or after the SimGrid clock.
+     * What lies between them is run as one execution before the device
+     * next meets another (flush_compute): the computes since the last
+     * flush (pend_compute_s, on this host), the latencies deferred by
+     * coalesced collective steps and closed-form collectives
+     * (pend_delay_s), and the ends of node rings timed without transfers
+     * (node_ring). */
+    double v_s;
+    double pend_compute_s, pend_pred_flops, pend_delay_s;
     bool pend_closed_form; /* pend_delay_s holds closed-form collectives (traced as such) */
     int cur_phase, cur_mb; /* of the running kernel; -1 outside one */
     /* accounting */
@@ -80,6 +96,17 @@ typedef struct sim_actor {
     sim_wait waiting;
     int wait_peer;
     bool done;
+    sg_actor_t self;
+    /* sends posted and not yet received: while there are none, nothing but
+     * its node rings uses the device's port up (node_ring) */
+    int unreceived;
+    /* the node ring it is in (node_ring), for the members that wake it */
+    struct ring_wait {
+        bool suspended;
+        int group, k, rank, to, from; /* group, instance, member ranks */
+        double in_end_s, out_end_s; /* -1 until known */
+        bool out_transfer;
+    } ring;
     /* messages posted and not yet handed to SimGrid by the proxy, and the
      * proxy's sends not yet known complete (reaped when there are reap_at
      * of them) */
@@ -105,6 +132,9 @@ struct sim_ctx {
     bool trace_failed;
     ps_error err; /* the first failure inside an actor */
     double wall_start_s;
+    /* node rings: per group, its members' arrivals (node_ring) */
+    int *ring_first;          /* [set->n_groups]: the group's first entry in ring_members */
+    sim_ring_member *ring_members;
 };
 
 
@@ -284,39 +314,43 @@ static int group_rank(sim_actor *a, int g, bool *one_node)
 
 static void flush_compute(sim_actor *a)
 {
-    double delay_s = a->pend_delay_s;
+    double t0 = simgrid_get_clock(), todo_s = a->v_s - t0;
+    double delay_s = a->pend_delay_s, compute_s = a->pend_compute_s;
     bool closed_form = a->pend_closed_form;
-    a->pend_delay_s = 0;
+    a->pend_delay_s = a->pend_compute_s = 0;
     a->pend_closed_form = false;
-    if (!(a->pend_exec_flops > 0) && !(delay_s > 0)) {
-        a->pend_exec_flops = a->pend_pred_flops = 0;
-        return;
+    double pred_flops = a->pend_pred_flops;
+    a->pend_pred_flops = 0;
+    /* what is pending counts as predicted: the host runs nothing else */
+    a->comm_s += delay_s;
+    a->compute_s += compute_s;
+    if (todo_s > 0) {
+        /* the host's speed turns seconds into FLOPs */
+        sg_actor_execute(todo_s * a->speed_flops_per_s);
+        a->events++;
     }
-    /* the deferred latencies first (communication), then the computes:
-     * one execution, the host's speed turning seconds into FLOPs */
-    double t0 = simgrid_get_clock();
-    sg_actor_execute(a->pend_exec_flops + delay_s * a->speed_flops_per_s);
     double t1 = simgrid_get_clock();
-    /* a delay alone is all communication (no rounding into compute) */
-    double comm_s = a->pend_exec_flops > 0 ? fmin(delay_s, t1 - t0) : t1 - t0;
-    a->comm_s += comm_s;
-    a->compute_s += t1 - t0 - comm_s;
-    if (closed_form && comm_s > 0 && a->ctx->trace)
-        trace_span(a, a->device, PS_TRACE_COLLECTIVE, "node collectives (closed form)", t0,
-                   t0 + comm_s, a->cur_mb, -1, 0, 0);
-    t0 += comm_s;
-    a->events++;
-    if (!(a->pend_exec_flops > 0)) {
-        a->pend_pred_flops = 0;
+    a->v_s = t1;
+    if (a->ctx->trace == NULL)
         return;
-    }
-    if (a->ctx->trace) {
+    /* with a trace, only deferred latencies and computes are pending, in
+     * that order (node rings move their bytes as transfers) */
+    if (closed_form && delay_s > 0)
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, "node collectives (closed form)", t0,
+                   t0 + delay_s, a->cur_mb, -1, 0, 0);
+    if (compute_s > 0) {
         char name[64];
         ps_trace_compute_name(a->cur_phase, a->cur_mb, name, sizeof name);
-        trace_span(a, a->device, PS_TRACE_COMPUTE, name, t0, t1, a->cur_mb, -1, 0,
-                   a->pend_pred_flops);
+        double start_s = fmin(t0 + delay_s, t1);
+        trace_span(a, a->device, PS_TRACE_COMPUTE, name, start_s, t1, a->cur_mb, -1, 0, pred_flops);
     }
-    a->pend_exec_flops = a->pend_pred_flops = 0;
+}
+
+/* After a blocking call: the clock moved on; what is still pending (the
+ * latencies a transfer deferred) lies beyond it. */
+static void sync_clock(sim_actor *a)
+{
+    a->v_s = simgrid_get_clock() + a->pend_delay_s + a->pend_compute_s;
 }
 
 /* Blocked from t0 to t1 on a message its sender posted at posted_s: the
@@ -389,12 +423,9 @@ static void proxy_main(int argc, char **argv)
     }
 }
 
-static bool do_send(sim_actor *a, const ps_instr *in)
+/* Hands a message of `bytes` for `box` to the proxy, posted now. */
+static bool proxy_post(sim_actor *a, sg_mailbox_t box, double bytes)
 {
-    flush_compute(a);
-    if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
-        return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
-    sg_mailbox_t box = peer_box(a, in->peer, BOX_P2P_OUT, NULL);
     if (box == NULL || a->posted == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
     if (a->q_count == a->q_cap) {
@@ -410,9 +441,20 @@ static bool do_send(sim_actor *a, const ps_instr *in)
         a->q_cap = cap;
     }
     a->queue[(a->q_head + a->q_count++) % a->q_cap] =
-        (sim_message){.box = box, .post_s = simgrid_get_clock(), .bytes = in->bytes};
+        (sim_message){.box = box, .post_s = simgrid_get_clock(), .bytes = bytes};
     sg_sem_release(a->posted);
     a->events++;
+    return true;
+}
+
+static bool do_send(sim_actor *a, const ps_instr *in)
+{
+    flush_compute(a);
+    if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
+        return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
+    if (!proxy_post(a, peer_box(a, in->peer, BOX_P2P_OUT, NULL), in->bytes))
+        return false;
+    a->unreceived++;
     return true;
 }
 
@@ -429,6 +471,8 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     a->wait_peer = in->peer;
     void *payload = sg_mailbox_get(box);
     a->waiting = WAIT_NONE;
+    a->ctx->actors[in->peer].unreceived--;
+    sync_clock(a);
     double t1 = simgrid_get_clock(), posted = unstamp(payload);
     account_wait(a, t0, t1, posted);
     if (a->ctx->trace) {
@@ -463,6 +507,7 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     a->wait_peer = from;
     if (extra_latencies > 0 && a->ctx->trace == NULL) {
         a->pend_delay_s += extra_latencies * latency_s;
+        a->v_s += extra_latencies * latency_s;
     } else if (extra_latencies > 0) {
         sg_actor_sleep_for(extra_latencies * latency_s);
         a->events++;
@@ -474,10 +519,131 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     double posted = unstamp(payload);
     sg_comm_wait(put);
     a->waiting = WAIT_NONE;
+    sync_clock(a);
     double t1 = simgrid_get_clock();
     /* waiting for `from` to post is idle time */
     double peer_ready = fmin(fmax(ready, posted), t1);
     a->comm_s += (t1 - t0) - (peer_ready - ready);
+    return true;
+}
+
+/* ---- node rings without transfers ----
+ *
+ * A coalesced ring step inside a node moves each member's bytes from its
+ * port up to its successor's port down. While the ring runs nothing else
+ * can use those two directions, unless the sender has a send not yet
+ * received (its flow may share the port up): a member in a collective
+ * posts no sends and no receives, and only a posted receive lets a flow
+ * into a port. So a member whose sends have all been received times its
+ * transfer instead of moving it: alone on its route it takes exactly
+ * latency + bytes / bandwidth from when both of its ends are there. The
+ * members keep the semantics of the transfers: member i ends at the later
+ * of the ends of its transfer to i+1 and of the one from i-1, each starting
+ * when both of its ends have arrived. A member with sends not yet received
+ * moves its bytes as a transfer (through its proxy, posted at its
+ * arrival), which its successor receives and reports back.
+ *
+ * Arrival times are virtual (v_s): the computes before a collective are not
+ * executed first, so that a timed ring costs no SimGrid event unless a
+ * member waits for a neighbour to arrive (it suspends until the neighbour
+ * wakes it). SimGrid handles the calls of one scheduling round in the
+ * order the actors ran, so a resume always comes after the suspend it
+ * answers. */
+
+static bool node_rings_timed(const sim_ctx *ctx)
+{
+    const ps_sim_options *o = ctx->o;
+    return !o->collective_steps && !o->node_collectives_transfers && ctx->trace == NULL;
+}
+
+/* Whether device b, suspended in a node ring, can go on: the transfer it
+ * receives is there to fetch, or both ends it waits for are known. */
+static bool ring_can_go_on(const sim_actor *b)
+{
+    const sim_ring_member *m = &b->ctx->ring_members[b->ctx->ring_first[b->ring.group]];
+    int k = b->ring.k, s = k & 1;
+    bool from_there = m[b->ring.from].entered > k;
+    if (b->ring.in_end_s < 0 && from_there && m[b->ring.from].out_transfer[s])
+        return true;
+    bool in_known = b->ring.in_end_s >= 0 || from_there;
+    bool out_known = b->ring.out_transfer ? m[b->ring.rank].out_end_s[s] >= 0
+                                          : m[b->ring.to].entered > k;
+    return in_known && out_known;
+}
+
+static void ring_wake(sim_actor *a, int device)
+{
+    sim_actor *b = &a->ctx->actors[device];
+    if (b->ring.suspended && ring_can_go_on(b)) {
+        b->ring.suspended = false;
+        sg_actor_resume(b->self);
+    }
+}
+
+/* The one transfer of a coalesced ring inside a node: `bytes` to member
+ * `to` and from member `from` (ranks in group g), plus `extra_latencies`
+ * deferred route latencies (the steps merged into it). */
+static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double bytes,
+                      int extra_latencies)
+{
+    sim_ctx *ctx = a->ctx;
+    const ps_group *gr = &ctx->set->groups[g];
+    sim_ring_member *m = &ctx->ring_members[ctx->ring_first[g]];
+    int k = m[rank].entered, s = k & 1;
+    double latency_s = ctx->c->intra.latency_s;
+    double move_s = latency_s + (double)bytes_long(bytes) / ctx->c->intra.bandwidth_bytes_per_s;
+    bool out_transfer = a->unreceived > 0;
+    if (out_transfer) {
+        flush_compute(a);
+        if (!proxy_post(a, peer_box(a, gr->devices[to], BOX_COLL_OUT, NULL), bytes))
+            return false;
+    }
+    double arr_s = a->v_s;
+    m[rank].arr_s[s] = arr_s;
+    m[rank].out_end_s[s] = -1;
+    m[rank].out_transfer[s] = out_transfer;
+    m[rank].entered = k + 1;
+    a->ring = (struct ring_wait){.group = g, .k = k, .rank = rank, .to = to, .from = from,
+                                 .in_end_s = -1, .out_end_s = -1, .out_transfer = out_transfer};
+    ring_wake(a, gr->devices[to]);
+    if (from != to)
+        ring_wake(a, gr->devices[from]);
+    a->waiting = WAIT_COLLECTIVE;
+    for (;;) {
+        if (a->ring.in_end_s < 0 && m[from].entered > k) {
+            if (!m[from].out_transfer[s]) {
+                a->ring.in_end_s = fmax(m[from].arr_s[s], arr_s) + move_s;
+            } else {
+                flush_compute(a); /* posted at its arrival, or now if woken later */
+                sg_mailbox_t in = peer_box(a, gr->devices[from], BOX_COLL_IN, NULL);
+                if (in == NULL)
+                    return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+                a->wait_peer = gr->devices[from];
+                sg_mailbox_get(in);
+                sync_clock(a);
+                a->ring.in_end_s = m[from].out_end_s[s] = simgrid_get_clock();
+                ring_wake(a, gr->devices[from]);
+            }
+        }
+        if (a->ring.out_end_s < 0) {
+            if (!out_transfer && m[to].entered > k)
+                a->ring.out_end_s = fmax(arr_s, m[to].arr_s[s]) + move_s;
+            else if (out_transfer && m[rank].out_end_s[s] >= 0)
+                a->ring.out_end_s = m[rank].out_end_s[s];
+        }
+        if (a->ring.in_end_s >= 0 && a->ring.out_end_s >= 0)
+            break;
+        a->wait_peer = gr->devices[a->ring.in_end_s < 0 ? from : to];
+        a->ring.suspended = true;
+        sg_actor_suspend(a->self);
+        a->ring.suspended = false;
+    }
+    a->waiting = WAIT_NONE;
+    double end_s = fmax(a->ring.in_end_s, a->ring.out_end_s);
+    /* waiting for the predecessor to arrive is idle time, as for a transfer */
+    a->comm_s += end_s - fmax(arr_s, m[from].arr_s[s]);
+    a->v_s = fmax(a->v_s, end_s) + extra_latencies * latency_s;
+    a->pend_delay_s += extra_latencies * latency_s;
     return true;
 }
 
@@ -502,10 +668,20 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *
     double chunk = bytes / n;
     if (one_node && a->ctx->o->node_collectives_closed_form) {
         const ps_cluster *c = a->ctx->c;
-        a->pend_delay_s += ps_coll_ring_s(kind, n, bytes, c->intra.latency_s,
-                                          1.0 / c->intra.bandwidth_bytes_per_s);
+        double beta_s_per_byte = 1.0 / c->intra.bandwidth_bytes_per_s;
+        double closed_s = ps_coll_ring_s(kind, n, bytes, c->intra.latency_s, beta_s_per_byte);
+        a->pend_delay_s += closed_s;
+        a->v_s += closed_s;
         a->pend_closed_form = true;
         return true;
+    }
+    if (one_node && node_rings_timed(a->ctx)) {
+        /* ring kinds: all steps to the successor; an all-to-all as in the
+         * coalesced transfers below */
+        ps_coll_step s = ps_coll_step_of(PS_COLL_ALL_GATHER, n, rank, 0);
+        bool a2a = kind == PS_COLL_ALL_TO_ALL;
+        return node_ring(a, g, rank, s.send_to, s.recv_from, a2a ? (n - 1) * chunk : steps * chunk,
+                         a2a ? n - 2 : steps - 1);
     }
     flush_compute(a);
     if (*t0 < 0)
@@ -603,9 +779,14 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
     switch ((ps_instr_kind)in->kind) {
     case PS_INSTR_COMPUTE:
     case PS_INSTR_SLICE:
-        a->pend_exec_flops += in->seconds * ref_flops_per_s;
+    {
+        /* the seconds are for a device of speed ref: this host's share */
+        double d_s = in->seconds * (ref_flops_per_s / a->speed_flops_per_s);
+        a->pend_compute_s += d_s;
+        a->v_s += d_s;
         a->pend_pred_flops += in->flops;
         return true;
+    }
     case PS_INSTR_LOAD: return true;
     case PS_INSTR_ALLOC:
         if (!buffer_ok(a, in->buffer))
@@ -640,7 +821,7 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
         return actor_fail(a, PS_ERR_INVALID, "run of an invalid kernel");
     /* latencies deferred before the kernel (a program collective's) go into
      * its first execution, ahead of the kernel's own time */
-    if (a->pend_exec_flops > 0)
+    if (a->pend_compute_s > 0)
         flush_compute(a);
     const ps_kernel *k = &set->kernels[in->kernel];
     double ref =
@@ -649,7 +830,7 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
         ref = a->speed_flops_per_s;
     a->cur_phase = (int)k->phase;
     a->cur_mb = in->mb;
-    double t0 = simgrid_get_clock() + a->pend_delay_s;
+    double t0 = a->v_s;
     for (int i = 0; i < k->n_instrs; i++) {
         a->kpc = i;
         if (k->instrs[i].kind == PS_INSTR_RUN)
@@ -877,6 +1058,20 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
     ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
     PS_TRY_ALLOC(ctx.actors, err);
     PS_TRY_ALLOC(ctx.hosts, err);
+    long long members = 0;
+    for (int g = 0; g < s->n_groups; g++)
+        members += s->groups[g].n > 0 ? s->groups[g].n : 0;
+    ctx.ring_first = calloc((size_t)(s->n_groups > 0 ? s->n_groups : 1), sizeof *ctx.ring_first);
+    ctx.ring_members = calloc((size_t)(members > 0 ? members : 1), sizeof *ctx.ring_members);
+    if (ctx.ring_first == NULL || ctx.ring_members == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory for %lld ring members", members);
+        goto out;
+    }
+    members = 0;
+    for (int g = 0; g < s->n_groups; g++) {
+        ctx.ring_first[g] = (int)members;
+        members += s->groups[g].n > 0 ? s->groups[g].n : 0;
+    }
     init_simgrid(count_actors(s));
     double t0 = ps_monotonic_s();
     simgrid_load_platform(platform_path);
@@ -902,6 +1097,7 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         snprintf(name, sizeof name, "dev%d", d);
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
         sg_actor_set_data(actor, a);
+        a->self = actor;
         sg_actor_start(actor, actor_main, 0, NULL);
         if (!has_sends(&s->programs[d]))
             continue;
@@ -964,6 +1160,8 @@ out:
         }
     free(ctx.actors);
     free(ctx.hosts);
+    free(ctx.ring_first);
+    free(ctx.ring_members);
     res->wall_s = ps_monotonic_s() - ctx.wall_start_s;
     return st;
 }

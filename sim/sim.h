@@ -50,6 +50,12 @@ typedef struct ps_sim_options {
      * step); several times fewer events on large clusters
      * (docs/simulator.md). Default false: transfers. */
     bool node_collectives_closed_form;
+    /* Move the bytes of every collective inside a node as SimGrid
+     * transfers. Default (false): a member whose sends have all been
+     * received times its ring transfer instead (nothing else can use its
+     * route then): the same times to rounding, without the events
+     * (docs/simulator.md). The reference the tests compare with. */
+    bool node_collectives_transfers;
     bool progress; /* progress on stderr (simulated seconds, events) */
     /* Run the program checker (ps_program_set_check) in the calling process
      * while the child simulates, on another core: a failed check stops the

@@ -815,7 +815,8 @@ static void test_sim_without_simgrid(void **state)
 #endif
 
 #ifndef PS_NO_SIMGRID
-/* sim --node-collectives: closed-form runs; anything else is a usage error. */
+/* sim --node-collectives: closed-form and transfers run; anything else is a usage
+ * error. */
 static void test_sim_node_collectives(void **state)
 {
     const fixture *fx = *state;
@@ -835,8 +836,13 @@ static void test_sim_node_collectives(void **state)
         expect_success(fx, a, "simulated / predicted");
     }
     {
+        const char *a[] = {"sim", "--plan", out, "--node-collectives", "transfers", NULL};
+        expect_success(fx, a, "simulated / predicted");
+    }
+    {
         const char *a[] = {"sim", "--plan", out, "--node-collectives", "fast", NULL};
-        expect_usage_error(fx, a, "--node-collectives takes flows or closed-form, not \"fast\"");
+        expect_usage_error(fx, a, "--node-collectives takes flows, transfers or closed-form, "
+                                  "not \"fast\"");
     }
 }
 #endif

@@ -188,8 +188,9 @@ static void ring_collectives_match_closed_form(void **state)
     ps_cluster *c = cluster_make(1, 8, B, alpha, 1, 25 * GB, 5e-6, 312e12);
     const int ns[] = {2, 4, 8};
     const double sizes[] = {1 * GB, 64e3};
-    /* mode 0: coalesced transfers, 1: step by step, 2: closed form */
-    for (int steps = 0; steps < 3; steps++)
+    /* mode 0: default (timed where nothing contends), 1: step by step, 2:
+     * closed form, 3: coalesced transfers always */
+    for (int steps = 0; steps < 4; steps++)
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
             for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++)
                 for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
@@ -206,6 +207,7 @@ static void ring_collectives_match_closed_form(void **state)
                     ps_sim_options o = ps_sim_options_default();
                     o.collective_steps = steps == 1;
                     o.node_collectives_closed_form = steps == 2;
+                    o.node_collectives_transfers = steps == 3;
                     ps_summary *sum = simulate(s, c, &o, NULL);
                     double want = ps_coll_ring_s((ps_collective)kind, n, S, alpha, 1 / B);
                     char what[96];
@@ -221,6 +223,128 @@ static void ring_collectives_match_closed_form(void **state)
                 }
     ps_cluster_free(c);
     report_worst("ring_collectives_match_closed_form");
+}
+
+/* ---- (a') node rings timed without transfers equal the transfers ---- */
+
+static void assert_same_run(const ps_summary *got, const ps_summary *want, const char *what)
+{
+    /* the same arithmetic in another order: rounding apart, and SimGrid
+     * rounds times to its timing precision (1e-9 s) per event */
+    const double rel = 1e-9, floor_s = 1e-8;
+    char item[160];
+    assert_int_equal(got->n_devices, want->n_devices);
+    double it = want->iteration_s;
+    if (!(fabs(got->iteration_s - it) <= rel * it + floor_s))
+        fail_msg("%s: iteration %.17g, with transfers %.17g", what, got->iteration_s, it);
+    for (int d = 0; d < want->n_devices; d++) {
+        const ps_summary_device *g = &got->devices[d], *w = &want->devices[d];
+        double pairs[3][2] = {{g->compute_s, w->compute_s}, {g->comm_s, w->comm_s},
+                              {g->idle_s, w->idle_s}};
+        for (int j = 0; j < 3; j++)
+            if (!(fabs(pairs[j][0] - pairs[j][1]) <= rel * it + floor_s)) {
+                snprintf(item, sizeof item, "%s: device %d %s", what, d,
+                         j == 0 ? "compute" : j == 1 ? "communication" : "idle");
+                fail_msg("%s %.17g s, with transfers %.17g s", item, pairs[j][0], pairs[j][1]);
+            }
+        assert_true(g->peak_memory_bytes == w->peak_memory_bytes);
+    }
+    for (int k = 0; k < want->n_stages; k++) {
+        const ps_summary_stage *g = &got->stages[k], *w = &want->stages[k];
+        if (!(fabs(g->forward_s - w->forward_s) <= rel * it + floor_s &&
+              fabs(g->backward_s - w->backward_s) <= rel * it + floor_s &&
+              fabs(g->update_s - w->update_s) <= rel * it + floor_s))
+            fail_msg("%s: stage %d phases differ from the transfers' run", what, k);
+    }
+}
+
+/* Random programs on two nodes of four devices, in one global order (no
+ * deadlock): computes of random length, collectives of every kind on
+ * random groups (inside a node: timed rings; across: transfers), and
+ * sends received some steps later, so that members enter node rings with
+ * sends not yet received whose flows then share their ports. The default
+ * replay must give the transfers' times to rounding, with fewer events. */
+static void timed_node_rings_equal_transfers(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_make(2, 4, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    srand(7);
+    long long timed_events = 0, transfer_events = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        enum { N = 8, STEPS = 48 };
+        ps_program_set *s = set_make(N, 1);
+        int all[N] = {0, 1, 2, 3, 4, 5, 6, 7};
+        stage_set(s, 0, all, 2, 4, 312e12);
+        /* receives not yet emitted: (step due, src, dst, bytes) */
+        struct pending { int due, src, dst; double bytes; } pend[STEPS];
+        int n_pend = 0, last_due[N][N];
+        memset(last_due, 0, sizeof last_due);
+        for (int t = 0; t < STEPS + 8; t++) {
+            for (int i = 0; i < n_pend; i++)
+                if (pend[i].due == t) {
+                    emit(s, pend[i].dst, xfer(PS_INSTR_RECV, -1, -1, pend[i].src, pend[i].bytes));
+                    pend[i] = pend[--n_pend];
+                    i--;
+                }
+            if (t >= STEPS)
+                continue;
+            int what = rand() % 3;
+            if (what == 0) {
+                for (int d = 0; d < N; d++) {
+                    ps_instr in = ps_instr_init(PS_INSTR_COMPUTE);
+                    in.seconds = (rand() % 4) * 1e-4 * (rand() % 100) / 100.0;
+                    emit(s, d, in);
+                }
+            } else if (what == 1) {
+                /* a group: inside one node mostly, sometimes across */
+                int members[N], n = 0, node = rand() % 2;
+                bool across = rand() % 4 == 0;
+                for (int d = 0; d < N; d++)
+                    if ((across || d / 4 == node) && rand() % 3 != 0)
+                        members[n++] = d;
+                if (n < 2)
+                    continue;
+                for (int i = n - 1; i > 0; i--) { /* any ring order */
+                    int j = rand() % (i + 1), x = members[i];
+                    members[i] = members[j];
+                    members[j] = x;
+                }
+                int g = -1;
+                assert_int_equal(ps_program_add_group(s, members, n, &g), PS_OK);
+                ps_collective kind = (ps_collective)(rand() % PS_COLL_COUNT);
+                double bytes = pow(10, 3 + rand() % 7) * (1 + rand() % 9);
+                for (int i = 0; i < n; i++)
+                    emit(s, members[i], coll_group(kind, g, bytes));
+            } else {
+                int src = rand() % N, dst = (src + 1 + rand() % (N - 1)) % N;
+                double bytes = pow(10, 4 + rand() % 6) * (1 + rand() % 9);
+                emit(s, src, xfer(PS_INSTR_SEND, -1, -1, dst, bytes));
+                int due = t + 1 + rand() % 6;
+                if (due < last_due[src][dst]) /* receives in the order of the sends */
+                    due = last_due[src][dst];
+                last_due[src][dst] = due;
+                pend[n_pend++] = (struct pending){due, src, dst, bytes};
+            }
+        }
+        assert_int_equal(n_pend, 0);
+        ps_sim_options o = ps_sim_options_default();
+        ps_sim_stats timed, moved;
+        ps_summary *got = simulate(s, c, &o, &timed);
+        o.node_collectives_transfers = true;
+        ps_summary *want = simulate(s, c, &o, &moved);
+        char what[48];
+        snprintf(what, sizeof what, "random programs, trial %d", trial);
+        assert_same_run(got, want, what);
+        timed_events += timed.events;
+        transfer_events += moved.events;
+        ps_summary_free(got);
+        ps_summary_free(want);
+        ps_program_set_free(s);
+    }
+    print_message("40 random program sets: %lld events timed, %lld with transfers\n",
+                  timed_events, transfer_events);
+    assert_true(timed_events < transfer_events);
+    ps_cluster_free(c);
 }
 
 /* ---- (b) pipelines: the bubble ---- */
@@ -1085,6 +1209,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ring_collectives_match_closed_form),
+        cmocka_unit_test(timed_node_rings_equal_transfers),
         cmocka_unit_test(pipeline_bubble),
         cmocka_unit_test(nic_is_shared),
         cmocka_unit_test(mesh_collectives_match_cost_model),
