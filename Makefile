@@ -38,8 +38,8 @@ bench: build
 	$(BUILD)/bench_intra
 	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv --scaling $(BUILD)/bench_scaling.csv
 	$(BUILD)/bench_methods --csv $(BUILD)/bench_methods.csv
-	$(BUILD)/bench_sim --devices 1024,4096 --node-collectives both --csv $(BUILD)/bench_sim.csv
-	$(BUILD)/bench_sim --devices 16384 --node-collectives closed-form --csv $(BUILD)/bench_sim_16384.csv
+	$(BUILD)/bench_sim --devices 1024,4096 --node-collectives flows,closed-form,transfers --csv $(BUILD)/bench_sim.csv
+	$(BUILD)/bench_sim --devices 16384 --csv $(BUILD)/bench_sim_16384.csv
 
 # The regression check (about half a minute): a quick subset of the benchmarks run
 # fresh and compared with bench/baselines/bench_check.csv: plan quality within 1%,
