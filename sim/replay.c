@@ -104,7 +104,7 @@ typedef struct sim_actor {
     struct ring_wait {
         bool suspended;
         int group, k, rank, to, from; /* group, instance, member ranks */
-        double in_end_s, out_end_s; /* -1 until known */
+        double in_end_s; /* -1 until known */
         bool out_transfer;
     } ring;
     /* messages posted and not yet handed to SimGrid by the proxy, and the
@@ -346,6 +346,13 @@ static void flush_compute(sim_actor *a)
     }
 }
 
+/* Communication of `seconds` deferred to the device's next execution. */
+static void defer_comm(sim_actor *a, double seconds)
+{
+    a->pend_delay_s += seconds;
+    a->v_s += seconds;
+}
+
 /* After a blocking call: the clock moved on; what is still pending (the
  * latencies a transfer deferred) lies beyond it. */
 static void sync_clock(sim_actor *a)
@@ -506,8 +513,7 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     a->waiting = WAIT_COLLECTIVE;
     a->wait_peer = from;
     if (extra_latencies > 0 && a->ctx->trace == NULL) {
-        a->pend_delay_s += extra_latencies * latency_s;
-        a->v_s += extra_latencies * latency_s;
+        defer_comm(a, extra_latencies * latency_s);
     } else if (extra_latencies > 0) {
         sg_actor_sleep_for(extra_latencies * latency_s);
         a->events++;
@@ -604,11 +610,12 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
     m[rank].out_transfer[s] = out_transfer;
     m[rank].entered = k + 1;
     a->ring = (struct ring_wait){.group = g, .k = k, .rank = rank, .to = to, .from = from,
-                                 .in_end_s = -1, .out_end_s = -1, .out_transfer = out_transfer};
+                                 .in_end_s = -1, .out_transfer = out_transfer};
     ring_wake(a, gr->devices[to]);
     if (from != to)
         ring_wake(a, gr->devices[from]);
     a->waiting = WAIT_COLLECTIVE;
+    double out_end_s = -1;
     for (;;) {
         if (a->ring.in_end_s < 0 && m[from].entered > k) {
             if (!m[from].out_transfer[s]) {
@@ -625,13 +632,13 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
                 ring_wake(a, gr->devices[from]);
             }
         }
-        if (a->ring.out_end_s < 0) {
+        if (out_end_s < 0) {
             if (!out_transfer && m[to].entered > k)
-                a->ring.out_end_s = fmax(arr_s, m[to].arr_s[s]) + move_s;
+                out_end_s = fmax(arr_s, m[to].arr_s[s]) + move_s;
             else if (out_transfer && m[rank].out_end_s[s] >= 0)
-                a->ring.out_end_s = m[rank].out_end_s[s];
+                out_end_s = m[rank].out_end_s[s];
         }
-        if (a->ring.in_end_s >= 0 && a->ring.out_end_s >= 0)
+        if (a->ring.in_end_s >= 0 && out_end_s >= 0)
             break;
         a->wait_peer = gr->devices[a->ring.in_end_s < 0 ? from : to];
         a->ring.suspended = true;
@@ -639,11 +646,11 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
         a->ring.suspended = false;
     }
     a->waiting = WAIT_NONE;
-    double end_s = fmax(a->ring.in_end_s, a->ring.out_end_s);
+    double end_s = fmax(a->ring.in_end_s, out_end_s);
     /* waiting for the predecessor to arrive is idle time, as for a transfer */
     a->comm_s += end_s - fmax(arr_s, m[from].arr_s[s]);
-    a->v_s = fmax(a->v_s, end_s) + extra_latencies * latency_s;
-    a->pend_delay_s += extra_latencies * latency_s;
+    a->v_s = fmax(a->v_s, end_s);
+    defer_comm(a, extra_latencies * latency_s);
     return true;
 }
 
@@ -669,9 +676,7 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *
     if (one_node && a->ctx->o->node_collectives_closed_form) {
         const ps_cluster *c = a->ctx->c;
         double beta_s_per_byte = 1.0 / c->intra.bandwidth_bytes_per_s;
-        double closed_s = ps_coll_ring_s(kind, n, bytes, c->intra.latency_s, beta_s_per_byte);
-        a->pend_delay_s += closed_s;
-        a->v_s += closed_s;
+        defer_comm(a, ps_coll_ring_s(kind, n, bytes, c->intra.latency_s, beta_s_per_byte));
         a->pend_closed_form = true;
         return true;
     }
