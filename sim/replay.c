@@ -46,10 +46,17 @@ typedef enum sim_wait {
     WAIT_COLLECTIVE,
 } sim_wait;
 
+/* Messages the proxy posts, by traffic: point-to-point sends and the
+ * transfers of node rings (node_ring). */
+enum { POSTED_P2P, POSTED_COLL, POSTED_COUNT };
+
 typedef struct sim_peer {
     int device; /* -1: free slot */
     double latency_s;
     sg_mailbox_t box[BOX_COUNT]; /* NULL until first used */
+    /* in the sender's cache: messages its proxy put into the outgoing box
+     * of each traffic, and how many of them the peer received (proxy_main) */
+    long long posted[POSTED_COUNT], received[POSTED_COUNT];
 } sim_peer;
 
 typedef struct sim_ctx sim_ctx;
@@ -67,7 +74,16 @@ typedef struct sim_ring_member {
 typedef struct sim_message {
     sg_mailbox_t box;
     double post_s, bytes;
+    int peer, traffic; /* receiving device; POSTED_* */
+    long long seq;     /* 1-based rank among the messages to that peer and traffic */
 } sim_message;
+
+/* A send the proxy started and has not yet released. */
+typedef struct sim_send {
+    sg_comm_t comm;
+    int peer, traffic;
+    long long seq;
+} sim_send;
 
 typedef struct sim_actor {
     sim_ctx *ctx;
@@ -113,7 +129,7 @@ typedef struct sim_actor {
     sg_sem_t posted;
     sim_message *queue;
     int q_head, q_count, q_cap;
-    sg_comm_t *sends;
+    sim_send *sends;
     int n_sends, cap_sends, reap_at;
     /* caches: open addressing, capacities are powers of two */
     sim_peer *peers;
@@ -222,15 +238,30 @@ static bool peers_grow(sim_actor *a)
     return true;
 }
 
+/* The cache slot of peer `device`: its entry or the free slot for it. */
+static sim_peer *peer_slot(const sim_actor *a, int device)
+{
+    unsigned mask = (unsigned)(a->cap_peers - 1), h = hash_int(device) & mask;
+    while (a->peers[h].device >= 0 && a->peers[h].device != device)
+        h = (h + 1) & mask;
+    return &a->peers[h];
+}
+
+/* The cache entry of peer `device`, NULL if there is none. */
+static sim_peer *peer_find(const sim_actor *a, int device)
+{
+    if (a->cap_peers == 0)
+        return NULL;
+    sim_peer *p = peer_slot(a, device);
+    return p->device == device ? p : NULL;
+}
+
 /* The cache entry of peer `device`; NULL when out of memory. */
 static sim_peer *peer_get(sim_actor *a, int device)
 {
     if (2 * (a->n_peers + 1) > a->cap_peers && !peers_grow(a))
         return NULL;
-    unsigned mask = (unsigned)(a->cap_peers - 1), h = hash_int(device) & mask;
-    while (a->peers[h].device >= 0 && a->peers[h].device != device)
-        h = (h + 1) & mask;
-    sim_peer *p = &a->peers[h];
+    sim_peer *p = peer_slot(a, device);
     if (p->device < 0) {
         memset(p, 0, sizeof *p);
         p->device = device;
@@ -385,8 +416,23 @@ static void account_wait(sim_actor *a, double t0_s, double t1_s, double posted_s
  * it (76% of a gpt-175b replay). The proxy's list is scanned only when its
  * own sends end. (Detached sends sit in one list for all actors: quadratic
  * at 16k devices.) The receivers end after their transfers, so the
- * iteration time covers every send. */
+ * iteration time covers every send.
+ *
+ * The proxy releases a send with a wait once its receiver got it (the
+ * receiver counts it in the sender's peer cache: a mailbox between two
+ * devices matches in FIFO order), so the wait returns at once. Testing
+ * instead (sg_comm_test) leaves every finished send in the proxy's
+ * activity list until the proxy ends, 477 bytes each in SimGrid 3.32: at
+ * 16k devices that was 9 GB, and the list grew all replay long. */
 enum { REAP_AT = 16 };
+
+/* The receiver of a message `traffic` from device `from` got it. */
+static void note_received(sim_actor *a, int from, int traffic)
+{
+    sim_peer *p = peer_find(&a->ctx->actors[from], a->device);
+    if (p != NULL) /* the sender's proxy posted it through this entry */
+        p->received[traffic]++;
+}
 
 static void proxy_fail(sim_actor *a)
 {
@@ -408,7 +454,7 @@ static void proxy_main(int argc, char **argv)
         a->q_count--;
         if (a->n_sends == a->cap_sends) {
             int cap = a->cap_sends ? 2 * a->cap_sends : 2 * REAP_AT;
-            sg_comm_t *q = realloc(a->sends, (size_t)cap * sizeof *q);
+            sim_send *q = realloc(a->sends, (size_t)cap * sizeof *q);
             if (q == NULL) {
                 proxy_fail(a);
                 return;
@@ -416,23 +462,34 @@ static void proxy_main(int argc, char **argv)
             a->sends = q;
             a->cap_sends = cap;
         }
-        a->sends[a->n_sends++] = sg_mailbox_put_async(m.box, stamp(m.post_s), bytes_long(m.bytes));
+        a->sends[a->n_sends++] =
+            (sim_send){.comm = sg_mailbox_put_async(m.box, stamp(m.post_s), bytes_long(m.bytes)),
+                       .peer = m.peer,
+                       .traffic = m.traffic,
+                       .seq = m.seq};
         if (a->n_sends >= a->reap_at) {
             int kept = 0;
-            for (int i = 0; i < a->n_sends; i++)
-                if (!sg_comm_test(a->sends[i])) /* releases a finished comm */
-                    a->sends[kept++] = a->sends[i];
+            for (int i = 0; i < a->n_sends; i++) {
+                const sim_send *sd = &a->sends[i];
+                const sim_peer *p = peer_find(a, sd->peer);
+                if (p != NULL && p->received[sd->traffic] >= sd->seq)
+                    sg_comm_wait(sd->comm); /* received: ended; releases it */
+                else
+                    a->sends[kept++] = *sd;
+            }
             a->n_sends = kept;
-            /* sends stuck behind slow receivers are tested again only once
-             * their number doubled: O(1) tests per send */
+            /* sends stuck behind slow receivers are looked at again only
+             * once their number doubled: O(1) looks per send */
             a->reap_at = 2 * kept > REAP_AT ? 2 * kept : REAP_AT;
         }
     }
 }
 
-/* Hands a message of `bytes` for `box` to the proxy, posted now. */
-static bool proxy_post(sim_actor *a, sg_mailbox_t box, double bytes)
+/* Hands a message of `bytes` for device `peer` (traffic POSTED_*) to the
+ * proxy, posted now. */
+static bool proxy_post(sim_actor *a, int peer, int traffic, double bytes)
 {
+    sg_mailbox_t box = peer_box(a, peer, traffic == POSTED_P2P ? BOX_P2P_OUT : BOX_COLL_OUT, NULL);
     if (box == NULL || a->posted == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
     if (a->q_count == a->q_cap) {
@@ -448,7 +505,12 @@ static bool proxy_post(sim_actor *a, sg_mailbox_t box, double bytes)
         a->q_cap = cap;
     }
     a->queue[(a->q_head + a->q_count++) % a->q_cap] =
-        (sim_message){.box = box, .post_s = simgrid_get_clock(), .bytes = bytes};
+        (sim_message){.box = box,
+                      .post_s = simgrid_get_clock(),
+                      .bytes = bytes,
+                      .peer = peer,
+                      .traffic = traffic,
+                      .seq = ++peer_find(a, peer)->posted[traffic]};
     sg_sem_release(a->posted);
     a->events++;
     return true;
@@ -459,7 +521,7 @@ static bool do_send(sim_actor *a, const ps_instr *in)
     flush_compute(a);
     if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
         return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
-    if (!proxy_post(a, peer_box(a, in->peer, BOX_P2P_OUT, NULL), in->bytes))
+    if (!proxy_post(a, in->peer, POSTED_P2P, in->bytes))
         return false;
     a->unreceived++;
     return true;
@@ -479,6 +541,7 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     void *payload = sg_mailbox_get(box);
     a->waiting = WAIT_NONE;
     a->ctx->actors[in->peer].unreceived--;
+    note_received(a, in->peer, POSTED_P2P);
     sync_clock(a);
     double t1 = simgrid_get_clock(), posted = unstamp(payload);
     account_wait(a, t0, t1, posted);
@@ -601,7 +664,7 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
     bool out_transfer = a->unreceived > 0;
     if (out_transfer) {
         flush_compute(a);
-        if (!proxy_post(a, peer_box(a, gr->devices[to], BOX_COLL_OUT, NULL), bytes))
+        if (!proxy_post(a, gr->devices[to], POSTED_COLL, bytes))
             return false;
     }
     double arr_s = a->v_s;
@@ -627,6 +690,7 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
                     return actor_fail(a, PS_ERR_NOMEM, "out of memory");
                 a->wait_peer = gr->devices[from];
                 sg_mailbox_get(in);
+                note_received(a, gr->devices[from], POSTED_COLL);
                 sync_clock(a);
                 a->ring.in_end_s = m[from].out_end_s[s] = simgrid_get_clock();
                 ring_wake(a, gr->devices[from]);
