@@ -10,7 +10,7 @@
  * them, and refuses NULL; a time t >= 0 with its sign bit flipped is never
  * NULL). idle_s is the rest of the iteration.
  *
- * No globals: every actor (and its send proxy) finds its state and the
+ * No globals: every actor finds its state and the
  * shared context through its actor data; actors run one at a time. The hot path (kernel
  * instructions) does no allocation and no formatting unless a trace is written; mailboxes and group
  * ranks are looked up once per peer and group and cached per actor. */
@@ -44,19 +44,20 @@ typedef enum sim_wait {
     WAIT_NONE = 0,
     WAIT_RECV,
     WAIT_COLLECTIVE,
+    WAIT_SENDS, /* at its end, for its last sends to be received */
 } sim_wait;
 
-/* Messages the proxy posts, by traffic: point-to-point sends and the
- * transfers of node rings (node_ring). */
-enum { POSTED_P2P, POSTED_COLL, POSTED_COUNT };
+/* Sends by traffic: point-to-point and the transfers of node rings
+ * (node_ring). */
+enum { SENT_P2P, SENT_COLL, SENT_COUNT };
 
 typedef struct sim_peer {
     int device; /* -1: free slot */
     double latency_s;
     sg_mailbox_t box[BOX_COUNT]; /* NULL until first used */
-    /* in the sender's cache: messages its proxy put into the outgoing box
-     * of each traffic, and how many of them the peer received (proxy_main) */
-    long long posted[POSTED_COUNT], received[POSTED_COUNT];
+    /* in the sender's cache: sends into the outgoing box of each traffic,
+     * and how many of them the peer received (post_send) */
+    long long sent[SENT_COUNT], received[SENT_COUNT];
 } sim_peer;
 
 typedef struct sim_ctx sim_ctx;
@@ -71,18 +72,11 @@ typedef struct sim_ring_member {
     bool out_transfer[2]; /* moved as a SimGrid transfer (else timed) */
 } sim_ring_member;
 
-typedef struct sim_message {
-    sg_mailbox_t box;
-    double post_s, bytes;
-    int peer, traffic; /* receiving device; POSTED_* */
-    long long seq;     /* 1-based rank among the messages to that peer and traffic */
-} sim_message;
-
-/* A send the proxy started and has not yet released. */
+/* A send the device started and has not yet released (post_send). */
 typedef struct sim_send {
     sg_comm_t comm;
-    int peer, traffic;
-    long long seq;
+    int peer, traffic; /* receiving device; SENT_* */
+    long long seq;     /* 1-based rank among the sends to that peer and traffic */
 } sim_send;
 
 typedef struct sim_actor {
@@ -118,17 +112,13 @@ typedef struct sim_actor {
     int unreceived;
     /* the node ring it is in (node_ring), for the members that wake it */
     struct ring_wait {
-        bool suspended;
+        bool blocked;
         int group, k, rank, to, from; /* group, instance, member ranks */
         double in_end_s; /* -1 until known */
         bool out_transfer;
     } ring;
-    /* messages posted and not yet handed to SimGrid by the proxy, and the
-     * proxy's sends not yet known complete (reaped when there are reap_at
-     * of them) */
-    sg_sem_t posted;
-    sim_message *queue;
-    int q_head, q_count, q_cap;
+    sg_sem_t wake; /* released by the neighbour a node ring waits for */
+    /* sends not yet released (post_send: when there are reap_at of them) */
     sim_send *sends;
     int n_sends, cap_sends, reap_at;
     /* caches: open addressing, capacities are powers of two */
@@ -405,114 +395,70 @@ static void account_wait(sim_actor *a, double t0_s, double t1_s, double posted_s
  * transfer only once the receiver posted its receive, and the programs free
  * sent buffers right after sending (the checker's buffered sends), so a
  * FREE that waited could deadlock (1F1B: stage 0 frees activation mb 1
- * while stage 1 first returns gradient mb 0).
+ * while stage 1 first returns gradient mb 0). The receivers end after their
+ * transfers, so the iteration time covers every send.
  *
- * A device hands its messages to a proxy: a daemon actor on the same host
- * that puts each into its pair's mailbox at once (the same simulated time),
- * so transfers start when both sides are there, as from the device itself.
- * Why: SimGrid 3.32 keeps every unfinished activity of an actor in a list
- * that it scans each time one of them ends; sends waiting for a slow
- * receiver made the device's list long, and every collective step paid for
- * it (76% of a gpt-175b replay). The proxy's list is scanned only when its
- * own sends end. (Detached sends sit in one list for all actors: quadratic
- * at 16k devices.) The receivers end after their transfers, so the
- * iteration time covers every send.
- *
- * The proxy releases a send with a wait once its receiver got it (the
- * receiver counts it in the sender's peer cache: a mailbox between two
- * devices matches in FIFO order), so the wait returns at once. Testing
- * instead (sg_comm_test) leaves every finished send in the proxy's
- * activity list until the proxy ends, 477 bytes each in SimGrid 3.32: at
- * 16k devices that was 9 GB, and the list grew all replay long. */
+ * A device releases its sends with a wait once their receivers got them
+ * (a receiver counts each message in the sender's peer cache; a mailbox
+ * between two devices matches in FIFO order), so the wait returns at once.
+ * Why not sg_comm_test: in SimGrid 3.32 a comm found finished by a test
+ * stays in its actor's activity list until the actor ends (477 bytes each),
+ * a list SimGrid scans each time one of the actor's activities ends: the
+ * list grew all replay long (9 GB at 16k devices) and every step paid for
+ * it. (Detached sends sit in one list for all actors: quadratic at 16k
+ * devices.) Before the device ends it waits for its last sends, since
+ * SimGrid cancels the comms of an actor that ends. */
 enum { REAP_AT = 16 };
 
 /* The receiver of a message `traffic` from device `from` got it. */
 static void note_received(sim_actor *a, int from, int traffic)
 {
     sim_peer *p = peer_find(&a->ctx->actors[from], a->device);
-    if (p != NULL) /* the sender's proxy posted it through this entry */
+    if (p != NULL) /* the sender sent it through this entry */
         p->received[traffic]++;
 }
 
-static void proxy_fail(sim_actor *a)
+/* Releases the sends their receivers got (all of them, receiving or not,
+ * when `all`: at the device's end). */
+static void release_sends(sim_actor *a, bool all)
 {
-    if (a->ctx->err.status == PS_OK)
-        ps_error_set(&a->ctx->err, PS_ERR_NOMEM, "device %d: out of memory in its sends",
-                     a->device);
-}
-
-static void proxy_main(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    sim_actor *a = sg_actor_self_get_data();
-    sg_actor_daemonize(sg_actor_self()); /* ended with the last device */
-    for (;;) {
-        sg_sem_acquire(a->posted);
-        sim_message m = a->queue[a->q_head];
-        a->q_head = (a->q_head + 1) % a->q_cap;
-        a->q_count--;
-        if (a->n_sends == a->cap_sends) {
-            int cap = a->cap_sends ? 2 * a->cap_sends : 2 * REAP_AT;
-            sim_send *q = realloc(a->sends, (size_t)cap * sizeof *q);
-            if (q == NULL) {
-                proxy_fail(a);
-                return;
-            }
-            a->sends = q;
-            a->cap_sends = cap;
-        }
-        a->sends[a->n_sends++] =
-            (sim_send){.comm = sg_mailbox_put_async(m.box, stamp(m.post_s), bytes_long(m.bytes)),
-                       .peer = m.peer,
-                       .traffic = m.traffic,
-                       .seq = m.seq};
-        if (a->n_sends >= a->reap_at) {
-            int kept = 0;
-            for (int i = 0; i < a->n_sends; i++) {
-                const sim_send *sd = &a->sends[i];
-                const sim_peer *p = peer_find(a, sd->peer);
-                if (p != NULL && p->received[sd->traffic] >= sd->seq)
-                    sg_comm_wait(sd->comm); /* received: ended; releases it */
-                else
-                    a->sends[kept++] = *sd;
-            }
-            a->n_sends = kept;
-            /* sends stuck behind slow receivers are looked at again only
-             * once their number doubled: O(1) looks per send */
-            a->reap_at = 2 * kept > REAP_AT ? 2 * kept : REAP_AT;
+    int kept = 0;
+    for (int i = 0; i < a->n_sends; i++) {
+        const sim_send *sd = &a->sends[i];
+        const sim_peer *p = peer_find(a, sd->peer);
+        if (all || (p != NULL && p->received[sd->traffic] >= sd->seq)) {
+            a->wait_peer = sd->peer;
+            sg_comm_wait(sd->comm); /* received: ended; releases it */
+        } else {
+            a->sends[kept++] = *sd;
         }
     }
+    a->n_sends = kept;
+    /* sends stuck behind slow receivers are looked at again only once
+     * their number doubled: O(1) looks per send */
+    a->reap_at = 2 * kept > REAP_AT ? 2 * kept : REAP_AT;
 }
 
-/* Hands a message of `bytes` for device `peer` (traffic POSTED_*) to the
- * proxy, posted now. */
-static bool proxy_post(sim_actor *a, int peer, int traffic, double bytes)
+/* Sends `bytes` to device `peer` (traffic SENT_*), posted now. */
+static bool post_send(sim_actor *a, int peer, int traffic, double bytes)
 {
-    sg_mailbox_t box = peer_box(a, peer, traffic == POSTED_P2P ? BOX_P2P_OUT : BOX_COLL_OUT, NULL);
-    if (box == NULL || a->posted == NULL)
+    sg_mailbox_t box = peer_box(a, peer, traffic == SENT_P2P ? BOX_P2P_OUT : BOX_COLL_OUT, NULL);
+    if (box == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
-    if (a->q_count == a->q_cap) {
-        int cap = a->q_cap ? 2 * a->q_cap : 16;
-        sim_message *q = malloc((size_t)cap * sizeof *q);
+    if (a->n_sends == a->cap_sends) {
+        int cap = a->cap_sends ? 2 * a->cap_sends : 2 * REAP_AT;
+        sim_send *q = realloc(a->sends, (size_t)cap * sizeof *q);
         if (q == NULL)
             return actor_fail(a, PS_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < a->q_count; i++)
-            q[i] = a->queue[(a->q_head + i) % a->q_cap];
-        free(a->queue);
-        a->queue = q;
-        a->q_head = 0;
-        a->q_cap = cap;
+        a->sends = q;
+        a->cap_sends = cap;
     }
-    a->queue[(a->q_head + a->q_count++) % a->q_cap] =
-        (sim_message){.box = box,
-                      .post_s = simgrid_get_clock(),
-                      .bytes = bytes,
-                      .peer = peer,
-                      .traffic = traffic,
-                      .seq = ++peer_find(a, peer)->posted[traffic]};
-    sg_sem_release(a->posted);
+    sg_comm_t comm = sg_mailbox_put_async(box, stamp(simgrid_get_clock()), bytes_long(bytes));
+    a->sends[a->n_sends++] = (sim_send){
+        .comm = comm, .peer = peer, .traffic = traffic, .seq = ++peer_find(a, peer)->sent[traffic]};
     a->events++;
+    if (a->n_sends >= a->reap_at)
+        release_sends(a, false);
     return true;
 }
 
@@ -521,7 +467,7 @@ static bool do_send(sim_actor *a, const ps_instr *in)
     flush_compute(a);
     if (in->peer < 0 || in->peer >= a->ctx->set->n_devices || in->peer == a->device)
         return actor_fail(a, PS_ERR_INVALID, "send to an invalid peer");
-    if (!proxy_post(a, in->peer, POSTED_P2P, in->bytes))
+    if (!post_send(a, in->peer, SENT_P2P, in->bytes))
         return false;
     a->unreceived++;
     return true;
@@ -541,7 +487,7 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     void *payload = sg_mailbox_get(box);
     a->waiting = WAIT_NONE;
     a->ctx->actors[in->peer].unreceived--;
-    note_received(a, in->peer, POSTED_P2P);
+    note_received(a, in->peer, SENT_P2P);
     sync_clock(a);
     double t1 = simgrid_get_clock(), posted = unstamp(payload);
     account_wait(a, t0, t1, posted);
@@ -609,15 +555,14 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
  * members keep the semantics of the transfers: member i ends at the later
  * of the ends of its transfer to i+1 and of the one from i-1, each starting
  * when both of its ends have arrived. A member with sends not yet received
- * moves its bytes as a transfer (through its proxy, posted at its
+ * moves its bytes as a transfer (a send posted at its
  * arrival), which its successor receives and reports back.
  *
  * Arrival times are virtual (v_s): the computes before a collective are not
  * executed first, so that a timed ring costs no SimGrid event unless a
- * member waits for a neighbour to arrive (it suspends until the neighbour
- * wakes it). SimGrid handles the calls of one scheduling round in the
- * order the actors ran, so a resume always comes after the suspend it
- * answers. */
+ * member waits for a neighbour to arrive: it blocks on its own semaphore
+ * until the neighbour releases it. (Not sg_actor_suspend: that suspends
+ * the actor's sends in flight too, and a neighbour may wait for one.) */
 
 static bool node_rings_timed(const sim_ctx *ctx)
 {
@@ -643,9 +588,9 @@ static bool ring_can_go_on(const sim_actor *b)
 static void ring_wake(sim_actor *a, int device)
 {
     sim_actor *b = &a->ctx->actors[device];
-    if (b->ring.suspended && ring_can_go_on(b)) {
-        b->ring.suspended = false;
-        sg_actor_resume(b->self);
+    if (b->ring.blocked && ring_can_go_on(b)) {
+        b->ring.blocked = false;
+        sg_sem_release(b->wake);
     }
 }
 
@@ -664,7 +609,7 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
     bool out_transfer = a->unreceived > 0;
     if (out_transfer) {
         flush_compute(a);
-        if (!proxy_post(a, gr->devices[to], POSTED_COLL, bytes))
+        if (!post_send(a, gr->devices[to], SENT_COLL, bytes))
             return false;
     }
     double arr_s = a->v_s;
@@ -690,7 +635,7 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
                     return actor_fail(a, PS_ERR_NOMEM, "out of memory");
                 a->wait_peer = gr->devices[from];
                 sg_mailbox_get(in);
-                note_received(a, gr->devices[from], POSTED_COLL);
+                note_received(a, gr->devices[from], SENT_COLL);
                 sync_clock(a);
                 a->ring.in_end_s = m[from].out_end_s[s] = simgrid_get_clock();
                 ring_wake(a, gr->devices[from]);
@@ -705,9 +650,9 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
         if (a->ring.in_end_s >= 0 && out_end_s >= 0)
             break;
         a->wait_peer = gr->devices[a->ring.in_end_s < 0 ? from : to];
-        a->ring.suspended = true;
-        sg_actor_suspend(a->self);
-        a->ring.suspended = false;
+        a->ring.blocked = true;
+        sg_sem_acquire(a->wake);
+        a->ring.blocked = false;
     }
     a->waiting = WAIT_NONE;
     double end_s = fmax(a->ring.in_end_s, out_end_s);
@@ -937,6 +882,9 @@ static void actor_main(int argc, char **argv)
     }
     flush_compute(a);
     a->end_s = simgrid_get_clock();
+    a->waiting = WAIT_SENDS;
+    release_sends(a, true);
+    a->waiting = WAIT_NONE;
     a->done = true;
 }
 
@@ -971,6 +919,7 @@ static const char *wait_name(sim_wait w)
     switch (w) {
     case WAIT_RECV: return "a receive from device";
     case WAIT_COLLECTIVE: return "a collective step with device";
+    case WAIT_SENDS: return "its send to be received by device";
     case WAIT_NONE: break;
     }
     return "nothing";
@@ -993,7 +942,7 @@ static ps_status check_finished(sim_ctx *ctx, ps_error *err)
         snprintf(where, sizeof where, " (kernel %d, its instruction %d)",
                  a->prog->instrs[a->pc].kernel, a->kpc);
     char peer[24] = "";
-    if (a->waiting == WAIT_RECV || a->waiting == WAIT_COLLECTIVE)
+    if (a->waiting != WAIT_NONE)
         snprintf(peer, sizeof peer, " %d", a->wait_peer);
     return ps_error_set(err, PS_ERR_INTERNAL,
                         "simulation deadlocked: %d device%s blocked; device %d waits at program "
@@ -1002,24 +951,12 @@ static ps_status check_finished(sim_ctx *ctx, ps_error *err)
                         wait_name(a->waiting), peer);
 }
 
-/* The proxy does little: a small stack (the tests pass with 16 KiB for
- * the devices' far deeper code). */
-#define PROXY_STACK_BYTES (16 * 1024)
-
-static bool has_sends(const ps_program *p)
-{
-    for (int i = 0; i < p->n_instrs; i++)
-        if (p->instrs[i].kind == PS_INSTR_SEND)
-            return true;
-    return false;
-}
-
-/* Actors the replay runs: the devices with a program and their proxies. */
+/* Actors the replay runs: the devices with a program. */
 static long long count_actors(const ps_program_set *s)
 {
     long long n = 0;
     for (int d = 0; d < s->n_devices; d++)
-        n += (s->programs[d].n_instrs > 0) + has_sends(&s->programs[d]);
+        n += s->programs[d].n_instrs > 0;
     return n;
 }
 
@@ -1167,17 +1104,8 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
         sg_actor_set_data(actor, a);
         a->self = actor;
+        a->wake = sg_sem_init(0);
         sg_actor_start(actor, actor_main, 0, NULL);
-        if (!has_sends(&s->programs[d]))
-            continue;
-        a->posted = sg_sem_init(0);
-        snprintf(name, sizeof name, "dev%d-sends", d);
-        actor = sg_actor_init(name, ctx.hosts[d]);
-        sg_actor_set_data(actor, a);
-#if !defined(__SANITIZE_ADDRESS__)
-        sg_actor_set_stacksize(actor, PROXY_STACK_BYTES);
-#endif
-        sg_actor_start(actor, proxy_main, 0, NULL);
     }
     if (o->progress) {
         sg_actor_t actor = sg_actor_init("progress", ctx.hosts[0]);
@@ -1219,9 +1147,8 @@ out:
     }
     if (ctx.actors != NULL)
         for (int d = 0; d < s->n_devices; d++) {
-            if (ctx.actors[d].posted != NULL)
-                sg_sem_destroy(ctx.actors[d].posted);
-            free(ctx.actors[d].queue);
+            if (ctx.actors[d].wake != NULL)
+                sg_sem_destroy(ctx.actors[d].wake);
             free(ctx.actors[d].sends);
             free(ctx.actors[d].peers);
             free(ctx.actors[d].grp_key);
