@@ -29,9 +29,13 @@
 
 /* Devices per pod (whole nodes; at least one node), and children per zone
  * of the tree above the pods: routes per zone grow as its square, zones as
- * N / fan-out. */
+ * N / fan-out. A wide fan-out keeps the tree one level deep up to 256 pods
+ * (32k devices): a link of an upper level carries every flow between two
+ * of its subtrees and joins them in one component of SimGrid's solver,
+ * re-solved at each of their starts and ends (measured at 4096 devices:
+ * 1.27x the wall time with a fan-out of 16; docs/simulator.md). */
 #define PS_SIM_POD_DEVICES 128
-#define PS_SIM_FANOUT 16
+#define PS_SIM_FANOUT 256
 
 /* Extra latency of a NIC hop, so that port + NIC + NIC + port adds up to
  * the inter-node latency (never below an intra-node route). */

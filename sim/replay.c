@@ -110,6 +110,7 @@ typedef struct sim_actor {
     /* sends posted and not yet received: while there are none, nothing but
      * its node rings uses the device's port up (node_ring) */
     int unreceived;
+    int releasable; /* sends received and not yet released (release_sends) */
     /* the node ring it is in (node_ring), for the members that wake it */
     struct ring_wait {
         bool blocked;
@@ -118,9 +119,9 @@ typedef struct sim_actor {
         bool out_transfer;
     } ring;
     sg_sem_t wake; /* released by the neighbour a node ring waits for */
-    /* sends not yet released (post_send: when there are reap_at of them) */
+    /* sends not yet released (release_sends) */
     sim_send *sends;
-    int n_sends, cap_sends, reap_at;
+    int n_sends, cap_sends;
     /* caches: open addressing, capacities are powers of two */
     sim_peer *peers;
     int n_peers, cap_peers;
@@ -408,7 +409,6 @@ static void account_wait(sim_actor *a, double t0_s, double t1_s, double posted_s
  * it. (Detached sends sit in one list for all actors: quadratic at 16k
  * devices.) Before the device ends it waits for its last sends, since
  * SimGrid cancels the comms of an actor that ends. */
-enum { REAP_AT = 16 };
 
 /* The receiver of a message `traffic` from device `from` got it. */
 static void note_received(sim_actor *a, int from, int traffic)
@@ -416,12 +416,18 @@ static void note_received(sim_actor *a, int from, int traffic)
     sim_peer *p = peer_find(&a->ctx->actors[from], a->device);
     if (p != NULL) /* the sender sent it through this entry */
         p->received[traffic]++;
+    a->ctx->actors[from].releasable++;
 }
 
 /* Releases the sends their receivers got (all of them, receiving or not,
- * when `all`: at the device's end). */
+ * when `all`: at the device's end). Called as soon as there are any: while
+ * an ended send is not released it lengthens the list SimGrid scans at
+ * each end of the device's activities. */
 static void release_sends(sim_actor *a, bool all)
 {
+    if (!all && a->releasable == 0)
+        return;
+    a->releasable = 0;
     int kept = 0;
     for (int i = 0; i < a->n_sends; i++) {
         const sim_send *sd = &a->sends[i];
@@ -434,9 +440,6 @@ static void release_sends(sim_actor *a, bool all)
         }
     }
     a->n_sends = kept;
-    /* sends stuck behind slow receivers are looked at again only once
-     * their number doubled: O(1) looks per send */
-    a->reap_at = 2 * kept > REAP_AT ? 2 * kept : REAP_AT;
 }
 
 /* Sends `bytes` to device `peer` (traffic SENT_*), posted now. */
@@ -446,7 +449,7 @@ static bool post_send(sim_actor *a, int peer, int traffic, double bytes)
     if (box == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
     if (a->n_sends == a->cap_sends) {
-        int cap = a->cap_sends ? 2 * a->cap_sends : 2 * REAP_AT;
+        int cap = a->cap_sends ? 2 * a->cap_sends : 32;
         sim_send *q = realloc(a->sends, (size_t)cap * sizeof *q);
         if (q == NULL)
             return actor_fail(a, PS_ERR_NOMEM, "out of memory");
@@ -457,8 +460,7 @@ static bool post_send(sim_actor *a, int peer, int traffic, double bytes)
     a->sends[a->n_sends++] = (sim_send){
         .comm = comm, .peer = peer, .traffic = traffic, .seq = ++peer_find(a, peer)->sent[traffic]};
     a->events++;
-    if (a->n_sends >= a->reap_at)
-        release_sends(a, false);
+    release_sends(a, false);
     return true;
 }
 
@@ -481,6 +483,7 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     sg_mailbox_t box = peer_box(a, in->peer, BOX_P2P_IN, NULL);
     if (box == NULL)
         return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    release_sends(a, false); /* the same time: they ended */
     double t0 = simgrid_get_clock();
     a->waiting = WAIT_RECV;
     a->wait_peer = in->peer;
@@ -1094,7 +1097,6 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         a->pc = 0;
         a->kpc = -1;
         a->cur_phase = a->cur_mb = -1;
-        a->reap_at = REAP_AT;
         if (s->programs[d].n_instrs == 0)
             continue;
         a->prog = &s->programs[d];

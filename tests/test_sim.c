@@ -890,6 +890,35 @@ static void platform_of_two_nodes(void **state)
     assert_null(strstr(x, "\"group0_4_core\""));
     free(x);
     ps_cluster_free(c);
+
+    /* 16384 devices: 128 pods under the root alone, a link per pair of pods
+     * (a level above would join flows of many pods through one link) */
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:2048", &c, NULL), PS_OK);
+    x = platform_text(c);
+    assert_non_null(strstr(x, "<zoneRoute src=\"pod5\" dst=\"pod127\" gw_src=\"pod5_gw\" "
+                              "gw_dst=\"pod127_gw\" symmetrical=\"NO\"><link_ctn "
+                              "id=\"group0_128_core5_127\"/></zoneRoute>"));
+    assert_null(strstr(x, "<zone id=\"group0_16\""));
+    assert_null(strstr(x, "_up"));
+    free(x);
+    ps_cluster_free(c);
+
+    /* 4200 nodes (33600 devices), 263 pods: two subtrees under the root
+     * (256 pods and 7), each with a gateway zone and links up and down for
+     * each child */
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:4200", &c, NULL), PS_OK);
+    x = platform_text(c);
+    assert_non_null(strstr(x, "<zone id=\"group0_256\" routing=\"Full\">"));
+    assert_non_null(strstr(x, "<zone id=\"group256_263\" routing=\"Full\">"));
+    assert_non_null(strstr(x, "<zoneRoute src=\"group0_256\" dst=\"group256_263\" "
+                              "gw_src=\"group0_256_gw\" gw_dst=\"group256_263_gw\" "
+                              "symmetrical=\"NO\"><link_ctn id=\"group0_263_core0_256\"/>"));
+    assert_non_null(strstr(x, "<zoneRoute src=\"pod262\" dst=\"group256_263_up\" "
+                              "gw_src=\"pod262_gw\" gw_dst=\"group256_263_gw\" symmetrical=\"NO\">"
+                              "<link_ctn id=\"group256_263_up262\"/>"));
+    assert_null(strstr(x, "pod263"));
+    free(x);
+    ps_cluster_free(c);
 }
 
 static void heterogeneous_speeds(void **state)
