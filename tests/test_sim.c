@@ -834,6 +834,16 @@ static char *platform_text(const ps_cluster *c)
     return text;
 }
 
+/* The platform of a cluster preset, as text. */
+static char *preset_platform_text(const char *preset)
+{
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset(preset, &c, NULL), PS_OK);
+    char *x = platform_text(c);
+    ps_cluster_free(c);
+    return x;
+}
+
 static void platform_of_two_nodes(void **state)
 {
     (void)state;
@@ -876,8 +886,7 @@ static void platform_of_two_nodes(void **state)
     ps_cluster_free(c);
 
     /* 64 nodes: four pods of 16 under one zone, links first */
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:64", &c, NULL), PS_OK);
-    x = platform_text(c);
+    x = preset_platform_text("dgx-a100:64");
     assert_non_null(strstr(x, "<zone id=\"group0_4\" routing=\"Full\">\n<zone id=\"links\""));
     assert_non_null(strstr(x, "<zone id=\"pod3\" routing=\"DijkstraCache\">"));
     assert_non_null(strstr(x, "<router id=\"node63_sw\"/>"));
@@ -889,25 +898,21 @@ static void platform_of_two_nodes(void **state)
     assert_non_null(strstr(x, "<link id=\"group0_4_core3_0\" bandwidth=\"1e18Bps\""));
     assert_null(strstr(x, "\"group0_4_core\""));
     free(x);
-    ps_cluster_free(c);
 
     /* 16384 devices: 128 pods under the root alone, a link per pair of pods
      * (a level above would join flows of many pods through one link) */
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:2048", &c, NULL), PS_OK);
-    x = platform_text(c);
+    x = preset_platform_text("dgx-a100:2048");
     assert_non_null(strstr(x, "<zoneRoute src=\"pod5\" dst=\"pod127\" gw_src=\"pod5_gw\" "
                               "gw_dst=\"pod127_gw\" symmetrical=\"NO\"><link_ctn "
                               "id=\"group0_128_core5_127\"/></zoneRoute>"));
     assert_null(strstr(x, "<zone id=\"group0_16\""));
     assert_null(strstr(x, "_up"));
     free(x);
-    ps_cluster_free(c);
 
     /* 4200 nodes (33600 devices), 263 pods: two subtrees under the root
      * (256 pods and 7), each with a gateway zone and links up and down for
      * each child */
-    assert_int_equal(ps_cluster_from_preset("dgx-a100:4200", &c, NULL), PS_OK);
-    x = platform_text(c);
+    x = preset_platform_text("dgx-a100:4200");
     assert_non_null(strstr(x, "<zone id=\"group0_256\" routing=\"Full\">"));
     assert_non_null(strstr(x, "<zone id=\"group256_263\" routing=\"Full\">"));
     assert_non_null(strstr(x, "<zoneRoute src=\"group0_256\" dst=\"group256_263\" "
@@ -918,7 +923,6 @@ static void platform_of_two_nodes(void **state)
                               "<link_ctn id=\"group256_263_up262\"/>"));
     assert_null(strstr(x, "pod263"));
     free(x);
-    ps_cluster_free(c);
 }
 
 static void heterogeneous_speeds(void **state)
