@@ -731,8 +731,10 @@ static void sends_are_released(void **state)
     print_message("peak RSS %.1f MB for %d messages, %.1f MB for %d: %.0f bytes per message "
                   "(programs: %.0f)\n",
                   small / 1e6, n, large / 1e6, 4 * n, per_message, programs);
-    assert_true(per_message < programs + 200);
     ps_cluster_free(c);
+#if !defined(__SANITIZE_ADDRESS__) /* AddressSanitizer's quarantine and redzones own the RSS */
+    assert_true(per_message < programs + 200);
+#endif
 }
 
 /* ---- (e) deadlock ---- */
