@@ -722,6 +722,136 @@ static void ops_xent_split_vocabulary(void **state)
     free(logits.data);
     free(labels.data);
 }
+
+/* conv2d and its gradients (cuDNN), pooling and its gradient, on whole
+ * tiles of several geometries: strided, padded, 1x1, a 7x7 stem. */
+typedef struct conv_case {
+    int64_t N, C, H, W, O, KH, KW;
+    int sh, sw, ph, pw;
+} conv_case;
+
+static void set_shape_attr(ps_op *op, const ps_tile *t)
+{
+    op->attrs.shape_rank = t->rank;
+    for (int d = 0; d < t->rank; d++)
+        op->attrs.shape[d] = t->global[d];
+}
+
+static void check_conv_case(ps_backend *b, const conv_case *k)
+{
+    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1, OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
+    const int64_t *xs = SH(k->N, k->C, k->H, k->W), *ws = SH(k->O, k->C, k->KH, k->KW),
+                  *ys = SH(k->N, k->O, OH, OW);
+    ps_op_kind kinds[] = {PS_OP_CONV2D, PS_OP_CONV2D_GRAD_INPUT, PS_OP_CONV2D_GRAD_FILTER};
+    for (int i = 0; i < 3; i++) {
+        ps_op op = mkop(kinds[i], 2);
+        op.attrs.stride[0] = k->sh;
+        op.attrs.stride[1] = k->sw;
+        op.attrs.pad[0] = k->ph;
+        op.attrs.pad[1] = k->pw;
+        ps_tile in[2], out[1];
+        switch (kinds[i]) {
+        case PS_OP_CONV2D:
+            in[0] = hrand(4, xs, NULL, NULL);
+            in[1] = hrand(4, ws, NULL, NULL);
+            out[0] = htile(false, 4, ys, NULL, NULL);
+            break;
+        case PS_OP_CONV2D_GRAD_INPUT:
+            in[0] = hrand(4, ys, NULL, NULL);
+            in[1] = hrand(4, ws, NULL, NULL);
+            out[0] = htile(false, 4, xs, NULL, NULL);
+            break;
+        default:
+            in[0] = hrand(4, xs, NULL, NULL);
+            in[1] = hrand(4, ys, NULL, NULL);
+            out[0] = htile(false, 4, ws, NULL, NULL);
+            break;
+        }
+        if (kinds[i] != PS_OP_CONV2D)
+            set_shape_attr(&op, &out[0]);
+        check_op(b, &op, in, out);
+    }
+}
+
+static void check_pool_case(ps_backend *b, const conv_case *k, ps_pool_kind pool, bool ties)
+{
+    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1, OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
+    const int64_t *xs = SH(k->N, k->C, k->H, k->W), *ys = SH(k->N, k->C, OH, OW);
+    ps_op fop = mkop(PS_OP_POOL, 1), gop = mkop(PS_OP_POOL_GRAD, 3);
+    for (int i = 0; i < 2; i++) {
+        ps_op *op = i == 0 ? &fop : &gop;
+        op->attrs.pool = pool;
+        op->attrs.window[0] = (int)k->KH;
+        op->attrs.window[1] = (int)k->KW;
+        op->attrs.stride[0] = k->sh;
+        op->attrs.stride[1] = k->sw;
+        op->attrs.pad[0] = k->ph;
+        op->attrs.pad[1] = k->pw;
+    }
+    ps_tile x = hrand(4, xs, NULL, NULL);
+    if (ties) /* a few distinct values: max windows tie, the first maximum wins */
+        for (int64_t i = 0; i < ps_tile_numel(&x); i++)
+            ((float *)x.data)[i] = floorf(((float *)x.data)[i] * 1.5f);
+    ps_tile fin[1] = {hcopy(&x)}, fout[1] = {htile(false, 4, ys, NULL, NULL)};
+    check_op(b, &fop, fin, fout);
+    ps_tile gin[3] = {x, htile(false, 4, ys, NULL, NULL), hrand(4, ys, NULL, NULL)};
+    ps_tile gout[1] = {htile(false, 4, xs, NULL, NULL)};
+    check_op(b, &gop, gin, gout);
+}
+
+#ifdef PS_TEST_HAVE_CUDNN
+static const bool have_cudnn = true;
+#else
+static const bool have_cudnn = false;
+#endif
+
+static void ops_conv_pool(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    const conv_case convs[] = {
+        {2, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1}, /* same padding */
+        {2, 4, 10, 10, 6, 3, 3, 2, 2, 0, 0}, /* strided */
+        {1, 3, 15, 15, 4, 7, 7, 2, 2, 3, 3}, /* the stem */
+        {3, 8, 5, 5, 16, 1, 1, 1, 1, 0, 0},  /* 1x1 */
+        {2, 2, 8, 6, 3, 3, 2, 1, 2, 2, 0},   /* unequal window, stride, padding */
+    };
+    if (have_cudnn) {
+        for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++)
+            check_conv_case(b, &convs[i]);
+    } else {
+        /* without cuDNN the conv kinds are refused by name */
+        ps_error err = {0};
+        ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+        ps_tile x = htile(false, 4, SH(1, 2, 5, 5), NULL, NULL);
+        ps_tile w = htile(false, 4, SH(3, 2, 3, 3), NULL, NULL);
+        ps_tile y = htile(false, 4, SH(1, 3, 3, 3), NULL, NULL);
+        ps_tile in[2] = {dupload(b, 0, &x), dupload(b, 0, &w)}, out[1] = {dupload(b, 0, &y)};
+        ps_op op = mkop(PS_OP_CONV2D, 2);
+        op.attrs.stride[0] = op.attrs.stride[1] = 1;
+        assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "cuDNN"));
+        print_message("conv2d without cuDNN: %s\n", err.msg);
+        for (int i = 0; i < 2; i++)
+            b->ops->release(b, 0, in[i].data);
+        b->ops->release(b, 0, out[0].data);
+        free(x.data);
+        free(w.data);
+        free(y.data);
+    }
+    const conv_case pools[] = {
+        {2, 3, 9, 11, 0, 3, 3, 2, 2, 1, 1}, /* overlapping, padded */
+        {2, 4, 10, 10, 0, 2, 2, 2, 2, 0, 0}, /* tiling */
+        {1, 2, 3, 3, 0, 2, 2, 1, 1, 2, 2},   /* windows wholly in the padding: 0 */
+        {2, 3, 7, 5, 0, 3, 2, 1, 2, 0, 1},   /* unequal */
+    };
+    for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
+        for (int ties = 0; ties < 2; ties++) {
+            check_pool_case(b, &pools[i], PS_POOL_MAX, ties);
+            check_pool_case(b, &pools[i], PS_POOL_AVG, ties);
+        }
+    b->ops->destroy(b);
+}
 #else
 static void ops_skipped(void **state)
 {
@@ -741,19 +871,37 @@ static void ops_errors(void **state)
     ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
     /* an unsupported kind names itself */
     ps_tile x = htile(false, 4, (const int64_t[]){1, 2, 5, 5}, NULL, NULL);
-    ps_tile w = htile(false, 4, (const int64_t[]){3, 2, 3, 3}, NULL, NULL);
-    ps_tile y = htile(false, 4, (const int64_t[]){1, 3, 3, 3}, NULL, NULL);
-    ps_tile in[2] = {dupload(b, 0, &x), dupload(b, 0, &w)}, out[1] = {dupload(b, 0, &y)};
-    ps_op op = mkop(PS_OP_CONV2D, 2);
+    ps_tile g = htile(false, 1, (const int64_t[]){2}, NULL, NULL);
+    ps_tile y = htile(false, 4, (const int64_t[]){1, 2, 5, 5}, NULL, NULL);
+    ps_tile in[3] = {dupload(b, 0, &x), dupload(b, 0, &g), dupload(b, 0, &g)};
+    ps_tile out[1] = {dupload(b, 0, &y)};
+    ps_op op = mkop(PS_OP_BATCHNORM, 3);
+    op.attrs.eps = 1e-5;
     assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "conv2d"));
+    assert_non_null(strstr(err.msg, "batchnorm"));
     assert_non_null(strstr(err.msg, "device 0"));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         b->ops->release(b, 0, in[i].data);
     b->ops->release(b, 0, out[0].data);
     free(x.data);
-    free(w.data);
+    free(g.data);
     free(y.data);
+    /* a pool window that does not fit is a shape error */
+    {
+        ps_tile px = htile(false, 4, (const int64_t[]){1, 1, 2, 2}, NULL, NULL);
+        ps_tile py = htile(false, 4, (const int64_t[]){1, 1, 1, 1}, NULL, NULL);
+        ps_tile pin[1] = {dupload(b, 0, &px)}, pout[1] = {dupload(b, 0, &py)};
+        ps_op pop = mkop(PS_OP_POOL, 1);
+        pop.attrs.window[0] = pop.attrs.window[1] = 3;
+        pop.attrs.stride[0] = pop.attrs.stride[1] = 1;
+        ps_error_clear(&err);
+        assert_int_equal(b->ops->op(b, 0, &pop, pin, pout, &ctx, &err), PS_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "does not fit"));
+        b->ops->release(b, 0, pin[0].data);
+        b->ops->release(b, 0, pout[0].data);
+        free(px.data);
+        free(py.data);
+    }
     /* an id outside the vocabulary */
     ps_tile table = hrand(2, (const int64_t[]){10, 4}, NULL, NULL);
     ps_tile ids = hints(1, (const int64_t[]){6}, 10);
@@ -1303,6 +1451,7 @@ int main(void)
         cmocka_unit_test(ops_layout),
         cmocka_unit_test(ops_losses_adam),
         cmocka_unit_test(ops_xent_split_vocabulary),
+        cmocka_unit_test(ops_conv_pool),
 #else
         cmocka_unit_test(ops_skipped),
 #endif

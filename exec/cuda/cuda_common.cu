@@ -46,6 +46,26 @@ ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps
                         cublasGetStatusName(e));
 }
 
+ps_status ps_cuda_op_verror(const ps_cuda_stream *s, const ps_op *op, ps_status code,
+                            ps_error *err, const char *fmt, va_list ap)
+{
+    char what[512];
+    vsnprintf(what, sizeof what, fmt, ap);
+    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
+    return ps_error_set(err, code, "device %d: op \"%s\" (%s): %s", s->loc.device,
+                        op->name ? op->name : "?", info ? info->name : "?", what);
+}
+
+ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status code,
+                           ps_error *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ps_status st = ps_cuda_op_verror(s, op, code, err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 /* ---- probe ------------------------------------------------------------------ */
 
 int ps_cuda_device_count(void)
@@ -96,6 +116,10 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
         (void)cudaStreamSynchronize(s->stream);
     if (s->blas != NULL)
         (void)cublasDestroy(s->blas);
+#if PS_HAVE_CUDNN
+    if (s->dnn != NULL)
+        (void)cudnnDestroy(s->dnn);
+#endif
     if (s->ws != NULL)
         (void)cudaFree(s->ws);
     if (s->stream != NULL)

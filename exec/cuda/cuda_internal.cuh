@@ -6,10 +6,15 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <stdarg.h>
 #include <stdint.h>
+#if PS_HAVE_CUDNN
+#include <cudnn.h>
+#endif
 
 /* the project's headers are C: their functions have C linkage */
 extern "C" {
+#include "core/graph.h"
 #include "core/status.h"
 #include "exec/cuda/cuda_ops.h"
 #include "exec/tile.h"
@@ -28,12 +33,32 @@ struct ps_cuda_stream {
     bool allow_tf32;
     void *ws; /* op workspace (transposed operands, per-row statistics, ...) */
     size_t ws_bytes;
+#if PS_HAVE_CUDNN
+    cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
+#endif
 };
 
 /* Formats "device D (GPU G): CALL failed: WHAT (NAME)" into err. `call` is
  * the call's source text; only the function name is kept. */
 ps_status ps_cuda_fail(ps_cuda_loc loc, cudaError_t e, const char *call, ps_error *err);
 ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps_error *err);
+
+/* An op's failure: "device D: op "NAME" (KIND): what" with status `code`
+ * (PS_ERR_INVALID for a shape complaint, PS_ERR_UNSUPPORTED for what the
+ * backend does not do). */
+ps_status ps_cuda_op_verror(const ps_cuda_stream *s, const ps_op *op, ps_status code,
+                            ps_error *err, const char *fmt, va_list ap);
+ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status code,
+                           ps_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* The convolution and pooling kinds (cuda_conv.cu): conv2d through cuDNN
+ * (refused where the build has no cuDNN), pool and pool_grad with kernels
+ * of their own. */
+ps_status ps_cuda_conv_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                           ps_error *err);
+ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                           ps_error *err);
 
 /* In functions with `ps_status st` and an `out:` label. */
 #define PS_CUDA_TRY(loc, call)                                                                \

@@ -30,22 +30,17 @@ static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
 static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
                         const char *fmt, ...)
 {
-    char what[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    ps_status st = ps_cuda_op_verror(s, op, PS_ERR_INVALID, err, fmt, ap);
     va_end(ap);
-    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
-    return ps_error_set(err, PS_ERR_INVALID, "device %d: op \"%s\" (%s): %s", s->loc.device,
-                        op->name ? op->name : "?", info ? info->name : "?", what);
+    return st;
 }
 
 static ps_status unsupported(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
                              const char *what)
 {
-    const ps_op_kind_info *info = ps_op_kind_get(op->kind);
-    return ps_error_set(err, PS_ERR_UNSUPPORTED, "device %d: op \"%s\" (%s): %s",
-                        s->loc.device, op->name ? op->name : "?", info ? info->name : "?", what);
+    return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err, "%s", what);
 }
 
 static int64_t numel(const ps_tile *t) { return ps_tile_numel(t); }
@@ -1179,6 +1174,11 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     case PS_OP_SOFTMAX_XENT:
     case PS_OP_SOFTMAX_XENT_GRAD: return run_xent(s, op, in, out, ctx, err);
     case PS_OP_ADAM: return run_adam(s, op, in, ctx, err);
+    case PS_OP_CONV2D:
+    case PS_OP_CONV2D_GRAD_INPUT:
+    case PS_OP_CONV2D_GRAD_FILTER: return ps_cuda_conv_run(s, op, in, out, err);
+    case PS_OP_POOL:
+    case PS_OP_POOL_GRAD: return ps_cuda_pool_run(s, op, in, out, err);
     default:
         return ps_error_set(err, PS_ERR_UNSUPPORTED,
                             "device %d: op \"%s\": the CUDA backend does not implement %s",

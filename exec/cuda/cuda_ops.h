@@ -6,8 +6,10 @@
  * Implemented kinds: matmul, bias_add, add, relu, gelu, layernorm, softmax,
  * embedding, reshape, transpose, reduce, broadcast, mse_loss, softmax_xent,
  * their gradients (relu_grad, gelu_grad, layernorm_grad, softmax_grad,
- * embedding_grad, mse_loss_grad, softmax_xent_grad) and adam. The others
- * (conv2d, batchnorm, pool, moe_*) return PS_ERR_UNSUPPORTED naming the kind.
+ * embedding_grad, mse_loss_grad, softmax_xent_grad), adam, conv2d (and
+ * its gradients, through cuDNN where the build has it) and pool (and
+ * pool_grad). The others (batchnorm, moe_*) return PS_ERR_UNSUPPORTED naming
+ * the kind.
  *
  * Reductions are deterministic: fixed-order block reductions, no atomics
  * (embedding_grad sorts the token ids first). */
