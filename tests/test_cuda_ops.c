@@ -723,8 +723,134 @@ static void ops_xent_split_vocabulary(void **state)
     free(labels.data);
 }
 
-/* conv2d and its gradients (cuDNN), pooling and its gradient, on whole
- * tiles of several geometries: strided, padded, 1x1, a 7x7 stem. */
+/* Batchnorm with the batch split across two devices (their reduce group)
+ * equals the CPU's over the whole batch: each device's y or dx is its rows
+ * of the whole result, and dgamma and dbeta are the whole totals. */
+typedef struct bn_dev {
+    ps_backend *b;
+    int device;
+    bool grad;
+    ps_tile in[3], out[3]; /* host: the device's inputs and results */
+    ps_status st;
+    char msg[PS_ERROR_MSG_MAX];
+} bn_dev;
+
+static void *bn_thread(void *p)
+{
+    bn_dev *x = p;
+    ps_backend *b = x->b;
+    ps_error err = {0};
+    static const int members[2] = {0, 1};
+    reduce_arg ra = {b, x->device, {8, 2, members, x->device}};
+    ps_op_context ctx = {.step = 1, .reduce = {2, &ra, reduce_through_backend, NULL}};
+    ps_op op = mkop(x->grad ? PS_OP_BATCHNORM_GRAD : PS_OP_BATCHNORM, 3);
+    op.attrs.eps = 1e-5;
+    ps_tile din[3], dout[3];
+    x->st = PS_OK;
+    for (int i = 0; i < 3; i++) {
+        din[i] = x->in[i];
+        din[i].data = NULL;
+        if (x->st == PS_OK)
+            x->st = b->ops->alloc(b, x->device, ps_tile_numel(&din[i]) * 4, &din[i].data, &err);
+        if (x->st == PS_OK)
+            x->st = b->ops->upload(b, x->device, din[i].data, x->in[i].data,
+                                   ps_tile_numel(&din[i]) * 4, &err);
+    }
+    for (int i = 0; i < op.n_out; i++) {
+        dout[i] = x->out[i];
+        dout[i].data = NULL;
+        if (x->st == PS_OK)
+            x->st = b->ops->alloc(b, x->device, ps_tile_numel(&dout[i]) * 4, &dout[i].data, &err);
+    }
+    if (x->st == PS_OK)
+        x->st = b->ops->op(b, x->device, &op, din, dout, &ctx, &err);
+    for (int i = 0; i < op.n_out && x->st == PS_OK; i++)
+        x->st = b->ops->download(b, x->device, x->out[i].data, dout[i].data,
+                                 ps_tile_numel(&dout[i]) * 4, &err);
+    if (x->st != PS_OK)
+        b->ops->abort(b);
+    snprintf(x->msg, sizeof x->msg, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        b->ops->release(b, x->device, din[i].data);
+    for (int i = 0; i < op.n_out; i++)
+        b->ops->release(b, x->device, dout[i].data);
+    return NULL;
+}
+
+static void ops_batchnorm_split_batch(void **state)
+{
+    (void)state;
+    const int64_t N = 6, C = 4, H = 5, W = 3, plane = C * H * W;
+    const int64_t *xs = SH(N, C, H, W), *hs = SH(N / 2, C, H, W);
+    ps_tile x = hrand(4, xs, NULL, NULL), gamma = hrand(1, SH(C), NULL, NULL),
+            third = hrand(4, xs, NULL, NULL), beta = hrand(1, SH(C), NULL, NULL);
+    for (int grad = 0; grad < 2; grad++) {
+        ps_backend *b = backend(2, true);
+        ps_op op = mkop(grad ? PS_OP_BATCHNORM_GRAD : PS_OP_BATCHNORM, 3);
+        op.attrs.eps = 1e-5;
+        ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+        ps_tile in[3] = {x, gamma, grad ? third : beta};
+        ps_tile want[3] = {htile(false, 4, xs, NULL, NULL), htile(false, 1, SH(C), NULL, NULL),
+                           htile(false, 1, SH(C), NULL, NULL)};
+        ps_error err = {0};
+        assert_int_equal(ps_cpu_op_run(&op, in, want, &ctx, &err), PS_OK);
+        bn_dev bd[2];
+        pthread_t th[2];
+        for (int d = 0; d < 2; d++) {
+            memset(&bd[d], 0, sizeof bd[d]);
+            bd[d].b = b;
+            bd[d].device = d;
+            bd[d].grad = grad;
+            const int64_t *off = SH(d * N / 2, 0, 0, 0);
+            bd[d].in[0] = htile(false, 4, hs, xs, off);
+            memcpy(bd[d].in[0].data, (float *)x.data + d * (N / 2) * plane,
+                   (size_t)(N / 2 * plane) * 4);
+            bd[d].in[1] = hcopy(&gamma);
+            if (grad) {
+                bd[d].in[2] = htile(false, 4, hs, xs, off);
+                memcpy(bd[d].in[2].data, (float *)third.data + d * (N / 2) * plane,
+                       (size_t)(N / 2 * plane) * 4);
+            } else {
+                bd[d].in[2] = hcopy(&beta);
+            }
+            bd[d].out[0] = htile(false, 4, hs, xs, off);
+            bd[d].out[1] = htile(false, 1, SH(C), NULL, NULL);
+            bd[d].out[2] = htile(false, 1, SH(C), NULL, NULL);
+            assert_int_equal(pthread_create(&th[d], NULL, bn_thread, &bd[d]), 0);
+        }
+        for (int d = 0; d < 2; d++)
+            assert_int_equal(pthread_join(th[d], NULL), 0);
+        for (int d = 0; d < 2; d++) {
+            if (bd[d].st != PS_OK)
+                fail_msg("device %d: %s", d, bd[d].msg);
+            double e = nmse(bd[d].out[0].data, (float *)want[0].data + d * (N / 2) * plane,
+                            N / 2 * plane);
+            if (!(e <= NMSE_TOL))
+                fail_msg("split-batch %s on device %d: nmse %g", grad ? "dx" : "y", d, e);
+            for (int k = 1; grad && k < 3; k++) {
+                e = nmse(bd[d].out[k].data, want[k].data, C);
+                if (!(e <= NMSE_TOL))
+                    fail_msg("split-batch %s on device %d: nmse %g", k == 1 ? "dgamma" : "dbeta",
+                             d, e);
+            }
+            for (int i = 0; i < 3; i++) {
+                free(bd[d].in[i].data);
+                free(bd[d].out[i].data);
+            }
+        }
+        for (int i = 0; i < 3; i++)
+            free(want[i].data);
+        b->ops->destroy(b);
+    }
+    free(x.data);
+    free(gamma.data);
+    free(third.data);
+    free(beta.data);
+}
+
+/* conv2d and its gradients (cuDNN), pooling, batchnorm and their
+ * gradients, on whole tiles of several geometries: strided, padded, 1x1, a
+ * 7x7 stem. */
 typedef struct conv_case {
     int64_t N, C, H, W, O, KH, KW;
     int sh, sw, ph, pw;
@@ -805,7 +931,7 @@ static const bool have_cudnn = true;
 static const bool have_cudnn = false;
 #endif
 
-static void ops_conv_pool(void **state)
+static void ops_cnn(void **state)
 {
     (void)state;
     ps_backend *b = backend(1, false);
@@ -850,6 +976,25 @@ static void ops_conv_pool(void **state)
             check_pool_case(b, &pools[i], PS_POOL_MAX, ties);
             check_pool_case(b, &pools[i], PS_POOL_AVG, ties);
         }
+    /* batchnorm over NCHW and over [N, C]; the channel block loops over
+     * more than one pass of its threads (N * S > 256) */
+    const int64_t *bn_shapes[] = {SH(4, 3, 5, 7), SH(300, 10), SH(2, 5, 1, 1)};
+    const int bn_ranks[] = {4, 2, 4};
+    for (int k = 0; k < 3; k++) {
+        const int64_t *xs = bn_shapes[k];
+        int64_t C = xs[1];
+        ps_op fop = mkop(PS_OP_BATCHNORM, 3), gop = mkop(PS_OP_BATCHNORM_GRAD, 3);
+        fop.attrs.eps = gop.attrs.eps = 1e-5;
+        ps_tile fin[3] = {hrand(bn_ranks[k], xs, NULL, NULL), hrand(1, SH(C), NULL, NULL),
+                          hrand(1, SH(C), NULL, NULL)};
+        ps_tile fout[1] = {htile(false, bn_ranks[k], xs, NULL, NULL)};
+        check_op(b, &fop, fin, fout);
+        ps_tile gin[3] = {hrand(bn_ranks[k], xs, NULL, NULL), hrand(1, SH(C), NULL, NULL),
+                          hrand(bn_ranks[k], xs, NULL, NULL)};
+        ps_tile gout[3] = {htile(false, bn_ranks[k], xs, NULL, NULL),
+                           htile(false, 1, SH(C), NULL, NULL), htile(false, 1, SH(C), NULL, NULL)};
+        check_op(b, &gop, gin, gout);
+    }
     b->ops->destroy(b);
 }
 #else
@@ -870,22 +1015,16 @@ static void ops_errors(void **state)
     ps_error err = {0};
     ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
     /* an unsupported kind names itself */
-    ps_tile x = htile(false, 4, (const int64_t[]){1, 2, 5, 5}, NULL, NULL);
-    ps_tile g = htile(false, 1, (const int64_t[]){2}, NULL, NULL);
-    ps_tile y = htile(false, 4, (const int64_t[]){1, 2, 5, 5}, NULL, NULL);
-    ps_tile in[3] = {dupload(b, 0, &x), dupload(b, 0, &g), dupload(b, 0, &g)};
-    ps_tile out[1] = {dupload(b, 0, &y)};
-    ps_op op = mkop(PS_OP_BATCHNORM, 3);
-    op.attrs.eps = 1e-5;
+    ps_tile x = htile(false, 3, (const int64_t[]){1, 6, 4}, NULL, NULL);
+    ps_tile in[1] = {dupload(b, 0, &x)}, out[2] = {dupload(b, 0, &x), dupload(b, 0, &x)};
+    ps_op op = mkop(PS_OP_MOE_GATE, 1);
     assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "batchnorm"));
+    assert_non_null(strstr(err.msg, ps_op_kind_get(PS_OP_MOE_GATE)->name));
     assert_non_null(strstr(err.msg, "device 0"));
-    for (int i = 0; i < 3; i++)
-        b->ops->release(b, 0, in[i].data);
-    b->ops->release(b, 0, out[0].data);
+    b->ops->release(b, 0, in[0].data);
+    for (int i = 0; i < 2; i++)
+        b->ops->release(b, 0, out[i].data);
     free(x.data);
-    free(g.data);
-    free(y.data);
     /* a pool window that does not fit is a shape error */
     {
         ps_tile px = htile(false, 4, (const int64_t[]){1, 1, 2, 2}, NULL, NULL);
@@ -1451,7 +1590,8 @@ int main(void)
         cmocka_unit_test(ops_layout),
         cmocka_unit_test(ops_losses_adam),
         cmocka_unit_test(ops_xent_split_vocabulary),
-        cmocka_unit_test(ops_conv_pool),
+        cmocka_unit_test(ops_cnn),
+        cmocka_unit_test(ops_batchnorm_split_batch),
 #else
         cmocka_unit_test(ops_skipped),
 #endif

@@ -1141,7 +1141,7 @@ static const ps_backend_ops cuda_ops = {
     be_accumulate, be_zero,    be_copy_box,   be_collective, be_reduce, be_send,
     be_recv,     be_mark,      be_finish,     be_elapsed, be_peak_bytes, be_abort,
     be_destroy,
-    NULL, /* reduce64: the CUDA kernels reduce in float (batchnorm is not among them) */
+    NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
 };
 
 /* ---- create ---------------------------------------------------------------------------- */

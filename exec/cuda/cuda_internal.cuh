@@ -52,13 +52,20 @@ ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status c
                            ps_error *err, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-/* The convolution and pooling kinds (cuda_conv.cu): conv2d through cuDNN
- * (refused where the build has no cuDNN), pool and pool_grad with kernels
- * of their own. */
+/* The op's own all-reduce (ctx->reduce) of n floats in device memory,
+ * after the stream's work; nothing for a group of one. */
+ps_status ps_cuda_op_reduce(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
+                            float *data, int64_t n, ps_reduce_op rop, ps_error *err);
+
+/* The convolutional network kinds (cuda_cnn_ops.cu): conv2d through cuDNN
+ * (refused where the build has no cuDNN), pool and batchnorm with kernels
+ * of their own; and their gradients. */
 ps_status ps_cuda_conv_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                            ps_error *err);
 ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                            ps_error *err);
+ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
+                                ps_tile *out, const ps_op_context *ctx, ps_error *err);
 
 /* In functions with `ps_status st` and an `out:` label. */
 #define PS_CUDA_TRY(loc, call)                                                                \
@@ -154,6 +161,62 @@ static inline unsigned ps_cuda_blocks(int64_t n, int threads)
     if (b > 65535LL * 16)
         b = 65535LL * 16;
     return (unsigned)b;
+}
+
+/* ---- block reductions (fixed order: deterministic) ----------------------------- */
+
+template <typename T> __device__ inline T warp_sum(T v)
+{
+    for (int o = 16; o > 0; o /= 2)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T> __device__ inline T warp_max(T v)
+{
+    for (int o = 16; o > 0; o /= 2) {
+        T w = __shfl_down_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* The sum over the block's threads, returned to every thread. sh holds 32
+ * values of T. blockDim.x must be a multiple of 32. */
+template <typename T> __device__ inline T block_sum(T v, T *sh)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? sh[lane] : (T)0;
+        w = warp_sum(w);
+        if (lane == 0)
+            sh[0] = w;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+template <typename T> __device__ inline T block_max(T v, T *sh, T lowest)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? sh[lane] : lowest;
+        w = warp_max(w);
+        if (lane == 0)
+            sh[0] = w;
+    }
+    __syncthreads();
+    return sh[0];
 }
 
 #endif

@@ -56,62 +56,6 @@ static void strides_of(const int64_t *shape, int rank, int64_t *stride)
     }
 }
 
-/* ---- block reductions (fixed order: deterministic) ----------------------------- */
-
-template <typename T> __device__ T warp_sum(T v)
-{
-    for (int o = 16; o > 0; o /= 2)
-        v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-
-template <typename T> __device__ T warp_max(T v)
-{
-    for (int o = 16; o > 0; o /= 2) {
-        T w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
-/* The sum over the block's threads, returned to every thread. sh holds 32
- * values of T. blockDim.x must be a multiple of 32. */
-template <typename T> __device__ T block_sum(T v, T *sh)
-{
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads(); /* sh may still be read from a previous call */
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        T w = lane < warps ? sh[lane] : (T)0;
-        w = warp_sum(w);
-        if (lane == 0)
-            sh[0] = w;
-    }
-    __syncthreads();
-    return sh[0];
-}
-
-template <typename T> __device__ T block_max(T v, T *sh, T lowest)
-{
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        T w = lane < warps ? sh[lane] : lowest;
-        w = warp_max(w);
-        if (lane == 0)
-            sh[0] = w;
-    }
-    __syncthreads();
-    return sh[0];
-}
-
 #define ROWS_LOOP(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
 static unsigned row_blocks(int64_t rows)
 {
@@ -967,8 +911,8 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     return check_ids(s, op, bad, "id", vocab, err);
 }
 
-static ps_status run_reduce_fn(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
-                               float *data, int64_t n, ps_reduce_op rop, ps_error *err)
+ps_status ps_cuda_op_reduce(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
+                            float *data, int64_t n, ps_reduce_op rop, ps_error *err)
 {
     if (ctx == NULL || ctx->reduce.group_size <= 1)
         return PS_OK;
@@ -1015,14 +959,14 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     unsigned blocks = row_blocks(rows);
     k_row_max<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data, mx, rows, n);
     PS_CUDA_LAUNCHED(s->loc, "k_row_max");
-    PS_RET(run_reduce_fn(s, op, ctx, mx, rows, PS_REDUCE_OP_MAX, err));
+    PS_RET(ps_cuda_op_reduce(s, op, ctx, mx, rows, PS_REDUCE_OP_MAX, err));
     k_row_sumexp<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data,
                                                     (const int32_t *)labels->data, mx, se,
                                                     grad ? NULL : lab, rows, n, voff, vocab,
                                                     bad);
     PS_CUDA_LAUNCHED(s->loc, "k_row_sumexp");
     /* sums of exponentials and the label logits: one reduction */
-    PS_RET(run_reduce_fn(s, op, ctx, se, grad ? rows : 2 * rows, PS_REDUCE_OP_SUM, err));
+    PS_RET(ps_cuda_op_reduce(s, op, ctx, se, grad ? rows : 2 * rows, PS_REDUCE_OP_SUM, err));
     /* a bad label is reported after the reductions, so that no peer waits */
     PS_RET(check_ids(s, op, bad, "label", vocab, err));
     if (grad) {
@@ -1179,6 +1123,8 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     case PS_OP_CONV2D_GRAD_FILTER: return ps_cuda_conv_run(s, op, in, out, err);
     case PS_OP_POOL:
     case PS_OP_POOL_GRAD: return ps_cuda_pool_run(s, op, in, out, err);
+    case PS_OP_BATCHNORM:
+    case PS_OP_BATCHNORM_GRAD: return ps_cuda_batchnorm_run(s, op, in, out, ctx, err);
     default:
         return ps_error_set(err, PS_ERR_UNSUPPORTED,
                             "device %d: op \"%s\": the CUDA backend does not implement %s",

@@ -7,8 +7,8 @@
  * embedding, reshape, transpose, reduce, broadcast, mse_loss, softmax_xent,
  * their gradients (relu_grad, gelu_grad, layernorm_grad, softmax_grad,
  * embedding_grad, mse_loss_grad, softmax_xent_grad), adam, conv2d (and
- * its gradients, through cuDNN where the build has it) and pool (and
- * pool_grad). The others (batchnorm, moe_*) return PS_ERR_UNSUPPORTED naming
+ * its gradients, through cuDNN where the build has it), pool and batchnorm
+ * (and their gradients). The moe_* kinds return PS_ERR_UNSUPPORTED naming
  * the kind.
  *
  * Reductions are deterministic: fixed-order block reductions, no atomics

@@ -1,4 +1,4 @@
-/* The convolution and pooling kinds on the GPU, with the CPU reference's
+/* The convolutional network kinds on the GPU, with the CPU reference's
  * semantics (exec/cpu/cpu_ops.c): NCHW tiles, filters OCHW, zero padding,
  * cross-correlation. conv2d and its two gradients run through cuDNN (the
  * legacy convolution calls, deterministic algorithms only, full fp32 unless
@@ -6,7 +6,10 @@
  * Pooling has kernels of its own: cuDNN's would differ from the reference
  * where a window lies in the padding and where a max window ties, and the
  * gradient is written as a gather (one thread per input element) so that
- * it needs no atomics and adds in the reference's order. */
+ * it needs no atomics and adds in the reference's order. Batchnorm too:
+ * its statistics span the devices splitting the batch (the op's reduce
+ * group), which cuDNN's batchnorm cannot see; per-channel sums are taken in
+ * double in a fixed order. */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -160,6 +163,22 @@ static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, size_t *w
     return -1;
 }
 
+/* Picks the algorithm (*at, -1 when none qualifies), reserves its
+ * workspace and sets its math type on the descriptor. */
+template <typename Perf>
+static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found,
+                            cudnnConvolutionDescriptor_t conv, int *at, void **ws,
+                            size_t *ws_bytes, ps_error *err)
+{
+    cudnnMathType_t math = CUDNN_FMA_MATH;
+    if ((*at = pick_algo(s, perf, found, ws_bytes, &math)) < 0)
+        return PS_OK;
+    if (*ws_bytes > 0)
+        PS_RET(ps_cuda_ws_reserve(s, *ws_bytes, ws, err));
+    cudnnStatus_t e = cudnnSetConvolutionMathType(conv, math);
+    return e == CUDNN_STATUS_SUCCESS ? PS_OK : dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
+}
+
 static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g,
                           const ps_tile *x, const ps_tile *w, const ps_tile *y, ps_error *err)
 {
@@ -167,7 +186,6 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
     conv_desc d = {};
     const float one = 1.0f, zero = 0.0f;
     size_t ws_bytes = 0;
-    cudnnMathType_t math = CUDNN_FMA_MATH;
     void *ws = NULL;
     int found = 0, at = -1;
     PS_TRY(conv_desc_make(s, g, &d, err));
@@ -177,11 +195,9 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, d.x, d.w, d.conv, d.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                        &found, perf));
-        if ((at = pick_algo(s, perf, found, &ws_bytes, &math)) < 0)
+        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        if (at < 0)
             break;
-        if (ws_bytes > 0)
-            PS_TRY(ps_cuda_ws_reserve(s, ws_bytes, &ws, err));
-        DNN_TRY(cudnnSetConvolutionMathType(d.conv, math));
         DNN_TRY(cudnnConvolutionForward(s->dnn, &one, d.x, x->data, d.w, w->data, d.conv,
                                         perf[at].algo, ws, ws_bytes, &zero, d.y, y->data));
         break;
@@ -190,11 +206,9 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             s->dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
-        if ((at = pick_algo(s, perf, found, &ws_bytes, &math)) < 0)
+        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        if (at < 0)
             break;
-        if (ws_bytes > 0)
-            PS_TRY(ps_cuda_ws_reserve(s, ws_bytes, &ws, err));
-        DNN_TRY(cudnnSetConvolutionMathType(d.conv, math));
         DNN_TRY(cudnnConvolutionBackwardData(s->dnn, &one, d.w, w->data, d.y, y->data, d.conv,
                                              perf[at].algo, ws, ws_bytes, &zero, d.x, x->data));
         break;
@@ -204,11 +218,9 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             s->dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
             perf));
-        if ((at = pick_algo(s, perf, found, &ws_bytes, &math)) < 0)
+        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        if (at < 0)
             break;
-        if (ws_bytes > 0)
-            PS_TRY(ps_cuda_ws_reserve(s, ws_bytes, &ws, err));
-        DNN_TRY(cudnnSetConvolutionMathType(d.conv, math));
         DNN_TRY(cudnnConvolutionBackwardFilter(s->dnn, &one, d.x, x->data, d.y, y->data,
                                                d.conv, perf[at].algo, ws, ws_bytes, &zero, d.w,
                                                w->data));
@@ -390,5 +402,202 @@ ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
     k_pool_grad<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(
         g, avg, (const float *)x->data, (const float *)in[2].data, (float *)out[0].data, n);
     PS_CUDA_LAUNCHED(s->loc, "k_pool_grad");
+    return PS_OK;
+}
+
+/* ---- batchnorm ------------------------------------------------------------------- */
+
+/* Per channel c (a block each): the sum over the batch and spatial dims of
+ * x, or of (x - mean)^2 when mean is given. x [N, C, S]. */
+static __global__ void k_bn_sum(const float *x, const double *mean, double *sum, int64_t N,
+                                int64_t C, int64_t S)
+{
+    __shared__ double sh[32];
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        double acc = 0;
+        for (int64_t j = threadIdx.x; j < N * S; j += blockDim.x) {
+            double v = x[(j / S * C + c) * S + j % S];
+            acc += mean != NULL ? (v - mean[c]) * (v - mean[c]) : v;
+        }
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0)
+            sum[c] = acc;
+    }
+}
+
+/* Per channel: tot[c] = sum dy * xhat (dgamma), tot[C + c] = sum dy (dbeta). */
+static __global__ void k_bn_grad_sum(const float *x, const float *dy, const double *mean,
+                                     const double *rstd, double *tot, int64_t N, int64_t C,
+                                     int64_t S)
+{
+    __shared__ double sh[32];
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        double sdx = 0, sd = 0;
+        for (int64_t j = threadIdx.x; j < N * S; j += blockDim.x) {
+            int64_t at = (j / S * C + c) * S + j % S;
+            double d = dy[at];
+            sd += d;
+            sdx += d * ((x[at] - mean[c]) * rstd[c]);
+        }
+        sdx = block_sum(sdx, sh);
+        sd = block_sum(sd, sh);
+        if (threadIdx.x == 0) {
+            tot[c] = sdx;
+            tot[C + c] = sd;
+        }
+    }
+}
+
+/* mean = sum / count; with `var`, sum holds squared deviations: rstd. */
+static __global__ void k_bn_finish(double *v, int64_t C, double count, double eps, bool var)
+{
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
+         c += (int64_t)gridDim.x * blockDim.x)
+        v[c] = var ? 1.0 / sqrt(v[c] / count + eps) : v[c] / count;
+}
+
+static __global__ void k_bn_apply(const float *x, const double *mean, const double *rstd,
+                                  const float *gamma, const float *beta, float *y, int64_t n,
+                                  int64_t C, int64_t S)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = i / S % C;
+        y[i] = (float)((x[i] - mean[c]) * rstd[c] * gamma[c] + beta[c]);
+    }
+}
+
+static __global__ void k_bn_grad_apply(const float *x, const float *dy, const double *mean,
+                                       const double *rstd, const double *tot,
+                                       const float *gamma, float *dx, int64_t n, int64_t C,
+                                       int64_t S, double count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = i / S % C;
+        double xh = (x[i] - mean[c]) * rstd[c];
+        double mdx = tot[c] / count, md = tot[C + c] / count;
+        dx[i] = (float)(gamma[c] * rstd[c] * (dy[i] - md - xh * mdx));
+    }
+}
+
+static __global__ void k_bn_params_out(const double *tot, float *dgamma, float *dbeta, int64_t C)
+{
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
+         c += (int64_t)gridDim.x * blockDim.x) {
+        dgamma[c] = (float)tot[c];
+        dbeta[c] = (float)tot[C + c];
+    }
+}
+
+static __global__ void k_f64_to_f32(const double *a, float *b, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        b[i] = (float)a[i];
+}
+
+static __global__ void k_f32_to_f64(const float *a, double *b, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        b[i] = a[i];
+}
+
+/* The op's reduce over its group of n per-channel doubles: the backend's
+ * reduce is in float, so the totals cross devices in float (each device's
+ * part was summed in double). Nothing for a group of one. */
+static ps_status bn_group_sum(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
+                              double *v, float *scratch, int64_t n, ps_error *err)
+{
+    if (ctx == NULL || ctx->reduce.group_size <= 1)
+        return PS_OK;
+    k_f64_to_f32<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(v, scratch, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_f64_to_f32");
+    PS_RET(ps_cuda_op_reduce(s, op, ctx, scratch, n, PS_REDUCE_OP_SUM, err));
+    k_f32_to_f64<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(scratch, v, n);
+    PS_CUDA_LAUNCHED(s->loc, "k_f32_to_f64");
+    return PS_OK;
+}
+
+/* Whether the dims other than `keep` are split across tiles. */
+static bool split_outside(const ps_tile *t, int keep)
+{
+    for (int d = 0; d < t->rank; d++)
+        if (d != keep && t->shape[d] != t->global[d])
+            return true;
+    return false;
+}
+
+static unsigned channel_blocks(int64_t C)
+{
+    return (unsigned)(C < 1 ? 1 : C < 65535 * 16 ? C : 65535 * 16);
+}
+
+ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
+                                ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    bool grad = op->kind == PS_OP_BATCHNORM_GRAD;
+    const ps_tile *x = &in[0], *gamma = &in[1];
+    if (x->rank < 2)
+        BAD("the batchnorm input must have rank >= 2, has %d", x->rank);
+    int64_t N = x->shape[0], C = x->shape[1];
+    int64_t S = N > 0 && C > 0 ? ps_tile_numel(x) / (N * C) : 0;
+    if (gamma->rank != 1 || gamma->shape[0] != C)
+        BAD("gamma must be [%lld] like the input's dim 1", (long long)C);
+    if (!(op->attrs.eps > 0))
+        BAD("eps must be positive");
+    if (!grad && (!same_shape(gamma, &in[2]) || !same_shape(x, &out[0])))
+        BAD("beta must be shaped like gamma and the output like the input");
+    if (grad && (!same_shape(x, &in[2]) || !same_shape(x, &out[0]) ||
+                 !same_shape(gamma, &out[1]) || !same_shape(gamma, &out[2])))
+        BAD("dy and dx must be shaped like the input, dgamma and dbeta like gamma");
+    int group = ctx != NULL ? ctx->reduce.group_size : 1;
+    if (group <= 1 && split_outside(x, 1))
+        BAD("batch statistics over a split batch need the op's reduce group");
+    if (group > 1 && !split_outside(x, 1))
+        BAD("a reduce group of %d devices but the batch is whole", group);
+    double count = (double)x->global[0];
+    for (int d = 2; d < x->rank; d++)
+        count *= (double)x->global[d];
+    /* workspace: mean, rstd, the gradient's two totals (double), and the
+     * float scratch of the group's reduce */
+    size_t bytes = (size_t)(4 * C + 1) * sizeof(double) + (size_t)(2 * C + 1) * sizeof(float);
+    char *ws;
+    PS_RET(ps_cuda_ws_reserve(s, bytes, (void **)&ws, err));
+    double *mean = (double *)ws, *rstd = mean + C, *tot = mean + 2 * C;
+    float *scratch = (float *)(mean + 4 * C + 1);
+    const float *xd = (const float *)x->data;
+    unsigned cb = channel_blocks(C), eb = ps_cuda_blocks(C, THREADS);
+    int64_t n = N * C * S;
+    k_bn_sum<<<cb, THREADS, 0, s->stream>>>(xd, NULL, mean, N, C, S);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_sum");
+    PS_RET(bn_group_sum(s, op, ctx, mean, scratch, C, err));
+    k_bn_finish<<<eb, THREADS, 0, s->stream>>>(mean, C, count, op->attrs.eps, false);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_finish");
+    k_bn_sum<<<cb, THREADS, 0, s->stream>>>(xd, mean, rstd, N, C, S);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_sum");
+    PS_RET(bn_group_sum(s, op, ctx, rstd, scratch, C, err));
+    k_bn_finish<<<eb, THREADS, 0, s->stream>>>(rstd, C, count, op->attrs.eps, true);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_finish");
+    const float *g = (const float *)gamma->data;
+    if (!grad) {
+        k_bn_apply<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(
+            xd, mean, rstd, g, (const float *)in[2].data, (float *)out[0].data, n, C, S);
+        PS_CUDA_LAUNCHED(s->loc, "k_bn_apply");
+        return PS_OK;
+    }
+    const float *dy = (const float *)in[2].data;
+    k_bn_grad_sum<<<cb, THREADS, 0, s->stream>>>(xd, dy, mean, rstd, tot, N, C, S);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_grad_sum");
+    /* the totals are dgamma and dbeta themselves (reduced by the op, as the
+     * planner counts them) */
+    PS_RET(bn_group_sum(s, op, ctx, tot, scratch, 2 * C, err));
+    k_bn_params_out<<<eb, THREADS, 0, s->stream>>>(tot, (float *)out[1].data,
+                                                   (float *)out[2].data, C);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_params_out");
+    k_bn_grad_apply<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(
+        xd, dy, mean, rstd, tot, g, (float *)out[0].data, n, C, S, count);
+    PS_CUDA_LAUNCHED(s->loc, "k_bn_grad_apply");
     return PS_OK;
 }
