@@ -865,7 +865,8 @@ static void set_shape_attr(ps_op *op, const ps_tile *t)
 
 static void check_conv_case(ps_backend *b, const conv_case *k)
 {
-    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1, OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
+    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1;
+    int64_t OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
     const int64_t *xs = SH(k->N, k->C, k->H, k->W), *ws = SH(k->O, k->C, k->KH, k->KW),
                   *ys = SH(k->N, k->O, OH, OW);
     ps_op_kind kinds[] = {PS_OP_CONV2D, PS_OP_CONV2D_GRAD_INPUT, PS_OP_CONV2D_GRAD_FILTER};
@@ -901,7 +902,8 @@ static void check_conv_case(ps_backend *b, const conv_case *k)
 
 static void check_pool_case(ps_backend *b, const conv_case *k, ps_pool_kind pool, bool ties)
 {
-    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1, OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
+    int64_t OH = (k->H + 2 * k->ph - k->KH) / k->sh + 1;
+    int64_t OW = (k->W + 2 * k->pw - k->KW) / k->sw + 1;
     const int64_t *xs = SH(k->N, k->C, k->H, k->W), *ys = SH(k->N, k->C, OH, OW);
     ps_op fop = mkop(PS_OP_POOL, 1), gop = mkop(PS_OP_POOL_GRAD, 3);
     for (int i = 0; i < 2; i++) {
@@ -997,6 +999,106 @@ static void ops_cnn(void **state)
     }
     b->ops->destroy(b);
 }
+
+/* The mixture-of-experts kinds against the CPU: the gate (capacity small
+ * enough to drop tokens), its gradient, and the moves with slots from the
+ * CPU's gate, on the whole expert tensor and on a tile of two experts. */
+enum { MOE_G = 2, MOE_S = 24, MOE_E = 6, MOE_K = 2, MOE_C = 5, MOE_M = 7 };
+
+static ps_op moe_op(ps_op_kind kind, int n_in)
+{
+    ps_op op = mkop(kind, n_in);
+    op.attrs.top_k = MOE_K;
+    op.attrs.experts = MOE_E;
+    op.attrs.capacity = MOE_C;
+    return op;
+}
+
+static void ops_moe(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    const int64_t *gs = SH(MOE_G, MOE_S, MOE_E), *gk = SH(MOE_G, MOE_S, MOE_K),
+                  *tk = SH(MOE_G, MOE_S, MOE_M), *ex = SH(MOE_E, MOE_G, MOE_C, MOE_M);
+    ps_tile logits = hrand(3, gs, NULL, NULL);
+    /* the CPU's slots and weights feed the moves */
+    ps_tile slot = htile(true, 3, gk, NULL, NULL), weight = htile(false, 3, gk, NULL, NULL);
+    {
+        ps_op op = moe_op(PS_OP_MOE_GATE, 1);
+        ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+        ps_error err = {0};
+        ps_tile out[2] = {slot, weight};
+        assert_int_equal(ps_cpu_op_run(&op, &logits, out, &ctx, &err), PS_OK);
+        int dropped = 0;
+        for (int64_t i = 0; i < MOE_G * MOE_S * MOE_K; i++)
+            dropped += ((int32_t *)slot.data)[i] < 0;
+        assert_true(dropped > 0); /* the capacity matters */
+    }
+    {
+        ps_op op = moe_op(PS_OP_MOE_GATE, 1);
+        ps_tile in[1] = {hcopy(&logits)};
+        ps_tile out[2] = {htile(true, 3, gk, NULL, NULL), htile(false, 3, gk, NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    {
+        ps_op op = moe_op(PS_OP_MOE_GATE_GRAD, 3);
+        ps_tile in[3] = {hcopy(&logits), hcopy(&slot), hrand(3, gk, NULL, NULL)};
+        ps_tile out[1] = {htile(false, 3, gs, NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
+    for (int part = 0; part < 2; part++) {
+        /* the whole expert tensor, or experts 2..3 of it */
+        const int64_t *es = part ? SH(2, MOE_G, MOE_C, MOE_M) : ex;
+        const int64_t *eo = part ? SH(2, 0, 0, 0) : SH(0, 0, 0, 0);
+        {
+            ps_op op = moe_op(PS_OP_MOE_DISPATCH, 2);
+            ps_tile in[2] = {hrand(3, tk, NULL, NULL), hcopy(&slot)};
+            ps_tile out[1] = {htile(false, 4, es, ex, eo)};
+            check_op(b, &op, in, out);
+        }
+        {
+            ps_op op = moe_op(PS_OP_MOE_DISPATCH_GRAD, 2);
+            ps_tile in[2] = {hrand(4, es, ex, eo), hcopy(&slot)};
+            ps_tile out[1] = {htile(false, 3, tk, NULL, NULL)};
+            check_op(b, &op, in, out);
+        }
+        {
+            ps_op op = moe_op(PS_OP_MOE_COMBINE, 3);
+            ps_tile in[3] = {hrand(4, es, ex, eo), hcopy(&slot), hcopy(&weight)};
+            ps_tile out[1] = {htile(false, 3, tk, NULL, NULL)};
+            check_op(b, &op, in, out);
+        }
+        {
+            ps_op op = moe_op(PS_OP_MOE_COMBINE_GRAD, 4);
+            ps_tile in[4] = {hrand(3, tk, NULL, NULL), hrand(4, es, ex, eo), hcopy(&slot),
+                             hcopy(&weight)};
+            ps_tile out[2] = {htile(false, 4, es, ex, eo), htile(false, 3, gk, NULL, NULL)};
+            check_op(b, &op, in, out);
+        }
+    }
+    /* a slot outside the expert slots is named */
+    {
+        ps_error err = {0};
+        ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+        ps_tile bad = hcopy(&slot);
+        ((int32_t *)bad.data)[5] = MOE_E * MOE_C + 3;
+        ps_tile x = hrand(3, tk, NULL, NULL), e = htile(false, 4, ex, NULL, NULL);
+        ps_tile in[2] = {dupload(b, 0, &x), dupload(b, 0, &bad)}, out[1] = {dupload(b, 0, &e)};
+        ps_op op = moe_op(PS_OP_MOE_DISPATCH, 2);
+        assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "33"));
+        for (int i = 0; i < 2; i++)
+            b->ops->release(b, 0, in[i].data);
+        b->ops->release(b, 0, out[0].data);
+        free(bad.data);
+        free(x.data);
+        free(e.data);
+    }
+    free(logits.data);
+    free(slot.data);
+    free(weight.data);
+    b->ops->destroy(b);
+}
 #else
 static void ops_skipped(void **state)
 {
@@ -1014,17 +1116,6 @@ static void ops_errors(void **state)
     ps_backend *b = backend(1, false);
     ps_error err = {0};
     ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
-    /* an unsupported kind names itself */
-    ps_tile x = htile(false, 3, (const int64_t[]){1, 6, 4}, NULL, NULL);
-    ps_tile in[1] = {dupload(b, 0, &x)}, out[2] = {dupload(b, 0, &x), dupload(b, 0, &x)};
-    ps_op op = mkop(PS_OP_MOE_GATE, 1);
-    assert_int_equal(b->ops->op(b, 0, &op, in, out, &ctx, &err), PS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, ps_op_kind_get(PS_OP_MOE_GATE)->name));
-    assert_non_null(strstr(err.msg, "device 0"));
-    b->ops->release(b, 0, in[0].data);
-    for (int i = 0; i < 2; i++)
-        b->ops->release(b, 0, out[i].data);
-    free(x.data);
     /* a pool window that does not fit is a shape error */
     {
         ps_tile px = htile(false, 4, (const int64_t[]){1, 1, 2, 2}, NULL, NULL);
@@ -1592,6 +1683,7 @@ int main(void)
         cmocka_unit_test(ops_xent_split_vocabulary),
         cmocka_unit_test(ops_cnn),
         cmocka_unit_test(ops_batchnorm_split_batch),
+        cmocka_unit_test(ops_moe),
 #else
         cmocka_unit_test(ops_skipped),
 #endif

@@ -154,10 +154,15 @@ static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, size_t *w
     for (int i = 0; i < n; i++) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC)
             continue;
-        if (!s->allow_tf32 && perf[i].mathType != CUDNN_FMA_MATH)
+        /* without TF32: an algorithm offered for FMA or default math, run
+         * with FMA math (default math lets cuDNN take TF32 on Ampere and
+         * later); never one that needs tensor-op math */
+        cudnnMathType_t m = perf[i].mathType;
+        bool fma_ok = m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+        if (!s->allow_tf32 && !fma_ok)
             continue;
         *ws_bytes = perf[i].memory;
-        *math = perf[i].mathType;
+        *math = s->allow_tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
         return i;
     }
     return -1;
@@ -356,16 +361,6 @@ static __global__ void k_pool_grad(const conv_geom g, bool avg, const float *x, 
     }
 }
 
-static bool same_shape(const ps_tile *a, const ps_tile *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int d = 0; d < a->rank; d++)
-        if (a->shape[d] != b->shape[d])
-            return false;
-    return true;
-}
-
 ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                            ps_error *err)
 {
@@ -386,9 +381,9 @@ ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
     if (y->shape[0] != g.N || y->shape[1] != g.C || y->shape[2] != g.OH || y->shape[3] != g.OW)
         BAD("the output tile must be [%lld, %lld, %lld, %lld]", (long long)g.N, (long long)g.C,
             (long long)g.OH, (long long)g.OW);
-    if (grad && !same_shape(y, &in[2]))
+    if (grad && !ps_cuda_same_shape(y, &in[2]))
         BAD("the pool output and its gradient differ in shape");
-    if (grad && !same_shape(x, &out[0]))
+    if (grad && !ps_cuda_same_shape(x, &out[0]))
         BAD("the pool input and dx differ in shape");
     bool avg = a->pool == PS_POOL_AVG;
     if (!grad) {
@@ -547,10 +542,10 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
         BAD("gamma must be [%lld] like the input's dim 1", (long long)C);
     if (!(op->attrs.eps > 0))
         BAD("eps must be positive");
-    if (!grad && (!same_shape(gamma, &in[2]) || !same_shape(x, &out[0])))
+    if (!grad && (!ps_cuda_same_shape(gamma, &in[2]) || !ps_cuda_same_shape(x, &out[0])))
         BAD("beta must be shaped like gamma and the output like the input");
-    if (grad && (!same_shape(x, &in[2]) || !same_shape(x, &out[0]) ||
-                 !same_shape(gamma, &out[1]) || !same_shape(gamma, &out[2])))
+    if (grad && (!ps_cuda_same_shape(x, &in[2]) || !ps_cuda_same_shape(x, &out[0]) ||
+                 !ps_cuda_same_shape(gamma, &out[1]) || !ps_cuda_same_shape(gamma, &out[2])))
         BAD("dy and dx must be shaped like the input, dgamma and dbeta like gamma");
     int group = ctx != NULL ? ctx->reduce.group_size : 1;
     if (group <= 1 && split_outside(x, 1))

@@ -67,6 +67,22 @@ ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
 ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
                                 ps_tile *out, const ps_op_context *ctx, ps_error *err);
 
+/* The mixture-of-experts kinds (cuda_moe_ops.cu): moe_gate, moe_dispatch,
+ * moe_combine and their gradients. */
+ps_status ps_cuda_moe_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                          ps_error *err);
+
+/* Whether two tiles have the same rank and local extents. */
+static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    return true;
+}
+
 /* In functions with `ps_status st` and an `out:` label. */
 #define PS_CUDA_TRY(loc, call)                                                                \
     do {                                                                                      \

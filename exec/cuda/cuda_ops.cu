@@ -1125,6 +1125,12 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     case PS_OP_POOL_GRAD: return ps_cuda_pool_run(s, op, in, out, err);
     case PS_OP_BATCHNORM:
     case PS_OP_BATCHNORM_GRAD: return ps_cuda_batchnorm_run(s, op, in, out, ctx, err);
+    case PS_OP_MOE_GATE:
+    case PS_OP_MOE_GATE_GRAD:
+    case PS_OP_MOE_DISPATCH:
+    case PS_OP_MOE_DISPATCH_GRAD:
+    case PS_OP_MOE_COMBINE:
+    case PS_OP_MOE_COMBINE_GRAD: return ps_cuda_moe_run(s, op, in, out, err);
     default:
         return ps_error_set(err, PS_ERR_UNSUPPORTED,
                             "device %d: op \"%s\": the CUDA backend does not implement %s",

@@ -7,9 +7,8 @@
  * embedding, reshape, transpose, reduce, broadcast, mse_loss, softmax_xent,
  * their gradients (relu_grad, gelu_grad, layernorm_grad, softmax_grad,
  * embedding_grad, mse_loss_grad, softmax_xent_grad), adam, conv2d (and
- * its gradients, through cuDNN where the build has it), pool and batchnorm
- * (and their gradients). The moe_* kinds return PS_ERR_UNSUPPORTED naming
- * the kind.
+ * its gradients, through cuDNN; without cuDNN PS_ERR_UNSUPPORTED naming it),
+ * pool, batchnorm and the moe_* kinds (and their gradients): every kind.
  *
  * Reductions are deterministic: fixed-order block reductions, no atomics
  * (embedding_grad sorts the token ids first). */
