@@ -69,7 +69,7 @@ static ps_status conv_geometry(ps_cuda_stream *s, const ps_op *op, const ps_tile
         y->shape[3] != g->OW)
         BAD("the output tile must be [%lld, %lld, %lld, %lld]", (long long)g->N,
             (long long)g->O, (long long)g->OH, (long long)g->OW);
-    const int64_t dims[] = {g->N, g->C, g->H, g->W, g->O, g->KH, g->KW};
+    const int64_t dims[] = {g->N, g->C, g->H, g->W, g->O, g->KH, g->KW, g->OH, g->OW};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > INT_MAX)
             return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
@@ -122,8 +122,15 @@ static ps_status conv_desc_make(ps_cuda_stream *s, const conv_geom *g, conv_desc
 {
     ps_status st = PS_OK;
     if (s->dnn == NULL) {
-        DNN_TRY(cudnnCreate(&s->dnn));
-        DNN_TRY(cudnnSetStream(s->dnn, s->stream));
+        cudnnHandle_t h = NULL;
+        DNN_TRY(cudnnCreate(&h));
+        cudnnStatus_t e = cudnnSetStream(h, s->stream);
+        if (e != CUDNN_STATUS_SUCCESS) {
+            (void)cudnnDestroy(h); /* a handle on the default stream would race */
+            st = dnn_fail(s, e, "cudnnSetStream", err);
+            goto out;
+        }
+        s->dnn = h;
     }
     DNN_TRY(cudnnCreateTensorDescriptor(&d->x));
     DNN_TRY(cudnnCreateTensorDescriptor(&d->y));
@@ -148,8 +155,7 @@ out:
  * keeps full fp32 when TF32 is not allowed; -1 when there is none. The
  * three perf structs share these fields. */
 template <typename Perf>
-static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, size_t *ws_bytes,
-                     cudnnMathType_t *math)
+static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, cudnnMathType_t *math)
 {
     for (int i = 0; i < n; i++) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC)
@@ -159,29 +165,53 @@ static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, size_t *w
          * later); never one that needs tensor-op math */
         cudnnMathType_t m = perf[i].mathType;
         bool fma_ok = m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
-        if (!s->allow_tf32 && !fma_ok)
-            continue;
-        *ws_bytes = perf[i].memory;
+        if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION || (!s->allow_tf32 && !fma_ok))
+            continue; /* conversion may go below TF32 (fp16) */
         *math = s->allow_tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
         return i;
     }
     return -1;
 }
 
-/* Picks the algorithm (*at, -1 when none qualifies), reserves its
- * workspace and sets its math type on the descriptor. */
+/* The workspace an algorithm needs with the descriptor's math type (the
+ * heuristics' figure is for the math type they listed). */
+static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d, cudnnConvolutionFwdAlgo_t a,
+                             size_t *bytes)
+{
+    return cudnnGetConvolutionForwardWorkspaceSize(h, d->x, d->w, d->conv, d->y, a, bytes);
+}
+
+static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d,
+                             cudnnConvolutionBwdDataAlgo_t a, size_t *bytes)
+{
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d->w, d->y, d->conv, d->x, a, bytes);
+}
+
+static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d,
+                             cudnnConvolutionBwdFilterAlgo_t a, size_t *bytes)
+{
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d->x, d->y, d->conv, d->w, a,
+                                                          bytes);
+}
+
+/* Picks the algorithm (*at, -1 when none qualifies), sets its math type on
+ * the descriptor and reserves its workspace. */
 template <typename Perf>
-static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found,
-                            cudnnConvolutionDescriptor_t conv, int *at, void **ws,
-                            size_t *ws_bytes, ps_error *err)
+static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found, const conv_desc *d,
+                            int *at, void **ws, size_t *ws_bytes, ps_error *err)
 {
     cudnnMathType_t math = CUDNN_FMA_MATH;
-    if ((*at = pick_algo(s, perf, found, ws_bytes, &math)) < 0)
+    if ((*at = pick_algo(s, perf, found, &math)) < 0)
         return PS_OK;
+    cudnnStatus_t e = cudnnSetConvolutionMathType(d->conv, math);
+    if (e != CUDNN_STATUS_SUCCESS)
+        return dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
+    e = ws_size(s->dnn, d, perf[*at].algo, ws_bytes);
+    if (e != CUDNN_STATUS_SUCCESS)
+        return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
     if (*ws_bytes > 0)
         PS_RET(ps_cuda_ws_reserve(s, *ws_bytes, ws, err));
-    cudnnStatus_t e = cudnnSetConvolutionMathType(conv, math);
-    return e == CUDNN_STATUS_SUCCESS ? PS_OK : dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
+    return PS_OK;
 }
 
 static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g,
@@ -200,7 +230,7 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, d.x, d.w, d.conv, d.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                        &found, perf));
-        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
         if (at < 0)
             break;
         DNN_TRY(cudnnConvolutionForward(s->dnn, &one, d.x, x->data, d.w, w->data, d.conv,
@@ -211,7 +241,7 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             s->dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
-        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
         if (at < 0)
             break;
         DNN_TRY(cudnnConvolutionBackwardData(s->dnn, &one, d.w, w->data, d.y, y->data, d.conv,
@@ -223,7 +253,7 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             s->dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
             perf));
-        PS_TRY(ready_algo(s, perf, found, d.conv, &at, &ws, &ws_bytes, err));
+        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
         if (at < 0)
             break;
         DNN_TRY(cudnnConvolutionBackwardFilter(s->dnn, &one, d.x, x->data, d.y, y->data,
@@ -254,13 +284,16 @@ ps_status ps_cuda_conv_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
     const ps_tile *y = kind == PS_OP_CONV2D ? &out[0]
                        : kind == PS_OP_CONV2D_GRAD_INPUT ? &in[0]
                                                           : &in[1];
+    if (x->is_int || w->is_int || y->is_int)
+        BAD("conv2d tiles must be float");
     conv_geom g;
     PS_RET(conv_geometry(s, op, x, w, y, &g, err));
     if (kind != PS_OP_CONV2D && !output_is_global(op, &out[0]))
         BAD("the output tile belongs to a tensor of another shape than the shape attribute");
 #if PS_HAVE_CUDNN
-    if (g.N == 0 || g.C == 0 || g.O == 0) {
-        /* nothing to convolve: the gradient outputs are zero, y is empty or zero */
+    if (g.N == 0 || g.C == 0 || g.O == 0 || g.H == 0 || g.W == 0 || g.KH == 0 || g.KW == 0) {
+        /* nothing to convolve (cuDNN refuses such descriptors): the outputs
+         * are zero or empty, as the reference's */
         PS_CUDA_RET(s->loc, cudaMemsetAsync(out[0].data, 0,
                                             (size_t)ps_tile_numel(&out[0]) * sizeof(float),
                                             s->stream));
@@ -369,6 +402,8 @@ ps_status ps_cuda_pool_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
     const ps_tile *x = &in[0], *y = grad ? &in[1] : &out[0];
     if (x->rank != 4 || y->rank != 4)
         BAD("pool tiles must have rank 4 (NCHW)");
+    if (x->is_int || out[0].is_int || (grad && in[2].is_int))
+        BAD("pool tiles must be float");
     if (a->pool != PS_POOL_MAX && a->pool != PS_POOL_AVG)
         BAD("pool kind must be max or avg");
     conv_geom g = {.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
@@ -499,14 +534,19 @@ static __global__ void k_f32_to_f64(const float *a, double *b, int64_t n)
         b[i] = a[i];
 }
 
-/* The op's reduce over its group of n per-channel doubles: the backend's
- * reduce is in float, so the totals cross devices in float (each device's
- * part was summed in double). Nothing for a group of one. */
+/* The op's reduce over its group of n per-channel doubles: in double where
+ * the backend has a double reduce, else the totals cross devices in float
+ * (each device's part was summed in double). Nothing for a group of one. */
 static ps_status bn_group_sum(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
                               double *v, float *scratch, int64_t n, ps_error *err)
 {
     if (ctx == NULL || ctx->reduce.group_size <= 1)
         return PS_OK;
+    if (ctx->reduce.fn64 != NULL) {
+        /* the reduction reads what this stream wrote */
+        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+        return ctx->reduce.fn64(ctx->reduce.arg, v, n, PS_REDUCE_OP_SUM, err);
+    }
     k_f64_to_f32<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(v, scratch, n);
     PS_CUDA_LAUNCHED(s->loc, "k_f64_to_f32");
     PS_RET(ps_cuda_op_reduce(s, op, ctx, scratch, n, PS_REDUCE_OP_SUM, err));
@@ -536,6 +576,9 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
     const ps_tile *x = &in[0], *gamma = &in[1];
     if (x->rank < 2)
         BAD("the batchnorm input must have rank >= 2, has %d", x->rank);
+    for (int i = 0; i < 3; i++)
+        if (in[i].is_int || (i < op->n_out && out[i].is_int))
+            BAD("batchnorm tiles must be float");
     int64_t N = x->shape[0], C = x->shape[1];
     int64_t S = N > 0 && C > 0 ? ps_tile_numel(x) / (N * C) : 0;
     if (gamma->rank != 1 || gamma->shape[0] != C)

@@ -11,8 +11,10 @@
  * The gate's routing is one thread per token; its capacity count is
  * sequential within a group (one thread per group), as the reference's
  * order requires. The moves write each expert row from the one token slot
- * that holds it (the gate gives every slot of a group once), and gather
- * each token's k rows in order, so nothing needs atomics. */
+ * that holds it, and gather each token's k rows in order, so nothing needs
+ * atomics. They require what the gate gives: each slot of a group held by
+ * one token (a slot held twice would race where the reference keeps the
+ * last write or sums). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -253,6 +255,8 @@ static ps_status run_gate(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
         BAD("dweight must be shaped like the slots and dlogits like the logits");
     if (!grad && !ps_cuda_same_shape(&out[0], &out[1]))
         BAD("the slot and weight tiles differ in shape");
+    if (!gsk->is_int || (grad ? in[2].is_int || out[0].is_int : out[1].is_int))
+        BAD("the slot tile must be int32, the weights and gradients float");
     int64_t C = op->attrs.capacity;
     if (!grad && op->attrs.experts != E)
         BAD("the logits have %lld experts, the op says %lld", (long long)E,
@@ -301,8 +305,9 @@ static ps_status run_move(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     }
     if (ex->rank != 4 || tok->rank != 3 || slot->rank != 3)
         BAD("moe tiles must be [e, g, c, m], [g, s, m] and slots [g, s, k]");
-    if (!slot->is_int)
-        BAD("the slot tile must be int32");
+    if (!slot->is_int || ex->is_int || tok->is_int || (wt != NULL && wt->is_int) ||
+        (kind == PS_OP_MOE_COMBINE_GRAD && (in[1].is_int || out[1].is_int)))
+        BAD("the slot tile must be int32, the others float");
     if (kind == PS_OP_MOE_DISPATCH &&
         (op->attrs.experts != ex->global[0] || op->attrs.capacity != ex->global[2]))
         BAD("the expert tensor is [%lld, _, %lld, _], the op says %lld experts of capacity "
