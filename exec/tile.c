@@ -18,6 +18,14 @@ int64_t ps_tile_global_numel(const ps_tile *t)
     return n;
 }
 
+bool ps_tile_split_outside(const ps_tile *t, int keep)
+{
+    for (int d = 0; d < t->rank; d++)
+        if (d != keep && t->shape[d] != t->global[d])
+            return true;
+    return false;
+}
+
 ps_tile ps_tile_whole(void *data, const ps_tensor_desc *d)
 {
     ps_tile t;

@@ -28,6 +28,9 @@ typedef struct ps_tile {
 int64_t ps_tile_numel(const ps_tile *t);
 /* Elements of the whole tensor. */
 int64_t ps_tile_global_numel(const ps_tile *t);
+/* Whether a dim other than `keep` is split across tiles (an op reducing
+ * over those dims, as batchnorm's statistics, then needs its group). */
+bool ps_tile_split_outside(const ps_tile *t, int keep);
 /* A whole (unsharded) tensor as a tile: offset 0, shape == global. */
 ps_tile ps_tile_whole(void *data, const ps_tensor_desc *d);
 

@@ -136,16 +136,6 @@ static ps_status group_reduce64(const run *r, double *data, float *scratch, int6
     return st;
 }
 
-/* True when the dims other than `keep` are split across tiles (the op then
- * needs its reduce group to see the whole tensor). */
-static bool split_outside(const ps_tile *t, int keep)
-{
-    for (int d = 0; d < t->rank; d++)
-        if (d != keep && t->shape[d] != t->global[d])
-            return true;
-    return false;
-}
-
 /* ---- strided copies -------------------------------------------------------- */
 
 /* An odometer over n dims with two running offsets (a and b), for copies and
@@ -1276,9 +1266,9 @@ static ps_status bn_stats(const run *r, const ps_tile *x, double *mean, double *
     *count = (double)x->global[0];
     for (int d = 2; d < x->rank; d++)
         *count *= (double)x->global[d];
-    if (r->ctx->reduce.group_size <= 1 && split_outside(x, 1))
+    if (r->ctx->reduce.group_size <= 1 && ps_tile_split_outside(x, 1))
         FAIL("batch statistics over a split batch need the op's reduce group");
-    if (r->ctx->reduce.group_size > 1 && !split_outside(x, 1))
+    if (r->ctx->reduce.group_size > 1 && !ps_tile_split_outside(x, 1))
         FAIL("a reduce group of %d devices but the batch is whole", r->ctx->reduce.group_size);
     /* sums in double, reduced in double: the variance and the gradient's
      * terms cancel, so single-precision totals would show */

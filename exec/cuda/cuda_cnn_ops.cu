@@ -555,15 +555,6 @@ static ps_status bn_group_sum(ps_cuda_stream *s, const ps_op *op, const ps_op_co
     return PS_OK;
 }
 
-/* Whether the dims other than `keep` are split across tiles. */
-static bool split_outside(const ps_tile *t, int keep)
-{
-    for (int d = 0; d < t->rank; d++)
-        if (d != keep && t->shape[d] != t->global[d])
-            return true;
-    return false;
-}
-
 static unsigned channel_blocks(int64_t C)
 {
     return (unsigned)(C < 1 ? 1 : C < 65535 * 16 ? C : 65535 * 16);
@@ -591,9 +582,9 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
                  !ps_cuda_same_shape(gamma, &out[1]) || !ps_cuda_same_shape(gamma, &out[2])))
         BAD("dy and dx must be shaped like the input, dgamma and dbeta like gamma");
     int group = ctx != NULL ? ctx->reduce.group_size : 1;
-    if (group <= 1 && split_outside(x, 1))
+    if (group <= 1 && ps_tile_split_outside(x, 1))
         BAD("batch statistics over a split batch need the op's reduce group");
-    if (group > 1 && !split_outside(x, 1))
+    if (group > 1 && !ps_tile_split_outside(x, 1))
         BAD("a reduce group of %d devices but the batch is whole", group);
     double count = (double)x->global[0];
     for (int d = 2; d < x->rank; d++)

@@ -65,6 +65,14 @@ static __device__ void top_k(const float *lg, int64_t E, int k, double mx, doubl
     }
 }
 
+/* One token's softmax statistics and its top k experts. */
+static __device__ void route(const float *lg, int64_t E, int k, int *choice, double *mx,
+                             double *sum)
+{
+    softmax_stats(lg, E, mx, sum);
+    top_k(lg, E, k, *mx, *sum, choice);
+}
+
 /* One thread per token: its choices (into `choice`, [t, k]) and weights. */
 static __global__ void k_gate_route(const float *logits, int *choice, float *weight, int64_t T,
                                     int64_t E, int k)
@@ -72,10 +80,9 @@ static __global__ void k_gate_route(const float *logits, int *choice, float *wei
     GRID_LOOP(t, T)
     {
         const float *lg = logits + t * E;
-        double mx, sum;
-        softmax_stats(lg, E, &mx, &sum);
         int *ch = choice + t * k;
-        top_k(lg, E, k, mx, sum, ch);
+        double mx, sum;
+        route(lg, E, k, ch, &mx, &sum);
         for (int j = 0; j < k; j++)
             weight[t * k + j] = (float)(exp((double)lg[ch[j]] - mx) / sum);
     }
@@ -106,10 +113,9 @@ static __global__ void k_gate_grad(const float *logits, const float *dweight, in
     GRID_LOOP(t, T)
     {
         const float *lg = logits + t * E;
-        double mx, sum;
-        softmax_stats(lg, E, &mx, &sum);
         int *ch = choice + t * k;
-        top_k(lg, E, k, mx, sum, ch);
+        double mx, sum;
+        route(lg, E, k, ch, &mx, &sum);
         double dot = 0;
         for (int64_t e = 0; e < E; e++) {
             double dp = 0;
