@@ -106,7 +106,6 @@ typedef struct sim_actor {
     sim_wait waiting;
     int wait_peer;
     bool done;
-    sg_actor_t self;
     /* sends posted and not yet received: while there are none, nothing but
      * its node rings uses the device's port up (node_ring) */
     int unreceived;
@@ -1105,7 +1104,6 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         snprintf(name, sizeof name, "dev%d", d);
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
         sg_actor_set_data(actor, a);
-        a->self = actor;
         a->wake = sg_sem_init(0);
         sg_actor_start(actor, actor_main, 0, NULL);
     }

@@ -720,9 +720,9 @@ static double rss_of_sends(const ps_cluster *c, int n)
 static void sends_are_released(void **state)
 {
     (void)state;
-    /* a send the proxy holds after it ended would cost ~480 bytes each
-     * (SimGrid 3.32 keeps a tested comm until its actor ends); the
-     * programs themselves take 2 instructions per message */
+    /* a send kept after it ended would cost ~480 bytes each (SimGrid
+     * 3.32 keeps a tested comm until its actor ends); the programs
+     * themselves take 2 instructions per message */
     ps_cluster *c = cluster_make(1, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
     const int n = 40000;
     double small = rss_of_sends(c, n), large = rss_of_sends(c, 4 * n);

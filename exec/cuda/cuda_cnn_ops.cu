@@ -18,8 +18,6 @@
 
 #define THREADS 256
 
-#define BAD(...) return ps_cuda_op_error(s, op, PS_ERR_INVALID, err, __VA_ARGS__)
-
 /* Local extents of one convolution or pooling window pass (NCHW). */
 typedef struct conv_geom {
     int64_t N, C, H, W, O, KH, KW, OH, OW;
@@ -334,8 +332,7 @@ static __device__ int64_t window_argmax(const conv_geom g, const float *x, int64
  * counts), summing in double as the reference does. */
 static __global__ void k_pool(const conv_geom g, bool avg, const float *x, float *y, int64_t n)
 {
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n;
-         t += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH(t, n) {
         int64_t ow = t % g.OW, oh = t / g.OW % g.OH, plane = t / (g.OW * g.OH);
         const float *xp = x + plane * g.H * g.W;
         if (!avg) {
@@ -375,8 +372,7 @@ static __device__ void covering(int64_t h, int64_t pad, int64_t k, int64_t strid
 static __global__ void k_pool_grad(const conv_geom g, bool avg, const float *x, const float *dy,
                                    float *dx, int64_t n)
 {
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n;
-         t += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH(t, n) {
         int64_t w = t % g.W, h = t / g.W % g.H, plane = t / (g.W * g.H);
         const float *xp = x + plane * g.H * g.W, *dyp = dy + plane * g.OH * g.OW;
         int64_t oh0, oh1, ow0, ow1;
@@ -443,7 +439,7 @@ static __global__ void k_bn_sum(const float *x, const double *mean, double *sum,
                                 int64_t C, int64_t S)
 {
     __shared__ double sh[32];
-    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+    ROWS_LOOP(c, C) {
         double acc = 0;
         for (int64_t j = threadIdx.x; j < N * S; j += blockDim.x) {
             double v = x[(j / S * C + c) * S + j % S];
@@ -461,7 +457,7 @@ static __global__ void k_bn_grad_sum(const float *x, const float *dy, const doub
                                      int64_t S)
 {
     __shared__ double sh[32];
-    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+    ROWS_LOOP(c, C) {
         double sdx = 0, sd = 0;
         for (int64_t j = threadIdx.x; j < N * S; j += blockDim.x) {
             int64_t at = (j / S * C + c) * S + j % S;
@@ -481,8 +477,7 @@ static __global__ void k_bn_grad_sum(const float *x, const float *dy, const doub
 /* mean = sum / count; with `var`, sum holds squared deviations: rstd. */
 static __global__ void k_bn_finish(double *v, int64_t C, double count, double eps, bool var)
 {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
-         c += (int64_t)gridDim.x * blockDim.x)
+    FOR_EACH(c, C)
         v[c] = var ? 1.0 / sqrt(v[c] / count + eps) : v[c] / count;
 }
 
@@ -490,8 +485,7 @@ static __global__ void k_bn_apply(const float *x, const double *mean, const doub
                                   const float *gamma, const float *beta, float *y, int64_t n,
                                   int64_t C, int64_t S)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH(i, n) {
         int64_t c = i / S % C;
         y[i] = (float)((x[i] - mean[c]) * rstd[c] * gamma[c] + beta[c]);
     }
@@ -502,8 +496,7 @@ static __global__ void k_bn_grad_apply(const float *x, const float *dy, const do
                                        const float *gamma, float *dx, int64_t n, int64_t C,
                                        int64_t S, double count)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH(i, n) {
         int64_t c = i / S % C;
         double xh = (x[i] - mean[c]) * rstd[c];
         double mdx = tot[c] / count, md = tot[C + c] / count;
@@ -513,8 +506,7 @@ static __global__ void k_bn_grad_apply(const float *x, const float *dy, const do
 
 static __global__ void k_bn_params_out(const double *tot, float *dgamma, float *dbeta, int64_t C)
 {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
-         c += (int64_t)gridDim.x * blockDim.x) {
+    FOR_EACH(c, C) {
         dgamma[c] = (float)tot[c];
         dbeta[c] = (float)tot[C + c];
     }
@@ -522,15 +514,13 @@ static __global__ void k_bn_params_out(const double *tot, float *dgamma, float *
 
 static __global__ void k_f64_to_f32(const double *a, float *b, int64_t n)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    FOR_EACH(i, n)
         b[i] = (float)a[i];
 }
 
 static __global__ void k_f32_to_f64(const float *a, double *b, int64_t n)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    FOR_EACH(i, n)
         b[i] = a[i];
 }
 
@@ -553,11 +543,6 @@ static ps_status bn_group_sum(ps_cuda_stream *s, const ps_op *op, const ps_op_co
     k_f32_to_f64<<<ps_cuda_blocks(n, THREADS), THREADS, 0, s->stream>>>(scratch, v, n);
     PS_CUDA_LAUNCHED(s->loc, "k_f32_to_f64");
     return PS_OK;
-}
-
-static unsigned channel_blocks(int64_t C)
-{
-    return (unsigned)(C < 1 ? 1 : C < 65535 * 16 ? C : 65535 * 16);
 }
 
 ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
@@ -597,7 +582,7 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
     double *mean = (double *)ws, *rstd = mean + C, *tot = mean + 2 * C;
     float *scratch = (float *)(mean + 4 * C + 1);
     const float *xd = (const float *)x->data;
-    unsigned cb = channel_blocks(C), eb = ps_cuda_blocks(C, THREADS);
+    unsigned cb = ps_cuda_row_blocks(C), eb = ps_cuda_blocks(C, THREADS);
     int64_t n = N * C * S;
     k_bn_sum<<<cb, THREADS, 0, s->stream>>>(xd, NULL, mean, N, C, S);
     PS_CUDA_LAUNCHED(s->loc, "k_bn_sum");

@@ -1,6 +1,7 @@
 /* exec/cuda: error messages, the GPU probe, stream contexts and the box
  * kernels (box copy, pack/unpack, combine) shared by the ops and the
  * backend. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,24 +47,25 @@ ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps
                         cublasGetStatusName(e));
 }
 
-ps_status ps_cuda_op_verror(const ps_cuda_stream *s, const ps_op *op, ps_status code,
-                            ps_error *err, const char *fmt, va_list ap)
+ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status code,
+                           ps_error *err, const char *fmt, ...)
 {
     char what[512];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     const ps_op_kind_info *info = ps_op_kind_get(op->kind);
     return ps_error_set(err, code, "device %d: op \"%s\" (%s): %s", s->loc.device,
                         op->name ? op->name : "?", info ? info->name : "?", what);
 }
 
-ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status code,
-                           ps_error *err, const char *fmt, ...)
+ps_status ps_cuda_read_flag(ps_cuda_stream *s, const int *flag_dev, int flag[2], ps_error *err)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    ps_status st = ps_cuda_op_verror(s, op, code, err, fmt, ap);
-    va_end(ap);
-    return st;
+    PS_CUDA_RET(s->loc, cudaMemcpyAsync(flag, flag_dev, 2 * sizeof(int),
+                                        cudaMemcpyDeviceToHost, s->stream));
+    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    return PS_OK;
 }
 
 /* ---- probe ------------------------------------------------------------------ */

@@ -6,7 +6,6 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <stdarg.h>
 #include <stdint.h>
 #if PS_HAVE_CUDNN
 #include <cudnn.h>
@@ -46,11 +45,11 @@ ps_status ps_cublas_fail(ps_cuda_loc loc, cublasStatus_t e, const char *call, ps
 /* An op's failure: "device D: op "NAME" (KIND): what" with status `code`
  * (PS_ERR_INVALID for a shape complaint, PS_ERR_UNSUPPORTED for what the
  * backend does not do). */
-ps_status ps_cuda_op_verror(const ps_cuda_stream *s, const ps_op *op, ps_status code,
-                            ps_error *err, const char *fmt, va_list ap);
 ps_status ps_cuda_op_error(const ps_cuda_stream *s, const ps_op *op, ps_status code,
                            ps_error *err, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* A shape complaint, in op code with `s`, `op` and `err` in scope. */
+#define BAD(...) return ps_cuda_op_error(s, op, PS_ERR_INVALID, err, __VA_ARGS__)
 
 /* The op's own all-reduce (ctx->reduce) of n floats in device memory,
  * after the stream's work; nothing for a group of one. */
@@ -71,6 +70,10 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
  * moe_combine and their gradients. */
 ps_status ps_cuda_moe_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                           ps_error *err);
+
+/* The flag pair a kernel sets for a bad index (flag[0] = 1, flag[1] = the
+ * index), read back after the stream's work (a small copy and a wait). */
+ps_status ps_cuda_read_flag(ps_cuda_stream *s, const int *flag_dev, int flag[2], ps_error *err);
 
 /* Whether two tiles have the same rank and local extents. */
 static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
@@ -177,6 +180,19 @@ static inline unsigned ps_cuda_blocks(int64_t n, int threads)
     if (b > 65535LL * 16)
         b = 65535LL * 16;
     return (unsigned)b;
+}
+
+/* Kernel loops: one element per thread over a grid-stride loop, or one row
+ * per block (the block's threads share the row). */
+#define FOR_EACH(i, n)                                                                        \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+         i += (int64_t)gridDim.x * blockDim.x)
+#define ROWS_LOOP(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+
+/* Blocks for ROWS_LOOP: one per row, at most 65535 * 16. */
+static inline unsigned ps_cuda_row_blocks(int64_t rows)
+{
+    return (unsigned)(rows < 65535LL * 16 ? (rows < 1 ? 1 : rows) : 65535LL * 16);
 }
 
 /* ---- block reductions (fixed order: deterministic) ----------------------------- */

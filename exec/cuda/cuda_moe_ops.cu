@@ -23,12 +23,6 @@
 
 #define THREADS 256
 
-#define BAD(...) return ps_cuda_op_error(s, op, PS_ERR_INVALID, err, __VA_ARGS__)
-
-#define GRID_LOOP(i, n)                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
-         i += (int64_t)gridDim.x * blockDim.x)
-
 /* ---- routing ------------------------------------------------------------------------ */
 
 /* The softmax's maximum and sum of one token's logits (double, in expert
@@ -77,7 +71,7 @@ static __device__ void route(const float *lg, int64_t E, int k, int *choice, dou
 static __global__ void k_gate_route(const float *logits, int *choice, float *weight, int64_t T,
                                     int64_t E, int k)
 {
-    GRID_LOOP(t, T)
+    FOR_EACH(t, T)
     {
         const float *lg = logits + t * E;
         int *ch = choice + t * k;
@@ -93,7 +87,7 @@ static __global__ void k_gate_route(const float *logits, int *choice, float *wei
 static __global__ void k_gate_slots(const int *choice, int32_t *slot, int64_t *fill, int64_t G,
                                     int64_t S, int64_t E, int k, int64_t C)
 {
-    GRID_LOOP(g, G)
+    FOR_EACH(g, G)
     {
         int64_t *f = fill + g * E;
         for (int j = 0; j < k; j++)
@@ -110,7 +104,7 @@ static __global__ void k_gate_slots(const int *choice, int32_t *slot, int64_t *f
 static __global__ void k_gate_grad(const float *logits, const float *dweight, int *choice,
                                    float *dlogits, int64_t T, int64_t E, int k)
 {
-    GRID_LOOP(t, T)
+    FOR_EACH(t, T)
     {
         const float *lg = logits + t * E;
         int *ch = choice + t * k;
@@ -158,7 +152,7 @@ static __device__ int64_t ex_row(const ex_geom x, int64_t slot, int64_t g)
 /* Flags (bad[0] = 1, bad[1] = the slot) a slot outside [-1, E * C). */
 static __global__ void k_check_slots(const int32_t *slot, int64_t n, int64_t limit, int *bad)
 {
-    GRID_LOOP(i, n)
+    FOR_EACH(i, n)
     if (slot[i] < -1 || slot[i] >= limit) {
         bad[0] = 1;
         bad[1] = slot[i];
@@ -170,7 +164,7 @@ static __global__ void k_check_slots(const int32_t *slot, int64_t n, int64_t lim
 static __global__ void k_to_experts(const float *tok, const int32_t *slot, const float *wt,
                                     float *ex, const ex_geom x, int64_t S, int64_t k, int64_t n)
 {
-    GRID_LOOP(i, n)
+    FOR_EACH(i, n)
     {
         int64_t col = i % x.M, at = i / x.M, tokn = at / k, g = tokn / S;
         int64_t row = ex_row(x, slot[at], g);
@@ -187,7 +181,7 @@ static __global__ void k_from_experts(const float *ex, const int32_t *slot, cons
                                       float *tok, const ex_geom x, int64_t S, int64_t k,
                                       int64_t n)
 {
-    GRID_LOOP(i, n)
+    FOR_EACH(i, n)
     {
         int64_t col = i % x.M, tokn = i / x.M, g = tokn / S;
         float acc = 0.0f;
@@ -209,7 +203,7 @@ static __global__ void k_dweight(const float *dz, const float *y, const int32_t 
                                  int64_t n_slots)
 {
     __shared__ double sh[32];
-    for (int64_t at = blockIdx.x; at < n_slots; at += gridDim.x) {
+    ROWS_LOOP(at, n_slots) {
         int64_t tokn = at / k, row = ex_row(x, slot[at], tokn / S);
         double acc = 0;
         if (row >= 0)
@@ -227,9 +221,7 @@ static ps_status read_bad(ps_cuda_stream *s, const ps_op *op, const int *bad_dev
                           const ex_geom *x, ps_error *err)
 {
     int bad[2] = {0, 0};
-    PS_CUDA_RET(s->loc, cudaMemcpyAsync(bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost,
-                                        s->stream));
-    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
     if (bad[0] != 0)
         BAD("slot %d is outside the %lld x %lld expert slots", bad[1], (long long)x->E_all,
             (long long)x->C_all);
@@ -350,9 +342,7 @@ static ps_status run_move(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
             (const float *)tok->data, sl, w, (float *)ex->data, x, S, k, n);
         PS_CUDA_LAUNCHED(s->loc, "k_to_experts");
         if (kind == PS_OP_MOE_COMBINE_GRAD) {
-            unsigned blocks = (unsigned)(n_slots < 1 ? 1 : n_slots < 65535 * 16 ? n_slots
-                                                                               : 65535 * 16);
-            k_dweight<<<blocks, THREADS, 0, s->stream>>>((const float *)tok->data,
+            k_dweight<<<ps_cuda_row_blocks(n_slots), THREADS, 0, s->stream>>>((const float *)tok->data,
                                                          (const float *)in[1].data, sl,
                                                          (float *)out[1].data, x, S, k,
                                                          n_slots);

@@ -3,7 +3,6 @@
  * GEMM-able order) and CUDA kernels for the rest. Reductions run in a fixed
  * order (block trees, no atomics), so results are deterministic. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,32 +15,7 @@ extern "C" {
 }
 
 #define THREADS 256
-#define FOR_EACH(i, n)                                                                        \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
-         i += (int64_t)gridDim.x * blockDim.x)
 #define LAUNCH(n) ps_cuda_blocks((n), THREADS), THREADS, 0, s->stream
-
-/* ---- messages ------------------------------------------------------------------ */
-
-/* Every shape complaint reads "device D: op "NAME" (KIND): what". */
-#define BAD(...) return bad_op(s, op, err, __VA_ARGS__)
-static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static ps_status bad_op(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
-                        const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ps_status st = ps_cuda_op_verror(s, op, PS_ERR_INVALID, err, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-static ps_status unsupported(const ps_cuda_stream *s, const ps_op *op, ps_error *err,
-                             const char *what)
-{
-    return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err, "%s", what);
-}
 
 static int64_t numel(const ps_tile *t) { return ps_tile_numel(t); }
 
@@ -54,12 +28,6 @@ static void strides_of(const int64_t *shape, int rank, int64_t *stride)
         stride[d] = acc;
         acc *= shape[d];
     }
-}
-
-#define ROWS_LOOP(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
-static unsigned row_blocks(int64_t rows)
-{
-    return (unsigned)(rows < 65535LL * 16 ? (rows < 1 ? 1 : rows) : 65535LL * 16);
 }
 
 /* ---- elementwise kernels ----------------------------------------------------------- */
@@ -690,7 +658,7 @@ static ps_status run_reduce(ps_cuda_stream *s, const ps_op *op, const ps_tile *x
         k_reduce_thread<<<LAUNCH(n_out)>>>(a, (const float *)x->data, (float *)y->data, n_out);
         PS_CUDA_LAUNCHED(s->loc, "k_reduce_thread");
     } else {
-        k_reduce_block<<<row_blocks(n_out), THREADS, 0, s->stream>>>(a, (const float *)x->data,
+        k_reduce_block<<<ps_cuda_row_blocks(n_out), THREADS, 0, s->stream>>>(a, (const float *)x->data,
                                                                       (float *)y->data, n_out);
         PS_CUDA_LAUNCHED(s->loc, "k_reduce_block");
     }
@@ -745,9 +713,10 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
             (long long)numel(x));
     double eps = op->attrs.eps;
     if (x->rank < 1 || x->shape[x->rank - 1] != x->global[x->rank - 1])
-        return unsupported(s, op, err, "the normalized (last) dim must not be split");
+        return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
+                                "the normalized (last) dim must not be split");
     if (op->kind == PS_OP_LAYERNORM) {
-        k_layernorm<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+        k_layernorm<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
             (const float *)x->data, (const float *)g->data, (const float *)in[2].data,
             (float *)out[0].data, rows, n, eps);
         PS_CUDA_LAUNCHED(s->loc, "k_layernorm");
@@ -771,7 +740,7 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
     double *mean = (double *)(ws + o_mean), *rstd = (double *)(ws + o_rstd);
     double *pg = (double *)(ws + o_pg), *pb = (double *)(ws + o_pb);
-    k_layernorm_grad_x<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+    k_layernorm_grad_x<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
         (const float *)x->data, (const float *)g->data, (const float *)dy->data,
         (float *)out[0].data, mean, rstd, rows, n, eps);
     PS_CUDA_LAUNCHED(s->loc, "k_layernorm_grad_x");
@@ -795,12 +764,13 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
         BAD("output has %lld elements, the input %lld", (long long)numel(&out[0]),
             (long long)numel(x));
     if (x->rank < 1 || x->shape[x->rank - 1] != x->global[x->rank - 1])
-        return unsupported(s, op, err, "the softmax (last) dim must not be split");
+        return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
+                                "the softmax (last) dim must not be split");
     if (!(op->attrs.scale > 0))
         BAD("scale must be positive");
     if (op->kind == PS_OP_SOFTMAX_GRAD) {
         PS_RET(need_numel(s, op, &in[0], &in[1], "y", "dy", err));
-        k_softmax_grad<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+        k_softmax_grad<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
             (const float *)in[0].data, (const float *)in[1].data, (float *)out[0].data, rows, n,
             op->attrs.scale);
         PS_CUDA_LAUNCHED(s->loc, "k_softmax_grad");
@@ -812,7 +782,7 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
     int64_t qdim = causal ? x->shape[x->rank - 2] : 1;
     int64_t qoff = causal ? x->offset[x->rank - 2] : 0;
     int64_t koff = causal ? x->offset[x->rank - 1] : 0;
-    k_softmax<<<row_blocks(rows), THREADS, 0, s->stream>>>(
+    k_softmax<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
         (const float *)x->data, (float *)out[0].data, rows, n, (float)op->attrs.scale, causal,
         qdim, qoff, koff);
     PS_CUDA_LAUNCHED(s->loc, "k_softmax");
@@ -825,9 +795,7 @@ static ps_status check_ids(ps_cuda_stream *s, const ps_op *op, const int *bad_de
                            const char *what, int64_t vocab, ps_error *err)
 {
     int bad[2] = {0, 0};
-    PS_CUDA_RET(s->loc, cudaMemcpyAsync(bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost,
-                                        s->stream));
-    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
     if (bad[0] != 0)
         BAD("%s %d is outside the vocabulary of %lld", what, bad[1], (long long)vocab);
     return PS_OK;
@@ -905,7 +873,7 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
      * deterministic */
     PS_CUDA_RET(s->loc, cub::DeviceRadixSort::SortPairs(ws + o_tmp, temp_bytes, k0, k1, v0, v1,
                                                         (int)tokens, 0, end_bit, s->stream));
-    k_embedding_grad_rows<<<row_blocks(tokens), THREADS, 0, s->stream>>>(
+    k_embedding_grad_rows<<<ps_cuda_row_blocks(tokens), THREADS, 0, s->stream>>>(
         k1, v1, (const float *)y->data, (float *)out[0].data, tokens, h, nrows);
     PS_CUDA_LAUNCHED(s->loc, "k_embedding_grad_rows");
     return check_ids(s, op, bad, "id", vocab, err);
@@ -956,7 +924,7 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     int *bad = (int *)(ws + o_bad);
     float *mx = (float *)(ws + o_mx), *se = (float *)(ws + o_se), *lab = se + rows;
     PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
-    unsigned blocks = row_blocks(rows);
+    unsigned blocks = ps_cuda_row_blocks(rows);
     k_row_max<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data, mx, rows, n);
     PS_CUDA_LAUNCHED(s->loc, "k_row_max");
     PS_RET(ps_cuda_op_reduce(s, op, ctx, mx, rows, PS_REDUCE_OP_MAX, err));
