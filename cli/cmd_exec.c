@@ -28,10 +28,12 @@ static void help(void)
     printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
            "                      [--check] [--tolerance T] [--param-atol A]\n"
            "                      [--trace T.json [--trace-ops]]\n"
-           "                      [--summary S.json] [--no-local-allgather] [--share-gpu] [--tf32] [--json]\n\n"
+           "                      [--summary S.json] [--no-local-allgather] [--share-gpu] [--tf32] [--fp32]\n"
+           "                      [--json]\n\n"
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
-           "CPU backend every device is a thread with real fp32 numerics; on the CUDA backend\n"
-           "every device is a GPU. Prints the measured iteration, per-stage times and memory\n"
+           "CPU backend every device is a thread with real numerics (fp32 arithmetic; fp16\n"
+           "and bf16 tensors held in 2 bytes, rounded after every op); on the CUDA backend\n"
+           "every device is a GPU (fp16/bf16 tensors held in fp32 for now). Prints the measured iteration, per-stage times and memory\n"
            "beside the planner's prediction; the summary and the timeline of the last step use\n"
            "the formats of `pipeshard sim` (docs/trace-format.md).\n\n"
            "Several hosts: start one process per node of the plan's cluster with an MPI\n"
@@ -45,8 +47,11 @@ static void help(void)
            "  --check                also run the unsharded step on one device from the same\n"
            "                         parameters and batch; compare losses and updated\n"
            "                         parameters and gradients (exit 1 on a mismatch)\n"
-           "  --tolerance T          relative tolerance of the loss and gradients (1e-4)\n"
-           "  --param-atol A         absolute tolerance of the updated parameters (5e-3)\n"
+           "  --tolerance T          relative tolerance of the loss and gradients (1e-4;\n"
+           "                         fp16/bf16 held in half precision: 32 unit roundoffs)\n"
+           "  --param-atol A         absolute tolerance of the updated parameters (5e-3;\n"
+           "                         half precision: 5e-3 per step, plus 2 unit roundoffs\n"
+           "                         of the value)\n"
            "  --trace T.json         Chrome trace of the last step (Perfetto)\n"
            "  --trace-ops            one span per op in the trace (default: one per run of\n"
            "                         a kernel's computations, as `pipeshard sim` writes)\n"
@@ -55,13 +60,15 @@ static void help(void)
            "  --share-gpu            cuda: run every device of the plan on GPU 0 (a test\n"
            "                         mode for checking multi-device plans on one GPU)\n"
            "  --tf32                 cuda: TF32 tensor-core GEMMs (default: exact fp32)\n"
+           "  --fp32                 hold fp16/bf16 tensors in fp32 (default: in 2 bytes\n"
+           "                         where the backend can: cpu; computed in fp32 either way)\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
 
 enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
        OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32,
-       OPT_TRACE_OPS };
+       OPT_TRACE_OPS, OPT_FP32 };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -78,6 +85,7 @@ static const struct option options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"share-gpu", no_argument, NULL, OPT_SHARE_GPU},
     {"tf32", no_argument, NULL, OPT_TF32},
+    {"fp32", no_argument, NULL, OPT_FP32},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -85,6 +93,7 @@ static const struct option options[] = {
 typedef struct backend_choice {
     const char *kind; /* cpu, cuda */
     bool share_gpu, tf32;
+    bool fp32;        /* hold fp16/bf16 tensors in fp32 (--fp32) */
     ps_hosts *hosts;  /* the launch's processes, or NULL */
     int fail_device;  /* test mode: this device fails (PIPESHARD_FAIL_DEVICE), or -1 */
 } backend_choice;
@@ -106,11 +115,22 @@ static ps_status inject_op(ps_backend *b, int device, const ps_op *op, const ps_
     return inject_real->op(b, device, op, in, out, ctx, err);
 }
 
-/* Lowers, checks and runs a plan on a new backend. */
+/* The element type a run holds the step's floating-point tensors in: the
+ * parameters' dtype where the backend holds half precision, else fp32. */
+static ps_dtype storage_of(const ps_graph *step, bool half_storage)
+{
+    for (int t = 0; t < step->n_tensors && half_storage; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM)
+            return step->tensors[t].desc.dtype;
+    return PS_DTYPE_F32;
+}
+
+/* Lowers, checks and runs a plan on a new backend; *storage: what the run
+ * held its floating-point tensors in. */
 static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
                           const ps_lower_options *lo, const ps_exec_options *eo,
-                          ps_program_set **set_out,
-                          ps_plan_model **model_out, ps_exec_result **out, ps_error *err)
+                          ps_program_set **set_out, ps_plan_model **model_out,
+                          ps_exec_result **out, ps_dtype *storage, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_plan_model *m = NULL;
@@ -155,6 +175,9 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
         goto out;
 #endif
     }
+    if (bc->fp32)
+        b->half_storage = false;
+    *storage = storage_of(set->step, b->half_storage);
     if (bc->fail_device >= 0) {
         inject_real = b->ops;
         inject_ops = *b->ops;
@@ -189,7 +212,8 @@ int ps_cmd_exec(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *backend = "cpu";
     bool check = false, json = false, share_gpu = false, tf32 = false;
-    double tol = 1e-4, param_atol = 5e-3;
+    double tol = -1, param_atol = -1; /* -1: the storage's defaults */
+    bool fp32 = false;
     ps_exec_options eo = ps_exec_options_default();
     ps_lower_options lo = ps_lower_options_default();
     int64_t v;
@@ -231,6 +255,7 @@ int ps_cmd_exec(int argc, char **argv)
         case OPT_JSON: json = true; break;
         case OPT_SHARE_GPU: share_gpu = true; break;
         case OPT_TF32: tf32 = true; break;
+        case OPT_FP32: fp32 = true; break;
         default:
             return ps_cli_usage_error("exec", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -259,8 +284,9 @@ int ps_cmd_exec(int argc, char **argv)
     rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     eo.devices_per_node = plan->cluster->devices_per_node;
-    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32,
+    backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32, .fp32 = fp32,
                          .hosts = hosts, .fail_device = -1};
+    ps_dtype storage = PS_DTYPE_F32, ref_storage = PS_DTYPE_F32;
     const char *fail_env = getenv("PIPESHARD_FAIL_DEVICE");
     if (fail_env != NULL && !ps_cli_parse_int(fail_env, 0, INT32_MAX, &v)) {
         st = ps_error_set(&err, PS_ERR_INVALID,
@@ -269,7 +295,7 @@ int ps_cmd_exec(int argc, char **argv)
     }
     if (fail_env != NULL)
         bc.fail_device = (int)v;
-    PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &err));
+    PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &storage, &err));
     if (rank != 0) /* rank 0 prints, writes and checks */
         goto out;
     if (summary_path != NULL)
@@ -304,20 +330,32 @@ int ps_cmd_exec(int argc, char **argv)
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
-        backend_choice cpu = {.kind = "cpu", .fail_device = -1};
-        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &err));
+        /* the reference holds what the run held, so both round alike */
+        backend_choice cpu = {.kind = "cpu", .fp32 = storage == PS_DTYPE_F32, .fail_device = -1};
+        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &ref_storage, &err));
+        ps_exec_tolerance t = ps_exec_tolerance_default(storage, eo.steps);
+        if (tol >= 0)
+            t.rel = tol;
+        if (param_atol >= 0)
+            t.param_abs = param_atol;
         ps_exec_comparison cmp;
-        ps_exec_compare(set->step, r, ref_set->step, ref, tol, param_atol, &cmp);
+        ps_exec_compare(set->step, r, ref_set->step, ref, &t, &cmp);
         mismatch = !cmp.ok;
         FILE *f = json ? stderr : stdout;
+        char ptol[64];
+        if (t.param_rel > 0)
+            snprintf(ptol, sizeof ptol, "%.3g + %.3g |ref|", t.param_abs, t.param_rel);
+        else
+            snprintf(ptol, sizeof ptol, "%.3g", t.param_abs);
         fprintf(f,
-                "check         against the single-device step (loss %.9g), %d parameters:\n"
+                "check         against the single-device step (loss %.9g), %d parameters,\n"
+                "              floating-point tensors held in %s:\n"
                 "  loss        rel. diff %.3g (tolerance %.3g)\n"
                 "  gradients   rel. diff %.3g, worst %s (tolerance %.3g)\n"
-                "  parameters  abs. diff %.3g, worst %s (tolerance %.3g)\n"
+                "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n"
                 "  %s\n",
-                ref->loss[r->steps - 1], cmp.params, cmp.loss_rel, tol, cmp.grad_rel,
-                cmp.grad_worst, tol, cmp.param_abs, cmp.param_worst, param_atol,
+                ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), cmp.loss_rel, t.rel,
+                cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol,
                 mismatch ? "MISMATCH" : "ok");
     }
 out:

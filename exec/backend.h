@@ -15,6 +15,7 @@
 #ifndef PS_EXEC_BACKEND_H
 #define PS_EXEC_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/collective.h"
@@ -44,11 +45,12 @@ typedef struct ps_backend_ops {
     ps_status (*download)(ps_backend *b, int device, void *host, const void *src,
                           int64_t bytes, ps_error *err);
 
-    /* Compute: an op on local tiles (exec/op_exec.h); dst += src over n
-     * floats (gradient accumulation); a tile filled with zeros. */
+    /* Compute: an op on local tiles (exec/op_exec.h); dst += src, tiles of
+     * one shape and element type (gradient accumulation; a half tile
+     * rounds the sum); a tile filled with zeros. */
     ps_status (*op)(ps_backend *b, int device, const ps_op *op, const ps_tile *in, ps_tile *out,
                     const ps_op_context *ctx, ps_error *err);
-    ps_status (*accumulate)(ps_backend *b, int device, float *dst, const float *src, int64_t n,
+    ps_status (*accumulate)(ps_backend *b, int device, ps_tile *dst, const ps_tile *src,
                             ps_error *err);
     ps_status (*zero)(ps_backend *b, int device, ps_tile *t, ps_error *err);
     /* Local re-layout: every element of dst's global box that src's box
@@ -100,6 +102,10 @@ typedef struct ps_backend_ops {
 struct ps_backend {
     const ps_backend_ops *ops;
     int n_devices; /* devices of the plan this backend serves */
+    /* Whether fp16/bf16 tensors are held in 2 bytes (ps_tile.dtype) and
+     * every function takes half tiles; false: the runtime holds them in
+     * fp32, as fp32 tensors. */
+    bool half_storage;
 };
 
 #endif

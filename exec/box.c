@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "exec/half.h"
+
 bool ps_box_intersect(int rank, const int64_t *a_off, const int64_t *a_size,
                       const int64_t *b_off, const int64_t *b_size, int64_t *off, int64_t *size)
 {
@@ -83,14 +85,21 @@ static void copy_row(void *arg, const int64_t *c, int64_t len, int64_t flat)
     copy_arg *a = arg;
     int64_t si = a->src->rank ? local_index(a->src, c) : 0;
     int64_t di = a->dst->rank ? local_index(a->dst, c) : 0;
-    if (a->add) {
+    int eb = ps_tile_elem_bytes(a->dst);
+    if (!a->add) {
+        memcpy((char *)a->dst->data + di * eb, (const char *)a->src->data + si * eb,
+               (size_t)len * (size_t)eb);
+    } else if (ps_tile_is_half(a->dst)) { /* each sum rounded, as a half-precision add */
+        const uint16_t *s = (const uint16_t *)a->src->data + si;
+        uint16_t *d = (uint16_t *)a->dst->data + di;
+        ps_dtype t = a->dst->dtype;
+        for (int64_t i = 0; i < len; i++)
+            d[i] = ps_half_from_float(t, ps_half_to_float(t, d[i]) + ps_half_to_float(t, s[i]));
+    } else {
         const float *s = (const float *)a->src->data + si;
         float *d = (float *)a->dst->data + di;
         for (int64_t i = 0; i < len; i++)
             d[i] += s[i];
-    } else {
-        memcpy((uint32_t *)a->dst->data + di, (const uint32_t *)a->src->data + si,
-               (size_t)len * 4);
     }
 }
 
@@ -104,7 +113,7 @@ void ps_box_copy_host(const ps_tile *src, ps_tile *dst, const int64_t *off, cons
 typedef struct pack_arg {
     ps_tile *t;
     int64_t start, end;
-    uint32_t *packed;
+    char *packed;
     bool unpack;
 } pack_arg;
 
@@ -116,11 +125,12 @@ static void pack_row(void *arg, const int64_t *c, int64_t len, int64_t flat)
     if (hi <= lo)
         return;
     int64_t ti = (a->t->rank ? local_index(a->t, c) : 0) + (lo - flat);
-    uint32_t *tile = (uint32_t *)a->t->data + ti, *p = a->packed + (lo - a->start);
+    int eb = ps_tile_elem_bytes(a->t);
+    char *tile = (char *)a->t->data + ti * eb, *p = a->packed + (lo - a->start) * eb;
     if (a->unpack)
-        memcpy(tile, p, (size_t)(hi - lo) * 4);
+        memcpy(tile, p, (size_t)(hi - lo) * (size_t)eb);
     else
-        memcpy(p, tile, (size_t)(hi - lo) * 4);
+        memcpy(p, tile, (size_t)(hi - lo) * (size_t)eb);
 }
 
 void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
@@ -133,6 +143,6 @@ void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size,
 void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
                         int64_t len, const void *packed)
 {
-    pack_arg a = {t, start, start + len, (uint32_t *)packed, true};
+    pack_arg a = {t, start, start + len, (char *)packed, true};
     walk_rows(t->rank, off, size, pack_row, &a);
 }

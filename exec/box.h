@@ -14,13 +14,15 @@ bool ps_box_intersect(int rank, const int64_t *a_off, const int64_t *a_size,
                       const int64_t *b_off, const int64_t *b_size, int64_t *off, int64_t *size);
 int64_t ps_box_numel(int rank, const int64_t *size);
 
-/* Elements of box (inside both tiles) from src to dst; add: dst += src
- * (floats). Host memory. */
+/* Elements of box (inside both tiles, of one element type) from src to
+ * dst; add: dst += src (float tiles; half tiles round each sum). Host
+ * memory. */
 void ps_box_copy_host(const ps_tile *src, ps_tile *dst, const int64_t *off, const int64_t *size,
                       bool add);
 
 /* Flat elements [start, start + len) of the box (row-major over the box,
- * which must lie inside the tile) to or from a packed buffer. */
+ * which must lie inside the tile) to or from a packed buffer of the tile's
+ * element size. */
 void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
                       int64_t len, void *packed);
 void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,

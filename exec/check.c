@@ -4,8 +4,21 @@
 #include <stdio.h>
 #include <string.h>
 
+ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps)
+{
+    ps_exec_tolerance t = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 5e-3, .param_rel = 0};
+    double u = storage == PS_DTYPE_BF16 ? 0x1p-8 : storage == PS_DTYPE_F16 ? 0x1p-11 : 0;
+    if (u > 0) {
+        t.rel = 32 * u;
+        t.grad_floor = 1e-2;
+        t.param_abs = 5e-3 * (steps > 1 ? steps : 1);
+        t.param_rel = 2 * u;
+    }
+    return t;
+}
+
 void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph *rg,
-                     const ps_exec_result *ref, double rel_tol, double param_atol,
+                     const ps_exec_result *ref, const ps_exec_tolerance *tol,
                      ps_exec_comparison *out)
 {
     memset(out, 0, sizeof *out);
@@ -32,29 +45,32 @@ void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph 
             ref->grads[u] == NULL) {
             snprintf(out->param_worst, sizeof out->param_worst, "%s (missing)", name);
             snprintf(out->grad_worst, sizeof out->grad_worst, "%s (missing)", name);
-            out->param_abs = out->grad_rel = INFINITY;
+            out->param_abs = out->param_excess = out->grad_rel = INFINITY;
             missing = true;
             break;
         }
         int64_t n = ps_tensor_numel(&g->tensors[t]);
-        double pd = 0, gd = 0, gs = 0;
+        double pd = 0, gd = 0, gs = 0, px = 0;
         for (int64_t i = 0; i < n; i++) {
-            pd = fmax(pd, fabs((double)r->params[t][i] - ref->params[u][i]));
+            double d = fabs((double)r->params[t][i] - ref->params[u][i]);
+            pd = fmax(pd, d);
+            px = fmax(px, d / (tol->param_abs + tol->param_rel * fabs((double)ref->params[u][i])));
             gd = fmax(gd, fabs((double)r->grads[t][i] - ref->grads[u][i]));
             gs = fmax(gs, fabs((double)ref->grads[u][i]));
         }
-        double scale = fmax(gs, 1e-3 * global);
+        double scale = fmax(gs, tol->grad_floor * global);
         double gr = gd / (scale > 0 ? scale : 1);
         out->params++;
-        if (!(pd <= out->param_abs)) {
-            out->param_abs = pd;
+        if (!(px <= out->param_excess)) {
+            out->param_excess = px;
             snprintf(out->param_worst, sizeof out->param_worst, "%s", name);
         }
+        out->param_abs = fmax(out->param_abs, pd);
         if (!(gr <= out->grad_rel)) {
             out->grad_rel = gr;
             snprintf(out->grad_worst, sizeof out->grad_worst, "%s", name);
         }
     }
-    out->ok = !missing && out->loss_rel <= rel_tol && out->grad_rel <= rel_tol &&
-              out->param_abs <= param_atol;
+    out->ok = !missing && out->loss_rel <= tol->rel && out->grad_rel <= tol->rel &&
+              out->param_excess <= 1;
 }

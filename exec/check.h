@@ -12,7 +12,13 @@
  *   gradient by its own running magnitude, so rounding noise in a zero
  *   gradient becomes a full-size step: parameters are compared with an
  *   absolute tolerance (Alpa's tutorial asserts 5e-3), gradients and loss
- *   with a relative one. */
+ *   with a relative one.
+ *
+ * Runs that hold fp16/bf16 tensors in half precision round at different
+ * points when sharded (a row-parallel matmul's partial sums are rounded
+ * before the all-reduce adds them), so their tolerances are counted in the
+ * storage's unit roundoff u (2^-8 bf16, 2^-11 fp16): see
+ * ps_exec_tolerance_default. */
 #ifndef PS_EXEC_CHECK_H
 #define PS_EXEC_CHECK_H
 
@@ -28,13 +34,32 @@ typedef struct ps_exec_comparison {
     double param_abs;
     char param_worst[128];
     int params;  /* compared */
-    bool ok;     /* loss_rel, grad_rel <= rel_tol and param_abs <= param_atol */
+    double param_excess; /* largest |run - ref| / (param_abs + param_rel |ref|) */
+    bool ok;     /* loss_rel, grad_rel <= rel and param_excess <= 1 */
 } ps_exec_comparison;
+
+typedef struct ps_exec_tolerance {
+    double rel;        /* loss and gradients, relative */
+    double grad_floor; /* a gradient's error is scaled by at least this
+                          fraction of the model's largest gradient */
+    double param_abs;  /* updated parameters: |run - ref| <= param_abs + */
+    double param_rel;  /*   param_rel * |ref| */
+} ps_exec_tolerance;
+
+/* The defaults for a run of `steps` steps whose floating-point tensors are
+ * held in `storage`. fp32: rel 1e-4, floor 1e-3, parameters 5e-3 absolute.
+ * fp16 and bf16: rel 32u, floor 1e-2, parameters 5e-3 per step plus 2u
+ * relative (a unit in the last place of the stored value). Per step,
+ * because Adam makes half precision's noise in a gradient that is zero in
+ * exact arithmetic (an attention key bias's) a full step of about lr in
+ * either direction, every step; fp32's noise stays below Adam's epsilon.
+ * Measured worst cases are in docs/executors.md. */
+ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps);
 
 /* g/r: the run (keep_params); rg/ref: the reference. A parameter missing
  * from either side makes the comparison fail with its name. */
 void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph *rg,
-                     const ps_exec_result *ref, double rel_tol, double param_atol,
+                     const ps_exec_result *ref, const ps_exec_tolerance *tol,
                      ps_exec_comparison *out);
 
 #endif

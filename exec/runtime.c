@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "exec/box.h"
 #include "exec/data.h"
+#include "exec/half.h"
 #include "traces/program_summary.h"
 #include "traces/trace.h"
 
@@ -143,9 +144,6 @@ static void fail(runtime *rt, device_state *d)
 
 /* ---- tiles and instances ---- */
 
-/* Executors hold every element as fp32 or int32 (exec/tile.h). */
-#define PS_EXEC_ELEM_BYTES 4
-
 static ps_tile tile_of(const runtime *rt, const device_state *d, int buffer, void *data)
 {
     const ps_buffer *buf = &rt->set->buffers[buffer];
@@ -156,6 +154,8 @@ static ps_tile tile_of(const runtime *rt, const device_state *d, int buffer, voi
     memset(&x, 0, sizeof x);
     x.data = data;
     x.is_int = t->desc.dtype == PS_DTYPE_I32;
+    if (rt->b->half_storage && ps_half_dtype(t->desc.dtype))
+        x.dtype = t->desc.dtype;
     x.rank = t->desc.rank;
     if (!ps_spec_tile(&buf->spec, &t->desc, mesh, &tile))
         tile = t->desc; /* the lowering only makes divisible layouts */
@@ -198,17 +198,42 @@ static bool persistent(const runtime *rt, int buffer)
            (t->kind == PS_TENSOR_PARAM || t->kind == PS_TENSOR_OPT_STATE);
 }
 
+/* Host values (4 bytes each: float or int32) into a tile, rounded to half
+ * precision first where the tile holds it. */
+static ps_status upload_values(device_state *d, const ps_tile *t, void *host)
+{
+    runtime *rt = d->rt;
+    int64_t n = ps_tile_numel(t);
+    if (ps_tile_is_half(t))
+        ps_half_narrow(t->dtype, host, host, n); /* in place: each write trails its read */
+    return rt->b->ops->upload(rt->b, d->device, t->data, host, n * ps_tile_elem_bytes(t),
+                              &d->err);
+}
+
+/* A tile's values into host (n floats or int32), widened from half. */
+static ps_status download_values(device_state *d, const ps_tile *t, void *host)
+{
+    runtime *rt = d->rt;
+    int64_t n = ps_tile_numel(t);
+    PS_TRY_RET(rt->b->ops->download(rt->b, d->device, host, t->data,
+                                    n * ps_tile_elem_bytes(t), &d->err));
+    if (ps_tile_is_half(t)) /* backwards: each 4-byte write lands past the 2-byte reads left */
+        for (int64_t i = n - 1; i >= 0; i--)
+            ((float *)host)[i] = ps_half_to_float(t->dtype, ((const uint16_t *)host)[i]);
+    return PS_OK;
+}
+
 static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile *t)
 {
     runtime *rt = d->rt;
     int64_t n = ps_tile_numel(t);
-    void *host = malloc((size_t)(n > 0 ? n : 1) * PS_EXEC_ELEM_BYTES);
+    void *host = malloc((size_t)(n > 0 ? n : 1) * 4);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     ps_status st = ps_exec_fill(rt->g, rt->set->buffers[buffer].tensor, mb, rt->opt->seed, t,
                                 host, &d->err);
     if (st == PS_OK)
-        st = rt->b->ops->upload(rt->b, d->device, t->data, host, n * PS_EXEC_ELEM_BYTES, &d->err);
+        st = upload_values(d, t, host);
     free(host);
     return st;
 }
@@ -228,7 +253,7 @@ static ps_status do_alloc(device_state *d, int buffer, int mb, bool program_leve
         return PS_OK;
     }
     ps_tile t = tile_of(rt, d, buffer, NULL);
-    int64_t bytes = ps_tile_numel(&t) * PS_EXEC_ELEM_BYTES;
+    int64_t bytes = ps_tile_numel(&t) * ps_tile_elem_bytes(&t);
     PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &d->inst[i], &d->err));
     if (program_level && persistent(rt, buffer)) {
         t.data = d->inst[i];
@@ -249,8 +274,7 @@ static ps_status keep_tile(device_state *d, float **whole, float **cover, int te
     float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
-    ps_status st =
-        rt->b->ops->download(rt->b, d->device, host, t->data, n * PS_EXEC_ELEM_BYTES, &d->err);
+    ps_status st = download_values(d, t, host);
     if (st == PS_OK) {
         pthread_mutex_lock(&rt->mu);
         for (int pass = 0; pass < (cover != NULL ? 2 : 1) && st == PS_OK; pass++) {
@@ -265,6 +289,7 @@ static ps_status keep_tile(device_state *d, float **whole, float **cover, int te
                 for (int64_t i = 0; i < n; i++)
                     host[i] = 1.0f;
             ps_tile local = *t, all = *t;
+            local.dtype = all.dtype = PS_DTYPE_F32; /* widened */
             local.data = host;
             all.data = *slot;
             for (int k = 0; k < t->rank; k++) {
@@ -431,7 +456,7 @@ static ps_status target_open(device_state *d, int buffer, int mb, bool accumulat
     w->instance = w->tile.data;
     w->scratch = accumulate && d->written[w->index];
     if (w->scratch) {
-        int64_t bytes = ps_tile_numel(&w->tile) * PS_EXEC_ELEM_BYTES;
+        int64_t bytes = ps_tile_numel(&w->tile) * ps_tile_elem_bytes(&w->tile);
         PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &w->tile.data, &d->err));
     }
     return PS_OK;
@@ -453,17 +478,24 @@ static ps_status target_close(device_state *d, write_target *w, int mb)
     runtime *rt = d->rt;
     ps_status st = PS_OK;
     if (w->scratch) {
-        st = rt->b->ops->accumulate(rt->b, d->device, w->instance, w->tile.data,
-                                    ps_tile_numel(&w->tile), &d->err);
+        ps_tile into = w->tile;
+        into.data = w->instance;
+        st = rt->b->ops->accumulate(rt->b, d->device, &into, &w->tile, &d->err);
         rt->b->ops->release(rt->b, d->device, w->tile.data);
         w->tile.data = w->instance;
     }
     d->written[w->index] = 1;
     int buffer = (int)(w->index / (rt->M + 1));
     if (st == PS_OK && rt->set->buffers[buffer].tensor == rt->g->loss && mb >= 0 && mb < rt->M) {
-        float v = 0;
-        st = rt->b->ops->download(rt->b, d->device, &v, w->instance, sizeof v, &d->err);
-        d->loss_mb[mb] = v;
+        ps_tile loss = w->tile;
+        loss.data = w->instance;
+        float v[1] = {0};
+        if (ps_tile_numel(&loss) != 1)
+            st = ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: the loss is not a scalar",
+                              d->device);
+        else
+            st = download_values(d, &loss, v);
+        d->loss_mb[mb] = v[0];
         d->loss_partial = rt->set->buffers[buffer].spec.partial;
         d->wrote_loss = true;
     }

@@ -2,6 +2,12 @@
 
 #include <string.h>
 
+#include "exec/half.h"
+
+int ps_tile_elem_bytes(const ps_tile *t) { return ps_tile_is_half(t) ? 2 : 4; }
+
+bool ps_tile_is_half(const ps_tile *t) { return !t->is_int && ps_half_dtype(t->dtype); }
+
 int64_t ps_tile_numel(const ps_tile *t)
 {
     int64_t n = 1;

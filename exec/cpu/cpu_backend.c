@@ -8,6 +8,7 @@
 #include "core/clock.h"
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
+#include "exec/half.h"
 
 /* OpenBLAS's own API (cblas.h lacks it); weak, so that any other CBLAS links */
 void openblas_set_num_threads(int n) __attribute__((weak));
@@ -131,26 +132,101 @@ static ps_status cpu_upload(ps_backend *b, int device, void *dst, const void *ho
     return PS_OK;
 }
 
+/* ---- half precision: fp16/bf16 tiles computed in fp32 ---- */
+
+/* A float copy of a half tile (*owned, to free), or the tile itself. */
+static ps_status widen_tile(int device, const ps_tile *t, bool copy, ps_tile *f, void **owned,
+                            ps_error *err)
+{
+    *f = *t;
+    *owned = NULL;
+    if (!ps_tile_is_half(t))
+        return PS_OK;
+    int64_t n = ps_tile_numel(t);
+    float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    if (w == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    if (copy)
+        ps_half_widen(t->dtype, t->data, w, n);
+    f->data = w;
+    f->dtype = PS_DTYPE_F32;
+    *owned = w;
+    return PS_OK;
+}
+
+/* The widened values of f back into the half tile t (rounded). */
+static void narrow_tile(const ps_tile *f, ps_tile *t)
+{
+    if (f->data != t->data)
+        ps_half_narrow(t->dtype, f->data, t->data, ps_tile_numel(t));
+}
+
+/* An op whose tiles include half ones: the fp32 kernel on widened copies,
+ * its outputs (and Adam's in-place inputs) rounded back. */
+static ps_status half_op(int device, const ps_op *op, const ps_tile *in, ps_tile *out,
+                         const ps_op_context *ctx, ps_error *err)
+{
+    ps_tile fin[PS_MAX_OP_IO], fout[PS_MAX_OP_IO];
+    void *own[2 * PS_MAX_OP_IO] = {0};
+    ps_status st = PS_OK;
+    for (int i = 0; i < op->n_in && st == PS_OK; i++)
+        st = widen_tile(device, &in[i], true, &fin[i], &own[i], err);
+    for (int o = 0; o < op->n_out && st == PS_OK; o++)
+        st = widen_tile(device, &out[o], false, &fout[o], &own[PS_MAX_OP_IO + o], err);
+    if (st == PS_OK)
+        st = ps_cpu_op_run(op, fin, fout, ctx, err);
+    if (st == PS_OK) {
+        for (int o = 0; o < op->n_out; o++)
+            narrow_tile(&fout[o], &out[o]);
+        if (op->kind == PS_OP_ADAM) /* updated in place; an unchanged input rounds to itself */
+            for (int i = 0; i < op->n_in; i++)
+                narrow_tile(&fin[i], (ps_tile *)&in[i]);
+    }
+    for (int i = 0; i < 2 * PS_MAX_OP_IO; i++)
+        free(own[i]);
+    return st;
+}
+
 static ps_status cpu_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
                         ps_tile *out, const ps_op_context *ctx, ps_error *err)
 {
-    (void)b, (void)device;
+    (void)b;
+    for (int i = 0; i < op->n_in; i++)
+        if (ps_tile_is_half(&in[i]))
+            return half_op(device, op, in, out, ctx, err);
+    for (int o = 0; o < op->n_out; o++)
+        if (ps_tile_is_half(&out[o]))
+            return half_op(device, op, in, out, ctx, err);
     return ps_cpu_op_run(op, in, out, ctx, err);
 }
 
-static ps_status cpu_accumulate(ps_backend *b, int device, float *dst, const float *src,
-                                int64_t n, ps_error *err)
+static ps_status cpu_accumulate(ps_backend *b, int device, ps_tile *dst, const ps_tile *src,
+                                ps_error *err)
 {
-    (void)b, (void)device, (void)err;
+    (void)b;
+    int64_t n = ps_tile_numel(dst);
+    if (n != ps_tile_numel(src) || dst->dtype != src->dtype || dst->is_int || src->is_int)
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: accumulating tiles of different sizes or types", device);
+    if (ps_tile_is_half(dst)) { /* each sum rounded, as a half-precision add */
+        uint16_t *d = dst->data;
+        const uint16_t *s = src->data;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = ps_half_from_float(dst->dtype, ps_half_to_float(dst->dtype, d[i]) +
+                                                      ps_half_to_float(dst->dtype, s[i]));
+        return PS_OK;
+    }
+    float *d = dst->data;
+    const float *s = src->data;
     for (int64_t i = 0; i < n; i++)
-        dst[i] += src[i];
+        d[i] += s[i];
     return PS_OK;
 }
 
 static ps_status cpu_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
 {
     (void)b, (void)device, (void)err;
-    memset(t->data, 0, (size_t)ps_tile_numel(t) * 4);
+    memset(t->data, 0, (size_t)ps_tile_numel(t) * (size_t)ps_tile_elem_bytes(t));
     return PS_OK;
 }
 
@@ -162,9 +238,10 @@ static ps_status cpu_copy_box(ps_backend *b, int device, const ps_tile *src, ps_
         o[PS_MAX_RANK], s[PS_MAX_RANK];
     ps_tile_box(src, so, ss);
     ps_tile_box(dst, dof, ds);
-    if (src->rank != dst->rank)
-        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: copy between ranks %d and %d",
-                            device, src->rank, dst->rank);
+    if (src->rank != dst->rank || ps_tile_elem_bytes(src) != ps_tile_elem_bytes(dst))
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: copy between ranks %d and %d or element types", device,
+                            src->rank, dst->rank);
     if (!ps_box_intersect(dst->rank, so, ss, dof, ds, o, s) ||
         ps_box_numel(dst->rank, s) != ps_tile_numel(dst))
         return ps_error_set(err, PS_ERR_INTERNAL,
@@ -543,26 +620,42 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
                                 ps_error *err)
 {
     cpu_backend *c = cb(b);
-    if (src->rank != dst->rank)
-        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: collective between ranks %d and %d",
+    if (src->rank != dst->rank || src->dtype != dst->dtype)
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: collective between ranks %d and %d or element types",
                             device, src->rank, dst->rank);
+    /* Half tiles travel and combine widened: sums in fp32 in member order,
+     * rounded once into dst. */
+    ps_tile fsrc, fdst;
+    void *own_src = NULL, *own_dst = NULL;
+    ps_status st = widen_tile(device, src, true, &fsrc, &own_src, err);
+    if (st == PS_OK)
+        st = widen_tile(device, dst, false, &fdst, &own_dst, err);
     int64_t n = ps_tile_numel(src);
-    if (!group_is_local(c, g)) {
+    if (st == PS_OK && !group_is_local(c, g)) {
         exchange x;
-        ps_status st = exchange_run(c, device, g, 100 + (int)kind, src->data, 4, n, src, &x, err);
+        st = exchange_run(c, device, g, 100 + (int)kind, fsrc.data, 4, n, &fsrc, &x, err);
         if (st == PS_OK)
-            st = combine_tiles(device, g->id, kind, g->n, x.geo, x.copy, dst, err);
+            st = combine_tiles(device, g->id, kind, g->n, x.geo, x.copy, &fdst, err);
         exchange_free(&x);
-        return st;
+    } else if (st == PS_OK) {
+        void *copy = malloc((size_t)(n > 0 ? n : 1) * 4);
+        if (copy == NULL)
+            st = ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+        rendezvous *r;
+        if (st == PS_OK) {
+            memcpy(copy, fsrc.data, (size_t)n * 4);
+            st = rdv_enter(c, device, g, 100 + (int)kind, copy, &fsrc, n, &r, err);
+        }
+        if (st == PS_OK) {
+            st = combine_tiles(device, g->id, kind, r->n, r->geo, r->copy, &fdst, err);
+            rdv_leave(c, r);
+        }
     }
-    void *copy = malloc((size_t)(n > 0 ? n : 1) * 4);
-    if (copy == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-    memcpy(copy, src->data, (size_t)n * 4);
-    rendezvous *r;
-    PS_TRY_RET(rdv_enter(c, device, g, 100 + (int)kind, copy, src, n, &r, err));
-    ps_status st = combine_tiles(device, g->id, kind, r->n, r->geo, r->copy, dst, err);
-    rdv_leave(c, r);
+    if (st == PS_OK)
+        narrow_tile(&fdst, dst);
+    free(own_src);
+    free(own_dst);
     return st;
 }
 
@@ -621,7 +714,7 @@ static ps_status cpu_send(ps_backend *b, int device, int peer, const ps_tile *sr
         return ps_error_set(err, PS_ERR_INTERNAL, "device %d: send to device %d", device, peer);
     int64_t start, len;
     ps_coll_chunk(ps_box_numel(src->rank, size), chunks, chunk, &start, &len);
-    void *buf = msg_new((size_t)len * 4);
+    void *buf = msg_new((size_t)len * (size_t)ps_tile_elem_bytes(src));
     if (buf == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
     ps_box_pack_host(src, off, size, start, len, buf);
@@ -641,10 +734,11 @@ static ps_status cpu_recv(ps_backend *b, int device, int peer, ps_tile *dst, con
     size_t bytes;
     PS_TRY_RET(take(c, peer, device, PS_HOSTS_CHANNEL_P2P, &data, &bytes, &owner, err));
     ps_status st = PS_OK;
-    if (bytes != (size_t)len * 4)
+    size_t eb = (size_t)ps_tile_elem_bytes(dst);
+    if (bytes != (size_t)len * eb)
         st = ps_error_set(err, PS_ERR_INTERNAL,
                           "device %d: expected %lld values from device %d, got %lld", device,
-                          (long long)len, peer, (long long)(bytes / 4));
+                          (long long)len, peer, (long long)(bytes / eb));
     else
         ps_box_unpack_host(dst, off, size, start, len, data);
     free(owner);
@@ -763,6 +857,7 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     c->base.ops = &cpu_ops;
     c->base.n_devices = n_devices;
+    c->base.half_storage = true;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->hosts = hosts != NULL && ps_hosts_count(hosts) > 1 ? hosts : NULL;

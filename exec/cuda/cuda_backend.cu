@@ -345,11 +345,15 @@ static ps_status be_op(ps_backend *b, int device, const ps_op *op, const ps_tile
     return ps_cuda_op_run(d->s, op, in, out, ctx, err);
 }
 
-static ps_status be_accumulate(ps_backend *b, int device, float *dst, const float *src,
-                               int64_t n, ps_error *err)
+static ps_status be_accumulate(ps_backend *b, int device, ps_tile *dst, const ps_tile *src,
+                               ps_error *err)
 {
     DEV(b, device);
-    return ps_cuda_combine(d->s, dst, src, n, false, err);
+    int64_t n = ps_tile_numel(dst);
+    if (n != ps_tile_numel(src) || ps_tile_is_half(dst) || ps_tile_is_half(src))
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: accumulating tiles of different sizes or types", device);
+    return ps_cuda_combine(d->s, (float *)dst->data, (const float *)src->data, n, false, err);
 }
 
 static ps_status be_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
@@ -1197,6 +1201,7 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     cb->opt = opt != NULL ? *opt : ps_cuda_backend_options_default();
     cb->base.ops = &cuda_ops;
     cb->base.n_devices = n_devices;
+    cb->base.half_storage = false; /* fp16/bf16 tensors are held in fp32 here */
     cb->slots = timing_slots;
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);
