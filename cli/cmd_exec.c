@@ -357,6 +357,10 @@ int ps_cmd_exec(int argc, char **argv)
                 ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), cmp.loss_rel, t.rel,
                 cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol,
                 mismatch ? "MISMATCH" : "ok");
+        if (mismatch && storage == PS_DTYPE_F16)
+            fprintf(f, "  (fp16 without loss scaling: gradients under 2^-14 lose bits to "
+                       "underflow in the backward pass; bf16 keeps fp32's range, --fp32 holds "
+                       "them in fp32)\n");
     }
 out:
     ps_exec_result_free(r);

@@ -11,6 +11,7 @@ ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps)
     if (u > 0) {
         t.rel = 32 * u;
         t.grad_floor = 1e-2;
+        t.grad_min = storage == PS_DTYPE_BF16 ? 0x1p-126 : 0x1p-14;
         t.param_abs = 5e-3 * (steps > 1 ? steps : 1);
         t.param_rel = 2 * u;
     }
@@ -58,7 +59,7 @@ void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph 
             gd = fmax(gd, fabs((double)r->grads[t][i] - ref->grads[u][i]));
             gs = fmax(gs, fabs((double)ref->grads[u][i]));
         }
-        double scale = fmax(gs, tol->grad_floor * global);
+        double scale = fmax(fmax(gs, tol->grad_floor * global), tol->grad_min);
         double gr = gd / (scale > 0 ? scale : 1);
         out->params++;
         if (!(px <= out->param_excess)) {

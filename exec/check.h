@@ -42,13 +42,17 @@ typedef struct ps_exec_tolerance {
     double rel;        /* loss and gradients, relative */
     double grad_floor; /* a gradient's error is scaled by at least this
                           fraction of the model's largest gradient */
+    double grad_min;   /* and by at least this absolute value: the smallest
+                          normal of the storage (fp16: 2^-14), under which
+                          values keep fewer bits (no loss scaling here) */
     double param_abs;  /* updated parameters: |run - ref| <= param_abs + */
     double param_rel;  /*   param_rel * |ref| */
 } ps_exec_tolerance;
 
 /* The defaults for a run of `steps` steps whose floating-point tensors are
  * held in `storage`. fp32: rel 1e-4, floor 1e-3, parameters 5e-3 absolute.
- * fp16 and bf16: rel 32u, floor 1e-2, parameters 5e-3 per step plus 2u
+ * fp16 and bf16: rel 32u, floor 1e-2 (and the smallest normal value),
+ * parameters 5e-3 per step plus 2u
  * relative (a unit in the last place of the stored value). Per step,
  * because Adam makes half precision's noise in a gradient that is zero in
  * exact arithmetic (an attention key bias's) a full step of about lr in
