@@ -28,14 +28,15 @@ static void help(void)
     printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
            "                      [--check] [--tolerance T] [--param-atol A]\n"
            "                      [--trace T.json [--trace-ops]]\n"
-           "                      [--summary S.json] [--no-local-allgather] [--share-gpu] [--tf32] [--fp32]\n"
-           "                      [--json]\n\n"
+           "                      [--summary S.json] [--no-local-allgather] [--share-gpu]\n"
+           "                      [--tf32] [--fp32] [--json]\n\n"
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
            "CPU backend every device is a thread with real numerics (fp32 arithmetic; fp16\n"
            "and bf16 tensors held in 2 bytes, rounded after every op); on the CUDA backend\n"
-           "every device is a GPU (fp16/bf16 tensors held in fp32 for now). Prints the measured iteration, per-stage times and memory\n"
-           "beside the planner's prediction; the summary and the timeline of the last step use\n"
-           "the formats of `pipeshard sim` (docs/trace-format.md).\n\n"
+           "every device is a GPU (fp16/bf16 tensors held in fp32 for now). Prints the\n"
+           "measured iteration, per-stage times and memory beside the planner's prediction;\n"
+           "the summary and the timeline of the last step use the formats of `pipeshard sim`\n"
+           "(docs/trace-format.md).\n\n"
            "Several hosts: start one process per node of the plan's cluster with an MPI\n"
            "launcher (mpirun -np NODES pipeshard exec ...); each runs its node's devices, rank 0\n"
            "prints and writes the results. The CPU backend runs across hosts this way.\n\n"
@@ -125,8 +126,8 @@ static ps_dtype storage_of(const ps_graph *step, bool half_storage)
     return PS_DTYPE_F32;
 }
 
-/* Lowers, checks and runs a plan on a new backend; *storage: what the run
- * held its floating-point tensors in. */
+/* Lowers, checks and runs a plan on a new backend; *storage (if not NULL):
+ * what the run held its floating-point tensors in. */
 static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
                           const ps_lower_options *lo, const ps_exec_options *eo,
                           ps_program_set **set_out, ps_plan_model **model_out,
@@ -177,7 +178,8 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     }
     if (bc->fp32)
         b->half_storage = false;
-    *storage = storage_of(set->step, b->half_storage);
+    if (storage != NULL)
+        *storage = storage_of(set->step, b->half_storage);
     if (bc->fail_device >= 0) {
         inject_real = b->ops;
         inject_ops = *b->ops;
@@ -286,7 +288,7 @@ int ps_cmd_exec(int argc, char **argv)
     eo.devices_per_node = plan->cluster->devices_per_node;
     backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32, .fp32 = fp32,
                          .hosts = hosts, .fail_device = -1};
-    ps_dtype storage = PS_DTYPE_F32, ref_storage = PS_DTYPE_F32;
+    ps_dtype storage = PS_DTYPE_F32;
     const char *fail_env = getenv("PIPESHARD_FAIL_DEVICE");
     if (fail_env != NULL && !ps_cli_parse_int(fail_env, 0, INT32_MAX, &v)) {
         st = ps_error_set(&err, PS_ERR_INVALID,
@@ -332,7 +334,7 @@ int ps_cmd_exec(int argc, char **argv)
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
         /* the reference holds what the run held, so both round alike */
         backend_choice cpu = {.kind = "cpu", .fp32 = storage == PS_DTYPE_F32, .fail_device = -1};
-        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, &ref_storage, &err));
+        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
         ps_exec_tolerance t = ps_exec_tolerance_default(storage, eo.steps);
         if (tol >= 0)
             t.rel = tol;

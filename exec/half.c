@@ -88,9 +88,9 @@ void ps_half_narrow(ps_dtype t, const float *src, uint16_t *dst, int64_t n)
 void ps_half_widen(ps_dtype t, const uint16_t *src, float *dst, int64_t n)
 {
     if (t == PS_DTYPE_BF16)
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = n - 1; i >= 0; i--)
             dst[i] = bf16_to_float(src[i]);
     else
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = n - 1; i >= 0; i--)
             dst[i] = f16_to_float(src[i]);
 }

@@ -20,8 +20,9 @@ bool ps_half_dtype(ps_dtype t);
 uint16_t ps_half_from_float(ps_dtype t, float x);
 float ps_half_to_float(ps_dtype t, uint16_t h);
 
-/* n values. Narrowing may run in place (dst == (void *)src): each 2-byte
- * write trails its 4-byte read. */
+/* n values. Both may run in place (dst == (void *)src): narrowing walks
+ * forwards (each 2-byte write trails its 4-byte read), widening backwards
+ * (each 4-byte write lands past the 2-byte values still to read). */
 void ps_half_narrow(ps_dtype t, const float *src, uint16_t *dst, int64_t n);
 void ps_half_widen(ps_dtype t, const uint16_t *src, float *dst, int64_t n);
 

@@ -205,7 +205,7 @@ static ps_status upload_values(device_state *d, const ps_tile *t, void *host)
     runtime *rt = d->rt;
     int64_t n = ps_tile_numel(t);
     if (ps_tile_is_half(t))
-        ps_half_narrow(t->dtype, host, host, n); /* in place: each write trails its read */
+        ps_half_narrow(t->dtype, host, host, n); /* in place */
     return rt->b->ops->upload(rt->b, d->device, t->data, host, n * ps_tile_elem_bytes(t),
                               &d->err);
 }
@@ -217,9 +217,8 @@ static ps_status download_values(device_state *d, const ps_tile *t, void *host)
     int64_t n = ps_tile_numel(t);
     PS_TRY_RET(rt->b->ops->download(rt->b, d->device, host, t->data,
                                     n * ps_tile_elem_bytes(t), &d->err));
-    if (ps_tile_is_half(t)) /* backwards: each 4-byte write lands past the 2-byte reads left */
-        for (int64_t i = n - 1; i >= 0; i--)
-            ((float *)host)[i] = ps_half_to_float(t->dtype, ((const uint16_t *)host)[i]);
+    if (ps_tile_is_half(t))
+        ps_half_widen(t->dtype, host, host, n); /* in place */
     return PS_OK;
 }
 

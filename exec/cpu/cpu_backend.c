@@ -204,22 +204,15 @@ static ps_status cpu_accumulate(ps_backend *b, int device, ps_tile *dst, const p
                                 ps_error *err)
 {
     (void)b;
-    int64_t n = ps_tile_numel(dst);
-    if (n != ps_tile_numel(src) || dst->dtype != src->dtype || dst->is_int || src->is_int)
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK], so[PS_MAX_RANK], ss[PS_MAX_RANK];
+    ps_tile_box(dst, off, size);
+    ps_tile_box(src, so, ss);
+    size_t dims = (size_t)dst->rank * sizeof *off;
+    if (src->rank != dst->rank || memcmp(off, so, dims) != 0 || memcmp(size, ss, dims) != 0 ||
+        dst->dtype != src->dtype || dst->is_int || src->is_int)
         return ps_error_set(err, PS_ERR_INTERNAL,
-                            "device %d: accumulating tiles of different sizes or types", device);
-    if (ps_tile_is_half(dst)) { /* each sum rounded, as a half-precision add */
-        uint16_t *d = dst->data;
-        const uint16_t *s = src->data;
-        for (int64_t i = 0; i < n; i++)
-            d[i] = ps_half_from_float(dst->dtype, ps_half_to_float(dst->dtype, d[i]) +
-                                                      ps_half_to_float(dst->dtype, s[i]));
-        return PS_OK;
-    }
-    float *d = dst->data;
-    const float *s = src->data;
-    for (int64_t i = 0; i < n; i++)
-        d[i] += s[i];
+                            "device %d: accumulating tiles of different boxes or types", device);
+    ps_box_copy_host(src, dst, off, size, true); /* a half tile rounds each sum */
     return PS_OK;
 }
 
