@@ -344,25 +344,28 @@ int ps_cmd_exec(int argc, char **argv)
         ps_exec_compare(set->step, r, ref_set->step, ref, &t, &cmp);
         mismatch = !cmp.ok;
         FILE *f = json ? stderr : stdout;
-        char ptol[64];
+        char ptol[64], scaled[48] = "";
         if (t.param_rel > 0)
             snprintf(ptol, sizeof ptol, "%.3g + %.3g |ref|", t.param_abs, t.param_rel);
         else
             snprintf(ptol, sizeof ptol, "%.3g", t.param_abs);
+        if (m->train.loss_scale != 1)
+            snprintf(scaled, sizeof scaled, ", loss scale %g", m->train.loss_scale);
         fprintf(f,
                 "check         against the single-device step (loss %.9g), %d parameters,\n"
-                "              floating-point tensors held in %s:\n"
+                "              floating-point tensors held in %s%s:\n"
                 "  loss        rel. diff %.3g (tolerance %.3g)\n"
                 "  gradients   rel. diff %.3g, worst %s (tolerance %.3g)\n"
                 "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n"
                 "  %s\n",
-                ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), cmp.loss_rel, t.rel,
+                ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), scaled, cmp.loss_rel,
+                t.rel,
                 cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol,
                 mismatch ? "MISMATCH" : "ok");
-        if (mismatch && storage == PS_DTYPE_F16)
+        if (mismatch && storage == PS_DTYPE_F16 && m->train.loss_scale == 1)
             fprintf(f, "  (fp16 without loss scaling: gradients under 2^-14 lose bits to "
-                       "underflow in the backward pass; bf16 keeps fp32's range, --fp32 holds "
-                       "them in fp32)\n");
+                       "underflow in the backward pass; plan with --loss-scale, e.g. 1024, or "
+                       "use bf16, which keeps fp32's range)\n");
     }
 out:
     ps_exec_result_free(r);

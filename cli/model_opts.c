@@ -7,7 +7,7 @@
 
 enum {
     OPT_MODEL = PS_MODEL_OPT_BASE, OPT_GRAPH, OPT_CAPACITY, OPT_DTYPE, OPT_OPT_DTYPE,
-    OPT_NO_MASTER, OPT_REMAT, OPT_SIZE /* + index into size_names */
+    OPT_NO_MASTER, OPT_REMAT, OPT_LOSS_SCALE, OPT_SIZE /* + index into size_names */
 };
 
 static const char *const size_names[13] = {
@@ -22,6 +22,7 @@ static const struct option model_options[] = {
     {"optimizer-dtype", required_argument, NULL, OPT_OPT_DTYPE},
     {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
     {"remat", no_argument, NULL, OPT_REMAT},
+    {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},
 };
 
 void ps_model_opts_init(ps_model_opts *o)
@@ -72,6 +73,14 @@ int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *com
         return 0;
     case OPT_NO_MASTER: o->train.master_weights = false; return 0;
     case OPT_REMAT: o->train.remat = true; return 0;
+    case OPT_LOSS_SCALE:
+        if (!ps_cli_parse_double(arg, PS_LOSS_SCALE_MIN, PS_LOSS_SCALE_MAX, &x)) {
+            ps_cli_usage_error(command, "--loss-scale wants a number in [2^-24, 2^40], not \"%s\"",
+                               arg);
+            return 2;
+        }
+        o->train.loss_scale = x;
+        return 0;
     default: break;
     }
     if (c >= OPT_SIZE && c < OPT_SIZE + 13) {

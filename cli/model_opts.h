@@ -23,7 +23,9 @@
     "  --dtype T            parameters and activations: fp32, fp16 or bf16\n"                    \
     "  --optimizer-dtype T  Adam state (default fp32)\n"                                         \
     "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"                      \
-    "  --remat              recompute every layer's forward (but the loss layer's)\n"
+    "  --remat              recompute every layer's forward (but the loss layer's)\n"          \
+    "  --loss-scale S       static loss scaling for fp16: the backward pass starts from S,\n"  \
+    "                       Adam divides by it (default 1; a power of two is exact)\n"
 
 typedef struct ps_model_opts {
     const char *model, *graph_path;

@@ -40,12 +40,12 @@ static const ps_op_kind_info kind_info[PS_OP_KIND_COUNT] = {
                                   false},
     [PS_OP_BATCHNORM_GRAD] = {"batchnorm_grad", 3, 3, 3, PS_ATTR_EPS, false},
     [PS_OP_POOL_GRAD] = {"pool_grad", 3, 3, 1, POOL_ATTRS, false},
-    [PS_OP_MSE_LOSS_GRAD] = {"mse_loss_grad", 2, 2, 1, 0, false},
-    [PS_OP_SOFTMAX_XENT_GRAD] = {"softmax_xent_grad", 2, 2, 1, 0, false},
+    [PS_OP_MSE_LOSS_GRAD] = {"mse_loss_grad", 2, 2, 1, PS_ATTR_SCALE, false},
+    [PS_OP_SOFTMAX_XENT_GRAD] = {"softmax_xent_grad", 2, 2, 1, PS_ATTR_SCALE, false},
     [PS_OP_MOE_GATE_GRAD] = {"moe_gate_grad", 3, 3, 1, PS_ATTR_TOP_K, false},
     [PS_OP_MOE_DISPATCH_GRAD] = {"moe_dispatch_grad", 2, 2, 1, 0, false},
     [PS_OP_MOE_COMBINE_GRAD] = {"moe_combine_grad", 4, 4, 2, 0, false},
-    [PS_OP_ADAM] = {"adam", 4, 5, 0, PS_ATTR_ADAM, false},
+    [PS_OP_ADAM] = {"adam", 4, 5, 0, PS_ATTR_ADAM | PS_ATTR_SCALE, false},
 };
 
 const ps_op_kind_info *ps_op_kind_get(ps_op_kind kind)
@@ -63,6 +63,8 @@ int ps_op_kind_parse(const char *name, ps_op_kind *out)
     }
     return -1;
 }
+
+bool ps_loss_scale_valid(double s) { return s >= PS_LOSS_SCALE_MIN && s <= PS_LOSS_SCALE_MAX; }
 
 ps_op_attrs ps_op_attrs_default(ps_op_kind kind)
 {
@@ -499,6 +501,8 @@ ps_status ps_op_infer(ps_op_kind kind, const ps_op_attrs *a, const ps_tensor_des
         if ((st = need_float(x, "prediction", err)) != PS_OK ||
             (st = need_same(&in[0], &in[1], "prediction", "target", err)) != PS_OK)
             return st;
+        if (kind == PS_OP_MSE_LOSS_GRAD && !ps_loss_scale_valid(a->scale))
+            FAIL("the loss scale must be in [2^-24, 2^40], is %g", a->scale);
         out[0] = *x;
         if (kind == PS_OP_MSE_LOSS)
             out[0].rank = 0;
@@ -513,6 +517,8 @@ ps_status ps_op_infer(ps_op_kind kind, const ps_op_attrs *a, const ps_tensor_des
         want.dtype = PS_DTYPE_I32;
         if (!ps_tensor_desc_equal(&want, &in[1]))
             FAIL("shape mismatch: labels must be i32 with the logits' shape minus the last dim");
+        if (kind == PS_OP_SOFTMAX_XENT_GRAD && !ps_loss_scale_valid(a->scale))
+            FAIL("the loss scale must be in [2^-24, 2^40], is %g", a->scale);
         out[0] = *x;
         if (kind == PS_OP_SOFTMAX_XENT)
             out[0].rank = 0;
@@ -667,6 +673,8 @@ ps_status ps_op_infer(ps_op_kind kind, const ps_op_attrs *a, const ps_tensor_des
         if (!(a->lr > 0) || !(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1) ||
             !(a->adam_eps > 0) || !(a->weight_decay >= 0))
             FAIL("adam hyper-parameters out of range");
+        if (!ps_loss_scale_valid(a->scale))
+            FAIL("the loss scale must be in [2^-24, 2^40], is %g", a->scale);
         return PS_OK;
     case PS_OP_KIND_COUNT:
         break;

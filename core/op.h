@@ -64,7 +64,9 @@ typedef enum ps_pool_kind { PS_POOL_MAX = 0, PS_POOL_AVG = 1 } ps_pool_kind;
 typedef struct ps_op_attrs {
     char einsum[PS_EINSUM_MAX]; /* MATMUL: "bsk,kn->bsn" (lowercase labels) */
     double eps;                 /* LAYERNORM, BATCHNORM */
-    double scale;               /* SOFTMAX: logits multiplied by scale first */
+    double scale;               /* SOFTMAX: logits multiplied by scale first;
+                                 * *_LOSS_GRAD: the loss scale, d(loss) = scale;
+                                 * ADAM: gradients arrive multiplied by it */
     bool causal;                /* SOFTMAX: mask k > q over the last two dims */
     int perm[PS_MAX_RANK];      /* TRANSPOSE: out dim i = in dim perm[i] */
     uint32_t axes;              /* REDUCE/BROADCAST: bit i = dim i of the larger tensor */
@@ -111,6 +113,14 @@ typedef struct ps_op_kind_info {
 const ps_op_kind_info *ps_op_kind_get(ps_op_kind kind);
 /* Returns 0 and sets *out for a known name, -1 otherwise. */
 int ps_op_kind_parse(const char *name, ps_op_kind *out);
+
+/* Static loss scaling (fp16 training): the loss gradients seed the backward
+ * pass with d(loss) = S instead of 1, so that small gradients stay above
+ * fp16's smallest normal, and Adam divides by S again. A power of two makes
+ * both steps exact. */
+#define PS_LOSS_SCALE_MIN 0x1p-24
+#define PS_LOSS_SCALE_MAX 0x1p40
+bool ps_loss_scale_valid(double s);
 
 /* Attributes with the defaults of a kind (eps 1e-5, scale 1, stride 1, Adam
  * lr 1e-3, betas 0.9/0.999, eps 1e-8, ...). */

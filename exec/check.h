@@ -44,7 +44,8 @@ typedef struct ps_exec_tolerance {
                           fraction of the model's largest gradient */
     double grad_min;   /* and by at least this absolute value: the smallest
                           normal of the storage (fp16: 2^-14), under which
-                          values keep fewer bits (no loss scaling here) */
+                          values keep fewer bits (gradients as held: times
+                          the loss scale, if the plan has one) */
     double param_abs;  /* updated parameters: |run - ref| <= param_abs + */
     double param_rel;  /*   param_rel * |ref| */
 } ps_exec_tolerance;

@@ -538,10 +538,18 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         st = rt->b->ops->op(rt->b, d->device, op, tin, tout, &ctx, &d->err);
     if (st != PS_OK) {
         target_abandon(d, w, op->n_out);
-        char msg[PS_ERROR_MSG_MAX];
+        /* the backends' op messages name the op ("op "NAME" (kind): ..."), the
+         * CUDA ones the device too: add only what is missing */
+        char msg[PS_ERROR_MSG_MAX], device[32], named[PS_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", d->err.msg);
         ps_error_clear(&d->err);
-        return ps_error_set(&d->err, st, "device %d: op %s: %s", d->device, op->name, msg);
+        size_t n = (size_t)snprintf(device, sizeof device, "device %d", d->device);
+        snprintf(named, sizeof named, "op \"%s\"", op->name);
+        bool has_device = strncmp(msg, device, n) == 0 && (msg[n] == ':' || msg[n] == ' ');
+        bool has_op = strstr(msg, named) != NULL;
+        return ps_error_set(&d->err, st, "%s%s%s%s%s%s", has_device ? "" : device,
+                            has_device ? "" : ": ", has_op ? "" : "op ",
+                            has_op ? "" : op->name, has_op ? "" : ": ", msg);
     }
     for (int o = 0; o < op->n_out; o++)
         PS_TRY_RET(target_close(d, &w[o], mb));

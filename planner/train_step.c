@@ -16,6 +16,7 @@ ps_train_options ps_train_options_default(void)
     o.optimizer_dtype = PS_DTYPE_F32;
     o.master_weights = true;
     o.adam = ps_op_attrs_default(PS_OP_ADAM);
+    o.loss_scale = 1.0;
     return o;
 }
 
@@ -29,6 +30,7 @@ typedef struct builder {
     int *grad;       /* tensor -> its accumulated gradient tensor, -1 */
     int *recomputed; /* forward tensor -> its recomputed copy, -1 */
     const int *layer_stage; /* ps_train_options.layer_stage */
+    double loss_scale;      /* ps_train_options.loss_scale */
     bool *needs_grad;
     bool *layer_remat;
     bool *layer_recomputed;
@@ -293,9 +295,10 @@ static ps_status backward_op(builder *b, int f)
                               "op \"%s\": a loss op must produce the graph's loss", fwd.name);
             goto out;
         }
+        a.scale = b->loss_scale;
         CHECK(op = EMIT(fwd.kind == PS_OP_MSE_LOSS ? PS_OP_MSE_LOSS_GRAD
                                                    : PS_OP_SOFTMAX_XENT_GRAD,
-                        ".grad", NULL, use(b, x[0]), use(b, x[1])));
+                        ".grad", &a, use(b, x[0]), use(b, x[1])));
         GIVE(x[0], out_of(b, op, 0));
         break;
     case PS_OP_MOE_GATE: {
@@ -354,6 +357,7 @@ static ps_status add_adam(builder *b, const ps_train_options *opt, int p, int bl
     snprintf(name, sizeof name, "%s.adam", g->tensors[p].name);
     ps_op_def def = {.kind = PS_OP_ADAM, .name = name, .layer = layer, .pass = PS_PASS_UPDATE,
                      .forward_op = -1, .n_in = n_in, .attrs = opt->adam};
+    def.attrs.scale = opt->loss_scale;
     memcpy(def.in, in, sizeof in);
     int id;
     PS_TRY(ps_graph_add_op(g, &def, &id, b->err));
@@ -401,6 +405,7 @@ ps_status ps_train_step_build(const ps_graph *forward, const ps_train_options *o
     PS_TRY_ALLOC(b->layer_recomputed, err);
     int loss_layer = g->ops[g->tensors[g->loss].producer].layer;
     b->layer_stage = opt->layer_stage;
+    b->loss_scale = opt->loss_scale;
     for (int l = 0; l < g->n_layers; l++)
         b->layer_remat[l] = opt->remat_layers ? opt->remat_layers[l] : opt->remat;
     b->layer_remat[loss_layer] = false;
@@ -491,6 +496,8 @@ ps_status ps_train_options_to_json(const ps_train_options *o, int n_layers, json
     PS_TRY(ps_json_set(j, "beta2", json_real(o->adam.beta2)));
     PS_TRY(ps_json_set(j, "eps", json_real(o->adam.adam_eps)));
     PS_TRY(ps_json_set(j, "weight_decay", json_real(o->adam.weight_decay)));
+    if (o->loss_scale != 1.0) /* plans without scaling read as before */
+        PS_TRY(ps_json_set(j, "loss_scale", json_real(o->loss_scale)));
     *out = j;
     j = NULL;
 out:
@@ -503,7 +510,7 @@ ps_status ps_train_options_from_json(const ps_jv *v, ps_train_options *out, bool
 {
     static const char *const keys[] = {"remat", "remat_layers", "optimizer_dtype",
                                        "master_weights", "lr", "beta1", "beta2", "eps",
-                                       "weight_decay", NULL};
+                                       "weight_decay", "loss_scale", NULL};
     ps_status st = PS_OK;
     ps_jv x;
     int k;
@@ -522,6 +529,8 @@ ps_status ps_train_options_from_json(const ps_jv *v, ps_train_options *out, bool
     PS_TRY(ps_jv_opt_double(v, "beta2", out->adam.beta2, 0, 0.999999999, &out->adam.beta2, err));
     PS_TRY(ps_jv_opt_double(v, "eps", out->adam.adam_eps, 1e-30, 1, &out->adam.adam_eps, err));
     PS_TRY(ps_jv_opt_double(v, "weight_decay", 0, 0, 1e6, &out->adam.weight_decay, err));
+    PS_TRY(ps_jv_opt_double(v, "loss_scale", 1.0, PS_LOSS_SCALE_MIN, PS_LOSS_SCALE_MAX,
+                            &out->loss_scale, err));
     if (ps_jv_has(v, "remat_layers")) {
         size_t n;
         PS_TRY(ps_jv_member(v, "remat_layers", &x, err));

@@ -33,6 +33,10 @@ typedef struct ps_train_options {
      * an optimizer_dtype master copy too (mixed precision). Default true. */
     bool master_weights;
     ps_op_attrs adam; /* lr, beta1, beta2, adam_eps, weight_decay */
+    /* Static loss scaling (1 = none): the loss gradient ops seed the backward
+     * pass with S and the ADAM ops divide by it (their attrs.scale). For fp16,
+     * whose gradients under 2^-14 lose bits; see PS_LOSS_SCALE_MIN/MAX. */
+    double loss_scale;
 } ps_train_options;
 
 ps_train_options ps_train_options_default(void);

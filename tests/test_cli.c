@@ -918,6 +918,49 @@ static void test_remat_layers(void **state)
     expect_failure(fx, bad, "layer 99 does not exist");
 }
 
+/* --loss-scale: refused outside [2^-24, 2^40]; recorded in the plan; exec's
+ * check names it; a scale that overflows fp16 stops exec (exit 1) with a
+ * message that says so. */
+static void test_loss_scale(void **state)
+{
+    const fixture *fx = *state;
+    char plan[512];
+    snprintf(plan, sizeof plan, "%s/ls.json", fx->dir);
+    static const char *const bad[] = {"0", "-8", "abc", "1e13", "0x1p41", "nan"};
+    for (int i = 0; i < 6; i++) {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--loss-scale",
+                           bad[i], "-o", plan, NULL};
+        expect_usage_error(fx, a, "--loss-scale wants a number in [2^-24, 2^40]");
+    }
+#define SMALL_FP16_GPT                                                                        \
+    "plan", "--model", "gpt-350m", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",  \
+        "16", "--vocab", "128", "--ffn", "256", "--dtype", "fp16", "--cluster", "p3.16xlarge", \
+        "--global-batch", "16", "--micro-batches", "2", "--method", "data"
+    {
+        const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "1024", "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        ps_json_doc *doc = NULL;
+        assert_int_equal(ps_json_doc_load(plan, &doc, NULL), PS_OK);
+        json_t *train = json_object_get(doc->root, "training");
+        assert_true(json_number_value(json_object_get(train, "loss_scale")) == 1024);
+        ps_json_doc_free(doc);
+        const char *e[] = {"exec", "--plan", plan, "--check", NULL};
+        expect_success(fx, e, "floating-point tensors held in fp16, loss scale 1024:");
+    }
+    {
+        const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "0x1p40", "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        const char *e[] = {"exec", "--plan", plan, NULL};
+        run_result r;
+        run_ok(fx, e, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "(adam): the gradient holds ");
+        expect_in(&r, false, "overflowed it (lower --loss-scale)");
+        run_result_free(&r);
+    }
+#undef SMALL_FP16_GPT
+}
+
 /* plan: usage errors, a plan written and explained, a model that does not fit. */
 static void test_plan(void **state)
 {
@@ -1123,6 +1166,7 @@ int main(void)
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_graph_json_gpt175b),
         cmocka_unit_test(test_remat_layers),
+        cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_export_stdout),
         cmocka_unit_test(test_clusters),

@@ -1351,6 +1351,70 @@ static void closed_adam(void **state)
     }
 }
 
+/* Adam under a loss scale S reads S times the gradient and divides by S: a
+ * power of two gives the unscaled update bit for bit. A non-finite gradient
+ * fails the op and leaves parameter and state as they were. */
+static void closed_adam_loss_scale(void **state)
+{
+    (void)state;
+    ps_tensor_desc d = {PS_DTYPE_F32, 1, {3}};
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+    ps_error err = {0};
+    float p[2][3], m[2][3] = {{0}}, v[2][3] = {{0}}, g[2][3];
+    for (int k = 0; k < 2; k++) {
+        ps_op_attrs a = ps_op_attrs_default(PS_OP_ADAM);
+        a.scale = k == 0 ? 1 : 0x1p12;
+        ps_op op = mkop(PS_OP_ADAM, &a, 4);
+        for (int i = 0; i < 3; i++) {
+            p[k][i] = 0.3f * (float)(i + 1);
+            g[k][i] = (float)(a.scale * (0.01 * i - 0.013));
+        }
+        ps_tile in[4] = {ps_tile_whole(p[k], &d), ps_tile_whole(g[k], &d),
+                         ps_tile_whole(m[k], &d), ps_tile_whole(v[k], &d)};
+        for (ctx.step = 1; ctx.step <= 3; ctx.step++)
+            assert_int_equal(ps_cpu_op_run(&op, in, NULL, &ctx, &err), PS_OK);
+    }
+    assert_memory_equal(p[0], p[1], sizeof p[0]);
+    assert_memory_equal(m[0], m[1], sizeof m[0]);
+    assert_memory_equal(v[0], v[1], sizeof v[0]);
+    assert_true(p[0][0] != 0.3f);
+    /* inf and NaN: named, and nothing changes */
+    const float bad[2] = {INFINITY, NAN};
+    for (int k = 0; k < 2; k++) {
+        ps_op_attrs a = ps_op_attrs_default(PS_OP_ADAM);
+        a.scale = k == 0 ? 1024 : 1;
+        ps_op op = mkop(PS_OP_ADAM, &a, 4);
+        float before[3][3];
+        g[0][1] = bad[k];
+        memcpy(before[0], p[0], sizeof p[0]);
+        memcpy(before[1], m[0], sizeof m[0]);
+        memcpy(before[2], v[0], sizeof v[0]);
+        ps_tile in[4] = {ps_tile_whole(p[0], &d), ps_tile_whole(g[0], &d),
+                         ps_tile_whole(m[0], &d), ps_tile_whole(v[0], &d)};
+        ps_error_clear(&err);
+        assert_int_equal(ps_cpu_op_run(&op, in, NULL, &ctx, &err), PS_ERR_INVALID);
+        const char *want = k == 0 ? "the gradient holds inf at element 1 of this tile at step 4: "
+                                    "the loss scale 1024 overflowed it (lower --loss-scale)"
+                                  : "the gradient holds NaN at element 1 of this tile at step 4 "
+                                    "(the step diverged)";
+        if (strstr(err.msg, want) == NULL)
+            fail_msg("%s", err.msg);
+        assert_memory_equal(before[0], p[0], sizeof p[0]);
+        assert_memory_equal(before[1], m[0], sizeof m[0]);
+        assert_memory_equal(before[2], v[0], sizeof v[0]);
+    }
+    /* a scale outside the range is refused */
+    ps_op_attrs a = ps_op_attrs_default(PS_OP_ADAM);
+    a.scale = 0;
+    ps_op op = mkop(PS_OP_ADAM, &a, 4);
+    g[0][1] = 0;
+    ps_tile in[4] = {ps_tile_whole(p[0], &d), ps_tile_whole(g[0], &d), ps_tile_whole(m[0], &d),
+                     ps_tile_whole(v[0], &d)};
+    ps_error_clear(&err);
+    assert_int_equal(ps_cpu_op_run(&op, in, NULL, &ctx, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "loss scale"));
+}
+
 static void closed_softmax_layernorm(void **state)
 {
     (void)state;
@@ -1417,6 +1481,14 @@ static void closed_losses_and_reductions(void **state)
     for (int t = 0; t < 4; t++)
         for (int j = 0; j < 5; j++)
             assert_true(fabs(tf(&y)[t * 5 + j] - (0.2 - (j == t)) / 4) < 1e-7);
+    /* a loss scale multiplies the seed: exactly, for a power of two */
+    ps_op_attrs scaled = ps_op_attrs_default(PS_OP_SOFTMAX_XENT_GRAD);
+    scaled.scale = 8;
+    tt ys;
+    run_whole(PS_OP_SOFTMAX_XENT_GRAD, &scaled, 2, x, &ys, 1);
+    for (int i = 0; i < 20; i++)
+        assert_true(tf(&ys)[i] == 8 * tf(&y)[i]);
+    tt_free(&ys, 1);
     tt_free(&y, 1);
     tt_free(x, 2);
 
@@ -1431,6 +1503,12 @@ static void closed_losses_and_reductions(void **state)
     run_whole(PS_OP_MSE_LOSS_GRAD, NULL, 2, m, &y, 1);
     for (int i = 0; i < 6; i++)
         assert_true(fabs(tf(&y)[i] - 1.0 / 3) < 1e-7);
+    tt_free(&y, 1);
+    scaled = ps_op_attrs_default(PS_OP_MSE_LOSS_GRAD);
+    scaled.scale = 1.5;
+    run_whole(PS_OP_MSE_LOSS_GRAD, &scaled, 2, m, &y, 1);
+    for (int i = 0; i < 6; i++)
+        assert_true(fabs(tf(&y)[i] - 0.5) < 1e-7);
     tt_free(&y, 1);
 
     /* reduce and broadcast of 0..5 as [2, 3] */
@@ -1646,6 +1724,7 @@ int main(void)
         cmocka_unit_test(tiles_conv_pool),
         cmocka_unit_test(tiles_moe),
         cmocka_unit_test(closed_adam),
+        cmocka_unit_test(closed_adam_loss_scale),
         cmocka_unit_test(closed_softmax_layernorm),
         cmocka_unit_test(closed_losses_and_reductions),
         cmocka_unit_test(closed_moe_gate),

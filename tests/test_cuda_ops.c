@@ -436,6 +436,7 @@ static void ops_elementwise(void **state)
     ps_op_kind binary[] = {PS_OP_ADD, PS_OP_RELU_GRAD, PS_OP_GELU_GRAD, PS_OP_MSE_LOSS_GRAD};
     for (int k = 0; k < 4; k++) {
         ps_op op = mkop(binary[k], 2);
+        op.attrs.scale = 3; /* the loss scale of mse_loss_grad; the others ignore it */
         ps_tile in[2] = {hrand(3, shape, global, offset), hrand(3, shape, global, offset)};
         ps_tile out[1] = {htile(false, 3, shape, global, offset)};
         check_op(b, &op, in, out);
@@ -608,6 +609,7 @@ static void ops_losses_adam(void **state)
     /* tokens 4..7 of 8 (an addend of the loss), vocabulary whole */
     for (int grad = 0; grad < 2; grad++) {
         ps_op op = mkop(grad ? PS_OP_SOFTMAX_XENT_GRAD : PS_OP_SOFTMAX_XENT, 2);
+        op.attrs.scale = grad ? 512 : 1; /* a loss scale seeds the gradient */
         ps_tile in[2] = {hrand(3, SH(4, 6, 300), SH(8, 6, 300), SH(4, 0, 0)),
                          hints(2, SH(4, 6), 300)};
         in[1].global[0] = 8;
@@ -619,6 +621,7 @@ static void ops_losses_adam(void **state)
     for (int master = 0; master < 2; master++) {
         ps_op op = mkop(PS_OP_ADAM, master ? 5 : 4);
         op.attrs.weight_decay = 0.01;
+        op.attrs.scale = master ? 1 : 0x1p10; /* the gradient divided by the loss scale */
         ps_tile in[5];
         for (int i = 0; i < op.n_in; i++)
             in[i] = hrand(2, SH(33, 17), NULL, NULL);
@@ -626,6 +629,35 @@ static void ops_losses_adam(void **state)
         for (int64_t i = 0; i < 33 * 17; i++)
             v[i] = fabsf(v[i]); /* a second moment */
         check_op(b, &op, in, NULL);
+    }
+    /* a non-finite gradient fails the update, names it, and changes nothing */
+    {
+        ps_op op = mkop(PS_OP_ADAM, 4);
+        op.attrs.scale = 1024;
+        ps_tile in[4], din[4], back[4];
+        for (int i = 0; i < 4; i++) {
+            in[i] = hrand(2, SH(5, 7), NULL, NULL);
+            if (i == 3)
+                for (int64_t e = 0; e < 35; e++)
+                    ((float *)in[i].data)[e] = fabsf(((float *)in[i].data)[e]);
+        }
+        ((float *)in[1].data)[9] = INFINITY;
+        for (int i = 0; i < 4; i++)
+            din[i] = dupload(b, 0, &in[i]);
+        ps_op_context ctx = {.step = 2, .reduce = {.group_size = 1}};
+        ps_error err = {0};
+        assert_int_equal(b->ops->op(b, 0, &op, din, NULL, &ctx, &err), PS_ERR_INVALID);
+        if (strstr(err.msg, "the gradient holds inf at element 9 of this tile at step 2: the "
+                            "loss scale 1024 overflowed it") == NULL)
+            fail_msg("%s", err.msg);
+        for (int i = 0; i < 4; i++) {
+            back[i] = hcopy(&in[i]);
+            ddownload(b, 0, &din[i], &back[i]);
+            assert_memory_equal(back[i].data, in[i].data, 35 * sizeof(float));
+            b->ops->release(b, 0, din[i].data);
+            free(back[i].data);
+            free(in[i].data);
+        }
     }
     b->ops->destroy(b);
 }

@@ -66,14 +66,17 @@ static ps_cluster *cluster_8(void)
     return c;
 }
 
-static ps_plan *plan_of(ps_model_config *cfg, method mth, bool gpipe, const ps_cluster *c)
+/* train: the training-step options (NULL: the defaults). */
+static ps_plan *plan_trained(ps_model_config *cfg, method mth, bool gpipe, const ps_cluster *c,
+                             const ps_train_options *train)
 {
     long long global = 16;
     int micro = mth >= M_UNIFORM ? 4 : 2;
     cfg->batch = global / micro;
     ps_graph *fwd = NULL;
     assert_int_equal(ps_model_build(cfg, &fwd, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = cfg, .train = ps_train_options_default(),
+    ps_plan_request req = {.forward = fwd, .config = cfg,
+                           .train = train != NULL ? *train : ps_train_options_default(),
                            .cluster = c, .global_batch = global, .micro_batches = micro,
                            .ilp = ps_ilp_options_default()};
     req.ilp.time_limit_s = 20;
@@ -93,6 +96,11 @@ static ps_plan *plan_of(ps_model_config *cfg, method mth, bool gpipe, const ps_c
     if (st != PS_OK)
         fail_msg("%s %s: %s", cfg->name, method_names[mth], err.msg);
     return p;
+}
+
+static ps_plan *plan_of(ps_model_config *cfg, method mth, bool gpipe, const ps_cluster *c)
+{
+    return plan_trained(cfg, mth, gpipe, c, NULL);
 }
 
 typedef struct run {
@@ -140,9 +148,9 @@ static void run_free(run *r)
 }
 
 /* Runs p and its single-device reference for `steps` steps and compares
- * within tol; returns the run (free it) when `keep` is non-NULL. */
-static void check_within(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
-                         const char *what, run *keep)
+ * within tol into *c; returns the run (free it) when `keep` is non-NULL. */
+static void compare_with_reference(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
+                                   const char *what, ps_exec_comparison *c_out, run *keep)
 {
     ps_exec_options o = ps_exec_options_default();
     o.steps = steps;
@@ -162,9 +170,7 @@ static void check_within(const ps_plan *p, int steps, const ps_exec_tolerance *t
     ps_exec_compare(a.set->step, a.r, ref.set->step, ref.r, tol, &c);
     printf("  %-28s loss %.6g rel %.2g, grads rel %.2g (%s), params abs %.2g\n", what,
            ref.r->loss[steps - 1], c.loss_rel, c.grad_rel, c.grad_worst, c.param_abs);
-    if (!c.ok)
-        fail_msg("%s: loss rel %g, gradient rel %g (%s), parameter abs %g (%s)", what,
-                 c.loss_rel, c.grad_rel, c.grad_worst, c.param_abs, c.param_worst);
+    *c_out = c;
     assert_true(c.params > 0);
     /* the loss is a real number of the model, not a constant */
     assert_true(isfinite(ref.r->loss[0]) && ref.r->loss[0] > 0);
@@ -177,6 +183,17 @@ static void check_within(const ps_plan *p, int steps, const ps_exec_tolerance *t
         run_free(&a);
     run_free(&ref);
     ps_plan_free(rp);
+}
+
+/* compare_with_reference, which must find the run within tol. */
+static void check_within(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
+                         const char *what, run *keep)
+{
+    ps_exec_comparison c;
+    compare_with_reference(p, steps, tol, what, &c, keep);
+    if (!c.ok)
+        fail_msg("%s: loss rel %g, gradient rel %g (%s), parameter abs %g (%s)", what,
+                 c.loss_rel, c.grad_rel, c.grad_worst, c.param_abs, c.param_worst);
 }
 
 /* fp32 runs: the tests hold the parameters to 1e-3, tighter than the CLI. */
@@ -384,6 +401,124 @@ static void test_half_precision(void **state)
             ps_plan_free(p);
         }
     }
+    ps_cluster_free(c);
+}
+
+/* Loss scaling by a power of two is exact in fp32: every backward value is
+ * S times the unscaled one, rounded alike (no subnormals here), and Adam's
+ * division undoes it exactly. So the losses and updated parameters equal the
+ * unscaled run's bit for bit and the gradients are S times its gradients,
+ * for every loss kind (mse, softmax cross-entropy) and the ops behind them. */
+static void test_loss_scale_exact_in_fp32(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    const char *const models[] = {"mlp", "gpt-350m", "moe-380m", "wresnet-250m"};
+    const method methods[] = {M_UNIFORM, M_UNIFORM, M_DATA, M_DATA};
+    const double S = 1024;
+    for (int i = 0; i < 4; i++) {
+        run r[2];
+        for (int k = 0; k < 2; k++) {
+            ps_model_config cfg;
+            small_config(models[i], &cfg);
+            ps_train_options train = ps_train_options_default();
+            train.loss_scale = k == 0 ? 1 : S;
+            ps_plan *p = plan_trained(&cfg, methods[i], false, c, &train);
+            ps_exec_options o = ps_exec_options_default();
+            o.steps = 2;
+            o.keep_params = true;
+            o.seed = 3;
+            ps_error err = {0};
+            if (run_plan(p, &o, &r[k], &err) != PS_OK)
+                fail_msg("%s, loss scale %g: %s", models[i], train.loss_scale, err.msg);
+            ps_plan_free(p);
+        }
+        for (int s = 0; s < 2; s++)
+            if (memcmp(&r[0].r->loss[s], &r[1].r->loss[s], sizeof(double)) != 0)
+                fail_msg("%s step %d: loss %.17g, scaled %.17g", models[i], s + 1,
+                         r[0].r->loss[s], r[1].r->loss[s]);
+        const ps_graph *g = r[0].set->step;
+        int64_t compared = 0, nonzero = 0;
+        for (int t = 0; t < g->n_tensors; t++) {
+            if (r[0].r->params[t] == NULL)
+                continue;
+            assert_non_null(r[1].r->params[t]);
+            assert_non_null(r[0].r->grads[t]);
+            assert_non_null(r[1].r->grads[t]);
+            for (int64_t e = 0, n = ps_tensor_numel(&g->tensors[t]); e < n; e++) {
+                float p0 = r[0].r->params[t][e], p1 = r[1].r->params[t][e];
+                float g0 = r[0].r->grads[t][e], g1 = r[1].r->grads[t][e];
+                float want = (float)(S * g0);
+                if (memcmp(&p0, &p1, sizeof p0) != 0 || memcmp(&want, &g1, sizeof g1) != 0)
+                    fail_msg("%s %s[%lld]: parameter %.9g, scaled %.9g; gradient %.9g, "
+                             "scaled %.9g (want %.9g)",
+                             models[i], g->tensors[t].name, (long long)e, p0, p1, g0, g1, want);
+                compared++;
+                nonzero += g0 != 0;
+            }
+        }
+        printf("  %-12s %lld parameter elements equal, gradients scaled by %g exactly\n",
+               models[i], (long long)compared, S);
+        assert_true(compared > 0 && nonzero > compared / 2);
+        run_free(&r[0]);
+        run_free(&r[1]);
+    }
+    ps_cluster_free(c);
+}
+
+/* fp16's gradients under 2^-14 lose bits: on a 4-layer GPT (hidden 256, seq
+ * 128, 2048 tokens per micro-batch) the check at the CLI's default tolerance
+ * fails without loss scaling and passes with a scale of 1024. A scale that
+ * overflows fp16 stops the run with a message that names it. */
+static void test_fp16_loss_scaling(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_exec_comparison cmp[2];
+    for (int k = 0; k < 2; k++) {
+        ps_model_config cfg;
+        assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+        cfg.layers = 4;
+        cfg.hidden = 256;
+        cfg.ffn = 1024;
+        cfg.heads = 4;
+        cfg.seq = 128;
+        cfg.vocab = 2048;
+        cfg.dtype = PS_DTYPE_F16;
+        ps_train_options train = ps_train_options_default();
+        train.loss_scale = k == 0 ? 1 : 1024;
+        ps_plan *p = plan_trained(&cfg, M_UNIFORM, false, c, &train);
+        ps_exec_tolerance tol = ps_exec_tolerance_default(PS_DTYPE_F16, 1);
+        char what[64];
+        snprintf(what, sizeof what, "fp16 gpt-4x256 scale %g", train.loss_scale);
+        compare_with_reference(p, 1, &tol, what, &cmp[k], NULL);
+        ps_plan_free(p);
+    }
+    if (cmp[0].ok)
+        fail_msg("unscaled fp16 passed the check (gradients rel %g)", cmp[0].grad_rel);
+    if (!cmp[1].ok)
+        fail_msg("scaled fp16 failed the check: loss rel %g, gradients rel %g (%s), "
+                 "parameters abs %g (%s)",
+                 cmp[1].loss_rel, cmp[1].grad_rel, cmp[1].grad_worst, cmp[1].param_abs,
+                 cmp[1].param_worst);
+    assert_true(cmp[1].grad_rel < cmp[0].grad_rel);
+    /* 2^40 times a gradient overflows fp16's 65504 */
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    cfg.dtype = PS_DTYPE_F16;
+    ps_train_options train = ps_train_options_default();
+    train.loss_scale = 0x1p40;
+    ps_plan *p = plan_trained(&cfg, M_UNIFORM, false, c, &train);
+    ps_exec_options o = ps_exec_options_default();
+    run r;
+    ps_error err = {0};
+    assert_int_equal(run_plan(p, &o, &r, &err), PS_ERR_INVALID);
+    printf("  overflow: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "(adam): the gradient holds"));
+    assert_non_null(strstr(err.msg, "overflowed it (lower --loss-scale)"));
+    assert_non_null(strstr(err.msg, "device "));
+    run_free(&r);
+    ps_plan_free(p);
     ps_cluster_free(c);
 }
 
@@ -880,6 +1015,8 @@ int main(void)
         cmocka_unit_test(test_gpt_tensor_parallel),
         cmocka_unit_test(test_wresnet),
         cmocka_unit_test(test_half_precision),
+        cmocka_unit_test(test_loss_scale_exact_in_fp32),
+        cmocka_unit_test(test_fp16_loss_scaling),
         cmocka_unit_test(test_loss_decreases),
         cmocka_unit_test(test_failure_stops_all),
         cmocka_unit_test(test_outputs),

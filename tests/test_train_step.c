@@ -4,9 +4,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+
+#include "core/json.h"
 
 #include "planner/models/builder.h"
 #include "planner/models/zoo.h"
@@ -116,7 +120,8 @@ static void matmul_gradient_specs(void **state)
     (void)state;
     ps_graph *fwd = zoo_graph("gpt-350m", 1);
     ps_graph *step = step_of(fwd, &(ps_train_options){.optimizer_dtype = PS_DTYPE_F32,
-                                                      .adam = ps_op_attrs_default(PS_OP_ADAM)});
+                                                      .adam = ps_op_attrs_default(PS_OP_ADAM),
+                                                      .loss_scale = 1});
     int seen = 0;
     for (int i = 0; i < step->n_ops; i++) {
         const ps_op *op = &step->ops[i];
@@ -315,6 +320,81 @@ static void parameter_without_effect_is_an_error(void **state)
     ps_graph_free(g);
 }
 
+static ps_status read_options(const char *text, ps_train_options *out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    bool *remat = NULL;
+    ps_status st = ps_json_doc_parse("training", text, &doc, err);
+    if (st == PS_OK) {
+        ps_jv v = ps_json_doc_root(doc);
+        st = ps_train_options_from_json(&v, out, &remat, 1, err);
+    }
+    free(remat);
+    ps_json_doc_free(doc);
+    return st;
+}
+
+/* Loss scaling: the loss gradient ops seed d(loss) = S and every ADAM op
+ * divides by S; the options record it (only when it is not 1) and read it
+ * back; a scale outside [2^-24, 2^40] is refused. */
+static void loss_scale_reaches_loss_gradient_and_adam(void **state)
+{
+    (void)state;
+    static const char *const models[] = {"mlp", "gpt-350m"};
+    for (int i = 0; i < 2; i++) {
+        ps_graph *fwd = zoo_graph(models[i], 2);
+        ps_train_options o = ps_train_options_default();
+        assert_true(o.loss_scale == 1);
+        o.loss_scale = 1024;
+        ps_graph *step = step_of(fwd, &o);
+        int seeds = 0, adams = 0;
+        for (int k = 0; k < step->n_ops; k++) {
+            const ps_op *op = &step->ops[k];
+            if (op->kind == PS_OP_MSE_LOSS_GRAD || op->kind == PS_OP_SOFTMAX_XENT_GRAD) {
+                assert_true(op->attrs.scale == 1024);
+                seeds++;
+            } else if (op->kind == PS_OP_ADAM) {
+                assert_true(op->attrs.scale == 1024);
+                adams++;
+            }
+        }
+        assert_int_equal(seeds, 1);
+        assert_true(adams > 0);
+        ps_graph_free(step);
+        ps_graph_free(fwd);
+    }
+    /* the JSON round trip, and plans without scaling write nothing new */
+    ps_train_options o = ps_train_options_default(), back;
+    json_t *j = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_train_options_to_json(&o, 1, &j), PS_OK);
+    assert_null(json_object_get(j, "loss_scale"));
+    json_decref(j);
+    o.loss_scale = 0x1p15;
+    assert_int_equal(ps_train_options_to_json(&o, 1, &j), PS_OK);
+    char *text = json_dumps(j, 0);
+    json_decref(j);
+    assert_int_equal(read_options(text, &back, &err), PS_OK);
+    assert_true(back.loss_scale == 0x1p15);
+    free(text);
+    static const char *const bad[] = {"{\"loss_scale\": 0}", "{\"loss_scale\": -4}",
+                                      "{\"loss_scale\": 1e300}", "{\"loss_scale\": \"big\"}",
+                                      "{\"loss_scale\": 1e-9}"};
+    for (int i = 0; i < 5; i++) {
+        ps_error_clear(&err);
+        assert_int_not_equal(read_options(bad[i], &back, &err), PS_OK);
+        if (strstr(err.msg, "loss_scale") == NULL)
+            fail_msg("%s: %s", bad[i], err.msg);
+    }
+    /* a step built with an invalid scale is refused by the op checks */
+    ps_graph *fwd = zoo_graph("mlp", 2), *step = NULL;
+    o.loss_scale = 0;
+    ps_error_clear(&err);
+    assert_int_not_equal(ps_train_step_build(fwd, &o, &step, &err), PS_OK);
+    assert_non_null(strstr(err.msg, "loss scale"));
+    ps_graph_free(fwd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +405,7 @@ int main(void)
         cmocka_unit_test(remat_recomputes_inside_layers),
         cmocka_unit_test(every_op_kind_has_a_gradient_rule),
         cmocka_unit_test(parameter_without_effect_is_an_error),
+        cmocka_unit_test(loss_scale_reaches_loss_gradient_and_adam),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

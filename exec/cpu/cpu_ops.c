@@ -886,8 +886,9 @@ static ps_status op_mse(const run *r, bool grad)
     int64_t n = ps_tile_numel(p);
     double total = (double)ps_tile_global_numel(p);
     if (grad) {
+        double f = 2.0 * r->a->scale / total; /* d(loss) = the loss scale */
         for (int64_t i = 0; i < n; i++)
-            fdata(y)[i] = (float)(2.0 * ((double)fdata(p)[i] - fdata(t)[i]) / total);
+            fdata(y)[i] = (float)(f * ((double)fdata(p)[i] - fdata(t)[i]));
         return PS_OK;
     }
     double s = 0;
@@ -959,13 +960,14 @@ static ps_status op_xent(const run *r, bool grad)
         goto out;
     }
     if (grad) {
+        double seed = r->a->scale / tokens; /* d(loss) = the loss scale */
         for (int64_t t = 0; t < T; t++) {
             const float *p = fdata(x) + t * V;
             float *o = fdata(y) + t * V;
             int64_t l = idata(lab)[t] - V0;
             for (int64_t j = 0; j < V; j++) {
                 double sm = exp((double)p[j] - mx[t]) / sum[t];
-                o[j] = (float)((sm - (j == l ? 1.0 : 0.0)) / tokens);
+                o[j] = (float)((sm - (j == l ? 1.0 : 0.0)) * seed);
             }
         }
     } else {
@@ -980,6 +982,19 @@ out:
 }
 
 /* ---- ADAM ----------------------------------------------------------------------- */
+
+/* A gradient with inf or NaN: with a loss scale, fp16 overflowed; without
+ * one, the step diverged. Either way the update would spread it. */
+static ps_status nonfinite_gradient(const run *r, float value, int64_t index)
+{
+    const char *what = isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
+    if (r->a->scale > 1)
+        FAIL("the gradient holds %s at element %lld of this tile at step %d: the loss "
+             "scale %g overflowed it (lower --loss-scale)",
+             what, (long long)index, r->ctx->step, r->a->scale);
+    FAIL("the gradient holds %s at element %lld of this tile at step %d (the step diverged)",
+         what, (long long)index, r->ctx->step);
+}
 
 static ps_status op_adam(const run *r)
 {
@@ -997,13 +1012,19 @@ static ps_status op_adam(const run *r)
     if (!(a->lr > 0) || !(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1) ||
         !(a->adam_eps > 0) || !(a->weight_decay >= 0))
         FAIL("adam hyper-parameters out of range");
+    if (!ps_loss_scale_valid(a->scale))
+        FAIL("the loss scale %g is outside [2^-24, 2^40]", a->scale);
     double bc1 = 1.0 - pow(a->beta1, r->ctx->step), bc2 = 1.0 - pow(a->beta2, r->ctx->step);
     float *param = fdata(&r->in[0]), *m = fdata(&r->in[2]), *v = fdata(&r->in[3]);
     const float *g = fdata(&r->in[1]);
     float *p = n_in == 5 ? fdata(&r->in[4]) : param;
     int64_t n = ps_tile_numel(&r->in[0]);
+    /* one pass first: a non-finite gradient leaves the state untouched */
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(g[i]))
+            return nonfinite_gradient(r, g[i], i);
     for (int64_t i = 0; i < n; i++) {
-        double gi = g[i];
+        double gi = g[i] / a->scale; /* unscaled; exact for a power of two */
         double mi = a->beta1 * m[i] + (1.0 - a->beta1) * gi;
         double vi = a->beta2 * v[i] + (1.0 - a->beta2) * gi * gi;
         m[i] = (float)mi;

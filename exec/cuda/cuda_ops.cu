@@ -2,6 +2,7 @@
  * GEMMs for einsums (operands permuted first when their labels are not in a
  * GEMM-able order) and CUDA kernels for the rest. Reductions run in a fixed
  * order (block trees, no atomics), so results are deterministic. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -86,11 +87,11 @@ static __global__ void k_mse_grad(const float *p, const float *t, float *d, int6
  * memory traffic of this bandwidth-bound kernel). */
 static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master,
                               int64_t n, float lr, float b1, float b2, float eps, float wd,
-                              float bc1, float bc2)
+                              float bc1, float bc2, float inv_loss_scale)
 {
     FOR_EACH(i, n)
     {
-        float gi = g[i];
+        float gi = g[i] * inv_loss_scale; /* exact for a power of two */
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
@@ -101,6 +102,16 @@ static __global__ void k_adam(float *p, const float *g, float *m, float *v, floa
         w[i] = nw;
         if (master != NULL)
             p[i] = nw;
+    }
+}
+
+/* Flags a non-finite element (bad[0] = 1, bad[1] = an index of one). */
+static __global__ void k_find_nonfinite(const float *g, int64_t n, int *bad)
+{
+    FOR_EACH(i, n) if (!isfinite(g[i]))
+    {
+        bad[0] = 1;
+        bad[1] = (int)(i < INT_MAX ? i : INT_MAX);
     }
 }
 
@@ -458,14 +469,14 @@ static __global__ void k_xent_final(const float *se, const float *mx, const floa
 
 static __global__ void k_xent_grad(const float *x, const int32_t *labels, const float *mx,
                             const float *se, float *dx, int64_t rows, int64_t n, int64_t voff,
-                            float inv_tokens)
+                            float seed)
 {
     FOR_EACH(i, rows * n)
     {
         int64_t row = i / n, j = i % n;
         float p = expf(x[i] - mx[row]) / se[row];
         float onehot = (int64_t)labels[row] == voff + j ? 1.0f : 0.0f;
-        dx[i] = (p - onehot) * inv_tokens;
+        dx[i] = (p - onehot) * seed; /* seed: the loss scale over the tokens */
     }
 }
 
@@ -940,7 +951,7 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (grad) {
         k_xent_grad<<<LAUNCH(rows * n)>>>((const float *)x->data, (const int32_t *)labels->data,
                                           mx, se, (float *)out[0].data, rows, n, voff,
-                                          (float)inv_tokens);
+                                          (float)(op->attrs.scale * inv_tokens));
         PS_CUDA_LAUNCHED(s->loc, "k_xent_grad");
     } else {
         k_xent_final<<<1, 1024, 0, s->stream>>>(se, mx, lab, rows, inv_tokens,
@@ -959,7 +970,8 @@ static ps_status run_mse(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     if (op->kind == PS_OP_MSE_LOSS_GRAD) {
         PS_RET(need_numel(s, op, &in[0], &out[0], "the prediction", "the output", err));
         k_mse_grad<<<LAUNCH(n)>>>((const float *)in[0].data, (const float *)in[1].data,
-                                  (float *)out[0].data, n, (float)(2.0 / global));
+                                  (float *)out[0].data, n,
+                                  (float)(2.0 * op->attrs.scale / global));
         PS_CUDA_LAUNCHED(s->loc, "k_mse_grad");
         return PS_OK;
     }
@@ -988,12 +1000,37 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (!(a->lr > 0) || !(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1) ||
         !(a->adam_eps > 0) || !(a->weight_decay >= 0))
         BAD("adam hyper-parameters out of range");
+    if (!ps_loss_scale_valid(a->scale))
+        BAD("the loss scale %g is outside [2^-24, 2^40]", a->scale);
     int step = ctx->step;
+    /* a non-finite gradient stops the run before the state changes (a read-back
+     * per update, as the label checks do per loss) */
+    int *bad_dev;
+    int bad[2] = {0, 0};
+    PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad_dev, err));
+    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad_dev, 0, 2 * sizeof(int), s->stream));
+    k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, bad_dev);
+    PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
+    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
+    if (bad[0] != 0) {
+        float value = 0;
+        PS_CUDA_RET(s->loc, cudaMemcpyAsync(&value, (const float *)in[1].data + bad[1],
+                                            sizeof value, cudaMemcpyDeviceToHost, s->stream));
+        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+        const char *what = isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
+        if (a->scale > 1)
+            BAD("the gradient holds %s at element %d of this tile at step %d: the loss scale "
+                "%g overflowed it (lower --loss-scale)",
+                what, bad[1], step, a->scale);
+        BAD("the gradient holds %s at element %d of this tile at step %d (the step diverged)",
+            what, bad[1], step);
+    }
     double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
     k_adam<<<LAUNCH(n)>>>((float *)in[0].data, (const float *)in[1].data, (float *)in[2].data,
                           (float *)in[3].data, op->n_in > 4 ? (float *)in[4].data : NULL, n,
                           (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->adam_eps,
-                          (float)a->weight_decay, (float)bc1, (float)bc2);
+                          (float)a->weight_decay, (float)bc1, (float)bc2,
+                          (float)(1.0 / a->scale));
     PS_CUDA_LAUNCHED(s->loc, "k_adam");
     return PS_OK;
 }
