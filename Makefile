@@ -35,11 +35,13 @@ test-sanitize: deps
 # speed on GPT-3 175B at 1024, 4096 and 16384 devices, the automatic plan against the best
 # uniform, data and ZeRO plans on the simulator. See docs/bench.md.
 bench: build
-	$(BUILD)/bench_intra
+	$(BUILD)/bench_intra --csv $(BUILD)/bench_intra.csv
 	$(BUILD)/bench_plan --csv $(BUILD)/bench_plan.csv --scaling $(BUILD)/bench_scaling.csv
+	$(BUILD)/pipeshard plot --scaling $(BUILD)/bench_scaling.csv -o $(BUILD)/bench-charts
 	$(BUILD)/bench_methods --csv $(BUILD)/bench_methods.csv
 	$(BUILD)/bench_sim --devices 1024,4096 --node-collectives flows,closed-form,transfers --csv $(BUILD)/bench_sim.csv
 	$(BUILD)/bench_sim --devices 16384 --csv $(BUILD)/bench_sim_16384.csv
+	$(BUILD)/bench_check --csv $(BUILD)/bench_check.csv
 
 # The regression check (about half a minute): a quick subset of the benchmarks run
 # fresh and compared with bench/baselines/bench_check.csv: plan quality within 1%,

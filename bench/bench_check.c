@@ -8,6 +8,8 @@
  *   ratio    timings, each divided by the mean time of a fixed calibration
  *            loop (plain C, none of the project's code) run just before and
  *            just after it, so that a slower or busier machine moves both; the
+ *            loop runs once per core at once for workloads that use every
+ *            core (planning, the executor), once for single-threaded ones; the
  *            best of the repeats; lower is better;
  *            a regression is a fresh ratio above baseline * time tolerance,
  *            default 1.5x.
@@ -29,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/parallel.h"
 #include "core/program.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/runtime.h"
@@ -97,18 +100,48 @@ static double calib_once(uint32_t *buf)
     return ps_monotonic_s() - t0;
 }
 
+/* The calibration matches a workload's parallelism: single-threaded work
+ * (one ILP solve, the simulator) against one loop; work on every core (the
+ * planner's parallel solves, the executor's device threads) against one loop
+ * per core at once, so that other load on the machine slows both alike (a
+ * single loop then got a whole core while the workload shared two, and
+ * unchanged executor steps read as 1.7x regressions). */
 typedef struct ps_calib {
     uint32_t *buf;
-    int n;
-    double s[CALIB_RUNS];
+    int n, n_parallel;
+    double s[CALIB_RUNS];          /* single-loop times */
+    double s_parallel[CALIB_RUNS]; /* one loop per core: the wall time */
 } ps_calib;
 
-/* Runs the calibration loop once; returns its time. */
-static double calib_run(ps_calib *c)
+static bool calib_item(void *ctx, int item)
 {
-    double t = calib_once(c->buf);
-    if (c->n < CALIB_RUNS)
-        c->s[c->n++] = t;
+    (void)ctx, (void)item;
+    uint32_t *buf = malloc(CALIB_WORDS * sizeof *buf);
+    if (buf == NULL)
+        return false;
+    calib_once(buf);
+    free(buf);
+    return true;
+}
+
+/* Runs the calibration once (one loop, or one per core when `parallel`);
+ * returns its wall time. */
+static double calib_run(ps_calib *c, bool parallel)
+{
+    if (!parallel) {
+        double t = calib_once(c->buf);
+        if (c->n < CALIB_RUNS)
+            c->s[c->n++] = t;
+        return t;
+    }
+    double t0 = ps_monotonic_s();
+    if (!ps_parallel_for(ps_parallel_threads(), calib_item, NULL, NULL, NULL)) {
+        fprintf(stderr, "bench_check: out of memory in the calibration\n");
+        exit(2);
+    }
+    double t = ps_monotonic_s() - t0;
+    if (c->n_parallel < CALIB_RUNS)
+        c->s_parallel[c->n_parallel++] = t;
     return t;
 }
 
@@ -124,12 +157,14 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double calib_median(const ps_calib *c)
+static double calib_median(const double *times, int n)
 {
     double s[CALIB_RUNS];
-    memcpy(s, c->s, (size_t)c->n * sizeof s[0]);
-    qsort(s, (size_t)c->n, sizeof s[0], cmp_double);
-    return s[c->n / 2];
+    if (n == 0)
+        return 0;
+    memcpy(s, times, (size_t)n * sizeof s[0]);
+    qsort(s, (size_t)n, sizeof s[0], cmp_double);
+    return s[n / 2];
 }
 
 /* ---- workloads ---- */
@@ -162,7 +197,7 @@ static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_ba
     ps_inter_options o = ps_inter_options_default();
     o.layer_num = layer_num;
     for (int r = 0; r < repeats; r++) {
-        double c0 = cal != NULL ? calib_run(cal) : 0;
+        double c0 = cal != NULL ? calib_run(cal, true) : 0;
         double t0 = ps_monotonic_s();
         for (int k = 0; k < slowdown; k++) {
             ps_plan_free(*out);
@@ -172,7 +207,7 @@ static ps_status plan_model(const ps_model_config *cfg0, int gpus, int global_ba
         double dt = ps_monotonic_s() - t0;
         *dt_s = r == 0 || dt < *dt_s ? dt : *dt_s;
         if (cal != NULL) {
-            double q = calib_ratio(dt, c0, calib_run(cal));
+            double q = calib_ratio(dt, c0, calib_run(cal, true));
             *ratio = r == 0 || q < *ratio ? q : *ratio;
         }
     }
@@ -244,7 +279,7 @@ static ps_status run_intra(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_er
     io.ilp.mip_gap = 0.01;
     double best = 0, ratio = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double c0 = calib_run(cal);
+        double c0 = calib_run(cal, false);
         double t0 = ps_monotonic_s();
         for (int k = 0; k < slowdown; k++) {
             ps_intra_result_free(r);
@@ -252,7 +287,7 @@ static ps_status run_intra(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_er
             PS_TRY(ps_intra_solve(step, m, &io, &r, err));
         }
         double dt = ps_monotonic_s() - t0;
-        double q = calib_ratio(dt, c0, calib_run(cal));
+        double q = calib_ratio(dt, c0, calib_run(cal, false));
         best = rep == 0 || dt < best ? dt : best;
         ratio = rep == 0 || q < ratio ? q : ratio;
     }
@@ -306,7 +341,7 @@ static ps_status run_sim(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_erro
     PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
     double best = 0, ratio = 0, sim_iteration_s = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double c0 = calib_run(cal);
+        double c0 = calib_run(cal, false);
         double wall = 0;
         for (int k = 0; k < slowdown; k++) {
             ps_sim_stats stats;
@@ -317,7 +352,7 @@ static ps_status run_sim(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_erro
             wall += stats.wall_s;
             sim_iteration_s = sum->iteration_s;
         }
-        double q = calib_ratio(wall, c0, calib_run(cal));
+        double q = calib_ratio(wall, c0, calib_run(cal, false));
         best = rep == 0 || wall < best ? wall : best;
         ratio = rep == 0 || q < ratio ? q : ratio;
     }
@@ -364,7 +399,7 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
         slots[d] = ps_exec_timing_slots(set, d);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double c0 = calib_run(cal);
+        double c0 = calib_run(cal, true);
         double step_s = 0;
         for (int k = 0; k < slowdown; k++) {
             PS_TRY(ps_cpu_backend_create(set->n_devices, slots, NULL, &b, err));
@@ -379,7 +414,7 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
                 goto out;
             step_s += res->summary->iteration_s;
         }
-        double q = calib_ratio(step_s, c0, calib_run(cal));
+        double q = calib_ratio(step_s, c0, calib_run(cal, true));
         best = rep == 0 || step_s < best ? step_s : best;
         ratio = rep == 0 || q < ratio ? q : ratio;
     }
@@ -675,12 +710,16 @@ int main(int argc, char **argv)
         free(cal.buf);
         return 2;
     }
-    double calib = calib_median(&cal);
+    double calib = calib_median(cal.s, cal.n);
+    double calib_parallel = calib_median(cal.s_parallel, cal.n_parallel);
     rows_add(&fresh, "calibration_s", "info", calib, "s");
+    rows_add(&fresh, "calibration_parallel_s", "info", calib_parallel, "s");
     rows_add(&fresh, "total_s", "info", ps_monotonic_s() - t0, "s");
     free(cal.buf);
-    printf("calibration loop %.3f s (median of %d); workloads and calibration %.1f s\n", calib,
-           cal.n, ps_monotonic_s() - t0);
+    printf("calibration loop %.3f s (median of %d), one per core (%d) at once %.3f s (median of "
+           "%d); workloads and calibration %.1f s\n",
+           calib, cal.n, ps_parallel_threads(), calib_parallel, cal.n_parallel,
+           ps_monotonic_s() - t0);
     if (csv != NULL && csv_write(csv, &fresh) != 0)
         return 2;
     if (baseline == NULL) {

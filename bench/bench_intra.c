@@ -1,7 +1,12 @@
 /* Intra-op ILP size and solve time for GPT stages on 8-device logical
  * meshes. Prints one row per (model, layers, mesh); "f" marks a 2-D mesh with
  * the batch forced onto axis 0. The last line is the headline: the slowest
- * one-layer and whole-stage solves. */
+ * one-layer and whole-stage solves.
+ *
+ *   bench_intra [--quick] [--csv FILE]
+ *
+ * --quick: one layer only; --csv: the rows as CSV, after a comment line with
+ * the machine. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +16,8 @@
 #include "planner/intra_pass.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
+
+static FILE *csv; /* --csv, or NULL */
 
 static int run(const char *model, int layers, int batch, int d0, int d1, bool force,
                double *solve_s)
@@ -50,6 +57,12 @@ static int run(const char *model, int layers, int batch, int d0, int d1, bool fo
            r->ilp.glpk_rows, r->ilp.method, r->ilp.optimal ? "yes" : "no", r->ilp.gap,
            *solve_s);
     fflush(stdout);
+    if (csv != NULL)
+        fprintf(csv, "%s,%d,%d,%dx%d,%d,%d,%d,%.0f,%d,%d,%d,%d,%s,%d,%.6g,%.6g,%.6g\n", model,
+                (int)cfg.layers, step->n_ops, d0, d1, force, r->ilp_nodes, r->ilp_edges,
+                r->strategies_total, r->ilp.reduced_nodes, r->ilp.reduced_edges, r->ilp.glpk_cols,
+                r->ilp.glpk_rows, r->ilp.method, r->ilp.optimal, r->ilp.gap, r->objective_s,
+                *solve_s);
     rc = 0;
 out:
     if (rc != 0)
@@ -65,8 +78,31 @@ out:
 int main(int argc, char **argv)
 {
     ps_malloc_tune(argv); /* the allocator the CLI runs with */
-    /* --quick: one layer only (for CI smoke runs) */
-    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = true; /* one layer only (for CI smoke runs) */
+        } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc && csv == NULL) {
+            csv = fopen(argv[++i], "w");
+            if (csv == NULL) {
+                fprintf(stderr, "bench_intra: cannot write %s\n", argv[i]);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: bench_intra [--quick] [--csv FILE]\n");
+            return 2;
+        }
+    }
+    if (csv != NULL) {
+        char machine[600];
+        machine_describe(machine, sizeof machine);
+        fprintf(csv,
+                "# bench_intra: the intra-op ILP of GPT-2.6B stages on 8-device meshes "
+                "GLPK time limit 60 s, MIP gap 1%%; machine: %s\n"
+                "model,layers,ops,mesh,batch_axis0_forced,nodes,edges,strategies,reduced_nodes,"
+                "reduced_edges,glpk_cols,glpk_rows,method,optimal,gap,objective_s,solve_s\n",
+                machine);
+    }
     static const int meshes[3][2] = {{1, 8}, {2, 4}, {8, 1}};
     printf("%-9s %6s %6s  %-6s %7s %7s %9s %7s %7s %8s %8s  %-9s %-3s %8s  %9s\n", "model",
            "layers", "ops", "mesh", "nodes", "edges", "strategies", "r.nodes", "r.edges",
@@ -90,5 +126,9 @@ int main(int argc, char **argv)
     }
     printf("slowest solve: one GPT-2.6B layer %.3f s, whole 32-layer stage %.3f s\n", worst_layer,
            worst_stage);
+    if (csv != NULL && fclose(csv) != 0) {
+        fprintf(stderr, "bench_intra: could not write the CSV\n");
+        return 2;
+    }
     return 0;
 }

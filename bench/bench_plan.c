@@ -111,10 +111,15 @@ int main(int argc, char **argv)
         fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s,"
                      "optimizer\n");
     }
-    if (scaling != NULL)
-        fprintf(scaling, "# Alpa's suites (weak scaling: a larger model per GPU count), "
-                         "planner's prediction, pipeshard plans\n"
-                         "series,devices,throughput (TFLOP/s),model,iteration_s\n");
+    if (scaling != NULL) {
+        char machine[600];
+        machine_describe(machine, sizeof machine);
+        fprintf(scaling,
+                "# Alpa's suites, weak scaling (a larger model per GPU count), the planner's "
+                "prediction of pipeshard plans; machine: %s\n"
+                "series,devices,throughput (TFLOP/s),model,iteration_s\n",
+                machine);
+    }
     printf("%-12s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages", "iter_s",
            "TFLOP/s", "mfu", "plan_s");
     double total = 0;

@@ -46,18 +46,23 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-bool ps_parallel_for(int n, ps_parallel_fn fn, void *ctx, void (*thread_done)(void),
-                     const char *progress)
+int ps_parallel_threads(void)
 {
-    if (n <= 0)
-        return true;
     /* the cores this process may run on (taskset, cgroups' cpusets), not
      * all the machine's */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0)
         cores = CPU_COUNT(&allowed);
-    int threads_n = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+    return cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+}
+
+bool ps_parallel_for(int n, ps_parallel_fn fn, void *ctx, void (*thread_done)(void),
+                     const char *progress)
+{
+    if (n <= 0)
+        return true;
+    int threads_n = ps_parallel_threads();
     if (threads_n > n)
         threads_n = n;
     loop l = {.n = n, .fn = fn, .ctx = ctx, .thread_done = thread_done, .progress = progress,

@@ -14,6 +14,10 @@ typedef bool (*ps_parallel_fn)(void *ctx, int item);
  * here, for per-thread library state. With `progress` non-NULL and progress
  * enabled (core/log.h), "\r<progress>: <done>/<n>" goes to stderr. Returns
  * false when some fn returned false (items not yet started are skipped). */
+/* The threads ps_parallel_for runs on at most: the cores this process may
+ * run on, at most 64. */
+int ps_parallel_threads(void);
+
 bool ps_parallel_for(int n, ps_parallel_fn fn, void *ctx, void (*thread_done)(void),
                      const char *progress);
 

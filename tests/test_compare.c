@@ -127,6 +127,27 @@ static void test_rel_error(void **state)
 
 /* planner.json, sim.json, exec.json: the measured run (exec-cuda) is the
  * reference; every error below is exact in binary. */
+/* Run labels stay unique past 26 runs: A..Z, AA..ZZ, AAA. */
+static void test_run_ids(void **state)
+{
+    (void)state;
+    static const struct {
+        int r;
+        const char *id;
+    } want[] = {{0, "A"}, {25, "Z"}, {26, "AA"}, {27, "AB"}, {51, "AZ"}, {52, "BA"},
+                {701, "ZZ"}, {702, "AAA"}};
+    char id[8];
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        assert_string_equal(ps_compare_run_id(want[i].r, id), want[i].id);
+    char seen[800][8];
+    for (int r = 0; r < 800; r++) {
+        ps_compare_run_id(r, seen[r]);
+        for (int q = 0; q < r; q++)
+            if (strcmp(seen[q], seen[r]) == 0)
+                fail_msg("runs %d and %d are both %s", q, r, seen[r]);
+    }
+}
+
 static void test_join(void **state)
 {
     (void)state;
@@ -675,7 +696,14 @@ static void test_plot_timeline_scaling(void **state)
     const char *e[] = {"plot",  "--timeline", DATA "/trace.json", "--from", "5", "-o",
                        tmp_dir, NULL};
     run_bin(e, NULL, &r);
-    expect(&r, 1, NULL, "the window from 5 ms to 1.2 ms holds nothing");
+    expect(&r, 1, NULL, "the window from 5 ms to the end holds nothing");
+    run_result_free(&r);
+    /* the window asked for, not the trace's end in its place */
+    const char *e2[] = {"plot", "--timeline", DATA "/trace.json", "--from", "100", "--to",
+                        "200", "-o", tmp_dir, NULL};
+    run_bin(e2, NULL, &r);
+    expect(&r, 1, NULL, "the window from 100 ms to 200 ms holds nothing: the trace's spans end "
+                        "at 1.2 ms");
     run_result_free(&r);
 }
 
@@ -784,7 +812,8 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests(plots, group_setup, group_teardown);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rel_error),      cmocka_unit_test(test_join),
+        cmocka_unit_test(test_rel_error),      cmocka_unit_test(test_run_ids),
+        cmocka_unit_test(test_join),
         cmocka_unit_test(test_reference),      cmocka_unit_test(test_refuse_plans),
         cmocka_unit_test(test_refuse_layouts), cmocka_unit_test(test_json_and_csv),
         cmocka_unit_test(test_trace_read),     cmocka_unit_test(test_cli_compare),

@@ -294,7 +294,8 @@ static void malformed_summary_files(void **state)
     ps_summary_free(s);
 
     static const summary_edit edits[] = {
-        {NULL, 0, "format", "\"pipeshard-plan\"", "format: expected \"pipeshard-summary\"",
+        {NULL, 0, "format", "\"pipeshard-plan\"",
+         "format: a \"pipeshard-plan\" file, not a run summary (\"pipeshard-summary\")",
          PS_ERR_INVALID},
         {NULL, 0, "version", "2", "version: unsupported version 2", PS_ERR_UNSUPPORTED},
         {NULL, 0, "version", "\"1\"", "version: expected an integer, found a string",

@@ -223,12 +223,25 @@ static void print_cell(FILE *f, double value, double error, bool is_ref)
         fprintf(f, "%12.5g %9s", value, fmt_error(error, e, sizeof e));
 }
 
+const char *ps_compare_run_id(int r, char id[8])
+{
+    /* A..Z, then AA..ZZ: spreadsheet columns, unique for any count that fits */
+    char tmp[8];
+    int n = 0;
+    for (int x = r + 1; x > 0 && n < 7; x = (x - 1) / 26)
+        tmp[n++] = (char)('A' + (x - 1) % 26);
+    for (int i = 0; i < n; i++)
+        id[i] = tmp[n - 1 - i];
+    id[n] = '\0';
+    return id;
+}
+
 static void print_run_headers(const ps_compare *c, FILE *f, const char *first)
 {
     fprintf(f, "%-20s", first);
     for (int r = 0; r < c->n_runs; r++) {
-        char h[64];
-        snprintf(h, sizeof h, "%c %s%s", 'A' + r % 26, c->runs[r].summary->source,
+        char h[64], id[8];
+        snprintf(h, sizeof h, "%s %s%s", ps_compare_run_id(r, id), c->runs[r].summary->source,
                  r == c->reference ? "*" : "");
         fprintf(f, "%*s", COL_W, h);
     }
@@ -242,9 +255,11 @@ void ps_compare_print(const ps_compare *c, FILE *f)
     fprintf(f, "compare %d runs of plan %s: %s on %s, %d micro-batches, %d stage%s\n", c->n_runs,
             s0->plan, s0->model[0] ? s0->model : "?", s0->cluster[0] ? s0->cluster : "?",
             s0->micro_batches, c->n_stages, c->n_stages == 1 ? "" : "s");
-    for (int r = 0; r < c->n_runs; r++)
-        fprintf(f, "  %c  %-10s %s%s\n", 'A' + r % 26, c->runs[r].summary->source, c->runs[r].file,
-                r == c->reference ? "   (* reference)" : "");
+    for (int r = 0; r < c->n_runs; r++) {
+        char id[8];
+        fprintf(f, "  %-2s %-10s %s%s\n", ps_compare_run_id(r, id), c->runs[r].summary->source,
+                c->runs[r].file, r == c->reference ? "   (* reference)" : "");
+    }
     fprintf(f, "errors are (run - reference) / reference; MAPE is the mean |error| over the "
                "stages\n\n");
 
@@ -491,8 +506,9 @@ ps_status ps_compare_save_csv(const ps_compare *c, const char *path, ps_error *e
         const ps_summary_stage *g = &c->runs[0].summary->stages[k];
         for (int r = 0; r < c->n_runs; r++) {
             const ps_compare_cell *cell = ps_compare_cell_at(c, k, r);
-            fprintf(f, "%d,%d,%d,%dx%d,%dx%d,%c,", k, g->n_devices, g->first_device, g->submesh[0],
-                    g->submesh[1], g->logical_mesh[0], g->logical_mesh[1], 'A' + r % 26);
+            char id[8];
+            fprintf(f, "%d,%d,%d,%dx%d,%dx%d,%s,", k, g->n_devices, g->first_device, g->submesh[0],
+                    g->submesh[1], g->logical_mesh[0], g->logical_mesh[1], ps_compare_run_id(r, id));
             csv_text(f, c->runs[r].file);
             fprintf(f, ",%s,%d", c->runs[r].summary->source, r == c->reference);
             for (int m = 0; m < PS_CMP_METRIC_COUNT; m++) {

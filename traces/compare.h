@@ -82,6 +82,8 @@ static inline const ps_compare_cell *ps_compare_cell_at(const ps_compare *c, int
 
 /* Tables for the terminal: per metric, stages by runs with their errors;
  * then the iteration and the MAPE and worst case of every run. */
+/* The label of run r in tables, CSV and charts: A..Z, then AA, AB, ... */
+const char *ps_compare_run_id(int r, char id[8]);
 void ps_compare_print(const ps_compare *c, FILE *f);
 /* The same as JSON ("pipeshard-compare", docs/compare.md); undefined errors
  * are null. */

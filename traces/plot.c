@@ -363,7 +363,8 @@ static void gp_axis(gp_vars *v, const char *prefix, axis a)
 
 static void run_label(const ps_compare *c, int r, bool with_file, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%c %s%s%s%s", 'A' + r % 26, c->runs[r].summary->source,
+    char id[8];
+    snprintf(buf, cap, "%s %s%s%s%s", ps_compare_run_id(r, id), c->runs[r].summary->source,
              with_file ? " (" : "", with_file ? base_name(c->runs[r].file) : "",
              with_file ? ")" : "");
 }
@@ -542,13 +543,17 @@ ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, c
     gp_vars v = {0};
     int count[PS_TRACE_CATEGORY_COUNT + 1] = {0};
     PS_TRY(ps_plot_find_gnuplot(o, gnuplot, sizeof gnuplot, err));
+    double asked_to_s = to_s;
     if (to_s < 0 || to_s > t->end_s)
         to_s = t->end_s;
     if (!(from_s >= 0) || from_s >= to_s) {
+        char upto[48] = "the end";
+        if (asked_to_s >= 0)
+            snprintf(upto, sizeof upto, "%g ms", asked_to_s * 1e3);
         st = ps_error_set(err, PS_ERR_INVALID,
-                          "the window from %g ms to %g ms holds nothing: the trace's spans end at "
+                          "the window from %g ms to %s holds nothing: the trace's spans end at "
                           "%g ms",
-                          from_s * 1e3, to_s * 1e3, t->end_s * 1e3);
+                          from_s * 1e3, upto, t->end_s * 1e3);
         goto out;
     }
     PS_TRY(make_dir(dir, err));
@@ -686,7 +691,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
 {
     ps_status st = PS_OK;
     FILE *in = NULL, *f = NULL;
-    char line[4096], ylabel[256] = "", path[1200], gnuplot[1024];
+    char line[4096], ylabel[256] = "", path[1200], gnuplot[1024], note[512] = "";
     char **names = NULL;
     int n_names = 0, n_points = 0, cap_points = 0;
     scaling_point *pts = NULL;
@@ -708,6 +713,13 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
+        if (line[0] == '#' && note[0] == '\0' && col_series < 0) {
+            /* the first comment says what the points are (bench_plan: weak
+             * scaling); the machine's description after it is left out */
+            const char *text = line + 1 + strspn(line + 1, " ");
+            size_t keep = strcspn(text, ";");
+            snprintf(note, sizeof note, "%.*s", (int)(keep < 400 ? keep : 400), text);
+        }
         if (len == 0 || line[0] == '#')
             continue; /* blank lines and comments (e.g. the machine's description) */
         char *fields[CSV_MAX_FIELDS];
@@ -824,7 +836,12 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
     gp_str(&v, "data", path);
     snprintf(path, sizeof path, "%s/scaling", dir);
     gp_str(&v, "out", path);
-    gp_str(&v, "title", base_name(csv_path));
+    char title[1024];
+    if (note[0] != '\0')
+        snprintf(title, sizeof title, "%s (%s)", note, base_name(csv_path));
+    else
+        snprintf(title, sizeof title, "%s", base_name(csv_path));
+    gp_str(&v, "title", title);
     gp_str(&v, "ylabel", ylabel);
     gp_int(&v, "nseries", n_names);
     /* devices come in powers of two: a log2 axis once they span 8x */

@@ -495,13 +495,17 @@ ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
     *out = NULL;
     PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
-    PS_TRY(ps_jv_check_keys(&root, keys, err));
+    /* the format first: another kind of file (a plan, a trace) is named as
+     * such rather than by its first key a summary does not have */
+    PS_TRY(ps_jv_object(&root, err));
     PS_TRY(ps_jv_member(&root, "format", &v, err));
     PS_TRY(ps_jv_string(&v, &str, err));
     if (strcmp(str, SUMMARY_FORMAT) != 0) {
-        st = ps_jv_fail(&v, err, PS_ERR_INVALID, "expected \"%s\"", SUMMARY_FORMAT);
+        st = ps_jv_fail(&v, err, PS_ERR_INVALID, "a \"%s\" file, not a run summary (\"%s\")",
+                        str, SUMMARY_FORMAT);
         goto out;
     }
+    PS_TRY(ps_jv_check_keys(&root, keys, err));
     PS_TRY(ps_jv_member(&root, "version", &v, err));
     PS_TRY(ps_jv_int(&v, INT64_MIN, INT64_MAX, &x, err));
     if (x != PS_SUMMARY_VERSION) {

@@ -9,7 +9,7 @@
 # Variables (pipeshard sets them all with -e):
 #   data, out       the data file (one block per series: a title line, then
 #                   devices throughput ideal) and the output path without extension
-#   title           subtitle (the CSV's name)
+#   title           subtitle (the CSV's first comment and its name)
 #   ylabel          the throughput column's name, e.g. "throughput (PFLOP/s)"
 #   nseries         number of series (blocks)
 #   xlog, xlo, xhi  devices axis: 1 for log2, and its range
