@@ -455,9 +455,16 @@ static ps_status plot_breakdown(const ps_compare *c, const char *dir, const ps_p
     char path[1200], label[300], title[300];
     FILE *f = NULL;
     gp_vars v = {0};
-    double most = 0;
-    for (int i = 0; i < c->n_stages * c->n_runs; i++)
-        most = fmax(most, c->cells[i].compute_s + c->cells[i].comm_s + c->cells[i].idle_s);
+    double most = 0, least = INFINITY;
+    for (int i = 0; i < c->n_stages * c->n_runs; i++) {
+        double total = c->cells[i].compute_s + c->cells[i].comm_s + c->cells[i].idle_s;
+        most = fmax(most, total);
+        if (total > 0)
+            least = fmin(least, total);
+    }
+    /* runs thousands of times apart (V100 predictions beside a CPU run): each bar
+     * in shares of its own total, or the small ones would not show */
+    bool shares = most > 20 * least;
     unit u = time_unit(most);
     PS_TRY(open_data(dir, "breakdown", path, sizeof path, &f, err));
     fprintf(f,
@@ -490,6 +497,7 @@ static ps_status plot_breakdown(const ps_compare *c, const char *dir, const ps_p
     gp_int(&v, "nruns", c->n_runs);
     gp_int(&v, "nstages", c->n_stages);
     gp_num(&v, "ymax", most > 0 ? most / u.per_base * 1.12 : 1);
+    gp_int(&v, "shares", shares);
     PS_TRY(run_gnuplot(o, "breakdown.gp", &v, err));
 out:
     if (f != NULL)

@@ -14,6 +14,10 @@
 #   unit             unit of the time columns
 #   nruns, nstages   runs per stage and stages (x = stage * (nruns + 1) + run)
 #   ymax             top of the y axis
+#   shares           1: each bar shows its parts as percentages of its own total,
+#                    the total written above it (pipeshard sets it when the runs'
+#                    totals span more than 20x, e.g. V100 predictions beside a CPU
+#                    measurement, where the small bars would not show)
 
 if (!exists("data"))    data = 'breakdown.dat'
 if (!exists("out"))     out = 'breakdown'
@@ -21,6 +25,7 @@ if (!exists("title"))   title = ''
 if (!exists("unit"))    unit = 's'
 if (!exists("nruns"))   nruns = 2
 if (!exists("nstages")) nstages = 1
+if (!exists("shares"))  shares = 0
 
 compute_color = "#4477AA"
 comm_color    = "#EE6677"
@@ -34,8 +39,14 @@ set grid ytics lc rgb "#dddddd"
 set style fill solid 0.95 border rgb "#333333"
 set boxwidth 0.8
 set xrange [-0.8 : nstages * (nruns + 1) - 1.2]
-if (exists("ymax")) { set yrange [0:ymax] } else { set yrange [0:*] }
-set ylabel sprintf("time per step (%s), mean over the stage's devices", unit)
+if (shares) {
+    set yrange [0:112]
+    set ytics 0,20,100
+    set ylabel "share of the bar's time per step (%), mean over the stage's devices"
+} else {
+    if (exists("ymax")) { set yrange [0:ymax] } else { set yrange [0:*] }
+    set ylabel sprintf("time per step (%s), mean over the stage's devices", unit)
+}
 set xtics rotate by 30 right nomirror font ",10" scale 0
 set ytics nomirror
 # stage names above each group of bars
@@ -54,10 +65,22 @@ do for [fmt in "png svg"] {
     set title "{/:Bold Compute, communication and idle time per stage}\n{/*0.85 ".title."}\n" \
         offset 0,1
     # stacked by drawing the totals first and the lower parts over them
-    plot data using 1:($5+$6+$7) with boxes lc rgb idle_color title "idle", \
-         '' using 1:($5+$6) with boxes lc rgb comm_color title "communication", \
-         '' using 1:5:xtic(4) with boxes lc rgb compute_color title "compute", \
-         '' using 1:($5+$6+$7):(sprintf("%.3g", $5+$6+$7)) with labels offset 0,0.7 \
-             font ",9" notitle
+    if (shares) {
+        # a bar's parts over its total; an empty bar stays empty
+        pct(x, t) = t > 0 ? 100.0 * x / t : 0
+        plot data using 1:(pct($5+$6+$7, $5+$6+$7)) with boxes lc rgb idle_color title "idle", \
+             '' using 1:(pct($5+$6, $5+$6+$7)) with boxes lc rgb comm_color \
+                 title "communication", \
+             '' using 1:(pct($5, $5+$6+$7)):xtic(4) with boxes lc rgb compute_color \
+                 title "compute", \
+             '' using 1:(pct($5+$6+$7, $5+$6+$7)):(sprintf("%.3g %s", $5+$6+$7, unit)) \
+                 with labels offset 0,0.7 font ",8" notitle
+    } else {
+        plot data using 1:($5+$6+$7) with boxes lc rgb idle_color title "idle", \
+             '' using 1:($5+$6) with boxes lc rgb comm_color title "communication", \
+             '' using 1:5:xtic(4) with boxes lc rgb compute_color title "compute", \
+             '' using 1:($5+$6+$7):(sprintf("%.3g", $5+$6+$7)) with labels offset 0,0.7 \
+                 font ",9" notitle
+    }
     set output
 }
