@@ -68,13 +68,16 @@ do for [fmt in "png svg"] {
         set size ratio -1
         set xlabel sprintf("%s: %s (%s)", refkind, ref, u)
         set ylabel sprintf("%s (%s)", refkind eq "measured" ? "predicted" : "run", u)
+        # the stage labels of runs 0 to 3 sit at four corners of their points, so
+        # that runs that agree (the planner and the simulator) do not cover each other
         plot '+' using 1:($1*0.75):($1*1.25) with filledcurves lc rgb "#e4e4e4" title "±25%", \
              '+' using 1:($1*0.9):($1*1.1) with filledcurves lc rgb "#c4c4c4" title "±10%", \
              '+' using 1:1 with lines lc rgb "black" dt 2 lw 1.5 title "y = x", \
              for [i=0:nruns-1] data index i using xc:yc with points pt (5 + 2*(i%4)) ps 1.8 \
                  lc rgb runcolor[i%6+1] title columnheader(1), \
              for [i=0:nruns-1] data index i using xc:yc:(sprintf("%d", $1)) with labels \
-                 offset char 1.3,char 0.7 font ",9" tc rgb runcolor[i%6+1] notitle
+                 offset char (i%4 < 2 ? 1.3 : -1.3), char (i%2 == 0 ? 0.7 : -0.8) \
+                 font ",9" tc rgb runcolor[i%6+1] notitle
     }
     unset multiplot
     set output
