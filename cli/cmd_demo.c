@@ -43,7 +43,8 @@ int ps_cmd_demo(int argc, char **argv)
                "  6. its execution on the CPU backend (8 threads as the 8 GPUs), checked\n"
                "     against the single-device step: demo-small-exec.json,\n"
                "     demo-small-exec-trace.json;\n"
-               "  7. the three compared per stage, with charts in demo-plots/ (gnuplot).\n"
+               "  7. the three compared per stage, with charts in demo-plots/ (gnuplot):\n"
+               "     scatter, breakdown and the measured step's timeline.\n"
                "The CPU measures its own speed, not a V100's: step 7 shows how a measured\n"
                "run lines up with the predictions (docs/compare.md).\n");
 #ifdef PS_NO_SIMGRID
@@ -107,15 +108,18 @@ int ps_cmd_demo(int argc, char **argv)
     return 0;
 #else
     step(7, "the planner, the simulator and the CPU measurement compared per stage; charts "
-            "in demo-plots/");
+            "in demo-plots/\n(scatter, breakdown, and the timeline of the measured step)");
     rc = run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
                                         "demo-small-sim.json", "demo-small-exec.json", "--plot",
                                         "demo-plots", NULL});
     if (rc != 0) { /* the charts need gnuplot: the table alone */
         printf("\n(no charts: see the message above)\n\n");
-        rc = run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
-                                            "demo-small-sim.json", "demo-small-exec.json", NULL});
+        return run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
+                                              "demo-small-sim.json", "demo-small-exec.json",
+                                              NULL});
     }
-    return rc;
+    /* and the measured iteration, device by device */
+    return run(ps_cmd_plot, (char *[]){"plot", "--timeline", "demo-small-exec-trace.json", "-o",
+                                       "demo-plots", NULL});
 #endif
 }

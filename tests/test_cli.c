@@ -780,6 +780,11 @@ static void test_demo(void **state)
     run_ok(fx, a, &r);
     expect_exit(&r, 0);
     expect_in(&r, true, "parameters");
+#ifndef PS_NO_SIMGRID
+    /* the charts, the measured step's timeline among them, unless gnuplot is missing */
+    if (strstr(r.out, "(no charts") == NULL)
+        expect_in(&r, true, "timeline      demo-plots/timeline.png, demo-plots/timeline.svg");
+#endif
 #ifdef PS_NO_SIMGRID
     expect_in(&r, true, "demo 3/7: skipped");
     expect_in(&r, true, "this build has no SimGrid");
