@@ -97,7 +97,7 @@ int main(int argc, char **argv)
         char machine[600];
         machine_describe(machine, sizeof machine);
         fprintf(csv,
-                "# bench_intra: the intra-op ILP of GPT-2.6B stages on 8-device meshes "
+                "# bench_intra: the intra-op ILP of GPT-2.6B stages on 8-device meshes, "
                 "GLPK time limit 60 s, MIP gap 1%%; machine: %s\n"
                 "model,layers,ops,mesh,batch_axis0_forced,nodes,edges,strategies,reduced_nodes,"
                 "reduced_edges,glpk_cols,glpk_rows,method,optimal,gap,objective_s,solve_s\n",
