@@ -675,6 +675,34 @@ static void test_plot_compare(void **state)
     run_result_free(&r);
     check_chart(dir, "scatter");
     check_chart(dir, "breakdown");
+    /* a file name with enhanced-text markup (_ ^) stays literal in the legend:
+     * escaped, doubly in the data file (gnuplot unescapes it once there) */
+    char odd[700];
+    snprintf(odd, sizeof odd, "%s/sim_1^2.json", tmp_dir);
+    size_t len = 0;
+    char *text = slurp(DATA "/sim.json", &len);
+    assert_non_null(text);
+    FILE *f = fopen(odd, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    fclose(f);
+    free(text);
+    const char *c[] = {"compare", DATA "/planner.json", odd, DATA "/exec.json", "--plot", dir,
+                       NULL};
+    run_bin(c, "DISPLAY=", &r);
+    expect(&r, 0, "charts", NULL);
+    assert_int_equal(r.err_len, 0);
+    run_result_free(&r);
+    char dat[800];
+    snprintf(dat, sizeof dat, "%s/scatter.dat", dir);
+    text = slurp(dat, &len);
+    assert_non_null(text);
+    if (strstr(text, "\"B sim (sim\\\\_1\\\\^2.json)\"") == NULL)
+        fail_msg("the label is not escaped:\n%s", text);
+    free(text);
+    unlink(odd);
+    check_chart(dir, "scatter");
+    check_chart(dir, "breakdown");
     rmdir(dir);
     snprintf(dir, sizeof dir, "%s/charts", tmp_dir);
     rmdir(dir);

@@ -122,6 +122,21 @@ static void gp_str(gp_vars *v, const char *name, const char *value)
     gp_append(v, "'; ");
 }
 
+/* Text the charts show: gnuplot's enhanced text mode reads _ ^ @ & ~ { } as
+ * markup (bench_scaling.csv came out with a subscript), so each is escaped. */
+static bool enhanced_special(char c) { return c != '\0' && strchr("_^@&~{}", c) != NULL; }
+
+static void gp_text(gp_vars *v, const char *name, const char *value)
+{
+    gp_append(v, "%s='", name);
+    for (const char *p = value; *p != '\0'; p++) {
+        if (enhanced_special(*p))
+            gp_append(v, "\\");
+        gp_append(v, *p == '\'' ? "''" : "%c", *p);
+    }
+    gp_append(v, "'; ");
+}
+
 static void gp_num(gp_vars *v, const char *name, double value)
 {
     gp_append(v, "%s=%.17g; ", name, value);
@@ -282,12 +297,17 @@ static ps_status close_data(FILE *f, const char *path, ps_error *err)
     return failed ? ps_error_set(err, PS_ERR_IO, "%s: write failed", path) : PS_OK;
 }
 
-/* A string as a gnuplot data field: double-quoted, quotes made single. */
+/* A label as a gnuplot data field: double-quoted, quotes made single, shown
+ * as enhanced text (see gp_text); gnuplot reads a double-quoted string there
+ * with backslash escapes, so the escape is doubled. */
 static void data_text(FILE *f, const char *s)
 {
     fputc('"', f);
-    for (; *s != '\0'; s++)
+    for (; *s != '\0'; s++) {
+        if (enhanced_special(*s))
+            fputs("\\\\", f);
         fputc(*s == '"' ? '\'' : *s, f);
+    }
     fputc('"', f);
 }
 
@@ -433,8 +453,8 @@ static ps_status plot_scatter(const ps_compare *c, const char *dir, const ps_plo
     gp_str(&v, "data", path);
     snprintf(path, sizeof path, "%s/scatter", dir);
     gp_str(&v, "out", path);
-    gp_str(&v, "title", title);
-    gp_str(&v, "ref", label);
+    gp_text(&v, "title", title);
+    gp_text(&v, "ref", label);
     gp_int(&v, "nruns", blocks);
     gp_str(&v, "tunit", tu.name);
     gp_str(&v, "munit", mu.name);
@@ -492,7 +512,7 @@ static ps_status plot_breakdown(const ps_compare *c, const char *dir, const ps_p
     gp_str(&v, "data", path);
     snprintf(path, sizeof path, "%s/breakdown", dir);
     gp_str(&v, "out", path);
-    gp_str(&v, "title", title);
+    gp_text(&v, "title", title);
     gp_str(&v, "unit", u.name);
     gp_int(&v, "nruns", c->n_runs);
     gp_int(&v, "nstages", c->n_stages);
@@ -623,7 +643,7 @@ ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, c
     gp_str(&v, "data", path);
     snprintf(path, sizeof path, "%s/timeline", dir);
     gp_str(&v, "out", path);
-    gp_str(&v, "title", title);
+    gp_text(&v, "title", title);
     gp_str(&v, "unit", u.name);
     gp_str(&v, "cats", cats);
     gp_int(&v, "ndevices", t->n_devices);
@@ -849,8 +869,8 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
         snprintf(title, sizeof title, "%s (%s)", note, base_name(csv_path));
     else
         snprintf(title, sizeof title, "%s", base_name(csv_path));
-    gp_str(&v, "title", title);
-    gp_str(&v, "ylabel", ylabel);
+    gp_text(&v, "title", title);
+    gp_text(&v, "ylabel", ylabel);
     gp_int(&v, "nseries", n_names);
     /* devices come in powers of two: a log2 axis once they span 8x */
     gp_int(&v, "xlog", dhi / dlo >= 8);
