@@ -54,9 +54,10 @@ typedef struct ps_exec_tolerance {
  * held in `storage`. fp32: rel 1e-4, floor 1e-3, parameters 5e-3 absolute.
  * fp16 and bf16: rel 32u, floor 1e-2 (and the smallest normal value),
  * parameters 5e-3 per step plus 2u relative (a unit in the last place of
- * the stored value). Per step, because Adam makes half precision's noise in a gradient that is zero in
- * exact arithmetic (an attention key bias's) a full step of about lr in
- * either direction, every step; fp32's noise stays below Adam's epsilon.
+ * the stored value). Per step, because Adam makes half precision's noise in
+ * a gradient that is zero in exact arithmetic (an attention key bias's) a
+ * full step of about lr in either direction, every step; fp32's noise stays
+ * below Adam's epsilon.
  * Measured worst cases are in docs/executors.md. */
 ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps);
 

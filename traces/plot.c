@@ -112,29 +112,33 @@ static void gp_append(gp_vars *v, const char *fmt, ...)
     }
 }
 
-/* A string variable: gnuplot's single quotes take everything literally
- * except a quote, which is doubled. */
-static void gp_str(gp_vars *v, const char *name, const char *value)
-{
-    gp_append(v, "%s='", name);
-    for (const char *p = value; *p != '\0'; p++)
-        gp_append(v, *p == '\'' ? "''" : "%c", *p);
-    gp_append(v, "'; ");
-}
-
 /* Text the charts show: gnuplot's enhanced text mode reads _ ^ @ & ~ { } as
  * markup (bench_scaling.csv came out with a subscript), so each is escaped. */
 static bool enhanced_special(char c) { return c != '\0' && strchr("_^@&~{}", c) != NULL; }
 
-static void gp_text(gp_vars *v, const char *name, const char *value)
+/* A string variable, name='value': gnuplot's single quotes take everything
+ * literally except a quote, which is doubled; `shown`: escape the markup. */
+static void gp_quoted(gp_vars *v, const char *name, const char *value, bool shown)
 {
     gp_append(v, "%s='", name);
     for (const char *p = value; *p != '\0'; p++) {
-        if (enhanced_special(*p))
+        if (shown && enhanced_special(*p))
             gp_append(v, "\\");
         gp_append(v, *p == '\'' ? "''" : "%c", *p);
     }
     gp_append(v, "'; ");
+}
+
+/* A path or a name the script reads. */
+static void gp_str(gp_vars *v, const char *name, const char *value)
+{
+    gp_quoted(v, name, value, false);
+}
+
+/* Text the chart shows. */
+static void gp_text(gp_vars *v, const char *name, const char *value)
+{
+    gp_quoted(v, name, value, true);
 }
 
 static void gp_num(gp_vars *v, const char *name, double value)

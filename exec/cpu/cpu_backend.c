@@ -632,14 +632,19 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
             st = combine_tiles(device, g->id, kind, g->n, x.geo, x.copy, &fdst, err);
         exchange_free(&x);
     } else if (st == PS_OK) {
-        void *copy = malloc((size_t)(n > 0 ? n : 1) * 4);
-        if (copy == NULL)
-            st = ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-        rendezvous *r;
-        if (st == PS_OK) {
-            memcpy(copy, fsrc.data, (size_t)n * 4);
-            st = rdv_enter(c, device, g, 100 + (int)kind, copy, &fsrc, n, &r, err);
+        /* the round owns the copy it reads; a widened source already is one */
+        void *copy = own_src;
+        own_src = NULL;
+        if (copy == NULL) {
+            copy = malloc((size_t)(n > 0 ? n : 1) * 4);
+            if (copy == NULL)
+                st = ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+            else
+                memcpy(copy, fsrc.data, (size_t)n * 4);
         }
+        rendezvous *r;
+        if (st == PS_OK)
+            st = rdv_enter(c, device, g, 100 + (int)kind, copy, &fsrc, n, &r, err);
         if (st == PS_OK) {
             st = combine_tiles(device, g->id, kind, r->n, r->geo, r->copy, &fdst, err);
             rdv_leave(c, r);
