@@ -395,7 +395,7 @@ out:
  * (the last of two steps; best of three runs) against the calibration. */
 static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *label,
                               const ps_model_config *cfg, int gpus, int global_batch,
-                              int micro_batches, int slowdown, ps_error *err)
+                              int micro_batches, int slowdown, double *step_out, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_plan *p = NULL;
@@ -444,6 +444,7 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
     rows_add(rs, name, "info", best, "s");
     printf("  CPU executor, %s on %d devices (%d stage%s): step %.3f s\n", label, gpus, p->n_stages,
            p->n_stages == 1 ? "" : "s", best);
+    *step_out = best;
     fflush(stdout);
 out:
     if (b != NULL)
@@ -460,9 +461,10 @@ static ps_status run_exec(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_err
 {
     ps_status st = PS_OK;
     ps_model_config mlp, gpt;
+    double mlp_s = 0, fp32_s = 0, bf16_s = 0;
     PS_TRY(ps_zoo_lookup("mlp", &mlp, err));
     mlp.hidden = 512;
-    PS_TRY(run_exec_one(rs, cal, "mlp-h512", &mlp, 2, 256, 2, slowdown, err));
+    PS_TRY(run_exec_one(rs, cal, "mlp-h512", &mlp, 2, 256, 2, slowdown, &mlp_s, err));
     /* the demo's small GPT: 4 layers, hidden 256, seq 128, vocab 2048, fp32 */
     PS_TRY(ps_zoo_lookup("gpt-350m", &gpt, err));
     gpt.layers = 4;
@@ -472,7 +474,12 @@ static ps_status run_exec(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_err
     gpt.seq = 128;
     gpt.vocab = 2048;
     gpt.dtype = PS_DTYPE_F32;
-    PS_TRY(run_exec_one(rs, cal, "gpt-small", &gpt, 4, 16, 4, slowdown, err));
+    PS_TRY(run_exec_one(rs, cal, "gpt-small", &gpt, 4, 16, 4, slowdown, &fp32_s, err));
+    /* and held in bf16: the half-precision path's conversions and scratch */
+    gpt.dtype = PS_DTYPE_BF16;
+    PS_TRY(run_exec_one(rs, cal, "gpt-small-bf16", &gpt, 4, 16, 4, slowdown, &bf16_s, err));
+    rows_add(rs, "exec.gpt-small-bf16@4.over_fp32", "info", bf16_s / fp32_s, "x");
+    printf("  CPU executor, bf16 step over fp32 step: %.2fx\n", bf16_s / fp32_s);
 out:
     return st;
 }

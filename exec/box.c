@@ -90,11 +90,8 @@ static void copy_row(void *arg, const int64_t *c, int64_t len, int64_t flat)
         memcpy((char *)a->dst->data + di * eb, (const char *)a->src->data + si * eb,
                (size_t)len * (size_t)eb);
     } else if (ps_tile_is_half(a->dst)) { /* each sum rounded, as a half-precision add */
-        const uint16_t *s = (const uint16_t *)a->src->data + si;
-        uint16_t *d = (uint16_t *)a->dst->data + di;
-        ps_dtype t = a->dst->dtype;
-        for (int64_t i = 0; i < len; i++)
-            d[i] = ps_half_from_float(t, ps_half_to_float(t, d[i]) + ps_half_to_float(t, s[i]));
+        ps_half_add(a->dst->dtype, (uint16_t *)a->dst->data + di,
+                    (const uint16_t *)a->src->data + si, len);
     } else {
         const float *s = (const float *)a->src->data + si;
         float *d = (float *)a->dst->data + di;

@@ -26,4 +26,13 @@ float ps_half_to_float(ps_dtype t, uint16_t h);
 void ps_half_narrow(ps_dtype t, const float *src, uint16_t *dst, int64_t n);
 void ps_half_widen(ps_dtype t, const uint16_t *src, float *dst, int64_t n);
 
+/* dst[i] = dst[i] + src[i], each sum in fp32 rounded once: a half add. */
+void ps_half_add(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n);
+
+/* The n-value functions run 8-wide AVX2/F16C kernels where the CPU has
+ * them, with the scalar code's bits. Turns them on (where supported) or
+ * off, before any thread converts; returns whether they now run. For
+ * tests and measurements. */
+bool ps_half_vector_kernels(bool on);
+
 #endif

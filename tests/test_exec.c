@@ -871,9 +871,6 @@ static void test_box_pack(void **state)
     assert_false(ps_box_intersect(2, far, size, a_off, (int64_t[]){7, 6}, o2, s2));
 }
 
-/* The CPU backend keeps released blocks for reuse (no fresh pages every
- * micro-batch): a block of a released size comes back, other sizes do not
- * take it, and the accounting counts what is handed out, not what is kept. */
 /* exec/half.c against independent oracles: the compiler's _Float16 for
  * fp16, the nearest of the two truncation neighbours (ties to the even
  * one) for bf16; every half value round-trips; NaN stays NaN; beyond the
@@ -970,6 +967,143 @@ static void test_half_conversions(void **state)
     assert_memory_equal(buf, want, sizeof want);
 }
 
+/* The n-value conversions (8-wide AVX2/F16C kernels where the CPU has
+ * them, and the scalar loops) give the per-value functions' bits: every
+ * half value widened, the rounding midpoints and specials narrowed, half
+ * adds, every length's tail, in place and not. */
+static void check_half_arrays(const char *path)
+{
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
+    float *f = malloc(2 * N * sizeof *f);
+    assert_non_null(h), assert_non_null(h2), assert_non_null(f);
+    uint64_t r = 0x2545f4914f6cdd1dull;
+    for (int k = 0; k < 2; k++) {
+        ps_dtype t = k == 0 ? PS_DTYPE_BF16 : PS_DTYPE_F16;
+        for (uint32_t i = 0; i < N; i++)
+            h[i] = (uint16_t)i;
+        ps_half_widen(t, h, f, N);
+        for (uint32_t i = 0; i < N; i++) {
+            float want = ps_half_to_float(t, h[i]);
+            if (memcmp(&f[i], &want, sizeof want) != 0)
+                fail_msg("%s: %s widens %#x to %a, not %a", path, ps_dtype_name(t), i,
+                         (double)f[i], (double)want);
+        }
+        /* floats to narrow: midpoints and their neighbours, specials, random bits */
+        int n = 0;
+        for (uint32_t i = 0; i + 1 < N / 2 && n + 3 <= 2 * N - 16; i += 3) {
+            double mid = 0.5 * ((double)ps_half_to_float(t, (uint16_t)i) +
+                                (double)ps_half_to_float(t, (uint16_t)(i + 1)));
+            float m = (float)mid;
+            f[n++] = nextafterf(m, -INFINITY), f[n++] = m, f[n++] = -nextafterf(m, INFINITY);
+        }
+        const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                    0x7f800001u, 0x7fbfe000u, 0x00000001u, 0x80400000u,
+                                    0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0x33000000u};
+        for (size_t j = 0; j < sizeof special / sizeof *special; j++)
+            memcpy(&f[n++], &special[j], sizeof *f);
+        while (n < 2 * N) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t bits = (uint32_t)(r >> 32);
+            memcpy(&f[n++], &bits, sizeof *f);
+        }
+        for (int base = 0; base < 2 * N; base += N) {
+            ps_half_narrow(t, f + base, h, N);
+            for (int i = 0; i < N; i++) {
+                uint16_t want = ps_half_from_float(t, f[base + i]);
+                if (h[i] != want)
+                    fail_msg("%s: %s narrows %a to %#x, not %#x", path, ps_dtype_name(t),
+                             (double)f[base + i], h[i], want);
+            }
+        }
+        /* half adds: each sum in fp32, rounded once (which NaN operand a
+         * NaN sum carries is the compiler's choice) */
+        for (int i = 0; i < N; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = (uint16_t)(r >> 48);
+            h2[i] = (uint16_t)(r >> 32);
+        }
+        uint16_t *sum = malloc(N * sizeof *sum);
+        assert_non_null(sum);
+        memcpy(sum, h, N * sizeof *sum);
+        ps_half_add(t, sum, h2, N);
+        for (int i = 0; i < N; i++) {
+            float a = ps_half_to_float(t, h[i]), b = ps_half_to_float(t, h2[i]);
+            uint16_t want = ps_half_from_float(t, a + b);
+            if (isnan(a + b) ? !isnan(ps_half_to_float(t, sum[i])) : sum[i] != want)
+                fail_msg("%s: %s %a + %a gives %#x, not %#x", path, ps_dtype_name(t),
+                         (double)a, (double)b, sum[i], want);
+        }
+        free(sum);
+        /* every tail length, in place and not, at unaligned starts */
+        for (int len = 0; len <= 19; len++)
+            for (int start = 0; start < 3; start++) {
+                float src[24], in_place[24], want[24];
+                uint16_t out[24];
+                for (int i = 0; i < len; i++)
+                    src[i] = ps_half_to_float(t, ps_half_from_float(t, (float)(i - 7) * 0.37f));
+                memcpy(in_place, src, sizeof in_place);
+                ps_half_narrow(t, src, out + start, len);
+                ps_half_narrow(t, in_place, (uint16_t *)in_place, len);
+                assert_memory_equal(out + start, in_place, (size_t)len * sizeof *out);
+                ps_half_widen(t, out + start, want, len);
+                ps_half_widen(t, (uint16_t *)in_place, in_place, len);
+                assert_memory_equal(want, in_place, (size_t)len * sizeof *want);
+                assert_memory_equal(want, src, (size_t)len * sizeof *want);
+            }
+    }
+    free(h), free(h2), free(f);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+/* 1: the upper halves of the YMM registers are in use (XINUSE bit 2, read
+ * by XGETBV with ECX = 1); -1: the CPU cannot tell. */
+static int avx_upper_dirty(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(0xd, 1, &a, &b, &c, &d) || !(a & 4u))
+        return -1;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    return (lo & 4u) != 0;
+}
+#else
+static int avx_upper_dirty(void) { return -1; }
+#endif
+
+static void test_half_vector_kernels(void **state)
+{
+    (void)state;
+    assert_false(ps_half_vector_kernels(false));
+    check_half_arrays("scalar");
+    if (!ps_half_vector_kernels(true)) {
+        print_message("no AVX2/F16C here: only the scalar conversions were checked\n");
+        return;
+    }
+    check_half_arrays("AVX2/F16C");
+    /* each kernel leaves the YMM upper halves clean (vzeroupper): dirty,
+     * every SSE instruction of the fp32 kernels after it is slowed (1.5x) */
+    float f[19] = {0};
+    uint16_t h[19] = {0}, g[19] = {0};
+    for (int n = 16; n <= 19; n += 3) {
+        ps_half_widen(PS_DTYPE_F16, h, f, n);
+        int widen = avx_upper_dirty();
+        ps_half_narrow(PS_DTYPE_BF16, f, h, n);
+        int narrow = avx_upper_dirty();
+        ps_half_add(PS_DTYPE_F16, h, g, n);
+        int add = avx_upper_dirty();
+        if (widen < 0)
+            return;
+        assert_int_equal(widen, 0);
+        assert_int_equal(narrow, 0);
+        assert_int_equal(add, 0);
+    }
+}
+
+/* The CPU backend keeps released blocks for reuse (no fresh pages every
+ * micro-batch): a block of a released size comes back, other sizes do not
+ * take it, and the accounting counts what is handed out, not what is kept. */
 static void test_cpu_block_reuse(void **state)
 {
     (void)state;
@@ -1008,6 +1142,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_box_pack),
         cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_half_vector_kernels),
         cmocka_unit_test(test_reshard_steps_realizable),
         cmocka_unit_test(test_data_layout_free),
         cmocka_unit_test(test_mlp_methods),

@@ -45,6 +45,11 @@ typedef struct cpu_device {
     struct block_header **pool;
     int n_pool, cap_pool;
     int64_t pool_bytes;
+    /* fp32 copies of an op's half tiles, kept from op to op (grown, never
+     * shrunk): a malloc per op gave fresh pages and a page fault each, a
+     * tenth of a bf16 step. Not device memory: a GPU widens in registers. */
+    float *scratch;
+    int64_t scratch_floats;
 } cpu_device;
 
 typedef struct cpu_backend {
@@ -134,24 +139,24 @@ static ps_status cpu_upload(ps_backend *b, int device, void *dst, const void *ho
 
 /* ---- half precision: fp16/bf16 tiles computed in fp32 ---- */
 
-/* A float copy of a half tile (*owned, to free), or the tile itself. */
-static ps_status widen_tile(int device, const ps_tile *t, bool copy, ps_tile *f, void **owned,
-                            ps_error *err)
+/* Floats a half tile takes in the scratch, rounded up to 64 bytes. */
+static int64_t scratch_floats(const ps_tile *t)
+{
+    return ps_tile_is_half(t) ? (ps_tile_numel(t) + 15) / 16 * 16 : 0;
+}
+
+/* f: t itself, or a float copy of the half tile t at *next in the scratch
+ * (widened when `copy`; an output's values are all written by the op). */
+static void widen_tile(const ps_tile *t, bool copy, ps_tile *f, float **next)
 {
     *f = *t;
-    *owned = NULL;
     if (!ps_tile_is_half(t))
-        return PS_OK;
-    int64_t n = ps_tile_numel(t);
-    float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
-    if (w == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+        return;
     if (copy)
-        ps_half_widen(t->dtype, t->data, w, n);
-    f->data = w;
+        ps_half_widen(t->dtype, t->data, *next, ps_tile_numel(t));
+    f->data = *next;
     f->dtype = PS_DTYPE_F32;
-    *owned = w;
-    return PS_OK;
+    *next += scratch_floats(t);
 }
 
 /* The widened values of f back into the half tile t (rounded). */
@@ -161,20 +166,62 @@ static void narrow_tile(const ps_tile *f, ps_tile *t)
         ps_half_narrow(t->dtype, f->data, t->data, ps_tile_numel(t));
 }
 
+/* A float copy of the half tile t that the caller owns (a collective's
+ * source, handed to the rendezvous), or NULL with *f = *t for a float one. */
+static ps_status widen_owned(int device, const ps_tile *t, ps_tile *f, float **owned,
+                             ps_error *err)
+{
+    *f = *t;
+    *owned = NULL;
+    if (!ps_tile_is_half(t))
+        return PS_OK;
+    int64_t n = ps_tile_numel(t);
+    *owned = malloc((size_t)(n > 0 ? n : 1) * sizeof **owned);
+    if (*owned == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    ps_half_widen(t->dtype, t->data, *owned, n);
+    f->data = *owned;
+    f->dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* At least `need` floats of scratch on device d. */
+static ps_status scratch_reserve(cpu_device *d, int device, int64_t need, ps_error *err)
+{
+    if (need <= d->scratch_floats)
+        return PS_OK;
+    free(d->scratch);
+    d->scratch_floats = 0;
+    if (posix_memalign((void **)&d->scratch, 64, (size_t)need * sizeof(float)) != 0) {
+        d->scratch = NULL;
+        return ps_error_set(err, PS_ERR_NOMEM,
+                            "device %d: out of host memory widening %lld half values", device,
+                            (long long)need);
+    }
+    d->scratch_floats = need;
+    return PS_OK;
+}
+
 /* An op whose tiles include half ones: the fp32 kernel on widened copies,
  * its outputs (and Adam's in-place inputs) rounded back. */
-static ps_status half_op(int device, const ps_op *op, const ps_tile *in, ps_tile *out,
-                         const ps_op_context *ctx, ps_error *err)
+static ps_status half_op(cpu_device *d, int device, const ps_op *op, const ps_tile *in,
+                         ps_tile *out, const ps_op_context *ctx, ps_error *err)
 {
+    int64_t need = 0;
+    for (int i = 0; i < op->n_in; i++)
+        need += scratch_floats(&in[i]);
+    for (int o = 0; o < op->n_out; o++)
+        need += scratch_floats(&out[o]);
+    ps_status st = scratch_reserve(d, device, need, err);
+    if (st != PS_OK)
+        return st;
     ps_tile fin[PS_MAX_OP_IO], fout[PS_MAX_OP_IO];
-    void *own[2 * PS_MAX_OP_IO] = {0};
-    ps_status st = PS_OK;
-    for (int i = 0; i < op->n_in && st == PS_OK; i++)
-        st = widen_tile(device, &in[i], true, &fin[i], &own[i], err);
-    for (int o = 0; o < op->n_out && st == PS_OK; o++)
-        st = widen_tile(device, &out[o], false, &fout[o], &own[PS_MAX_OP_IO + o], err);
-    if (st == PS_OK)
-        st = ps_cpu_op_run(op, fin, fout, ctx, err);
+    float *next = d->scratch;
+    for (int i = 0; i < op->n_in; i++)
+        widen_tile(&in[i], true, &fin[i], &next);
+    for (int o = 0; o < op->n_out; o++)
+        widen_tile(&out[o], false, &fout[o], &next);
+    st = ps_cpu_op_run(op, fin, fout, ctx, err);
     if (st == PS_OK) {
         for (int o = 0; o < op->n_out; o++)
             narrow_tile(&fout[o], &out[o]);
@@ -182,21 +229,19 @@ static ps_status half_op(int device, const ps_op *op, const ps_tile *in, ps_tile
             for (int i = 0; i < op->n_in; i++)
                 narrow_tile(&fin[i], (ps_tile *)&in[i]);
     }
-    for (int i = 0; i < 2 * PS_MAX_OP_IO; i++)
-        free(own[i]);
     return st;
 }
 
 static ps_status cpu_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
                         ps_tile *out, const ps_op_context *ctx, ps_error *err)
 {
-    (void)b;
+    cpu_device *d = &cb(b)->dev[device];
     for (int i = 0; i < op->n_in; i++)
         if (ps_tile_is_half(&in[i]))
-            return half_op(device, op, in, out, ctx, err);
+            return half_op(d, device, op, in, out, ctx, err);
     for (int o = 0; o < op->n_out; o++)
         if (ps_tile_is_half(&out[o]))
-            return half_op(device, op, in, out, ctx, err);
+            return half_op(d, device, op, in, out, ctx, err);
     return ps_cpu_op_run(op, in, out, ctx, err);
 }
 
@@ -619,11 +664,16 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
                             device, src->rank, dst->rank);
     /* Half tiles travel and combine widened: sums in fp32 in member order,
      * rounded once into dst. */
+    cpu_device *d = &c->dev[device];
     ps_tile fsrc, fdst;
-    void *own_src = NULL, *own_dst = NULL;
-    ps_status st = widen_tile(device, src, true, &fsrc, &own_src, err);
+    float *own_src = NULL;
+    ps_status st = widen_owned(device, src, &fsrc, &own_src, err);
     if (st == PS_OK)
-        st = widen_tile(device, dst, false, &fdst, &own_dst, err);
+        st = scratch_reserve(d, device, scratch_floats(dst), err);
+    if (st == PS_OK) {
+        float *next = d->scratch;
+        widen_tile(dst, false, &fdst, &next);
+    }
     int64_t n = ps_tile_numel(src);
     if (st == PS_OK && !group_is_local(c, g)) {
         exchange x;
@@ -653,7 +703,6 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
     if (st == PS_OK)
         narrow_tile(&fdst, dst);
     free(own_src);
-    free(own_dst);
     return st;
 }
 
@@ -812,6 +861,7 @@ static void cpu_destroy(ps_backend *b)
             for (int k = 0; k < c->dev[i].n_pool; k++)
                 free(c->dev[i].pool[k]);
             free(c->dev[i].pool);
+            free(c->dev[i].scratch);
         }
     free(c->dev);
     free(c->head);
