@@ -33,7 +33,8 @@ static void help(void)
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
            "CPU backend every device is a thread with real numerics (fp32 arithmetic; fp16\n"
            "and bf16 tensors held in 2 bytes, rounded after every op); on the CUDA backend\n"
-           "every device is a GPU (fp16/bf16 tensors held in fp32 for now). Prints the\n"
+           "every device is a GPU (fp16/bf16 tensors also in 2 bytes; their GEMMs on cuBLAS's\n"
+           "half inputs when no operand needs a transpose kernel first). Prints the\n"
            "measured iteration, per-stage times and memory beside the planner's prediction;\n"
            "the summary and the timeline of the last step use the formats of `pipeshard sim`\n"
            "(docs/trace-format.md).\n\n"
@@ -61,8 +62,8 @@ static void help(void)
            "  --share-gpu            cuda: run every device of the plan on GPU 0 (a test\n"
            "                         mode for checking multi-device plans on one GPU)\n"
            "  --tf32                 cuda: TF32 tensor-core GEMMs (default: exact fp32)\n"
-           "  --fp32                 hold fp16/bf16 tensors in fp32 (default: in 2 bytes\n"
-           "                         where the backend can: cpu; computed in fp32 either way)\n"
+           "  --fp32                 hold fp16/bf16 tensors in fp32 (default: in 2 bytes;\n"
+           "                         computed in fp32 either way)\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }

@@ -5,7 +5,8 @@
  * GPU 0 (one thread each) against the box semantics computed on the host;
  * exact memory accounting; errors that name the device (an absurd
  * allocation, an injected collective failure that every device thread
- * reports without hanging); timing and the GEMM profiler.
+ * reports without hanging); timing and the GEMM profiler; fp16/bf16 tiles
+ * held in 2 bytes against the CPU backend's half path.
  *
  * Needs a GPU: exits 77 (skipped) when ps_cuda_device_count() is 0. */
 #include <math.h>
@@ -27,7 +28,9 @@
 #include "exec/cuda/gemm_plan.h"
 #include "tests/test_util.h"
 #ifdef PS_HAVE_CPU_OPS
+#include "exec/cpu/cpu_backend.h"
 #include "exec/cpu/cpu_ops.h"
+#include "exec/half.h"
 #endif
 
 #define NMSE_TOL 1e-6
@@ -1163,6 +1166,219 @@ static void ops_moe(void **state)
     free(weight.data);
     b->ops->destroy(b);
 }
+/* ---- half storage: fp16/bf16 tiles in 2 bytes ------------------------------------ */
+
+/* A host tile's bytes (4 per element, 2 for fp16/bf16). */
+static size_t tile_bytes(const ps_tile *t)
+{
+    return (size_t)ps_tile_numel(t) * (size_t)ps_tile_elem_bytes(t);
+}
+
+/* A copy of the float host tile f, in type t (rounded) when `half`. */
+static ps_tile host_as(const ps_tile *f, bool half, ps_dtype t)
+{
+    ps_tile h = hcopy(f);
+    if (half && !f->is_int) {
+        h.dtype = t;
+        ps_half_narrow(t, f->data, h.data, ps_tile_numel(f));
+    }
+    return h;
+}
+
+/* The float values of a host tile (widened when half), as a new array. */
+static float *host_floats(const ps_tile *h)
+{
+    int64_t n = ps_tile_numel(h);
+    float *f = malloc((size_t)(n + 1) * sizeof *f);
+    assert_non_null(f);
+    if (ps_tile_is_half(h))
+        ps_half_widen(h->dtype, h->data, f, n);
+    else
+        memcpy(f, h->data, (size_t)n * sizeof *f);
+    return f;
+}
+
+static ps_tile dupload_any(ps_backend *b, const ps_tile *h)
+{
+    ps_error err = {0};
+    ps_tile d = *h;
+    assert_int_equal(b->ops->alloc(b, 0, (int64_t)tile_bytes(h), &d.data, &err), PS_OK);
+    assert_int_equal(b->ops->upload(b, 0, d.data, h->data, (int64_t)tile_bytes(h), &err), PS_OK);
+    return d;
+}
+
+/* Runs op with the tiles picked by the masks (bit i: input i, output i) held
+ * in type t, on the CPU backend and on the GPU, from the same 2-byte inputs,
+ * and compares outputs (and Adam's updated inputs): both compute in fp32 and
+ * round once, so they differ only where fp32 summation order moves a value
+ * across a rounding boundary; nmse <= u^2 (u: the type's unit roundoff).
+ * Frees in[] and out[]. */
+static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_tile *in,
+                          ps_tile *out, unsigned half_in, unsigned half_out, ps_dtype t)
+{
+    ps_error err = {0};
+    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}};
+    ps_tile cin[PS_MAX_OP_IO], cout[PS_MAX_OP_IO], din[PS_MAX_OP_IO], dout[PS_MAX_OP_IO];
+    for (int i = 0; i < op->n_in; i++) {
+        cin[i] = host_as(&in[i], (half_in >> i) & 1u, t);
+        din[i] = dupload_any(b, &cin[i]);
+    }
+    for (int o = 0; o < op->n_out; o++) {
+        cout[o] = host_as(&out[o], (half_out >> o) & 1u, t);
+        dout[o] = dupload_any(b, &cout[o]);
+    }
+    if (cpu->ops->op(cpu, 0, op, cin, cout, &ctx, &err) != PS_OK)
+        fail_msg("%s (%s) in %s: CPU backend failed: %s", op->name, op->attrs.einsum,
+                 ps_dtype_name(t), err.msg);
+    if (b->ops->op(b, 0, op, din, dout, &ctx, &err) != PS_OK)
+        fail_msg("%s (%s) in %s: %s", op->name, op->attrs.einsum, ps_dtype_name(t), err.msg);
+    double u = t == PS_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    for (int k = 0; k < op->n_in + op->n_out; k++) {
+        bool is_out = k >= op->n_in;
+        if (!is_out && op->kind != PS_OP_ADAM)
+            continue;
+        ps_tile *h = is_out ? &cout[k - op->n_in] : &cin[k];
+        ps_tile *d = is_out ? &dout[k - op->n_in] : &din[k];
+        ps_tile g = hcopy(h);
+        assert_int_equal(b->ops->download(b, 0, g.data, d->data, (int64_t)tile_bytes(h), &err),
+                         PS_OK);
+        float *want = host_floats(h), *got = host_floats(&g);
+        double e = nmse(got, want, ps_tile_numel(h));
+        if (!(e <= u * u))
+            fail_msg("%s (%s) in %s: %s %d differs from the CPU backend, nmse %g (limit %g)",
+                     op->name, op->attrs.einsum, ps_dtype_name(t), is_out ? "output" : "input",
+                     is_out ? k - op->n_in : k, e, u * u);
+        free(want), free(got), free(g.data);
+    }
+    for (int i = 0; i < op->n_in; i++) {
+        b->ops->release(b, 0, din[i].data);
+        free(cin[i].data);
+        free(in[i].data);
+    }
+    for (int o = 0; o < op->n_out; o++) {
+        b->ops->release(b, 0, dout[o].data);
+        free(cout[o].data);
+        free(out[o].data);
+    }
+}
+
+/* Every GEMM form (half inputs straight into cuBLAS, or widened where an
+ * operand is permuted first), elementwise, normalization, the loss
+ * gradient and Adam on half tiles, in bf16 and fp16. */
+static void ops_half_storage(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false), *cpu = NULL;
+    ps_error err = {0};
+    int slots = 2;
+    assert_int_equal(ps_cpu_backend_create(1, &slots, NULL, &cpu, &err), PS_OK);
+    int64_t size[26];
+    einsum_sizes_for_test(size);
+    size['k' - 'a'] = 33;
+    size['n' - 'a'] = 17;
+    const ps_dtype types[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (int ti = 0; ti < 2; ti++) {
+        ps_dtype t = types[ti];
+        for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++) {
+            ps_einsum e;
+            assert_int_equal(ps_einsum_parse(einsum_specs[i], &e, NULL), PS_OK);
+            ps_tile x[3];
+            for (int o = 0; o < 3; o++) {
+                int64_t shape[PS_MAX_RANK];
+                for (int k = 0; k < e.rank[o]; k++)
+                    shape[k] = size[e.labels[o][k] - 'a'];
+                x[o] = o < 2 ? hrand(e.rank[o], shape, NULL, NULL)
+                             : htile(false, e.rank[o], shape, NULL, NULL);
+            }
+            ps_op op = mkop(PS_OP_MATMUL, 2);
+            snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", einsum_specs[i]);
+            check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
+        }
+        const int64_t *shape = SH(6, 300);
+        {
+            ps_op op = mkop(PS_OP_GELU, 1);
+            ps_tile in[1] = {hrand(2, shape, NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_ADD, 2);
+            ps_tile in[2] = {hrand(2, shape, NULL, NULL), hrand(2, shape, NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 3u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_LAYERNORM, 3);
+            ps_tile in[3] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL),
+                             hrand(1, SH(300), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 7u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_SOFTMAX_XENT_GRAD, 2);
+            op.attrs.scale = 1024;
+            ps_tile in[2] = {hrand(3, SH(4, 6, 300), NULL, NULL), hints(2, SH(4, 6), 300)};
+            ps_tile out[1] = {htile(false, 3, SH(4, 6, 300), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        {
+            /* the parameter and its gradient in half, m, v and the master in fp32 */
+            ps_op op = mkop(PS_OP_ADAM, 5);
+            op.attrs.weight_decay = 0.01;
+            op.attrs.scale = 1024;
+            ps_tile in[5];
+            for (int i = 0; i < 5; i++)
+                in[i] = hrand(2, SH(33, 17), NULL, NULL);
+            for (int64_t i = 0; i < 33 * 17; i++) {
+                ((float *)in[1].data)[i] *= 1024; /* a scaled gradient */
+                ((float *)in[3].data)[i] = fabsf(((float *)in[3].data)[i]);
+            }
+            memcpy(in[4].data, in[0].data, 33 * 17 * sizeof(float));
+            check_op_half(b, cpu, &op, in, NULL, 3u, 0u, t);
+        }
+    }
+    cpu->ops->destroy(cpu);
+    b->ops->destroy(b);
+}
+
+/* The backend on half tiles: zero, accumulate (each sum rounded once, as
+ * exec/half.c's ps_half_add) and copy_box (2-byte elements), bit for bit. */
+static void backend_half_tiles(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    ps_error err = {0};
+    const ps_dtype types[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (int ti = 0; ti < 2; ti++) {
+        ps_dtype t = types[ti];
+        ps_tile fa = hrand(2, SH(9, 13), NULL, NULL), fb = hrand(2, SH(9, 13), NULL, NULL);
+        ps_tile ha = host_as(&fa, true, t), hb = host_as(&fb, true, t);
+        ps_tile da = dupload_any(b, &ha), db = dupload_any(b, &hb);
+        assert_int_equal(b->ops->accumulate(b, 0, &da, &db, &err), PS_OK);
+        ps_tile want = hcopy(&ha), got = hcopy(&ha);
+        ps_half_add(t, want.data, hb.data, 9 * 13);
+        assert_int_equal(b->ops->download(b, 0, got.data, da.data, 9 * 13 * 2, &err), PS_OK);
+        assert_memory_equal(got.data, want.data, 9 * 13 * 2);
+        /* rows 3..7 of a 4-row tile of the same tensor, copied in */
+        ps_tile part = htile(false, 2, SH(4, 13), SH(9, 13), SH(3, 0));
+        ps_tile hpart = host_as(&part, true, t);
+        ps_tile dpart = dupload_any(b, &hpart);
+        assert_int_equal(b->ops->copy_box(b, 0, &db, &dpart, &err), PS_OK);
+        ps_tile back = hcopy(&hpart);
+        assert_int_equal(b->ops->download(b, 0, back.data, dpart.data, 4 * 13 * 2, &err), PS_OK);
+        assert_memory_equal(back.data, (uint16_t *)hb.data + 3 * 13, 4 * 13 * 2);
+        assert_int_equal(b->ops->zero(b, 0, &dpart, &err), PS_OK);
+        assert_int_equal(b->ops->download(b, 0, back.data, dpart.data, 4 * 13 * 2, &err), PS_OK);
+        for (int i = 0; i < 4 * 13; i++)
+            assert_int_equal(((uint16_t *)back.data)[i], 0);
+        b->ops->release(b, 0, da.data);
+        b->ops->release(b, 0, db.data);
+        b->ops->release(b, 0, dpart.data);
+        free(fa.data), free(fb.data), free(ha.data), free(hb.data), free(want.data);
+        free(got.data), free(part.data), free(hpart.data), free(back.data);
+    }
+    b->ops->destroy(b);
+}
 #else
 static void ops_skipped(void **state)
 {
@@ -1748,6 +1964,8 @@ int main(void)
         cmocka_unit_test(ops_cnn),
         cmocka_unit_test(ops_batchnorm_split_batch),
         cmocka_unit_test(ops_moe),
+        cmocka_unit_test(ops_half_storage),
+        cmocka_unit_test(backend_half_tiles),
 #else
         cmocka_unit_test(ops_skipped),
 #endif

@@ -39,8 +39,10 @@ typedef struct dev_state {
     int n_cache, cache_cap;
     cudaEvent_t *ev;
     bool *ev_set;
-    void *scratch[2]; /* collective staging */
-    size_t scratch_bytes[2];
+    /* collective staging (0, 1) and, for half tiles, their fp32 copies
+     * (2: the source, 3: the destination) */
+    void *scratch[4];
+    size_t scratch_bytes[4];
 } dev_state;
 
 /* What a member publishes at a collective's rendezvous. */
@@ -70,7 +72,8 @@ typedef struct msg {
     void *buf;
     int gpu; /* where buf lives */
     size_t cap;
-    int64_t len;
+    int64_t len;   /* elements */
+    int elem_bytes; /* 4, or 2 for fp16/bf16 */
     struct msg *next;
 } msg;
 
@@ -350,9 +353,11 @@ static ps_status be_accumulate(ps_backend *b, int device, ps_tile *dst, const ps
 {
     DEV(b, device);
     int64_t n = ps_tile_numel(dst);
-    if (n != ps_tile_numel(src) || ps_tile_is_half(dst) || ps_tile_is_half(src))
+    if (n != ps_tile_numel(src) || dst->dtype != src->dtype || dst->is_int || src->is_int)
         return ps_error_set(err, PS_ERR_INTERNAL,
                             "device %d: accumulating tiles of different sizes or types", device);
+    if (ps_tile_is_half(dst)) /* each sum rounded, as a half-precision add */
+        return ps_cuda_half_add(d->s, dst->dtype, dst->data, src->data, n, err);
     return ps_cuda_combine(d->s, (float *)dst->data, (const float *)src->data, n, false, err);
 }
 
@@ -360,7 +365,8 @@ static ps_status be_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
 {
     DEV(b, device);
     int64_t n = ps_tile_numel(t);
-    PS_CUDA_RET(d->loc, cudaMemsetAsync(t->data, 0, (size_t)n * 4, d->s->stream));
+    PS_CUDA_RET(d->loc, cudaMemsetAsync(t->data, 0, (size_t)n * (size_t)ps_tile_elem_bytes(t),
+                                        d->s->stream));
     return PS_OK;
 }
 
@@ -859,6 +865,15 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs, in
 
 /* ---- collectives ---------------------------------------------------------------------- */
 
+static ps_status run_collective(cuda_backend *cb, dev_state *d, group_state *gs,
+                                const ps_exec_group *g, ps_collective kind, const ps_tile *src,
+                                ps_tile *dst, const char *what, ps_error *err)
+{
+    if (cb->nccl && g->n > 1)
+        return nccl_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+    return share_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+}
+
 static ps_status be_collective(ps_backend *b, int device, const ps_exec_group *g,
                                ps_collective kind, const ps_tile *src, ps_tile *dst,
                                ps_error *err)
@@ -874,11 +889,30 @@ static ps_status be_collective(ps_backend *b, int device, const ps_exec_group *g
         return ps_error_set(err, PS_ERR_INVALID, "device %d: unknown collective kind %d", device,
                             (int)kind);
     PS_RET(check_tiles(device, src, dst, err));
+    if (src->dtype != dst->dtype)
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: %s between %s and %s tiles", device,
+                            what, ps_dtype_name(src->dtype), ps_dtype_name(dst->dtype));
     group_state *gs;
     PS_RET(group_get(cb, g, device, &gs, err));
-    if (cb->nccl && g->n > 1)
-        return nccl_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
-    return share_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+    if (!ps_tile_is_half(src))
+        return run_collective(cb, d, gs, g, kind, src, dst, what, err);
+    /* Half tiles travel and combine widened: sums in fp32, rounded once into
+     * dst, as on the CPU backend (NCCL's own half types would round at every
+     * step of its ring). */
+    ps_tile fsrc = *src, fdst = *dst;
+    fsrc.dtype = fdst.dtype = PS_DTYPE_F32;
+    PS_RET(scratch(d, 2, (size_t)ps_tile_numel(src) * 4, &fsrc.data, err));
+    PS_RET(scratch(d, 3, (size_t)ps_tile_numel(dst) * 4, &fdst.data, err));
+    PS_RET(ps_cuda_half_widen(d->s, src->dtype, src->data, (float *)fsrc.data,
+                              ps_tile_numel(src), err));
+    /* gathers keep what dst holds outside the boxes they write */
+    PS_RET(ps_cuda_half_widen(d->s, dst->dtype, dst->data, (float *)fdst.data,
+                              ps_tile_numel(dst), err));
+    PS_RET(run_collective(cb, d, gs, g, kind, &fsrc, &fdst, what, err));
+    PS_RET(ps_cuda_half_narrow(d->s, dst->dtype, (const float *)fdst.data, dst->data,
+                               ps_tile_numel(dst), err));
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
+    return PS_OK;
 }
 
 static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
@@ -927,7 +961,8 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
         return ps_error_set(err, PS_ERR_INVALID, "device %d: send to device %d", device, peer);
     int64_t start, len;
     PS_RET(chunk_of(device, src, box_size, chunk, chunks, &start, &len, err));
-    size_t bytes = (size_t)(len > 0 ? len : 1) * 4;
+    int eb = ps_tile_elem_bytes(src);
+    size_t bytes = (size_t)(len > 0 ? len : 1) * (size_t)eb;
     chan *c = &cb->chans[device * b->n_devices + peer];
     msg *mm = NULL;
     pthread_mutex_lock(&cb->mu);
@@ -951,6 +986,7 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
         mm->cap = bytes;
     }
     mm->len = len;
+    mm->elem_bytes = eb;
     mm->next = NULL;
     ps_status st = ps_cuda_box_pack(d->s, src, box_offset, box_size, start, len, mm->buf, true,
                                     err);
@@ -1008,12 +1044,18 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
                           "device %d: message from device %d has %lld elements, the receive "
                           "expects %lld (chunk %d of %d)",
                           device, peer, (long long)mm->len, (long long)len, chunk, chunks);
+    int eb = ps_tile_elem_bytes(dst);
+    if (st == PS_OK && mm->elem_bytes != eb)
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "device %d: message from device %d has %d-byte elements, the "
+                          "receive expects %d-byte ones",
+                          device, peer, mm->elem_bytes, eb);
     if (st == PS_OK && len > 0 && mm->gpu != d->gpu) {
         /* over NVLink/PCIe into this GPU's staging */
-        st = scratch(d, 1, (size_t)len * 4, &from, err);
+        st = scratch(d, 1, (size_t)len * (size_t)eb, &from, err);
         if (st == PS_OK) {
             cudaError_t e = cudaMemcpyPeerAsync(from, d->gpu, mm->buf, mm->gpu,
-                                                (size_t)len * 4, d->s->stream);
+                                                (size_t)len * (size_t)eb, d->s->stream);
             if (e != cudaSuccess)
                 st = ps_cuda_fail(d->loc, e, "cudaMemcpyPeerAsync", err);
         }
@@ -1076,7 +1118,7 @@ static void dev_free(cuda_backend *cb, dev_state *d)
             (void)cudaFree(d->live[i].ptr);
     free(d->live);
     free(d->cache);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 4; k++)
         if (d->scratch[k] != NULL)
             (void)cudaFree(d->scratch[k]);
     if (d->ev != NULL)
@@ -1201,7 +1243,7 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     cb->opt = opt != NULL ? *opt : ps_cuda_backend_options_default();
     cb->base.ops = &cuda_ops;
     cb->base.n_devices = n_devices;
-    cb->base.half_storage = false; /* fp16/bf16 tensors are held in fp32 here */
+    cb->base.half_storage = true; /* fp16/bf16 tensors in 2 bytes (cuda_half.cu) */
     cb->slots = timing_slots;
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);

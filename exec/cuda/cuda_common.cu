@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "exec/cuda/cuda_internal.cuh"
 
 /* ---- errors --------------------------------------------------------------- */
@@ -124,6 +127,8 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
 #endif
     if (s->ws != NULL)
         (void)cudaFree(s->ws);
+    if (s->half_ws != NULL)
+        (void)cudaFree(s->half_ws);
     if (s->stream != NULL)
         (void)cudaStreamDestroy(s->stream);
     (void)cudaGetLastError();
@@ -162,6 +167,21 @@ ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_err
 
 /* ---- boxes -------------------------------------------------------------------- */
 
+static __device__ inline float ps_add_elems(float a, float b, bool bf16)
+{
+    (void)bf16;
+    return a + b;
+}
+
+static __device__ inline uint16_t ps_add_elems(uint16_t a, uint16_t b, bool bf16)
+{
+    if (bf16)
+        return __bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float((uint32_t)a << 16) +
+                                                        __uint_as_float((uint32_t)b << 16)));
+    return __half_as_ushort(
+        __float2half_rn(__half2float(__ushort_as_half(a)) + __half2float(__ushort_as_half(b))));
+}
+
 static void row_major_strides(const ps_tile *t, int64_t *stride)
 {
     int64_t acc = 1;
@@ -186,7 +206,8 @@ bool ps_cuda_box_intersect(const ps_tile *a, const ps_tile *b, int64_t lo[PS_MAX
     return true;
 }
 
-static __global__ void ps_k_box_copy(ps_cuda_box_args a, const uint32_t *src, uint32_t *dst, int64_t n)
+template <typename T>
+static __global__ void ps_k_box_copy(ps_cuda_box_args a, const T *src, T *dst, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -202,7 +223,10 @@ static __global__ void ps_k_box_copy(ps_cuda_box_args a, const uint32_t *src, ui
     }
 }
 
-static __global__ void ps_k_box_add(ps_cuda_box_args a, const float *src, float *dst, int64_t n)
+/* dst[box] += src[box]: floats, or half values (bf16 or fp16) with each
+ * sum in fp32 rounded once, as exec/box.c's host add. */
+template <typename T>
+static __global__ void ps_k_box_add(ps_cuda_box_args a, const T *src, T *dst, int64_t n, bool bf16)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -214,7 +238,7 @@ static __global__ void ps_k_box_add(ps_cuda_box_args a, const float *src, float 
             so += (g - a.src_off[d]) * a.src_stride[d];
             dof += (g - a.dst_off[d]) * a.dst_stride[d];
         }
-        dst[dof] += src[so];
+        dst[dof] = ps_add_elems(dst[dof], src[so], bf16);
     }
 }
 
@@ -232,6 +256,12 @@ ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, 
                                 "(dim %d: %lld vs %lld)",
                                 s->loc.device, d, (long long)src->global[d],
                                 (long long)dst->global[d]);
+    bool is_half = ps_tile_is_half(dst);
+    if (ps_tile_elem_bytes(src) != ps_tile_elem_bytes(dst) ||
+        (is_half && src->dtype != dst->dtype) || (add && (src->is_int || dst->is_int)))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "device %d: box %s between tiles of different element types",
+                            s->loc.device, add ? "add" : "copy");
     ps_cuda_box_args a;
     memset(&a, 0, sizeof a);
     a.rank = src->rank;
@@ -246,20 +276,28 @@ ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, 
     row_major_strides(src, a.src_stride);
     row_major_strides(dst, a.dst_stride);
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    if (add) {
-        ps_k_box_add<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(
-            a, (const float *)src->data, (float *)dst->data, n);
-        PS_CUDA_LAUNCHED(s->loc, "ps_k_box_add");
+    unsigned blocks = ps_cuda_blocks(n, 256);
+    bool bf16 = dst->dtype == PS_DTYPE_BF16;
+    if (is_half && add) {
+        ps_k_box_add<uint16_t><<<blocks, 256, 0, s->stream>>>(
+            a, (const uint16_t *)src->data, (uint16_t *)dst->data, n, bf16);
+    } else if (add) {
+        ps_k_box_add<float><<<blocks, 256, 0, s->stream>>>(a, (const float *)src->data,
+                                                           (float *)dst->data, n, false);
+    } else if (is_half) {
+        ps_k_box_copy<uint16_t><<<blocks, 256, 0, s->stream>>>(
+            a, (const uint16_t *)src->data, (uint16_t *)dst->data, n);
     } else {
-        ps_k_box_copy<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(
+        ps_k_box_copy<uint32_t><<<blocks, 256, 0, s->stream>>>(
             a, (const uint32_t *)src->data, (uint32_t *)dst->data, n);
-        PS_CUDA_LAUNCHED(s->loc, "ps_k_box_copy");
     }
+    PS_CUDA_LAUNCHED(s->loc, "ps_k_box_add/ps_k_box_copy");
     return PS_OK;
 }
 
-static __global__ void ps_k_box_pack(ps_cuda_box_args a, uint32_t *tile, uint32_t *buf, int64_t start,
-                              int64_t len, bool pack)
+template <typename T>
+static __global__ void ps_k_box_pack(ps_cuda_box_args a, T *tile, T *buf, int64_t start,
+                                     int64_t len, bool pack)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < len;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -305,8 +343,12 @@ ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *b
         return PS_OK;
     row_major_strides(t, a.src_stride);
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    ps_k_box_pack<<<ps_cuda_blocks(len, 256), 256, 0, s->stream>>>(
-        a, (uint32_t *)t->data, (uint32_t *)buf, start, len, pack);
+    if (ps_tile_elem_bytes(t) == 2)
+        ps_k_box_pack<uint16_t><<<ps_cuda_blocks(len, 256), 256, 0, s->stream>>>(
+            a, (uint16_t *)t->data, (uint16_t *)buf, start, len, pack);
+    else
+        ps_k_box_pack<uint32_t><<<ps_cuda_blocks(len, 256), 256, 0, s->stream>>>(
+            a, (uint32_t *)t->data, (uint32_t *)buf, start, len, pack);
     PS_CUDA_LAUNCHED(s->loc, "ps_k_box_pack");
     return PS_OK;
 }

@@ -32,6 +32,8 @@ struct ps_cuda_stream {
     bool allow_tf32;
     void *ws; /* op workspace (transposed operands, per-row statistics, ...) */
     size_t ws_bytes;
+    void *half_ws; /* fp32 copies of an op's half tiles (cuda_half.cu) */
+    size_t half_ws_bytes;
 #if PS_HAVE_CUDNN
     cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
 #endif
@@ -70,6 +72,20 @@ ps_status ps_cuda_batchnorm_run(ps_cuda_stream *s, const ps_op *op, const ps_til
  * moe_combine and their gradients. */
 ps_status ps_cuda_moe_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                           ps_error *err);
+
+/* Half-precision storage (cuda_half.cu): n values of an fp16/bf16 buffer
+ * widened to floats, floats rounded (to nearest even) into one, and
+ * dst = dst + src with each sum rounded once; on s's stream. */
+ps_status ps_cuda_half_widen(ps_cuda_stream *s, ps_dtype t, const void *src, float *dst,
+                             int64_t n, ps_error *err);
+ps_status ps_cuda_half_narrow(ps_cuda_stream *s, ps_dtype t, const float *src, void *dst,
+                              int64_t n, ps_error *err);
+ps_status ps_cuda_half_add(ps_cuda_stream *s, ps_dtype t, void *dst, const void *src, int64_t n,
+                           ps_error *err);
+/* An op with half tiles among its inputs or outputs (ps_cuda_op_run sends
+ * it here): a half GEMM on cuBLAS, or the fp32 kernel on widened copies. */
+ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                          const ps_op_context *ctx, ps_error *err);
 
 /* The flag pair a kernel sets for a bad index (flag[0] = 1, flag[1] = the
  * index), read back after the stream's work (a small copy and a wait). */
@@ -156,12 +172,14 @@ bool ps_cuda_box_intersect(const ps_tile *a, const ps_tile *b, int64_t lo[PS_MAX
                            int64_t size[PS_MAX_RANK]);
 
 /* dst[box] = src[box] (add: +=) over the intersection of the two tiles'
- * boxes, on s's stream. 4-byte elements (float or int32). */
+ * boxes, on s's stream. 4-byte elements (float or int32) or 2-byte ones
+ * (fp16/bf16; an add rounds each sum); both tiles of one element type. */
 ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, bool add,
                            ps_error *err);
 
 /* Flat elements [start, start+len) of `box` (row-major over the box) of a
- * tile, packed into (pack) or unpacked from (!pack) a contiguous buffer. */
+ * tile, packed into (pack) or unpacked from (!pack) a contiguous buffer of
+ * the tile's element size. */
 ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *box_offset,
                            const int64_t *box_size, int64_t start, int64_t len, void *buf,
                            bool pack, ps_error *err);

@@ -1051,6 +1051,9 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     for (int i = 0; i < op->n_out; i++)
         if (out[i].data == NULL)
             BAD("output %d has no data", i);
+    for (int i = 0; i < op->n_in + op->n_out; i++)
+        if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in]))
+            return ps_cuda_half_op(s, op, in, out, ctx, err);
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     const float *x = (const float *)in[0].data;
     float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
