@@ -27,10 +27,10 @@
 #include "exec/cuda/cuda_ops.h"
 #include "exec/cuda/gemm_plan.h"
 #include "tests/test_util.h"
+#include "exec/half.h"
 #ifdef PS_HAVE_CPU_OPS
 #include "exec/cpu/cpu_backend.h"
 #include "exec/cpu/cpu_ops.h"
-#include "exec/half.h"
 #endif
 
 #define NMSE_TOL 1e-6
@@ -97,6 +97,45 @@ static double nmse(const float *a, const float *b, int64_t n)
     if (num == 0)
         return 0;
     return den > 0 ? num / den : INFINITY;
+}
+
+/* A host tile's bytes (4 per element, 2 for fp16/bf16). */
+static size_t tile_bytes(const ps_tile *t)
+{
+    return (size_t)ps_tile_numel(t) * (size_t)ps_tile_elem_bytes(t);
+}
+
+/* A copy of the float host tile f, in type t (rounded) when `half`. */
+static ps_tile host_as(const ps_tile *f, bool half, ps_dtype t)
+{
+    ps_tile h = hcopy(f);
+    if (half && !f->is_int) {
+        h.dtype = t;
+        ps_half_narrow(t, f->data, h.data, ps_tile_numel(f));
+    }
+    return h;
+}
+
+/* The float values of a host tile (widened when half), as a new array. */
+static float *host_floats(const ps_tile *h)
+{
+    int64_t n = ps_tile_numel(h);
+    float *f = malloc((size_t)(n + 1) * sizeof *f);
+    assert_non_null(f);
+    if (ps_tile_is_half(h))
+        ps_half_widen(h->dtype, h->data, f, n);
+    else
+        memcpy(f, h->data, (size_t)n * sizeof *f);
+    return f;
+}
+
+static ps_tile dupload_any(ps_backend *b, const ps_tile *h)
+{
+    ps_error err = {0};
+    ps_tile d = *h;
+    assert_int_equal(b->ops->alloc(b, 0, (int64_t)tile_bytes(h), &d.data, &err), PS_OK);
+    assert_int_equal(b->ops->upload(b, 0, d.data, h->data, (int64_t)tile_bytes(h), &err), PS_OK);
+    return d;
 }
 
 /* ---- device tiles ----------------------------------------------------------- */
@@ -1168,45 +1207,6 @@ static void ops_moe(void **state)
 }
 /* ---- half storage: fp16/bf16 tiles in 2 bytes ------------------------------------ */
 
-/* A host tile's bytes (4 per element, 2 for fp16/bf16). */
-static size_t tile_bytes(const ps_tile *t)
-{
-    return (size_t)ps_tile_numel(t) * (size_t)ps_tile_elem_bytes(t);
-}
-
-/* A copy of the float host tile f, in type t (rounded) when `half`. */
-static ps_tile host_as(const ps_tile *f, bool half, ps_dtype t)
-{
-    ps_tile h = hcopy(f);
-    if (half && !f->is_int) {
-        h.dtype = t;
-        ps_half_narrow(t, f->data, h.data, ps_tile_numel(f));
-    }
-    return h;
-}
-
-/* The float values of a host tile (widened when half), as a new array. */
-static float *host_floats(const ps_tile *h)
-{
-    int64_t n = ps_tile_numel(h);
-    float *f = malloc((size_t)(n + 1) * sizeof *f);
-    assert_non_null(f);
-    if (ps_tile_is_half(h))
-        ps_half_widen(h->dtype, h->data, f, n);
-    else
-        memcpy(f, h->data, (size_t)n * sizeof *f);
-    return f;
-}
-
-static ps_tile dupload_any(ps_backend *b, const ps_tile *h)
-{
-    ps_error err = {0};
-    ps_tile d = *h;
-    assert_int_equal(b->ops->alloc(b, 0, (int64_t)tile_bytes(h), &d.data, &err), PS_OK);
-    assert_int_equal(b->ops->upload(b, 0, d.data, h->data, (int64_t)tile_bytes(h), &err), PS_OK);
-    return d;
-}
-
 /* Runs op with the tiles picked by the masks (bit i: input i, output i) held
  * in type t, on the CPU backend and on the GPU, from the same 2-byte inputs,
  * and compares outputs (and Adam's updated inputs): both compute in fp32 and
@@ -1294,6 +1294,16 @@ static void ops_half_storage(void **state)
             snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", einsum_specs[i]);
             check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
         }
+        {
+            /* a long contraction (a weight gradient over many tokens): cuBLAS
+             * must not round split-K partial sums to the half type */
+            ps_tile x[3] = {hrand(2, SH(24, 8192), NULL, NULL),
+                            hrand(2, SH(8192, 40), NULL, NULL),
+                            htile(false, 2, SH(24, 40), NULL, NULL)};
+            ps_op op = mkop(PS_OP_MATMUL, 2);
+            snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "mk,kn->mn");
+            check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
+        }
         const int64_t *shape = SH(6, 300);
         {
             ps_op op = mkop(PS_OP_GELU, 1);
@@ -1359,7 +1369,7 @@ static void backend_half_tiles(void **state)
         ps_half_add(t, want.data, hb.data, 9 * 13);
         assert_int_equal(b->ops->download(b, 0, got.data, da.data, 9 * 13 * 2, &err), PS_OK);
         assert_memory_equal(got.data, want.data, 9 * 13 * 2);
-        /* rows 3..7 of a 4-row tile of the same tensor, copied in */
+        /* rows 3..6 of the same tensor (a 4-row tile), copied in */
         ps_tile part = htile(false, 2, SH(4, 13), SH(9, 13), SH(3, 0));
         ps_tile hpart = host_as(&part, true, t);
         ps_tile dpart = dupload_any(b, &hpart);
@@ -1588,6 +1598,7 @@ typedef struct coll_dev {
     ps_collective kind;
     ps_tile src, dst; /* host: inputs, then dst gets the result */
     bool in_place;    /* src and dst are one buffer (same box) */
+    ps_dtype half;    /* PS_DTYPE_F32, or held in 2 bytes as this type */
     ps_status st;
     char msg[PS_ERROR_MSG_MAX];
 } coll_dev;
@@ -1600,30 +1611,40 @@ static void *coll_thread(void *p)
     ps_backend *b = c->b;
     ps_error err = {0};
     ps_exec_group g = {3, NDEV, all_devices, c->device};
-    ps_tile src = c->src, dst = c->dst;
+    /* the host values as the device holds them (2 bytes for a half type) */
+    bool half = c->half != PS_DTYPE_F32;
+    ps_tile hsrc = host_as(&c->src, half, c->half), hdst = host_as(&c->dst, half, c->half);
+    ps_tile src = hsrc, dst = hdst;
     src.data = dst.data = NULL;
-    c->st = b->ops->alloc(b, c->device, ps_tile_numel(&src) * 4, &src.data, &err);
+    c->st = b->ops->alloc(b, c->device, (int64_t)tile_bytes(&src), &src.data, &err);
     if (c->st == PS_OK && !c->in_place)
-        c->st = b->ops->alloc(b, c->device, ps_tile_numel(&dst) * 4, &dst.data, &err);
+        c->st = b->ops->alloc(b, c->device, (int64_t)tile_bytes(&dst), &dst.data, &err);
     if (c->in_place)
         dst.data = src.data;
     if (c->st == PS_OK)
-        c->st = b->ops->upload(b, c->device, src.data, c->src.data, ps_tile_numel(&src) * 4,
+        c->st = b->ops->upload(b, c->device, src.data, hsrc.data, (int64_t)tile_bytes(&src),
                                &err);
     if (c->st == PS_OK && !c->in_place)
-        c->st = b->ops->upload(b, c->device, dst.data, c->dst.data, ps_tile_numel(&dst) * 4,
+        c->st = b->ops->upload(b, c->device, dst.data, hdst.data, (int64_t)tile_bytes(&dst),
                                &err);
     if (c->st == PS_OK)
         c->st = b->ops->collective(b, c->device, &g, c->kind, &src, &dst, &err);
     if (c->st == PS_OK)
-        c->st = b->ops->download(b, c->device, c->dst.data, dst.data, ps_tile_numel(&dst) * 4,
+        c->st = b->ops->download(b, c->device, hdst.data, dst.data, (int64_t)tile_bytes(&dst),
                                  &err);
+    if (c->st == PS_OK) { /* the result, widened, into the float host tile */
+        float *f = host_floats(&hdst);
+        memcpy(c->dst.data, f, (size_t)ps_tile_numel(&dst) * sizeof *f);
+        free(f);
+    }
     if (c->st != PS_OK)
         b->ops->abort(b); /* as the runtime does after the first error */
     snprintf(c->msg, sizeof c->msg, "%s", err.msg);
     b->ops->release(b, c->device, src.data);
     if (!c->in_place)
         b->ops->release(b, c->device, dst.data);
+    free(hsrc.data);
+    free(hdst.data);
     return NULL;
 }
 
@@ -1663,8 +1684,37 @@ static ps_tile expected(const coll_dev *c, int me)
     return want;
 }
 
+/* Rounds a float host tile's values to type t (exactly representable
+ * there); nothing for fp32. */
+static void round_to(ps_tile *f, ps_dtype t)
+{
+    if (t == PS_DTYPE_F32)
+        return;
+    ps_tile h = host_as(f, true, t);
+    float *back = host_floats(&h);
+    memcpy(f->data, back, (size_t)ps_tile_numel(f) * sizeof *back);
+    free(back);
+    free(h.data);
+}
+
+/* As check_collective_in, in fp32. */
+static void check_collective_in(ps_dtype t, ps_collective kind,
+                                int64_t (*src_box)(int, int, int64_t *),
+                                int64_t (*dst_box)(int, int, int64_t *), bool in_place);
+
 static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
                              int64_t (*dst_box)(int, int, int64_t *), bool in_place)
+{
+    check_collective_in(PS_DTYPE_F32, kind, src_box, dst_box, in_place);
+}
+
+/* A collective on four devices with tiles held in type t: the result is the
+ * box semantics over the members' values, sums in fp32 in member order and,
+ * for a half type, rounded once (the CPU backend's semantics); nmse <= 1e-12
+ * in fp32, <= u^2 in a half type (NCCL's ring adds in its own order). */
+static void check_collective_in(ps_dtype t, ps_collective kind,
+                                int64_t (*src_box)(int, int, int64_t *),
+                                int64_t (*dst_box)(int, int, int64_t *), bool in_place)
 {
     ps_backend *b = backend(NDEV, !on_gpus);
     const int64_t g[2] = {8, 12};
@@ -1678,23 +1728,29 @@ static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, in
         c[d].device = d;
         c[d].kind = kind;
         c[d].in_place = in_place;
+        c[d].half = t;
         c[d].src = hrand(2, size, g, lo);
+        round_to(&c[d].src, t);
         for (int k = 0; k < 2; k++)
             size[k] = dst_box(d, k, &lo[k]);
         c[d].dst = in_place ? hcopy(&c[d].src) : hrand(2, size, g, lo);
+        round_to(&c[d].dst, t);
     }
     ps_tile want[NDEV];
-    for (int d = 0; d < NDEV; d++)
+    for (int d = 0; d < NDEV; d++) {
         want[d] = expected(c, d);
+        round_to(&want[d], t);
+    }
+    double u = t == PS_DTYPE_BF16 ? 0x1p-8 : 0x1p-11, limit = t == PS_DTYPE_F32 ? 1e-12 : u * u;
     run_threads(coll_thread, c, sizeof c[0]);
     for (int d = 0; d < NDEV; d++) {
         if (c[d].st != PS_OK)
             fail_msg("%s, device %d: %s", ps_collective_names[kind], d, c[d].msg);
         int64_t n = ps_tile_numel(&want[d]);
         double e = nmse(c[d].dst.data, want[d].data, n);
-        if (!(e <= 1e-12))
-            fail_msg("%s, device %d: result differs from the box semantics (nmse %g)",
-                     ps_collective_names[kind], d, e);
+        if (!(e <= limit))
+            fail_msg("%s in %s, device %d: result differs from the box semantics (nmse %g)",
+                     ps_collective_names[kind], ps_dtype_name(t), d, e);
         free(c[d].src.data);
         free(c[d].dst.data);
         free(want[d].data);
@@ -1734,6 +1790,15 @@ static void backend_collectives(void **state)
     check_collective(PS_COLL_ALL_GATHER, box_cols, box_whole, false);
     check_collective(PS_COLL_ALL_TO_ALL, box_rows, box_cols, false);
     check_collective(PS_COLL_ALL_TO_ALL, box_cols, box_rows, false);
+    /* held in 2 bytes: widened, combined in fp32, rounded once */
+    const ps_dtype half[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (int k = 0; k < 2; k++) {
+        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_whole, true);
+        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_rows, false);
+        check_collective_in(half[k], PS_COLL_REDUCE_SCATTER, box_whole, box_cols, false);
+        check_collective_in(half[k], PS_COLL_ALL_GATHER, box_rows, box_whole, false);
+        check_collective_in(half[k], PS_COLL_ALL_TO_ALL, box_rows, box_cols, false);
+    }
 }
 
 typedef struct red_dev {
@@ -1803,7 +1868,8 @@ static void backend_reduce(void **state)
 typedef struct p2p_dev {
     ps_backend *b;
     int device;
-    ps_tile src, dst; /* host */
+    ps_tile src, dst; /* host, floats */
+    ps_dtype half;    /* PS_DTYPE_F32, or held in 2 bytes as this type */
     ps_status st;
     char msg[PS_ERROR_MSG_MAX];
 } p2p_dev;
@@ -1815,72 +1881,90 @@ static void *p2p_thread(void *p)
     p2p_dev *c = p;
     ps_backend *b = c->b;
     ps_error err = {0};
-    ps_tile src = c->src, dst = c->dst;
+    bool half = c->half != PS_DTYPE_F32;
+    ps_tile hsrc = host_as(&c->src, half, c->half), hdst = host_as(&c->dst, half, c->half);
+    ps_tile src = hsrc, dst = hdst;
     int to = (c->device + 1) % NDEV, from = (c->device + NDEV - 1) % NDEV;
-    c->st = b->ops->alloc(b, c->device, ps_tile_numel(&src) * 4, &src.data, &err);
+    c->st = b->ops->alloc(b, c->device, (int64_t)tile_bytes(&src), &src.data, &err);
     if (c->st == PS_OK)
-        c->st = b->ops->alloc(b, c->device, ps_tile_numel(&dst) * 4, &dst.data, &err);
+        c->st = b->ops->alloc(b, c->device, (int64_t)tile_bytes(&dst), &dst.data, &err);
     if (c->st == PS_OK)
-        c->st = b->ops->upload(b, c->device, src.data, c->src.data, ps_tile_numel(&src) * 4,
+        c->st = b->ops->upload(b, c->device, src.data, hsrc.data, (int64_t)tile_bytes(&src),
                                &err);
     if (c->st == PS_OK)
-        c->st = b->ops->upload(b, c->device, dst.data, c->dst.data, ps_tile_numel(&dst) * 4,
+        c->st = b->ops->upload(b, c->device, dst.data, hdst.data, (int64_t)tile_bytes(&dst),
                                &err);
     for (int k = 0; k < 3 && c->st == PS_OK; k++)
         c->st = b->ops->send(b, c->device, to, &src, p2p_box_off, p2p_box_size, k, 3, &err);
     for (int k = 0; k < 3 && c->st == PS_OK; k++)
         c->st = b->ops->recv(b, c->device, from, &dst, p2p_box_off, p2p_box_size, k, 3, &err);
     if (c->st == PS_OK)
-        c->st = b->ops->download(b, c->device, c->dst.data, dst.data, ps_tile_numel(&dst) * 4,
+        c->st = b->ops->download(b, c->device, hdst.data, dst.data, (int64_t)tile_bytes(&dst),
                                  &err);
+    if (c->st == PS_OK) {
+        float *f = host_floats(&hdst);
+        memcpy(c->dst.data, f, (size_t)ps_tile_numel(&dst) * sizeof *f);
+        free(f);
+    }
     if (c->st != PS_OK)
         b->ops->abort(b);
     snprintf(c->msg, sizeof c->msg, "%s", err.msg);
     b->ops->release(b, c->device, src.data);
     b->ops->release(b, c->device, dst.data);
+    free(hsrc.data);
+    free(hdst.data);
     return NULL;
 }
 
+/* Chunks of a box sent around a ring of four devices, in fp32 and held in
+ * bf16 and fp16 (values representable there: the copy is exact). */
 static void backend_send_recv(void **state)
 {
     (void)state;
-    ps_backend *b = backend(NDEV, !on_gpus);
-    p2p_dev c[NDEV];
-    /* src: rows 0..7 of a [16, 12] tensor; dst: rows 1..7 (offset 1) */
-    const int64_t g[2] = {16, 12};
-    for (int d = 0; d < NDEV; d++) {
-        memset(&c[d], 0, sizeof c[d]);
-        c[d].b = b;
-        c[d].device = d;
-        c[d].src = hrand(2, (const int64_t[]){8, 12}, g, (const int64_t[]){0, 0});
-        c[d].dst = hrand(2, (const int64_t[]){7, 12}, g, (const int64_t[]){1, 0});
-    }
-    ps_tile want[NDEV];
-    for (int d = 0; d < NDEV; d++) {
-        const ps_tile *from = &c[(d + NDEV - 1) % NDEV].src;
-        want[d] = hcopy(&c[d].dst);
-        int64_t coord[2];
-        for (int64_t i = 0; i < ps_tile_numel(&want[d]); i++) {
-            coord_of(&want[d], i, coord);
-            bool in_box = true;
-            for (int k = 0; k < 2; k++)
-                in_box = in_box && coord[k] >= p2p_box_off[k] &&
-                         coord[k] < p2p_box_off[k] + p2p_box_size[k];
-            if (in_box)
-                ((float *)want[d].data)[i] = host_at(from, coord);
+    const ps_dtype types[3] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (int ti = 0; ti < 3; ti++) {
+        ps_dtype t = types[ti];
+        ps_backend *b = backend(NDEV, !on_gpus);
+        p2p_dev c[NDEV];
+        /* src: rows 0..7 of a [16, 12] tensor; dst: rows 1..7 (offset 1) */
+        const int64_t g[2] = {16, 12};
+        for (int d = 0; d < NDEV; d++) {
+            memset(&c[d], 0, sizeof c[d]);
+            c[d].b = b;
+            c[d].device = d;
+            c[d].half = t;
+            c[d].src = hrand(2, (const int64_t[]){8, 12}, g, (const int64_t[]){0, 0});
+            c[d].dst = hrand(2, (const int64_t[]){7, 12}, g, (const int64_t[]){1, 0});
+            round_to(&c[d].src, t);
+            round_to(&c[d].dst, t);
         }
+        ps_tile want[NDEV];
+        for (int d = 0; d < NDEV; d++) {
+            const ps_tile *from = &c[(d + NDEV - 1) % NDEV].src;
+            want[d] = hcopy(&c[d].dst);
+            int64_t coord[2];
+            for (int64_t i = 0; i < ps_tile_numel(&want[d]); i++) {
+                coord_of(&want[d], i, coord);
+                bool in_box = true;
+                for (int k = 0; k < 2; k++)
+                    in_box = in_box && coord[k] >= p2p_box_off[k] &&
+                             coord[k] < p2p_box_off[k] + p2p_box_size[k];
+                if (in_box)
+                    ((float *)want[d].data)[i] = host_at(from, coord);
+            }
+        }
+        run_threads(p2p_thread, c, sizeof c[0]);
+        for (int d = 0; d < NDEV; d++) {
+            if (c[d].st != PS_OK)
+                fail_msg("send/recv in %s, device %d: %s", ps_dtype_name(t), d, c[d].msg);
+            assert_memory_equal(c[d].dst.data, want[d].data,
+                                (size_t)ps_tile_numel(&want[d]) * 4);
+            free(c[d].src.data);
+            free(c[d].dst.data);
+            free(want[d].data);
+        }
+        b->ops->destroy(b);
     }
-    run_threads(p2p_thread, c, sizeof c[0]);
-    for (int d = 0; d < NDEV; d++) {
-        if (c[d].st != PS_OK)
-            fail_msg("send/recv, device %d: %s", d, c[d].msg);
-        assert_memory_equal(c[d].dst.data, want[d].data,
-                            (size_t)ps_tile_numel(&want[d]) * 4);
-        free(c[d].src.data);
-        free(c[d].dst.data);
-        free(want[d].data);
-    }
-    b->ops->destroy(b);
 }
 
 /* The same on four GPUs, where the machine has them. */

@@ -15,6 +15,7 @@ extern "C" {
 #include "core/collective.h"
 #include "core/log.h"
 #include "exec/cuda/cuda_backend.h"
+#include "exec/half.h"
 }
 
 /* ---- state ------------------------------------------------------------------------ */
@@ -72,8 +73,8 @@ typedef struct msg {
     void *buf;
     int gpu; /* where buf lives */
     size_t cap;
-    int64_t len;   /* elements */
-    int elem_bytes; /* 4, or 2 for fp16/bf16 */
+    int64_t len;    /* elements */
+    ps_dtype dtype; /* of the sent tile: its elements' size and type */
     struct msg *next;
 } msg;
 
@@ -905,9 +906,11 @@ static ps_status be_collective(ps_backend *b, int device, const ps_exec_group *g
     PS_RET(scratch(d, 3, (size_t)ps_tile_numel(dst) * 4, &fdst.data, err));
     PS_RET(ps_cuda_half_widen(d->s, src->dtype, src->data, (float *)fsrc.data,
                               ps_tile_numel(src), err));
-    /* gathers keep what dst holds outside the boxes they write */
-    PS_RET(ps_cuda_half_widen(d->s, dst->dtype, dst->data, (float *)fdst.data,
-                              ps_tile_numel(dst), err));
+    /* gathers keep what dst holds outside the boxes they write; sums
+     * overwrite all of it */
+    if (kind == PS_COLL_ALL_GATHER || kind == PS_COLL_ALL_TO_ALL)
+        PS_RET(ps_cuda_half_widen(d->s, dst->dtype, dst->data, (float *)fdst.data,
+                                  ps_tile_numel(dst), err));
     PS_RET(run_collective(cb, d, gs, g, kind, &fsrc, &fdst, what, err));
     PS_RET(ps_cuda_half_narrow(d->s, dst->dtype, (const float *)fdst.data, dst->data,
                                ps_tile_numel(dst), err));
@@ -986,7 +989,7 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
         mm->cap = bytes;
     }
     mm->len = len;
-    mm->elem_bytes = eb;
+    mm->dtype = src->dtype;
     mm->next = NULL;
     ps_status st = ps_cuda_box_pack(d->s, src, box_offset, box_size, start, len, mm->buf, true,
                                     err);
@@ -1045,11 +1048,14 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
                           "expects %lld (chunk %d of %d)",
                           device, peer, (long long)mm->len, (long long)len, chunk, chunks);
     int eb = ps_tile_elem_bytes(dst);
-    if (st == PS_OK && mm->elem_bytes != eb)
+    bool half_pair = ps_half_dtype(mm->dtype) || ps_tile_is_half(dst);
+    ps_tile sent = *dst;
+    sent.dtype = mm->dtype;
+    if (st == PS_OK &&
+        (ps_tile_elem_bytes(&sent) != eb || (half_pair && mm->dtype != dst->dtype)))
         st = ps_error_set(err, PS_ERR_INVALID,
-                          "device %d: message from device %d has %d-byte elements, the "
-                          "receive expects %d-byte ones",
-                          device, peer, mm->elem_bytes, eb);
+                          "device %d: message from device %d holds %s, the receive expects %s",
+                          device, peer, ps_dtype_name(mm->dtype), ps_dtype_name(dst->dtype));
     if (st == PS_OK && len > 0 && mm->gpu != d->gpu) {
         /* over NVLink/PCIe into this GPU's staging */
         st = scratch(d, 1, (size_t)len * (size_t)eb, &from, err);

@@ -6,9 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "exec/cuda/cuda_internal.cuh"
 
 /* ---- errors --------------------------------------------------------------- */
@@ -87,6 +84,15 @@ int ps_cuda_device_count(void)
 
 /* ---- streams ---------------------------------------------------------------- */
 
+/* Full fp32 or TF32 tensor cores; half GEMMs accumulate in fp32 and round
+ * once: no split-K partial sums rounded to the output type (cuBLAS's
+ * reduced-precision reduction). */
+static cublasMath_t math_mode(bool tf32)
+{
+    unsigned m = tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    return (cublasMath_t)(m | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+}
+
 ps_status ps_cuda_stream_create(int device, int gpu, const ps_cuda_stream_options *opt,
                                 ps_cuda_stream **out, ps_error *err)
 {
@@ -102,8 +108,7 @@ ps_status ps_cuda_stream_create(int device, int gpu, const ps_cuda_stream_option
     PS_CUDA_TRY(loc, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     PS_CUBLAS_TRY(loc, cublasCreate(&s->blas));
     PS_CUBLAS_TRY(loc, cublasSetStream(s->blas, s->stream));
-    PS_CUBLAS_TRY(loc, cublasSetMathMode(s->blas, s->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                 : CUBLAS_DEFAULT_MATH));
+    PS_CUBLAS_TRY(loc, cublasSetMathMode(s->blas, math_mode(s->allow_tf32)));
     *out = s;
     s = NULL;
 out:
@@ -167,21 +172,6 @@ ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_err
 
 /* ---- boxes -------------------------------------------------------------------- */
 
-static __device__ inline float ps_add_elems(float a, float b, bool bf16)
-{
-    (void)bf16;
-    return a + b;
-}
-
-static __device__ inline uint16_t ps_add_elems(uint16_t a, uint16_t b, bool bf16)
-{
-    if (bf16)
-        return __bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float((uint32_t)a << 16) +
-                                                        __uint_as_float((uint32_t)b << 16)));
-    return __half_as_ushort(
-        __float2half_rn(__half2float(__ushort_as_half(a)) + __half2float(__ushort_as_half(b))));
-}
-
 static void row_major_strides(const ps_tile *t, int64_t *stride)
 {
     int64_t acc = 1;
@@ -223,10 +213,7 @@ static __global__ void ps_k_box_copy(ps_cuda_box_args a, const T *src, T *dst, i
     }
 }
 
-/* dst[box] += src[box]: floats, or half values (bf16 or fp16) with each
- * sum in fp32 rounded once, as exec/box.c's host add. */
-template <typename T>
-static __global__ void ps_k_box_add(ps_cuda_box_args a, const T *src, T *dst, int64_t n, bool bf16)
+static __global__ void ps_k_box_add(ps_cuda_box_args a, const float *src, float *dst, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -238,7 +225,7 @@ static __global__ void ps_k_box_add(ps_cuda_box_args a, const T *src, T *dst, in
             so += (g - a.src_off[d]) * a.src_stride[d];
             dof += (g - a.dst_off[d]) * a.dst_stride[d];
         }
-        dst[dof] = ps_add_elems(dst[dof], src[so], bf16);
+        dst[dof] += src[so];
     }
 }
 
@@ -258,10 +245,13 @@ ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, 
                                 (long long)dst->global[d]);
     bool is_half = ps_tile_is_half(dst);
     if (ps_tile_elem_bytes(src) != ps_tile_elem_bytes(dst) ||
-        (is_half && src->dtype != dst->dtype) || (add && (src->is_int || dst->is_int)))
+        (is_half && src->dtype != dst->dtype))
         return ps_error_set(err, PS_ERR_INVALID,
-                            "device %d: box %s between tiles of different element types",
-                            s->loc.device, add ? "add" : "copy");
+                            "device %d: box copy between tiles of different element types",
+                            s->loc.device);
+    if (add && (is_half || src->is_int || dst->is_int)) /* the backend adds half tiles widened */
+        return ps_error_set(err, PS_ERR_INVALID, "device %d: box add of %s tiles",
+                            s->loc.device, is_half ? "half-precision" : "integer");
     ps_cuda_box_args a;
     memset(&a, 0, sizeof a);
     a.rank = src->rank;
@@ -277,13 +267,9 @@ ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, 
     row_major_strides(dst, a.dst_stride);
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     unsigned blocks = ps_cuda_blocks(n, 256);
-    bool bf16 = dst->dtype == PS_DTYPE_BF16;
-    if (is_half && add) {
-        ps_k_box_add<uint16_t><<<blocks, 256, 0, s->stream>>>(
-            a, (const uint16_t *)src->data, (uint16_t *)dst->data, n, bf16);
-    } else if (add) {
-        ps_k_box_add<float><<<blocks, 256, 0, s->stream>>>(a, (const float *)src->data,
-                                                           (float *)dst->data, n, false);
+    if (add) {
+        ps_k_box_add<<<blocks, 256, 0, s->stream>>>(a, (const float *)src->data,
+                                                    (float *)dst->data, n);
     } else if (is_half) {
         ps_k_box_copy<uint16_t><<<blocks, 256, 0, s->stream>>>(
             a, (const uint16_t *)src->data, (uint16_t *)dst->data, n);

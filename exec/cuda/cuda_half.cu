@@ -1,6 +1,7 @@
 /* exec/cuda: fp16/bf16 tiles held in 2 bytes on the GPU. The conversions
  * (CUDA's __float2half_rn and __float2bfloat16_rn: round to nearest even,
- * bit-exact with exec/half.c), half adds, and ops on half tiles: a GEMM
+ * bit-exact with exec/half.c except for NaN encodings, which CUDA makes
+ * canonical), half adds, and ops on half tiles: a GEMM
  * whose operands need no permutation runs on the half values themselves
  * (cuBLAS, fp32 accumulation, the output rounded once); every other op
  * runs its fp32 kernel on widened copies and rounds its outputs once, as
@@ -89,7 +90,11 @@ ps_status ps_cuda_half_add(ps_cuda_stream *s, ps_dtype t, void *dst, const void 
 static ps_status half_ws_reserve(ps_cuda_stream *s, size_t bytes, char **out, ps_error *err)
 {
     if (bytes > s->half_ws_bytes || s->half_ws == NULL) {
-        size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        /* grown by half again at least: each growth waits for the stream */
+        size_t want = s->half_ws_bytes + s->half_ws_bytes / 2;
+        if (want < bytes)
+            want = bytes;
+        want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
         if (s->half_ws != NULL) {
             /* work issued earlier may still read the old copies */
             PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));

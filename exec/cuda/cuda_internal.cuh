@@ -171,9 +171,9 @@ typedef struct ps_cuda_box_args {
 bool ps_cuda_box_intersect(const ps_tile *a, const ps_tile *b, int64_t lo[PS_MAX_RANK],
                            int64_t size[PS_MAX_RANK]);
 
-/* dst[box] = src[box] (add: +=) over the intersection of the two tiles'
- * boxes, on s's stream. 4-byte elements (float or int32) or 2-byte ones
- * (fp16/bf16; an add rounds each sum); both tiles of one element type. */
+/* dst[box] = src[box] (add: +=, floats only) over the intersection of the
+ * two tiles' boxes, on s's stream. 4-byte elements (float or int32) or
+ * 2-byte ones (fp16/bf16); both tiles of one element type. */
 ps_status ps_cuda_box_copy(ps_cuda_stream *s, const ps_tile *src, ps_tile *dst, bool add,
                            ps_error *err);
 
