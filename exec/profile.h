@@ -2,11 +2,13 @@
  * times through the backend interface (exec/backend.h) and fills a profile
  * DB (core/profile_db.h) that the cost model reads with --profile-db.
  *
- * GEMMs: a synthetic MATMUL op ("mk,kn->mn") on device 0, per shape. The
- * backend interface carries no dtype (executors hold fp32 tiles), so one
- * measurement per shape is recorded under every dtype requested: it is what
- * a GEMM of that dtype costs on this backend. A gemm_timer (below) measures
- * each dtype natively instead.
+ * GEMMs: a synthetic MATMUL op ("mk,kn->mn") on device 0, per shape, on
+ * fp32 tiles. One measurement per shape is recorded under every dtype
+ * requested: on the CPU backend a half-precision GEMM is this fp32 GEMM on
+ * widened copies (the conversions cost a few percent of a step; see
+ * docs/executors.md, "Half precision"). A gemm_timer (below) measures each
+ * dtype natively instead, as the CUDA backend's does (its half plans' GEMMs
+ * run on half inputs).
  *
  * Other ops: every op of the given graphs that is not a GEMM (MATMUL,
  * CONV2D and its gradients), once per kind and size, through the backend's
