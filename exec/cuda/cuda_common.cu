@@ -147,27 +147,36 @@ ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
     return PS_OK;
 }
 
-ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_error *err)
+ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
+                                 void **out, ps_error *err)
 {
-    if (bytes <= s->ws_bytes && s->ws != NULL) {
-        *out = s->ws;
+    if (bytes <= *cap && *buf != NULL) {
+        *out = *buf;
         return PS_OK;
     }
-    size_t want = s->ws_bytes + s->ws_bytes / 2;
+    /* grown by half again at least: each growth waits for the stream */
+    size_t want = *cap + *cap / 2;
     if (want < bytes)
         want = bytes;
     want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    if (s->ws != NULL) {
-        /* work issued earlier may still read the old workspace */
+    if (want == 0)
+        want = (size_t)1 << 20;
+    if (*buf != NULL) {
+        /* work issued earlier may still read the old buffer */
         PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-        PS_CUDA_RET(s->loc, cudaFree(s->ws));
-        s->ws = NULL;
-        s->ws_bytes = 0;
+        PS_CUDA_RET(s->loc, cudaFree(*buf));
+        *buf = NULL;
+        *cap = 0;
     }
-    PS_CUDA_RET(s->loc, cudaMalloc(&s->ws, want));
-    s->ws_bytes = want;
-    *out = s->ws;
+    PS_CUDA_RET(s->loc, cudaMalloc(buf, want));
+    *cap = want;
+    *out = *buf;
     return PS_OK;
+}
+
+ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_error *err)
+{
+    return ps_cuda_buffer_reserve(s, &s->ws, &s->ws_bytes, bytes, out, err);
 }
 
 /* ---- boxes -------------------------------------------------------------------- */

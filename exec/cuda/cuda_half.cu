@@ -84,31 +84,6 @@ ps_status ps_cuda_half_add(ps_cuda_stream *s, ps_dtype t, void *dst, const void 
     return PS_OK;
 }
 
-/* The half scratch, grown (never shrunk) to at least `bytes`: the widened
- * copies of one op's tiles. Separate from the op workspace, which the fp32
- * kernels use while the copies are live. */
-static ps_status half_ws_reserve(ps_cuda_stream *s, size_t bytes, char **out, ps_error *err)
-{
-    if (bytes > s->half_ws_bytes || s->half_ws == NULL) {
-        /* grown by half again at least: each growth waits for the stream */
-        size_t want = s->half_ws_bytes + s->half_ws_bytes / 2;
-        if (want < bytes)
-            want = bytes;
-        want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-        if (s->half_ws != NULL) {
-            /* work issued earlier may still read the old copies */
-            PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-            PS_CUDA_RET(s->loc, cudaFree(s->half_ws));
-            s->half_ws = NULL;
-            s->half_ws_bytes = 0;
-        }
-        PS_CUDA_RET(s->loc, cudaMalloc(&s->half_ws, want > 0 ? want : 256));
-        s->half_ws_bytes = want > 0 ? want : 256;
-    }
-    *out = (char *)s->half_ws;
-    return PS_OK;
-}
-
 /* Bytes a tile's fp32 copy takes in the scratch (256-byte aligned). */
 static size_t widened_bytes(const ps_tile *t)
 {
@@ -177,8 +152,10 @@ ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
         need += widened_bytes(&in[i]);
     for (int o = 0; o < op->n_out; o++)
         need += widened_bytes(&out[o]);
+    /* the half scratch, apart from the op workspace that the fp32 kernels
+     * use while the copies are live */
     char *ws = NULL;
-    PS_RET(half_ws_reserve(s, need, &ws, err));
+    PS_RET(ps_cuda_buffer_reserve(s, &s->half_ws, &s->half_ws_bytes, need, (void **)&ws, err));
     ps_tile fin[PS_MAX_OP_IO], fout[PS_MAX_OP_IO];
     size_t at = 0;
     for (int i = 0; i < op->n_in; i++) {

@@ -152,8 +152,13 @@ static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
             return ps_ret_st_;                                                                \
     } while (0)
 
-/* The op workspace, grown (never shrunk) to at least `bytes`; the previous
- * contents are lost when it grows. */
+/* A stream's device buffer *buf of *cap bytes, grown (never shrunk) to at
+ * least `bytes`, after the stream's work; the previous contents are lost
+ * when it grows. */
+ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
+                                 void **out, ps_error *err);
+
+/* The op workspace (ps_cuda_buffer_reserve of s->ws). */
 ps_status ps_cuda_ws_reserve(ps_cuda_stream *s, size_t bytes, void **out, ps_error *err);
 
 /* A box in global coordinates over up to PS_MAX_RANK dims, for copies
