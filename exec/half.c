@@ -110,6 +110,7 @@ static void add_scalar(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t i
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#define PS_HALF_VEC 1
 #include <immintrin.h>
 
 #define PS_VEC __attribute__((target("avx2,f16c")))
@@ -184,20 +185,8 @@ static bool vec_supported(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 }
-#else /* no vector kernels: vec_on() is always false */
+#else /* no vector kernels here: the scalar loops only */
 static bool vec_supported(void) { return false; }
-static void narrow_vec(ps_dtype t, const float *src, uint16_t *dst, int64_t n)
-{
-    narrow_scalar(t, src, dst, 0, n);
-}
-static void widen_vec(ps_dtype t, const uint16_t *src, float *dst, int64_t n)
-{
-    widen_scalar(t, src, dst, n);
-}
-static void add_vec(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n)
-{
-    add_scalar(t, dst, src, 0, n);
-}
 #endif
 
 /* -1: not yet asked; then whether the vector kernels run. Written before
@@ -205,12 +194,14 @@ static void add_vec(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n)
  * call's racy but idempotent store of the same value). */
 static int use_vec = -1;
 
+#ifdef PS_HALF_VEC
 static bool vec_on(void)
 {
     if (use_vec < 0)
         use_vec = vec_supported();
     return use_vec == 1;
 }
+#endif
 
 bool ps_half_vector_kernels(bool on)
 {
@@ -220,24 +211,33 @@ bool ps_half_vector_kernels(bool on)
 
 void ps_half_narrow(ps_dtype t, const float *src, uint16_t *dst, int64_t n)
 {
-    if (vec_on())
+#ifdef PS_HALF_VEC
+    if (vec_on()) {
         narrow_vec(t, src, dst, n);
-    else
-        narrow_scalar(t, src, dst, 0, n);
+        return;
+    }
+#endif
+    narrow_scalar(t, src, dst, 0, n);
 }
 
 void ps_half_widen(ps_dtype t, const uint16_t *src, float *dst, int64_t n)
 {
-    if (vec_on())
+#ifdef PS_HALF_VEC
+    if (vec_on()) {
         widen_vec(t, src, dst, n);
-    else
-        widen_scalar(t, src, dst, n);
+        return;
+    }
+#endif
+    widen_scalar(t, src, dst, n);
 }
 
 void ps_half_add(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n)
 {
-    if (vec_on())
+#ifdef PS_HALF_VEC
+    if (vec_on()) {
         add_vec(t, dst, src, n);
-    else
-        add_scalar(t, dst, src, 0, n);
+        return;
+    }
+#endif
+    add_scalar(t, dst, src, 0, n);
 }

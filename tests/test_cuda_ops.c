@@ -1697,17 +1697,6 @@ static void round_to(ps_tile *f, ps_dtype t)
     free(h.data);
 }
 
-/* As check_collective_in, in fp32. */
-static void check_collective_in(ps_dtype t, ps_collective kind,
-                                int64_t (*src_box)(int, int, int64_t *),
-                                int64_t (*dst_box)(int, int, int64_t *), bool in_place);
-
-static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
-                             int64_t (*dst_box)(int, int, int64_t *), bool in_place)
-{
-    check_collective_in(PS_DTYPE_F32, kind, src_box, dst_box, in_place);
-}
-
 /* A collective on four devices with tiles held in type t: the result is the
  * box semantics over the members' values, sums in fp32 in member order and,
  * for a half type, rounded once (the CPU backend's semantics); nmse <= 1e-12
@@ -1756,6 +1745,13 @@ static void check_collective_in(ps_dtype t, ps_collective kind,
         free(want[d].data);
     }
     b->ops->destroy(b);
+}
+
+/* check_collective_in in fp32. */
+static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
+                             int64_t (*dst_box)(int, int, int64_t *), bool in_place)
+{
+    check_collective_in(PS_DTYPE_F32, kind, src_box, dst_box, in_place);
 }
 
 /* Boxes of the [8, 12] tensor: whole, row blocks, column blocks. */

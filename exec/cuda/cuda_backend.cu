@@ -1048,11 +1048,10 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
                           "expects %lld (chunk %d of %d)",
                           device, peer, (long long)mm->len, (long long)len, chunk, chunks);
     int eb = ps_tile_elem_bytes(dst);
+    /* a half type on either side must be the same on both (2-byte elements
+     * of one kind); 4-byte ones move as they are */
     bool half_pair = ps_half_dtype(mm->dtype) || ps_tile_is_half(dst);
-    ps_tile sent = *dst;
-    sent.dtype = mm->dtype;
-    if (st == PS_OK &&
-        (ps_tile_elem_bytes(&sent) != eb || (half_pair && mm->dtype != dst->dtype)))
+    if (st == PS_OK && half_pair && mm->dtype != dst->dtype)
         st = ps_error_set(err, PS_ERR_INVALID,
                           "device %d: message from device %d holds %s, the receive expects %s",
                           device, peer, ps_dtype_name(mm->dtype), ps_dtype_name(dst->dtype));
