@@ -318,8 +318,13 @@ int ps_cmd_exec(int argc, char **argv)
         for (int k = 0; k < plan->n_stages && k < r->summary->n_stages; k++)
             printf("  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
                    r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
-        for (int s = 0; s < r->steps; s++)
-            printf("step %d: loss %.9g\n", s + 1, r->loss[s]);
+        for (int s = 0; s < r->steps; s++) {
+            printf("step %d: loss %.9g", s + 1, r->loss[s]);
+            if (set->loss_scale_window > 0)
+                printf(" at loss scale %g%s", r->loss_scale[s],
+                       r->skipped[s] ? ": a gradient overflowed, update skipped" : "");
+            printf("\n");
+        }
         int nh = ps_hosts_count(hosts);
         printf("run           %.3g s wall, %d steps on the %s backend", r->wall_s, r->steps,
                backend);
@@ -350,19 +355,32 @@ int ps_cmd_exec(int argc, char **argv)
             snprintf(ptol, sizeof ptol, "%.3g + %.3g |ref|", t.param_abs, t.param_rel);
         else
             snprintf(ptol, sizeof ptol, "%.3g", t.param_abs);
-        if (m->train.loss_scale != 1)
+        if (m->train.dynamic_loss_scale)
+            snprintf(scaled, sizeof scaled, ", dynamic loss scale from %g", m->train.loss_scale);
+        else if (m->train.loss_scale != 1)
             snprintf(scaled, sizeof scaled, ", loss scale %g", m->train.loss_scale);
+        /* dynamic scaling: both must have skipped the same steps */
+        int skips = 0, ref_skips = 0, first_differ = 0;
+        for (int s = 0; s < r->steps && set->loss_scale_window > 0; s++) {
+            skips += r->skipped[s];
+            ref_skips += ref->skipped[s];
+            if (r->skipped[s] != ref->skipped[s] && first_differ == 0)
+                first_differ = s + 1;
+        }
         fprintf(f,
                 "check         against the single-device step (loss %.9g), %d parameters,\n"
                 "              floating-point tensors held in %s%s:\n"
                 "  loss        rel. diff %.3g (tolerance %.3g)\n"
                 "  gradients   rel. diff %.3g, worst %s (tolerance %.3g)\n"
-                "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n"
-                "  %s\n",
+                "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n",
                 ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), scaled, cmp.loss_rel,
-                t.rel,
-                cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol,
-                mismatch ? "MISMATCH" : "ok");
+                t.rel, cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol);
+        if (set->loss_scale_window > 0)
+            fprintf(f, "  loss scale  %d of %d steps skipped, the reference %d%s%.0d\n", skips,
+                    r->steps, ref_skips, first_differ ? ": they first differ at step " : "",
+                    first_differ);
+        mismatch = mismatch || first_differ;
+        fprintf(f, "  %s\n", mismatch ? "MISMATCH" : "ok");
         if (mismatch && storage == PS_DTYPE_F16 && m->train.loss_scale == 1)
             fprintf(f, "  (fp16 without loss scaling: gradients under 2^-14 lose bits to "
                        "underflow in the backward pass; plan with --loss-scale, e.g. 1024, or "

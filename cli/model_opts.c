@@ -7,7 +7,8 @@
 
 enum {
     OPT_MODEL = PS_MODEL_OPT_BASE, OPT_GRAPH, OPT_CAPACITY, OPT_DTYPE, OPT_OPT_DTYPE,
-    OPT_NO_MASTER, OPT_REMAT, OPT_LOSS_SCALE, OPT_SIZE /* + index into size_names */
+    OPT_NO_MASTER, OPT_REMAT, OPT_LOSS_SCALE, OPT_DYNAMIC_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW,
+    OPT_SIZE /* + index into size_names */
 };
 
 static const char *const size_names[13] = {
@@ -23,6 +24,8 @@ static const struct option model_options[] = {
     {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
     {"remat", no_argument, NULL, OPT_REMAT},
     {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},
+    {"dynamic-loss-scale", no_argument, NULL, OPT_DYNAMIC_LOSS_SCALE},
+    {"loss-scale-window", required_argument, NULL, OPT_LOSS_SCALE_WINDOW},
 };
 
 void ps_model_opts_init(ps_model_opts *o)
@@ -80,7 +83,20 @@ int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *com
             return 2;
         }
         o->train.loss_scale = x;
+        o->loss_scale_set = true;
         return 0;
+    case OPT_DYNAMIC_LOSS_SCALE: o->train.dynamic_loss_scale = true; return 0;
+    case OPT_LOSS_SCALE_WINDOW: {
+        int64_t w;
+        if (!ps_cli_parse_int(arg, 1, INT32_MAX, &w)) {
+            ps_cli_usage_error(command, "--loss-scale-window wants a positive number of steps, "
+                                        "not \"%s\"", arg);
+            return 2;
+        }
+        o->train.loss_scale_window = (int)w;
+        o->loss_scale_window_set = true;
+        return 0;
+    }
     default: break;
     }
     if (c >= OPT_SIZE && c < OPT_SIZE + 13) {
@@ -96,8 +112,13 @@ int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *com
     return 1;
 }
 
-int ps_model_opts_check(const ps_model_opts *o, bool batch_given, const char *command)
+int ps_model_opts_check(ps_model_opts *o, bool batch_given, const char *command)
 {
+    if (o->loss_scale_window_set && !o->train.dynamic_loss_scale)
+        return ps_cli_usage_error(command, "--loss-scale-window applies to --dynamic-loss-scale "
+                                           "only (a static scale never changes)");
+    if (o->train.dynamic_loss_scale && !o->loss_scale_set)
+        o->train.loss_scale = PS_LOSS_SCALE_DYNAMIC_DEFAULT;
     bool overrides = batch_given || o->capacity_set || o->dtype_set;
     for (int i = 0; i < 13; i++)
         overrides = overrides || o->size_set[i];

@@ -25,7 +25,11 @@
     "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"                      \
     "  --remat              recompute every layer's forward (but the loss layer's)\n"          \
     "  --loss-scale S       static loss scaling for fp16: the backward pass starts from S,\n"  \
-    "                       Adam divides by it (default 1; a power of two is exact)\n"
+    "                       Adam divides by it (default 1; a power of two is exact)\n"     \
+    "  --dynamic-loss-scale a step whose gradients overflow is skipped and halves the\n"     \
+    "                       scale; it starts at --loss-scale (default 65536 here)\n"          \
+    "  --loss-scale-window N  doubles the dynamic scale after N steps without an\n"        \
+    "                       overflow (default 2000)\n"
 
 typedef struct ps_model_opts {
     const char *model, *graph_path;
@@ -36,6 +40,7 @@ typedef struct ps_model_opts {
     ps_dtype dtype;
     bool dtype_set;
     ps_train_options train;
+    bool loss_scale_set, loss_scale_window_set;
 } ps_model_opts;
 
 void ps_model_opts_init(ps_model_opts *o);
@@ -44,10 +49,11 @@ void ps_model_opts_merge(const struct option *own, struct option *out, int cap);
 /* Handles one getopt_long result. Returns 1 when c is not a model option, 0
  * when it was taken, or 2 after printing a usage error. */
 int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *command);
-/* Usage error (2) unless exactly one of --model/--graph is given and
- * overrides go with --model; 0 otherwise. `batch_given` counts as an
- * override. */
-int ps_model_opts_check(const ps_model_opts *o, bool batch_given, const char *command);
+/* Usage error (2) unless exactly one of --model/--graph is given,
+ * overrides go with --model and a loss-scale window goes with a dynamic
+ * scale; 0 otherwise. `batch_given` counts as an override. Sets the default
+ * initial dynamic scale. */
+int ps_model_opts_check(ps_model_opts *o, bool batch_given, const char *command);
 /* The forward graph for micro-batches of `batch` samples (0: the model's
  * default), and the config it came from (zoo models only: *from_zoo). */
 ps_status ps_model_opts_build(const ps_model_opts *o, int64_t batch, ps_model_config *cfg,

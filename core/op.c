@@ -66,6 +66,11 @@ int ps_op_kind_parse(const char *name, ps_op_kind *out)
 
 bool ps_loss_scale_valid(double s) { return s >= PS_LOSS_SCALE_MIN && s <= PS_LOSS_SCALE_MAX; }
 
+bool ps_op_scales_loss(ps_op_kind kind)
+{
+    return kind == PS_OP_MSE_LOSS_GRAD || kind == PS_OP_SOFTMAX_XENT_GRAD || kind == PS_OP_ADAM;
+}
+
 ps_op_attrs ps_op_attrs_default(ps_op_kind kind)
 {
     ps_op_attrs a;

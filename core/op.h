@@ -121,6 +121,8 @@ int ps_op_kind_parse(const char *name, ps_op_kind *out);
 #define PS_LOSS_SCALE_MIN 0x1p-24
 #define PS_LOSS_SCALE_MAX 0x1p40
 bool ps_loss_scale_valid(double s);
+/* The kinds whose attrs.scale is the loss scale: the loss gradients and ADAM. */
+bool ps_op_scales_loss(ps_op_kind kind);
 
 /* Attributes with the defaults of a kind (eps 1e-5, scale 1, stride 1, Adam
  * lr 1e-3, betas 0.9/0.999, eps 1e-8, ...). */

@@ -286,6 +286,19 @@ static void dump_instr(const ps_program_set *s, const ps_instr *in, FILE *f)
             fprintf(f, " axis %d", in->axis);
         else
             fprintf(f, " group %d", in->group);
+        if (in->flags & PS_INSTR_FINITE_VOTE) {
+            fprintf(f, " finite vote over");
+            int n = 0;
+            for (int i = in->operands; i >= 0 && i < s->n_operands && s->operands[i] >= 0; i++)
+                fprintf(f, "%s %s", n++ ? "," : "", tensor_name(s, s->operands[i]));
+            if (n == 0)
+                fprintf(f, " nothing here");
+            break;
+        }
+        if (in->buffer < 0) {
+            fprintf(f, " inside %s", s->step && in->op >= 0 ? s->step->ops[in->op].name : "?");
+            break;
+        }
         if (in->src_buffer >= 0)
             fprintf(f, " %s %s ->", tensor_name(s, in->src_buffer),
                     ps_spec_format(&s->buffers[in->src_buffer].spec, spec, sizeof spec));

@@ -68,6 +68,12 @@ enum {
     /* COMPUTE: the op's output is a gradient accumulated over micro-batches:
      * the first micro-batch writes it, later ones add to it */
     PS_INSTR_ACCUMULATE = 1u << 0,
+    /* COLLECTIVE in an update kernel (dynamic loss scaling): the overflow
+     * vote. Each device looks for inf or NaN in the gradients its optimizer
+     * ops are about to read (operands: their buffers, ending at -1), then
+     * every device of the plan (group) all-reduces that flag (bytes: one
+     * fp32); on "found", every optimizer op of the step is skipped */
+    PS_INSTR_FINITE_VOTE = 1u << 1,
 };
 
 typedef struct ps_instr {
@@ -91,7 +97,7 @@ typedef struct ps_instr {
     int region;    /* SEND, RECV, program COLLECTIVE: index into regions; -1 = whole tile */
     int chunk, chunks; /* SEND, RECV: flat chunk `chunk` of `chunks` of the region */
     int operands;  /* COMPUTE: index into operands: the op's n_in input buffers, then
-                    * its n_out output buffers */
+                    * its n_out output buffers; a FINITE_VOTE's checked buffers */
     double flops, bytes, seconds; /* predicted; bytes moved per device for communication */
 } ps_instr;
 
@@ -164,6 +170,11 @@ typedef struct ps_program_set {
     int n_operands, cap_operands;
     int *operands;
     int micro_batches;
+    /* Dynamic loss scaling (the plan's training options), window 0: none or
+     * static. The scale of the first step, and how many steps in a row
+     * without an overflow double it; the update kernels hold the vote. */
+    double loss_scale;
+    int loss_scale_window;
     char schedule[16];
     double flops_per_step;       /* the model's FLOPs per step, for TFLOP/s */
     double mfu_peak_flops_per_s; /* per device peak that MFU divides by */

@@ -242,7 +242,8 @@ static bool same_region(const ps_program_set *s, int a, int b)
 
 static bool same_collective(const ps_program_set *s, const ps_instr *a, const ps_instr *b)
 {
-    return a->coll == b->coll && a->bytes == b->bytes && same_region(s, a->region, b->region);
+    return a->coll == b->coll && a->bytes == b->bytes && same_region(s, a->region, b->region) &&
+           (a->flags & PS_INSTR_FINITE_VOTE) == (b->flags & PS_INSTR_FINITE_VOTE);
 }
 
 /* Executes one instruction of device `device` (mb: the micro-batch of the
@@ -327,6 +328,16 @@ static ps_status step(checker *c, int device, const ps_instr *in, int mb, bool *
             return st;
         if (in->src_buffer >= 0 && (st = use(c, device, in->src_buffer, mb)) != PS_OK)
             return st;
+        if (in->flags & PS_INSTR_FINITE_VOTE) { /* the gradients it checks */
+            if (in->operands < 0 || in->operands >= s->n_operands)
+                return fail_at(c, device, "finite vote without its list of buffers", "");
+            for (int i = in->operands; s->operands[i] >= 0; i++) {
+                if (i + 1 >= s->n_operands)
+                    return fail_at(c, device, "finite vote: its list of buffers has no end", "");
+                if ((st = use(c, device, s->operands[i], mb)) != PS_OK)
+                    return st;
+            }
+        }
         if (gr->n == 1)
             return PS_OK;
         if (d->group_count == NULL) {

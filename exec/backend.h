@@ -97,6 +97,11 @@ typedef struct ps_backend_ops {
      * initializers end before it): `reduce` in double precision. */
     ps_status (*reduce64)(ps_backend *b, int device, const ps_exec_group *g, double *data,
                           int64_t n, ps_reduce_op op, ps_error *err);
+    /* Whether any element of the n tiles (float or half) is inf or NaN (the
+     * overflow vote of dynamic loss scaling: one answer for all of a device's
+     * gradients). */
+    ps_status (*find_nonfinite)(ps_backend *b, int device, const ps_tile *tiles, int n,
+                                bool *found, ps_error *err);
 } ps_backend_ops;
 
 struct ps_backend {

@@ -241,3 +241,13 @@ void ps_half_add(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n)
 #endif
     add_scalar(t, dst, src, 0, n);
 }
+
+int64_t ps_half_find_nonfinite(ps_dtype t, const uint16_t *src, int64_t n)
+{
+    /* every exponent bit set: inf or NaN */
+    uint16_t exponent = t == PS_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    for (int64_t i = 0; i < n; i++)
+        if ((src[i] & exponent) == exponent)
+            return i;
+    return -1;
+}

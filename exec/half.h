@@ -29,6 +29,9 @@ void ps_half_widen(ps_dtype t, const uint16_t *src, float *dst, int64_t n);
 /* dst[i] = dst[i] + src[i], each sum in fp32 rounded once: a half add. */
 void ps_half_add(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t n);
 
+/* Index of the first inf or NaN of n half values, or -1. */
+int64_t ps_half_find_nonfinite(ps_dtype t, const uint16_t *src, int64_t n);
+
 /* The n-value functions run 8-wide AVX2/F16C kernels where the CPU has
  * them, with the scalar code's bits. Turns them on (where supported) or
  * off, before any thread converts; returns whether they now run. For

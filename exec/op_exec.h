@@ -62,6 +62,9 @@ typedef struct ps_op_reduce {
 typedef struct ps_op_context {
     int step;            /* optimizer step, 1-based (Adam's bias correction) */
     ps_op_reduce reduce; /* the op's own collective */
+    /* ADAM: the runtime already found the gradient finite (the overflow vote
+     * of dynamic loss scaling): the op's own check for inf and NaN is skipped */
+    bool grads_checked;
 } ps_op_context;
 
 /* Returns PS_ERR_UNSUPPORTED (with a message naming the op kind) for kinds a

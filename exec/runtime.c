@@ -10,6 +10,7 @@
 #include "exec/box.h"
 #include "exec/data.h"
 #include "exec/half.h"
+#include "exec/loss_scale.h"
 #include "traces/program_summary.h"
 #include "traces/trace.h"
 
@@ -21,6 +22,7 @@ typedef struct exec_event {
     int mb, peer, group, coll;
     int op;           /* trace_ops: the op of a compute span, -2 a slice, -3 a load;
                        * -1: a merged span */
+    bool vote;        /* a collective that is the overflow vote */
     int begin, end;   /* timing slots */
     double flops, bytes;
 } exec_event;
@@ -54,6 +56,8 @@ typedef struct device_state {
     int open_compute; /* index of the compute event being extended, -1 */
     int cur_phase, cur_mb, step;
     double *loss_mb;  /* [M]: the loss each micro-batch wrote here */
+    ps_loss_scaler scaler; /* dynamic loss scaling (the same on every device) */
+    bool voted, overflow;  /* this step: the vote ran; its answer */
     uint8_t loss_partial;
     bool wrote_loss;
     double iteration_s, compute_s, comm_s;
@@ -520,6 +524,15 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         tout[o] = w[o].tile;
     }
     ps_op_context ctx = {.step = d->step, .reduce = {.group_size = 1}};
+    ps_op scaled;
+    if (rt->set->loss_scale_window > 0 && ps_op_scales_loss(op->kind)) {
+        /* dynamic loss scaling: this step's scale, Adam's own step count */
+        scaled = *op;
+        scaled.attrs.scale = d->scaler.scale;
+        op = &scaled;
+        ctx.step = d->scaler.applied + 1;
+        ctx.grads_checked = op->kind == PS_OP_ADAM && d->voted;
+    }
     reduce_arg ra;
     int axis = rt->op_reduce_axis[in->op];
     if (axis >= 0) {
@@ -534,6 +547,10 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
     if (op->kind == PS_OP_ADAM && op->n_in > 1 && rt->opt->keep_params &&
         d->step == rt->opt->steps)
         st = keep_tile(d, rt->result->grads, rt->grad_cover, op->in[0], &tin[1]);
+    if (op->kind == PS_OP_ADAM && d->overflow) { /* the step is skipped */
+        target_abandon(d, w, op->n_out);
+        return st;
+    }
     if (st == PS_OK)
         st = rt->b->ops->op(rt->b, d->device, op, tin, tout, &ctx, &d->err);
     if (st != PS_OK) {
@@ -574,6 +591,48 @@ static ps_status exec_collective(device_state *d, const ps_instr *in, int mb, in
         return st;
     }
     return target_close(d, &w, mb);
+}
+
+/* The overflow vote (dynamic loss scaling): this device's gradients are
+ * checked, then the flag is all-reduced (max) over every device of the plan
+ * in one float of backend memory, so every optimizer op of the step sees
+ * the same answer. */
+static ps_status exec_vote(device_state *d, const ps_instr *in, int mb, int group)
+{
+    runtime *rt = d->rt;
+    const int *checked = &rt->set->operands[in->operands];
+    int n = 0;
+    while (checked[n] >= 0)
+        n++;
+    ps_tile *tiles = malloc(((size_t)n + 1) * sizeof *tiles);
+    if (tiles == NULL)
+        return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+    ps_status st = PS_OK;
+    for (int i = 0; i < n && st == PS_OK; i++)
+        st = instance(d, checked[i], mb, &tiles[i]);
+    bool found = false;
+    if (st == PS_OK && n > 0) /* one call: one read-back on a GPU */
+        st = rt->b->ops->find_nonfinite(rt->b, d->device, tiles, n, &found, &d->err);
+    free(tiles);
+    PS_TRY_RET(st);
+    ps_exec_group g = group_view(rt, d, group);
+    float flag = found ? 1.0f : 0.0f;
+    if (g.n > 1) {
+        void *mem = NULL;
+        ps_tile t = {.data = NULL, .rank = 1, .shape = {1}, .global = {1}};
+        PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, sizeof flag, &mem, &d->err));
+        t.data = mem;
+        st = upload_values(d, &t, &flag);
+        if (st == PS_OK)
+            st = rt->b->ops->reduce(rt->b, d->device, &g, mem, 1, PS_REDUCE_OP_MAX, &d->err);
+        if (st == PS_OK)
+            st = download_values(d, &t, &flag);
+        rt->b->ops->release(rt->b, d->device, mem);
+        PS_TRY_RET(st);
+    }
+    d->voted = true;
+    d->overflow = flag != 0.0f;
+    return PS_OK;
 }
 
 static ps_status exec_slice(device_state *d, const ps_instr *in, int mb)
@@ -673,6 +732,12 @@ static ps_status exec_kernel_instr(device_state *d, const ps_instr *in, int mb)
         PS_TRY_RET(compute_event(d, in, mb));
         return exec_load(d, in, mb);
     case PS_INSTR_COLLECTIVE:
+        if (in->flags & PS_INSTR_FINITE_VOTE) {
+            PS_TRY_RET(open_event(d, PS_TRACE_COLLECTIVE, in, mb, &e));
+            e->vote = true;
+            PS_TRY_RET(exec_vote(d, in, mb, in->group));
+            return end_event(d, e);
+        }
         if (in->buffer < 0)
             return PS_OK; /* run inside its op's COMPUTE */
         PS_TRY_RET(open_event(d, PS_TRACE_COLLECTIVE, in, mb, &e));
@@ -763,6 +828,7 @@ static ps_status run_step(device_state *d)
     d->open_compute = -1;
     d->cur_phase = d->cur_mb = -1;
     d->wrote_loss = false;
+    d->voted = d->overflow = false;
     int first = 0, last = 0;
     PS_TRY_RET(mark(d, &first));
     for (int i = 0; i < d->prog->n_instrs; i++)
@@ -771,6 +837,12 @@ static ps_status run_step(device_state *d)
     PS_TRY_RET(mark(d, &last));
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
+    if (d->voted) {
+        int s = d->step - 1;
+        rt->result->loss_scale[s] = d->scaler.scale; /* every voter writes the same */
+        rt->result->skipped[s] = d->overflow;
+        PS_TRY_RET(ps_loss_scaler_update(&d->scaler, d->overflow, d->step, &d->err));
+    }
     return PS_OK;
 }
 
@@ -841,6 +913,8 @@ static void event_name(const runtime *rt, const exec_event *e, char *name, size_
         snprintf(name, size, "%s", e->op == -2 ? "slice" : "load");
     else if (e->category == PS_TRACE_COMPUTE)
         ps_trace_compute_name(e->phase, e->mb, name, size);
+    else if (e->category == PS_TRACE_COLLECTIVE && e->vote)
+        snprintf(name, size, "finite vote group %d", e->group);
     else if (e->category == PS_TRACE_COLLECTIVE)
         snprintf(name, size, "%s group %d", ps_collective_names[e->coll], e->group);
     else
@@ -1122,6 +1196,8 @@ void ps_exec_result_free(ps_exec_result *r)
     free(r->params);
     free(r->grads);
     free(r->loss);
+    free(r->loss_scale);
+    free(r->skipped);
     ps_summary_free(r->summary);
     free(r);
 }
@@ -1156,6 +1232,8 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     r->steps = o->steps;
     r->n_tensors = rt.g->n_tensors;
     r->loss = calloc((size_t)o->steps, sizeof *r->loss);
+    r->loss_scale = calloc((size_t)o->steps, sizeof *r->loss_scale);
+    r->skipped = calloc((size_t)o->steps, sizeof *r->skipped);
     r->params = calloc((size_t)rt.g->n_tensors, sizeof *r->params);
     r->grads = calloc((size_t)rt.g->n_tensors, sizeof *r->grads);
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
@@ -1169,7 +1247,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
             goto out;
         }
     }
-    if (r->loss == NULL || r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
+    if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
         threads == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
@@ -1189,6 +1267,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         d->rt = &rt;
         d->device = i;
         d->prog = &s->programs[i];
+        ps_loss_scaler_init(&d->scaler, s->loss_scale, s->loss_scale_window);
         if (!ps_hosts_is_local(rt.hosts, i))
             continue; /* another process runs it */
         n_local++;

@@ -43,6 +43,10 @@ ps_exec_options ps_exec_options_default(void);
 typedef struct ps_exec_result {
     int steps;
     double *loss;            /* [steps]: the loss summed over micro-batches */
+    /* Dynamic loss scaling (0 and false without): the scale each step ran
+     * at, and whether its gradients overflowed (the update skipped) */
+    double *loss_scale;      /* [steps] */
+    bool *skipped;           /* [steps] */
     ps_summary *summary;     /* measured, last step */
     int n_tensors;           /* of the step graph */
     float **params;          /* [n_tensors]: whole PARAM tensors after the run (keep_params), or NULL */

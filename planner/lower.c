@@ -89,6 +89,8 @@ typedef struct lower_ctx {
     bool *update_reads; /* [step tensors]: read by an update-pass op */
     int n_cross, cap_cross;
     crossing *cross;
+    int vote_group;  /* dynamic loss scaling: every device of the plan; -1 without */
+    double vote_s;   /* predicted time of its one-float all-reduce */
     ps_error *err;
 } lower_ctx;
 
@@ -427,6 +429,84 @@ out:
 
 /* ---- kernels ---- */
 
+/* Dynamic loss scaling, before the stage's first optimizer op (op j0; every
+ * update op after it is an ADAM): each ADAM's gradient is synchronised
+ * first (grad_operand[j]: the buffer it will read), and then the overflow
+ * vote over the whole plan checks them all. A gradient home nothing else
+ * reads goes as soon as its synchronised copy exists, so the update holds
+ * the gradients about once, as without the vote. */
+static ps_status emit_vote(lower_ctx *L, int k, ps_kernel *kern, int j0, int *grad_operand,
+                           unsigned char *home_freed)
+{
+    stage_ctx *s = &L->st[k];
+    int n_checked = 0, *checked = malloc(((size_t)s->n_ops + 1) * sizeof *checked);
+    if (checked == NULL)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = PS_OK;
+    for (int j = j0; j >= 0 && j < s->n_ops; j++) {
+        const ps_op *op = &s->slice->ops[j];
+        if (op->kind != PS_OP_ADAM || op->n_in < 2)
+            continue;
+        int t = op->in[1];
+        if (s->home[t] < 0) {
+            st = ps_error_set(L->err, PS_ERR_INTERNAL, "stage %d: %s read before written", k,
+                              L->step->tensors[s->step_of[t]].name);
+            goto out;
+        }
+        PS_TRY(emit_reshard(L, k, kern, s->home[t], &s->ps->ops[j].in[1], false, -1, 0,
+                            &grad_operand[j]));
+        checked[n_checked++] = grad_operand[j];
+        bool read_again = false;
+        for (int q = 0; q < op->n_in; q++)
+            read_again |= q != 1 && op->in[q] == t;
+        if (grad_operand[j] != s->home[t] && s->last_use[t] == j && !read_again &&
+            s->cls[t] != CLS_PERSIST && !s->program_free[t]) {
+            PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, s->home[t]));
+            home_freed[t] = 1;
+        }
+    }
+    checked[n_checked] = -1;
+    ps_instr v = ps_instr_init(PS_INSTR_COLLECTIVE);
+    v.coll = PS_COLL_ALL_REDUCE;
+    v.flags = PS_INSTR_FINITE_VOTE;
+    v.group = L->vote_group;
+    v.bytes = sizeof(float);
+    v.seconds = L->vote_s;
+    if (ps_program_add_operands(L->set, checked, n_checked + 1, &v.operands) != PS_OK) {
+        st = ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    st = emit(L, kern, &v);
+out:
+    free(checked);
+    return st;
+}
+
+/* The vote's group (every device of every stage, stage by stage) and its
+ * predicted time: a ring all-reduce of one float, each of its 2(n-1) steps
+ * as slow as the slowest link of the ring. */
+static ps_status vote_setup(lower_ctx *L)
+{
+    const ps_plan *p = L->plan;
+    int n = 0;
+    for (int k = 0; k < p->n_stages; k++)
+        n += p->stages[k].n_devices;
+    int *devices = malloc(((size_t)n + 1) * sizeof *devices);
+    if (devices == NULL)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    n = 0;
+    for (int k = 0; k < p->n_stages; k++)
+        for (int i = 0; i < p->stages[k].n_devices; i++)
+            devices[n++] = p->stages[k].devices[i];
+    double chunk = (double)sizeof(float) / n, step_s = 0;
+    for (int i = 0; i < n && n > 1; i++)
+        step_s = fmax(step_s, ps_p2p_s(p->cluster, devices[i], devices[(i + 1) % n], chunk));
+    L->vote_s = 2.0 * (n - 1) * step_s;
+    ps_status st = ps_program_add_group(L->set, devices, n, &L->vote_group);
+    free(devices);
+    return st == PS_OK ? PS_OK : ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+}
+
 static ps_status stage_kernels(lower_ctx *L, int k)
 {
     ps_status st = PS_OK;
@@ -434,6 +514,13 @@ static ps_status stage_kernels(lower_ctx *L, int k)
     const ps_graph *g = L->step;
     ps_error *err = L->err;
     int n_t = s->slice->n_tensors;
+    int *grad_operand = malloc(((size_t)s->n_ops + 1) * sizeof *grad_operand);
+    unsigned char *home_freed = calloc((size_t)n_t + 1, 1);
+    bool voted = L->vote_group < 0;
+    PS_TRY_ALLOC(grad_operand, err);
+    PS_TRY_ALLOC(home_freed, err);
+    for (int j = 0; j < s->n_ops; j++)
+        grad_operand[j] = -1;
     /* homes of what exists before any op: sources, received tensors */
     for (int t = 0; t < n_t; t++) {
         bool per_mb = s->cls[t] == CLS_DATA || s->cls[t] == CLS_RECV;
@@ -450,9 +537,17 @@ static ps_status stage_kernels(lower_ctx *L, int k)
         bool per_mb = ph != PS_PHASE_UPDATE;
         ps_kernel *kern = NULL;
         PS_TRY(kernel_of(L, k, ph, &kern));
+        if (!voted && op->kind == PS_OP_ADAM) {
+            PS_TRY(emit_vote(L, k, kern, j, grad_operand, home_freed));
+            voted = true;
+        }
         int operand[2 * PS_MAX_OP_IO], raw[PS_MAX_OP_IO];
         for (int q = 0; q < op->n_in; q++) {
             int t = op->in[q];
+            if (q == 1 && grad_operand[j] >= 0) { /* synchronised before the vote */
+                operand[q] = grad_operand[j];
+                continue;
+            }
             if (s->cls[t] == CLS_DATA && s->first_use[t] == j) {
                 /* data arrives where it is first read; later reads of the same
                  * micro-batch (the loss's backward) find it there */
@@ -531,7 +626,8 @@ static ps_status stage_kernels(lower_ctx *L, int k)
             bool seen = false;
             for (int r = 0; r < q; r++)
                 seen |= op->in[r] == t;
-            if (seen || s->last_use[t] != j || s->cls[t] == CLS_PERSIST || s->program_free[t])
+            if (seen || s->last_use[t] != j || s->cls[t] == CLS_PERSIST || s->program_free[t] ||
+                home_freed[t])
                 continue;
             PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, s->home[t]));
         }
@@ -542,7 +638,14 @@ static ps_status stage_kernels(lower_ctx *L, int k)
                 PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, s->home[t]));
         }
     }
+    if (!voted) { /* no optimizer op here: the stage still takes part */
+        ps_kernel *kern = NULL;
+        PS_TRY(kernel_of(L, k, PS_PHASE_UPDATE, &kern));
+        PS_TRY(emit_vote(L, k, kern, -1, grad_operand, home_freed));
+    }
 out:
+    free(grad_operand);
+    free(home_freed);
     return st;
 }
 
@@ -990,6 +1093,12 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
             ps->kernel[ph] = -1;
     }
     PS_TRY(find_crossings(&L));
+    L.vote_group = -1;
+    if (m->train.dynamic_loss_scale) {
+        L.set->loss_scale = m->train.loss_scale;
+        L.set->loss_scale_window = m->train.loss_scale_window;
+        PS_TRY(vote_setup(&L));
+    }
     for (int k = 0; k < p->n_stages; k++)
         PS_TRY(stage_kernels(&L, k));
     for (int i = 0; i < L.n_cross; i++)

@@ -17,6 +17,8 @@ ps_train_options ps_train_options_default(void)
     o.master_weights = true;
     o.adam = ps_op_attrs_default(PS_OP_ADAM);
     o.loss_scale = 1.0;
+    o.dynamic_loss_scale = false;
+    o.loss_scale_window = PS_LOSS_SCALE_WINDOW_DEFAULT;
     return o;
 }
 
@@ -496,8 +498,12 @@ ps_status ps_train_options_to_json(const ps_train_options *o, int n_layers, json
     PS_TRY(ps_json_set(j, "beta2", json_real(o->adam.beta2)));
     PS_TRY(ps_json_set(j, "eps", json_real(o->adam.adam_eps)));
     PS_TRY(ps_json_set(j, "weight_decay", json_real(o->adam.weight_decay)));
-    if (o->loss_scale != 1.0) /* plans without scaling read as before */
+    if (o->loss_scale != 1.0 || o->dynamic_loss_scale) /* plans without scaling read as before */
         PS_TRY(ps_json_set(j, "loss_scale", json_real(o->loss_scale)));
+    if (o->dynamic_loss_scale) {
+        PS_TRY(ps_json_set(j, "dynamic_loss_scale", json_true()));
+        PS_TRY(ps_json_set(j, "loss_scale_window", json_integer(o->loss_scale_window)));
+    }
     *out = j;
     j = NULL;
 out:
@@ -510,7 +516,8 @@ ps_status ps_train_options_from_json(const ps_jv *v, ps_train_options *out, bool
 {
     static const char *const keys[] = {"remat", "remat_layers", "optimizer_dtype",
                                        "master_weights", "lr", "beta1", "beta2", "eps",
-                                       "weight_decay", "loss_scale", NULL};
+                                       "weight_decay", "loss_scale", "dynamic_loss_scale",
+                                       "loss_scale_window", NULL};
     ps_status st = PS_OK;
     ps_jv x;
     int k;
@@ -531,6 +538,19 @@ ps_status ps_train_options_from_json(const ps_jv *v, ps_train_options *out, bool
     PS_TRY(ps_jv_opt_double(v, "weight_decay", 0, 0, 1e6, &out->adam.weight_decay, err));
     PS_TRY(ps_jv_opt_double(v, "loss_scale", 1.0, PS_LOSS_SCALE_MIN, PS_LOSS_SCALE_MAX,
                             &out->loss_scale, err));
+    PS_TRY(ps_jv_opt_bool(v, "dynamic_loss_scale", false, &out->dynamic_loss_scale, err));
+    if (ps_jv_has(v, "loss_scale_window")) {
+        int64_t w;
+        PS_TRY(ps_jv_member(v, "loss_scale_window", &x, err));
+        if (!out->dynamic_loss_scale) {
+            st = ps_jv_fail(&x, err, PS_ERR_INVALID,
+                            "only a dynamic loss scale has a window (dynamic_loss_scale is "
+                            "not true)");
+            goto out;
+        }
+        PS_TRY(ps_jv_int(&x, 1, INT32_MAX, &w, err));
+        out->loss_scale_window = (int)w;
+    }
     if (ps_jv_has(v, "remat_layers")) {
         size_t n;
         PS_TRY(ps_jv_member(v, "remat_layers", &x, err));

@@ -37,7 +37,16 @@ typedef struct ps_train_options {
      * pass with S and the ADAM ops divide by it (their attrs.scale). For fp16,
      * whose gradients under 2^-14 lose bits; see PS_LOSS_SCALE_MIN/MAX. */
     double loss_scale;
+    /* Dynamic loss scaling: loss_scale is where it starts; a step whose
+     * gradients hold inf or NaN anywhere is skipped and halves the scale, and
+     * loss_scale_window steps in a row without one double it (the executors'
+     * runtime keeps the scale; the lowering adds the step-wide vote). */
+    bool dynamic_loss_scale;
+    int loss_scale_window; /* steps; PS_LOSS_SCALE_WINDOW_DEFAULT */
 } ps_train_options;
+
+#define PS_LOSS_SCALE_WINDOW_DEFAULT 2000
+#define PS_LOSS_SCALE_DYNAMIC_DEFAULT 65536.0 /* 2^16: the initial dynamic scale */
 
 ps_train_options ps_train_options_default(void);
 

@@ -770,7 +770,9 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
     }
     if (ok && a->ctx->trace && t0 >= 0) {
         char name[64];
-        if (in->axis >= 0)
+        if (in->flags & PS_INSTR_FINITE_VOTE)
+            snprintf(name, sizeof name, "finite vote group %d", in->group);
+        else if (in->axis >= 0)
             snprintf(name, sizeof name, "%s axis %d", ps_collective_names[kind], in->axis);
         else
             snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], in->group);

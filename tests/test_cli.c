@@ -963,6 +963,46 @@ static void test_loss_scale(void **state)
         expect_in(&r, false, "overflowed it (lower --loss-scale)");
         run_result_free(&r);
     }
+    /* dynamic: the same scale skips steps instead, and the check agrees */
+    {
+        const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "0x1p40", "--dynamic-loss-scale",
+                           "--loss-scale-window", "50", "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        ps_json_doc *doc = NULL;
+        assert_int_equal(ps_json_doc_load(plan, &doc, NULL), PS_OK);
+        json_t *train = json_object_get(doc->root, "training");
+        assert_true(json_is_true(json_object_get(train, "dynamic_loss_scale")));
+        assert_int_equal(json_integer_value(json_object_get(train, "loss_scale_window")), 50);
+        ps_json_doc_free(doc);
+        const char *e[] = {"exec", "--plan", plan, "--steps", "3", "--check", NULL};
+        run_result r;
+        run_ok(fx, e, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "step 1: loss ");
+        expect_in(&r, true, "at loss scale 1.09951e+12: a gradient overflowed, update skipped");
+        expect_in(&r, true, "step 3: loss ");
+        expect_in(&r, true, "at loss scale 2.74878e+11");
+        expect_in(&r, true, "dynamic loss scale from 1.09951e+12:");
+        expect_in(&r, true, "loss scale  3 of 3 steps skipped, the reference 3");
+        run_result_free(&r);
+    }
+    {
+        const char *a[] = {SMALL_FP16_GPT, "--dynamic-loss-scale", "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        ps_json_doc *doc = NULL;
+        assert_int_equal(ps_json_doc_load(plan, &doc, NULL), PS_OK);
+        json_t *train = json_object_get(doc->root, "training");
+        assert_true(json_number_value(json_object_get(train, "loss_scale")) == 65536);
+        assert_int_equal(json_integer_value(json_object_get(train, "loss_scale_window")), 2000);
+        ps_json_doc_free(doc);
+    }
+    {
+        const char *a[] = {SMALL_FP16_GPT, "--loss-scale-window", "10", "-o", plan, NULL};
+        expect_usage_error(fx, a, "--loss-scale-window applies to --dynamic-loss-scale only");
+        const char *b[] = {SMALL_FP16_GPT, "--dynamic-loss-scale", "--loss-scale-window", "0",
+                           "-o", plan, NULL};
+        expect_usage_error(fx, b, "--loss-scale-window wants a positive number of steps");
+    }
 #undef SMALL_FP16_GPT
 }
 

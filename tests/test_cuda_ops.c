@@ -1555,6 +1555,57 @@ static void coord_of(const ps_tile *t, int64_t i, int64_t *coord)
     }
 }
 
+/* The overflow vote's check: one answer for several tiles, fp32 and half;
+ * inf and NaN anywhere (first, middle, last element of any tile) are found,
+ * the largest finite values are not, and an fp32 value beyond fp16's range
+ * is found once held in fp16 (it rounds to inf). */
+static void backend_find_nonfinite(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    ps_error err = {0};
+    const ps_dtype types[3] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
+    const int64_t sizes[3] = {1, 1000, 70001};
+    for (int ti = 0; ti < 3; ti++) {
+        for (int where = -1; where < 9; where++) {
+            ps_tile f[3], h[3], d[3];
+            for (int i = 0; i < 3; i++) {
+                f[i] = hrand(1, (const int64_t[]){sizes[i]}, NULL, NULL);
+                float *x = f[i].data;
+                x[0] = types[ti] == PS_DTYPE_F16 ? 65504.0f : 3.0e38f; /* largest finite */
+                if (where >= 0 && where / 3 == i) {
+                    int64_t at = where % 3 == 0 ? 0 : where % 3 == 1 ? sizes[i] / 2 : sizes[i] - 1;
+                    x[at] = where % 2 ? INFINITY : i == 1 ? -INFINITY : NAN;
+                }
+                h[i] = host_as(&f[i], types[ti] != PS_DTYPE_F32, types[ti]);
+                d[i] = dupload_any(b, &h[i]);
+            }
+            bool found = true;
+            assert_int_equal(b->ops->find_nonfinite(b, 0, d, 3, &found, &err), PS_OK);
+            if (found != (where >= 0))
+                fail_msg("%s, non-finite value at %d: found %d", ps_dtype_name(types[ti]), where,
+                         found);
+            for (int i = 0; i < 3; i++) {
+                b->ops->release(b, 0, d[i].data);
+                free(f[i].data), free(h[i].data);
+            }
+        }
+    }
+    /* 65520 is finite in fp32 and bf16 but rounds to inf in fp16 */
+    for (int ti = 0; ti < 3; ti++) {
+        ps_tile f = hrand(1, (const int64_t[]){37}, NULL, NULL);
+        ((float *)f.data)[20] = 65520.0f;
+        ps_tile h = host_as(&f, types[ti] != PS_DTYPE_F32, types[ti]);
+        ps_tile d = dupload_any(b, &h);
+        bool found = false;
+        assert_int_equal(b->ops->find_nonfinite(b, 0, &d, 1, &found, &err), PS_OK);
+        assert_int_equal(found, types[ti] == PS_DTYPE_F16);
+        b->ops->release(b, 0, d.data);
+        free(f.data), free(h.data);
+    }
+    b->ops->destroy(b);
+}
+
 static void backend_copy_box(void **state)
 {
     (void)state;
@@ -2053,6 +2104,7 @@ int main(void)
         cmocka_unit_test(backend_memory),
         cmocka_unit_test(backend_timing_and_profile),
         cmocka_unit_test(backend_copy_box),
+        cmocka_unit_test(backend_find_nonfinite),
         cmocka_unit_test(backend_collectives),
         cmocka_unit_test(backend_reduce),
         cmocka_unit_test(backend_send_recv),

@@ -386,6 +386,37 @@ static void loss_scale_reaches_loss_gradient_and_adam(void **state)
         if (strstr(err.msg, "loss_scale") == NULL)
             fail_msg("%s: %s", bad[i], err.msg);
     }
+    /* dynamic scaling: written with its window, read back; a window without
+     * dynamic scaling, a bad window or a non-boolean switch is named */
+    o = ps_train_options_default();
+    o.dynamic_loss_scale = true;
+    o.loss_scale = 0x1p16;
+    o.loss_scale_window = 500;
+    assert_int_equal(ps_train_options_to_json(&o, 1, &j), PS_OK);
+    text = json_dumps(j, 0);
+    json_decref(j);
+    assert_int_equal(read_options(text, &back, &err), PS_OK);
+    assert_true(back.dynamic_loss_scale && back.loss_scale == 0x1p16);
+    assert_int_equal(back.loss_scale_window, 500);
+    free(text);
+    assert_int_equal(read_options("{\"dynamic_loss_scale\": true}", &back, &err), PS_OK);
+    assert_int_equal(back.loss_scale_window, PS_LOSS_SCALE_WINDOW_DEFAULT);
+    static const char *const bad_dynamic[][2] = {
+        {"{\"loss_scale_window\": 100}", "only a dynamic loss scale has a window"},
+        {"{\"dynamic_loss_scale\": false, \"loss_scale_window\": 100}", "only a dynamic"},
+        {"{\"dynamic_loss_scale\": true, \"loss_scale_window\": 0}", "loss_scale_window"},
+        {"{\"dynamic_loss_scale\": true, \"loss_scale_window\": 2.5}", "loss_scale_window"},
+        {"{\"dynamic_loss_scale\": true, \"loss_scale_window\": 3000000000}",
+         "loss_scale_window"},
+        {"{\"dynamic_loss_scale\": \"yes\"}", "dynamic_loss_scale"},
+    };
+    for (int i = 0; i < 6; i++) {
+        ps_error_clear(&err);
+        assert_int_not_equal(read_options(bad_dynamic[i][0], &back, &err), PS_OK);
+        if (strstr(err.msg, bad_dynamic[i][1]) == NULL)
+            fail_msg("%s: %s", bad_dynamic[i][0], err.msg);
+    }
+    o = ps_train_options_default();
     /* a step built with an invalid scale is refused by the op checks */
     ps_graph *fwd = zoo_graph("mlp", 2), *step = NULL;
     o.loss_scale = 0;

@@ -1,5 +1,6 @@
 #include "exec/cpu/cpu_backend.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -265,6 +266,28 @@ static ps_status cpu_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
 {
     (void)b, (void)device, (void)err;
     memset(t->data, 0, (size_t)ps_tile_numel(t) * (size_t)ps_tile_elem_bytes(t));
+    return PS_OK;
+}
+
+static ps_status cpu_find_nonfinite(ps_backend *b, int device, const ps_tile *tiles, int n,
+                                    bool *found, ps_error *err)
+{
+    (void)b;
+    *found = false;
+    for (int i = 0; i < n && !*found; i++) {
+        const ps_tile *t = &tiles[i];
+        int64_t count = ps_tile_numel(t);
+        if (t->is_int)
+            return ps_error_set(err, PS_ERR_INTERNAL,
+                                "device %d: looking for inf and NaN in an integer tile", device);
+        if (ps_tile_is_half(t)) {
+            *found = ps_half_find_nonfinite(t->dtype, t->data, count) >= 0;
+            continue;
+        }
+        const float *x = t->data;
+        for (int64_t e = 0; e < count && !*found; e++)
+            *found = !isfinite(x[e]);
+    }
     return PS_OK;
 }
 
@@ -892,6 +915,7 @@ static const ps_backend_ops cpu_ops = {
     .peak_bytes = cpu_peak,
     .abort = cpu_abort,
     .destroy = cpu_destroy,
+    .find_nonfinite = cpu_find_nonfinite,
 };
 
 ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts,

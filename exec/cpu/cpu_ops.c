@@ -1019,8 +1019,9 @@ static ps_status op_adam(const run *r)
     const float *g = fdata(&r->in[1]);
     float *p = n_in == 5 ? fdata(&r->in[4]) : param;
     int64_t n = ps_tile_numel(&r->in[0]);
-    /* one pass first: a non-finite gradient leaves the state untouched */
-    for (int64_t i = 0; i < n; i++)
+    /* one pass first: a non-finite gradient leaves the state untouched (a
+     * finite vote has looked already) */
+    for (int64_t i = 0; i < n && !r->ctx->grads_checked; i++)
         if (!isfinite(g[i]))
             return nonfinite_gradient(r, g[i], i);
     for (int64_t i = 0; i < n; i++) {

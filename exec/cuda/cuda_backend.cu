@@ -349,6 +349,13 @@ static ps_status be_op(ps_backend *b, int device, const ps_op *op, const ps_tile
     return ps_cuda_op_run(d->s, op, in, out, ctx, err);
 }
 
+static ps_status be_find_nonfinite(ps_backend *b, int device, const ps_tile *tiles, int n,
+                                   bool *found, ps_error *err)
+{
+    DEV(b, device);
+    return ps_cuda_find_nonfinite(d->s, tiles, n, found, err);
+}
+
 static ps_status be_accumulate(ps_backend *b, int device, ps_tile *dst, const ps_tile *src,
                                ps_error *err)
 {
@@ -1193,6 +1200,7 @@ static const ps_backend_ops cuda_ops = {
     be_recv,     be_mark,      be_finish,     be_elapsed, be_peak_bytes, be_abort,
     be_destroy,
     NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
+    be_find_nonfinite,
 };
 
 /* ---- create ---------------------------------------------------------------------------- */

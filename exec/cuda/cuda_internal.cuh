@@ -91,6 +91,11 @@ ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
  * index), read back after the stream's work (a small copy and a wait). */
 ps_status ps_cuda_read_flag(ps_cuda_stream *s, const int *flag_dev, int flag[2], ps_error *err);
 
+/* Whether any element of the n tiles (float or half) is inf or NaN: one
+ * flag for all of them, read back once (the overflow vote). */
+ps_status ps_cuda_find_nonfinite(ps_cuda_stream *s, const ps_tile *tiles, int n, bool *found,
+                                 ps_error *err);
+
 /* Whether two tiles have the same rank and local extents. */
 static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
 {

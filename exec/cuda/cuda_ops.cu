@@ -115,6 +115,48 @@ static __global__ void k_find_nonfinite(const float *g, int64_t n, int *bad)
     }
 }
 
+/* The same for half values: every exponent bit set (`exponent`: 0x7c00
+ * for fp16, 0x7f80 for bf16) is inf or NaN. */
+static __global__ void k_find_nonfinite_half(const uint16_t *g, int64_t n, uint16_t exponent,
+                                             int *bad)
+{
+    FOR_EACH(i, n) if ((g[i] & exponent) == exponent)
+    {
+        bad[0] = 1;
+        bad[1] = (int)(i < INT_MAX ? i : INT_MAX);
+    }
+}
+
+ps_status ps_cuda_find_nonfinite(ps_cuda_stream *s, const ps_tile *tiles, int n, bool *found,
+                                 ps_error *err)
+{
+    int *bad_dev;
+    int bad[2] = {0, 0};
+    PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad_dev, err));
+    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad_dev, 0, 2 * sizeof(int), s->stream));
+    for (int t = 0; t < n; t++) {
+        int64_t count = numel(&tiles[t]);
+        if (count == 0)
+            continue;
+        if (tiles[t].is_int)
+            return ps_error_set(err, PS_ERR_INTERNAL,
+                                "device %d: looking for inf and NaN in an integer tile",
+                                s->loc.device);
+        if (ps_tile_is_half(&tiles[t])) {
+            uint16_t exponent = tiles[t].dtype == PS_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+            k_find_nonfinite_half<<<LAUNCH(count)>>>((const uint16_t *)tiles[t].data, count,
+                                                     exponent, bad_dev);
+            PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite_half");
+        } else {
+            k_find_nonfinite<<<LAUNCH(count)>>>((const float *)tiles[t].data, count, bad_dev);
+            PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
+        }
+    }
+    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
+    *found = bad[0] != 0;
+    return PS_OK;
+}
+
 /* ---- permutation (transpose) ------------------------------------------------------ */
 
 typedef struct perm_args {
@@ -1004,14 +1046,16 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
         BAD("the loss scale %g is outside [2^-24, 2^40]", a->scale);
     int step = ctx->step;
     /* a non-finite gradient stops the run before the state changes (a read-back
-     * per update, as the label checks do per loss) */
+     * per update, as the label checks do per loss; none after a finite vote) */
     int *bad_dev;
     int bad[2] = {0, 0};
-    PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad_dev, err));
-    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad_dev, 0, 2 * sizeof(int), s->stream));
-    k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, bad_dev);
-    PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
-    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
+    if (!ctx->grads_checked) {
+        PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad_dev, err));
+        PS_CUDA_RET(s->loc, cudaMemsetAsync(bad_dev, 0, 2 * sizeof(int), s->stream));
+        k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, bad_dev);
+        PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
+        PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
+    }
     if (bad[0] != 0) {
         float value = 0;
         PS_CUDA_RET(s->loc, cudaMemcpyAsync(&value, (const float *)in[1].data + bad[1],
