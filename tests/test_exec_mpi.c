@@ -155,6 +155,10 @@ static void run_both(const char *name, const char *method_args)
     no_sanitizer_report(out);
     loss_lines(out, multi, sizeof multi);
     printf("  %-8s %s\n", name, multi);
+    if (strstr(method_args, "--dynamic-loss-scale") != NULL &&
+        (strstr(multi, "at loss scale 5.49756e+11: a gradient overflowed, update skipped") == NULL ||
+         strstr(out, "loss scale  2 of 2 steps skipped, the reference 2") == NULL))
+        fail_msg("%s: the steps were not skipped as expected:\n%s", name, out);
     if (strlen(single) < 20 || strcmp(single, multi) != 0)
         fail_msg("%s: losses differ: one process \"%s\", two \"%s\"", name, single, multi);
     free(out);
@@ -196,6 +200,10 @@ static void test_plans_across_hosts(void **state)
     run_both("data", "--method data");
     /* all-gathers and reduce-scatters over both hosts */
     run_both("zero3", "--method zero3");
+    /* dynamic loss scaling: the overflow vote spans both hosts; fp16 from 2^40
+     * skips both steps in both runs (the loss lines carry scales and skips) */
+    run_both("dynamic", "--method uniform --dp 1 --op 2 --pp 2 --dtype fp16 --loss-scale 0x1p40 "
+                        "--dynamic-loss-scale");
 }
 
 static void test_wrong_process_count(void **state)
