@@ -666,9 +666,11 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
 }
 
 /* A collective on group g expanded into ring (or pairwise) steps (or, inside
- * a node with closed-form node collectives, added to the pending delay).
- * *t0: when the first transfer of the instruction began, -1 before. */
-static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *t0)
+ * a node with closed-form node collectives and `closed_ok`, added to the
+ * pending delay). *t0: when the first transfer of the instruction began, -1
+ * before. */
+static bool ring_of(sim_actor *a, ps_collective kind, int g, double bytes, double *t0,
+                    bool closed_ok)
 {
     const ps_program_set *set = a->ctx->set;
     if (g < 0 || g >= set->n_groups)
@@ -684,7 +686,7 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *
         return actor_fail(a, PS_ERR_INVALID, "collective on a group the device is not in");
     int n = gr->n, steps = ps_coll_step_count(kind, n);
     double chunk = bytes / n;
-    if (one_node && a->ctx->o->node_collectives_closed_form) {
+    if (one_node && closed_ok && a->ctx->o->node_collectives_closed_form) {
         const ps_cluster *c = a->ctx->c;
         double beta_s_per_byte = 1.0 / c->intra.bandwidth_bytes_per_s;
         defer_comm(a, ps_coll_ring_s(kind, n, bytes, c->intra.latency_s, beta_s_per_byte));
@@ -728,6 +730,11 @@ static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *
     return true;
 }
 
+static bool ring(sim_actor *a, ps_collective kind, int g, double bytes, double *t0)
+{
+    return ring_of(a, kind, g, bytes, t0, true);
+}
+
 static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
 {
     const ps_program_set *set = a->ctx->set;
@@ -766,7 +773,10 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
         case PS_COLL_COUNT: break;
         }
     } else {
-        ok = ring(a, kind, ps_instr_group(set, p, in), S, &t0);
+        /* the overflow vote joins stages that do not run in step: its members
+         * wait for each other even where node collectives are closed forms */
+        ok = ring_of(a, kind, ps_instr_group(set, p, in), S, &t0,
+                     !(in->flags & PS_INSTR_FINITE_VOTE));
     }
     if (ok && a->ctx->trace && t0 >= 0) {
         char name[64];
