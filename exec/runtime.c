@@ -839,8 +839,10 @@ static ps_status run_step(device_state *d)
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
     if (d->voted) {
         int s = d->step - 1;
-        rt->result->loss_scale[s] = d->scaler.scale; /* every voter writes the same */
+        pthread_mutex_lock(&rt->mu); /* every voter writes the same values */
+        rt->result->loss_scale[s] = d->scaler.scale;
         rt->result->skipped[s] = d->overflow;
+        pthread_mutex_unlock(&rt->mu);
         PS_TRY_RET(ps_loss_scaler_update(&d->scaler, d->overflow, d->step, &d->err));
     }
     return PS_OK;
