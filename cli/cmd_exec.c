@@ -318,6 +318,9 @@ int ps_cmd_exec(int argc, char **argv)
         for (int k = 0; k < plan->n_stages && k < r->summary->n_stages; k++)
             printf("  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
                    r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
+        if (set->loss_scale_window > 0 && r->skipped[r->steps - 1])
+            printf("  (the measured step was skipped by the loss scaling: no optimizer ran in "
+                   "it)\n");
         for (int s = 0; s < r->steps; s++) {
             printf("step %d: loss %.9g", s + 1, r->loss[s]);
             if (set->loss_scale_window > 0)

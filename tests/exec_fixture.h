@@ -95,13 +95,17 @@ typedef struct run {
     ps_exec_result *r;
 } run;
 
-/* fp32_storage: fp16/bf16 tensors held in fp32 (pipeshard exec --fp32). */
-static inline ps_status run_plan_held(const ps_plan *p, const ps_exec_options *o, bool fp32_storage,
-                               run *out, ps_error *err)
+/* fp32_storage: fp16/bf16 tensors held in fp32 (pipeshard exec --fp32).
+ * adjust (may be NULL) sees the new backend before the run: a test may swap
+ * its ops table (the backend's own comes back before it is destroyed). */
+static inline ps_status run_plan_adjusted(const ps_plan *p, const ps_exec_options *o,
+                                          bool fp32_storage, void (*adjust)(ps_backend *),
+                                          run *out, ps_error *err)
 {
     memset(out, 0, sizeof *out);
     ps_status st = PS_OK;
     ps_backend *b = NULL;
+    const ps_backend_ops *own = NULL;
     int *slots = NULL;
     ps_lower_options lo = ps_lower_options_default();
     PS_TRY(ps_plan_model_build(p, &out->m, err));
@@ -111,14 +115,25 @@ static inline ps_status run_plan_held(const ps_plan *p, const ps_exec_options *o
     for (int d = 0; d < out->set->n_devices; d++)
         slots[d] = ps_exec_timing_slots(out->set, d);
     PS_TRY(ps_cpu_backend_create(out->set->n_devices, slots, NULL, &b, err));
+    own = b->ops;
     if (fp32_storage)
         b->half_storage = false;
+    if (adjust != NULL)
+        adjust(b);
     PS_TRY(ps_exec_run(out->set, b, o, &out->r, err));
 out:
-    if (b != NULL)
+    if (b != NULL) {
+        b->ops = own;
         b->ops->destroy(b);
+    }
     free(slots);
     return st;
+}
+
+static inline ps_status run_plan_held(const ps_plan *p, const ps_exec_options *o,
+                                      bool fp32_storage, run *out, ps_error *err)
+{
+    return run_plan_adjusted(p, o, fp32_storage, NULL, out, err);
 }
 
 static inline ps_status run_plan(const ps_plan *p, const ps_exec_options *o, run *out, ps_error *err)
@@ -131,6 +146,42 @@ static inline void run_free(run *r)
     ps_exec_result_free(r->r);
     ps_program_set_free(r->set);
     ps_plan_model_free(r->m);
+}
+
+/* Every parameter element of run a equals b's bit for bit; with
+ * grad_factor > 0, every gradient equals grad_factor times b's, exactly.
+ * Returns the elements compared; *nonzero (may be NULL): of b's gradients,
+ * those not zero. */
+static inline int64_t expect_same_params(const run *a, const run *b, double grad_factor,
+                                         int64_t *nonzero, const char *what)
+{
+    const ps_graph *g = a->set->step;
+    int64_t compared = 0, nz = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (a->r->params[t] == NULL)
+            continue;
+        assert_non_null(b->r->params[t]);
+        for (int64_t e = 0, n = ps_tensor_numel(&g->tensors[t]); e < n; e++) {
+            float pa = a->r->params[t][e], pb = b->r->params[t][e];
+            if (memcmp(&pa, &pb, sizeof pa) != 0)
+                fail_msg("%s: %s[%lld] is %.9g, want %.9g", what, g->tensors[t].name,
+                         (long long)e, pa, pb);
+            if (grad_factor > 0) {
+                assert_non_null(a->r->grads[t]);
+                assert_non_null(b->r->grads[t]);
+                float ga = a->r->grads[t][e], want = (float)(grad_factor * b->r->grads[t][e]);
+                if (memcmp(&ga, &want, sizeof ga) != 0)
+                    fail_msg("%s: gradient %s[%lld] is %.9g, want %.9g", what,
+                             g->tensors[t].name, (long long)e, ga, want);
+                nz += b->r->grads[t][e] != 0;
+            }
+            compared++;
+        }
+    }
+    assert_true(compared > 0);
+    if (nonzero != NULL)
+        *nonzero = nz;
+    return compared;
 }
 
 #endif

@@ -320,26 +320,8 @@ static void test_loss_scale_exact_in_fp32(void **state)
             if (memcmp(&r[0].r->loss[s], &r[1].r->loss[s], sizeof(double)) != 0)
                 fail_msg("%s step %d: loss %.17g, scaled %.17g", models[i], s + 1,
                          r[0].r->loss[s], r[1].r->loss[s]);
-        const ps_graph *g = r[0].set->step;
-        int64_t compared = 0, nonzero = 0;
-        for (int t = 0; t < g->n_tensors; t++) {
-            if (r[0].r->params[t] == NULL)
-                continue;
-            assert_non_null(r[1].r->params[t]);
-            assert_non_null(r[0].r->grads[t]);
-            assert_non_null(r[1].r->grads[t]);
-            for (int64_t e = 0, n = ps_tensor_numel(&g->tensors[t]); e < n; e++) {
-                float p0 = r[0].r->params[t][e], p1 = r[1].r->params[t][e];
-                float g0 = r[0].r->grads[t][e], g1 = r[1].r->grads[t][e];
-                float want = (float)(S * g0);
-                if (memcmp(&p0, &p1, sizeof p0) != 0 || memcmp(&want, &g1, sizeof g1) != 0)
-                    fail_msg("%s %s[%lld]: parameter %.9g, scaled %.9g; gradient %.9g, "
-                             "scaled %.9g (want %.9g)",
-                             models[i], g->tensors[t].name, (long long)e, p0, p1, g0, g1, want);
-                compared++;
-                nonzero += g0 != 0;
-            }
-        }
+        int64_t nonzero = 0;
+        int64_t compared = expect_same_params(&r[1], &r[0], S, &nonzero, models[i]);
         printf("  %-12s %lld parameter elements equal, gradients scaled by %g exactly\n",
                models[i], (long long)compared, S);
         assert_true(compared > 0 && nonzero > compared / 2);

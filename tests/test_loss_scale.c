@@ -236,34 +236,6 @@ static void run_or_fail(const ps_plan *p, int steps, run *r, const char *what)
         fail_msg("%s: %s", what, err.msg);
 }
 
-/* Parameters equal bit for bit; gradients, when grad_factor > 0, equal
- * grad_factor times b's. Returns the elements compared. */
-static int64_t same_params(const run *a, const run *b, double grad_factor, const char *what)
-{
-    const ps_graph *g = a->set->step;
-    int64_t compared = 0;
-    for (int t = 0; t < g->n_tensors; t++) {
-        if (a->r->params[t] == NULL)
-            continue;
-        assert_non_null(b->r->params[t]);
-        for (int64_t e = 0, n = ps_tensor_numel(&g->tensors[t]); e < n; e++) {
-            float pa = a->r->params[t][e], pb = b->r->params[t][e];
-            if (memcmp(&pa, &pb, sizeof pa) != 0)
-                fail_msg("%s: %s[%lld] is %.9g, want %.9g", what, g->tensors[t].name,
-                         (long long)e, pa, pb);
-            if (grad_factor > 0) {
-                float ga = a->r->grads[t][e], want = (float)(grad_factor * b->r->grads[t][e]);
-                if (memcmp(&ga, &want, sizeof ga) != 0)
-                    fail_msg("%s: gradient %s[%lld] is %.9g, want %.9g", what,
-                             g->tensors[t].name, (long long)e, ga, want);
-            }
-            compared++;
-        }
-    }
-    assert_true(compared > 0);
-    return compared;
-}
-
 /* In fp32 a power-of-two scale is exact: a dynamic run whose scale doubles
  * every step (window 1) loses, learns and updates exactly as the static run
  * at its first scale, and its last gradients are the static ones times the
@@ -294,7 +266,7 @@ static void test_dynamic_exact_in_fp32(void **state)
             assert_false(r[1].r->skipped[s]);
             assert_true(r[0].r->loss_scale[s] == 0); /* static: no vote */
         }
-        int64_t n = same_params(&r[1], &r[0], pow(2, steps - 1), models[i]);
+        int64_t n = expect_same_params(&r[1], &r[0], pow(2, steps - 1), NULL, models[i]);
         printf("  %-9s %lld parameters equal over %d steps at scales 1024 to %g\n", models[i],
                (long long)n, steps, r[1].r->loss_scale[steps - 1]);
         run_free(&r[0]);
@@ -364,7 +336,7 @@ static void test_fp16_overflow_skips(void **state)
         if (dyn.r->loss[k + s] != ref.r->loss[s])
             fail_msg("applied step %d: loss %.17g, static %.17g", s + 1, dyn.r->loss[k + s],
                      ref.r->loss[s]);
-    int64_t n = same_params(&dyn, &ref, 1, "fp16 after the skips");
+    int64_t n = expect_same_params(&dyn, &ref, 1, NULL, "fp16 after the skips");
     printf("  fp16 gpt from 2^40: %d steps skipped, settled at %g; %lld parameters equal the "
            "static run's\n",
            k, settled, (long long)n);
@@ -391,36 +363,22 @@ static ps_status inject_find(ps_backend *b, int device, const ps_tile *tiles, in
     return PS_OK;
 }
 
-static ps_status run_injected(const ps_plan *p, int steps, run *out, ps_error *err)
+static void inject_into(ps_backend *b)
 {
-    memset(out, 0, sizeof *out);
     memset(inject_calls, 0, sizeof inject_calls);
-    ps_status st = PS_OK;
-    ps_backend *b = NULL;
-    int *slots = NULL;
-    ps_lower_options lo = ps_lower_options_default();
-    PS_TRY(ps_plan_model_build(p, &out->m, err));
-    PS_TRY(ps_plan_lower(p, out->m, &lo, &out->set, err));
-    slots = malloc((size_t)out->set->n_devices * sizeof *slots);
-    for (int d = 0; d < out->set->n_devices; d++)
-        slots[d] = ps_exec_timing_slots(out->set, d);
-    PS_TRY(ps_cpu_backend_create(out->set->n_devices, slots, NULL, &b, err));
     inject_real = b->ops;
     inject_ops = *b->ops;
     inject_ops.find_nonfinite = inject_find;
     b->ops = &inject_ops;
+}
+
+static ps_status run_injected(const ps_plan *p, int steps, run *out, ps_error *err)
+{
     ps_exec_options o = ps_exec_options_default();
     o.steps = steps;
     o.keep_params = true;
     o.seed = 5;
-    st = ps_exec_run(out->set, b, &o, &out->r, err);
-out:
-    if (b != NULL) {
-        b->ops = inject_real;
-        b->ops->destroy(b);
-    }
-    free(slots);
-    return st;
+    return run_plan_adjusted(p, &o, false, inject_into, out, err);
 }
 
 /* One device of one stage reports an overflow at step 2: every device of
@@ -455,7 +413,7 @@ static void test_one_device_skips_all(void **state)
         assert_true(r.r->loss[2] == r.r->loss[1]);
         char what[64];
         snprintf(what, sizeof what, "overflow on device %d", devices[i]);
-        int64_t n = same_params(&r, &clean, 0, what);
+        int64_t n = expect_same_params(&r, &clean, 0, NULL, what);
         printf("  an overflow on device %d at step 2: every device skipped it (%lld parameters "
                "equal 2 clean steps)\n",
                devices[i], (long long)n);
