@@ -148,6 +148,15 @@ static inline void run_free(run *r)
     ps_plan_model_free(r->m);
 }
 
+/* The losses of the first `steps` steps of runs a and b are equal bit for bit. */
+static inline void expect_same_losses(const run *a, const run *b, int steps, const char *what)
+{
+    for (int s = 0; s < steps; s++)
+        if (memcmp(&a->r->loss[s], &b->r->loss[s], sizeof(double)) != 0)
+            fail_msg("%s step %d: loss %.17g, want %.17g", what, s + 1, a->r->loss[s],
+                     b->r->loss[s]);
+}
+
 /* Every parameter element of run a equals b's bit for bit; with
  * grad_factor > 0, every gradient equals grad_factor times b's, exactly.
  * Returns the elements compared; *nonzero (may be NULL): of b's gradients,
