@@ -225,14 +225,22 @@ static void test_vote_in_programs(void **state)
 
 /* ---- runs ---- */
 
-static void run_or_fail(const ps_plan *p, int steps, run *r, const char *what)
+/* `steps` steps of p (seed 5, parameters and gradients kept); adjust as in
+ * run_plan_adjusted (NULL: the plain CPU backend). */
+static ps_status run_steps(const ps_plan *p, int steps, void (*adjust)(ps_backend *), run *out,
+                           ps_error *err)
 {
     ps_exec_options o = ps_exec_options_default();
     o.steps = steps;
     o.keep_params = true;
     o.seed = 5;
+    return run_plan_adjusted(p, &o, false, adjust, out, err);
+}
+
+static void run_or_fail(const ps_plan *p, int steps, run *r, const char *what)
+{
     ps_error err = {0};
-    if (run_plan(p, &o, r, &err) != PS_OK)
+    if (run_steps(p, steps, NULL, r, &err) != PS_OK)
         fail_msg("%s: %s", what, err.msg);
 }
 
@@ -315,10 +323,8 @@ static void test_fp16_overflow_skips(void **state)
     cfg.dtype = PS_DTYPE_F16;
     p = plan_trained(&cfg, M_UNIFORM, false, c, &t);
     run bad;
-    ps_exec_options o = ps_exec_options_default();
-    o.seed = 5;
     ps_error err = {0};
-    assert_int_equal(run_plan(p, &o, &bad, &err), PS_ERR_INVALID);
+    assert_int_equal(run_steps(p, 1, NULL, &bad, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "overflowed it"));
     run_free(&bad);
     ps_plan_free(p);
@@ -370,15 +376,6 @@ static void inject_into(ps_backend *b)
     b->ops = &inject_ops;
 }
 
-static ps_status run_injected(const ps_plan *p, int steps, run *out, ps_error *err)
-{
-    ps_exec_options o = ps_exec_options_default();
-    o.steps = steps;
-    o.keep_params = true;
-    o.seed = 5;
-    return run_plan_adjusted(p, &o, false, inject_into, out, err);
-}
-
 /* One device of one stage reports an overflow at step 2: every device of
  * both stages skips the update, so after 3 steps the parameters are those
  * of 2 clean steps, bit for bit (fp32: the halved scale changes nothing),
@@ -399,7 +396,7 @@ static void test_one_device_skips_all(void **state)
         inject_call = 2;
         run r;
         ps_error err = {0};
-        if (run_injected(p, 3, &r, &err) != PS_OK)
+        if (run_steps(p, 3, inject_into, &r, &err) != PS_OK)
             fail_msg("injected on device %d: %s", devices[i], err.msg);
         assert_false(r.r->skipped[0]);
         assert_true(r.r->skipped[1]);
@@ -436,7 +433,7 @@ static void test_overflow_at_floor_stops(void **state)
     inject_call = 0;
     run r;
     ps_error err = {0};
-    assert_int_equal(run_injected(p, 5, &r, &err), PS_ERR_INVALID);
+    assert_int_equal(run_steps(p, 5, inject_into, &r, &err), PS_ERR_INVALID);
     printf("  %s\n", err.msg);
     assert_non_null(strstr(err.msg, "step 3:"));
     assert_non_null(strstr(err.msg, "loss scale 1,"));
