@@ -10,6 +10,8 @@
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
 #include "exec/half.h"
+#include "exec/host_collective.h"
+#include "exec/mailbox.h"
 
 /* OpenBLAS's own API (cblas.h lacks it); weak, so that any other CBLAS links */
 void openblas_set_num_threads(int n) __attribute__((weak));
@@ -25,13 +27,6 @@ typedef struct rendezvous {
     int64_t *count; /* [n] elements */
     int kind;       /* what the round does, checked across members */
 } rendezvous;
-
-/* A message between two devices of this process; data is 16-byte aligned. */
-typedef struct message {
-    struct message *next;
-    size_t bytes;
-    unsigned char data[];
-} message;
 
 struct block_header;
 
@@ -61,8 +56,7 @@ typedef struct cpu_backend {
     cpu_device *dev;
     rendezvous **rdv; /* by group id */
     int n_rdv;
-    message **head, **tail; /* [(src * n + dst) * PS_HOSTS_CHANNELS + channel] */
-    ps_hosts *hosts;        /* borrowed; NULL: every device is here */
+    ps_mailbox *mail;   /* sends, and collectives across hosts */
 } cpu_backend;
 
 typedef struct block_header {
@@ -417,264 +411,7 @@ static void rdv_leave(cpu_backend *c, rendezvous *r)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* ---- messages: in-process queues, or MPI to devices of other hosts ---- */
-
-static bool remote(const cpu_backend *c, int device)
-{
-    return c->hosts != NULL && !ps_hosts_is_local(c->hosts, device);
-}
-
-static size_t queue_of(const cpu_backend *c, int src, int dst, int channel)
-{
-    return ((size_t)src * (size_t)c->base.n_devices + (size_t)dst) * PS_HOSTS_CHANNELS +
-           (size_t)channel;
-}
-
-/* A message buffer of `bytes` bytes of payload; post() sends it. */
-static void *msg_new(size_t bytes)
-{
-    message *m = malloc(sizeof *m + (bytes > 0 ? bytes : 1));
-    if (m == NULL)
-        return NULL;
-    m->next = NULL;
-    m->bytes = bytes;
-    return m->data;
-}
-
-static message *msg_of(void *payload) { return (message *)((char *)payload - offsetof(message, data)); }
-
-/* Sends the payload of msg_new from src to dst; takes ownership. Never waits. */
-static ps_status post(cpu_backend *c, int src, int dst, int channel, void *payload,
-                      ps_error *err)
-{
-    message *m = msg_of(payload);
-    if (remote(c, dst)) /* the payload travels; the message is freed once sent */
-        return ps_hosts_send(c->hosts, src, dst, channel, m->data, m->bytes, m, err);
-    size_t q = queue_of(c, src, dst, channel);
-    pthread_mutex_lock(&c->mu);
-    if (c->tail[q] != NULL)
-        c->tail[q]->next = m;
-    else
-        c->head[q] = m;
-    c->tail[q] = m;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    return PS_OK;
-}
-
-static bool is_aborted(void *arg)
-{
-    cpu_backend *c = arg;
-    pthread_mutex_lock(&c->mu);
-    bool a = c->aborted;
-    pthread_mutex_unlock(&c->mu);
-    return a;
-}
-
-/* The next message from src to dst on the channel; *payload is freed with
- * free(*owner). */
-static ps_status take(cpu_backend *c, int src, int dst, int channel, void **payload,
-                      size_t *bytes, void **owner, ps_error *err)
-{
-    if (remote(c, src)) {
-        PS_TRY_RET(ps_hosts_recv(c->hosts, src, dst, channel, is_aborted, c, payload, bytes,
-                                 err));
-        *owner = *payload;
-        return PS_OK;
-    }
-    size_t q = queue_of(c, src, dst, channel);
-    pthread_mutex_lock(&c->mu);
-    while (c->head[q] == NULL && !c->aborted)
-        pthread_cond_wait(&c->cv, &c->mu);
-    message *m = c->aborted ? NULL : c->head[q];
-    if (m != NULL) {
-        c->head[q] = m->next;
-        if (c->head[q] == NULL)
-            c->tail[q] = NULL;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (m == NULL)
-        return aborted_error(dst, err);
-    *payload = m->data;
-    *bytes = m->bytes;
-    *owner = m;
-    return PS_OK;
-}
-
 /* ---- collectives ---- */
-
-/* Writes dst from the members' src tiles (copy[m] with geometry geo[m]), in
- * member order: the same arithmetic whichever way the copies travelled. */
-static ps_status combine_tiles(int device, int group, ps_collective kind, int n,
-                               const ps_tile *geo, void *const *copy, ps_tile *dst,
-                               ps_error *err)
-{
-    bool reduce = kind == PS_COLL_ALL_REDUCE || kind == PS_COLL_REDUCE_SCATTER;
-    int64_t dof[PS_MAX_RANK], ds[PS_MAX_RANK], so[PS_MAX_RANK], ss[PS_MAX_RANK],
-        o[PS_MAX_RANK], s[PS_MAX_RANK];
-    ps_tile_box(dst, dof, ds);
-    int64_t covered = 0;
-    if (reduce)
-        memset(dst->data, 0, (size_t)ps_tile_numel(dst) * 4);
-    for (int m = 0; m < n; m++) {
-        if (geo[m].rank != dst->rank)
-            return ps_error_set(err, PS_ERR_INTERNAL,
-                                "device %d: members of group %d hold tiles of ranks %d and %d",
-                                device, group, geo[m].rank, dst->rank);
-        ps_tile t = geo[m];
-        t.data = copy[m];
-        ps_tile_box(&t, so, ss);
-        if (!ps_box_intersect(dst->rank, so, ss, dof, ds, o, s))
-            continue;
-        if (!reduce) {
-            /* copy each element once: from the lowest member holding it */
-            bool earlier = false;
-            for (int q = 0; q < m && !earlier; q++) {
-                int64_t qo[PS_MAX_RANK], qs[PS_MAX_RANK], xo[PS_MAX_RANK], xs[PS_MAX_RANK];
-                ps_tile_box(&geo[q], qo, qs);
-                earlier = ps_box_intersect(dst->rank, qo, qs, o, s, xo, xs) &&
-                          ps_box_numel(dst->rank, xs) == ps_box_numel(dst->rank, s);
-            }
-            if (earlier)
-                continue;
-        }
-        ps_box_copy_host(&t, dst, o, s, reduce);
-        covered += ps_box_numel(dst->rank, s);
-    }
-    if (!reduce && covered < ps_tile_numel(dst))
-        return ps_error_set(err, PS_ERR_INTERNAL,
-                            "device %d: %s on group %d leaves part of the tile unwritten", device,
-                            ps_collective_names[kind], group);
-    return PS_OK;
-}
-
-/* Combines n values of float (dbl false) or double from every member, in
- * member order and in the values' precision, into data. */
-static ps_status combine_values(int device, int n_members, void *const *copy,
-                                const int64_t *count, void *data, int64_t n, ps_reduce_op op,
-                                bool dbl, ps_error *err)
-{
-    for (int m = 0; m < n_members; m++)
-        if (count[m] != n)
-            return ps_error_set(err, PS_ERR_INTERNAL,
-                                "device %d: reduction of %lld values meets one of %lld", device,
-                                (long long)n, (long long)count[m]);
-    for (int64_t i = 0; i < n; i++) {
-        double v = dbl ? ((double *)copy[0])[i] : ((float *)copy[0])[i];
-        float vf = (float)v; /* floats add in float, as one device would */
-        for (int m = 1; m < n_members; m++) {
-            double x = dbl ? ((double *)copy[m])[i] : ((float *)copy[m])[i];
-            if (op == PS_REDUCE_OP_MAX)
-                v = x > v ? x : v;
-            else if (dbl)
-                v += x;
-            else
-                v = vf = vf + (float)x;
-        }
-        if (dbl)
-            ((double *)data)[i] = v;
-        else
-            ((float *)data)[i] = op == PS_REDUCE_OP_MAX ? (float)v : vf;
-    }
-    return PS_OK;
-}
-
-static bool group_is_local(const cpu_backend *c, const ps_exec_group *g)
-{
-    for (int m = 0; m < g->n; m++)
-        if (remote(c, g->devices[m]))
-            return false;
-    return true;
-}
-
-/* What every member of a cross-host collective sends every other member. */
-typedef struct exchange_header {
-    int32_t kind, member;
-    int64_t count; /* elements */
-    ps_tile geo;   /* data pointer unused */
-} exchange_header;
-
-/* The members' copies of a cross-host collective, by member. */
-typedef struct exchange {
-    int n;
-    void **copy;
-    ps_tile *geo;
-    int64_t *count;
-    void **owner;
-} exchange;
-
-static void exchange_free(exchange *x)
-{
-    for (int m = 0; m < x->n && x->owner != NULL; m++)
-        free(x->owner[m]);
-    free(x->copy);
-    free(x->geo);
-    free(x->count);
-    free(x->owner);
-}
-
-/* Every member sends its data to every other member and receives theirs
- * (sends never wait, so the all-to-all cannot deadlock). */
-static ps_status exchange_run(cpu_backend *c, int device, const ps_exec_group *g, int kind,
-                              const void *data, size_t elem, int64_t count, const ps_tile *geo,
-                              exchange *x, ps_error *err)
-{
-    memset(x, 0, sizeof *x);
-    x->n = g->n;
-    x->copy = calloc((size_t)g->n, sizeof *x->copy);
-    x->geo = calloc((size_t)g->n, sizeof *x->geo);
-    x->count = calloc((size_t)g->n, sizeof *x->count);
-    x->owner = calloc((size_t)g->n, sizeof *x->owner);
-    if (x->copy == NULL || x->geo == NULL || x->count == NULL || x->owner == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-    size_t payload = (size_t)count * elem;
-    exchange_header h;
-    memset(&h, 0, sizeof h);
-    h.kind = kind;
-    h.member = g->rank;
-    h.count = count;
-    if (geo != NULL) {
-        h.geo = *geo;
-        h.geo.data = NULL;
-    }
-    for (int m = 0; m < g->n; m++) {
-        if (m == g->rank)
-            continue;
-        void *buf = msg_new(sizeof h + payload);
-        if (buf == NULL)
-            return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
-        memcpy(buf, &h, sizeof h);
-        memcpy((char *)buf + sizeof h, data, payload);
-        PS_TRY_RET(post(c, device, g->devices[m], PS_HOSTS_CHANNEL_COLLECTIVE, buf, err));
-    }
-    x->copy[g->rank] = (void *)data;
-    x->geo[g->rank] = h.geo;
-    x->count[g->rank] = count;
-    for (int m = 0; m < g->n; m++) {
-        if (m == g->rank)
-            continue;
-        void *buf;
-        size_t bytes;
-        PS_TRY_RET(take(c, g->devices[m], device, PS_HOSTS_CHANNEL_COLLECTIVE, &buf, &bytes,
-                        &x->owner[m], err));
-        exchange_header in;
-        if (bytes < sizeof in)
-            return ps_error_set(err, PS_ERR_INTERNAL,
-                                "device %d: a short message from device %d in group %d", device,
-                                g->devices[m], g->id);
-        memcpy(&in, buf, sizeof in);
-        if (in.kind != kind || in.member != m || in.count < 0 ||
-            bytes != sizeof in + (size_t)in.count * elem)
-            return ps_error_set(err, PS_ERR_INTERNAL,
-                                "device %d: members of group %d entered different collectives "
-                                "(device %d)",
-                                device, g->id, g->devices[m]);
-        x->copy[m] = (char *)buf + sizeof in;
-        x->geo[m] = in.geo;
-        x->count[m] = in.count;
-    }
-    return PS_OK;
-}
 
 static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *g,
                                 ps_collective kind, const ps_tile *src, ps_tile *dst,
@@ -698,12 +435,13 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
         widen_tile(dst, false, &fdst, &next);
     }
     int64_t n = ps_tile_numel(src);
-    if (st == PS_OK && !group_is_local(c, g)) {
-        exchange x;
-        st = exchange_run(c, device, g, 100 + (int)kind, fsrc.data, 4, n, &fsrc, &x, err);
+    if (st == PS_OK && !ps_group_is_local(c->mail, g)) {
+        ps_exchange x;
+        st = ps_exchange_run(c->mail, device, g, 100 + (int)kind, fsrc.data, 4, n, &fsrc, &x,
+                             err);
         if (st == PS_OK)
-            st = combine_tiles(device, g->id, kind, g->n, x.geo, x.copy, &fdst, err);
-        exchange_free(&x);
+            st = ps_combine_tiles(device, g->id, kind, g->n, x.geo, x.copy, &fdst, err);
+        ps_exchange_free(&x);
     } else if (st == PS_OK) {
         /* the round owns the copy it reads; a widened source already is one */
         void *copy = own_src;
@@ -719,7 +457,7 @@ static ps_status cpu_collective(ps_backend *b, int device, const ps_exec_group *
         if (st == PS_OK)
             st = rdv_enter(c, device, g, 100 + (int)kind, copy, &fsrc, n, &r, err);
         if (st == PS_OK) {
-            st = combine_tiles(device, g->id, kind, r->n, r->geo, r->copy, &fdst, err);
+            st = ps_combine_tiles(device, g->id, kind, r->n, r->geo, r->copy, &fdst, err);
             rdv_leave(c, r);
         }
     }
@@ -736,18 +474,18 @@ static ps_status reduce_values(ps_backend *b, int device, const ps_exec_group *g
     cpu_backend *c = cb(b);
     size_t size = dbl ? sizeof(double) : sizeof(float);
     int kind = (dbl ? 20 : 10) + (int)op;
-    if (!group_is_local(c, g)) {
-        exchange x;
-        ps_status st = exchange_run(c, device, g, kind, data, size, n, NULL, &x, err);
+    if (!ps_group_is_local(c->mail, g)) {
+        ps_exchange x;
+        ps_status st = ps_exchange_run(c->mail, device, g, kind, data, size, n, NULL, &x, err);
         void *out = st == PS_OK ? malloc((size_t)(n > 0 ? n : 1) * size) : NULL;
         if (st == PS_OK && out == NULL)
             st = ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
         if (st == PS_OK)
-            st = combine_values(device, g->n, x.copy, x.count, out, n, op, dbl, err);
+            st = ps_combine_values(device, g->n, x.copy, x.count, out, n, op, dbl, err);
         if (st == PS_OK)
             memcpy(data, out, (size_t)n * size);
         free(out);
-        exchange_free(&x);
+        ps_exchange_free(&x);
         return st;
     }
     void *copy = malloc((size_t)(n > 0 ? n : 1) * size);
@@ -756,7 +494,7 @@ static ps_status reduce_values(ps_backend *b, int device, const ps_exec_group *g
     memcpy(copy, data, (size_t)n * size);
     rendezvous *r;
     PS_TRY_RET(rdv_enter(c, device, g, kind, copy, NULL, n, &r, err));
-    ps_status st = combine_values(device, r->n, r->copy, r->count, data, n, op, dbl, err);
+    ps_status st = ps_combine_values(device, r->n, r->copy, r->count, data, n, op, dbl, err);
     rdv_leave(c, r);
     return st;
 }
@@ -784,11 +522,11 @@ static ps_status cpu_send(ps_backend *b, int device, int peer, const ps_tile *sr
         return ps_error_set(err, PS_ERR_INTERNAL, "device %d: send to device %d", device, peer);
     int64_t start, len;
     ps_coll_chunk(ps_box_numel(src->rank, size), chunks, chunk, &start, &len);
-    void *buf = msg_new((size_t)len * (size_t)ps_tile_elem_bytes(src));
+    void *buf = ps_mailbox_payload((size_t)len * (size_t)ps_tile_elem_bytes(src));
     if (buf == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
     ps_box_pack_host(src, off, size, start, len, buf);
-    return post(c, device, peer, PS_HOSTS_CHANNEL_P2P, buf, err);
+    return ps_mailbox_post(c->mail, device, peer, PS_HOSTS_CHANNEL_P2P, buf, err);
 }
 
 static ps_status cpu_recv(ps_backend *b, int device, int peer, ps_tile *dst, const int64_t *off,
@@ -802,7 +540,8 @@ static ps_status cpu_recv(ps_backend *b, int device, int peer, ps_tile *dst, con
     ps_coll_chunk(ps_box_numel(dst->rank, size), chunks, chunk, &start, &len);
     void *data, *owner;
     size_t bytes;
-    PS_TRY_RET(take(c, peer, device, PS_HOSTS_CHANNEL_P2P, &data, &bytes, &owner, err));
+    PS_TRY_RET(ps_mailbox_take(c->mail, peer, device, PS_HOSTS_CHANNEL_P2P, &data, &bytes,
+                               &owner, err));
     ps_status st = PS_OK;
     size_t eb = (size_t)ps_tile_elem_bytes(dst);
     if (bytes != (size_t)len * eb)
@@ -853,6 +592,8 @@ static void cpu_abort(ps_backend *b)
     c->aborted = true;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (c->mail != NULL)
+        ps_mailbox_abort(c->mail);
 }
 
 static void cpu_destroy(ps_backend *b)
@@ -861,13 +602,7 @@ static void cpu_destroy(ps_backend *b)
     if (c == NULL)
         return;
     int n = b->n_devices;
-    if (c->head != NULL)
-        for (size_t q = 0; q < (size_t)n * (size_t)n * PS_HOSTS_CHANNELS; q++)
-            for (message *m = c->head[q]; m != NULL;) {
-                message *next = m->next;
-                free(m);
-                m = next;
-            }
+    ps_mailbox_destroy(c->mail);
     for (int i = 0; i < c->n_rdv; i++)
         if (c->rdv[i] != NULL) {
             for (int m = 0; m < c->rdv[i]->n; m++)
@@ -887,8 +622,6 @@ static void cpu_destroy(ps_backend *b)
             free(c->dev[i].scratch);
         }
     free(c->dev);
-    free(c->head);
-    free(c->tail);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);
@@ -932,12 +665,9 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts
     c->base.half_storage = true;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    c->hosts = hosts != NULL && ps_hosts_count(hosts) > 1 ? hosts : NULL;
-    size_t pairs = (size_t)n_devices * (size_t)n_devices * PS_HOSTS_CHANNELS;
     c->dev = calloc((size_t)n_devices, sizeof *c->dev);
-    c->head = calloc(pairs, sizeof *c->head);
-    c->tail = calloc(pairs, sizeof *c->tail);
-    bool ok = c->dev != NULL && c->head != NULL && c->tail != NULL;
+    ps_error merr;
+    bool ok = c->dev != NULL && ps_mailbox_create(n_devices, hosts, &c->mail, &merr) == PS_OK;
     for (int i = 0; ok && i < n_devices; i++) {
         c->dev[i].n_slots = slots != NULL ? slots[i] : 0;
         c->dev[i].stamp = calloc((size_t)(c->dev[i].n_slots > 0 ? c->dev[i].n_slots : 1),
