@@ -40,7 +40,8 @@ static void help(void)
            "(docs/trace-format.md).\n\n"
            "Several hosts: start one process per node of the plan's cluster with an MPI\n"
            "launcher (mpirun -np NODES pipeshard exec ...); each runs its node's devices, rank 0\n"
-           "prints and writes the results. The CPU backend runs across hosts this way.\n\n"
+           "prints and writes the results. Both backends run across hosts; the CUDA backend's\n"
+           "processes each take their node's GPUs (with --share-gpu, GPU 0).\n\n"
            "options:\n"
            "  --plan P.json          the plan (pipeshard plan -o)\n"
            "  --backend cpu|cuda     where to run (default cpu)\n"
@@ -143,16 +144,8 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     PS_TRY(ps_plan_model_build(plan, &m, err));
     PS_TRY(ps_plan_lower(plan, m, lo, &set, err));
     PS_TRY(ps_program_set_check(set, NULL, err));
-    if (bc->hosts != NULL) {
+    if (bc->hosts != NULL)
         PS_TRY(ps_hosts_assign(bc->hosts, set->n_devices, plan->cluster->devices_per_node, err));
-        if (ps_hosts_count(bc->hosts) > 1 && strcmp(bc->kind, "cpu") != 0) {
-            st = ps_error_set(err, PS_ERR_UNSUPPORTED,
-                              "the %s backend runs in one process; across hosts only the cpu "
-                              "backend runs (start it without mpirun)",
-                              bc->kind);
-            goto out;
-        }
-    }
     slots = malloc((size_t)set->n_devices * sizeof *slots);
     PS_TRY_ALLOC(slots, err);
     for (int d = 0; d < set->n_devices; d++)
@@ -164,10 +157,10 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
         int most = 0;
         for (int d = 0; d < set->n_devices; d++)
             most = slots[d] > most ? slots[d] : most;
-        ps_cuda_backend_options co;
-        memset(&co, 0, sizeof co);
+        ps_cuda_backend_options co = ps_cuda_backend_options_default();
         co.share_gpu = bc->share_gpu;
         co.allow_tf32 = bc->tf32;
+        co.hosts = bc->hosts;
         PS_TRY(ps_cuda_backend_create(set->n_devices, most, &co, &b, err));
 #else
         st = ps_error_set(err, PS_ERR_UNSUPPORTED,

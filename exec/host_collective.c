@@ -101,11 +101,10 @@ void ps_exchange_free(ps_exchange *x)
     memset(x, 0, sizeof *x);
 }
 
-ps_status ps_exchange_run(ps_mailbox *mb, int device, const ps_exec_group *g, int kind,
-                          const void *data, size_t elem, int64_t count, const ps_tile *geo,
-                          ps_exchange *x, ps_error *err)
+static ps_status exchange_fill(ps_mailbox *mb, int device, const ps_exec_group *g, int kind,
+                               const void *data, size_t elem, int64_t count, const ps_tile *geo,
+                               ps_exchange *x, ps_error *err)
 {
-    memset(x, 0, sizeof *x);
     if (count < 0)
         return ps_error_set(err, PS_ERR_INTERNAL, "device %d: an exchange of %lld elements",
                             device, (long long)count);
@@ -165,4 +164,15 @@ ps_status ps_exchange_run(ps_mailbox *mb, int device, const ps_exec_group *g, in
         x->count[m] = in.count;
     }
     return PS_OK;
+}
+
+ps_status ps_exchange_run(ps_mailbox *mb, int device, const ps_exec_group *g, int kind,
+                          const void *data, size_t elem, int64_t count, const ps_tile *geo,
+                          ps_exchange *x, ps_error *err)
+{
+    memset(x, 0, sizeof *x);
+    ps_status st = exchange_fill(mb, device, g, kind, data, elem, count, geo, x, err);
+    if (st != PS_OK)
+        ps_exchange_free(x);
+    return st;
 }

@@ -32,7 +32,8 @@ bool ps_group_is_local(const ps_mailbox *mb, const ps_exec_group *g);
 /* Sends `count` elements of `elem` bytes at `data` (and the geometry of geo,
  * which may be NULL) to every other member of g, and receives theirs; `kind`
  * names the collective, and members that entered different ones fail with
- * a named error. Sends never wait, so the exchange cannot deadlock. */
+ * a named error. Sends never wait, so the exchange cannot deadlock. On
+ * failure x holds nothing (ps_exchange_free is still allowed). */
 ps_status ps_exchange_run(ps_mailbox *mb, int device, const ps_exec_group *g, int kind,
                           const void *data, size_t elem, int64_t count, const ps_tile *geo,
                           ps_exchange *x, ps_error *err);

@@ -26,6 +26,7 @@ typedef struct pending_send {
 struct ps_hosts {
     bool mpi;         /* joined an MPI launch (else one process) */
     int rank, count;
+    int node_rank;    /* among the processes on this machine */
     int n_devices, per_host;
     long long tag_ub; /* largest MPI tag */
 #ifdef PS_HAVE_MPI
@@ -111,6 +112,13 @@ ps_status ps_hosts_init(ps_hosts **out, ps_error *err)
             ps_hosts_finalize(h);
             return PS_ERR_UNSUPPORTED;
         }
+        /* the processes sharing this machine (and its GPUs) */
+        MPI_Comm node;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, h->rank, MPI_INFO_NULL,
+                                &node) == MPI_SUCCESS) {
+            MPI_Comm_rank(node, &h->node_rank);
+            MPI_Comm_free(&node);
+        }
         int *ub = NULL, flag = 0;
         MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
         h->tag_ub = flag && ub != NULL ? *ub : 32767;
@@ -150,6 +158,7 @@ void ps_hosts_abort(ps_hosts *h, int code)
 }
 
 int ps_hosts_rank(const ps_hosts *h) { return h != NULL ? h->rank : 0; }
+int ps_hosts_node_rank(const ps_hosts *h) { return h != NULL ? h->node_rank : 0; }
 int ps_hosts_count(const ps_hosts *h) { return h != NULL ? h->count : 1; }
 
 ps_status ps_hosts_assign(ps_hosts *h, int n_devices, int per_host, ps_error *err)

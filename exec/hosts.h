@@ -37,6 +37,10 @@ void ps_hosts_abort(ps_hosts *h, int code);
 
 int ps_hosts_rank(const ps_hosts *h);
 int ps_hosts_count(const ps_hosts *h);
+/* This process's rank among the launch's processes on this machine (0 when
+ * each host runs one, as intended; more when a test starts several on one
+ * machine, which then share its GPUs). */
+int ps_hosts_node_rank(const ps_hosts *h);
 
 /* Gives the plan's devices to the processes: the launch must have exactly
  * ceil(n_devices / per_host) processes. */

@@ -3,7 +3,8 @@
  * The losses equal the single-process run's bit for bit (the same rank-order
  * sums), --check passes, rank 0 writes a summary and a trace of all four
  * devices; a wrong process count is refused and a failing device stops both
- * processes with a message naming its rank and device. Skipped (77) where
+ * processes with a message naming its rank and device. The CUDA backend
+ * runs the same way where there is a GPU (two processes sharing it). Skipped (77) where
  * the build has no MPI or no Open MPI mpirun. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -218,11 +219,72 @@ static void test_wrong_process_count(void **state)
         strstr(out, "start one per host (mpirun -np 2)") == NULL)
         fail_msg("three processes for two hosts: exit %d\n%s", rc, out);
     free(out);
-    /* the CUDA backend runs in one process: refused across hosts (or absent) */
-    rc = sh(&out, MPIRUN " %s exec --plan count.json --backend cuda", 2, PS_PIPESHARD_BIN);
-    if (rc == 0 || (strstr(out, "cuda backend runs in one process") == NULL &&
-                    strstr(out, "not available in this build") == NULL))
-        fail_msg("cuda across hosts: exit %d\n%s", rc, out);
+}
+
+/* The CUDA backend across hosts, its devices sharing GPU 0 (two processes
+ * on one machine): the losses of the single-process run, --check ok. Where
+ * there is no GPU (or no CUDA in the build), both processes stop with the
+ * reason instead, and the rest is skipped. */
+static void test_cuda_across_hosts(void **state)
+{
+    (void)state;
+    static const char *const plans[][2] = {
+        {"cu-uniform", "--method uniform --dp 1 --op 2 --pp 2"},
+        {"cu-zero3", "--method zero3"},
+    };
+    char *out = NULL;
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        int rc = sh(&out, "%s plan " SMALL_GPT " %s -o %s.json", PS_PIPESHARD_BIN, plans[i][1],
+                    plans[i][0]);
+        if (rc != 0)
+            fail_msg("plan %s: exit %d\n%s", plans[i][0], rc, out);
+        free(out);
+    }
+    int rc = sh(&out, "%s exec --plan cu-uniform.json --backend cuda --share-gpu --steps 2",
+                PS_PIPESHARD_BIN);
+    const char *reasons[] = {"no usable GPU", "not available in this build"};
+    const char *reason = NULL;
+    for (int k = 0; k < 2; k++)
+        if (rc != 0 && strstr(out, reasons[k]) != NULL)
+            reason = reasons[k];
+    if (rc != 0 && reason == NULL)
+        fail_msg("exec --backend cuda: exit %d\n%s", rc, out);
+    free(out);
+    if (reason != NULL) {
+        rc = sh(&out, MPIRUN " %s exec --plan cu-uniform.json --backend cuda --share-gpu", 2,
+                PS_PIPESHARD_BIN);
+        if (rc == 0 || rc == 128 + 9 || strstr(out, reason) == NULL ||
+            strstr(out, " of 2: ") == NULL)
+            fail_msg("cuda across hosts without a GPU: exit %d\n%s", rc, out);
+        free(out);
+        skip();
+    }
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        const char *name = plans[i][0];
+        rc = sh(&out, "%s exec --plan %s.json --backend cuda --share-gpu --steps 2",
+                PS_PIPESHARD_BIN, name);
+        if (rc != 0)
+            fail_msg("exec %s on cuda: exit %d\n%s", name, rc, out);
+        char single[512], multi[512];
+        loss_lines(out, single, sizeof single);
+        free(out);
+        rc = sh(&out, MPIRUN " %s exec --plan %s.json --backend cuda --share-gpu --steps 2 --check",
+                2, PS_PIPESHARD_BIN, name);
+        if (rc != 0 || strstr(out, "2 hosts (MPI)") == NULL || strstr(out, "  ok") == NULL)
+            fail_msg("mpirun exec %s on cuda: exit %d\n%s", name, rc, out);
+        loss_lines(out, multi, sizeof multi);
+        printf("  %-10s %s\n", name, multi);
+        /* the host-combined collectives add in member order, as share mode
+         * does on the GPU */
+        if (strlen(single) < 20 || strcmp(single, multi) != 0)
+            fail_msg("%s on cuda: losses differ: one process \"%s\", two \"%s\"", name, single,
+                     multi);
+        free(out);
+    }
+    /* each process on GPUs of its own: refused where the machine has too few */
+    rc = sh(&out, MPIRUN " %s exec --plan cu-uniform.json --backend cuda", 2, PS_PIPESHARD_BIN);
+    if (rc != 0 && (rc == 128 + 9 || strstr(out, "start one process per host") == NULL))
+        fail_msg("cuda across hosts on their own GPUs: exit %d\n%s", rc, out);
     free(out);
 }
 
@@ -275,6 +337,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plans_across_hosts),
         cmocka_unit_test(test_wrong_process_count),
+        cmocka_unit_test(test_cuda_across_hosts),
         cmocka_unit_test(test_failure_stops_every_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

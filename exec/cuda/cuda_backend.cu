@@ -10,12 +10,15 @@
 #include <nccl.h>
 
 #include "exec/cuda/cuda_internal.cuh"
+#include "exec/cuda/cuda_remote.cuh"
 
 extern "C" {
 #include "core/collective.h"
 #include "core/log.h"
 #include "exec/cuda/cuda_backend.h"
 #include "exec/half.h"
+#include "exec/host_collective.h"
+#include "exec/mailbox.h"
 }
 
 /* ---- state ------------------------------------------------------------------------ */
@@ -28,6 +31,7 @@ typedef struct blk {
 } blk;
 
 typedef struct dev_state {
+    bool here; /* runs in this process (else the rest is unset) */
     int device, gpu;
     ps_cuda_loc loc;
     ps_cuda_stream *s;
@@ -94,18 +98,22 @@ typedef struct cuda_backend {
     bool aborted;
     group_state *groups;
     chan *chans; /* [from * n + to] */
+    ps_mailbox *mail; /* to and from devices of other processes */
 } cuda_backend;
 
 static cuda_backend *cb_of(ps_backend *b) { return (cuda_backend *)b; }
 
 static ps_status bad_device(const ps_backend *b, int device, ps_error *err)
 {
+    if (device >= 0 && device < b->n_devices)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cuda backend: device %d runs in another process", device);
     return ps_error_set(err, PS_ERR_INVALID, "cuda backend: device %d out of range (0..%d)",
                         device, b->n_devices - 1);
 }
 
 #define DEV(b, device)                                                                        \
-    if ((device) < 0 || (device) >= (b)->n_devices)                                          \
+    if ((device) < 0 || (device) >= (b)->n_devices || !cb_of(b)->dev[(device)].here)         \
         return bad_device((b), (device), err);                                                \
     dev_state *d = &cb_of(b)->dev[(device)];                                                  \
     PS_CUDA_RET(d->loc, cudaSetDevice(d->gpu))
@@ -288,7 +296,7 @@ static void be_release(ps_backend *b, int device, void *ptr)
 
 static int64_t be_peak_bytes(ps_backend *b, int device)
 {
-    if (device < 0 || device >= b->n_devices)
+    if (device < 0 || device >= b->n_devices || !cb_of(b)->dev[device].here)
         return 0;
     dev_state *d = &cb_of(b)->dev[device];
     pthread_mutex_lock(&d->mu);
@@ -649,21 +657,31 @@ static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, 
     }
 }
 
-/* The group's communicator for this rank, created at its first use. */
-static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
-                            ncclComm_t *out, ps_error *err)
+/* The group's communicator for this rank, created at its first use. Member
+ * 0 makes its id; within one process the members read it at a rendezvous,
+ * across processes it travels through the mailbox (MPI). */
+static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs,
+                            const ps_exec_group *g, ncclComm_t *out, ps_error *err)
 {
+    int rank = g->rank;
     if (gs->comm[rank] != NULL) {
         *out = gs->comm[rank];
         return PS_OK;
     }
-    if (rank == 0)
-        PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclGetUniqueId(&gs->uid));
-    PS_RET(group_wait(cb, gs, d->device, "communicator setup", err));
     ncclUniqueId uid;
-    pthread_mutex_lock(&cb->mu);
-    uid = gs->uid;
-    pthread_mutex_unlock(&cb->mu);
+    memset(&uid, 0, sizeof uid);
+    if (!ps_group_is_local(cb->mail, g)) {
+        if (rank == 0)
+            PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclGetUniqueId(&uid));
+        PS_RET(ps_cuda_remote_share_id(cb->mail, d->device, g, &uid, sizeof uid, err));
+    } else {
+        if (rank == 0)
+            PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclGetUniqueId(&gs->uid));
+        PS_RET(group_wait(cb, gs, d->device, "communicator setup", err));
+        pthread_mutex_lock(&cb->mu);
+        uid = gs->uid;
+        pthread_mutex_unlock(&cb->mu);
+    }
     ncclComm_t c = NULL;
     PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclCommInitRank(&c, gs->n, uid, rank));
     gs->comm[rank] = c;
@@ -679,23 +697,55 @@ static int64_t box_numel(const int64_t *size, int rank)
     return n;
 }
 
-static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
-                                 ps_collective kind, const ps_tile *src, ps_tile *dst,
-                                 const char *what, ps_error *err)
+/* The members' src and dst boxes of a collective (metadata only; each
+ * member's data stays its own), in a new array of gs->n slots. */
+static ps_status member_boxes(cuda_backend *cb, dev_state *d, group_state *gs,
+                              const ps_exec_group *g, ps_collective kind, const ps_tile *src,
+                              const ps_tile *dst, const char *what, rv_slot **out,
+                              ps_error *err)
+{
+    int n = gs->n;
+    rv_slot *m = (rv_slot *)calloc((size_t)n, sizeof *m);
+    ps_tile *srcs = (ps_tile *)calloc((size_t)n, sizeof *srcs);
+    ps_tile *dsts = (ps_tile *)calloc((size_t)n, sizeof *dsts);
+    ps_status st = PS_OK;
+    if (m == NULL || srcs == NULL || dsts == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    } else if (!ps_group_is_local(cb->mail, g)) {
+        st = ps_cuda_remote_boxes(cb->mail, d->device, g, (int)kind, src, dst, srcs, dsts, err);
+        for (int i = 0; i < n && st == PS_OK; i++) {
+            m[i].src = srcs[i];
+            m[i].dst = dsts[i];
+        }
+    } else {
+        const rv_slot *slot = publish(cb, gs, g->rank, src, dst, NULL, 0);
+        st = group_wait(cb, gs, d->device, what, err);
+        if (st == PS_OK) {
+            pthread_mutex_lock(&cb->mu);
+            memcpy(m, slot, (size_t)n * sizeof *m);
+            pthread_mutex_unlock(&cb->mu);
+        }
+    }
+    free(srcs);
+    free(dsts);
+    if (st != PS_OK) {
+        free(m);
+        m = NULL;
+    }
+    *out = m;
+    return st;
+}
+
+static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs,
+                                 const ps_exec_group *g, ps_collective kind, const ps_tile *src,
+                                 ps_tile *dst, const char *what, ps_error *err)
 {
     ps_cuda_stream *s = d->s;
     ncclComm_t comm;
-    PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
-    PS_RET(group_wait(cb, gs, d->device, what, err));
+    PS_RET(group_comm(cb, d, gs, g, &comm, err));
     int n = gs->n, r = src->rank;
-    /* the members' boxes (metadata only; each member's data stays its own) */
-    rv_slot *m = (rv_slot *)malloc((size_t)n * sizeof *m);
-    if (m == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    pthread_mutex_lock(&cb->mu);
-    memcpy(m, slot, (size_t)n * sizeof *m);
-    pthread_mutex_unlock(&cb->mu);
+    rv_slot *m;
+    PS_RET(member_boxes(cb, d, gs, g, kind, src, dst, what, &m, err));
     ps_status st = PS_OK;
     for (int i = 0; i < n && st == PS_OK; i++) {
         st = check_tiles(d->device, &m[i].src, dst, err);
@@ -846,23 +896,33 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     return nccl_wait(cb, d, s->stream, comm, what, err);
 }
 
-static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
-                             float *data, int64_t n, ps_reduce_op op, const char *what,
-                             ps_error *err)
+static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
+                             const ps_exec_group *g, float *data, int64_t n, ps_reduce_op op,
+                             const char *what, ps_error *err)
 {
     ncclComm_t comm;
-    PS_RET(group_comm(cb, d, gs, rank, &comm, err));
-    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
-    PS_RET(group_wait(cb, gs, d->device, what, err));
-    for (int m = 0; m < gs->n; m++) {
+    PS_RET(group_comm(cb, d, gs, g, &comm, err));
+    int64_t *counts = (int64_t *)calloc((size_t)gs->n, sizeof *counts);
+    if (counts == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    ps_status st = PS_OK;
+    if (!ps_group_is_local(cb->mail, g)) {
+        st = ps_cuda_remote_counts(cb->mail, d->device, g, (int)op, n, counts, err);
+    } else {
+        const rv_slot *slot = publish(cb, gs, g->rank, NULL, NULL, data, n);
+        st = group_wait(cb, gs, d->device, what, err);
         pthread_mutex_lock(&cb->mu);
-        int64_t nm = slot[m].n;
+        for (int m = 0; m < gs->n && st == PS_OK; m++)
+            counts[m] = slot[m].n;
         pthread_mutex_unlock(&cb->mu);
-        if (nm != n)
-            return ps_error_set(err, PS_ERR_INVALID,
-                                "device %d: %s of %lld floats, member %d reduces %lld",
-                                d->device, what, (long long)n, m, (long long)nm);
     }
+    for (int m = 0; m < gs->n && st == PS_OK; m++)
+        if (counts[m] != n)
+            st = ps_error_set(err, PS_ERR_INVALID,
+                              "device %d: %s of %lld floats, member %d reduces %lld", d->device,
+                              what, (long long)n, m, (long long)counts[m]);
+    free(counts);
+    PS_RET(st);
     if (n == 0)
         return PS_OK;
     PS_NCCL_RET(d->loc, comm,
@@ -878,7 +938,9 @@ static ps_status run_collective(cuda_backend *cb, dev_state *d, group_state *gs,
                                 ps_tile *dst, const char *what, ps_error *err)
 {
     if (cb->nccl && g->n > 1)
-        return nccl_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
+        return nccl_collective(cb, d, gs, g, kind, src, dst, what, err);
+    if (!ps_group_is_local(cb->mail, g))
+        return ps_cuda_remote_collective(cb->mail, d->s, g, kind, src, dst, err);
     return share_collective(cb, d, gs, g->rank, kind, src, dst, what, err);
 }
 
@@ -939,7 +1001,9 @@ static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, fl
     if (g->n == 1)
         return PS_OK;
     if (cb->nccl)
-        return nccl_reduce(cb, d, gs, g->rank, data, n, op, what, err);
+        return nccl_reduce(cb, d, gs, g, data, n, op, what, err);
+    if (!ps_group_is_local(cb->mail, g))
+        return ps_cuda_remote_reduce(cb->mail, d->s, g, data, n, op, err);
     return share_reduce(cb, d, gs, g->rank, data, n, op, what, err);
 }
 
@@ -973,6 +1037,12 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
     PS_RET(chunk_of(device, src, box_size, chunk, chunks, &start, &len, err));
     int eb = ps_tile_elem_bytes(src);
     size_t bytes = (size_t)(len > 0 ? len : 1) * (size_t)eb;
+    if (ps_mailbox_is_remote(cb->mail, peer)) { /* through host memory */
+        void *staging;
+        PS_RET(scratch(d, 0, bytes, &staging, err));
+        return ps_cuda_remote_send(cb->mail, d->s, peer, src, box_offset, box_size, start, len,
+                                   staging, err);
+    }
     chan *c = &cb->chans[device * b->n_devices + peer];
     msg *mm = NULL;
     pthread_mutex_lock(&cb->mu);
@@ -1032,6 +1102,13 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
                             peer);
     int64_t start, len;
     PS_RET(chunk_of(device, dst, box_size, chunk, chunks, &start, &len, err));
+    if (ps_mailbox_is_remote(cb->mail, peer)) {
+        void *staging;
+        PS_RET(scratch(d, 1, (size_t)(len > 0 ? len : 1) * (size_t)ps_tile_elem_bytes(dst),
+                       &staging, err));
+        return ps_cuda_remote_recv(cb->mail, d->s, peer, dst, box_offset, box_size, start, len,
+                                   staging, err);
+    }
     char what[64];
     snprintf(what, sizeof what, "receive from device %d", peer);
     chan *c = &cb->chans[peer * b->n_devices + device];
@@ -1102,6 +1179,8 @@ static void be_abort(ps_backend *b)
     cb->aborted = true;
     pthread_cond_broadcast(&cb->cv);
     pthread_mutex_unlock(&cb->mu);
+    if (cb->mail != NULL)
+        ps_mailbox_abort(cb->mail);
     /* NCCL: each device thread aborts its own communicators when it sees the
      * flag (nccl_wait); destroy aborts the rest */
 }
@@ -1156,6 +1235,8 @@ static void be_destroy(ps_backend *b)
     /* the devices' work (collectives included) is complete */
     for (int i = 0; cb->dev != NULL && i < b->n_devices; i++) {
         dev_state *d = &cb->dev[i];
+        if (!d->here)
+            continue;
         (void)cudaSetDevice(d->gpu);
         if (d->s != NULL)
             (void)cudaStreamSynchronize(d->s->stream);
@@ -1186,9 +1267,11 @@ static void be_destroy(ps_backend *b)
     }
     if (cb->dev != NULL)
         for (int i = 0; i < b->n_devices; i++)
-            dev_free(cb, &cb->dev[i]);
+            if (cb->dev[i].here)
+                dev_free(cb, &cb->dev[i]);
     (void)cudaGetLastError();
     free(cb->dev);
+    ps_mailbox_destroy(cb->mail);
     pthread_cond_destroy(&cb->cv);
     pthread_mutex_destroy(&cb->mu);
     free(cb);
@@ -1215,6 +1298,7 @@ ps_cuda_backend_options ps_cuda_backend_options_default(void)
 
 static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, ps_error *err)
 {
+    d->here = true;
     d->device = device;
     d->gpu = gpu;
     d->loc.device = device;
@@ -1239,7 +1323,7 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
 {
     ps_status st = PS_OK;
     cuda_backend *cb = NULL;
-    int gpus = 0;
+    int gpus = 0, here = 0, first_gpu = 0;
     *out = NULL;
     if (n_devices < 1 || timing_slots < 0)
         return ps_error_set(err, PS_ERR_INVALID,
@@ -1260,12 +1344,31 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     cb->slots = timing_slots;
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);
-    if (!cb->opt.share_gpu && gpus < n_devices) {
-        st = ps_error_set(err, PS_ERR_UNSUPPORTED,
-                          "cuda backend: the plan has %d devices but this machine has %d "
-                          "GPU%s; run it on a machine with %d GPUs (or share GPU 0 among all "
-                          "devices, a test mode)",
-                          n_devices, gpus, gpus == 1 ? "" : "s", n_devices);
+    st = ps_mailbox_create(n_devices, cb->opt.hosts, &cb->mail, err);
+    if (st != PS_OK)
+        goto out;
+    /* this process's devices (all of them without hosts) take its GPUs in
+     * order; a second process on the same machine takes the next ones */
+    for (int i = 0; i < n_devices; i++)
+        if (!ps_mailbox_is_remote(cb->mail, i))
+            here++;
+    first_gpu = ps_hosts_node_rank(cb->opt.hosts) * here;
+    if (!cb->opt.share_gpu && gpus < first_gpu + here) {
+        if (here == n_devices)
+            st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                              "cuda backend: the plan has %d devices but this machine has %d "
+                              "GPU%s; run it on a machine with %d GPUs (or share GPU 0 among "
+                              "all devices, a test mode)",
+                              n_devices, gpus, gpus == 1 ? "" : "s", n_devices);
+        else
+            st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                              "cuda backend: rank %d runs %d devices of the plan on GPUs "
+                              "%d..%d, but this machine has %d GPU%s (process %d of this "
+                              "machine); start one process per host with %d GPUs each (or "
+                              "share GPU 0, a test mode)",
+                              ps_hosts_rank(cb->opt.hosts), here, first_gpu,
+                              first_gpu + here - 1, gpus, gpus == 1 ? "" : "s",
+                              ps_hosts_node_rank(cb->opt.hosts) + 1, here);
         goto out;
     }
     cb->nccl = !cb->opt.share_gpu && n_devices > 1;
@@ -1274,8 +1377,11 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (int i = 0; i < n_devices; i++) {
-        st = dev_init(cb, &cb->dev[i], i, cb->opt.share_gpu ? 0 : i, err);
+    for (int i = 0, local = 0; i < n_devices; i++) {
+        if (ps_mailbox_is_remote(cb->mail, i))
+            continue;
+        st = dev_init(cb, &cb->dev[i], i, cb->opt.share_gpu ? 0 : first_gpu + local, err);
+        local++;
         if (st != PS_OK)
             goto out;
     }
@@ -1290,7 +1396,8 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
         for (int i = 0; i < n_devices; i++)
             for (int j = 0; j < n_devices; j++) {
                 int can = 0;
-                if (i == j || cudaDeviceCanAccessPeer(&can, cb->dev[i].gpu, cb->dev[j].gpu) !=
+                if (i == j || !cb->dev[i].here || !cb->dev[j].here ||
+                    cudaDeviceCanAccessPeer(&can, cb->dev[i].gpu, cb->dev[j].gpu) !=
                                   cudaSuccess || !can)
                     continue;
                 cudaError_t e = cudaSetDevice(cb->dev[i].gpu);

@@ -15,6 +15,15 @@
  * (cudaMemcpyPeerAsync, NVLink where peer access is possible) and unpacks
  * it. A send never waits for its receiver, as on the CPU backend.
  *
+ * Across hosts (options.hosts: one process per node under mpirun), each
+ * process runs its node's devices on its GPUs (a second process on one
+ * machine takes the GPUs after the first's). NCCL communicators span the
+ * processes (member 0's unique id and the members' boxes travel through
+ * exec/mailbox.h, MPI); sends to another process, and in share mode the
+ * collectives over several processes, are staged through host memory and
+ * combined there in member order (exec/host_collective.h), the arithmetic
+ * of share mode in one process.
+ *
  * Memory: a caching allocator per device (cudaMalloc once per block size,
  * freed blocks kept for reuse); peak_bytes counts the bytes requested by
  * `alloc`, exactly, not the rounded blocks. Timing: one CUDA event per slot
@@ -27,6 +36,7 @@
 #include "core/status.h"
 #include "exec/backend.h"
 #include "exec/cuda/cuda_ops.h"
+#include "exec/hosts.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +49,9 @@ typedef struct ps_cuda_backend_options {
      * `inject_device` fail with PS_ERR_DEVICE before exchanging anything. */
     bool inject_collective_failure;
     int inject_device;
+    /* The processes of a run across hosts (after ps_hosts_assign), borrowed;
+     * NULL: every device of the plan runs in this process. */
+    ps_hosts *hosts;
 } ps_cuda_backend_options;
 
 /* Everything off: real GPUs, full fp32, no injected failure. */
