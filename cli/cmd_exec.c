@@ -128,6 +128,18 @@ static ps_dtype storage_of(const ps_graph *step, bool half_storage)
     return PS_DTYPE_F32;
 }
 
+/* A launch of several processes: the first failing device stops them all
+ * at once, naming its rank (a peer in another process may wait where no
+ * abort of this one reaches it). */
+static void stop_every_host(void *arg, ps_status st, const ps_error *err)
+{
+    ps_hosts *hosts = arg;
+    (void)st;
+    fprintf(stderr, "pipeshard: exec: rank %d of %d: %s\n", ps_hosts_rank(hosts),
+            ps_hosts_count(hosts), err->msg);
+    ps_hosts_abort(hosts, 1);
+}
+
 /* Lowers, checks and runs a plan on a new backend; *storage (if not NULL):
  * what the run held its floating-point tensors in. */
 static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
@@ -183,6 +195,10 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     }
     ps_exec_options o = *eo;
     o.hosts = bc->hosts;
+    if (ps_hosts_count(bc->hosts) > 1) {
+        o.on_failure = stop_every_host;
+        o.on_failure_arg = bc->hosts;
+    }
     PS_TRY(ps_exec_run(set, b, &o, out, err));
 out:
     if (b != NULL) {

@@ -42,7 +42,9 @@ void ps_exchange_free(ps_exchange *x);
 /* Writes dst (fp32) from the n members' fp32 copies (copy[m], tile geometry
  * geo[m]) in member order: all-reduce and reduce-scatter sum over dst's
  * box, all-gather and all-to-all copy each element from the lowest member
- * holding it (and fail when an element of dst is held by none). */
+ * holding it (and fail when an element of dst is held by none). The
+ * members' tiles are cells of one layout, so two boxes are the same or
+ * disjoint, which the coverage count relies on. */
 ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, const ps_tile *geo,
                            void *const *copy, ps_tile *dst, ps_error *err);
 /* Combines n values of float (dbl false) or double from every member, in

@@ -30,11 +30,21 @@ struct ps_hosts {
     int n_devices, per_host;
     long long tag_ub; /* largest MPI tag */
 #ifdef PS_HAVE_MPI
-    pthread_mutex_t mu; /* pending */
+    pthread_mutex_t mu; /* pending, stopping */
     pending_send *pending;
     int n_pending, cap_pending;
+    /* Drives sends in flight: a large message may need its sender's MPI to
+     * make progress, while this process's threads wait elsewhere (a GPU
+     * stream, an NCCL kernel, a join) and make no MPI call. */
+    pthread_t progress;
+    bool progress_started, stopping;
+    pthread_cond_t cv; /* a send queued, or stop */
 #endif
 };
+
+#ifdef PS_HAVE_MPI
+static void *progress_main(void *arg);
+#endif
 
 bool ps_hosts_launched(void)
 {
@@ -82,6 +92,7 @@ ps_status ps_hosts_init(ps_hosts **out, ps_error *err)
     h->count = 1;
 #ifdef PS_HAVE_MPI
     pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
     if (launched) {
         /* libsimgrid defines MPI_* too (SMPI); a program that needs it before
          * libmpi would call SimGrid's (the build links libmpi first) */
@@ -122,6 +133,8 @@ ps_status ps_hosts_init(ps_hosts **out, ps_error *err)
         int *ub = NULL, flag = 0;
         MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
         h->tag_ub = flag && ub != NULL ? *ub : 32767;
+        if (h->count > 1)
+            h->progress_started = pthread_create(&h->progress, NULL, progress_main, h) == 0;
     }
 #endif
     *out = h;
@@ -133,11 +146,19 @@ void ps_hosts_finalize(ps_hosts *h)
     if (h == NULL)
         return;
 #ifdef PS_HAVE_MPI
+    if (h->progress_started) {
+        pthread_mutex_lock(&h->mu);
+        h->stopping = true;
+        pthread_cond_signal(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->progress, NULL);
+    }
     for (int i = 0; i < h->n_pending; i++) {
         MPI_Wait(&h->pending[i].req, MPI_STATUS_IGNORE);
         free(h->pending[i].owner);
     }
     free(h->pending);
+    pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     if (h->mpi)
         MPI_Finalize();
@@ -159,6 +180,7 @@ void ps_hosts_abort(ps_hosts *h, int code)
 
 int ps_hosts_rank(const ps_hosts *h) { return h != NULL ? h->rank : 0; }
 int ps_hosts_node_rank(const ps_hosts *h) { return h != NULL ? h->node_rank : 0; }
+int ps_hosts_per_host(const ps_hosts *h) { return h != NULL ? h->per_host : 0; }
 int ps_hosts_count(const ps_hosts *h) { return h != NULL ? h->count : 1; }
 
 ps_status ps_hosts_assign(ps_hosts *h, int n_devices, int per_host, ps_error *err)
@@ -204,6 +226,29 @@ static ps_status single_process(int device, ps_error *err)
 static int tag_of(const ps_hosts *h, int src, int dst, int channel)
 {
     return (int)(((long long)src * h->n_devices + dst) * PS_HOSTS_CHANNELS + channel);
+}
+
+static void reap_sends(ps_hosts *h);
+
+/* The progress thread: tests the sends in flight every 50 us while there
+ * are any, sleeps otherwise. */
+static void *progress_main(void *arg)
+{
+    ps_hosts *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        if (h->n_pending == 0) {
+            pthread_cond_wait(&h->cv, &h->mu);
+            continue;
+        }
+        reap_sends(h);
+        pthread_mutex_unlock(&h->mu);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&h->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 /* Frees the buffers of completed sends (under h->mu). */
@@ -253,6 +298,7 @@ ps_status ps_hosts_send(ps_hosts *h, int src, int dst, int channel, const void *
         if (rc == MPI_SUCCESS) {
             ps->owner = owner;
             h->n_pending++;
+            pthread_cond_signal(&h->cv);
         }
         pthread_mutex_unlock(&h->mu);
         if (rc != MPI_SUCCESS) {

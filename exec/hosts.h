@@ -41,6 +41,8 @@ int ps_hosts_count(const ps_hosts *h);
  * each host runs one, as intended; more when a test starts several on one
  * machine, which then share its GPUs). */
 int ps_hosts_node_rank(const ps_hosts *h);
+/* Devices per process (after ps_hosts_assign; the last may have fewer). */
+int ps_hosts_per_host(const ps_hosts *h);
 
 /* Gives the plan's devices to the processes: the launch must have exactly
  * ceil(n_devices / per_host) processes. */

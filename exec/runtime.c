@@ -138,6 +138,8 @@ static void fail(runtime *rt, device_state *d)
         rt->first_err = d->err;
     }
     pthread_mutex_unlock(&rt->mu);
+    if (first && rt->opt->on_failure != NULL)
+        rt->opt->on_failure(rt->opt->on_failure_arg, d->status, &d->err);
     pthread_mutex_lock(&rt->barrier.mu);
     rt->failed = true;
     pthread_cond_broadcast(&rt->barrier.cv);

@@ -33,6 +33,13 @@ typedef struct ps_exec_options {
                               * consecutive computations, as the simulator writes) */
     ps_hosts *hosts;         /* the processes of an MPI launch (after ps_hosts_assign),
                               * borrowed; NULL: every device runs in this process */
+    /* Called once, from the failing device's thread, at the run's first
+     * failure, before the other devices are stopped; NULL: none. A launch
+     * of several processes stops them all from here (ps_hosts_abort): a
+     * peer of another process may wait where no abort of this one reaches
+     * (an NCCL communicator's setup). */
+    void (*on_failure)(void *arg, ps_status st, const ps_error *err);
+    void *on_failure_arg;
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);

@@ -666,8 +666,7 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->dev = calloc((size_t)n_devices, sizeof *c->dev);
-    ps_error merr;
-    bool ok = c->dev != NULL && ps_mailbox_create(n_devices, hosts, &c->mail, &merr) == PS_OK;
+    bool ok = c->dev != NULL && ps_mailbox_create(n_devices, hosts, &c->mail, err) == PS_OK;
     for (int i = 0; ok && i < n_devices; i++) {
         c->dev[i].n_slots = slots != NULL ? slots[i] : 0;
         c->dev[i].stamp = calloc((size_t)(c->dev[i].n_slots > 0 ? c->dev[i].n_slots : 1),

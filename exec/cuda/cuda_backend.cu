@@ -258,7 +258,7 @@ static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, 
 
 static void be_release(ps_backend *b, int device, void *ptr)
 {
-    if (ptr == NULL || device < 0 || device >= b->n_devices)
+    if (ptr == NULL || device < 0 || device >= b->n_devices || !cb_of(b)->dev[device].here)
         return;
     dev_state *d = &cb_of(b)->dev[device];
     pthread_mutex_lock(&d->mu);
@@ -710,7 +710,7 @@ static ps_status member_boxes(cuda_backend *cb, dev_state *d, group_state *gs,
     ps_tile *dsts = (ps_tile *)calloc((size_t)n, sizeof *dsts);
     ps_status st = PS_OK;
     if (m == NULL || srcs == NULL || dsts == NULL) {
-        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        st = ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     } else if (!ps_group_is_local(cb->mail, g)) {
         st = ps_cuda_remote_boxes(cb->mail, d->device, g, (int)kind, src, dst, srcs, dsts, err);
         for (int i = 0; i < n && st == PS_OK; i++) {
@@ -904,7 +904,7 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
     PS_RET(group_comm(cb, d, gs, g, &comm, err));
     int64_t *counts = (int64_t *)calloc((size_t)gs->n, sizeof *counts);
     if (counts == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     ps_status st = PS_OK;
     if (!ps_group_is_local(cb->mail, g)) {
         st = ps_cuda_remote_counts(cb->mail, d->device, g, (int)op, n, counts, err);
@@ -1348,11 +1348,14 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     if (st != PS_OK)
         goto out;
     /* this process's devices (all of them without hosts) take its GPUs in
-     * order; a second process on the same machine takes the next ones */
+     * order; a second process on the same machine takes the next ones,
+     * unless the launcher gave each process GPUs of its own */
     for (int i = 0; i < n_devices; i++)
         if (!ps_mailbox_is_remote(cb->mail, i))
             here++;
-    first_gpu = ps_hosts_node_rank(cb->opt.hosts) * here;
+    first_gpu = ps_hosts_node_rank(cb->opt.hosts) * ps_hosts_per_host(cb->opt.hosts);
+    if (gpus < first_gpu + here && gpus >= here && getenv("CUDA_VISIBLE_DEVICES") != NULL)
+        first_gpu = 0;
     if (!cb->opt.share_gpu && gpus < first_gpu + here) {
         if (here == n_devices)
             st = ps_error_set(err, PS_ERR_UNSUPPORTED,
@@ -1421,10 +1424,13 @@ out:
 int ps_cuda_backend_gpu(const ps_backend *b, int device)
 {
     const cuda_backend *cb = (const cuda_backend *)b;
-    return device >= 0 && device < b->n_devices ? cb->dev[device].gpu : -1;
+    return device >= 0 && device < b->n_devices && cb->dev[device].here ? cb->dev[device].gpu
+                                                                         : -1;
 }
 
 ps_cuda_stream *ps_cuda_backend_stream(ps_backend *b, int device)
 {
-    return device >= 0 && device < b->n_devices ? cb_of(b)->dev[device].s : NULL;
+    return device >= 0 && device < b->n_devices && cb_of(b)->dev[device].here
+               ? cb_of(b)->dev[device].s
+               : NULL;
 }

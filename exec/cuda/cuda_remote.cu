@@ -81,17 +81,17 @@ ps_status ps_cuda_remote_recv(ps_mailbox *mb, ps_cuda_stream *s, int peer, ps_ti
     } else {
         memcpy(&h, data, sizeof h);
         bool half_pair = ps_half_dtype((ps_dtype)h.dtype) || ps_tile_is_half(dst);
-        if (h.len != len || bytes != sizeof h + (size_t)h.len * eb)
-            st = ps_error_set(err, PS_ERR_INVALID,
-                              "device %d: message from device %d has %lld elements, the "
-                              "receive expects %lld",
-                              device, peer, (long long)h.len, (long long)len);
-        else if (half_pair && (ps_dtype)h.dtype != dst->dtype)
+        if (half_pair && (ps_dtype)h.dtype != dst->dtype)
             st = ps_error_set(err, PS_ERR_INVALID,
                               "device %d: message from device %d holds %s, the receive expects "
                               "%s",
                               device, peer, ps_dtype_name((ps_dtype)h.dtype),
                               ps_dtype_name(dst->dtype));
+        else if (h.len != len || bytes != sizeof h + (size_t)h.len * eb)
+            st = ps_error_set(err, PS_ERR_INVALID,
+                              "device %d: message from device %d has %lld elements, the "
+                              "receive expects %lld",
+                              device, peer, (long long)h.len, (long long)len);
     }
     if (st == PS_OK && len > 0) {
         cudaError_t e = cudaMemcpyAsync(staging, (char *)data + sizeof h, (size_t)len * eb,
@@ -147,8 +147,12 @@ ps_status ps_cuda_remote_collective(ps_mailbox *mb, ps_cuda_stream *s, const ps_
     if (st == PS_OK)
         st = ps_exchange_run(mb, device, g, KIND_COLLECTIVE + (int)kind, mine, 4, ns, src, &x,
                              err);
-    if (st == PS_OK && (out = (float *)malloc((size_t)(nd > 0 ? nd : 1) * 4)) == NULL)
+    /* gathers start from what dst holds, as on the GPU (sums overwrite it) */
+    bool sum = kind == PS_COLL_ALL_REDUCE || kind == PS_COLL_REDUCE_SCATTER;
+    if (st == PS_OK && sum && (out = (float *)calloc((size_t)(nd > 0 ? nd : 1), 4)) == NULL)
         st = host_nomem(device, err);
+    if (st == PS_OK && !sum)
+        st = to_host(s, dst->data, nd, &out, err);
     if (st == PS_OK) {
         ps_tile h = *dst;
         h.data = out;
