@@ -4,7 +4,8 @@
  * sums), --check passes, rank 0 writes a summary and a trace of all four
  * devices; a wrong process count is refused and a failing device stops both
  * processes with a message naming its rank and device. The CUDA backend
- * runs the same way where there is a GPU (two processes sharing it). Skipped (77) where
+ * runs and fails the same way where there is a GPU (two processes sharing
+ * it). Skipped (77) where
  * the build has no MPI or no Open MPI mpirun. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -279,6 +280,20 @@ static void test_cuda_across_hosts(void **state)
         if (strlen(single) < 20 || strcmp(single, multi) != 0)
             fail_msg("%s on cuda: losses differ: one process \"%s\", two \"%s\"", name, single,
                      multi);
+        free(out);
+    }
+    /* a failing device of either process stops both, named */
+    for (int d = 3; d >= 0; d -= 3) {
+        rc = sh(&out,
+                "PIPESHARD_FAIL_DEVICE=%d " MPIRUN " -x PIPESHARD_FAIL_DEVICE %s exec --plan "
+                "cu-uniform.json --backend cuda --share-gpu --steps 2",
+                d, 2, PS_PIPESHARD_BIN);
+        char rank[32], device[32];
+        snprintf(rank, sizeof rank, "rank %d of 2", d / 2);
+        snprintf(device, sizeof device, "device %d", d);
+        if (rc == 0 || rc == 128 + 9 || strstr(out, rank) == NULL ||
+            strstr(out, device) == NULL || strstr(out, "injected failure") == NULL)
+            fail_msg("cuda: failure on device %d: exit %d\n%s", d, rc, out);
         free(out);
     }
     /* each process on GPUs of its own: refused where the machine has too few */
