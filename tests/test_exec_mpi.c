@@ -193,6 +193,29 @@ static void run_both(const char *name, const char *method_args)
     ps_trace_data_free(t);
 }
 
+/* A device of rank 1 (its peers on rank 0 wait for its activations'
+ * gradient), then one of rank 0, fails in its first backward op: both
+ * processes stop, and the message names the rank, the device and why. */
+static void expect_failure_stops_both(const char *plan, const char *backend_args)
+{
+    const int devices[] = {3, 0};
+    for (int i = 0; i < 2; i++) {
+        int d = devices[i];
+        char *out = NULL;
+        int rc = sh(&out,
+                    "PIPESHARD_FAIL_DEVICE=%d " MPIRUN " -x PIPESHARD_FAIL_DEVICE %s exec --plan "
+                    "%s %s --steps 2",
+                    d, 2, PS_PIPESHARD_BIN, plan, backend_args);
+        char rank[32], device[32];
+        snprintf(rank, sizeof rank, "rank %d of 2", d / 2);
+        snprintf(device, sizeof device, "device %d", d);
+        if (rc == 0 || rc == 128 + 9 || strstr(out, rank) == NULL ||
+            strstr(out, device) == NULL || strstr(out, "injected failure") == NULL)
+            fail_msg("%s %s: failure on device %d: exit %d\n%s", plan, backend_args, d, rc, out);
+        free(out);
+    }
+}
+
 static void test_plans_across_hosts(void **state)
 {
     (void)state;
@@ -282,20 +305,7 @@ static void test_cuda_across_hosts(void **state)
                      multi);
         free(out);
     }
-    /* a failing device of either process stops both, named */
-    for (int d = 3; d >= 0; d -= 3) {
-        rc = sh(&out,
-                "PIPESHARD_FAIL_DEVICE=%d " MPIRUN " -x PIPESHARD_FAIL_DEVICE %s exec --plan "
-                "cu-uniform.json --backend cuda --share-gpu --steps 2",
-                d, 2, PS_PIPESHARD_BIN);
-        char rank[32], device[32];
-        snprintf(rank, sizeof rank, "rank %d of 2", d / 2);
-        snprintf(device, sizeof device, "device %d", d);
-        if (rc == 0 || rc == 128 + 9 || strstr(out, rank) == NULL ||
-            strstr(out, device) == NULL || strstr(out, "injected failure") == NULL)
-            fail_msg("cuda: failure on device %d: exit %d\n%s", d, rc, out);
-        free(out);
-    }
+    expect_failure_stops_both("cu-uniform.json", "--backend cuda --share-gpu");
     /* each process on GPUs of its own: refused where the machine has too few */
     rc = sh(&out, MPIRUN " %s exec --plan cu-uniform.json --backend cuda", 2, PS_PIPESHARD_BIN);
     if (rc != 0 && (rc == 128 + 9 || strstr(out, "start one process per host") == NULL))
@@ -311,22 +321,7 @@ static void test_failure_stops_every_host(void **state)
                 PS_PIPESHARD_BIN);
     assert_int_equal(rc, 0);
     free(out);
-    /* a device of rank 1 (its peers on rank 0 wait for its activations'
-     * gradient), then one of rank 0 */
-    const int devices[] = {3, 0};
-    for (int i = 0; i < 2; i++) {
-        int d = devices[i];
-        rc = sh(&out, "PIPESHARD_FAIL_DEVICE=%d " MPIRUN " -x PIPESHARD_FAIL_DEVICE %s exec --plan "
-                      "fail.json --steps 2",
-                d, 2, PS_PIPESHARD_BIN);
-        char rank[32], device[32];
-        snprintf(rank, sizeof rank, "rank %d of 2", d / 2);
-        snprintf(device, sizeof device, "device %d", d);
-        if (rc == 0 || rc == 128 + 9 || strstr(out, rank) == NULL ||
-            strstr(out, device) == NULL || strstr(out, "injected failure") == NULL)
-            fail_msg("failure on device %d: exit %d\n%s", d, rc, out);
-        free(out);
-    }
+    expect_failure_stops_both("fail.json", "");
 }
 
 int main(void)
