@@ -20,6 +20,13 @@ ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, con
             return ps_error_set(err, PS_ERR_INTERNAL,
                                 "device %d: members of group %d hold tiles of ranks %d and %d",
                                 device, group, geo[m].rank, dst->rank);
+        for (int k = 0; k < dst->rank; k++)
+            if (geo[m].global[k] != dst->global[k])
+                return ps_error_set(err, PS_ERR_INTERNAL,
+                                    "device %d: members of group %d hold tiles of different "
+                                    "tensors (dimension %d: %lld and %lld)",
+                                    device, group, k, (long long)geo[m].global[k],
+                                    (long long)dst->global[k]);
         ps_tile t = geo[m];
         t.data = copy[m];
         ps_tile_box(&t, so, ss);

@@ -271,6 +271,21 @@ static void test_gather_that_leaves_a_hole(void **state)
     }
 }
 
+static void test_members_of_different_tensors(void **state)
+{
+    (void)state;
+    float a[ROWS * COLS] = {0}, b[ROWS * COLS] = {0}, out[ROWS * COLS];
+    ps_tile geo[2] = {tile(a, 0, ROWS), tile(b, 0, ROWS)};
+    geo[1].global[1] = COLS + 1;
+    void *copy[2] = {a, b};
+    ps_tile dst = tile(out, 0, ROWS);
+    ps_error err = {0};
+    assert_int_equal(ps_combine_tiles(1, 7, PS_COLL_ALL_REDUCE, 2, geo, copy, &dst, &err),
+                     PS_ERR_INTERNAL);
+    assert_string_equal(err.msg, "device 1: members of group 7 hold tiles of different tensors "
+                                 "(dimension 1: 4 and 3)");
+}
+
 static void *run_mismatched(void *arg)
 {
     member *m = arg;
@@ -347,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_reduce_scatter_and_all_gather),
         cmocka_unit_test(test_gather_that_leaves_a_hole),
         cmocka_unit_test(test_members_in_different_collectives),
+        cmocka_unit_test(test_members_of_different_tensors),
         cmocka_unit_test(test_combine_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
