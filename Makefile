@@ -5,7 +5,10 @@ SAN_BUILD ?= build-sanitize
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-sanitize bench bench-check bench-baseline clean
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build demo test test-sanitize fuzz bench bench-check bench-baseline clean
 
 all: build
 
@@ -29,6 +32,18 @@ test-sanitize: deps
 	@cmake --build $(SAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
+
+# Fuzzing (FUZZ_SECONDS per target, 9 targets): every parser of the project's
+# files and command-line texts, under libFuzzer with ASan and UBSan (clang),
+# without the simulator or CUDA. New failing inputs land in
+# $(FUZZ_BUILD)/fuzz-crashes/; see docs/fuzzing.md.
+fuzz:
+	@scripts/install-deps --fuzz
+	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DPS_FUZZ=ON -DPS_WITH_SIMGRID=OFF -DPS_WITH_CUDA=OFF \
+	  -DPS_WITH_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) \
+	  >$(FUZZ_BUILD).configure.log 2>&1 || { cat $(FUZZ_BUILD).configure.log; exit 1; }
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+	scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 # Benchmarks (long): ILP sizes and times, planning times and predicted throughput
 # for the GPT, MoE and Wide-ResNet suites (and the scaling chart's CSV), simulator
@@ -54,4 +69,5 @@ bench-baseline: build
 	$(BUILD)/bench_check --csv bench/baselines/bench_check.csv
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(BUILD).configure.log $(SAN_BUILD).configure.log
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD) $(BUILD).configure.log $(SAN_BUILD).configure.log \
+	  $(FUZZ_BUILD).configure.log

@@ -387,20 +387,18 @@ out:
     return st;
 }
 
-ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err)
+static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *err)
 {
     static const char *const keys[] = {"format", "version", "model", "training", "cluster",
                                        "method", "schedule", "global_batch", "micro_batches",
                                        "micro_batch_size", "stages", "predicted", NULL};
     ps_status st = PS_OK;
-    ps_json_doc *doc = NULL;
     ps_plan *p = NULL;
     ps_jv v, stages, pred;
     const char *s;
     int64_t x;
     size_t n;
     *out = NULL;
-    PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
     PS_TRY(ps_jv_check_keys(&root, keys, err));
     PS_TRY(ps_jv_member(&root, "format", &v, err));
@@ -479,13 +477,34 @@ ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err)
     }
     ps_error inner = {0};
     if ((st = ps_plan_validate(p, &inner)) != PS_OK) {
-        st = ps_error_set(err, st, "%s: %s", path, inner.msg);
+        st = ps_error_set(err, st, "%s: %s", doc->name, inner.msg);
         goto out;
     }
     *out = p;
     p = NULL;
 out:
     ps_plan_free(p);
+    return st;
+}
+
+ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_load(path, &doc, err);
+    if (st == PS_OK)
+        st = plan_from_doc(doc, out, err);
+    ps_json_doc_free(doc);
+    return st;
+}
+
+ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_parse(name, text, &doc, err);
+    if (st == PS_OK)
+        st = plan_from_doc(doc, out, err);
     ps_json_doc_free(doc);
     return st;
 }

@@ -81,6 +81,8 @@ ps_status ps_plan_validate(const ps_plan *p, ps_error *err);
 ps_status ps_plan_to_json(const ps_plan *p, json_t **out);
 ps_status ps_plan_save(const ps_plan *p, const char *path, ps_error *err);
 ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err);
+/* The same from text held in memory; name is used in messages. */
+ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_error *err);
 /* A short digest of the plan (hex of a hash of its stages), for run
  * summaries to name the plan they ran. */
 void ps_plan_digest(const ps_plan *p, char *buf, int cap);

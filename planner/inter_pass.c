@@ -736,7 +736,9 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
 {
     ps_status st = PS_OK;
     ps_graph *staged = NULL;
+    ps_plan *plan = NULL;
     int *layer_stage = NULL;
+    *out = NULL;
     if (n > 1) {
         layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
         PS_TRY_ALLOC(layer_stage, err);
@@ -752,10 +754,8 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     }
     const ps_cluster *c = req->cluster;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
-    ps_plan *plan = NULL;
     submesh stage_sub[64];
     int first[64];
-    *out = NULL;
     for (int k = 0; k < n && k < 64; k++)
         stage_sub[k] = stages[k].sub;
     if (n > 64 || !place(c, stage_sub, n, first)) {

@@ -324,7 +324,7 @@ static ps_status stage_setup(lower_ctx *L, int k)
         if (op->layer < ps->first_layer || op->layer > ps->last_layer)
             continue;
         if (s->n_ops >= ps->n_ops || s->n_ops >= s->slice->n_ops)
-            return ps_error_set(err, PS_ERR_INVALID, "stage %d: more ops than the plan lists", k);
+            PS_TRY(ps_error_set(err, PS_ERR_INVALID, "stage %d: more ops than the plan lists", k));
         s->ops[s->n_ops++] = i;
         for (int q = 0; q < op->n_in; q++)
             if (s->slice_of[op->in[q]] < 0)
@@ -334,8 +334,8 @@ static ps_status stage_setup(lower_ctx *L, int k)
     }
     int n_t = s->slice->n_tensors;
     if (next != n_t || s->n_ops != ps->n_ops)
-        return ps_error_set(err, PS_ERR_INTERNAL, "stage %d: %d ops, the plan lists %d", k,
-                            s->n_ops, ps->n_ops);
+        PS_TRY(ps_error_set(err, PS_ERR_INTERNAL, "stage %d: %d ops, the plan lists %d", k,
+                            s->n_ops, ps->n_ops));
     s->step_of = malloc(((size_t)n_t + 1) * sizeof *s->step_of);
     s->home = malloc(((size_t)n_t + 1) * sizeof *s->home);
     s->last_use = malloc(((size_t)n_t + 1) * sizeof *s->last_use);
@@ -359,8 +359,8 @@ static ps_status stage_setup(lower_ctx *L, int k)
     for (int t = 0; t < n_t; t++) {
         s->home[t] = s->last_use[t] = s->first_use[t] = -1;
         if (s->plan_tensor[t] < 0)
-            return ps_error_set(err, PS_ERR_INVALID, "stage %d: the plan has no layout for %s", k,
-                                g->tensors[s->step_of[t]].name);
+            PS_TRY(ps_error_set(err, PS_ERR_INVALID, "stage %d: the plan has no layout for %s", k,
+                                g->tensors[s->step_of[t]].name));
     }
     /* the strategy of every op, found again by its layouts */
     PS_TRY(ps_batch_dims(s->slice, &batch, err));
@@ -387,10 +387,10 @@ static ps_status stage_setup(lower_ctx *L, int k)
             s->strat[j] = list[found];
         free(list);
         if (found < 0)
-            return ps_error_set(err, PS_ERR_INVALID,
+            PS_TRY(ps_error_set(err, PS_ERR_INVALID,
                                 "stage %d: op %s: no strategy reads and writes the plan's layouts "
                                 "(strategy %s)",
-                                k, po->name, po->strategy);
+                                k, po->name, po->strategy));
     }
     /* uses and classes */
     for (int j = 0; j < s->n_ops; j++) {

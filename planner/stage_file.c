@@ -26,14 +26,13 @@ static ps_status read_pair(const ps_jv *obj, const char *key, int *out, int lo, 
     return PS_OK;
 }
 
-ps_status ps_stage_file_load(const char *path, ps_inter_options *o, ps_manual_stage **stages,
-                             int *n_stages, ps_error *err)
+static ps_status stages_from_doc(const ps_json_doc *doc, ps_inter_options *o,
+                                 ps_manual_stage **stages, int *n_stages, ps_error *err)
 {
     static const char *const keys[] = {"format", "version", "layer_num", "stages", NULL};
     static const char *const stage_keys[] = {"layers", "submesh", "logical_mesh",
                                              "force_batch_axis0", NULL};
     ps_status st = PS_OK;
-    ps_json_doc *doc = NULL;
     ps_manual_stage *list = NULL;
     ps_jv v, sv;
     const char *s;
@@ -41,7 +40,6 @@ ps_status ps_stage_file_load(const char *path, ps_inter_options *o, ps_manual_st
     size_t n;
     *stages = NULL;
     *n_stages = 0;
-    PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
     PS_TRY(ps_jv_check_keys(&root, keys, err));
     PS_TRY(ps_jv_member(&root, "format", &v, err));
@@ -98,6 +96,31 @@ ps_status ps_stage_file_load(const char *path, ps_inter_options *o, ps_manual_st
     list = NULL;
 out:
     free(list);
+    return st;
+}
+
+ps_status ps_stage_file_load(const char *path, ps_inter_options *o, ps_manual_stage **stages,
+                             int *n_stages, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *stages = NULL;
+    *n_stages = 0;
+    ps_status st = ps_json_doc_load(path, &doc, err);
+    if (st == PS_OK)
+        st = stages_from_doc(doc, o, stages, n_stages, err);
+    ps_json_doc_free(doc);
+    return st;
+}
+
+ps_status ps_stage_file_parse(const char *name, const char *text, ps_inter_options *o,
+                              ps_manual_stage **stages, int *n_stages, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *stages = NULL;
+    *n_stages = 0;
+    ps_status st = ps_json_doc_parse(name, text, &doc, err);
+    if (st == PS_OK)
+        st = stages_from_doc(doc, o, stages, n_stages, err);
     ps_json_doc_free(doc);
     return st;
 }

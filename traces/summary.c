@@ -467,7 +467,7 @@ out:
     return st;
 }
 
-ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
+static ps_status summary_from_doc(const ps_json_doc *doc, ps_summary **out, ps_error *err)
 {
     static const char *const keys[] = {"format",
                                        "version",
@@ -485,7 +485,6 @@ ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
                                        "stages",
                                        NULL};
     ps_status st = PS_OK;
-    ps_json_doc *doc = NULL;
     ps_summary *s = NULL;
     ps_jv v, devices, stages;
     const char *str;
@@ -493,7 +492,6 @@ ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
     size_t n_dev, n_st;
     int source;
     *out = NULL;
-    PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
     /* the format first: another kind of file (a plan, a trace) is named as
      * such rather than by its first key a summary does not have */
@@ -556,6 +554,27 @@ ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
     s = NULL;
 out:
     ps_summary_free(s);
+    return st;
+}
+
+ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_load(path, &doc, err);
+    if (st == PS_OK)
+        st = summary_from_doc(doc, out, err);
+    ps_json_doc_free(doc);
+    return st;
+}
+
+ps_status ps_summary_parse(const char *name, const char *text, ps_summary **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_parse(name, text, &doc, err);
+    if (st == PS_OK)
+        st = summary_from_doc(doc, out, err);
     ps_json_doc_free(doc);
     return st;
 }

@@ -72,6 +72,8 @@ ps_status ps_summary_save(const ps_summary *s, const char *path, ps_error *err);
 /* Validates everything (types, ranges, unknown keys) and reports
  * FILE:LINE:COL: PATH: what is wrong. */
 ps_status ps_summary_load(const char *path, ps_summary **out, ps_error *err);
+/* The same from text held in memory; name is used in messages. */
+ps_status ps_summary_parse(const char *name, const char *text, ps_summary **out, ps_error *err);
 
 /* A readable table (stages, then a device digest) for the terminal. */
 void ps_summary_print(const ps_summary *s, FILE *f);

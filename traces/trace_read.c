@@ -118,16 +118,14 @@ out:
     return st;
 }
 
-ps_status ps_trace_load(const char *path, ps_trace_data **out, ps_error *err)
+static ps_status trace_from_doc(const ps_json_doc *doc, ps_trace_data **out, ps_error *err)
 {
     ps_status st = PS_OK;
-    ps_json_doc *doc = NULL;
     ps_trace_data *t = NULL;
     ps_jv events;
     size_t n;
     int cap_spans = 0, cap_devices = 0;
     *out = NULL;
-    PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
     if (json_is_array(root.v))
         events = root;
@@ -150,7 +148,8 @@ ps_status ps_trace_load(const char *path, ps_trace_data **out, ps_error *err)
         PS_TRY(read_event(&e, t, &cap_spans, &cap_devices, err));
     }
     if (t->n_spans == 0) {
-        st = ps_error_set(err, PS_ERR_INVALID, "%s: no spans (\"ph\": \"X\" events) to draw", path);
+        st = ps_error_set(err, PS_ERR_INVALID, "%s: no spans (\"ph\": \"X\" events) to draw",
+                          doc->name);
         goto out;
     }
     /* time from the first span: producers may start their clock earlier */
@@ -168,6 +167,28 @@ ps_status ps_trace_load(const char *path, ps_trace_data **out, ps_error *err)
     t = NULL;
 out:
     ps_trace_data_free(t);
+    return st;
+}
+
+ps_status ps_trace_load(const char *path, ps_trace_data **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_load(path, &doc, err);
+    if (st == PS_OK)
+        st = trace_from_doc(doc, out, err);
+    ps_json_doc_free(doc);
+    return st;
+}
+
+ps_status ps_trace_parse(const char *name, const char *text, ps_trace_data **out,
+                         ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_parse(name, text, &doc, err);
+    if (st == PS_OK)
+        st = trace_from_doc(doc, out, err);
     ps_json_doc_free(doc);
     return st;
 }

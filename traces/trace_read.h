@@ -36,6 +36,9 @@ typedef struct ps_trace_data {
  * skipped. Accepts the object form ({"traceEvents": [...]}) and a bare
  * array. Reports FILE:LINE:COL: PATH: what is wrong. */
 ps_status ps_trace_load(const char *path, ps_trace_data **out, ps_error *err);
+/* The same from text held in memory; name is used in messages. */
+ps_status ps_trace_parse(const char *name, const char *text, ps_trace_data **out,
+                         ps_error *err);
 void ps_trace_data_free(ps_trace_data *t);
 
 #endif
