@@ -33,7 +33,7 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
 
-# Fuzzing (FUZZ_SECONDS per target, 9 targets): every parser of the project's
+# Fuzzing (FUZZ_SECONDS per target, 10 targets): every parser of the project's
 # files and command-line texts, under libFuzzer with ASan and UBSan (clang),
 # without the simulator or CUDA. New failing inputs land in
 # $(FUZZ_BUILD)/fuzz-crashes/; see docs/fuzzing.md.

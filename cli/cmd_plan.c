@@ -335,7 +335,7 @@ int ps_cmd_plan(int argc, char **argv)
                                                   "1x2,1x4,2x8");
             ps_error perr = {0};
             if (ps_inter_parse_submeshes(optarg, &inter, &perr) != PS_OK)
-                return ps_cli_usage_error("plan", perr.msg);
+                return ps_cli_usage_error("plan", "%s", perr.msg);
             break;
         }
         case OPT_SCHEDULE:

@@ -111,6 +111,7 @@ static void add_scalar(ps_dtype t, uint16_t *dst, const uint16_t *src, int64_t i
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PS_HALF_VEC 1
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define PS_VEC __attribute__((target("avx2,f16c")))
@@ -182,8 +183,12 @@ static PS_VEC void add_vec(ps_dtype t, uint16_t *dst, const uint16_t *src, int64
 
 static bool vec_supported(void)
 {
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+     * does not know it; "avx2" also checks that the OS saves YMM state */
+    unsigned eax, ebx, ecx, edx;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+           (ecx & bit_F16C) != 0;
 }
 #else /* no vector kernels here: the scalar loops only */
 static bool vec_supported(void) { return false; }

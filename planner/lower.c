@@ -362,6 +362,37 @@ static ps_status stage_setup(lower_ctx *L, int k)
             PS_TRY(ps_error_set(err, PS_ERR_INVALID, "stage %d: the plan has no layout for %s", k,
                                 g->tensors[s->step_of[t]].name));
     }
+    /* The tensor table must agree with the ops: a tensor's layout is the one
+     * its producer writes, and a source of the step (a parameter, an input,
+     * optimizer state) is stored with no pending sums. A hand-edited plan
+     * that disagrees would otherwise run, and compute wrong numbers. */
+    for (int j = 0; j < s->n_ops; j++) {
+        const ps_op *op = &s->slice->ops[j];
+        for (int q = 0; q < op->n_out; q++) {
+            const ps_plan_tensor *pt = &ps->tensors[s->plan_tensor[op->out[q]]];
+            if (!ps_spec_equal(&pt->spec, &ps->ops[j].out[q])) {
+                char listed[PS_SPEC_STR_MAX], written[PS_SPEC_STR_MAX];
+                PS_TRY(ps_error_set(err, PS_ERR_INVALID,
+                                    "stage %d: tensor %s: the plan lists layout %s, but op %s "
+                                    "writes it as %s",
+                                    k, pt->name, ps_spec_format(&pt->spec, listed, sizeof listed),
+                                    op->name,
+                                    ps_spec_format(&ps->ops[j].out[q], written, sizeof written)));
+            }
+        }
+    }
+    for (int t = 0; t < n_t; t++) {
+        const ps_tensor *whole = &g->tensors[s->step_of[t]];
+        const ps_plan_tensor *pt = &ps->tensors[s->plan_tensor[t]];
+        if (whole->producer < 0 && pt->spec.partial != 0) {
+            char listed[PS_SPEC_STR_MAX];
+            PS_TRY(ps_error_set(err, PS_ERR_INVALID,
+                                "stage %d: tensor %s: a source of the step (%s) holds whole "
+                                "values, but the plan gives it pending sums (%s)",
+                                k, pt->name, ps_tensor_kind_names[whole->kind],
+                                ps_spec_format(&pt->spec, listed, sizeof listed)));
+        }
+    }
     /* the strategy of every op, found again by its layouts */
     PS_TRY(ps_batch_dims(s->slice, &batch, err));
     PS_TRY(ps_intra_keep_partial(s->slice, &keep, err));

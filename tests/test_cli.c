@@ -1149,6 +1149,10 @@ static void test_plan(void **state)
         const char *h[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
                            "--submesh-choices", "some", "-o", out, NULL};
         expect_usage_error(fx, h, "--submesh-choices wants power_of_two");
+        /* the user's text is quoted in the message, never read as a format */
+        const char *h2[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
+                            "--submesh-choices", "1x%s%s%s%n", "-o", out, NULL};
+        expect_usage_error(fx, h2, "1x%s%s%s%n");
         const char *i[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2",
                            "--submesh-choices", "2x4", "-o", out, NULL};
         expect_failure(fx, i, "submesh 2x4 does not fit dgx-a100:2");

@@ -360,6 +360,56 @@ static int find_instr(const ps_program *p, ps_instr_kind kind, int from)
     return -1;
 }
 
+/* A hand-edited plan whose tensor table disagrees with its ops is refused,
+ * naming the tensor: left alone, these ran and computed wrong gradients
+ * (exec --check reported a mismatch; found by tests/fuzz/fuzz_exec). */
+static void inconsistent_tensor_tables_are_refused(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_model_config cfg;
+    small_config("mlp", &cfg);
+    ps_plan *p = plan_of(&cfg, M_DATA, false, c);
+    ps_plan_stage *s = &p->stages[0];
+    ps_plan_model *m = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    ps_lower_options lo = ps_lower_options_default();
+    ps_program_set *set = NULL;
+    /* a tensor the data-parallel ops write with a pending sum over axis 0
+     * (the loss, a bias gradient) */
+    int summed = -1, param = -1;
+    for (int t = 0; t < s->n_tensors; t++) {
+        if (summed < 0 && s->tensors[t].spec.partial == 1)
+            summed = t;
+        if (param < 0 && strcmp(s->tensors[t].name, "layer0.dense1.w") == 0)
+            param = t;
+    }
+    assert_true(summed >= 0 && param >= 0);
+    ps_sharding_spec kept = s->tensors[summed].spec;
+    s->tensors[summed].spec.partial = 2; /* pending over the other axis (of size 1) */
+    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "the plan lists layout"));
+    assert_non_null(strstr(err.msg, s->tensors[summed].name));
+    assert_null(set);
+    s->tensors[summed].spec = kept;
+    /* a parameter is stored whole: no pending sums */
+    kept = s->tensors[param].spec;
+    s->tensors[param].spec.partial = 1;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "layer0.dense1.w: a source of the step (param)"));
+    assert_null(set);
+    s->tensors[param].spec = kept;
+    /* restored, it lowers again */
+    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_OK);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 static void remove_instr(ps_program *p, int i)
 {
     memmove(&p->instrs[i], &p->instrs[i + 1], (size_t)(p->n_instrs - i - 1) * sizeof *p->instrs);
@@ -508,6 +558,7 @@ int main(void)
         cmocka_unit_test(tied_embedding_travels),
         cmocka_unit_test(mesh_groups_are_shared_by_their_members),
         cmocka_unit_test(add_group_finds_old_groups),
+        cmocka_unit_test(inconsistent_tensor_tables_are_refused),
         cmocka_unit_test(checker_catches_broken_programs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
