@@ -118,16 +118,6 @@ static ps_status inject_op(ps_backend *b, int device, const ps_op *op, const ps_
     return inject_real->op(b, device, op, in, out, ctx, err);
 }
 
-/* The element type a run holds the step's floating-point tensors in: the
- * parameters' dtype where the backend holds half precision, else fp32. */
-static ps_dtype storage_of(const ps_graph *step, bool half_storage)
-{
-    for (int t = 0; t < step->n_tensors && half_storage; t++)
-        if (step->tensors[t].kind == PS_TENSOR_PARAM)
-            return step->tensors[t].desc.dtype;
-    return PS_DTYPE_F32;
-}
-
 /* A launch of several processes: the first failing device stops them all
  * at once, naming its rank (a peer in another process may wait where no
  * abort of this one reaches it). */
@@ -185,7 +175,7 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     if (bc->fp32)
         b->half_storage = false;
     if (storage != NULL)
-        *storage = storage_of(set->step, b->half_storage);
+        *storage = ps_exec_storage(set->step, b->half_storage);
     if (bc->fail_device >= 0) {
         inject_real = b->ops;
         inject_ops = *b->ops;

@@ -354,11 +354,7 @@ int ps_cmd_graph(int argc, char **argv)
         rows = layer_table(r.step);
         PS_TRY_ALLOC(rows, &err);
     }
-    int64_t shown_batch = cfgp ? cfgp->batch : 0;
-    if (cfgp == NULL) /* a graph file: the leading dim of its first input */
-        for (int t = 0; t < fwd->n_tensors && shown_batch == 0; t++)
-            if (fwd->tensors[t].kind == PS_TENSOR_INPUT && fwd->tensors[t].desc.rank > 0)
-                shown_batch = fwd->tensors[t].desc.shape[0];
+    int64_t shown_batch = cfgp ? cfgp->batch : ps_graph_batch(fwd);
     if (export_path != NULL && strcmp(export_path, "-") == 0)
         goto out; /* stdout carries the graph */
     if (json) {

@@ -433,13 +433,8 @@ int ps_cmd_plan(int argc, char **argv)
         PS_TRY(ps_model_opts_build(&mo, gb / req.micro_batches, &cfg, &from_zoo, &fwd, &err));
     } else {
         PS_TRY(ps_model_opts_build(&mo, 0, &cfg, &from_zoo, &fwd, &err));
-        int64_t mb = 1;
-        for (int t = 0; t < fwd->n_tensors; t++)
-            if (fwd->tensors[t].kind == PS_TENSOR_INPUT && fwd->tensors[t].desc.rank > 0) {
-                mb = fwd->tensors[t].desc.shape[0];
-                break;
-            }
-        req.global_batch = mb * req.micro_batches;
+        int64_t mb = ps_graph_batch(fwd);
+        req.global_batch = (mb > 0 ? mb : 1) * req.micro_batches;
     }
     req.forward = fwd;
     req.config = from_zoo ? &cfg : NULL;

@@ -662,6 +662,19 @@ out:
     return st;
 }
 
+ps_status ps_cluster_parse(const char *name, const char *text, ps_cluster **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    PS_TRY(ps_json_doc_parse(name, text, &doc, err));
+    ps_jv root = ps_json_doc_root(doc);
+    PS_TRY(ps_cluster_from_json(&root, out, err));
+out:
+    ps_json_doc_free(doc);
+    return st;
+}
+
 /* ---- writing JSON ------------------------------------------------------ */
 
 /* Integral values below 2^53 are written as integers (exact and readable:

@@ -89,6 +89,8 @@ double ps_device_kind_speed_flops_per_s(const ps_device_kind *k);
 ps_status ps_cluster_from_preset(const char *spec, ps_cluster **out, ps_error *err);
 /* A cluster JSON file (docs/cluster-format.md). */
 ps_status ps_cluster_load(const char *path, ps_cluster **out, ps_error *err);
+/* The same from text held in memory; name is used in messages. */
+ps_status ps_cluster_parse(const char *name, const char *text, ps_cluster **out, ps_error *err);
 /* The same from a parsed document's root value (used by plan files too). */
 struct ps_jv;
 ps_status ps_cluster_from_json(const struct ps_jv *v, ps_cluster **out, ps_error *err);

@@ -270,6 +270,14 @@ double ps_tensor_bytes(const ps_tensor *t)
     return (double)ps_tensor_numel(t) * (double)ps_dtype_size(t->desc.dtype);
 }
 
+int64_t ps_graph_batch(const ps_graph *g)
+{
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].kind == PS_TENSOR_INPUT && g->tensors[t].desc.rank > 0)
+            return g->tensors[t].desc.shape[0];
+    return 0;
+}
+
 #define BROKEN(...) return ps_error_set(err, PS_ERR_INTERNAL, __VA_ARGS__)
 
 ps_status ps_graph_check(const ps_graph *g, ps_error *err)

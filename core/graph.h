@@ -125,6 +125,9 @@ ps_status ps_graph_check(const ps_graph *g, ps_error *err);
 
 double ps_tensor_bytes(const ps_tensor *t);
 int64_t ps_tensor_numel(const ps_tensor *t);
+/* The micro-batch a graph was built for, as a graph file says it: the
+ * leading dimension of its first input of rank > 0; 0 when it has none. */
+int64_t ps_graph_batch(const ps_graph *g);
 
 /* Aggregates that `pipeshard graph` reports. */
 typedef struct ps_graph_stats {
@@ -144,6 +147,8 @@ ps_status ps_graph_stats_compute(const ps_graph *g, ps_graph_stats *out);
  * part of g (ops of the forward pass and the tensors they touch). */
 struct ps_jv;
 ps_status ps_graph_load(const char *path, ps_graph **out, ps_error *err);
+/* The same from text held in memory; name is used in messages. */
+ps_status ps_graph_parse(const char *name, const char *text, ps_graph **out, ps_error *err);
 ps_status ps_graph_from_json(const struct ps_jv *root, ps_graph **out, ps_error *err);
 ps_status ps_graph_to_json(const ps_graph *g, json_t **out);
 ps_status ps_graph_save(const ps_graph *g, const char *path, ps_error *err);

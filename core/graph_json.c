@@ -617,6 +617,19 @@ ps_status ps_graph_load(const char *path, ps_graph **out, ps_error *err)
     return st;
 }
 
+ps_status ps_graph_parse(const char *name, const char *text, ps_graph **out, ps_error *err)
+{
+    ps_json_doc *doc = NULL;
+    *out = NULL;
+    ps_status st = ps_json_doc_parse(name, text, &doc, err);
+    if (st == PS_OK) {
+        ps_jv root = ps_json_doc_root(doc);
+        st = ps_graph_from_json(&root, out, err);
+    }
+    ps_json_doc_free(doc);
+    return st;
+}
+
 /* ---- saving -------------------------------------------------------------------- */
 
 static json_t *dims_json(const int64_t *dims, int n)

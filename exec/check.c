@@ -4,6 +4,14 @@
 #include <stdio.h>
 #include <string.h>
 
+ps_dtype ps_exec_storage(const ps_graph *step, bool half_storage)
+{
+    for (int t = 0; t < step->n_tensors && half_storage; t++)
+        if (step->tensors[t].kind == PS_TENSOR_PARAM)
+            return step->tensors[t].desc.dtype;
+    return PS_DTYPE_F32;
+}
+
 ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps)
 {
     ps_exec_tolerance t = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 5e-3, .param_rel = 0};

@@ -61,6 +61,10 @@ typedef struct ps_exec_tolerance {
  * Measured worst cases are in docs/executors.md. */
 ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps);
 
+/* The element type a run holds the step's floating-point tensors in: the
+ * parameters' dtype where the backend holds half precision, else fp32. */
+ps_dtype ps_exec_storage(const ps_graph *step, bool half_storage);
+
 /* g/r: the run (keep_params); rg/ref: the reference. A parameter missing
  * from either side makes the comparison fail with its name. */
 void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph *rg,

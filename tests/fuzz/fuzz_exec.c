@@ -27,19 +27,21 @@
 
 typedef enum { RUN_REFUSED, RUN_FAILED, RUN_OK } run_outcome;
 
-/* Rebuilds p's model, lowers and checks its programs (RUN_REFUSED when any
- * of these says no, as exec would), then runs one step on a new CPU backend
- * (RUN_FAILED when that fails). */
-static run_outcome run(const ps_plan *p, ps_program_set **set_out, ps_plan_model **m_out,
+/* Lowers p on its model *m (rebuilt from the plan first when NULL) and
+ * checks the programs (RUN_REFUSED when any of these says no, as exec
+ * would), then runs one step on a new CPU backend (RUN_FAILED when that
+ * fails). */
+static run_outcome run(const ps_plan *p, ps_plan_model **m, ps_program_set **set_out,
                        ps_exec_result **out, ps_error *err)
 {
     ps_status st = PS_OK;
     run_outcome how = RUN_REFUSED;
     ps_backend *b = NULL;
     int *slots = NULL;
-    PS_TRY(ps_plan_model_build(p, m_out, err));
+    if (*m == NULL)
+        PS_TRY(ps_plan_model_build(p, m, err));
     ps_lower_options lo = ps_lower_options_default();
-    PS_TRY(ps_plan_lower(p, *m_out, &lo, set_out, err));
+    PS_TRY(ps_plan_lower(p, *m, &lo, set_out, err));
     PS_TRY(ps_program_set_check(*set_out, NULL, err));
     how = RUN_FAILED;
     const ps_program_set *set = *set_out;
@@ -76,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *text = fuzz_text(data, size);
     ps_error err = {0};
     ps_plan *p = NULL, *ref_plan = NULL;
-    ps_plan_model *m = NULL, *ref_m = NULL, *probe = NULL;
+    ps_plan_model *m = NULL, *ref_m = NULL;
     ps_program_set *set = NULL, *ref_set = NULL;
     ps_exec_result *r = NULL, *ref = NULL;
     ps_status st = ps_plan_parse("input.json", text, &p, &err);
@@ -84,35 +86,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st != PS_OK || ps_cluster_device_count(p->cluster) > DEVICES_MAX ||
         p->micro_batches > MICRO_BATCHES_MAX)
         goto out;
-    if (ps_plan_model_build(p, &probe, &err) != PS_OK ||
-        step_bytes(probe->step) * p->micro_batches > STEP_BYTES_MAX)
+    if (ps_plan_model_build(p, &m, &err) != PS_OK ||
+        step_bytes(m->step) * p->micro_batches > STEP_BYTES_MAX)
         goto out;
     /* fp16 without loss scaling underflows in the backward pass: exec --check
      * reports that mismatch by design (docs/executors.md) */
-    for (int t = 0; t < probe->step->n_tensors; t++)
-        if (probe->step->tensors[t].kind == PS_TENSOR_PARAM &&
-            probe->step->tensors[t].desc.dtype == PS_DTYPE_F16 && probe->train.loss_scale == 1)
-            goto out;
-    run_outcome how = run(p, &set, &m, &r, &err);
+    if (ps_exec_storage(m->step, true) == PS_DTYPE_F16 && m->train.loss_scale == 1)
+        goto out;
+    run_outcome how = run(p, &m, &set, &r, &err);
     if (how == RUN_REFUSED)
         goto out;
     FUZZ_ASSERT(how == RUN_OK, "a plan whose programs passed their checks failed: %s", err.msg);
     FUZZ_ASSERT(ps_plan_reference(p, m, &ref_plan, &err) == PS_OK,
                 "no reference plan for a plan that ran: %s", err.msg);
-    FUZZ_ASSERT(run(ref_plan, &ref_set, &ref_m, &ref, &err) == RUN_OK,
+    FUZZ_ASSERT(run(ref_plan, &ref_m, &ref_set, &ref, &err) == RUN_OK,
                 "the reference of a plan that ran failed: %s", err.msg);
     /* a model that diverges in one step (a fuzzed learning rate, say) has no
      * numbers to compare */
     if (isfinite(ref->loss[0])) {
-        /* what the run held its tensors in: the parameters' type (the CPU
-         * backend holds fp16/bf16 in 2 bytes) */
-        ps_dtype storage = PS_DTYPE_F32;
-        for (int t = 0; t < set->step->n_tensors; t++)
-            if (set->step->tensors[t].kind == PS_TENSOR_PARAM) {
-                storage = set->step->tensors[t].desc.dtype;
-                break;
-            }
-        ps_exec_tolerance tol = ps_exec_tolerance_default(storage, 1);
+        /* the CPU backend holds fp16/bf16 in 2 bytes */
+        ps_exec_tolerance tol = ps_exec_tolerance_default(ps_exec_storage(set->step, true), 1);
         ps_exec_comparison cmp;
         ps_exec_compare(set->step, r, ref_set->step, ref, &tol, &cmp);
         FUZZ_ASSERT(cmp.ok,
@@ -129,7 +122,6 @@ out:
     ps_program_set_free(ref_set);
     ps_plan_model_free(m);
     ps_plan_model_free(ref_m);
-    ps_plan_model_free(probe);
     ps_plan_free(ref_plan);
     ps_plan_free(p);
     return 0;

@@ -4,7 +4,6 @@
  * to the same text; a loaded graph passes ps_graph_check; the training step
  * built from it does too. */
 #include "core/graph.h"
-#include "core/json.h"
 #include "planner/train_step.h"
 #include "tests/fuzz/fuzz_common.h"
 
@@ -17,30 +16,19 @@ static char *graph_text(const ps_graph *g)
     return text;
 }
 
-static ps_graph *graph_parse(const char *text, ps_error *err)
-{
-    ps_json_doc *doc = NULL;
-    ps_graph *g = NULL;
-    if (ps_json_doc_parse("input.json", text, &doc, err) == PS_OK) {
-        ps_jv root = ps_json_doc_root(doc);
-        ps_graph_from_json(&root, &g, err);
-    }
-    ps_json_doc_free(doc);
-    return g;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_quiet();
     char *text = fuzz_text(data, size);
     ps_error err = {0};
-    ps_graph *g = graph_parse(text, &err), *back = NULL, *step = NULL;
+    ps_graph *g = NULL, *back = NULL, *step = NULL;
+    ps_graph_parse("input.json", text, &g, &err);
     free(text);
     if (g == NULL)
         return 0;
     FUZZ_ASSERT(ps_graph_check(g, &err) == PS_OK, "loaded, then refused: %s", err.msg);
     char *saved = graph_text(g);
-    back = graph_parse(saved, &err);
+    ps_graph_parse("saved.json", saved, &back, &err);
     FUZZ_ASSERT(back != NULL, "saved, then refused: %s\n%s", err.msg, saved);
     char *again = graph_text(back);
     FUZZ_ASSERT(strcmp(saved, again) == 0, "saved twice differently:\n%s\n---\n%s", saved, again);

@@ -7,7 +7,6 @@
  * (shard, data, zero2, zero3) is picked by the input's length. */
 #include "core/cluster.h"
 #include "core/graph.h"
-#include "core/json.h"
 #include "core/plan.h"
 #include "core/program.h"
 #include "planner/lower.h"
@@ -33,12 +32,8 @@ static const char cluster_json[] =
 static ps_cluster *two_gpus(void)
 {
     ps_error err = {0};
-    ps_json_doc *doc = NULL;
     ps_cluster *c = NULL;
-    FUZZ_ASSERT(ps_json_doc_parse("h100x2", cluster_json, &doc, &err) == PS_OK, "%s", err.msg);
-    ps_jv root = ps_json_doc_root(doc);
-    FUZZ_ASSERT(ps_cluster_from_json(&root, &c, &err) == PS_OK, "%s", err.msg);
-    ps_json_doc_free(doc);
+    FUZZ_ASSERT(ps_cluster_parse("h100x2", cluster_json, &c, &err) == PS_OK, "%s", err.msg);
     return c;
 }
 
@@ -50,17 +45,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         cluster = two_gpus();
     char *text = fuzz_text(data, size);
     ps_error err = {0};
-    ps_json_doc *doc = NULL;
     ps_graph *fwd = NULL;
     ps_plan *plan = NULL, *back = NULL;
     ps_plan_model *m = NULL;
     ps_program_set *set = NULL;
     char *saved = NULL;
-    if (ps_json_doc_parse("input.json", text, &doc, &err) == PS_OK) {
-        ps_jv root = ps_json_doc_root(doc);
-        ps_graph_from_json(&root, &fwd, &err);
-    }
-    ps_json_doc_free(doc);
+    ps_graph_parse("input.json", text, &fwd, &err);
     free(text);
     if (fwd == NULL || fwd->n_ops > FORWARD_OPS_MAX)
         goto out;
@@ -71,13 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     req.cluster = cluster;
     req.method = (ps_intra_method)(size % PS_METHOD_COUNT);
     req.micro_batches = 1;
-    req.global_batch = 1;
-    /* as `plan --graph` does: the micro-batch is the first input's batch */
-    for (int t = 0; t < fwd->n_tensors; t++)
-        if (fwd->tensors[t].kind == PS_TENSOR_INPUT && fwd->tensors[t].desc.rank > 0) {
-            req.global_batch = fwd->tensors[t].desc.shape[0];
-            break;
-        }
+    /* as `plan --graph` does: one micro-batch of the graph's batch */
+    req.global_batch = ps_graph_batch(fwd) > 0 ? ps_graph_batch(fwd) : 1;
     req.ilp = ps_ilp_options_default();
     req.ilp.time_limit_s = 2;
     if (ps_plan_one_stage(&req, &plan, NULL, NULL, &err) != PS_OK)
