@@ -82,7 +82,11 @@ typedef struct ps_backend_ops {
      * issued so far on the device; `elapsed` (after `finish`) is the time
      * from slot a to slot b in seconds. */
     ps_status (*mark)(ps_backend *b, int device, int slot, ps_error *err);
-    ps_status (*finish)(ps_backend *b, int device, ps_error *err); /* wait for issued work */
+    /* Waits for the work issued on the device. A backend may answer here the
+     * data checks its ops deferred (an id outside the vocabulary, inf or NaN
+     * in an update's gradient), failing with the op's message; the runtime
+     * calls it at the end of every step. */
+    ps_status (*finish)(ps_backend *b, int device, ps_error *err);
     ps_status (*elapsed)(ps_backend *b, int device, int a, int z, double *seconds,
                          ps_error *err);
     /* Peak bytes allocated on the device since creation. */

@@ -391,6 +391,8 @@ static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
     st = b->ops->op(b, 0, op, din, dout, &ctx, &err);
     if (st != PS_OK)
         fail_msg("%s (%s): %s", op->name, op->attrs.einsum, err.msg);
+    if (b->ops->finish(b, 0, &err) != PS_OK) /* its deferred data checks pass */
+        fail_msg("%s (%s): %s", op->name, op->attrs.einsum, err.msg);
     for (int i = 0; i < op->n_out; i++) {
         ddownload(b, 0, &dout[i], &gout[i]);
         int64_t n = ps_tile_numel(&out[i]);
@@ -672,7 +674,8 @@ static void ops_losses_adam(void **state)
             v[i] = fabsf(v[i]); /* a second moment */
         check_op(b, &op, in, NULL);
     }
-    /* a non-finite gradient fails the update, names it, and changes nothing */
+    /* a non-finite gradient leaves its update's state as it was, and the
+     * device's next finish fails naming the op, the value and the step */
     {
         ps_op op = mkop(PS_OP_ADAM, 4);
         op.attrs.scale = 1024;
@@ -688,9 +691,10 @@ static void ops_losses_adam(void **state)
             din[i] = dupload(b, 0, &in[i]);
         ps_op_context ctx = {.step = 2, .reduce = {.group_size = 1}};
         ps_error err = {0};
-        assert_int_equal(b->ops->op(b, 0, &op, din, NULL, &ctx, &err), PS_ERR_INVALID);
-        if (strstr(err.msg, "the gradient holds inf at element 9 of this tile at step 2: the "
-                            "loss scale 1024 overflowed it") == NULL)
+        assert_int_equal(b->ops->op(b, 0, &op, din, NULL, &ctx, &err), PS_OK);
+        assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+        if (strstr(err.msg, "device 0: op \"adam\" (adam): the gradient holds inf at element 9 "
+                            "of this tile at step 2: the loss scale 1024 overflowed it") == NULL)
             fail_msg("%s", err.msg);
         for (int i = 0; i < 4; i++) {
             back[i] = hcopy(&in[i]);
@@ -700,7 +704,136 @@ static void ops_losses_adam(void **state)
             free(back[i].data);
             free(in[i].data);
         }
+        /* answered once: the next finish is clean */
+        assert_int_equal(b->ops->finish(b, 0, &err), PS_OK);
     }
+    b->ops->destroy(b);
+}
+
+/* Issues one update of a 3 x 4 parameter named `name`: parameter, gradient
+ * and moments random (element `bad_at` of the gradient set to g_value when
+ * >= 0), uploaded into din; host keeps the values. */
+static void adam_issue(ps_backend *b, const char *name, float g_value, int bad_at, ps_tile *din,
+                       ps_tile *host)
+{
+    ps_op op = mkop(PS_OP_ADAM, 4);
+    op.name = (char *)name;
+    for (int i = 0; i < 4; i++)
+        host[i] = hrand(2, SH(3, 4), NULL, NULL);
+    for (int64_t e = 0; e < 12; e++) /* a second moment */
+        ((float *)host[3].data)[e] = fabsf(((float *)host[3].data)[e]);
+    if (bad_at >= 0)
+        ((float *)host[1].data)[bad_at] = g_value;
+    for (int i = 0; i < 4; i++)
+        din[i] = dupload(b, 0, &host[i]);
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+    ps_error err = {0};
+    if (b->ops->op(b, 0, &op, din, NULL, &ctx, &err) != PS_OK)
+        fail_msg("%s: %s", name, err.msg);
+}
+
+/* Whether the device's parameter still equals the uploaded one. */
+static bool adam_unchanged(ps_backend *b, const ps_tile *din, const ps_tile *host)
+{
+    ps_tile back = hcopy(&host[0]);
+    ddownload(b, 0, &din[0], &back);
+    bool same = memcmp(back.data, host[0].data, 12 * sizeof(float)) == 0;
+    free(back.data);
+    return same;
+}
+
+static void adam_release(ps_backend *b, ps_tile *din, ps_tile *host)
+{
+    for (int i = 0; i < 4; i++) {
+        b->ops->release(b, 0, din[i].data);
+        free(host[i].data);
+    }
+}
+
+/* Deferred checks: of three updates issued before one finish, the two with
+ * a non-finite gradient keep their state and the finish names the first of
+ * them in issue order, with its value's class; an id outside the vocabulary
+ * is named at the finish too, after the work issued behind it ran; with more
+ * checks than a stream's slots (PS_CUDA_CHECK_SLOTS, 1024), a full round is
+ * answered when the next check needs a slot, so that a flag in its last slot
+ * fails that call. */
+static void ops_deferred_checks(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(1, false);
+    ps_error err = {0};
+    ps_tile d1[4], h1[4], d2[4], h2[4], d3[4], h3[4];
+    adam_issue(b, "first.adam", 0, -1, d1, h1);
+    adam_issue(b, "second.adam", NAN, 11, d2, h2);
+    adam_issue(b, "third.adam", -INFINITY, 0, d3, h3);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+    if (strstr(err.msg, "op \"second.adam\" (adam): the gradient holds NaN at element 11 of "
+                        "this tile at step 1 (the step diverged)") == NULL)
+        fail_msg("%s", err.msg);
+    assert_false(adam_unchanged(b, d1, h1));
+    assert_true(adam_unchanged(b, d2, h2));
+    assert_true(adam_unchanged(b, d3, h3)); /* flagged too, though named second */
+    adam_release(b, d1, h1);
+    adam_release(b, d2, h2);
+    adam_release(b, d3, h3);
+
+    /* -inf is told apart from inf */
+    adam_issue(b, "minus.adam", -INFINITY, 5, d1, h1);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "holds -inf at element 5"));
+    adam_release(b, d1, h1);
+
+    /* an id outside the vocabulary: the work issued behind it runs */
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
+    ps_tile table = hrand(2, SH(10, 4), NULL, NULL);
+    ps_tile ids = hints(1, SH(6), 10);
+    ((int32_t *)ids.data)[3] = -2;
+    ps_tile emb = htile(false, 2, SH(6, 4), NULL, NULL);
+    ps_tile ein[2] = {dupload(b, 0, &table), dupload(b, 0, &ids)};
+    ps_tile eout[1] = {dupload(b, 0, &emb)};
+    ps_op eop = mkop(PS_OP_EMBEDDING, 2);
+    eop.name = (char *)"wte";
+    assert_int_equal(b->ops->op(b, 0, &eop, ein, eout, &ctx, &err), PS_OK);
+    adam_issue(b, "after.adam", 0, -1, d1, h1);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+    assert_non_null(
+        strstr(err.msg, "op \"wte\" (embedding): id -2 is outside the vocabulary of 10"));
+    assert_false(adam_unchanged(b, d1, h1));
+    adam_release(b, d1, h1);
+    for (int i = 0; i < 2; i++)
+        b->ops->release(b, 0, ein[i].data);
+    b->ops->release(b, 0, eout[0].data);
+    free(table.data), free(ids.data), free(emb.data);
+
+    /* round 0: 1024 clean checks fill the slots; the next one answers them
+     * (clean) and is flagged, found at the finish. round 1: 1023 clean ones
+     * and a flagged one in the last slot, found by the call after them */
+    enum { SLOTS = 1024 };
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < SLOTS; i++) {
+            bool flag = round == 1 && i == SLOTS - 1;
+            adam_issue(b, flag ? "last.adam" : "clean.adam", INFINITY, flag ? 2 : -1, d1, h1);
+            adam_release(b, d1, h1);
+        }
+        if (round == 0) {
+            adam_issue(b, "bad.adam", INFINITY, 7, d1, h1);
+            assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+            assert_non_null(strstr(err.msg, "op \"bad.adam\" (adam): the gradient holds inf at "
+                                            "element 7"));
+            adam_release(b, d1, h1);
+        }
+    }
+    /* the 1025th check of this round needs a slot: the full round is answered */
+    ps_op op = mkop(PS_OP_ADAM, 4);
+    for (int i = 0; i < 4; i++) {
+        h1[i] = hrand(2, SH(3, 4), NULL, NULL);
+        d1[i] = dupload(b, 0, &h1[i]);
+    }
+    assert_int_equal(b->ops->op(b, 0, &op, d1, NULL, &ctx, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "op \"last.adam\" (adam): the gradient holds inf at "
+                                    "element 2"));
+    adam_release(b, d1, h1);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_OK);
     b->ops->destroy(b);
 }
 
@@ -1230,7 +1363,8 @@ static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_ti
     if (cpu->ops->op(cpu, 0, op, cin, cout, &ctx, &err) != PS_OK)
         fail_msg("%s (%s) in %s: CPU backend failed: %s", op->name, op->attrs.einsum,
                  ps_dtype_name(t), err.msg);
-    if (b->ops->op(b, 0, op, din, dout, &ctx, &err) != PS_OK)
+    if (b->ops->op(b, 0, op, din, dout, &ctx, &err) != PS_OK ||
+        b->ops->finish(b, 0, &err) != PS_OK)
         fail_msg("%s (%s) in %s: %s", op->name, op->attrs.einsum, ps_dtype_name(t), err.msg);
     double u = t == PS_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     for (int k = 0; k < op->n_in + op->n_out; k++) {
@@ -1431,8 +1565,10 @@ static void ops_errors(void **state)
                                                                         dupload(b, 0, &emb)};
     ps_op eop = mkop(PS_OP_EMBEDDING, 2);
     ps_error_clear(&err);
-    assert_int_equal(b->ops->op(b, 0, &eop, ein, eout, &ctx, &err), PS_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "12"));
+    /* a deferred check: the op is issued, the device's finish names the id */
+    assert_int_equal(b->ops->op(b, 0, &eop, ein, eout, &ctx, &err), PS_OK);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "id 12 is outside the vocabulary of 10"));
     for (int i = 0; i < 2; i++)
         b->ops->release(b, 0, ein[i].data);
     b->ops->release(b, 0, eout[0].data);
@@ -2091,6 +2227,7 @@ int main(void)
         cmocka_unit_test(ops_embedding),
         cmocka_unit_test(ops_layout),
         cmocka_unit_test(ops_losses_adam),
+        cmocka_unit_test(ops_deferred_checks),
         cmocka_unit_test(ops_xent_split_vocabulary),
         cmocka_unit_test(ops_cnn),
         cmocka_unit_test(ops_batchnorm_split_batch),

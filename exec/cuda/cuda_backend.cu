@@ -1166,8 +1166,8 @@ static ps_status be_recv(ps_backend *b, int device, int peer, ps_tile *dst,
 static ps_status be_finish(ps_backend *b, int device, ps_error *err)
 {
     DEV(b, device);
-    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
-    return PS_OK;
+    /* also answers the ops' deferred data checks (ps_cuda_check_defer) */
+    return ps_cuda_stream_sync(d->s, err);
 }
 
 /* ---- abort, destroy ------------------------------------------------------------------ */

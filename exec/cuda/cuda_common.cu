@@ -93,6 +93,8 @@ static cublasMath_t math_mode(bool tf32)
     return (cublasMath_t)(m | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }
 
+static void checks_forget(ps_cuda_stream *s);
+
 ps_status ps_cuda_stream_create(int device, int gpu, const ps_cuda_stream_options *opt,
                                 ps_cuda_stream **out, ps_error *err)
 {
@@ -134,17 +136,121 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
         (void)cudaFree(s->ws);
     if (s->half_ws != NULL)
         (void)cudaFree(s->half_ws);
+    checks_forget(s);
+    if (s->checks_dev != NULL)
+        (void)cudaFree(s->checks_dev);
+    free(s->checks_host);
+    free(s->checks);
     if (s->stream != NULL)
         (void)cudaStreamDestroy(s->stream);
     (void)cudaGetLastError();
     free(s);
 }
 
+/* ---- deferred checks ------------------------------------------------------------ */
+
+/* What a deferred check says when flagged (the op's name copied: the op may
+ * be a caller's temporary). */
+typedef struct ps_cuda_pending_check {
+    ps_cuda_check check; /* op NULL */
+    char *op_name;
+    ps_op_kind op_kind;
+} ps_cuda_pending_check;
+
+static void checks_forget(ps_cuda_stream *s)
+{
+    for (int i = 0; i < s->n_checks; i++)
+        free(s->checks[i].op_name);
+    s->n_checks = 0;
+}
+
+ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
+                              ps_error *err)
+{
+    const size_t slot_bytes = PS_CUDA_CHECK_INTS * sizeof(int);
+    if (s->checks_dev == NULL) {
+        if (s->checks_host == NULL)
+            s->checks_host = (int *)malloc(PS_CUDA_CHECK_SLOTS * slot_bytes);
+        if (s->checks == NULL)
+            s->checks = (ps_cuda_pending_check *)calloc(PS_CUDA_CHECK_SLOTS, sizeof *s->checks);
+        if (s->checks_host == NULL || s->checks == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+        PS_CUDA_RET(s->loc, cudaMalloc((void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
+        PS_CUDA_RET(s->loc, cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
+                                            s->stream));
+    }
+    if (s->n_checks == PS_CUDA_CHECK_SLOTS)
+        PS_RET(ps_cuda_stream_sync(s, err)); /* answers and frees every slot */
+    ps_cuda_pending_check *p = &s->checks[s->n_checks];
+    const char *name = c->op != NULL && c->op->name != NULL ? c->op->name : "?";
+    p->op_name = strdup(name);
+    if (p->op_name == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+    p->op_kind = c->op != NULL ? c->op->kind : (ps_op_kind)0;
+    p->check = *c;
+    p->check.op = NULL;
+    *slot_dev = s->checks_dev + (size_t)s->n_checks * PS_CUDA_CHECK_INTS;
+    s->n_checks++;
+    return PS_OK;
+}
+
+/* The message of a flagged check, as the op would have given it at once. */
+static ps_status check_failed(const ps_cuda_stream *s, const ps_cuda_pending_check *p,
+                              const int *slot, ps_error *err)
+{
+    ps_op op;
+    memset(&op, 0, sizeof op);
+    op.name = p->op_name;
+    op.kind = p->op_kind;
+    const ps_cuda_check *c = &p->check;
+    switch (c->kind) {
+    case PS_CUDA_CHECK_ID:
+    case PS_CUDA_CHECK_LABEL:
+        return ps_cuda_op_error(s, &op, PS_ERR_INVALID, err,
+                                "%s %d is outside the vocabulary of %lld",
+                                c->kind == PS_CUDA_CHECK_ID ? "id" : "label", slot[1],
+                                (long long)c->vocab);
+    case PS_CUDA_CHECK_GRADIENT: {
+        const char *what = slot[2] == 1 ? "NaN" : slot[2] == 2 ? "inf" : "-inf";
+        if (c->scale > 1)
+            return ps_cuda_op_error(s, &op, PS_ERR_INVALID, err,
+                                    "the gradient holds %s at element %d of this tile at step "
+                                    "%d: the loss scale %g overflowed it (lower --loss-scale)",
+                                    what, slot[1], c->step, c->scale);
+        return ps_cuda_op_error(s, &op, PS_ERR_INVALID, err,
+                                "the gradient holds %s at element %d of this tile at step %d "
+                                "(the step diverged)",
+                                what, slot[1], c->step);
+    }
+    }
+    return ps_cuda_op_error(s, &op, PS_ERR_INTERNAL, err, "a check of unknown kind %d",
+                            (int)c->kind);
+}
+
 ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
 {
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-    return PS_OK;
+    if (s->n_checks == 0)
+        return PS_OK;
+    /* every slot is answered (and zeroed for reuse) whatever happens here */
+    size_t bytes = (size_t)s->n_checks * PS_CUDA_CHECK_INTS * sizeof(int);
+    cudaError_t e = cudaMemcpyAsync(s->checks_host, s->checks_dev, bytes,
+                                    cudaMemcpyDeviceToHost, s->stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(s->checks_dev, 0, bytes, s->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s->stream);
+    ps_status st = PS_OK;
+    if (e != cudaSuccess)
+        st = ps_cuda_fail(s->loc, e, "cudaMemcpyAsync(the deferred checks)", err);
+    for (int i = 0; i < s->n_checks && st == PS_OK; i++) {
+        const int *slot = s->checks_host + (size_t)i * PS_CUDA_CHECK_INTS;
+        if (slot[0] != 0)
+            st = check_failed(s, &s->checks[i], slot, err);
+    }
+    checks_forget(s);
+    return st;
 }
 
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,

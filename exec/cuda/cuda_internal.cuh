@@ -34,6 +34,12 @@ struct ps_cuda_stream {
     size_t ws_bytes;
     void *half_ws; /* fp32 copies of an op's half tiles (cuda_half.cu) */
     size_t half_ws_bytes;
+    /* deferred checks (ps_cuda_check_defer): PS_CUDA_CHECK_INTS ints per
+     * slot on the device, their host copy, and what each will say */
+    int *checks_dev;
+    int *checks_host;
+    struct ps_cuda_pending_check *checks;
+    int n_checks;
 #if PS_HAVE_CUDNN
     cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
 #endif
@@ -90,6 +96,36 @@ ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
 /* The flag pair a kernel sets for a bad index (flag[0] = 1, flag[1] = the
  * index), read back after the stream's work (a small copy and a wait). */
 ps_status ps_cuda_read_flag(ps_cuda_stream *s, const int *flag_dev, int flag[2], ps_error *err);
+
+/* Data checks answered at the stream's next ps_cuda_stream_sync rather than
+ * by a read-back each: a read-back stops the host until the GPU catches up,
+ * and the update alone would do it once per parameter and step. A check is a
+ * slot of PS_CUDA_CHECK_INTS device ints, zero until a kernel flags it:
+ * [0] = 1, [1] = the bad index or value, [2] = a detail (a gradient's bad
+ * value: 1 NaN, 2 inf, 3 -inf). The kernels given one read and write only in
+ * bounds whatever the data (a bad id embeds nothing, a flagged update writes
+ * nothing), so the work after them may run on; the sync then fails with the
+ * first flagged check in issue order, named as the op's own error would be. */
+enum { PS_CUDA_CHECK_INTS = 4, PS_CUDA_CHECK_SLOTS = 1024 };
+
+typedef enum ps_cuda_check_kind {
+    PS_CUDA_CHECK_ID,       /* an embedding id outside the vocabulary */
+    PS_CUDA_CHECK_LABEL,    /* a loss label outside the vocabulary */
+    PS_CUDA_CHECK_GRADIENT, /* inf or NaN in the gradient an update reads */
+} ps_cuda_check_kind;
+
+typedef struct ps_cuda_check {
+    ps_cuda_check_kind kind;
+    const ps_op *op; /* its name and kind are copied */
+    int64_t vocab;   /* ID, LABEL */
+    int step;        /* GRADIENT: the optimizer step */
+    double scale;    /* GRADIENT: the loss scale */
+} ps_cuda_check;
+
+/* The next zeroed slot for `c`. When every slot is taken, the stream is
+ * synced first (and a check flagged earlier fails this call). */
+ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
+                              ps_error *err);
 
 /* Whether any element of the n tiles (float or half) is inf or NaN: one
  * flag for all of them, read back once (the overflow vote). */

@@ -87,8 +87,17 @@ static __global__ void k_mse_grad(const float *p, const float *t, float *d, int6
  * memory traffic of this bandwidth-bound kernel). */
 static __global__ void k_adam(float *p, const float *g, float *m, float *v, float *master,
                               int64_t n, float lr, float b1, float b2, float eps, float wd,
-                              float bc1, float bc2, float inv_loss_scale)
+                              float bc1, float bc2, float inv_loss_scale, int *check)
 {
+    /* a gradient flagged by k_find_nonfinite (a deferred check): nothing is
+     * written but the bad value's class, for the message */
+    if (check != NULL && check[0] != 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            float bad = g[check[1]];
+            check[2] = isnan(bad) ? 1 : bad > 0 ? 2 : 3;
+        }
+        return;
+    }
     FOR_EACH(i, n)
     {
         float gi = g[i] * inv_loss_scale; /* exact for a power of two */
@@ -842,16 +851,13 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
     return PS_OK;
 }
 
-/* The flag pair a kernel sets for an id or label outside the vocabulary:
- * read back (a small copy and a wait) and reported. */
-static ps_status check_ids(ps_cuda_stream *s, const ps_op *op, const int *bad_dev,
-                           const char *what, int64_t vocab, ps_error *err)
+/* The flag pair a kernel sets for an id or label outside the vocabulary: a
+ * deferred check, reported at the stream's next sync. */
+static ps_status defer_ids(ps_cuda_stream *s, const ps_op *op, ps_cuda_check_kind kind,
+                           int64_t vocab, int **bad, ps_error *err)
 {
-    int bad[2] = {0, 0};
-    PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
-    if (bad[0] != 0)
-        BAD("%s %d is outside the vocabulary of %lld", what, bad[1], (long long)vocab);
-    return PS_OK;
+    ps_cuda_check c = {kind, op, vocab, 0, 0.0};
+    return ps_cuda_check_defer(s, &c, bad, err);
 }
 
 static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
@@ -884,15 +890,14 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     int64_t h = table->shape[1], nrows = table->shape[0], row0 = table->offset[0];
     int64_t vocab = table->global[0];
     int64_t tokens = numel(ids);
+    int *bad;
+    PS_RET(defer_ids(s, op, PS_CUDA_CHECK_ID, vocab, &bad, err));
     if (!grad) {
-        int *bad;
-        PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad, err));
-        PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
         k_embedding<<<LAUNCH(tokens * h)>>>((const float *)table->data,
                                             (const int32_t *)ids->data, (float *)y->data, tokens,
                                             h, row0, nrows, vocab, bad);
         PS_CUDA_LAUNCHED(s->loc, "k_embedding");
-        return check_ids(s, op, bad, "id", vocab, err);
+        return PS_OK;
     }
     if (tokens > INT32_MAX || nrows >= INT32_MAX)
         BAD("%lld tokens or %lld rows exceed the sort's int range", (long long)tokens,
@@ -909,16 +914,13 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
                                                         (int *)NULL, (int)tokens, 0, end_bit,
                                                         s->stream));
     carve c = {0};
-    size_t o_bad = carve_take(&c, 2 * sizeof(int));
     size_t o_k0 = carve_take(&c, (size_t)tokens * 4), o_k1 = carve_take(&c, (size_t)tokens * 4);
     size_t o_v0 = carve_take(&c, (size_t)tokens * 4), o_v1 = carve_take(&c, (size_t)tokens * 4);
     size_t o_tmp = carve_take(&c, temp_bytes);
     char *ws;
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
-    int *bad = (int *)(ws + o_bad);
     unsigned *k0 = (unsigned *)(ws + o_k0), *k1 = (unsigned *)(ws + o_k1);
     int *v0 = (int *)(ws + o_v0), *v1 = (int *)(ws + o_v1);
-    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
     k_embedding_keys<<<LAUNCH(tokens)>>>((const int32_t *)ids->data, k0, v0, tokens, row0, nrows,
                                          vocab, bad);
     PS_CUDA_LAUNCHED(s->loc, "k_embedding_keys");
@@ -929,7 +931,7 @@ static ps_status run_embedding(ps_cuda_stream *s, const ps_op *op, const ps_tile
     k_embedding_grad_rows<<<ps_cuda_row_blocks(tokens), THREADS, 0, s->stream>>>(
         k1, v1, (const float *)y->data, (float *)out[0].data, tokens, h, nrows);
     PS_CUDA_LAUNCHED(s->loc, "k_embedding_grad_rows");
-    return check_ids(s, op, bad, "id", vocab, err);
+    return PS_OK;
 }
 
 ps_status ps_cuda_op_reduce(ps_cuda_stream *s, const ps_op *op, const ps_op_context *ctx,
@@ -970,13 +972,12 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
         BAD("a reduce group of %d devices but the vocabulary is whole", group);
     double inv_tokens = 1.0 / (double)ps_tile_global_numel(labels);
     carve c = {0};
-    size_t o_bad = carve_take(&c, 2 * sizeof(int));
     size_t o_mx = carve_take(&c, (size_t)rows * 4), o_se = carve_take(&c, (size_t)rows * 8);
     char *ws;
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
-    int *bad = (int *)(ws + o_bad);
     float *mx = (float *)(ws + o_mx), *se = (float *)(ws + o_se), *lab = se + rows;
-    PS_CUDA_RET(s->loc, cudaMemsetAsync(bad, 0, 2 * sizeof(int), s->stream));
+    int *bad;
+    PS_RET(defer_ids(s, op, PS_CUDA_CHECK_LABEL, vocab, &bad, err));
     unsigned blocks = ps_cuda_row_blocks(rows);
     k_row_max<<<blocks, THREADS, 0, s->stream>>>((const float *)x->data, mx, rows, n);
     PS_CUDA_LAUNCHED(s->loc, "k_row_max");
@@ -988,8 +989,6 @@ static ps_status run_xent(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     PS_CUDA_LAUNCHED(s->loc, "k_row_sumexp");
     /* sums of exponentials and the label logits: one reduction */
     PS_RET(ps_cuda_op_reduce(s, op, ctx, se, grad ? rows : 2 * rows, PS_REDUCE_OP_SUM, err));
-    /* a bad label is reported after the reductions, so that no peer waits */
-    PS_RET(check_ids(s, op, bad, "label", vocab, err));
     if (grad) {
         k_xent_grad<<<LAUNCH(rows * n)>>>((const float *)x->data, (const int32_t *)labels->data,
                                           mx, se, (float *)out[0].data, rows, n, voff,
@@ -1045,36 +1044,22 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (!ps_loss_scale_valid(a->scale))
         BAD("the loss scale %g is outside [2^-24, 2^40]", a->scale);
     int step = ctx->step;
-    /* a non-finite gradient stops the run before the state changes (a read-back
-     * per update, as the label checks do per loss; none after a finite vote) */
-    int *bad_dev;
-    int bad[2] = {0, 0};
+    /* a non-finite gradient leaves the state as it was and fails the run at
+     * the stream's next sync (a deferred check: no read-back per update);
+     * none after a finite vote, which has looked already */
+    int *check = NULL;
     if (!ctx->grads_checked) {
-        PS_RET(ps_cuda_ws_reserve(s, 2 * sizeof(int), (void **)&bad_dev, err));
-        PS_CUDA_RET(s->loc, cudaMemsetAsync(bad_dev, 0, 2 * sizeof(int), s->stream));
-        k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, bad_dev);
+        ps_cuda_check c = {PS_CUDA_CHECK_GRADIENT, op, 0, step, a->scale};
+        PS_RET(ps_cuda_check_defer(s, &c, &check, err));
+        k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, check);
         PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
-        PS_RET(ps_cuda_read_flag(s, bad_dev, bad, err));
-    }
-    if (bad[0] != 0) {
-        float value = 0;
-        PS_CUDA_RET(s->loc, cudaMemcpyAsync(&value, (const float *)in[1].data + bad[1],
-                                            sizeof value, cudaMemcpyDeviceToHost, s->stream));
-        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-        const char *what = isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
-        if (a->scale > 1)
-            BAD("the gradient holds %s at element %d of this tile at step %d: the loss scale "
-                "%g overflowed it (lower --loss-scale)",
-                what, bad[1], step, a->scale);
-        BAD("the gradient holds %s at element %d of this tile at step %d (the step diverged)",
-            what, bad[1], step);
     }
     double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
     k_adam<<<LAUNCH(n)>>>((float *)in[0].data, (const float *)in[1].data, (float *)in[2].data,
                           (float *)in[3].data, op->n_in > 4 ? (float *)in[4].data : NULL, n,
                           (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->adam_eps,
                           (float)a->weight_decay, (float)bc1, (float)bc2,
-                          (float)(1.0 / a->scale));
+                          (float)(1.0 / a->scale), check);
     PS_CUDA_LAUNCHED(s->loc, "k_adam");
     return PS_OK;
 }

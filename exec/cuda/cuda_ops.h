@@ -45,7 +45,9 @@ typedef struct ps_cuda_stream_options {
 ps_status ps_cuda_stream_create(int device, int gpu, const ps_cuda_stream_options *opt,
                                 ps_cuda_stream **out, ps_error *err);
 void ps_cuda_stream_free(ps_cuda_stream *s);
-/* Waits for the work issued on the stream. */
+/* Waits for the work issued on the stream, then fails if a data check of an
+ * op issued since the last sync found something (an id or label outside the
+ * vocabulary, inf or NaN in an update's gradient), with that op's message. */
 ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err);
 
 /* One op on local tiles in device memory, issued on s (asynchronous, except
