@@ -624,6 +624,10 @@ static ps_status op_softmax(const run *r)
     int64_t n = x->shape[R - 1], rows = n ? ps_tile_numel(x) / n : 0;
     int64_t nq = R >= 2 ? x->shape[R - 2] : 1;
     double scale = r->a->scale;
+    /* a row's exponentials, kept in double: one exp per element */
+    double *e = malloc((size_t)(n > 0 ? n : 1) * sizeof *e);
+    if (e == NULL)
+        return op_fail(r, PS_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < rows; i++) {
         const float *p = fdata(x) + i * n;
         float *o = fdata(&r->out[0]) + i * n;
@@ -637,11 +641,14 @@ static ps_status op_softmax(const run *r)
         double mx = -INFINITY, s = 0;
         for (int64_t j = 0; j < valid; j++)
             mx = fmax(mx, scale * p[j]);
-        for (int64_t j = 0; j < valid; j++)
-            s += exp(scale * p[j] - mx);
+        for (int64_t j = 0; j < valid; j++) {
+            e[j] = exp(scale * p[j] - mx);
+            s += e[j];
+        }
         for (int64_t j = 0; j < n; j++)
-            o[j] = j < valid ? (float)(exp(scale * p[j] - mx) / s) : 0.0f;
+            o[j] = j < valid ? (float)(e[j] / s) : 0.0f;
     }
+    free(e);
     return PS_OK;
 }
 
