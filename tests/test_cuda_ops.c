@@ -711,10 +711,11 @@ static void ops_losses_adam(void **state)
 }
 
 /* Issues one update of a 3 x 4 parameter named `name`: parameter, gradient
- * and moments random (element `bad_at` of the gradient set to g_value when
- * >= 0), uploaded into din; host keeps the values. */
-static void adam_issue(ps_backend *b, const char *name, float g_value, int bad_at, ps_tile *din,
-                       ps_tile *host)
+ * and moments random (element `bad_at` of the gradient set to g_value and
+ * element `inf_at` to inf, each when >= 0), uploaded into din; host keeps
+ * the values. */
+static void adam_issue2(ps_backend *b, const char *name, float g_value, int bad_at, int inf_at,
+                        ps_tile *din, ps_tile *host)
 {
     ps_op op = mkop(PS_OP_ADAM, 4);
     op.name = (char *)name;
@@ -724,6 +725,8 @@ static void adam_issue(ps_backend *b, const char *name, float g_value, int bad_a
         ((float *)host[3].data)[e] = fabsf(((float *)host[3].data)[e]);
     if (bad_at >= 0)
         ((float *)host[1].data)[bad_at] = g_value;
+    if (inf_at >= 0)
+        ((float *)host[1].data)[inf_at] = INFINITY;
     for (int i = 0; i < 4; i++)
         din[i] = dupload(b, 0, &host[i]);
     ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
@@ -732,14 +735,36 @@ static void adam_issue(ps_backend *b, const char *name, float g_value, int bad_a
         fail_msg("%s: %s", name, err.msg);
 }
 
-/* Whether the device's parameter still equals the uploaded one. */
+static void adam_issue(ps_backend *b, const char *name, float g_value, int bad_at, ps_tile *din,
+                       ps_tile *host)
+{
+    adam_issue2(b, name, g_value, bad_at, -1, din, host);
+}
+
+/* Whether the device's parameter, gradient and moments all still equal the
+ * uploaded ones. */
 static bool adam_unchanged(ps_backend *b, const ps_tile *din, const ps_tile *host)
 {
-    ps_tile back = hcopy(&host[0]);
-    ddownload(b, 0, &din[0], &back);
-    bool same = memcmp(back.data, host[0].data, 12 * sizeof(float)) == 0;
-    free(back.data);
+    bool same = true;
+    for (int i = 0; i < 4; i++) {
+        ps_tile back = hcopy(&host[i]);
+        ddownload(b, 0, &din[i], &back);
+        same = same && memcmp(back.data, host[i].data, 12 * sizeof(float)) == 0;
+        free(back.data);
+    }
     return same;
+}
+
+/* Whether the device's tile holds n zeros from element `from`. */
+static bool dzeros(ps_backend *b, const ps_tile *d, const ps_tile *host, int64_t from, int64_t n)
+{
+    ps_tile back = hcopy(host);
+    ddownload(b, 0, d, &back);
+    bool zero = true;
+    for (int64_t i = from; i < from + n; i++)
+        zero = zero && ((float *)back.data)[i] == 0.0f;
+    free(back.data);
+    return zero;
 }
 
 static void adam_release(ps_backend *b, ps_tile *din, ps_tile *host)
@@ -751,12 +776,14 @@ static void adam_release(ps_backend *b, ps_tile *din, ps_tile *host)
 }
 
 /* Deferred checks: of three updates issued before one finish, the two with
- * a non-finite gradient keep their state and the finish names the first of
- * them in issue order, with its value's class; an id outside the vocabulary
- * is named at the finish too, after the work issued behind it ran; with more
- * checks than a stream's slots (PS_CUDA_CHECK_SLOTS, 1024), a full round is
- * answered when the next check needs a slot, so that a flag in its last slot
- * fails that call. */
+ * a non-finite gradient keep their whole state and the finish names the
+ * first of them in issue order, with its first bad element and its value's
+ * class; an id outside the vocabulary (forward: its row embeds zeros; and
+ * the table's gradient) and a label outside it are named at the finish too,
+ * after the work issued behind them ran; with more checks than a stream's
+ * slots (PS_CUDA_CHECK_SLOTS, 1024), a full round is answered when the next
+ * check needs a slot, and a flag in its last slot is still reported at the
+ * finish, naming its own op. */
 static void ops_deferred_checks(void **state)
 {
     (void)state;
@@ -764,10 +791,10 @@ static void ops_deferred_checks(void **state)
     ps_error err = {0};
     ps_tile d1[4], h1[4], d2[4], h2[4], d3[4], h3[4];
     adam_issue(b, "first.adam", 0, -1, d1, h1);
-    adam_issue(b, "second.adam", NAN, 11, d2, h2);
+    adam_issue2(b, "second.adam", NAN, 11, 4, d2, h2); /* element 4 is named: the first */
     adam_issue(b, "third.adam", -INFINITY, 0, d3, h3);
     assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
-    if (strstr(err.msg, "op \"second.adam\" (adam): the gradient holds NaN at element 11 of "
+    if (strstr(err.msg, "op \"second.adam\" (adam): the gradient holds inf at element 4 of "
                         "this tile at step 1 (the step diverged)") == NULL)
         fail_msg("%s", err.msg);
     assert_false(adam_unchanged(b, d1, h1));
@@ -799,15 +826,48 @@ static void ops_deferred_checks(void **state)
     assert_non_null(
         strstr(err.msg, "op \"wte\" (embedding): id -2 is outside the vocabulary of 10"));
     assert_false(adam_unchanged(b, d1, h1));
+    assert_true(dzeros(b, &eout[0], &emb, 3 * 4, 4)); /* the bad id's row */
     adam_release(b, d1, h1);
+    /* the table's gradient from the same ids */
+    ps_op gop = mkop(PS_OP_EMBEDDING_GRAD, 2);
+    gop.name = (char *)"wte.grad";
+    gop.attrs.shape_rank = 2;
+    gop.attrs.shape[0] = 10;
+    gop.attrs.shape[1] = 4;
+    ps_tile gin[2] = {ein[1], eout[0]}, gout[1] = {dupload(b, 0, &table)};
+    assert_int_equal(b->ops->op(b, 0, &gop, gin, gout, &ctx, &err), PS_OK);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+    assert_non_null(
+        strstr(err.msg, "op \"wte.grad\" (embedding_grad): id -2 is outside the vocabulary"));
+    b->ops->release(b, 0, gout[0].data);
     for (int i = 0; i < 2; i++)
         b->ops->release(b, 0, ein[i].data);
     b->ops->release(b, 0, eout[0].data);
     free(table.data), free(ids.data), free(emb.data);
 
+    /* a label outside the vocabulary of the loss */
+    {
+        ps_tile logits = hrand(2, SH(3, 5), NULL, NULL), labels = hints(1, SH(3), 5);
+        ((int32_t *)labels.data)[1] = 7;
+        ps_tile loss = htile(false, 0, NULL, NULL, NULL);
+        ps_tile xin[2] = {dupload(b, 0, &logits), dupload(b, 0, &labels)};
+        ps_tile xout[1] = {dupload(b, 0, &loss)};
+        ps_op xop = mkop(PS_OP_SOFTMAX_XENT, 2);
+        xop.name = (char *)"head.loss";
+        assert_int_equal(b->ops->op(b, 0, &xop, xin, xout, &ctx, &err), PS_OK);
+        assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "op \"head.loss\" (softmax_xent): label 7 is outside "
+                                        "the vocabulary of 5"));
+        for (int i = 0; i < 2; i++)
+            b->ops->release(b, 0, xin[i].data);
+        b->ops->release(b, 0, xout[0].data);
+        free(logits.data), free(labels.data), free(loss.data);
+    }
+
     /* round 0: 1024 clean checks fill the slots; the next one answers them
      * (clean) and is flagged, found at the finish. round 1: 1023 clean ones
-     * and a flagged one in the last slot, found by the call after them */
+     * and a flagged one in the last slot, answered by the call after them
+     * (which succeeds) and reported at the finish */
     enum { SLOTS = 1024 };
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < SLOTS; i++) {
@@ -823,15 +883,13 @@ static void ops_deferred_checks(void **state)
             adam_release(b, d1, h1);
         }
     }
-    /* the 1025th check of this round needs a slot: the full round is answered */
-    ps_op op = mkop(PS_OP_ADAM, 4);
-    for (int i = 0; i < 4; i++) {
-        h1[i] = hrand(2, SH(3, 4), NULL, NULL);
-        d1[i] = dupload(b, 0, &h1[i]);
-    }
-    assert_int_equal(b->ops->op(b, 0, &op, d1, NULL, &ctx, &err), PS_ERR_INVALID);
+    /* the 1025th check of this round needs a slot: the full round is
+     * answered, and the flag waits for the finish */
+    adam_issue(b, "next.adam", 0, -1, d1, h1);
+    assert_int_equal(b->ops->finish(b, 0, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "op \"last.adam\" (adam): the gradient holds inf at "
                                     "element 2"));
+    assert_false(adam_unchanged(b, d1, h1)); /* issued behind it: it ran */
     adam_release(b, d1, h1);
     assert_int_equal(b->ops->finish(b, 0, &err), PS_OK);
     b->ops->destroy(b);

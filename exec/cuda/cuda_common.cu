@@ -164,6 +164,11 @@ static void checks_forget(ps_cuda_stream *s)
     s->n_checks = 0;
 }
 
+/* Reads every slot issued since the last answer (the stream's work done),
+ * zeroes them for reuse, and keeps the first flagged one's message unless
+ * an earlier one is kept already. */
+static ps_status checks_answer(ps_cuda_stream *s, ps_error *err);
+
 ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
                               ps_error *err)
 {
@@ -176,11 +181,18 @@ ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **s
         if (s->checks_host == NULL || s->checks == NULL)
             return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
         PS_CUDA_RET(s->loc, cudaMalloc((void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
-        PS_CUDA_RET(s->loc, cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
-                                            s->stream));
+        cudaError_t e = cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
+                                        s->stream);
+        if (e != cudaSuccess) { /* never hand out slots that were not zeroed */
+            (void)cudaFree(s->checks_dev);
+            s->checks_dev = NULL;
+            return ps_cuda_fail(s->loc, e, "cudaMemsetAsync", err);
+        }
     }
-    if (s->n_checks == PS_CUDA_CHECK_SLOTS)
-        PS_RET(ps_cuda_stream_sync(s, err)); /* answers and frees every slot */
+    if (s->n_checks == PS_CUDA_CHECK_SLOTS) {
+        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
+        PS_RET(checks_answer(s, err));
+    }
     ps_cuda_pending_check *p = &s->checks[s->n_checks];
     const char *name = c->op != NULL && c->op->name != NULL ? c->op->name : "?";
     p->op_name = strdup(name);
@@ -211,46 +223,70 @@ static ps_status check_failed(const ps_cuda_stream *s, const ps_cuda_pending_che
                                 c->kind == PS_CUDA_CHECK_ID ? "id" : "label", slot[1],
                                 (long long)c->vocab);
     case PS_CUDA_CHECK_GRADIENT: {
-        const char *what = slot[2] == 1 ? "NaN" : slot[2] == 2 ? "inf" : "-inf";
+        unsigned long long key;
+        memcpy(&key, slot + 2, sizeof key);
+        long long at = (long long)~key;
+        const char *what = slot[1] == 1 ? "NaN" : slot[1] == 2 ? "inf" : "-inf";
         if (c->scale > 1)
             return ps_cuda_op_error(s, &op, PS_ERR_INVALID, err,
-                                    "the gradient holds %s at element %d of this tile at step "
+                                    "the gradient holds %s at element %lld of this tile at step "
                                     "%d: the loss scale %g overflowed it (lower --loss-scale)",
-                                    what, slot[1], c->step, c->scale);
+                                    what, at, c->step, c->scale);
         return ps_cuda_op_error(s, &op, PS_ERR_INVALID, err,
-                                "the gradient holds %s at element %d of this tile at step %d "
+                                "the gradient holds %s at element %lld of this tile at step %d "
                                 "(the step diverged)",
-                                what, slot[1], c->step);
+                                what, at, c->step);
     }
     }
     return ps_cuda_op_error(s, &op, PS_ERR_INTERNAL, err, "a check of unknown kind %d",
                             (int)c->kind);
 }
 
+static ps_status checks_answer(ps_cuda_stream *s, ps_error *err)
+{
+    if (s->n_checks == 0)
+        return PS_OK;
+    size_t bytes = (size_t)s->n_checks * PS_CUDA_CHECK_INTS * sizeof(int);
+    const char *call = "cudaMemcpyAsync";
+    cudaError_t e = cudaMemcpyAsync(s->checks_host, s->checks_dev, bytes,
+                                    cudaMemcpyDeviceToHost, s->stream);
+    if (e == cudaSuccess) {
+        call = "cudaMemsetAsync";
+        e = cudaMemsetAsync(s->checks_dev, 0, bytes, s->stream);
+    }
+    if (e == cudaSuccess) {
+        call = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(s->stream);
+    }
+    if (e != cudaSuccess) {
+        /* the slots' contents are unknown: the next check starts a fresh array */
+        checks_forget(s);
+        (void)cudaFree(s->checks_dev);
+        s->checks_dev = NULL;
+        return ps_cuda_fail(s->loc, e, call, err);
+    }
+    for (int i = 0; i < s->n_checks && !s->failed; i++) {
+        const int *slot = s->checks_host + (size_t)i * PS_CUDA_CHECK_INTS;
+        if (slot[0] != 0) {
+            ps_error_clear(&s->failure);
+            (void)check_failed(s, &s->checks[i], slot, &s->failure);
+            s->failed = true;
+        }
+    }
+    checks_forget(s);
+    return PS_OK;
+}
+
 ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
 {
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-    if (s->n_checks == 0)
+    PS_RET(checks_answer(s, err));
+    if (!s->failed)
         return PS_OK;
-    /* every slot is answered (and zeroed for reuse) whatever happens here */
-    size_t bytes = (size_t)s->n_checks * PS_CUDA_CHECK_INTS * sizeof(int);
-    cudaError_t e = cudaMemcpyAsync(s->checks_host, s->checks_dev, bytes,
-                                    cudaMemcpyDeviceToHost, s->stream);
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(s->checks_dev, 0, bytes, s->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(s->stream);
-    ps_status st = PS_OK;
-    if (e != cudaSuccess)
-        st = ps_cuda_fail(s->loc, e, "cudaMemcpyAsync(the deferred checks)", err);
-    for (int i = 0; i < s->n_checks && st == PS_OK; i++) {
-        const int *slot = s->checks_host + (size_t)i * PS_CUDA_CHECK_INTS;
-        if (slot[0] != 0)
-            st = check_failed(s, &s->checks[i], slot, err);
-    }
-    checks_forget(s);
-    return st;
+    s->failed = false;
+    *err = s->failure;
+    return s->failure.status;
 }
 
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,

@@ -40,6 +40,8 @@ struct ps_cuda_stream {
     int *checks_host;
     struct ps_cuda_pending_check *checks;
     int n_checks;
+    bool failed;       /* a flagged check answered early (slots full), */
+    ps_error failure;  /* its message, reported at the next sync */
 #if PS_HAVE_CUDNN
     cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
 #endif
@@ -100,12 +102,14 @@ ps_status ps_cuda_read_flag(ps_cuda_stream *s, const int *flag_dev, int flag[2],
 /* Data checks answered at the stream's next ps_cuda_stream_sync rather than
  * by a read-back each: a read-back stops the host until the GPU catches up,
  * and the update alone would do it once per parameter and step. A check is a
- * slot of PS_CUDA_CHECK_INTS device ints, zero until a kernel flags it:
- * [0] = 1, [1] = the bad index or value, [2] = a detail (a gradient's bad
- * value: 1 NaN, 2 inf, 3 -inf). The kernels given one read and write only in
- * bounds whatever the data (a bad id embeds nothing, a flagged update writes
- * nothing), so the work after them may run on; the sync then fails with the
- * first flagged check in issue order, named as the op's own error would be. */
+ * slot of PS_CUDA_CHECK_INTS device ints (16-byte aligned), zero until a
+ * kernel flags it: [0] = 1; ID, LABEL: [1] = the bad id or label; GRADIENT:
+ * [2..3] = the complement of the first bad element's index (an unsigned
+ * 64-bit atomicMax), [1] = its class (1 NaN, 2 inf, 3 -inf). The kernels
+ * given one stay in bounds whatever the data (a bad id embeds zeros, a
+ * flagged update writes nothing), so the work after them may run on; the
+ * sync then fails with the first flagged check in issue order, named as the
+ * op's own error would be. */
 enum { PS_CUDA_CHECK_INTS = 4, PS_CUDA_CHECK_SLOTS = 1024 };
 
 typedef enum ps_cuda_check_kind {
@@ -123,7 +127,8 @@ typedef struct ps_cuda_check {
 } ps_cuda_check;
 
 /* The next zeroed slot for `c`. When every slot is taken, the stream is
- * synced first (and a check flagged earlier fails this call). */
+ * synced and the slots are answered first; a flagged one is kept for the
+ * next ps_cuda_stream_sync, so that the failure names its own op. */
 ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
                               ps_error *err);
 

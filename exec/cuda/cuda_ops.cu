@@ -89,12 +89,13 @@ static __global__ void k_adam(float *p, const float *g, float *m, float *v, floa
                               int64_t n, float lr, float b1, float b2, float eps, float wd,
                               float bc1, float bc2, float inv_loss_scale, int *check)
 {
-    /* a gradient flagged by k_find_nonfinite (a deferred check): nothing is
+    /* a gradient flagged by k_flag_nonfinite (a deferred check): nothing is
      * written but the bad value's class, for the message */
     if (check != NULL && check[0] != 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
-            float bad = g[check[1]];
-            check[2] = isnan(bad) ? 1 : bad > 0 ? 2 : 3;
+            int64_t at = (int64_t)~*(const unsigned long long *)(check + 2);
+            float bad = g[at];
+            check[1] = isnan(bad) ? 1 : bad > 0 ? 2 : 3;
         }
         return;
     }
@@ -121,6 +122,19 @@ static __global__ void k_find_nonfinite(const float *g, int64_t n, int *bad)
     {
         bad[0] = 1;
         bad[1] = (int)(i < INT_MAX ? i : INT_MAX);
+    }
+}
+
+/* A deferred gradient check (ps_cuda_check_defer): slot[0] = 1, and the
+ * first non-finite element's index as its complement in slot[2..3] (the
+ * largest complement is the smallest index: the same element every run,
+ * as the CPU backend names, and 64-bit). */
+static __global__ void k_flag_nonfinite(const float *g, int64_t n, int *slot)
+{
+    FOR_EACH(i, n) if (!isfinite(g[i]))
+    {
+        slot[0] = 1;
+        atomicMax((unsigned long long *)(slot + 2), ~(unsigned long long)i);
     }
 }
 
@@ -1051,8 +1065,8 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     if (!ctx->grads_checked) {
         ps_cuda_check c = {PS_CUDA_CHECK_GRADIENT, op, 0, step, a->scale};
         PS_RET(ps_cuda_check_defer(s, &c, &check, err));
-        k_find_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, check);
-        PS_CUDA_LAUNCHED(s->loc, "k_find_nonfinite");
+        k_flag_nonfinite<<<LAUNCH(n)>>>((const float *)in[1].data, n, check);
+        PS_CUDA_LAUNCHED(s->loc, "k_flag_nonfinite");
     }
     double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
     k_adam<<<LAUNCH(n)>>>((float *)in[0].data, (const float *)in[1].data, (float *)in[2].data,
