@@ -279,14 +279,18 @@ static ps_status checks_answer(ps_cuda_stream *s, ps_error *err)
 
 ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
 {
-    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-    PS_RET(checks_answer(s, err));
-    if (!s->failed)
-        return PS_OK;
-    s->failed = false;
-    *err = s->failure;
-    return s->failure.status;
+    cudaError_t e = cudaSetDevice(s->loc.gpu);
+    const char *call = "cudaSetDevice";
+    if (e == cudaSuccess) {
+        e = cudaStreamSynchronize(s->stream);
+        call = "cudaStreamSynchronize";
+    }
+    ps_status st = e == cudaSuccess ? checks_answer(s, err) : ps_cuda_fail(s->loc, e, call, err);
+    bool failed = s->failed;
+    s->failed = false; /* reported once, and never after the device's own error */
+    if (st != PS_OK || !failed)
+        return st;
+    return ps_error_set(err, s->failure.status, "%s", s->failure.msg);
 }
 
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
