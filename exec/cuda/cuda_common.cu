@@ -164,48 +164,6 @@ static void checks_forget(ps_cuda_stream *s)
     s->n_checks = 0;
 }
 
-/* Reads every slot issued since the last answer (the stream's work done),
- * zeroes them for reuse, and keeps the first flagged one's message unless
- * an earlier one is kept already. */
-static ps_status checks_answer(ps_cuda_stream *s, ps_error *err);
-
-ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
-                              ps_error *err)
-{
-    const size_t slot_bytes = PS_CUDA_CHECK_INTS * sizeof(int);
-    if (s->checks_dev == NULL) {
-        if (s->checks_host == NULL)
-            s->checks_host = (int *)malloc(PS_CUDA_CHECK_SLOTS * slot_bytes);
-        if (s->checks == NULL)
-            s->checks = (ps_cuda_pending_check *)calloc(PS_CUDA_CHECK_SLOTS, sizeof *s->checks);
-        if (s->checks_host == NULL || s->checks == NULL)
-            return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
-        PS_CUDA_RET(s->loc, cudaMalloc((void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
-        cudaError_t e = cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
-                                        s->stream);
-        if (e != cudaSuccess) { /* never hand out slots that were not zeroed */
-            (void)cudaFree(s->checks_dev);
-            s->checks_dev = NULL;
-            return ps_cuda_fail(s->loc, e, "cudaMemsetAsync", err);
-        }
-    }
-    if (s->n_checks == PS_CUDA_CHECK_SLOTS) {
-        PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-        PS_RET(checks_answer(s, err));
-    }
-    ps_cuda_pending_check *p = &s->checks[s->n_checks];
-    const char *name = c->op != NULL && c->op->name != NULL ? c->op->name : "?";
-    p->op_name = strdup(name);
-    if (p->op_name == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
-    p->op_kind = c->op != NULL ? c->op->kind : (ps_op_kind)0;
-    p->check = *c;
-    p->check.op = NULL;
-    *slot_dev = s->checks_dev + (size_t)s->n_checks * PS_CUDA_CHECK_INTS;
-    s->n_checks++;
-    return PS_OK;
-}
-
 /* The message of a flagged check, as the op would have given it at once. */
 static ps_status check_failed(const ps_cuda_stream *s, const ps_cuda_pending_check *p,
                               const int *slot, ps_error *err)
@@ -242,6 +200,9 @@ static ps_status check_failed(const ps_cuda_stream *s, const ps_cuda_pending_che
                             (int)c->kind);
 }
 
+/* Reads every slot issued since the last answer (a copy on the stream, after
+ * its work), zeroes them for reuse, and keeps the first flagged one's message
+ * unless an earlier one is kept already. */
 static ps_status checks_answer(ps_cuda_stream *s, ps_error *err)
 {
     if (s->n_checks == 0)
@@ -274,6 +235,41 @@ static ps_status checks_answer(ps_cuda_stream *s, ps_error *err)
         }
     }
     checks_forget(s);
+    return PS_OK;
+}
+
+ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **slot_dev,
+                              ps_error *err)
+{
+    const size_t slot_bytes = PS_CUDA_CHECK_INTS * sizeof(int);
+    if (s->checks_dev == NULL) {
+        if (s->checks_host == NULL)
+            s->checks_host = (int *)malloc(PS_CUDA_CHECK_SLOTS * slot_bytes);
+        if (s->checks == NULL)
+            s->checks = (ps_cuda_pending_check *)calloc(PS_CUDA_CHECK_SLOTS, sizeof *s->checks);
+        if (s->checks_host == NULL || s->checks == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+        PS_CUDA_RET(s->loc, cudaMalloc((void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
+        cudaError_t e = cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
+                                        s->stream);
+        if (e != cudaSuccess) { /* never hand out slots that were not zeroed */
+            (void)cudaFree(s->checks_dev);
+            s->checks_dev = NULL;
+            return ps_cuda_fail(s->loc, e, "cudaMemsetAsync", err);
+        }
+    }
+    if (s->n_checks == PS_CUDA_CHECK_SLOTS) /* its copy waits for the stream's work */
+        PS_RET(checks_answer(s, err));
+    ps_cuda_pending_check *p = &s->checks[s->n_checks];
+    const char *name = c->op != NULL && c->op->name != NULL ? c->op->name : "?";
+    p->op_name = strdup(name);
+    if (p->op_name == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+    p->op_kind = c->op != NULL ? c->op->kind : (ps_op_kind)0;
+    p->check = *c;
+    p->check.op = NULL;
+    *slot_dev = s->checks_dev + (size_t)s->n_checks * PS_CUDA_CHECK_INTS;
+    s->n_checks++;
     return PS_OK;
 }
 
