@@ -18,7 +18,8 @@
 #include "exec/cuda/cuda_backend.h"
 #endif
 
-/* The training steps whose non-GEMM ops are timed (fp32, Adam): a one-block
+/* The training steps whose ops are timed (fp32, Adam; their GEMMs by shape
+ * with the GEMM list, the others as op entries): a one-block
  * GPT (4 heads) at hidden 128, 256 and 512 (sequence 64, 128, 256;
  * vocabulary 1024, 2048, 4096; micro-batch 2, 4, 8) and the tutorial MLP at
  * hidden 256 and 1024 (batch 64); --quick: the first two GPTs and the
@@ -92,7 +93,8 @@ static void help(void)
            "  --no-ops             skip the other ops (those of the training steps of a\n"
            "                       one-block GPT at three sizes and of the tutorial MLP at\n"
            "                       two, --quick two and one, fp32), which the cost model\n"
-           "                       then charges by its roofline\n"
+           "                       then charges by its roofline, and those steps' GEMM\n"
+           "                       shapes (measured with the GEMMs otherwise)\n"
            "  --gemm-all-devices   time GEMMs on every device at once, the slowest counting\n"
            "                       (cpu: the devices share the host's cores, as in 'exec';\n"
            "                       default: device 0 alone)\n"
@@ -190,32 +192,39 @@ static bool parse_dtypes(const char *text, ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT]
     return *n > 0;
 }
 
+/* One GEMM measurement recorded under several dtypes. */
+static bool same_measurement(const ps_profile_gemm *a, const ps_profile_gemm *b)
+{
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch &&
+           a->seconds == b->seconds;
+}
+
 static void print_tables(const ps_profile_db *db)
 {
     printf("profile       backend %s, device \"%s\", %d device(s)\n", db->backend, db->device,
            db->devices);
     if (db->n_gemm > 0) {
-        printf("\n# GEMM (m x k by k x n)\n#%9s %9s %9s  %-16s %12s %10s\n", "m", "n", "k",
-               "dtypes", "time (us)", "TFLOP/s");
+        printf("\n# GEMM (batch x (m x k by k x n))\n#%9s %9s %9s %7s  %-16s %12s %10s\n", "m",
+               "n", "k", "batch", "dtypes", "time (us)", "TFLOP/s");
         for (int i = 0; i < db->n_gemm; i++) {
             const ps_profile_gemm *g = &db->gemm[i];
             bool seen = false;
             for (int j = 0; j < i && !seen; j++)
-                seen = db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
-                       db->gemm[j].seconds == g->seconds;
+                seen = same_measurement(&db->gemm[j], g);
             if (seen)
                 continue;
             /* the dtypes measured with the same time: one measurement */
             char dts[32] = "";
             size_t used = 0;
             for (int j = i; j < db->n_gemm; j++)
-                if (db->gemm[j].m == g->m && db->gemm[j].n == g->n && db->gemm[j].k == g->k &&
-                    db->gemm[j].seconds == g->seconds && used + 1 < sizeof dts)
+                if (same_measurement(&db->gemm[j], g) && used + 1 < sizeof dts)
                     used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
                                              ps_dtype_name(db->gemm[j].dtype));
-            double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-            printf(" %9lld %9lld %9lld  %-16s %12.2f %10.4f\n", (long long)g->m, (long long)g->n,
-                   (long long)g->k, dts, g->seconds * 1e6, flops / g->seconds / 1e12);
+            double flops =
+                2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
+            printf(" %9lld %9lld %9lld %7lld  %-16s %12.2f %10.4f\n", (long long)g->m,
+                   (long long)g->n, (long long)g->k, (long long)g->batch, dts, g->seconds * 1e6,
+                   flops / g->seconds / 1e12);
         }
     }
     for (int i = 0; i < db->n_op; i++) {
@@ -239,14 +248,15 @@ static void print_tables(const ps_profile_db *db)
 
 #ifdef PS_HAVE_CUDA
 /* --native-gemm: cuBLAS in the entry's dtype on GPU 0. */
-static ps_status cuda_gemm_timer(void *arg, const ps_profile_shape *sh, ps_dtype dtype, int reps,
+static ps_status cuda_gemm_timer(void *arg, const ps_gemm_shape *sh, ps_dtype dtype, int reps,
                                  double *seconds, ps_error *err)
 {
     bool tf32 = *(const bool *)arg;
-    if (sh->m > INT32_MAX || sh->n > INT32_MAX || sh->k > INT32_MAX)
+    int64_t batch = sh->batch > 1 ? sh->batch : 1;
+    if (sh->m > INT32_MAX || sh->n > INT32_MAX || sh->k > INT32_MAX || batch > INT32_MAX)
         return ps_error_set(err, PS_ERR_INVALID, "GEMM profile: sizes beyond 2^31");
-    return ps_cuda_profile_gemm_flags(0, (int)sh->m, (int)sh->n, (int)sh->k, dtype,
-                                      tf32 ? PS_CUDA_PROFILE_TF32 : 0u, reps, seconds, err);
+    return ps_cuda_profile_gemm_batched(0, (int)batch, (int)sh->m, (int)sh->n, (int)sh->k, dtype,
+                                        tf32 ? PS_CUDA_PROFILE_TF32 : 0u, reps, seconds, err);
 }
 #endif
 

@@ -140,6 +140,25 @@ static bool is_float(const ps_tensor_desc *t) { return t->dtype != PS_DTYPE_I32;
 
 /* ---- einsum -------------------------------------------------------------- */
 
+ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26])
+{
+    ps_gemm_shape g = {.m = 1, .n = 1, .k = 1, .batch = 1};
+    bool seen[26] = {false};
+    for (int o = 0; o < 2; o++)
+        for (int i = 0; i < e->rank[o]; i++) {
+            int c = e->labels[o][i] - 'a';
+            if (seen[c])
+                continue;
+            seen[c] = true;
+            bool in_a = memchr(e->labels[0], 'a' + c, (size_t)e->rank[0]) != NULL;
+            bool in_b = memchr(e->labels[1], 'a' + c, (size_t)e->rank[1]) != NULL;
+            bool in_out = memchr(e->labels[2], 'a' + c, (size_t)e->rank[2]) != NULL;
+            int64_t *dim = in_a && in_b ? (in_out ? &g.batch : &g.k) : in_a ? &g.m : &g.n;
+            *dim *= size[c];
+        }
+    return g;
+}
+
 ps_status ps_einsum_parse(const char *spec, ps_einsum *out, ps_error *err)
 {
     memset(out, 0, sizeof *out);

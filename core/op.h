@@ -165,4 +165,16 @@ typedef struct ps_einsum {
 ps_status ps_einsum_parse(const char *spec, ps_einsum *out, ps_error *err);
 void ps_einsum_format(const ps_einsum *e, char *buf, int cap);
 
+/* The GEMM an einsum computes, each size the product of its labels' sizes:
+ * batch (labels of both inputs and the output), m (the first input's and
+ * the output's), n (the second input's and the output's) and k (contracted:
+ * both inputs, not the output). 2 batch m n k is its FLOP count. */
+typedef struct ps_gemm_shape {
+    int64_t m, n, k;
+    int64_t batch; /* 0 or 1: a single GEMM */
+} ps_gemm_shape;
+
+/* size[c - 'a']: the size of label c (whole, or a tile's local size). */
+ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26]);
+
 #endif

@@ -2,6 +2,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,9 +35,31 @@ double ps_profile_busbw_factor(ps_profile_comm kind, int n)
     return 0;
 }
 
+static int64_t batch_of(int64_t batch)
+{
+    return batch > 1 ? batch : 1;
+}
+
 static double gemm_flops(const ps_profile_gemm *g)
 {
-    return 2.0 * (double)g->m * (double)g->n * (double)g->k;
+    return 2.0 * (double)batch_of(g->batch) * (double)g->m * (double)g->n * (double)g->k;
+}
+
+/* "m x n x k", and " (batch b)" for a batch. */
+static const char *gemm_text(const ps_profile_gemm *g, char buf[128])
+{
+    int len = snprintf(buf, 128, "%lld x %lld x %lld", (long long)g->m, (long long)g->n,
+                       (long long)g->k);
+    if (batch_of(g->batch) > 1)
+        snprintf(buf + len, (size_t)(128 - len), " (batch %lld)", (long long)g->batch);
+    return buf;
+}
+
+/* FLOPs per element read or written, of one GEMM of the batch. */
+static double intensity(int64_t m, int64_t n, int64_t k)
+{
+    double dm = (double)m, dn = (double)n, dk = (double)k;
+    return 2 * dm * dn * dk / (dm * dk + dk * dn + dm * dn);
 }
 
 /* ---- construction ------------------------------------------------------ */
@@ -119,6 +142,10 @@ static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
         return ps_error_set(err, PS_ERR_INVALID,
                             "profile DB: GEMM %lld x %lld x %lld: sizes must be 1 to 2^40",
                             (long long)e->m, (long long)e->n, (long long)e->k);
+    if (e->batch < 0 || e->batch > MAX_DIM)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: GEMM batch %lld must be 1 to 2^40 (0: one GEMM)",
+                            (long long)e->batch);
     if ((int)e->dtype < 0 || (int)e->dtype >= PS_FLOAT_DTYPE_COUNT)
         return ps_error_set(err, PS_ERR_INVALID,
                             "profile DB: GEMM dtype %d is not fp32, fp16 "
@@ -203,8 +230,10 @@ static ps_status append(ps_profile_db *db, ps_status checked, void **arr, int *n
 
 ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err)
 {
-    return append(db, check_gemm(e, err), (void **)&db->gemm, &db->n_gemm, &db->cap_gemm, e,
-                  sizeof *e, err);
+    ps_profile_gemm g = *e;
+    g.batch = batch_of(e->batch); /* stored as 1 and up */
+    return append(db, check_gemm(e, err), (void **)&db->gemm, &db->n_gemm, &db->cap_gemm, &g,
+                  sizeof g, err);
 }
 
 ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err)
@@ -234,7 +263,9 @@ static int cmp_gemm(const void *pa, const void *pb)
     double fa = gemm_flops(a), fb = gemm_flops(b);
     if (fa != fb)
         return fa < fb ? -1 : 1;
-    int c = cmp_i64(a->m, b->m);
+    int c = cmp_i64(batch_of(a->batch), batch_of(b->batch));
+    if (c == 0)
+        c = cmp_i64(a->m, b->m);
     if (c == 0)
         c = cmp_i64(a->n, b->n);
     return c != 0 ? c : cmp_i64(a->k, b->k);
@@ -308,10 +339,10 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
         qsort(db->comm, (size_t)db->n_comm, sizeof *db->comm, cmp_comm);
     for (int i = 1; i < db->n_gemm; i++) {
         const ps_profile_gemm *a = &db->gemm[i - 1], *b = &db->gemm[i];
-        if (a->dtype == b->dtype && a->m == b->m && a->n == b->n && a->k == b->k)
-            return ps_error_set(
-                err, PS_ERR_INVALID, "profile DB: GEMM %lld x %lld x %lld %s measured twice",
-                (long long)a->m, (long long)a->n, (long long)a->k, ps_dtype_name(a->dtype));
+        char text[128];
+        if (cmp_gemm(a, b) == 0)
+            return ps_error_set(err, PS_ERR_INVALID, "profile DB: GEMM %s %s measured twice",
+                                gemm_text(a, text), ps_dtype_name(a->dtype));
     }
     for (int i = 1; i < db->n_comm; i++)
         if (cmp_comm(&db->comm[i - 1], &db->comm[i]) == 0)
@@ -417,6 +448,69 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
     return s > 0 && flops > 0 ? flops / s : 0;
 }
 
+/* The interpolation of table_s over the GEMMs of one dtype (g[0..count),
+ * sorted by FLOPs) whose intensity lies within the band around `in`, built
+ * on the fly (equal FLOPs averaged, times raised to every smaller one's):
+ * -1 when no GEMM of the band lies within PS_PROFILE_GEMM_FLOPS_NEAR of
+ * `flops` (the band says nothing about that size). */
+static double band_s(const ps_profile_gemm *g, int count, double flops, double in)
+{
+    double prev_f = 0, prev_s = 0; /* the band's last point below flops */
+    bool have_prev = false, near = false;
+    for (int i = 0; i < count;) {
+        double f = gemm_flops(&g[i]), sum = 0;
+        int n = 0, j = i;
+        for (; j < count && gemm_flops(&g[j]) == f; j++) {
+            double r = intensity(g[j].m, g[j].n, g[j].k) / in;
+            if (r <= PS_PROFILE_GEMM_INTENSITY_BAND && r >= 1 / PS_PROFILE_GEMM_INTENSITY_BAND) {
+                sum += g[j].seconds;
+                n++;
+            }
+        }
+        i = j;
+        if (n == 0)
+            continue;
+        double sec = fmax(sum / n, prev_s);
+        near = near || (f <= flops * PS_PROFILE_GEMM_FLOPS_NEAR &&
+                        f >= flops / PS_PROFILE_GEMM_FLOPS_NEAR);
+        if (f >= flops) { /* the first point at or above: the answer */
+            if (!near)
+                return -1;
+            if (!have_prev || f == flops)
+                return sec;
+            return prev_s + (flops - prev_f) * (sec - prev_s) / (f - prev_f);
+        }
+        prev_f = f;
+        prev_s = sec;
+        have_prev = true;
+    }
+    return near ? flops * (prev_s / prev_f) : -1;
+}
+
+double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape)
+{
+    ps_profile_gemm q = {.m = shape->m, .n = shape->n, .k = shape->k,
+                         .batch = batch_of(shape->batch), .dtype = dtype};
+    if (db == NULL || !db->finished)
+        return -1;
+    int lo = 0;
+    while (lo < db->n_gemm && db->gemm[lo].dtype != dtype)
+        lo++;
+    int hi = lo;
+    while (hi < db->n_gemm && db->gemm[hi].dtype == dtype)
+        hi++;
+    if (lo == hi)
+        return -1;
+    if (q.m < 1 || q.n < 1 || q.k < 1)
+        return 0;
+    for (int i = lo; i < hi; i++)
+        if (cmp_gemm(&db->gemm[i], &q) == 0)
+            return db->gemm[i].seconds;
+    double flops = gemm_flops(&q);
+    double s = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
+    return s >= 0 ? s : ps_profile_gemm_s(db, dtype, flops);
+}
+
 double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes)
 {
     return one_table_s(db, -2, (int)kind, bytes);
@@ -512,7 +606,8 @@ static ps_status check_derived(const ps_jv *obj, const char *key, double want, p
 static const char *const top_keys[] = {"version", "device",      "backend", "devices",
                                        "gemm",    "collectives", "ops",     NULL};
 static const char *const op_keys[] = {"op", "bytes", "seconds", "bytes_per_s", NULL};
-static const char *const gemm_keys[] = {"m", "n", "k", "dtype", "seconds", "flops_per_s", NULL};
+static const char *const gemm_keys[] = {"m",       "n",           "k", "batch", "dtype",
+                                        "seconds", "flops_per_s", NULL};
 static const char *const comm_keys[] = {
     "kind", "n", "bytes", "seconds", "algbw_bytes_per_s", "busbw_bytes_per_s", NULL};
 
@@ -530,6 +625,9 @@ static ps_status read_gemm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         PS_TRY(read_int(&e, "m", 1, MAX_DIM, &g.m, err));
         PS_TRY(read_int(&e, "n", 1, MAX_DIM, &g.n, err));
         PS_TRY(read_int(&e, "k", 1, MAX_DIM, &g.k, err));
+        g.batch = 1;
+        if (ps_jv_has(&e, "batch"))
+            PS_TRY(read_int(&e, "batch", 1, MAX_DIM, &g.batch, err));
         PS_TRY(ps_jv_member(&e, "dtype", &dt, err));
         PS_TRY(ps_jv_enum(&dt, ps_dtype_names, PS_FLOAT_DTYPE_COUNT, &d, err));
         g.dtype = (ps_dtype)d;
@@ -537,10 +635,10 @@ static ps_status read_gemm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         PS_TRY(check_derived(&e, "flops_per_s", gemm_flops(&g) / g.seconds, err));
         for (int j = 0; j < db->n_gemm; j++) {
             const ps_profile_gemm *o = &db->gemm[j];
-            if (o->m == g.m && o->n == g.n && o->k == g.k && o->dtype == g.dtype) {
-                st = ps_jv_fail(&e, err, PS_ERR_INVALID,
-                                "GEMM %lld x %lld x %lld %s is also gemm[%d]", (long long)g.m,
-                                (long long)g.n, (long long)g.k, ps_dtype_name(g.dtype), j);
+            char text[128];
+            if (cmp_gemm(o, &g) == 0) {
+                st = ps_jv_fail(&e, err, PS_ERR_INVALID, "GEMM %s %s is also gemm[%d]",
+                                gemm_text(&g, text), ps_dtype_name(g.dtype), j);
                 goto out;
             }
         }
@@ -747,11 +845,15 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
     PS_TRY(ps_json_set(root, "devices", json_integer(db->devices)));
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
-        PS_TRY(
-            ps_json_append(gemm, json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m,
-                                           "n", (json_int_t)g->n, "k", (json_int_t)g->k, "dtype",
-                                           ps_dtype_name(g->dtype), "seconds", g->seconds,
-                                           "flops_per_s", gemm_flops(g) / g->seconds)));
+        json_t *e = json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m, "n",
+                              (json_int_t)g->n, "k", (json_int_t)g->k, "dtype",
+                              ps_dtype_name(g->dtype), "seconds", g->seconds, "flops_per_s",
+                              gemm_flops(g) / g->seconds);
+        if (e != NULL && g->batch > 1 && ps_json_set(e, "batch", json_integer(g->batch)) != PS_OK) {
+            json_decref(e);
+            e = NULL;
+        }
+        PS_TRY(ps_json_append(gemm, e));
     }
     for (int i = 0; i < db->n_comm; i++) {
         const ps_profile_comm_entry *c = &db->comm[i];
@@ -811,8 +913,7 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
             return false;
     for (int i = 0; i < a->n_gemm; i++) {
         const ps_profile_gemm *x = &a->gemm[i], *y = &b->gemm[i];
-        if (x->m != y->m || x->n != y->n || x->k != y->k || x->dtype != y->dtype ||
-            x->seconds != y->seconds)
+        if (cmp_gemm(x, y) != 0 || x->seconds != y->seconds)
             return false;
     }
     for (int i = 0; i < a->n_comm; i++) {

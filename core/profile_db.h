@@ -11,7 +11,8 @@
  * input size, of send-recv the message (the cost model's conventions too).
  * algbw = bytes / seconds; busbw = algbw x 2(n-1)/n for all-reduce,
  * x (n-1)/n for all-gather, reduce-scatter and all-to-all, x 1 for
- * send-recv. A GEMM of m x k by k x n counts 2 m n k FLOPs.
+ * send-recv. A GEMM of m x k by k x n counts 2 m n k FLOPs, a batch of b
+ * of them 2 b m n k.
  *
  * Lookups interpolate, per table (one per GEMM dtype, one per
  * communication kind and group size), over times made monotone in size
@@ -57,6 +58,7 @@ double ps_profile_busbw_factor(ps_profile_comm kind, int n);
 
 typedef struct ps_profile_gemm {
     int64_t m, n, k;
+    int64_t batch;  /* independent GEMMs of that shape in one call; 0 or 1: one */
     ps_dtype dtype; /* fp32, fp16 or bf16 */
     double seconds; /* median of the repetitions */
 } ps_profile_gemm;
@@ -94,7 +96,7 @@ typedef struct ps_profile_db {
     char backend[PS_PROFILE_NAME_MAX]; /* "cpu" or "cuda" */
     int devices;                       /* devices the measurement used */
     int n_gemm, cap_gemm;
-    ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, m, n, k after finish */
+    ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, batch, m, n, k after finish */
     int n_comm, cap_comm;
     ps_profile_comm_entry *comm; /* sorted by kind, n, bytes after finish */
     int n_op, cap_op;
@@ -138,6 +140,21 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
 double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 /* flops / ps_profile_gemm_s; 0 when there is no entry or flops <= 0. */
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
+/* Seconds of a GEMM of that shape and dtype, by the first that applies:
+ *  1. the DB measured that very shape (batch, m, n, k): its time;
+ *  2. GEMMs of similar shape, those whose arithmetic intensity
+ *     2mnk / (mk + kn + mn) is within x2 of the shape's
+ *     (PS_PROFILE_GEMM_INTENSITY_BAND), include one within x4 of its FLOPs
+ *     (PS_PROFILE_GEMM_FLOPS_NEAR): the interpolation above by FLOPs among
+ *     them alone;
+ *  3. ps_profile_gemm_s of its FLOPs (every GEMM of the dtype).
+ * A thin or batched GEMM (attention's per-head products) runs far below a
+ * square one of equal FLOPs; 2 gives it the rate of its own kind where the
+ * DB measured that kind. 0 for an empty shape, -1 when the DB has no GEMM of
+ * that dtype. */
+#define PS_PROFILE_GEMM_INTENSITY_BAND 2.0
+#define PS_PROFILE_GEMM_FLOPS_NEAR 4.0
+double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape);
 /* Seconds of a non-GEMM op of that kind reading and writing `bytes`: 0 for
  * bytes <= 0, -1 when the DB has no entry of that kind. */
 double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes);

@@ -14,11 +14,20 @@
 /* Shortest repetition of GEMMs timed on every device at once. */
 #define SHARED_REP_S 0.05
 
-static const ps_profile_shape default_shapes[] = {
-    {64, 64, 64},       {128, 128, 128},  {256, 256, 256},  {512, 512, 512},   {1024, 1024, 1024},
-    {2048, 2048, 2048}, {2048, 512, 512}, {512, 2048, 512}, {2048, 2048, 512}, {4096, 1024, 1024},
+/* Cubes, transformer-like rectangles, and thin and batched shapes of the
+ * kinds attention computes (per-head products 64 and 128 wide: Q K^T is
+ * S x S x d, its product with V S x d x S), so that a GEMM of any kind
+ * finds measured ones of similar arithmetic intensity (docs/profile-db.md). */
+static const ps_gemm_shape default_shapes[] = {
+    {64, 64, 64, 1},       {128, 128, 128, 1},     {256, 256, 256, 1},    {512, 512, 512, 1},
+    {1024, 1024, 1024, 1}, {2048, 2048, 2048, 1},  {2048, 512, 512, 1},   {512, 2048, 512, 1},
+    {2048, 2048, 512, 1},  {4096, 1024, 1024, 1},  {4096, 4096, 64, 1},   {4096, 4096, 128, 1},
+    {64, 4096, 4096, 1},   {256, 256, 64, 32},     {256, 64, 256, 32},    {512, 512, 64, 32},
+    {512, 64, 512, 32},    {1024, 1024, 64, 32},   {1024, 64, 1024, 32},  {2048, 2048, 64, 32},
+    {2048, 64, 2048, 32},  {1024, 1024, 128, 32},  {1024, 128, 1024, 32},
 };
-static const ps_profile_shape quick_shapes[] = {{64, 64, 64}, {128, 128, 128}, {256, 256, 256}};
+static const ps_gemm_shape quick_shapes[] = {
+    {64, 64, 64, 1}, {128, 128, 128, 1}, {256, 256, 256, 1}, {128, 128, 64, 8}, {128, 64, 128, 8}};
 
 ps_profile_options ps_profile_options_default(void)
 {
@@ -68,6 +77,9 @@ typedef struct shared {
     double *warm;      /* [n]: seconds of one warm-up call per rank */
     int iters;
     bool compute_phase; /* GEMMs or ops: gemm_all_devices applies */
+    /* the GEMMs to time: the options' shapes, then the graphs' (owned) */
+    ps_gemm_shape *shapes;
+    int n_shapes;
     /* the ops to time, one per (kind, bytes): op_graph[i], op_index[i] */
     int n_ops;
     int *op_graph, *op_index;
@@ -257,20 +269,30 @@ static ps_status gemm_once(shared *s, int rank, void *arg, ps_error *err)
     return s->b->ops->op(s->b, rank, &g->op, g->in, &g->out, NULL, err);
 }
 
-static ps_tile matrix(void *data, int64_t rows, int64_t cols)
+/* A rows x cols matrix, or a batch of them (batch > 1). */
+static ps_tile matrix(void *data, int64_t batch, int64_t rows, int64_t cols)
 {
     ps_tensor_desc d = {.dtype = PS_DTYPE_F32, .rank = 2, .shape = {rows, cols}};
+    if (batch > 1)
+        d = (ps_tensor_desc){.dtype = PS_DTYPE_F32, .rank = 3, .shape = {batch, rows, cols}};
     return ps_tile_whole(data, &d);
 }
 
-static ps_status add_gemm(shared *s, const ps_profile_shape *sh, ps_dtype dtype, double sec,
+static int64_t shape_batch(const ps_gemm_shape *sh)
+{
+    return sh->batch > 1 ? sh->batch : 1;
+}
+
+static ps_status add_gemm(shared *s, const ps_gemm_shape *sh, ps_dtype dtype, double sec,
                           ps_error *err)
 {
-    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .dtype = dtype, .seconds = sec};
+    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .batch = shape_batch(sh),
+                         .dtype = dtype, .seconds = sec};
     if (s->o->progress)
-        fprintf(stderr, "profile: GEMM %lld x %lld x %lld %s: %.4g s, %.4g TFLOP/s\n",
-                (long long)sh->m, (long long)sh->n, (long long)sh->k, ps_dtype_name(dtype), sec,
-                2.0 * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
+        fprintf(stderr, "profile: GEMM %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
+                (long long)sh->m, (long long)sh->n, (long long)sh->k, (long long)e.batch,
+                ps_dtype_name(dtype), sec,
+                2.0 * (double)e.batch * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
     return ps_profile_db_add_gemm(s->db, &e, err);
 }
 
@@ -280,16 +302,16 @@ static ps_status gemm_timed_natively(shared *s, ps_error *err)
     ps_status st = PS_OK;
     const ps_profile_options *o = s->o;
     int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
-    for (int i = 0; i < o->n_shapes; i++)
+    for (int i = 0; i < s->n_shapes; i++)
         for (int d = 0; d < n_dt; d++) {
             ps_dtype t = o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32;
             double sec = 0;
-            PS_TRY(o->gemm_timer(o->gemm_timer_arg, &o->shapes[i], t, o->reps, &sec, err));
+            PS_TRY(o->gemm_timer(o->gemm_timer_arg, &s->shapes[i], t, o->reps, &sec, err));
             if (!(sec > 0)) {
                 st = ps_error_set(err, PS_ERR_DEVICE, "profile: the GEMM timer returned %g s", sec);
                 goto out;
             }
-            PS_TRY(add_gemm(s, &o->shapes[i], t, sec, err));
+            PS_TRY(add_gemm(s, &s->shapes[i], t, sec, err));
         }
 out:
     return st;
@@ -313,18 +335,20 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
     g.op.in[1] = 1;
     g.op.out[0] = 2;
     g.op.attrs = ps_op_attrs_default(PS_OP_MATMUL);
-    snprintf(g.op.attrs.einsum, sizeof g.op.attrs.einsum, "mk,kn->mn");
-    for (int i = 0; i < o->n_shapes; i++) {
-        const ps_profile_shape *sh = &o->shapes[i];
-        int64_t elems[3] = {sh->m * sh->k, sh->k * sh->n, sh->m * sh->n};
+    for (int i = 0; i < s->n_shapes; i++) {
+        const ps_gemm_shape *sh = &s->shapes[i];
+        int64_t nb = shape_batch(sh);
+        snprintf(g.op.attrs.einsum, sizeof g.op.attrs.einsum, "%s",
+                 nb > 1 ? "bmk,bkn->bmn" : "mk,kn->mn");
+        int64_t elems[3] = {nb * sh->m * sh->k, nb * sh->k * sh->n, nb * sh->m * sh->n};
         for (int t = 0; t < 3; t++) {
             PS_TRY(b->ops->alloc(b, rank, elems[t] * 4, &buf[t], err));
             if (t < 2)
                 PS_TRY(b->ops->upload(b, rank, buf[t], s->host, elems[t] * 4, err));
         }
-        g.in[0] = matrix(buf[0], sh->m, sh->k);
-        g.in[1] = matrix(buf[1], sh->k, sh->n);
-        g.out = matrix(buf[2], sh->m, sh->n);
+        g.in[0] = matrix(buf[0], nb, sh->m, sh->k);
+        g.in[1] = matrix(buf[1], nb, sh->k, sh->n);
+        g.out = matrix(buf[2], nb, sh->m, sh->n);
         bool ok;
         PS_TRY(timed(s, rank, gemm_once, &g, 1, &ok, err));
         if (!ok)
@@ -627,6 +651,51 @@ out:
 
 /* ---- the whole profile ----------------------------------------------------- */
 
+static bool same_shape(const ps_gemm_shape *a, const ps_gemm_shape *b)
+{
+    return a->m == b->m && a->n == b->n && a->k == b->k && shape_batch(a) == shape_batch(b);
+}
+
+/* The GEMMs to time: the options' shapes, then each new shape of the
+ * graphs' MATMUL ops on whole tensors (what those training steps compute:
+ * attention's batched per-head products, the weights' gradients). */
+static ps_status gemm_shapes(const ps_profile_options *o, ps_gemm_shape **out, int *n_out,
+                             ps_error *err)
+{
+    int cap = o->n_shapes, n = 0;
+    for (int i = 0; i < o->n_op_graphs; i++)
+        cap += o->op_graphs[i]->n_ops;
+    ps_gemm_shape *list = malloc((size_t)cap * sizeof *list);
+    if (list == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < o->n_shapes; i++)
+        list[n++] = o->shapes[i];
+    for (int i = 0; i < o->n_op_graphs; i++) {
+        const ps_graph *g = o->op_graphs[i];
+        for (int j = 0; j < g->n_ops; j++) {
+            const ps_op *op = &g->ops[j];
+            ps_einsum e;
+            if (op->kind != PS_OP_MATMUL || ps_einsum_parse(op->attrs.einsum, &e, NULL) != PS_OK)
+                continue;
+            int64_t size[26] = {0};
+            for (int t = 0; t < 2; t++) {
+                const ps_tensor *x = &g->tensors[op->in[t]];
+                for (int d = 0; d < e.rank[t]; d++)
+                    size[e.labels[t][d] - 'a'] = x->desc.shape[d];
+            }
+            ps_gemm_shape sh = ps_einsum_gemm_shape(&e, size);
+            bool seen = false;
+            for (int q = 0; q < n && !seen; q++)
+                seen = same_shape(&list[q], &sh);
+            if (!seen)
+                list[n++] = sh;
+        }
+    }
+    *out = list;
+    *n_out = n;
+    return PS_OK;
+}
+
 static ps_status check_options(const ps_backend *b, const ps_profile_options *o, ps_error *err)
 {
     if (o->warmup < 1 || o->reps < 1 || o->reps > MAX_REPS || !(o->min_rep_s >= 0))
@@ -635,7 +704,8 @@ static ps_status check_options(const ps_backend *b, const ps_profile_options *o,
                             "repetitions)",
                             MAX_REPS);
     for (int i = 0; i < o->n_shapes; i++)
-        if (o->shapes[i].m < 1 || o->shapes[i].n < 1 || o->shapes[i].k < 1)
+        if (o->shapes[i].m < 1 || o->shapes[i].n < 1 || o->shapes[i].k < 1 ||
+            o->shapes[i].batch < 0)
             return ps_error_set(err, PS_ERR_INVALID, "profile: GEMM shape %d is not positive", i);
     for (int i = 0; i < o->n_dtypes; i++)
         if ((int)o->dtypes[i] < 0 || (int)o->dtypes[i] >= PS_FLOAT_DTYPE_COUNT)
@@ -672,9 +742,12 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
             int64_t e = ps_tensor_numel(&o->op_graphs[i]->tensors[t]);
             most = e > most ? e : most;
         }
-    for (int i = 0; i < o->n_shapes; i++) {
-        const ps_profile_shape *sh = &o->shapes[i];
+    if (o->n_shapes > 0)
+        PS_TRY(gemm_shapes(o, &s.shapes, &s.n_shapes, err));
+    for (int i = 0; i < s.n_shapes; i++) {
+        const ps_gemm_shape *sh = &s.shapes[i];
         int64_t e = sh->m * sh->k > sh->k * sh->n ? sh->m * sh->k : sh->k * sh->n;
+        e *= shape_batch(sh);
         most = e > most ? e : most;
     }
     host = malloc((size_t)most * sizeof *host);
@@ -694,7 +767,7 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     pthread_cond_init(&s.cv, NULL);
     /* GEMMs on device 0 alone, or on every device at once */
     s.compute_phase = true;
-    if (o->n_shapes > 0)
+    if (s.n_shapes > 0)
         st = run_threads(&s, o->gemm_all_devices && o->gemm_timer == NULL ? b->n_devices : 1,
                          gemm_thread, err);
     /* the other ops, the same way */
@@ -720,6 +793,7 @@ out:
     free(s.warm);
     free(s.op_graph);
     free(s.op_index);
+    free(s.shapes);
     free(host);
     ps_profile_db_free(db);
     return st;

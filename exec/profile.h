@@ -45,13 +45,11 @@
 /* Timing slots per device the backend must be created with. */
 #define PS_PROFILE_SLOTS 2
 
-typedef struct ps_profile_shape {
-    int64_t m, n, k;
-} ps_profile_shape;
-
 typedef struct ps_profile_options {
     const char *device_name;        /* the DB's device kind name (NULL: the backend's) */
-    const ps_profile_shape *shapes; /* GEMM shapes (borrowed); n_shapes 0: no GEMMs */
+    /* GEMM shapes (borrowed), and the shapes of the op graphs' MATMUL ops;
+     * n_shapes 0: no GEMMs */
+    const ps_gemm_shape *shapes;
     int n_shapes;
     const ps_dtype *dtypes; /* recorded per dtype; n_dtypes 0: fp32 only */
     int n_dtypes;
@@ -73,19 +71,22 @@ typedef struct ps_profile_options {
      * backend's fp32 MATMUL op (e.g. cuBLAS in fp16/bf16: what a training
      * job in that dtype gets, where the executors compute in fp32). It
      * returns seconds per GEMM. NULL: the backend's op. */
-    ps_status (*gemm_timer)(void *arg, const ps_profile_shape *shape, ps_dtype dtype, int reps,
+    ps_status (*gemm_timer)(void *arg, const ps_gemm_shape *shape, ps_dtype dtype, int reps,
                             double *seconds, ps_error *err);
     void *gemm_timer_arg;
-    /* graphs whose non-GEMM ops are timed (borrowed); none: no op entries */
+    /* graphs whose ops are timed (borrowed): the non-GEMM ones as op
+     * entries, the MATMULs' shapes with the GEMMs (when n_shapes > 0);
+     * none: no op entries */
     const ps_graph *const *op_graphs;
     int n_op_graphs;
 } ps_profile_options;
 
-/* The full profile: GEMM cubes 64..2048 and transformer-like rectangles,
- * sizes 1 KiB .. 64 MiB by x2, every kind, every group size. */
+/* The full profile: GEMM cubes 64..2048, transformer-like rectangles and
+ * thin and batched attention-like shapes, sizes 1 KiB .. 64 MiB by x2,
+ * every kind, every group size. */
 ps_profile_options ps_profile_options_default(void);
-/* A quick one (seconds on a laptop): cubes 64..256, 1 KiB .. 4 MiB by x4,
- * groups up to 4, few repetitions. */
+/* A quick one (seconds on a laptop): cubes 64..256 and two batched
+ * per-head shapes, 1 KiB .. 4 MiB by x4, groups up to 4, few repetitions. */
 ps_profile_options ps_profile_options_quick(void);
 
 /* Measures b (created with PS_PROFILE_SLOTS timing slots per device) and

@@ -186,8 +186,10 @@ double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned ax
     return 0;
 }
 
-double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
-                    bool gemm)
+/* The roofline of ps_compute_s; a GEMM's time from the DB when it has one:
+ * by shape when known, else by FLOPs. */
+static double compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
+                        bool gemm, const ps_gemm_shape *shape)
 {
     int t = dtype < PS_FLOAT_DTYPE_COUNT ? (int)dtype : PS_DTYPE_F32;
     double peak = m->peak_flops[t];
@@ -197,22 +199,29 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
     double t_flops = flops / (peak * eff);
     double t_bytes = bytes / (m->memory_bandwidth_bytes_per_s * m->params.bandwidth_efficiency);
     if (gemm && m->profile != NULL) {
-        double s = ps_profile_gemm_s(m->profile, (ps_dtype)t, flops);
+        double s = shape != NULL ? ps_profile_gemm_shape_s(m->profile, (ps_dtype)t, shape)
+                                 : ps_profile_gemm_s(m->profile, (ps_dtype)t, flops);
         if (s >= 0)
             t_flops = s;
     }
     return fmax(t_flops, t_bytes);
 }
 
+double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
+                    bool gemm)
+{
+    return compute_s(m, dtype, flops, bytes, gemm, NULL);
+}
+
 double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
-                       double bytes, bool gemm)
+                       double bytes, bool gemm, const ps_gemm_shape *gemm_shape)
 {
     if (!gemm && m->profile != NULL) {
         double s = ps_profile_op_s(m->profile, kind, bytes);
         if (s >= 0)
             return s;
     }
-    return ps_compute_s(m, dtype, flops, bytes, gemm);
+    return compute_s(m, dtype, flops, bytes, gemm, gemm ? gemm_shape : NULL);
 }
 
 /* A dimension split over both axes holds block i0 * d1 + i1 (axis 0 major).

@@ -516,6 +516,28 @@ static int add_variants(const ps_graph *g, const ps_op *op, const ps_logical_mes
     return n;
 }
 
+/* The local GEMM of a MATMUL (einsum e) under a strategy's assignment: each
+ * label's size divided by the mesh axes that split it. false when that does
+ * not account for the local FLOPs (an all-to-all assignment splits no label
+ * of the einsum): the cost model then looks the GEMM up by FLOPs alone. */
+static bool local_gemm_shape(const ps_einsum *e, const ps_op_signature *s, const int assign[2],
+                             const ps_logical_mesh *m, double local_flops, ps_gemm_shape *out)
+{
+    int64_t size[26] = {0};
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < e->rank[o]; k++) {
+            int l = s->in[o][k];
+            int64_t n = s->size[l];
+            for (int a = 0; a < PS_MESH_AXES; a++)
+                if (assign[a] == l)
+                    n /= m->shape[a];
+            size[e->labels[o][k] - 'a'] = n;
+        }
+    *out = ps_einsum_gemm_shape(e, size);
+    double f = 2.0 * (double)out->batch * (double)out->m * (double)out->n * (double)out->k;
+    return fabs(f - local_flops) <= 1e-9 * local_flops;
+}
+
 ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *s,
                            const ps_logical_mesh *m, const ps_strategy_options *o,
                            ps_strategy **out, int *n_out, ps_error *err)
@@ -557,6 +579,9 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
         dt = ins[0].dtype;
     bool gemm = op->kind == PS_OP_MATMUL || op->kind == PS_OP_CONV2D ||
                 op->kind == PS_OP_CONV2D_GRAD_INPUT || op->kind == PS_OP_CONV2D_GRAD_FILTER;
+    ps_einsum einsum; /* a MATMUL's, for its local GEMM shapes */
+    bool have_einsum =
+        op->kind == PS_OP_MATMUL && ps_einsum_parse(op->attrs.einsum, &einsum, NULL) == PS_OK;
     for (int i0 = 0; i0 < n_cand[0]; i0++) {
         for (int i1 = 0; i1 < n_cand[1]; i1++) {
             int assign[2] = {cand[0][i0], cand[1][i1]};
@@ -603,8 +628,11 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
                 local_bytes += ps_spec_tile_bytes(&st->out[k], &outs[k], m->shape);
             if (op->kind == PS_OP_RESHAPE)
                 local_bytes = 0;
-            st->compute_s =
-                ps_op_compute_s(m, op->kind, dt, op->cost.flops / parts, local_bytes, gemm);
+            ps_gemm_shape local;
+            bool have_shape = have_einsum && local_gemm_shape(&einsum, s, assign, m,
+                                                              op->cost.flops / parts, &local);
+            st->compute_s = ps_op_compute_s(m, op->kind, dt, op->cost.flops / parts, local_bytes,
+                                            gemm, have_shape ? &local : NULL);
             /* collectives inside the op */
             for (int a = 0; a < PS_MESH_AXES; a++) {
                 int l = assign[a];

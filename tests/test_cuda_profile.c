@@ -35,7 +35,7 @@ static void through_the_backend(void **state)
     ps_error err = {0};
     if (ps_cuda_backend_create(2, PS_PROFILE_SLOTS, &co, &b, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    static const ps_profile_shape shapes[] = {{256, 256, 256}, {2048, 2048, 2048}};
+    static const ps_gemm_shape shapes[] = {{256, 256, 256, 1}, {2048, 2048, 2048, 1}};
     ps_profile_options o = ps_profile_options_quick();
     o.shapes = shapes;
     o.n_shapes = 2;
@@ -72,7 +72,7 @@ static void through_the_backend(void **state)
     b->ops->destroy(b);
 }
 
-static ps_status cublas_timer(void *arg, const ps_profile_shape *sh, ps_dtype dtype, int reps,
+static ps_status cublas_timer(void *arg, const ps_gemm_shape *sh, ps_dtype dtype, int reps,
                               double *seconds, ps_error *err)
 {
     (void)arg;
@@ -87,7 +87,7 @@ static void native_dtypes(void **state)
     ps_error err = {0};
     if (ps_cuda_backend_create(1, PS_PROFILE_SLOTS, &co, &b, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    static const ps_profile_shape shapes[] = {{4096, 4096, 4096}};
+    static const ps_gemm_shape shapes[] = {{4096, 4096, 4096, 1}};
     static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
     ps_profile_options o = ps_profile_options_quick();
     o.shapes = shapes;

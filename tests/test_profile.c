@@ -27,6 +27,7 @@
 #include "planner/cost_model.h"
 #include "planner/inter_pass.h"
 #include "planner/plan_intra.h"
+#include "planner/strategy.h"
 
 static bool close_to(double a, double b, double rtol)
 {
@@ -359,11 +360,12 @@ static void op_entries(void **state)
     assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &plain, NULL), PS_OK);
     c->profile = db;
     assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &m, NULL), PS_OK);
-    assert_close(ps_op_compute_s(m, PS_OP_GELU, PS_DTYPE_F32, 1e3, 2000, false), 1.5e-5, 1e-12);
+    assert_close(ps_op_compute_s(m, PS_OP_GELU, PS_DTYPE_F32, 1e3, 2000, false, NULL), 1.5e-5,
+                 1e-12);
     /* a kind the DB lacks, and a GEMM, as without op entries */
-    assert_close(ps_op_compute_s(m, PS_OP_SOFTMAX, PS_DTYPE_F32, 1e3, 2000, false),
+    assert_close(ps_op_compute_s(m, PS_OP_SOFTMAX, PS_DTYPE_F32, 1e3, 2000, false, NULL),
                  ps_compute_s(plain, PS_DTYPE_F32, 1e3, 2000, false), 1e-12);
-    assert_close(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, 1e9, 2000, true),
+    assert_close(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, 1e9, 2000, true, NULL),
                  ps_compute_s(m, PS_DTYPE_F32, 1e9, 2000, true), 1e-15);
     ps_mesh_free(plain);
     ps_mesh_free(m);
@@ -393,10 +395,13 @@ static void documented_example(void **state)
     ps_error err = {0};
     if (ps_profile_db_parse("docs/profile-db.md", start, &db, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    assert_int_equal(db->n_gemm, 1);
+    assert_int_equal(db->n_gemm, 2);
     assert_int_equal(db->n_comm, 3);
     assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 2.0 * 4096 * 4096 * 4096),
                  2.62144e14, 1e-12);
+    /* 64 heads: twice the 32 measured ones, at their rate, not the cube's */
+    ps_gemm_shape heads = {1024, 1024, 64, 64};
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_BF16, &heads), 2 * 6.5536e-05, 1e-12);
     /* halfway between the two all-reduce sizes; 16 devices keep the busbw of 8 */
     assert_close(ps_profile_collective_s(db, PS_PROFILE_ALL_REDUCE, 8, 34078720),
                  (3.2768e-05 + 0.000524288) / 2, 1e-12);
@@ -555,6 +560,370 @@ static ps_plan *pipeshard_plan(ps_cluster *c, const ps_profile_db *db)
     c->profile = NULL;
     ps_graph_free(fwd);
     return p;
+}
+
+/* ---- GEMMs by shape ---------------------------------------------------- */
+
+/* 0 .. n-1 from a linear congruential sequence (reproducible) */
+static int rnd(unsigned *seed, int n)
+{
+    *seed = *seed * 1103515245u + 12345u;
+    return (int)((*seed >> 16) % (unsigned)n);
+}
+
+static double plain_intensity(const ps_profile_gemm *g)
+{
+    double m = (double)g->m, n = (double)g->n, k = (double)g->k;
+    return 2 * m * n * k / (m * k + k * n + m * n);
+}
+
+static double plain_flops(const ps_profile_gemm *g)
+{
+    return 2.0 * (double)(g->batch > 1 ? g->batch : 1) * (double)g->m * (double)g->n *
+           (double)g->k;
+}
+
+static int by_flops(const void *pa, const void *pb)
+{
+    const double *a = pa, *b = pb;
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* The header's table over the chosen (flops, seconds) pairs written out
+ * plainly: sorted, equal FLOPs averaged, raised, interpolated; -1 when
+ * `near` is asked for and no pair lies within x4 of x. */
+static double plain_table_s(double (*pts)[2], int n, double x, bool need_near)
+{
+    if (n == 0)
+        return -1;
+    qsort(pts, (size_t)n, sizeof *pts, by_flops);
+    double f[64], t[64];
+    int c = 0;
+    bool near = false;
+    for (int i = 0; i < n;) {
+        int j = i;
+        double sum = 0;
+        for (; j < n && pts[j][0] == pts[i][0]; j++)
+            sum += pts[j][1];
+        f[c] = pts[i][0];
+        t[c] = c > 0 && sum / (j - i) < t[c - 1] ? t[c - 1] : sum / (j - i);
+        near = near || (f[c] <= 4 * x && f[c] >= x / 4);
+        c++;
+        i = j;
+    }
+    if (need_near && !near)
+        return -1;
+    if (x <= f[0])
+        return t[0];
+    if (x >= f[c - 1])
+        return x * t[c - 1] / f[c - 1];
+    int i = 0;
+    while (f[i + 1] < x)
+        i++;
+    return t[i] + (x - f[i]) * (t[i + 1] - t[i]) / (f[i + 1] - f[i]);
+}
+
+/* ps_profile_gemm_shape_s written out plainly: exact shape, the band of
+ * similar intensity near in FLOPs, or every GEMM of the dtype. */
+static double plain_shape_s(const ps_profile_gemm *e, int n, ps_dtype t, ps_gemm_shape q,
+                            int *rule)
+{
+    ps_profile_gemm g = {.m = q.m, .n = q.n, .k = q.k, .batch = q.batch > 1 ? q.batch : 1};
+    double pts[64][2];
+    int band = 0, all = 0;
+    for (int i = 0; i < n; i++)
+        if (e[i].dtype == t && e[i].m == g.m && e[i].n == g.n && e[i].k == g.k &&
+            (e[i].batch > 1 ? e[i].batch : 1) == g.batch) {
+            *rule = 0;
+            return e[i].seconds;
+        }
+    for (int i = 0; i < n; i++) {
+        double r = plain_intensity(&e[i]) / plain_intensity(&g);
+        if (e[i].dtype == t && r <= 2 && r >= 0.5) {
+            pts[band][0] = plain_flops(&e[i]);
+            pts[band++][1] = e[i].seconds;
+        }
+    }
+    double s = plain_table_s(pts, band, plain_flops(&g), true);
+    *rule = s >= 0 ? 1 : 2;
+    if (s >= 0)
+        return s;
+    for (int i = 0; i < n; i++)
+        if (e[i].dtype == t) {
+            pts[all][0] = plain_flops(&e[i]);
+            pts[all++][1] = e[i].seconds;
+        }
+    return plain_table_s(pts, all, plain_flops(&g), false);
+}
+
+/* GEMMs by shape: the batch in the file, closed forms of the three rules,
+ * and random DBs and shapes against the rule written out plainly. */
+static void gemm_shapes(void **state)
+{
+    (void)state;
+    /* the file: batch optional (1), written only above 1, part of the key */
+    ps_error err = {0};
+    ps_profile_db *db = NULL;
+    const char *text =
+        "{\"version\": 1, \"device\": \"d\", \"backend\": \"cuda\", \"gemm\": ["
+        "{\"m\": 128, \"n\": 128, \"k\": 64, \"batch\": 8, \"dtype\": \"bf16\", \"seconds\": 2e-4,"
+        " \"flops_per_s\": 8.388608e10},"
+        "{\"m\": 128, \"n\": 128, \"k\": 64, \"dtype\": \"bf16\", \"seconds\": 5e-5},"
+        "{\"m\": 128, \"n\": 128, \"k\": 64, \"batch\": 1, \"dtype\": \"fp32\", \"seconds\": 6e-5}"
+        "]}";
+    if (ps_profile_db_parse("db.json", text, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(db->n_gemm, 3);
+    ps_gemm_shape heads = {128, 128, 64, 8}, one = {128, 128, 64, 1}, unset = {128, 128, 64, 0};
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_BF16, &heads), 2e-4, 0);
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_BF16, &one), 5e-5, 0);
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_BF16, &unset), 5e-5, 0);
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &one), 6e-5, 0);
+    assert_true(ps_profile_gemm_shape_s(db, PS_DTYPE_F16, &one) < 0);
+    ps_gemm_shape empty = {0, 128, 64, 1};
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &empty), 0, 0);
+    json_t *j = NULL;
+    assert_int_equal(ps_profile_db_to_json(db, &j), PS_OK);
+    char *dump = json_dumps(j, JSON_COMPACT);
+    assert_non_null(strstr(dump, "\"batch\":8"));
+    assert_null(strstr(dump, "\"batch\":1"));
+    ps_profile_db *back = NULL;
+    if (ps_profile_db_parse("back.json", dump, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(ps_profile_db_equal(db, back));
+    free(dump);
+    json_decref(j);
+    ps_profile_db_free(back);
+    ps_profile_db_free(db);
+    static const struct {
+        const char *entry, *want;
+    } bad[] = {
+        {"{\"m\": 1, \"n\": 1, \"k\": 1, \"batch\": 0, \"dtype\": \"fp32\", \"seconds\": 1}",
+         "gemm[0].batch: must be at least 1 (found 0)"},
+        {"{\"m\": 1, \"n\": 1, \"k\": 1, \"batch\": 2.5, \"dtype\": \"fp32\", \"seconds\": 1}",
+         "gemm[0].batch: expected an integer"},
+        {"{\"m\": 1, \"n\": 1, \"k\": 1, \"batch\": 2, \"dtype\": \"fp32\", \"seconds\": 1, "
+         "\"flops_per_s\": 2}",
+         "gemm[0].flops_per_s: 2 does not match the one derived from seconds (4)"},
+        {"{\"m\": 1, \"n\": 1, \"k\": 1, \"batch\": 3, \"dtype\": \"fp32\", \"seconds\": 1}, "
+         "{\"m\": 1, \"n\": 1, \"k\": 1, \"batch\": 3, \"dtype\": \"fp32\", \"seconds\": 2}",
+         "gemm[1]: GEMM 1 x 1 x 1 (batch 3) fp32 is also gemm[0]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char doc[512];
+        snprintf(doc, sizeof doc,
+                 "{\"version\": 1, \"device\": \"d\", \"backend\": \"cpu\", \"gemm\": [%s]}",
+                 bad[i].entry);
+        ps_error_clear(&err);
+        assert_int_equal(ps_profile_db_parse("db.json", doc, &db, &err), PS_ERR_INVALID);
+        if (strstr(err.msg, bad[i].want) == NULL)
+            fail_msg("case %zu: expected \"%s\" in \"%s\"", i, bad[i].want, err.msg);
+    }
+    /* the API checks the batch too, and finish rejects a repeated batch */
+    db = new_db("d");
+    ps_profile_gemm neg = {.m = 1, .n = 1, .k = 1, .batch = -2, .seconds = 1};
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_add_gemm(db, &neg, &err), PS_ERR_INVALID);
+    ps_profile_gemm twice = {.m = 4, .n = 4, .k = 4, .batch = 2, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_gemm(db, &twice, &err), PS_OK);
+    assert_int_equal(ps_profile_db_add_gemm(db, &twice, &err), PS_OK);
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_finish(db, &err), PS_ERR_INVALID);
+    assert_string_equal(err.msg, "profile DB: GEMM 4 x 4 x 4 (batch 2) fp32 measured twice");
+    ps_profile_db_free(db);
+
+    /* closed forms: cubes at 100 GFLOP/s, per-head GEMMs (intensity
+     * 2*128*128*64/(128*64*2 + 128*128) = 64) at a third of it */
+    db = new_db("d");
+    for (int64_t c = 64; c <= 1024; c *= 2)
+        add_gemm(db, c, c, c, PS_DTYPE_F32, 2.0 * (double)(c * c * c) / 1e11);
+    double heads_rate = 1e11 / 3;
+    ps_profile_gemm h8 = {.m = 128, .n = 128, .k = 64, .batch = 8, .dtype = PS_DTYPE_F32,
+                          .seconds = 2.0 * 8 * 128 * 128 * 64 / heads_rate};
+    ps_profile_gemm h32 = h8;
+    h32.batch = 32;
+    h32.seconds = 4 * h8.seconds;
+    assert_int_equal(ps_profile_db_add_gemm(db, &h8, NULL), PS_OK);
+    assert_int_equal(ps_profile_db_add_gemm(db, &h32, NULL), PS_OK);
+    finish(db);
+    /* 1. the very shape */
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &heads), h8.seconds, 0);
+    /* 2. batch 16 of the same heads: between the two, the heads' rate;
+     * batch 64: beyond them at the rate of the largest, within x4 */
+    ps_gemm_shape h16 = {128, 128, 64, 16}, h64 = {128, 128, 64, 64};
+    double f16 = 2.0 * 16 * 128 * 128 * 64;
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &h16), f16 / heads_rate, 1e-12);
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &h64), 4 * f16 / heads_rate, 1e-12);
+    /* ... where the FLOPs table of every GEMM mixes in the cubes: 256^3 has
+     * those FLOPs, raised to the 8 heads' smaller FLOPs' time */
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, f16), h8.seconds, 1e-12);
+    /* a per-head shape 16x beyond the largest measured: nothing near in
+     * FLOPs, the FLOPs table of every GEMM */
+    ps_gemm_shape h512 = {128, 128, 64, 512};
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &h512),
+                 ps_profile_gemm_s(db, PS_DTYPE_F32, 32 * f16), 0);
+    /* 3. a cube between measured ones: its band holds only cubes */
+    ps_gemm_shape c384 = {384, 384, 384, 1};
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &c384), 2.0 * 384 * 384 * 384 / 1e11,
+                 1e-12);
+    ps_profile_db_free(db);
+
+    /* random DBs against the rule written plainly */
+    static const int64_t dims[] = {8, 12, 16, 24, 40, 64, 100, 128, 200, 256, 384, 512};
+    static const int64_t batches[] = {1, 1, 1, 2, 8, 32};
+    unsigned seed = 12345;
+    int used[3] = {0, 0, 0}; /* queries answered by each rule */
+    for (int round = 0; round < 200; round++) {
+        ps_profile_gemm e[48];
+        int n = 0;
+        db = new_db("d");
+        int want = 1 + rnd(&seed, 40);
+        while (n < want) {
+            ps_profile_gemm g = {.m = dims[rnd(&seed, 12)],
+                                 .n = dims[rnd(&seed, 12)],
+                                 .k = dims[rnd(&seed, 12)],
+                                 .batch = batches[rnd(&seed, 6)],
+                                 .dtype = rnd(&seed, 4) == 0 ? PS_DTYPE_BF16 : PS_DTYPE_F32};
+            bool dup = false;
+            for (int i = 0; i < n; i++)
+                dup = dup || (e[i].m == g.m && e[i].n == g.n && e[i].k == g.k &&
+                              e[i].batch == g.batch && e[i].dtype == g.dtype);
+            if (dup)
+                continue;
+            /* around 10 GFLOP/s, noisy (not monotone in FLOPs) */
+            g.seconds = plain_flops(&g) / 1e10 * (0.3 + rnd(&seed, 1000) / 300.0);
+            assert_int_equal(ps_profile_db_add_gemm(db, &g, NULL), PS_OK);
+            e[n++] = g;
+        }
+        finish(db);
+        for (int q = 0; q < 50; q++) {
+            ps_gemm_shape s = {dims[rnd(&seed, 12)] * (1 + rnd(&seed, 3)), dims[rnd(&seed, 12)],
+                               dims[rnd(&seed, 12)], batches[rnd(&seed, 6)] * (1 + rnd(&seed, 2))};
+            ps_dtype t = rnd(&seed, 3) == 0 ? PS_DTYPE_BF16 : PS_DTYPE_F32;
+            if (rnd(&seed, 4) == 0) { /* a measured shape, batch 0 or 1 alike */
+                const ps_profile_gemm *m = &e[rnd(&seed, n)];
+                s = (ps_gemm_shape){m->m, m->n, m->k, m->batch == 1 ? rnd(&seed, 2) : m->batch};
+                t = m->dtype;
+            }
+            int rule = 0;
+            double got = ps_profile_gemm_shape_s(db, t, &s), ref = plain_shape_s(e, n, t, s, &rule);
+            used[rule]++;
+            if (!close_to(got, ref, 1e-12))
+                fail_msg("round %d: %lld x %lld x %lld batch %lld %s: %.17g, plainly %.17g",
+                         round, (long long)s.m, (long long)s.n, (long long)s.k,
+                         (long long)s.batch, ps_dtype_name(t), got, ref);
+        }
+        ps_profile_db_free(db);
+    }
+    /* every rule answered many of the 10000 queries (2457, 5061, 2482) */
+    assert_true(used[0] >= 1000 && used[1] >= 1000 && used[2] >= 1000);
+}
+
+/* The local GEMM of strategy st of a MATMUL op: its input specs' tiles. */
+static ps_gemm_shape strategy_gemm(const ps_graph *g, const ps_op *op, const ps_strategy *st,
+                                   const ps_logical_mesh *m)
+{
+    ps_einsum e;
+    assert_int_equal(ps_einsum_parse(op->attrs.einsum, &e, NULL), PS_OK);
+    int64_t size[26] = {0};
+    for (int i = 0; i < 2; i++) {
+        ps_tensor_desc tile;
+        assert_true(ps_spec_tile(&st->in[i], &g->tensors[op->in[i]].desc, m->shape, &tile));
+        for (int d = 0; d < e.rank[i]; d++)
+            size[e.labels[i][d] - 'a'] = tile.shape[d];
+    }
+    return ps_einsum_gemm_shape(&e, size);
+}
+
+/* Every strategy of every MATMUL of a GPT step, on 2x2, 1x4 and 4x1
+ * meshes, is charged the DB's time of the local GEMM its input tiles make
+ * (a DB with a distinct time per shape, seconds long: the roofline's bytes
+ * term stays far below). */
+static void strategies_use_local_gemm_shapes(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 1;
+    cfg.hidden = 64;
+    cfg.ffn = 256;
+    cfg.heads = 4;
+    cfg.seq = 32;
+    cfg.vocab = 128;
+    cfg.batch = 8;
+    cfg.dtype = PS_DTYPE_F32;
+    ps_graph *fwd = NULL, *g = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options to = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &to, &g, &err), PS_OK);
+    unsigned char *batch = NULL;
+    assert_int_equal(ps_batch_dims(g, &batch, &err), PS_OK);
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    static const int meshes[][2] = {{2, 2}, {1, 4}, {4, 1}};
+    int checked = 0, batched = 0;
+    for (size_t k = 0; k < sizeof meshes / sizeof *meshes; k++) {
+        ps_gemm_shape shapes[512];
+        int n_shapes = 0;
+        ps_profile_db *db = NULL;
+        for (int pass = 0; pass < 2; pass++) {
+            ps_logical_mesh *m = NULL;
+            c->profile = db;
+            assert_int_equal(ps_mesh_create(c, 0, 1, 4, meshes[k][0], meshes[k][1], &m, &err),
+                             PS_OK);
+            for (int i = 0; i < g->n_ops; i++) {
+                const ps_op *op = &g->ops[i];
+                if (op->kind != PS_OP_MATMUL)
+                    continue;
+                ps_op_signature sig;
+                ps_strategy *list = NULL;
+                int n = 0;
+                ps_strategy_options so = {0};
+                assert_int_equal(ps_op_signature_of(g, i, batch, &sig, &err), PS_OK);
+                assert_int_equal(ps_op_strategies(g, i, &sig, m, &so, &list, &n, &err), PS_OK);
+                for (int j = 0; j < n; j++) {
+                    ps_gemm_shape sh = strategy_gemm(g, op, &list[j], m);
+                    int q = 0;
+                    while (q < n_shapes && !(shapes[q].m == sh.m && shapes[q].n == sh.n &&
+                                             shapes[q].k == sh.k && shapes[q].batch == sh.batch))
+                        q++;
+                    if (pass == 0 && q == n_shapes) {
+                        assert_true(n_shapes < 512);
+                        shapes[n_shapes++] = sh;
+                    } else if (pass == 1) {
+                        assert_true(q < n_shapes);
+                        if (list[j].compute_s != 1.0 + q)
+                            fail_msg("%s %s: %g s, expected %g s (%lld x %lld x %lld batch %lld)",
+                                     op->name, list[j].name, list[j].compute_s, 1.0 + q,
+                                     (long long)sh.m, (long long)sh.n, (long long)sh.k,
+                                     (long long)sh.batch);
+                        checked++;
+                        batched += sh.batch > 1;
+                    }
+                }
+                free(list);
+            }
+            ps_mesh_free(m);
+            if (pass == 0) {
+                db = new_db("d");
+                for (int q = 0; q < n_shapes; q++) {
+                    ps_profile_gemm e = {.m = shapes[q].m, .n = shapes[q].n, .k = shapes[q].k,
+                                         .batch = shapes[q].batch, .dtype = PS_DTYPE_F32,
+                                         .seconds = 1.0 + q};
+                    assert_int_equal(ps_profile_db_add_gemm(db, &e, &err), PS_OK);
+                }
+                finish(db);
+            }
+        }
+        c->profile = NULL;
+        ps_profile_db_free(db);
+    }
+    assert_true(checked > 300 && batched > 50); /* 1889 and 552 */
+    free(batch);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+    ps_graph_free(fwd);
 }
 
 /* Measurements equal to the analytic model give the same predictions. */
@@ -774,7 +1143,7 @@ static void cpu_measurement(void **state)
 {
     (void)state;
     ps_backend *b = cpu_backend(2);
-    static const ps_profile_shape shapes[] = {{32, 32, 32}, {128, 128, 128}};
+    static const ps_gemm_shape shapes[] = {{32, 32, 32, 1}, {128, 128, 128, 1}};
     static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16};
     ps_profile_options o = ps_profile_options_quick();
     o.shapes = shapes;
@@ -845,6 +1214,86 @@ static void cpu_measurement(void **state)
     b->ops->destroy(b);
 }
 
+static bool db_has_gemm(const ps_profile_db *db, int64_t m, int64_t n, int64_t k, int64_t batch)
+{
+    for (int i = 0; i < db->n_gemm; i++)
+        if (db->gemm[i].m == m && db->gemm[i].n == n && db->gemm[i].k == k &&
+            db->gemm[i].batch == batch && db->gemm[i].dtype == PS_DTYPE_F32)
+            return true;
+    return false;
+}
+
+/* The op graphs' GEMMs are measured by shape along with the options' ones:
+ * attention's per-head products batched over batch x heads, the layers'
+ * GEMMs and their gradients, each shape once. */
+static void cpu_graph_gemms(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 1;
+    cfg.hidden = 64;
+    cfg.ffn = 256;
+    cfg.heads = 2;
+    cfg.seq = 16;
+    cfg.vocab = 64;
+    cfg.batch = 2;
+    cfg.dtype = PS_DTYPE_F32;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    ps_train_options to = ps_train_options_default();
+    assert_int_equal(ps_train_step_build(fwd, &to, &step, &err), PS_OK);
+    ps_backend *b = cpu_backend(2);
+    static const ps_gemm_shape shapes[] = {{16, 16, 16, 1}, {32, 256, 64, 1}};
+    const ps_graph *graphs[] = {step};
+    ps_profile_options o = ps_profile_options_quick();
+    o.shapes = shapes;
+    o.n_shapes = 2;
+    o.max_bytes = 0;
+    o.reps = 3;
+    o.min_rep_s = 1e-4;
+    o.op_graphs = graphs;
+    o.n_op_graphs = 1;
+    ps_profile_db *db = NULL;
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    /* scores (b h q d, b h k d -> b h q k) and context (b h q k, b h k d):
+     * 4 heads' worth of 16 x 16 by 32 and 16 x 32 by 16 */
+    assert_true(db_has_gemm(db, 16, 16, 32, 4));
+    assert_true(db_has_gemm(db, 16, 32, 16, 4));
+    /* fc1 forward: 32 tokens x 64 by 64 x 256 (also an option shape: once) */
+    assert_true(db_has_gemm(db, 32, 256, 64, 1));
+    assert_true(db_has_gemm(db, 16, 16, 16, 1));
+    /* every MATMUL of the step, by the shape of its operands */
+    int matmuls = 0;
+    for (int i = 0; i < step->n_ops; i++) {
+        const ps_op *op = &step->ops[i];
+        if (op->kind != PS_OP_MATMUL)
+            continue;
+        ps_einsum e;
+        assert_int_equal(ps_einsum_parse(op->attrs.einsum, &e, NULL), PS_OK);
+        int64_t size[26] = {0};
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < e.rank[t]; d++)
+                size[e.labels[t][d] - 'a'] = step->tensors[op->in[t]].desc.shape[d];
+        ps_gemm_shape sh = ps_einsum_gemm_shape(&e, size);
+        if (!db_has_gemm(db, sh.m, sh.n, sh.k, sh.batch))
+            fail_msg("%s (%s): no GEMM %lld x %lld x %lld batch %lld", op->name,
+                     op->attrs.einsum, (long long)sh.m, (long long)sh.n, (long long)sh.k,
+                     (long long)sh.batch);
+        matmuls++;
+    }
+    assert_true(matmuls >= 15);
+    assert_true(db->n_op > 0);
+    for (int i = 0; i < db->n_op; i++)
+        assert_int_not_equal(db->ops[i].op, PS_OP_MATMUL);
+    ps_profile_db_free(db);
+    b->ops->destroy(b);
+    ps_graph_free(step);
+    ps_graph_free(fwd);
+}
+
 /* Group sizes 2, 4 and the device count (3 here: 2, 3); no send-recv
  * beyond 2; options are checked. */
 static void cpu_group_sizes(void **state)
@@ -874,7 +1323,7 @@ static void cpu_group_sizes(void **state)
     db = NULL;
 
     /* GEMMs on every device at once: one entry per shape, from the slowest */
-    static const ps_profile_shape shape[] = {{32, 32, 32}};
+    static const ps_gemm_shape shape[] = {{32, 32, 32, 1}};
     o.shapes = shape;
     o.n_shapes = 1;
     o.max_bytes = 0;
@@ -1069,11 +1518,14 @@ int main(void)
         cmocka_unit_test(malformed),
         cmocka_unit_test(documented_example),
         cmocka_unit_test(interpolation),
+        cmocka_unit_test(gemm_shapes),
+        cmocka_unit_test(strategies_use_local_gemm_shapes),
         cmocka_unit_test(op_entries),
         cmocka_unit_test(analytic_db_same_predictions),
         cmocka_unit_test(slower_gemms_double_compute),
         cmocka_unit_test(where_the_db_applies),
         cmocka_unit_test(cpu_measurement),
+        cmocka_unit_test(cpu_graph_gemms),
         cmocka_unit_test(cpu_group_sizes),
         cmocka_unit_test(cli),
     };

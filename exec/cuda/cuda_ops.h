@@ -69,6 +69,10 @@ enum {
 /* As ps_cuda_profile_gemm, with PS_CUDA_PROFILE_* flags. */
 ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtype,
                                      unsigned flags, int reps, double *seconds, ps_error *err);
+/* The same for `batch` independent GEMMs of that shape in one strided
+ * batched call (batch 1: ps_cuda_profile_gemm_flags); seconds per call. */
+ps_status ps_cuda_profile_gemm_batched(int gpu, int batch, int m, int n, int k, ps_dtype dtype,
+                                       unsigned flags, int reps, double *seconds, ps_error *err);
 
 #ifdef __cplusplus
 }

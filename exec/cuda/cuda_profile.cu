@@ -25,8 +25,8 @@ __global__ static void k_fill(void *p, int64_t n, int kind)
     }
 }
 
-ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtype,
-                                     unsigned flags, int reps, double *seconds, ps_error *err)
+ps_status ps_cuda_profile_gemm_batched(int gpu, int batch, int m, int n, int k, ps_dtype dtype,
+                                       unsigned flags, int reps, double *seconds, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_cuda_loc loc = {-1, gpu};
@@ -42,8 +42,9 @@ ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtyp
     const float alpha = 1.0f, beta = 0.0f;
     float ms = 0;
     *seconds = 0;
-    if (m < 1 || n < 1 || k < 1 || reps < 1) {
-        st = ps_error_set(err, PS_ERR_INVALID, "GEMM profile: m, n, k and reps must be >= 1");
+    if (m < 1 || n < 1 || k < 1 || reps < 1 || batch < 1) {
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "GEMM profile: batch, m, n, k and reps must be >= 1");
         goto out;
     }
     if (ps_cuda_device_count() <= gpu || gpu < 0) {
@@ -75,12 +76,14 @@ ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtyp
         goto out;
     }
     PS_TRY(ps_cuda_stream_create(-1, gpu, &so, &s, err));
-    PS_CUDA_TRY(loc, cudaMalloc(&a, (size_t)m * (size_t)k * es));
-    PS_CUDA_TRY(loc, cudaMalloc(&b, (size_t)k * (size_t)n * es));
-    PS_CUDA_TRY(loc, cudaMalloc(&c, (size_t)m * (size_t)n * es));
-    k_fill<<<ps_cuda_blocks((int64_t)m * k, 256), 256, 0, s->stream>>>(a, (int64_t)m * k, kind);
+    PS_CUDA_TRY(loc, cudaMalloc(&a, (size_t)batch * (size_t)m * (size_t)k * es));
+    PS_CUDA_TRY(loc, cudaMalloc(&b, (size_t)batch * (size_t)k * (size_t)n * es));
+    PS_CUDA_TRY(loc, cudaMalloc(&c, (size_t)batch * (size_t)m * (size_t)n * es));
+    k_fill<<<ps_cuda_blocks((int64_t)batch * m * k, 256), 256, 0, s->stream>>>(
+        a, (int64_t)batch * m * k, kind);
     PS_CUDA_TRY(loc, cudaGetLastError());
-    k_fill<<<ps_cuda_blocks((int64_t)k * n, 256), 256, 0, s->stream>>>(b, (int64_t)k * n, kind);
+    k_fill<<<ps_cuda_blocks((int64_t)batch * k * n, 256), 256, 0, s->stream>>>(
+        b, (int64_t)batch * k * n, kind);
     PS_CUDA_TRY(loc, cudaGetLastError());
     PS_CUDA_TRY(loc, cudaEventCreate(&e0));
     PS_CUDA_TRY(loc, cudaEventCreate(&e1));
@@ -88,8 +91,15 @@ ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtyp
     for (int r = -1; r < reps; r++) {
         if (r == 0)
             PS_CUDA_TRY(loc, cudaEventRecord(e0, s->stream));
-        PS_CUBLAS_TRY(loc, cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b, t,
-                                        n, a, t, k, &beta, c, t, n, ct, CUBLAS_GEMM_DEFAULT));
+        if (batch == 1)
+            PS_CUBLAS_TRY(loc, cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b,
+                                            t, n, a, t, k, &beta, c, t, n, ct,
+                                            CUBLAS_GEMM_DEFAULT));
+        else
+            PS_CUBLAS_TRY(loc, cublasGemmStridedBatchedEx(
+                                   s->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b, t, n,
+                                   (long long)k * n, a, t, k, (long long)m * k, &beta, c, t, n,
+                                   (long long)m * n, batch, ct, CUBLAS_GEMM_DEFAULT));
     }
     PS_CUDA_TRY(loc, cudaEventRecord(e1, s->stream));
     PS_CUDA_TRY(loc, cudaEventSynchronize(e1));
@@ -107,6 +117,12 @@ out:
     (void)cudaFree(c);
     ps_cuda_stream_free(s);
     return st;
+}
+
+ps_status ps_cuda_profile_gemm_flags(int gpu, int m, int n, int k, ps_dtype dtype,
+                                     unsigned flags, int reps, double *seconds, ps_error *err)
+{
+    return ps_cuda_profile_gemm_batched(gpu, 1, m, n, k, dtype, flags, reps, seconds, err);
 }
 
 ps_status ps_cuda_profile_gemm(int gpu, int m, int n, int k, ps_dtype dtype, int reps,

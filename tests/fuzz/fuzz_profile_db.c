@@ -1,7 +1,8 @@
 /* Fuzz target: profile DB files (core/profile_db.c) and the lookups the
  * cost model makes in them.
  * Properties: a loaded DB saves and loads back equal; every lookup is -1
- * (no entry) or a finite, non-negative time, at any size. */
+ * (no entry) or a finite, non-negative time, at any size and GEMM shape; a
+ * measured GEMM shape is answered with its own time. */
 #include <math.h>
 
 #include "core/profile_db.h"
@@ -41,10 +42,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         for (int k = 0; k < PS_OP_KIND_COUNT; k++)
             check_time(ps_profile_op_s(db, (ps_op_kind)k, x), "op", x);
+        /* shapes from tiny to beyond any entry, thin and batched */
+        int64_t e = (int64_t)fmin(x, 1e12) + 1, big = (int64_t)1 << 40;
+        const ps_gemm_shape shapes[] = {
+            {e, e, e, 1}, {e, e, 64, 32}, {64, e, e, e}, {big, big, big, big}};
+        for (size_t q = 0; q < sizeof shapes / sizeof *shapes; q++)
+            for (int d = 0; d < PS_DTYPE_COUNT; d++)
+                check_time(ps_profile_gemm_shape_s(db, (ps_dtype)d, &shapes[q]), "gemm shape", x);
         for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++)
             for (size_t n = 0; n < sizeof groups / sizeof *groups; n++)
                 check_time(ps_profile_collective_s(db, (ps_profile_comm)k, groups[n], x),
                            "collective", x);
+    }
+    for (int i = 0; i < db->n_gemm; i++) {
+        const ps_profile_gemm *g = &db->gemm[i];
+        ps_gemm_shape sh = {g->m, g->n, g->k, g->batch};
+        FUZZ_ASSERT(ps_profile_gemm_shape_s(db, g->dtype, &sh) == g->seconds,
+                    "gemm[%d]: not its own time", i);
     }
     fuzz_accepted();
     free(saved);
