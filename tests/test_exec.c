@@ -32,8 +32,11 @@
 
 /* Runs p and its single-device reference for `steps` steps and compares
  * within tol into *c; returns the run (free it) when `keep` is non-NULL. */
-static void compare_with_reference(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
-                                   const char *what, ps_exec_comparison *c_out, run *keep)
+/* The run of plan p against its single-device reference plan, run in the
+ * plan's dtypes or (fp32_reference) with half storage held in fp32. */
+static void compare_with_reference_held(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
+                                        bool fp32_reference, const char *what,
+                                        ps_exec_comparison *c_out, run *keep)
 {
     ps_exec_options o = ps_exec_options_default();
     o.steps = steps;
@@ -47,7 +50,7 @@ static void compare_with_reference(const ps_plan *p, int steps, const ps_exec_to
     assert_int_equal(ps_plan_reference(p, a.m, &rp, &err), PS_OK);
     assert_int_equal(rp->n_stages, 1);
     assert_int_equal(rp->stages[0].n_devices, 1);
-    if (run_plan(rp, &o, &ref, &err) != PS_OK)
+    if (run_plan_held(rp, &o, fp32_reference, &ref, &err) != PS_OK)
         fail_msg("%s reference: %s", what, err.msg);
     ps_exec_comparison c;
     ps_exec_compare(a.set->step, a.r, ref.set->step, ref.r, tol, &c);
@@ -66,6 +69,12 @@ static void compare_with_reference(const ps_plan *p, int steps, const ps_exec_to
         run_free(&a);
     run_free(&ref);
     ps_plan_free(rp);
+}
+
+static void compare_with_reference(const ps_plan *p, int steps, const ps_exec_tolerance *tol,
+                                   const char *what, ps_exec_comparison *c_out, run *keep)
+{
+    compare_with_reference_held(p, steps, tol, false, what, c_out, keep);
 }
 
 /* compare_with_reference, which must find the run within tol. */
@@ -329,9 +338,17 @@ static void test_loss_scale_exact_in_fp32(void **state)
 }
 
 /* fp16's gradients under 2^-14 lose bits: on a 4-layer GPT (hidden 256, seq
- * 128, 2048 tokens per micro-batch) the check at the CLI's default tolerance
- * fails without loss scaling and passes with a scale of 1024. A scale that
- * overflows fp16 stops the run with a message that names it. */
+ * 128, 2048 tokens per micro-batch) the gradients are beyond the CLI's
+ * default tolerance without loss scaling and within it with a scale of
+ * 1024, against the reference step with its half storage held in fp32.
+ * (Against the fp16 reference the two runs share most of the loss, and what
+ * is left depends on the BLAS kernel's summation order: docs/executors.md.)
+ * A scale that overflows fp16 stops the run with a message that names it. */
+static double tol_rel_f16(void)
+{
+    return ps_exec_tolerance_default(PS_DTYPE_F16, 1).rel;
+}
+
 static void test_fp16_loss_scaling(void **state)
 {
     (void)state;
@@ -353,16 +370,14 @@ static void test_fp16_loss_scaling(void **state)
         ps_exec_tolerance tol = ps_exec_tolerance_default(PS_DTYPE_F16, 1);
         char what[64];
         snprintf(what, sizeof what, "fp16 gpt-4x256 scale %g", train.loss_scale);
-        compare_with_reference(p, 1, &tol, what, &cmp[k], NULL);
+        compare_with_reference_held(p, 1, &tol, true, what, &cmp[k], NULL);
         ps_plan_free(p);
     }
-    if (cmp[0].ok)
-        fail_msg("unscaled fp16 passed the check (gradients rel %g)", cmp[0].grad_rel);
-    if (!cmp[1].ok)
-        fail_msg("scaled fp16 failed the check: loss rel %g, gradients rel %g (%s), "
-                 "parameters abs %g (%s)",
-                 cmp[1].loss_rel, cmp[1].grad_rel, cmp[1].grad_worst, cmp[1].param_abs,
-                 cmp[1].param_worst);
+    if (!(cmp[0].grad_rel > tol_rel_f16()))
+        fail_msg("unscaled fp16 gradients within the tolerance (rel %g)", cmp[0].grad_rel);
+    if (!(cmp[1].grad_rel <= tol_rel_f16()))
+        fail_msg("scaled fp16 gradients beyond the tolerance: rel %g (%s)", cmp[1].grad_rel,
+                 cmp[1].grad_worst);
     assert_true(cmp[1].grad_rel < cmp[0].grad_rel);
     /* 2^40 times a gradient overflows fp16's 65504 */
     ps_model_config cfg;
