@@ -835,6 +835,30 @@ static ps_gemm_shape strategy_gemm(const ps_graph *g, const ps_op *op, const ps_
     return ps_einsum_gemm_shape(&e, size);
 }
 
+/* The fp32 training step of a one-block GPT (hidden 64, FFN 256). */
+static ps_graph *gpt_block_step(int heads, int seq, int vocab, int batch)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 1;
+    cfg.hidden = 64;
+    cfg.ffn = 256;
+    cfg.heads = heads;
+    cfg.seq = seq;
+    cfg.vocab = vocab;
+    cfg.batch = batch;
+    cfg.dtype = PS_DTYPE_F32;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_error err = {0};
+    if (ps_model_build(&cfg, &fwd, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_train_options to = ps_train_options_default();
+    if (ps_train_step_build(fwd, &to, &step, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_graph_free(fwd);
+    return step;
+}
+
 /* Every strategy of every MATMUL of a GPT step, on 2x2, 1x4 and 4x1
  * meshes, is charged the DB's time of the local GEMM its input tiles make
  * (a DB with a distinct time per shape, seconds long: the roofline's bytes
@@ -842,21 +866,8 @@ static ps_gemm_shape strategy_gemm(const ps_graph *g, const ps_op *op, const ps_
 static void strategies_use_local_gemm_shapes(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 1;
-    cfg.hidden = 64;
-    cfg.ffn = 256;
-    cfg.heads = 4;
-    cfg.seq = 32;
-    cfg.vocab = 128;
-    cfg.batch = 8;
-    cfg.dtype = PS_DTYPE_F32;
-    ps_graph *fwd = NULL, *g = NULL;
+    ps_graph *g = gpt_block_step(4, 32, 128, 8);
     ps_error err = {0};
-    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
-    ps_train_options to = ps_train_options_default();
-    assert_int_equal(ps_train_step_build(fwd, &to, &g, &err), PS_OK);
     unsigned char *batch = NULL;
     assert_int_equal(ps_batch_dims(g, &batch, &err), PS_OK);
     ps_cluster *c = NULL;
@@ -923,7 +934,6 @@ static void strategies_use_local_gemm_shapes(void **state)
     free(batch);
     ps_cluster_free(c);
     ps_graph_free(g);
-    ps_graph_free(fwd);
 }
 
 /* Measurements equal to the analytic model give the same predictions. */
@@ -1229,21 +1239,8 @@ static bool db_has_gemm(const ps_profile_db *db, int64_t m, int64_t n, int64_t k
 static void cpu_graph_gemms(void **state)
 {
     (void)state;
-    ps_model_config cfg;
-    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
-    cfg.layers = 1;
-    cfg.hidden = 64;
-    cfg.ffn = 256;
-    cfg.heads = 2;
-    cfg.seq = 16;
-    cfg.vocab = 64;
-    cfg.batch = 2;
-    cfg.dtype = PS_DTYPE_F32;
-    ps_graph *fwd = NULL, *step = NULL;
+    ps_graph *step = gpt_block_step(2, 16, 64, 2);
     ps_error err = {0};
-    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
-    ps_train_options to = ps_train_options_default();
-    assert_int_equal(ps_train_step_build(fwd, &to, &step, &err), PS_OK);
     ps_backend *b = cpu_backend(2);
     static const ps_gemm_shape shapes[] = {{16, 16, 16, 1}, {32, 256, 64, 1}};
     const ps_graph *graphs[] = {step};
@@ -1291,7 +1288,6 @@ static void cpu_graph_gemms(void **state)
     ps_profile_db_free(db);
     b->ops->destroy(b);
     ps_graph_free(step);
-    ps_graph_free(fwd);
 }
 
 /* Group sizes 2, 4 and the device count (3 here: 2, 3); no send-recv
