@@ -26,7 +26,7 @@
 static void help(void)
 {
     printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
-           "                      [--check] [--tolerance T] [--param-atol A]\n"
+           "                      [--check | --check-fp32] [--tolerance T] [--param-atol A]\n"
            "                      [--trace T.json [--trace-ops]]\n"
            "                      [--summary S.json] [--no-local-allgather] [--share-gpu]\n"
            "                      [--tf32] [--fp32] [--json]\n\n"
@@ -50,6 +50,9 @@ static void help(void)
            "  --check                also run the unsharded step on one device from the same\n"
            "                         parameters and batch; compare losses and updated\n"
            "                         parameters and gradients (exit 1 on a mismatch)\n"
+           "  --check-fp32           --check against a step that holds fp16/bf16 tensors in\n"
+           "                         fp32: what the dtype loses shows, not only what the\n"
+           "                         sharding changes (not with dynamic loss scaling)\n"
            "  --tolerance T          relative tolerance of the loss and gradients (1e-4;\n"
            "                         fp16/bf16 held in half precision: 32 unit roundoffs)\n"
            "  --param-atol A         absolute tolerance of the updated parameters (5e-3;\n"
@@ -71,7 +74,7 @@ static void help(void)
 
 enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
        OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32,
-       OPT_TRACE_OPS, OPT_FP32 };
+       OPT_TRACE_OPS, OPT_FP32, OPT_CHECK_FP32 };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -79,6 +82,7 @@ static const struct option options[] = {
     {"steps", required_argument, NULL, OPT_STEPS},
     {"seed", required_argument, NULL, OPT_SEED},
     {"check", no_argument, NULL, OPT_CHECK},
+    {"check-fp32", no_argument, NULL, OPT_CHECK_FP32},
     {"tolerance", required_argument, NULL, OPT_TOL},
     {"param-atol", required_argument, NULL, OPT_ATOL},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -213,7 +217,7 @@ out:
 int ps_cmd_exec(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *backend = "cpu";
-    bool check = false, json = false, share_gpu = false, tf32 = false;
+    bool check = false, check_fp32 = false, json = false, share_gpu = false, tf32 = false;
     double tol = -1, param_atol = -1; /* -1: the storage's defaults */
     bool fp32 = false;
     ps_exec_options eo = ps_exec_options_default();
@@ -240,6 +244,7 @@ int ps_cmd_exec(int argc, char **argv)
             eo.seed = (uint64_t)v;
             break;
         case OPT_CHECK: check = true; break;
+        case OPT_CHECK_FP32: check = check_fp32 = true; break;
         case OPT_TOL:
             if (!ps_cli_parse_double(optarg, 0, 1, &tol))
                 return ps_cli_usage_error("exec", "--tolerance needs a number in [0, 1], not "
@@ -285,6 +290,14 @@ int ps_cmd_exec(int argc, char **argv)
     PS_TRY(ps_hosts_init(&hosts, &err));
     rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
+    if (check_fp32 && json_is_true(json_object_get(plan->training, "dynamic_loss_scale"))) {
+        /* held in fp32 the reference overflows elsewhere: other steps skipped */
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "--check-fp32: %s scales its loss dynamically, and a step held in "
+                          "fp32 skips other steps; use --check",
+                          plan_path);
+        goto out;
+    }
     eo.devices_per_node = plan->cluster->devices_per_node;
     backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32, .fp32 = fp32,
                          .hosts = hosts, .fail_device = -1};
@@ -340,8 +353,10 @@ int ps_cmd_exec(int argc, char **argv)
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
-        /* the reference holds what the run held, so both round alike */
-        backend_choice cpu = {.kind = "cpu", .fp32 = storage == PS_DTYPE_F32, .fail_device = -1};
+        /* the reference holds what the run held, so both round alike, or
+         * (--check-fp32) fp32, so that what the half dtype loses shows */
+        backend_choice cpu = {
+            .kind = "cpu", .fp32 = check_fp32 || storage == PS_DTYPE_F32, .fail_device = -1};
         PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
         ps_exec_tolerance t = ps_exec_tolerance_default(storage, eo.steps);
         if (tol >= 0)
@@ -371,11 +386,13 @@ int ps_cmd_exec(int argc, char **argv)
         }
         fprintf(f,
                 "check         against the single-device step (loss %.9g), %d parameters,\n"
-                "              floating-point tensors held in %s%s:\n"
+                "              floating-point tensors held in %s%s%s:\n"
                 "  loss        rel. diff %.3g (tolerance %.3g)\n"
                 "  gradients   rel. diff %.3g, worst %s (tolerance %.3g)\n"
                 "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n",
-                ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage), scaled, cmp.loss_rel,
+                ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage),
+                check_fp32 && storage != PS_DTYPE_F32 ? " (the reference in fp32)" : "", scaled,
+                cmp.loss_rel,
                 t.rel, cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol);
         if (set->loss_scale_window > 0)
             fprintf(f, "  loss scale  %d of %d steps skipped, the reference %d%s%.0d\n", skips,
@@ -387,6 +404,10 @@ int ps_cmd_exec(int argc, char **argv)
             fprintf(f, "  (fp16 without loss scaling: gradients under 2^-14 lose bits to "
                        "underflow in the backward pass; plan with --loss-scale, e.g. 1024, or "
                        "use bf16, which keeps fp32's range)\n");
+        else if (!check_fp32 && storage != PS_DTYPE_F32)
+            fprintf(f, "  (the reference rounds to %s as this run does, so what both lose "
+                       "cancels; --check-fp32 shows what %s loses)\n",
+                    ps_dtype_name(storage), ps_dtype_name(storage));
     }
 out:
     ps_exec_result_free(r);

@@ -950,7 +950,17 @@ static void test_loss_scale(void **state)
         assert_true(json_number_value(json_object_get(train, "loss_scale")) == 1024);
         ps_json_doc_free(doc);
         const char *e[] = {"exec", "--plan", plan, "--check", NULL};
-        expect_success(fx, e, "floating-point tensors held in fp16, loss scale 1024:");
+        run_result r;
+        run_ok(fx, e, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "floating-point tensors held in fp16, loss scale 1024:");
+        expect_in(&r, true, "(the reference rounds to fp16 as this run does, so what both "
+                            "lose cancels; --check-fp32 shows what fp16 loses)");
+        run_result_free(&r);
+        const char *e32[] = {"exec", "--plan", plan, "--check-fp32", NULL};
+        expect_success(fx, e32,
+                       "floating-point tensors held in fp16 (the reference in fp32), loss "
+                       "scale 1024:");
     }
     {
         const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "0x1p40", "-o", plan, NULL};
@@ -985,6 +995,14 @@ static void test_loss_scale(void **state)
         expect_in(&r, true, "dynamic loss scale from 1.09951e+12:");
         expect_in(&r, true, "loss scale  3 of 3 steps skipped, the reference 3");
         expect_in(&r, true, "(the measured step was skipped by the loss scaling");
+        run_result_free(&r);
+        /* held in fp32, the reference would skip other steps */
+        const char *e32[] = {"exec", "--plan", plan, "--steps", "3", "--check-fp32", NULL};
+        run_ok(fx, e32, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "--check-fp32: ");
+        expect_in(&r, false, "scales its loss dynamically, and a step held in fp32 skips other "
+                             "steps; use --check");
         run_result_free(&r);
     }
     {
