@@ -42,7 +42,8 @@ static void help(void)
            "                         while the simulation runs; a failed check stops it)\n"
            "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
            "                         take its GEMM times (communication is simulated on\n"
-           "                         the cluster's links either way)\n"
+           "                         the cluster's links either way); sim warns when the\n"
+           "                         plan records another DB, or one and none is given\n"
            "  --dump-programs DIR    also write the programs readably to DIR (as plan\n"
            "                         --dump-programs does), before they are checked\n"
            "  --json                 print the summary as JSON instead of a table\n"
@@ -135,6 +136,7 @@ int ps_cmd_sim(int argc, char **argv)
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     if (profile_path != NULL)
         PS_TRY(ps_cli_attach_profile(profile_path, plan->cluster, &profile, &err));
+    ps_cli_warn_profile_mismatch(plan_path, plan, profile_path, profile);
     PS_TRY(ps_plan_model_build(plan, &m, &err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
     if (dump_dir != NULL)

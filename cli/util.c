@@ -3,10 +3,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "core/cluster.h"
 #include "core/log.h"
+#include "core/plan.h"
 #include "core/profile_db.h"
 
 ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db **out,
@@ -21,6 +23,30 @@ ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db *
                     "measurements (backend %s) stand for all of its devices",
                     path, c->name, (*out)->device, (*out)->backend);
     return PS_OK;
+}
+
+void ps_cli_warn_profile_mismatch(const char *plan_path, const ps_plan *plan,
+                                  const char *db_path, const ps_profile_db *db)
+{
+    char digest[17] = "";
+    if (db != NULL)
+        ps_profile_db_digest(db, digest, sizeof digest);
+    if (plan->profile_digest[0] != '\0' && db == NULL)
+        PS_LOG_WARN("%s was made with a profile DB (device \"%s\", backend %s, digest %s); "
+                    "without --profile-db its kernels take the analytic model's times, not "
+                    "the plan's",
+                    plan_path, plan->profile_device, plan->profile_backend,
+                    plan->profile_digest);
+    else if (plan->profile_digest[0] == '\0' && db != NULL)
+        PS_LOG_WARN("%s was made without a profile DB; with %s its kernels take other times "
+                    "than the plan's",
+                    plan_path, db_path);
+    else if (db != NULL && strcmp(digest, plan->profile_digest) != 0)
+        PS_LOG_WARN("%s was made with another profile DB (device \"%s\", backend %s, digest "
+                    "%s) than %s (device \"%s\", backend %s, digest %s); its kernels take other "
+                    "times than the plan's",
+                    plan_path, plan->profile_device, plan->profile_backend,
+                    plan->profile_digest, db_path, db->device, db->backend, digest);
 }
 
 int ps_cli_fail(const ps_error *err, ps_status st)

@@ -526,3 +526,13 @@ ps_status ps_json_append(json_t *arr, json_t *value_stolen)
         return PS_ERR_NOMEM;
     return PS_OK;
 }
+
+void ps_json_digest(const json_t *root, char *buf, int cap)
+{
+    uint64_t h = 1469598103934665603ull;
+    char *text = root != NULL ? json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    for (const char *c = text; c != NULL && *c != '\0'; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    free(text);
+    snprintf(buf, (size_t)cap, "%016llx", (unsigned long long)h);
+}

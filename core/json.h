@@ -85,6 +85,10 @@ ps_status ps_json_save(const json_t *root, const char *path, ps_error *err);
 /* Same text as ps_json_save, as a malloc'ed string (caller frees). */
 char *ps_json_dumps(const json_t *root);
 
+/* A 64-bit FNV-1a digest of the tree's compact text with sorted keys, as 16
+ * hex digits in buf (cap >= 17): equal trees, equal digests. */
+void ps_json_digest(const json_t *root, char *buf, int cap);
+
 /* Builders that turn allocation failure into a status (jansson returns -1). */
 ps_status ps_json_set(json_t *obj, const char *key, json_t *value_stolen);
 ps_status ps_json_append(json_t *arr, json_t *value_stolen);

@@ -223,6 +223,10 @@ ps_status ps_plan_to_json(const ps_plan *p, json_t **out)
         PS_TRY(stage_json(&p->stages[i], i, &s));
         PS_TRY(ps_json_append(stages, s));
     }
+    if (p->profile_digest[0] != '\0')
+        PS_TRY(ps_json_set(o, "profile_db",
+                           json_pack("{s:s, s:s, s:s}", "device", p->profile_device, "backend",
+                                     p->profile_backend, "digest", p->profile_digest)));
     pred = json_object();
     PS_TRY(ps_json_set(o, "predicted", pred));
     PS_TRY(ps_json_set(pred, "iteration_s", json_real(p->iteration_s)));
@@ -387,11 +391,47 @@ out:
     return st;
 }
 
+/* "profile_db": {"device": 1 to 63 characters, "backend": "cpu" or "cuda",
+ * "digest": 16 lowercase hex digits}. */
+static ps_status read_profile_db(const ps_jv *root, ps_plan *p, ps_error *err)
+{
+    static const char *const keys[] = {"device", "backend", "digest", NULL};
+    ps_status st = PS_OK;
+    ps_jv o, v;
+    const char *s;
+    int k;
+    PS_TRY(ps_jv_member(root, "profile_db", &o, err));
+    PS_TRY(ps_jv_object(&o, err));
+    PS_TRY(ps_jv_check_keys(&o, keys, err));
+    PS_TRY(ps_jv_member(&o, "device", &v, err));
+    PS_TRY(ps_jv_string(&v, &s, err));
+    if (s[0] == '\0' || strlen(s) >= sizeof p->profile_device) {
+        st = ps_jv_fail(&v, err, PS_ERR_INVALID, "a device kind of 1 to %d characters",
+                        (int)sizeof p->profile_device - 1);
+        goto out;
+    }
+    snprintf(p->profile_device, sizeof p->profile_device, "%s", s);
+    PS_TRY(ps_jv_member(&o, "backend", &v, err));
+    PS_TRY(ps_jv_enum(&v, ps_profile_backend_names, 2, &k, err));
+    snprintf(p->profile_backend, sizeof p->profile_backend, "%s", ps_profile_backend_names[k]);
+    PS_TRY(ps_jv_member(&o, "digest", &v, err));
+    PS_TRY(ps_jv_string(&v, &s, err));
+    if (strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16) {
+        st = ps_jv_fail(&v, err, PS_ERR_INVALID, "expected 16 lowercase hex digits");
+        goto out;
+    }
+    snprintf(p->profile_digest, sizeof p->profile_digest, "%s", s);
+out:
+    return st;
+}
+
 static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *err)
 {
-    static const char *const keys[] = {"format", "version", "model", "training", "cluster",
-                                       "method", "schedule", "global_batch", "micro_batches",
-                                       "micro_batch_size", "stages", "predicted", NULL};
+    static const char *const keys[] = {"format",     "version",       "model",
+                                       "training",   "cluster",       "method",
+                                       "schedule",   "global_batch",  "micro_batches",
+                                       "micro_batch_size", "stages",  "profile_db",
+                                       "predicted",  NULL};
     ps_status st = PS_OK;
     ps_plan *p = NULL;
     ps_jv v, stages, pred;
@@ -465,6 +505,8 @@ static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *
         ps_jv sv = ps_jv_element(&stages, i);
         PS_TRY(read_stage(&sv, p, err));
     }
+    if (ps_jv_has(&root, "profile_db"))
+        PS_TRY(read_profile_db(&root, p, err));
     if (ps_jv_has(&root, "predicted")) {
         PS_TRY(ps_jv_member(&root, "predicted", &pred, err));
         PS_TRY(ps_jv_opt_double(&pred, "iteration_s", 0, 0, 1e30, &p->iteration_s, err));
@@ -509,18 +551,21 @@ ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_er
     return st;
 }
 
+void ps_plan_record_profile(ps_plan *p, const ps_profile_db *db)
+{
+    p->profile_device[0] = p->profile_backend[0] = p->profile_digest[0] = '\0';
+    if (db == NULL)
+        return;
+    snprintf(p->profile_device, sizeof p->profile_device, "%s", db->device);
+    snprintf(p->profile_backend, sizeof p->profile_backend, "%.7s", db->backend);
+    ps_profile_db_digest(db, p->profile_digest, sizeof p->profile_digest);
+}
+
 void ps_plan_digest(const ps_plan *p, char *buf, int cap)
 {
-    uint64_t h = 1469598103934665603ull;
     json_t *j = NULL;
-    if (ps_plan_to_json(p, &j) == PS_OK) {
-        /* the predictions do not identify a plan; its content does */
+    if (ps_plan_to_json(p, &j) == PS_OK) /* the predictions do not identify a plan */
         json_object_del(j, "predicted");
-        char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
-        for (const char *c = text; c != NULL && *c != '\0'; c++)
-            h = (h ^ (unsigned char)*c) * 1099511628211ull;
-        free(text);
-    }
+    ps_json_digest(j, buf, cap);
     json_decref(j);
-    snprintf(buf, (size_t)cap, "%016llx", (unsigned long long)h);
 }

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "core/cluster.h"
+#include "core/profile_db.h"
 #include "core/sharding.h"
 
 #define PS_PLAN_VERSION 1
@@ -65,6 +66,11 @@ typedef struct ps_plan {
     /* predictions */
     double iteration_s, tflops_per_device, mfu, peak_memory_bytes;
     double flops_per_step;
+    /* the profile DB the predictions were made with (ps_plan_record_profile):
+     * its device kind, backend and digest; digest "" when none */
+    char profile_device[PS_PROFILE_NAME_MAX];
+    char profile_backend[8];
+    char profile_digest[17];
 } ps_plan;
 
 ps_status ps_plan_create(ps_plan **out);
@@ -86,5 +92,8 @@ ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_er
 /* A short digest of the plan (hex of a hash of its stages), for run
  * summaries to name the plan they ran. */
 void ps_plan_digest(const ps_plan *p, char *buf, int cap);
+/* Records the profile DB the plan's predictions were made with (NULL:
+ * none), so that `sim` can tell when it lowers the plan with another. */
+void ps_plan_record_profile(ps_plan *p, const ps_profile_db *db);
 
 #endif

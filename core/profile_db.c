@@ -923,3 +923,14 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
     }
     return true;
 }
+
+void ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap)
+{
+    json_t *j = NULL;
+    if (ps_profile_db_to_json(db, &j) != PS_OK) {
+        json_decref(j);
+        j = NULL;
+    }
+    ps_json_digest(j, buf, cap);
+    json_decref(j);
+}

@@ -134,6 +134,9 @@ ps_status ps_profile_db_parse(const char *name, const char *text, ps_profile_db 
 ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out);
 ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error *err);
 bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
+/* 16 hex digits naming the DB's content (ps_json_digest of its file form;
+ * cap >= 17): a plan records the DB it was made with by it. */
+void ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap);
 
 /* Lookups (finished DB). Seconds of a GEMM of `flops` FLOPs of dtype:
  * 0 for flops <= 0, -1 when the DB has no GEMM of that dtype. */

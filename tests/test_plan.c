@@ -100,6 +100,75 @@ static void plan_file_round_trip(void **state)
     rmdir(dir);
 }
 
+/* A small DB named "test-dev" (the caller frees it). */
+static ps_profile_db *tiny_db(double gemm_s)
+{
+    ps_profile_db *db = NULL;
+    assert_int_equal(ps_profile_db_create("test-dev", "cpu", 1, &db, NULL), PS_OK);
+    ps_profile_gemm g = {.m = 64, .n = 64, .k = 64, .dtype = PS_DTYPE_F32, .seconds = gemm_s};
+    assert_int_equal(ps_profile_db_add_gemm(db, &g, NULL), PS_OK);
+    assert_int_equal(ps_profile_db_finish(db, NULL), PS_OK);
+    return db;
+}
+
+/* The profile DB a plan was made with survives its file and is part of the
+ * plan's digest; the DB's digest names its content. */
+static void plan_records_its_profile_db(void **state)
+{
+    (void)state;
+    ps_profile_db *db = tiny_db(1e-5), *other = tiny_db(2e-5);
+    char d1[17], d2[17], again[17];
+    ps_profile_db_digest(db, d1, sizeof d1);
+    ps_profile_db_digest(other, d2, sizeof d2);
+    assert_int_equal(strlen(d1), 16);
+    assert_string_not_equal(d1, d2);
+    /* a DB loaded back from its file names the same content */
+    char dir[] = "/tmp/ps-test-plan-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/db.json", dir);
+    ps_profile_db *back_db = NULL;
+    assert_int_equal(ps_profile_db_save(db, path, NULL), PS_OK);
+    assert_int_equal(ps_profile_db_load(path, &back_db, NULL), PS_OK);
+    ps_profile_db_digest(back_db, again, sizeof again);
+    assert_string_equal(again, d1);
+    ps_plan *p = mlp_plan(PS_METHOD_DATA, "dgx-a100:1", 1);
+    char without[32], with[32];
+    ps_plan_digest(p, without, sizeof without);
+    ps_plan_record_profile(p, db);
+    assert_string_equal(p->profile_digest, d1);
+    assert_string_equal(p->profile_device, "test-dev");
+    assert_string_equal(p->profile_backend, "cpu");
+    ps_plan_digest(p, with, sizeof with);
+    assert_string_not_equal(with, without);
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    assert_int_equal(ps_plan_save(p, path, NULL), PS_OK);
+    ps_plan *back = NULL;
+    assert_int_equal(ps_plan_load(path, &back, NULL), PS_OK);
+    assert_string_equal(back->profile_digest, d1);
+    assert_string_equal(back->profile_device, "test-dev");
+    assert_string_equal(back->profile_backend, "cpu");
+    char *a = dump(p), *b = dump(back);
+    assert_string_equal(a, b);
+    assert_non_null(strstr(a, "\"profile_db\""));
+    free(a);
+    free(b);
+    /* recording none takes it out */
+    ps_plan_record_profile(back, NULL);
+    a = dump(back);
+    assert_null(strstr(a, "\"profile_db\""));
+    free(a);
+    ps_plan_free(back);
+    ps_plan_free(p);
+    ps_profile_db_free(back_db);
+    ps_profile_db_free(db);
+    ps_profile_db_free(other);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/db.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A plan that uses devices the cluster lacks, or leaves layers out, or whose
  * micro-batches do not divide the batch, is rejected with a clear error. */
 static void invalid_plans_are_rejected(void **state)
@@ -141,6 +210,9 @@ static void malformed_plan_files(void **state)
     char path[256];
     snprintf(path, sizeof path, "%s/plan.json", dir);
     ps_plan *p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 1);
+    ps_profile_db *db = tiny_db(1e-5);
+    ps_plan_record_profile(p, db);
+    ps_profile_db_free(db);
     char *good = dump(p);
     ps_plan_free(p);
     static const struct {
@@ -155,6 +227,14 @@ static void malformed_plan_files(void **state)
         {"\"layers\": [\n    0,", "\"layers\": [\n    1,", "consecutive layers"},
         {"\"logical_mesh\": [", "\"force_batch_axis0\": 1, \"logical_mesh\": [",
          "expected true or false"},
+        {"\"digest\": \"", "\"digest\": \"A", "expected 16 lowercase hex digits"},
+        {"\"digest\": \"", "\"digest\": \"0", "expected 16 lowercase hex digits"},
+        {"\"backend\": \"cpu\"", "\"backend\": \"gpu\"", "unknown value \"gpu\""},
+        {"\"device\": \"test-dev\"", "\"device\": \"\"", "a device kind of 1 to 63 characters"},
+        {"\"device\": \"test-dev\"", "\"device\": \"test-dev\", \"path\": \"x\"",
+         "unknown key \"path\""},
+        {"\"digest\": \"", "\"digest\": 5, \"d\": \"", "unknown key \"d\""},
+        {"\"device\": \"test-dev\"", "\"device\": 7", "expected a string"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         char *at = strstr(good, edits[i].from);
@@ -231,6 +311,7 @@ int main(void)
         cmocka_unit_test(plan_file_round_trip),
         cmocka_unit_test(invalid_plans_are_rejected),
         cmocka_unit_test(malformed_plan_files),
+        cmocka_unit_test(plan_records_its_profile_db),
         cmocka_unit_test(out_of_memory_is_explained),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1440,6 +1440,29 @@ static void cli(void **state)
     assert_true(t0 > 0 && t1 > 10 * t0); /* a CPU core is far slower than an A100 */
     json_decref(with);
     json_decref(without);
+#ifndef PS_NO_SIMGRID
+    /* sim says when it lowers a plan with another DB than its own */
+    static const struct {
+        const char *plan, *db, *warning;
+    } sims[] = {
+        {"p1", "", "p1.json was made with a profile DB (device \"cpu\", backend cpu, digest "},
+        {"p0", "db", "p0.json was made without a profile DB; with "},
+        {"p1", "db", NULL},
+    };
+    for (size_t i = 0; i < sizeof sims / sizeof *sims; i++) {
+        snprintf(args, sizeof args, "sim --plan %s/%s.json%s%s", dir, sims[i].plan,
+                 sims[i].db[0] ? " --profile-db " : "", sims[i].db[0] ? db_path : "");
+        rc = run_cli(dir, args, &out, &err);
+        if (rc != 0)
+            fail_msg("%s: exit %d: %s", args, rc, err);
+        if (sims[i].warning != NULL && strstr(err, sims[i].warning) == NULL)
+            fail_msg("%s: expected \"%s\" in \"%s\"", args, sims[i].warning, err);
+        if (sims[i].warning == NULL && strstr(err, "made with") != NULL)
+            fail_msg("%s: a warning: %s", args, err);
+        free(out);
+        free(err);
+    }
+#endif
 
     /* a malformed DB: exit 1, the file's position in the message */
     char bad[600];
