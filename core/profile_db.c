@@ -17,6 +17,8 @@ const char *const ps_profile_backend_names[2] = {"cpu", "cuda"};
 #define MAX_DIM ((int64_t)1 << 40)
 #define MAX_BYTES ((int64_t)1 << 50)
 #define MAX_GROUP (1 << 20)
+/* Times far below any measurement (subnormal ones) make rates overflow. */
+#define MIN_SECONDS 1e-30
 /* Derived figures in a file must match the ones recomputed from seconds. */
 #define DERIVED_RTOL 1e-6
 
@@ -131,9 +133,9 @@ void ps_profile_db_free(ps_profile_db *db)
     free(db);
 }
 
-static bool positive_finite(double x)
+static bool valid_seconds(double x)
 {
-    return x > 0 && isfinite(x);
+    return x >= MIN_SECONDS && isfinite(x);
 }
 
 static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
@@ -151,9 +153,9 @@ static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
                             "profile DB: GEMM dtype %d is not fp32, fp16 "
                             "or bf16",
                             (int)e->dtype);
-    if (!positive_finite(e->seconds))
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: GEMM time %g s must be positive",
-                            e->seconds);
+    if (!valid_seconds(e->seconds))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: GEMM time %g s must be at least 1e-30 s", e->seconds);
     return PS_OK;
 }
 
@@ -174,9 +176,9 @@ static ps_status check_comm(const ps_profile_comm_entry *e, ps_error *err)
     if (e->bytes < 1 || e->bytes > MAX_BYTES)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes (1 to 2^50)", name,
                             (long long)e->bytes);
-    if (!positive_finite(e->seconds))
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be positive", name,
-                            e->seconds);
+    if (!valid_seconds(e->seconds))
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be at least "
+                            "1e-30 s", name, e->seconds);
     return PS_OK;
 }
 
@@ -191,9 +193,9 @@ static ps_status check_op(const ps_profile_op *e, ps_error *err)
     if (e->bytes < 1 || e->bytes > MAX_BYTES)
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s of %lld bytes (1 to 2^50)", name,
                             (long long)e->bytes);
-    if (!positive_finite(e->seconds))
-        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be positive", name,
-                            e->seconds);
+    if (!valid_seconds(e->seconds))
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be at least "
+                            "1e-30 s", name, e->seconds);
     return PS_OK;
 }
 
@@ -578,8 +580,8 @@ static ps_status read_seconds(const ps_jv *obj, double *out, ps_error *err)
         st = ps_jv_double(&v, -DBL_MAX, DBL_MAX, out, err);
     if (st != PS_OK)
         return st;
-    if (!(*out > 0))
-        return ps_jv_fail(&v, err, PS_ERR_INVALID, "must be positive (found %g)", *out);
+    if (!(*out >= MIN_SECONDS))
+        return ps_jv_fail(&v, err, PS_ERR_INVALID, "must be at least 1e-30 (found %g)", *out);
     return PS_OK;
 }
 
