@@ -17,8 +17,10 @@ const char *const ps_profile_backend_names[2] = {"cpu", "cuda"};
 #define MAX_DIM ((int64_t)1 << 40)
 #define MAX_BYTES ((int64_t)1 << 50)
 #define MAX_GROUP (1 << 20)
-/* Times far below any measurement (subnormal ones) make rates overflow. */
+/* Times far below any measurement (subnormal ones) make rates overflow, and
+ * ones above 30 years the extrapolated times. */
 #define MIN_SECONDS 1e-30
+#define MAX_SECONDS 1e9
 /* Derived figures in a file must match the ones recomputed from seconds. */
 #define DERIVED_RTOL 1e-6
 
@@ -135,7 +137,7 @@ void ps_profile_db_free(ps_profile_db *db)
 
 static bool valid_seconds(double x)
 {
-    return x >= MIN_SECONDS && isfinite(x);
+    return x >= MIN_SECONDS && x <= MAX_SECONDS;
 }
 
 static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
@@ -155,7 +157,7 @@ static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
                             (int)e->dtype);
     if (!valid_seconds(e->seconds))
         return ps_error_set(err, PS_ERR_INVALID,
-                            "profile DB: GEMM time %g s must be at least 1e-30 s", e->seconds);
+                            "profile DB: GEMM time %g s must be 1e-30 to 1e9 s", e->seconds);
     return PS_OK;
 }
 
@@ -178,7 +180,7 @@ static ps_status check_comm(const ps_profile_comm_entry *e, ps_error *err)
                             (long long)e->bytes);
     if (!valid_seconds(e->seconds))
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be at least "
-                            "1e-30 s", name, e->seconds);
+                            "1e-30 to 1e9 s", name, e->seconds);
     return PS_OK;
 }
 
@@ -195,7 +197,7 @@ static ps_status check_op(const ps_profile_op *e, ps_error *err)
                             (long long)e->bytes);
     if (!valid_seconds(e->seconds))
         return ps_error_set(err, PS_ERR_INVALID, "profile DB: %s time %g s must be at least "
-                            "1e-30 s", name, e->seconds);
+                            "1e-30 to 1e9 s", name, e->seconds);
     return PS_OK;
 }
 
@@ -580,8 +582,8 @@ static ps_status read_seconds(const ps_jv *obj, double *out, ps_error *err)
         st = ps_jv_double(&v, -DBL_MAX, DBL_MAX, out, err);
     if (st != PS_OK)
         return st;
-    if (!(*out >= MIN_SECONDS))
-        return ps_jv_fail(&v, err, PS_ERR_INVALID, "must be at least 1e-30 (found %g)", *out);
+    if (!valid_seconds(*out))
+        return ps_jv_fail(&v, err, PS_ERR_INVALID, "must be 1e-30 to 1e9 (found %g)", *out);
     return PS_OK;
 }
 

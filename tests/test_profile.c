@@ -221,12 +221,14 @@ static void malformed(void **state)
         {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"i32\", \"seconds\": 1}]}",
          "gemm[0].dtype: unknown value \"i32\" (expected one of: fp32, fp16, bf16)"},
         {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 0}]}",
-         "gemm[0].seconds: must be at least 1e-30 (found 0)"},
+         "gemm[0].seconds: must be 1e-30 to 1e9 (found 0)"},
         {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": -1}]}",
-         "gemm[0].seconds: must be at least 1e-30 (found -1)"},
+         "gemm[0].seconds: must be 1e-30 to 1e9 (found -1)"},
         {HEAD "\"gemm\": [{\"m\": 64, \"n\": 64, \"k\": 64, \"dtype\": \"fp32\", "
               "\"seconds\": 1.5e-320, \"flops_per_s\": 3e10}]}",
-         "gemm[0].seconds: must be at least 1e-30 (found 1.4"},
+         "gemm[0].seconds: must be 1e-30 to 1e9 (found 1.4"},
+        {HEAD "\"collectives\": [{\"kind\": \"send-recv\", \"bytes\": 8, \"seconds\": 1.3e308}]}",
+         "collectives[0].seconds: must be 1e-30 to 1e9 (found 1.3e+308)"},
         {HEAD "\"gemm\": [{\"m\": 1, \"n\": 1, \"k\": 1, \"dtype\": \"fp32\", \"seconds\": 1, "
               "\"tflops\": 1}]}",
          "gemm[0].tflops: unknown key \"tflops\""},
@@ -278,7 +280,7 @@ static void malformed(void **state)
         {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 0, \"seconds\": 1}]}",
          "ops[0].bytes: must be at least 1 (found 0)"},
         {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": -2}]}",
-         "ops[0].seconds: must be at least 1e-30 (found -2)"},
+         "ops[0].seconds: must be 1e-30 to 1e9 (found -2)"},
         {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 64, \"seconds\": 2, "
               "\"bytes_per_s\": 64}]}",
          "ops[0].bytes_per_s: 64 does not match the one derived from seconds (32)"},
