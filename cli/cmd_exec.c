@@ -290,7 +290,8 @@ int ps_cmd_exec(int argc, char **argv)
     PS_TRY(ps_hosts_init(&hosts, &err));
     rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
-    if (check_fp32 && json_is_true(json_object_get(plan->training, "dynamic_loss_scale"))) {
+    if (check_fp32 && !fp32 &&
+        json_is_true(json_object_get(plan->training, "dynamic_loss_scale"))) {
         /* held in fp32 the reference overflows elsewhere: other steps skipped */
         st = ps_error_set(&err, PS_ERR_INVALID,
                           "--check-fp32: %s scales its loss dynamically, and a step held in "

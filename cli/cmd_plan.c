@@ -494,7 +494,7 @@ int ps_cmd_plan(int argc, char **argv)
         }
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
     }
-    ps_plan_record_profile(plan, profile);
+    PS_TRY(ps_plan_record_profile(plan, profile, &err));
     PS_TRY(ps_plan_save(plan, output, &err));
     if (dump_dir != NULL)
         PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));

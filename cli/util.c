@@ -30,7 +30,7 @@ void ps_cli_warn_profile_mismatch(const char *plan_path, const ps_plan *plan,
 {
     char digest[17] = "";
     if (db != NULL)
-        ps_profile_db_digest(db, digest, sizeof digest);
+        (void)ps_profile_db_digest(db, digest, sizeof digest); /* loaded: finished */
     if (plan->profile_digest[0] != '\0' && db == NULL)
         PS_LOG_WARN("%s was made with a profile DB (device \"%s\", backend %s, digest %s); "
                     "without --profile-db its kernels take the analytic model's times, not "
@@ -38,8 +38,8 @@ void ps_cli_warn_profile_mismatch(const char *plan_path, const ps_plan *plan,
                     plan_path, plan->profile_device, plan->profile_backend,
                     plan->profile_digest);
     else if (plan->profile_digest[0] == '\0' && db != NULL)
-        PS_LOG_WARN("%s was made without a profile DB; with %s its kernels take other times "
-                    "than the plan's",
+        PS_LOG_WARN("%s records no profile DB (made without one, or before plans recorded "
+                    "it); with %s its kernels may take other times than the plan's",
                     plan_path, db_path);
     else if (db != NULL && strcmp(digest, plan->profile_digest) != 0)
         PS_LOG_WARN("%s was made with another profile DB (device \"%s\", backend %s, digest "

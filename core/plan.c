@@ -551,21 +551,27 @@ ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_er
     return st;
 }
 
-void ps_plan_record_profile(ps_plan *p, const ps_profile_db *db)
+ps_status ps_plan_record_profile(ps_plan *p, const ps_profile_db *db, ps_error *err)
 {
     p->profile_device[0] = p->profile_backend[0] = p->profile_digest[0] = '\0';
     if (db == NULL)
-        return;
+        return PS_OK;
+    if (ps_profile_db_digest(db, p->profile_digest, sizeof p->profile_digest) != PS_OK)
+        return ps_error_set(err, PS_ERR_INVALID, "profile DB \"%s\" is not finished",
+                            db->device);
     snprintf(p->profile_device, sizeof p->profile_device, "%s", db->device);
     snprintf(p->profile_backend, sizeof p->profile_backend, "%.7s", db->backend);
-    ps_profile_db_digest(db, p->profile_digest, sizeof p->profile_digest);
+    return PS_OK;
 }
 
 void ps_plan_digest(const ps_plan *p, char *buf, int cap)
 {
     json_t *j = NULL;
-    if (ps_plan_to_json(p, &j) == PS_OK) /* the predictions do not identify a plan */
+    if (ps_plan_to_json(p, &j) == PS_OK) {
+        /* the predictions and where they came from do not identify a plan */
         json_object_del(j, "predicted");
+        json_object_del(j, "profile_db");
+    }
     ps_json_digest(j, buf, cap);
     json_decref(j);
 }

@@ -89,11 +89,13 @@ ps_status ps_plan_save(const ps_plan *p, const char *path, ps_error *err);
 ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err);
 /* The same from text held in memory; name is used in messages. */
 ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_error *err);
-/* A short digest of the plan (hex of a hash of its stages), for run
- * summaries to name the plan they ran. */
+/* A short digest of the plan (hex of a hash of its content without the
+ * predictions and the profile DB record), for run summaries to name the
+ * plan they ran. */
 void ps_plan_digest(const ps_plan *p, char *buf, int cap);
 /* Records the profile DB the plan's predictions were made with (NULL:
- * none), so that `sim` can tell when it lowers the plan with another. */
-void ps_plan_record_profile(ps_plan *p, const ps_profile_db *db);
+ * none), so that `sim` can tell when it lowers the plan with another. The
+ * DB must be finished. */
+ps_status ps_plan_record_profile(ps_plan *p, const ps_profile_db *db, ps_error *err);
 
 #endif

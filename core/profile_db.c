@@ -452,15 +452,25 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
     return s > 0 && flops > 0 ? flops / s : 0;
 }
 
-/* The interpolation of table_s over the GEMMs of one dtype (g[0..count),
- * sorted by FLOPs) whose intensity lies within the band around `in`, built
- * on the fly (equal FLOPs averaged, times raised to every smaller one's):
- * -1 when no GEMM of the band lies within PS_PROFILE_GEMM_FLOPS_NEAR of
- * `flops` (the band says nothing about that size). */
-static double band_s(const ps_profile_gemm *g, int count, double flops, double in)
+/* What the GEMMs of one dtype whose intensity lies within the band around
+ * a query's say about its FLOPs: their own table (equal FLOPs averaged,
+ * each time raised to every smaller one's), or, where it says nothing,
+ * bounds that keep the time monotone in FLOPs across the band's edges. */
+typedef struct band_answer {
+    double s;        /* the band's time; -1: it says nothing */
+    double at_most;  /* then: the band's smallest time, all its GEMMs being far larger */
+    double at_least; /* or: its time extrapolated to the edge, all being far smaller */
+} band_answer;
+
+/* g[0..count) sorted by FLOPs. The band answers when its points bracket
+ * `flops` or one lies within PS_PROFILE_GEMM_FLOPS_NEAR of it, as table_s
+ * would: linear between points, the smallest's time below, the largest's
+ * rate above. */
+static band_answer band_s(const ps_profile_gemm *g, int count, double flops, double in)
 {
-    double prev_f = 0, prev_s = 0; /* the band's last point below flops */
-    bool have_prev = false, near = false;
+    band_answer a = {.s = -1, .at_most = INFINITY, .at_least = 0};
+    double prev_f = 0, prev_s = 0; /* the last point below flops (prev_f 0: none) */
+    bool near = false;
     for (int i = 0; i < count;) {
         double f = gemm_flops(&g[i]), sum = 0;
         int n = 0, j = i;
@@ -477,18 +487,24 @@ static double band_s(const ps_profile_gemm *g, int count, double flops, double i
         double sec = fmax(sum / n, prev_s);
         near = near || (f <= flops * PS_PROFILE_GEMM_FLOPS_NEAR &&
                         f >= flops / PS_PROFILE_GEMM_FLOPS_NEAR);
-        if (f >= flops) { /* the first point at or above: the answer */
-            if (!near)
-                return -1;
-            if (!have_prev || f == flops)
-                return sec;
-            return prev_s + (flops - prev_f) * (sec - prev_s) / (f - prev_f);
+        if (f >= flops) { /* the first point at or above */
+            if (f == flops || prev_f > 0) /* measured, or bracketed */
+                a.s = f == flops ? sec
+                                 : prev_s + (flops - prev_f) * (sec - prev_s) / (f - prev_f);
+            else if (near) /* every point above, the first near */
+                a.s = sec;
+            else
+                a.at_most = sec;
+            return a;
         }
         prev_f = f;
         prev_s = sec;
-        have_prev = true;
     }
-    return near ? flops * (prev_s / prev_f) : -1;
+    if (prev_f > 0 && near) /* every point below, the last near */
+        a.s = flops * (prev_s / prev_f);
+    else if (prev_f > 0)
+        a.at_least = PS_PROFILE_GEMM_FLOPS_NEAR * prev_s;
+    return a;
 }
 
 double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape)
@@ -511,8 +527,11 @@ double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps
         if (cmp_gemm(&db->gemm[i], &q) == 0)
             return db->gemm[i].seconds;
     double flops = gemm_flops(&q);
-    double s = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
-    return s >= 0 ? s : ps_profile_gemm_s(db, dtype, flops);
+    band_answer a = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
+    if (a.s >= 0)
+        return a.s;
+    double s = ps_profile_gemm_s(db, dtype, flops);
+    return fmax(fmin(s, a.at_most), a.at_least);
 }
 
 double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes)
@@ -928,13 +947,14 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
     return true;
 }
 
-void ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap)
+ps_status ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap)
 {
     json_t *j = NULL;
-    if (ps_profile_db_to_json(db, &j) != PS_OK) {
-        json_decref(j);
-        j = NULL;
-    }
-    ps_json_digest(j, buf, cap);
+    ps_status st = ps_profile_db_to_json(db, &j);
+    if (st == PS_OK)
+        ps_json_digest(j, buf, cap);
+    else if (cap > 0)
+        buf[0] = '\0';
     json_decref(j);
+    return st;
 }

@@ -135,8 +135,9 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out);
 ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error *err);
 bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
 /* 16 hex digits naming the DB's content (ps_json_digest of its file form;
- * cap >= 17): a plan records the DB it was made with by it. */
-void ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap);
+ * cap >= 17): a plan records the DB it was made with by it. The DB must be
+ * finished (else PS_ERR_INVALID and buf ""). */
+ps_status ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap);
 
 /* Lookups (finished DB). Seconds of a GEMM of `flops` FLOPs of dtype:
  * 0 for flops <= 0, -1 when the DB has no GEMM of that dtype. */
@@ -145,12 +146,16 @@ double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 /* Seconds of a GEMM of that shape and dtype, by the first that applies:
  *  1. the DB measured that very shape (batch, m, n, k): its time;
- *  2. GEMMs of similar shape, those whose arithmetic intensity
+ *  2. the GEMMs of similar shape, those whose arithmetic intensity
  *     2mnk / (mk + kn + mn) is within x2 of the shape's
- *     (PS_PROFILE_GEMM_INTENSITY_BAND), include one within x4 of its FLOPs
- *     (PS_PROFILE_GEMM_FLOPS_NEAR): the interpolation above by FLOPs among
- *     them alone;
- *  3. ps_profile_gemm_s of its FLOPs (every GEMM of the dtype).
+ *     (PS_PROFILE_GEMM_INTENSITY_BAND), bracket its FLOPs or include one
+ *     within x4 of them (PS_PROFILE_GEMM_FLOPS_NEAR): the interpolation
+ *     above by FLOPs among them alone;
+ *  3. ps_profile_gemm_s of its FLOPs (every GEMM of the dtype), kept
+ *     between what those similar GEMMs bound: at most the time of the
+ *     smallest when all are more than x4 larger, at least the largest's
+ *     time extrapolated to x4 its FLOPs when all are more than x4 smaller,
+ *     so that the time never drops as a shape grows past their range.
  * A thin or batched GEMM (attention's per-head products) runs far below a
  * square one of equal FLOPs; 2 gives it the rate of its own kind where the
  * DB measured that kind. 0 for an empty shape, -1 when the DB has no GEMM of

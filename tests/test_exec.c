@@ -375,9 +375,11 @@ static void test_fp16_loss_scaling(void **state)
     }
     if (!(cmp[0].grad_rel > tol_rel_f16()))
         fail_msg("unscaled fp16 gradients within the tolerance (rel %g)", cmp[0].grad_rel);
-    if (!(cmp[1].grad_rel <= tol_rel_f16()))
-        fail_msg("scaled fp16 gradients beyond the tolerance: rel %g (%s)", cmp[1].grad_rel,
-                 cmp[1].grad_worst);
+    if (!(cmp[1].grad_rel <= tol_rel_f16()) || !cmp[1].ok)
+        fail_msg("scaled fp16 failed the check: loss rel %g, gradients rel %g (%s), "
+                 "parameters abs %g (%s)",
+                 cmp[1].loss_rel, cmp[1].grad_rel, cmp[1].grad_worst, cmp[1].param_abs,
+                 cmp[1].param_worst);
     assert_true(cmp[1].grad_rel < cmp[0].grad_rel);
     /* 2^40 times a gradient overflows fp16's 65504 */
     ps_model_config cfg;
