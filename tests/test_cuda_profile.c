@@ -80,28 +80,38 @@ static ps_status cublas_timer(void *arg, const ps_gemm_shape *sh, ps_dtype dtype
                                         (int)sh->n, (int)sh->k, dtype, 0, reps, seconds, err);
 }
 
-static void native_dtypes(void **state)
+/* A DB of the given GEMMs timed by cuBLAS on GPU 0 (--native-gemm), no
+ * communication. */
+static ps_profile_db *native_db(const ps_gemm_shape *shapes, int n_shapes, const ps_dtype *dtypes,
+                                int n_dtypes)
 {
-    (void)state;
     ps_cuda_backend_options co = ps_cuda_backend_options_default();
     ps_backend *b = NULL;
     ps_error err = {0};
     if (ps_cuda_backend_create(1, PS_PROFILE_SLOTS, &co, &b, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    static const ps_gemm_shape shapes[] = {{4096, 4096, 4096, 1}};
-    static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
     ps_profile_options o = ps_profile_options_quick();
     o.shapes = shapes;
-    o.n_shapes = 1;
+    o.n_shapes = n_shapes;
     o.dtypes = dtypes;
-    o.n_dtypes = 3;
+    o.n_dtypes = n_dtypes;
     o.max_bytes = 0;
     o.gemm_timer = cublas_timer;
     ps_profile_db *db = NULL;
     if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    assert_int_equal(db->n_gemm, 3);
+    b->ops->destroy(b);
+    assert_int_equal(db->n_gemm, n_shapes * n_dtypes);
     assert_int_equal(db->n_comm, 0);
+    return db;
+}
+
+static void native_dtypes(void **state)
+{
+    (void)state;
+    static const ps_gemm_shape shapes[] = {{4096, 4096, 4096, 1}};
+    static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
+    ps_profile_db *db = native_db(shapes, 1, dtypes, 3);
     double f = 2.0 * 4096 * 4096 * 4096;
     double fp32 = ps_profile_gemm_flops_per_s(db, PS_DTYPE_F32, f);
     double bf16 = ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, f);
@@ -110,7 +120,6 @@ static void native_dtypes(void **state)
            fp16 / 1e12);
     assert_true(fp32 > 0 && bf16 > fp32 && fp16 > fp32);
     ps_profile_db_free(db);
-    b->ops->destroy(b);
 }
 
 /* Batched shapes through cuBLAS's strided batched GEMM: 64 heads of
@@ -119,31 +128,16 @@ static void native_dtypes(void **state)
 static void native_batched(void **state)
 {
     (void)state;
-    ps_cuda_backend_options co = ps_cuda_backend_options_default();
-    ps_backend *b = NULL;
-    ps_error err = {0};
-    if (ps_cuda_backend_create(1, PS_PROFILE_SLOTS, &co, &b, &err) != PS_OK)
-        fail_msg("%s", err.msg);
     static const ps_gemm_shape shapes[] = {{1024, 1024, 64, 1}, {1024, 1024, 64, 64}};
     static const ps_dtype dtypes[] = {PS_DTYPE_BF16};
-    ps_profile_options o = ps_profile_options_quick();
-    o.shapes = shapes;
-    o.n_shapes = 2;
-    o.dtypes = dtypes;
-    o.n_dtypes = 1;
-    o.max_bytes = 0;
-    o.gemm_timer = cublas_timer;
-    ps_profile_db *db = NULL;
-    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    assert_int_equal(db->n_gemm, 2);
+    ps_profile_db *db = native_db(shapes, 2, dtypes, 1);
     assert_int_equal(db->gemm[1].batch, 64); /* sorted by FLOPs */
     printf("# cuBLAS bf16 1024 x 1024 by 64: one %.2f us, 64 heads %.2f us\n",
            db->gemm[0].seconds * 1e6, db->gemm[1].seconds * 1e6);
     assert_true(db->gemm[1].seconds > db->gemm[0].seconds);
     ps_profile_db_free(db);
-    b->ops->destroy(b);
     double sec = 0;
+    ps_error err = {0};
     assert_int_equal(ps_cuda_profile_gemm_batched(0, 0, 64, 64, 64, PS_DTYPE_F32, 0, 1, &sec, &err),
                      PS_ERR_INVALID);
 }
