@@ -245,6 +245,19 @@ static ps_status einsum_sizes(const char *spec, const ps_einsum *e, const ps_ten
     return PS_OK;
 }
 
+ps_status ps_matmul_gemm_shape(const char *einsum, const ps_tensor_desc in[2], ps_gemm_shape *out,
+                               ps_error *err)
+{
+    ps_einsum e;
+    int64_t sizes[26];
+    ps_status st = ps_einsum_parse(einsum, &e, err);
+    if (st == PS_OK)
+        st = einsum_sizes(einsum, &e, in, sizes, err);
+    if (st == PS_OK)
+        *out = ps_einsum_gemm_shape(&e, sizes);
+    return st;
+}
+
 /* ---- inference ------------------------------------------------------------ */
 
 #define FAIL(...) return ps_error_set(err, PS_ERR_INVALID, __VA_ARGS__)

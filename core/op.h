@@ -176,5 +176,9 @@ typedef struct ps_gemm_shape {
 
 /* size[c - 'a']: the size of label c (whole, or a tile's local size). */
 ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26]);
+/* The same for a MATMUL's einsum spec over its two operands' descriptions
+ * (whole tensors or tiles). */
+ps_status ps_matmul_gemm_shape(const char *einsum, const ps_tensor_desc in[2], ps_gemm_shape *out,
+                               ps_error *err);
 
 #endif

@@ -427,11 +427,10 @@ out:
 
 static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *err)
 {
-    static const char *const keys[] = {"format",     "version",       "model",
-                                       "training",   "cluster",       "method",
-                                       "schedule",   "global_batch",  "micro_batches",
-                                       "micro_batch_size", "stages",  "profile_db",
-                                       "predicted",  NULL};
+    static const char *const keys[] = {"format", "version", "model", "training", "cluster",
+                                       "method", "schedule", "global_batch", "micro_batches",
+                                       "micro_batch_size", "stages", "profile_db", "predicted",
+                                       NULL};
     ps_status st = PS_OK;
     ps_plan *p = NULL;
     ps_jv v, stages, pred;

@@ -39,14 +39,9 @@ double ps_profile_busbw_factor(ps_profile_comm kind, int n)
     return 0;
 }
 
-static int64_t batch_of(int64_t batch)
-{
-    return batch > 1 ? batch : 1;
-}
-
 static double gemm_flops(const ps_profile_gemm *g)
 {
-    return 2.0 * (double)batch_of(g->batch) * (double)g->m * (double)g->n * (double)g->k;
+    return 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
 }
 
 /* "m x n x k", and " (batch b)" for a batch. */
@@ -54,7 +49,7 @@ static const char *gemm_text(const ps_profile_gemm *g, char buf[128])
 {
     int len = snprintf(buf, 128, "%lld x %lld x %lld", (long long)g->m, (long long)g->n,
                        (long long)g->k);
-    if (batch_of(g->batch) > 1)
+    if (g->batch > 1)
         snprintf(buf + len, (size_t)(128 - len), " (batch %lld)", (long long)g->batch);
     return buf;
 }
@@ -235,7 +230,7 @@ static ps_status append(ps_profile_db *db, ps_status checked, void **arr, int *n
 ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err)
 {
     ps_profile_gemm g = *e;
-    g.batch = batch_of(e->batch); /* stored as 1 and up */
+    g.batch = e->batch > 1 ? e->batch : 1; /* stored as 1 and up: 0 is one GEMM */
     return append(db, check_gemm(e, err), (void **)&db->gemm, &db->n_gemm, &db->cap_gemm, &g,
                   sizeof g, err);
 }
@@ -267,7 +262,7 @@ static int cmp_gemm(const void *pa, const void *pb)
     double fa = gemm_flops(a), fb = gemm_flops(b);
     if (fa != fb)
         return fa < fb ? -1 : 1;
-    int c = cmp_i64(batch_of(a->batch), batch_of(b->batch));
+    int c = cmp_i64(a->batch, b->batch);
     if (c == 0)
         c = cmp_i64(a->m, b->m);
     if (c == 0)
@@ -510,7 +505,7 @@ static band_answer band_s(const ps_profile_gemm *g, int count, double flops, dou
 double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape)
 {
     ps_profile_gemm q = {.m = shape->m, .n = shape->n, .k = shape->k,
-                         .batch = batch_of(shape->batch), .dtype = dtype};
+                         .batch = shape->batch > 1 ? shape->batch : 1, .dtype = dtype};
     if (db == NULL || !db->finished)
         return -1;
     int lo = 0;

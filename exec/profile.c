@@ -278,15 +278,11 @@ static ps_tile matrix(void *data, int64_t batch, int64_t rows, int64_t cols)
     return ps_tile_whole(data, &d);
 }
 
-static int64_t shape_batch(const ps_gemm_shape *sh)
-{
-    return sh->batch > 1 ? sh->batch : 1;
-}
 
 static ps_status add_gemm(shared *s, const ps_gemm_shape *sh, ps_dtype dtype, double sec,
                           ps_error *err)
 {
-    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .batch = shape_batch(sh),
+    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .batch = sh->batch,
                          .dtype = dtype, .seconds = sec};
     if (s->o->progress)
         fprintf(stderr, "profile: GEMM %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
@@ -337,7 +333,7 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
     g.op.attrs = ps_op_attrs_default(PS_OP_MATMUL);
     for (int i = 0; i < s->n_shapes; i++) {
         const ps_gemm_shape *sh = &s->shapes[i];
-        int64_t nb = shape_batch(sh);
+        int64_t nb = sh->batch;
         snprintf(g.op.attrs.einsum, sizeof g.op.attrs.einsum, "%s",
                  nb > 1 ? "bmk,bkn->bmn" : "mk,kn->mn");
         int64_t elems[3] = {nb * sh->m * sh->k, nb * sh->k * sh->n, nb * sh->m * sh->n};
@@ -653,12 +649,13 @@ out:
 
 static bool same_shape(const ps_gemm_shape *a, const ps_gemm_shape *b)
 {
-    return a->m == b->m && a->n == b->n && a->k == b->k && shape_batch(a) == shape_batch(b);
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch;
 }
 
-/* The GEMMs to time: the options' shapes, then each new shape of the
- * graphs' MATMUL ops on whole tensors (what those training steps compute:
- * attention's batched per-head products, the weights' gradients). */
+/* The GEMMs to time, each batch 1 and up: the options' shapes, then each
+ * new shape of the graphs' MATMUL ops on whole tensors (what those training
+ * steps compute: attention's batched per-head products, the weights'
+ * gradients). */
 static ps_status gemm_shapes(const ps_profile_options *o, ps_gemm_shape **out, int *n_out,
                              ps_error *err)
 {
@@ -668,22 +665,24 @@ static ps_status gemm_shapes(const ps_profile_options *o, ps_gemm_shape **out, i
     ps_gemm_shape *list = malloc((size_t)cap * sizeof *list);
     if (list == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < o->n_shapes; i++)
-        list[n++] = o->shapes[i];
+    for (int i = 0; i < o->n_shapes; i++) {
+        list[n] = o->shapes[i];
+        if (list[n].batch < 1) /* 0: one GEMM */
+            list[n].batch = 1;
+        n++;
+    }
     for (int i = 0; i < o->n_op_graphs; i++) {
         const ps_graph *g = o->op_graphs[i];
         for (int j = 0; j < g->n_ops; j++) {
             const ps_op *op = &g->ops[j];
-            ps_einsum e;
-            if (op->kind != PS_OP_MATMUL || ps_einsum_parse(op->attrs.einsum, &e, NULL) != PS_OK)
+            ps_tensor_desc in[2];
+            ps_gemm_shape sh;
+            if (op->kind != PS_OP_MATMUL)
                 continue;
-            int64_t size[26] = {0};
-            for (int t = 0; t < 2; t++) {
-                const ps_tensor *x = &g->tensors[op->in[t]];
-                for (int d = 0; d < e.rank[t]; d++)
-                    size[e.labels[t][d] - 'a'] = x->desc.shape[d];
-            }
-            ps_gemm_shape sh = ps_einsum_gemm_shape(&e, size);
+            for (int t = 0; t < 2; t++)
+                in[t] = g->tensors[op->in[t]].desc;
+            if (ps_matmul_gemm_shape(op->attrs.einsum, in, &sh, NULL) != PS_OK)
+                continue;
             bool seen = false;
             for (int q = 0; q < n && !seen; q++)
                 seen = same_shape(&list[q], &sh);
@@ -746,8 +745,7 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
         PS_TRY(gemm_shapes(o, &s.shapes, &s.n_shapes, err));
     for (int i = 0; i < s.n_shapes; i++) {
         const ps_gemm_shape *sh = &s.shapes[i];
-        int64_t e = sh->m * sh->k > sh->k * sh->n ? sh->m * sh->k : sh->k * sh->n;
-        e *= shape_batch(sh);
+        int64_t e = sh->batch * (sh->m * sh->k > sh->k * sh->n ? sh->m * sh->k : sh->k * sh->n);
         most = e > most ? e : most;
     }
     host = malloc((size_t)most * sizeof *host);

@@ -854,16 +854,12 @@ static void gemm_shapes(void **state)
 static ps_gemm_shape strategy_gemm(const ps_graph *g, const ps_op *op, const ps_strategy *st,
                                    const ps_logical_mesh *m)
 {
-    ps_einsum e;
-    assert_int_equal(ps_einsum_parse(op->attrs.einsum, &e, NULL), PS_OK);
-    int64_t size[26] = {0};
-    for (int i = 0; i < 2; i++) {
-        ps_tensor_desc tile;
-        assert_true(ps_spec_tile(&st->in[i], &g->tensors[op->in[i]].desc, m->shape, &tile));
-        for (int d = 0; d < e.rank[i]; d++)
-            size[e.labels[i][d] - 'a'] = tile.shape[d];
-    }
-    return ps_einsum_gemm_shape(&e, size);
+    ps_tensor_desc tiles[2];
+    for (int i = 0; i < 2; i++)
+        assert_true(ps_spec_tile(&st->in[i], &g->tensors[op->in[i]].desc, m->shape, &tiles[i]));
+    ps_gemm_shape sh;
+    assert_int_equal(ps_matmul_gemm_shape(op->attrs.einsum, tiles, &sh, NULL), PS_OK);
+    return sh;
 }
 
 /* The fp32 training step of a one-block GPT (hidden 64, FFN 256). */
@@ -1299,13 +1295,9 @@ static void cpu_graph_gemms(void **state)
         const ps_op *op = &step->ops[i];
         if (op->kind != PS_OP_MATMUL)
             continue;
-        ps_einsum e;
-        assert_int_equal(ps_einsum_parse(op->attrs.einsum, &e, NULL), PS_OK);
-        int64_t size[26] = {0};
-        for (int t = 0; t < 2; t++)
-            for (int d = 0; d < e.rank[t]; d++)
-                size[e.labels[t][d] - 'a'] = step->tensors[op->in[t]].desc.shape[d];
-        ps_gemm_shape sh = ps_einsum_gemm_shape(&e, size);
+        ps_tensor_desc in[2] = {step->tensors[op->in[0]].desc, step->tensors[op->in[1]].desc};
+        ps_gemm_shape sh;
+        assert_int_equal(ps_matmul_gemm_shape(op->attrs.einsum, in, &sh, NULL), PS_OK);
         if (!db_has_gemm(db, sh.m, sh.n, sh.k, sh.batch))
             fail_msg("%s (%s): no GEMM %lld x %lld x %lld batch %lld", op->name,
                      op->attrs.einsum, (long long)sh.m, (long long)sh.n, (long long)sh.k,
