@@ -154,6 +154,7 @@ ps_status ps_cluster_clone(const ps_cluster *c, ps_cluster **out)
            (size_t)ps_cluster_device_count(c) * sizeof *copy->device_kind);
     copy->intra = c->intra;
     copy->inter = c->inter;
+    copy->shared_cores_per_node = c->shared_cores_per_node;
     copy->profile = c->profile;
     *out = copy;
     copy = NULL;
@@ -246,7 +247,19 @@ ps_status ps_cluster_validate(const ps_cluster *c, ps_error *err)
                             "bandwidth and a non-negative latency (found %d, %g B/s, %g s)",
                             c->name, MAX_NICS_PER_NODE, c->inter.nics_per_node,
                             c->inter.nic_bandwidth_bytes_per_s, c->inter.latency_s);
+    if (c->shared_cores_per_node < 0 || c->shared_cores_per_node > PS_CLUSTER_MAX_DEVICES)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cluster \"%s\": shared_cores_per_node must be 1 to %d, or 0 for "
+                            "none (found %d)",
+                            c->name, PS_CLUSTER_MAX_DEVICES, c->shared_cores_per_node);
     return PS_OK;
+}
+
+double ps_cluster_compute_share(const ps_cluster *c)
+{
+    if (c->shared_cores_per_node <= 0 || c->shared_cores_per_node >= c->devices_per_node)
+        return 1;
+    return (double)c->devices_per_node / c->shared_cores_per_node;
 }
 
 bool ps_device_kind_equal(const ps_device_kind *a, const ps_device_kind *b)
@@ -280,7 +293,8 @@ bool ps_cluster_equal(const ps_cluster *a, const ps_cluster *b)
            a->intra.latency_s == b->intra.latency_s && a->inter.topology == b->inter.topology &&
            a->inter.nics_per_node == b->inter.nics_per_node &&
            a->inter.nic_bandwidth_bytes_per_s == b->inter.nic_bandwidth_bytes_per_s &&
-           a->inter.latency_s == b->inter.latency_s;
+           a->inter.latency_s == b->inter.latency_s &&
+           a->shared_cores_per_node == b->shared_cores_per_node;
 }
 
 /* ---- reading JSON ------------------------------------------------------ */
@@ -564,7 +578,8 @@ out:
 
 static const char *const full_keys[] = {"name",       "nodes",        "devices_per_node",
                                         "device",     "device_kinds", "overrides",
-                                        "intra_node", "inter_node",   NULL};
+                                        "intra_node", "inter_node",   "shared_cores_per_node",
+                                        NULL};
 static const char *const preset_keys[] = {"preset", "name", "device_kinds", "overrides", NULL};
 
 static ps_status from_preset_json(const ps_jv *root, ps_cluster **out, ps_error *err)
@@ -623,6 +638,9 @@ static ps_status from_full_json(const ps_jv *root, ps_cluster **out, ps_error *e
     PS_TRY(read_default_device(c, root, err));
     PS_TRY(read_overrides(c, root, err));
     PS_TRY(read_links(c, root, err));
+    if (ps_jv_has(root, "shared_cores_per_node"))
+        PS_TRY(read_count(root, "shared_cores_per_node", PS_CLUSTER_MAX_DEVICES,
+                          &c->shared_cores_per_node, err));
     *out = c;
     c = NULL;
 out:
@@ -788,6 +806,8 @@ ps_status ps_cluster_to_json(const ps_cluster *c, json_t **out)
     }
     PS_TRY(ps_json_set(root, "intra_node", intra_json(&c->intra)));
     PS_TRY(ps_json_set(root, "inter_node", inter_json(&c->inter)));
+    if (c->shared_cores_per_node > 0) /* absent: none, so older files read the same */
+        PS_TRY(ps_json_set(root, "shared_cores_per_node", json_integer(c->shared_cores_per_node)));
     *out = root;
     root = NULL;
 out:

@@ -60,6 +60,11 @@ typedef struct ps_cluster {
     int *device_kind;      /* [nodes * devices_per_node]: index into kinds */
     ps_intra_link intra;
     ps_inter_link inter;
+    /* 0: every device computes on its own processor (GPUs). Else the devices
+     * of a node are threads sharing this many cores (the CPU backend): while
+     * n of them compute, each runs at min(1, cores / n) of its speed
+     * (ps_cluster_compute_share; docs/cluster-format.md). */
+    int shared_cores_per_node;
     /* Measured times the cost model uses instead of its analytic defaults
      * (core/profile_db.h); borrowed, NULL = none. Set by the caller that
      * loaded the DB (pipeshard plan --profile-db); clones share it; files,
@@ -77,6 +82,10 @@ static inline int ps_cluster_device_count(const ps_cluster *c)
 {
     return c->nodes * c->devices_per_node;
 }
+/* How much slower a device computes when every device of its node
+ * computes at once: devices_per_node / shared_cores_per_node, at least 1
+ * (1 without shared cores). The cost model's compute times assume it. */
+double ps_cluster_compute_share(const ps_cluster *c);
 /* Borrowed pointer to the kind of device d (0 <= d < device_count). */
 const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device);
 /* The least memory of any device (bytes): what a plan must fit everywhere. */

@@ -139,6 +139,9 @@ typedef struct ps_program_stage {
                                     * slowest at the model's dtype), as
                                     * ps_device_kind_speed_flops_per_s measures it: a
                                     * device of speed v runs them in seconds * ref / v */
+    double compute_share;          /* the slowdown the seconds include for devices sharing
+                                    * cores (ps_cluster_compute_share): alone, a device
+                                    * runs them in seconds / compute_share; 0 or 1: none */
 } ps_program_stage;
 
 typedef struct ps_program {

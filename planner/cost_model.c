@@ -82,6 +82,7 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
     m->memory_bandwidth_bytes_per_s = INFINITY;
     m->memory_bytes = INFINITY;
     m->profile = c->profile;
+    m->compute_share = ps_cluster_compute_share(c);
     for (int i = 0; i < m->n_devices; i++) {
         m->devices[i] = first_device + i;
         if (!ps_profile_applies(c, m->devices[i]))
@@ -126,7 +127,7 @@ bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b)
     if (a->hosts != b->hosts || a->devices_per_host != b->devices_per_host ||
         a->n_devices != b->n_devices || a->profile != b->profile ||
         a->memory_bandwidth_bytes_per_s != b->memory_bandwidth_bytes_per_s ||
-        a->memory_bytes != b->memory_bytes ||
+        a->memory_bytes != b->memory_bytes || a->compute_share != b->compute_share ||
         a->params.gemm_efficiency != b->params.gemm_efficiency ||
         a->params.other_efficiency != b->params.other_efficiency ||
         a->params.bandwidth_efficiency != b->params.bandwidth_efficiency)
@@ -204,7 +205,7 @@ static double compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, 
         if (s >= 0)
             t_flops = s;
     }
-    return fmax(t_flops, t_bytes);
+    return fmax(t_flops, t_bytes) * m->compute_share;
 }
 
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
@@ -219,7 +220,7 @@ double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype
     if (!gemm && m->profile != NULL) {
         double s = ps_profile_op_s(m->profile, kind, bytes);
         if (s >= 0)
-            return s;
+            return s * m->compute_share;
     }
     return compute_s(m, dtype, flops, bytes, gemm, gemm ? gemm_shape : NULL);
 }

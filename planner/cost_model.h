@@ -21,7 +21,12 @@
  * a collective on an axis inside a node and a transfer inside a node take
  * the DB's time for their kind, group size and bytes. Whatever the DB does
  * not cover (other ops, dtypes or kinds it lacks, axes across nodes) keeps
- * the analytic model. */
+ * the analytic model.
+ *
+ * On a cluster whose devices share cores (shared_cores_per_node), every
+ * compute time is that of a device alone times the node's compute share:
+ * the steady state of a pipeline with every device busy, an upper bound
+ * (the simulator shares the cores by what actually runs at once). */
 #ifndef PS_PLANNER_COST_MODEL_H
 #define PS_PLANNER_COST_MODEL_H
 
@@ -51,6 +56,10 @@ typedef struct ps_logical_mesh {
     double peak_flops[PS_FLOAT_DTYPE_COUNT]; /* slowest device */
     double memory_bandwidth_bytes_per_s;     /* slowest device */
     double memory_bytes;                     /* smallest device */
+    /* Compute times are multiplied by it: ps_cluster_compute_share, the
+     * slowdown of a device whose node's devices all compute at once on
+     * shared cores (1 on GPUs) */
+    double compute_share;
     ps_cost_params params;
     const ps_profile_db *profile; /* borrowed from the cluster; NULL: analytic */
 } ps_logical_mesh;

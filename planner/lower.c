@@ -1120,6 +1120,8 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
                 ps->reference_flops_per_s = ps_device_kind_speed_flops_per_s(kd);
             }
         }
+        /* the cost model multiplied every compute time by it (cost_model.h) */
+        ps->compute_share = ps_cluster_compute_share(p->cluster);
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
             ps->kernel[ph] = -1;
     }

@@ -7,6 +7,8 @@
  *   transfer inside a node crosses the sender's port up and the receiver's
  *   port down, so it takes intra latency + bytes / intra bandwidth alone,
  *   and a device talking to two peers shares its port;
+ * - a node whose devices share cores (shared_cores_per_node) has a host
+ *   "node<k>_cpu" with that many cores, where its devices' computes run;
  * - every node has one NIC link "node<k>_nic" (SPLITDUPLEX, nics_per_node x
  *   nic_bandwidth per direction, half of inter - intra latency) from its
  *   switch to the rest of the cluster;
@@ -122,6 +124,15 @@ static void write_pod(const layout *l, int pod, bool root)
     for (int d = lo * dpn; d < hi * dpn; d++)
         fprintf(f, "<host id=\"dev%d\" speed=\"%.17gf\"/>\n", d,
                 ps_device_kind_speed_flops_per_s(ps_cluster_device(c, d)));
+    for (int n = lo; n < hi && c->shared_cores_per_node > 0; n++) {
+        /* the cores the node's devices share: computes run here (replay.c),
+         * each on one core at most; no route reaches it */
+        double speed = 0;
+        for (int d = n * dpn; d < (n + 1) * dpn; d++)
+            speed = fmax(speed, ps_device_kind_speed_flops_per_s(ps_cluster_device(c, d)));
+        fprintf(f, "<host id=\"node%d_cpu\" speed=\"%.17gf\" core=\"%d\"/>\n", n, speed,
+                c->shared_cores_per_node);
+    }
     for (int n = lo; n < hi; n++)
         fprintf(f, "<router id=\"node%d_sw\"/>\n", n);
     if (c->nodes > 1)

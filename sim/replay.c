@@ -24,6 +24,7 @@
 #include <simgrid/actor.h>
 #include <simgrid/comm.h>
 #include <simgrid/engine.h>
+#include <simgrid/exec.h>
 #include <simgrid/host.h>
 #include <simgrid/mailbox.h>
 #include <simgrid/semaphore.h>
@@ -84,6 +85,7 @@ typedef struct sim_actor {
     const ps_program *prog;
     int device;
     double speed_flops_per_s;
+    sg_host_t cpu; /* where its computes run: its node's shared cores; NULL: its own host */
     /* Virtual time: where the program is, at or after the SimGrid clock.
      * What lies between them is run as one execution before the device
      * next meets another (flush_compute): the computes since the last
@@ -134,6 +136,7 @@ struct sim_ctx {
     const ps_sim_options *o;
     sim_actor *actors; /* [set->n_devices] */
     sg_host_t *hosts;  /* [set->n_devices] */
+    sg_host_t *node_cpus; /* [c->nodes] the cores each node's devices share; NULL: none */
     ps_trace_writer *trace;
     bool trace_failed;
     ps_error err; /* the first failure inside an actor */
@@ -342,13 +345,34 @@ static void flush_compute(sim_actor *a)
     a->pend_closed_form = false;
     double pred_flops = a->pend_pred_flops;
     a->pend_pred_flops = 0;
-    /* what is pending counts as predicted: the host runs nothing else */
     a->comm_s += delay_s;
-    a->compute_s += compute_s;
-    if (todo_s > 0) {
-        /* the host's speed turns seconds into FLOPs */
-        sg_actor_execute(todo_s * a->speed_flops_per_s);
-        a->events++;
+    if (a->cpu != NULL) {
+        /* shared cores: the deferred latencies (and node-ring ends) pass
+         * first, then the computes share the node's cores with its other
+         * devices' (alone they take compute_s); their time is as long as
+         * that takes */
+        double other_s = todo_s - compute_s;
+        if (other_s > 0) {
+            sg_actor_sleep_for(other_s);
+            a->events++;
+        }
+        if (compute_s > 0) {
+            double c0 = simgrid_get_clock();
+            sg_exec_t e = sg_actor_exec_init(compute_s * sg_host_get_speed(a->cpu));
+            sg_exec_set_host(e, a->cpu);
+            sg_exec_start(e);
+            sg_exec_wait(e);
+            a->events++;
+            a->compute_s += simgrid_get_clock() - c0;
+        }
+    } else {
+        /* what is pending counts as predicted: the host runs nothing else */
+        a->compute_s += compute_s;
+        if (todo_s > 0) {
+            /* the host's speed turns seconds into FLOPs */
+            sg_actor_execute(todo_s * a->speed_flops_per_s);
+            a->events++;
+        }
     }
     double t1 = simgrid_get_clock();
     a->v_s = t1;
@@ -569,7 +593,9 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
 static bool node_rings_timed(const sim_ctx *ctx)
 {
     const ps_sim_options *o = ctx->o;
-    return !o->collective_steps && !o->node_collectives_transfers && ctx->trace == NULL;
+    /* with shared cores a compute's end is known only once it ran */
+    return !o->collective_steps && !o->node_collectives_transfers && ctx->trace == NULL &&
+           ctx->node_cpus == NULL;
 }
 
 /* Whether device b, suspended in a node ring, can go on: the transfer it
@@ -800,16 +826,16 @@ static bool buffer_ok(const sim_actor *a, int b)
 }
 
 /* One instruction; mb is the micro-batch of its instances (the RUN's inside
- * a kernel), ref the FLOP/s its compute seconds assume. */
-static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_s)
+ * a kernel); `scale` turns its compute seconds into this device's alone
+ * (compute_scale). */
+static bool step(sim_actor *a, const ps_instr *in, int mb, double scale)
 {
     const ps_program_set *set = a->ctx->set;
     switch ((ps_instr_kind)in->kind) {
     case PS_INSTR_COMPUTE:
     case PS_INSTR_SLICE:
     {
-        /* the seconds are for a device of speed ref: this host's share */
-        double d_s = in->seconds * (ref_flops_per_s / a->speed_flops_per_s);
+        double d_s = in->seconds * scale;
         a->pend_compute_s += d_s;
         a->v_s += d_s;
         a->pend_pred_flops += in->flops;
@@ -842,6 +868,23 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double ref_flops_per_
     return actor_fail(a, PS_ERR_INVALID, "instruction not allowed here");
 }
 
+/* Predicted seconds of stage `stage` to this device's seconds alone. They
+ * are for a device of speed ref (else this one's), which runs them in
+ * seconds * ref / speed; with shared cores they include the node's compute
+ * share, which the shared host models instead. */
+static double compute_scale(const sim_actor *a, int stage)
+{
+    const ps_program_set *set = a->ctx->set;
+    const ps_program_stage *st = stage >= 0 && stage < set->n_stages ? &set->stages[stage] : NULL;
+    double ref = st != NULL ? st->reference_flops_per_s : 0;
+    if (!(ref > 0))
+        ref = a->speed_flops_per_s;
+    double scale = ref / a->speed_flops_per_s;
+    if (a->cpu != NULL && st != NULL && st->compute_share > 1)
+        scale /= st->compute_share;
+    return scale;
+}
+
 static bool run_kernel(sim_actor *a, const ps_instr *in)
 {
     const ps_program_set *set = a->ctx->set;
@@ -852,10 +895,7 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
     if (a->pend_compute_s > 0)
         flush_compute(a);
     const ps_kernel *k = &set->kernels[in->kernel];
-    double ref =
-        k->stage >= 0 && k->stage < set->n_stages ? set->stages[k->stage].reference_flops_per_s : 0;
-    if (!(ref > 0)) /* no reference speed: take the seconds as this device's */
-        ref = a->speed_flops_per_s;
+    double scale = compute_scale(a, k->stage);
     a->cur_phase = (int)k->phase;
     a->cur_mb = in->mb;
     double t0 = a->v_s;
@@ -863,7 +903,7 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
         a->kpc = i;
         if (k->instrs[i].kind == PS_INSTR_RUN)
             return actor_fail(a, PS_ERR_INVALID, "run inside a kernel");
-        if (!step(a, &k->instrs[i], in->mb, ref))
+        if (!step(a, &k->instrs[i], in->mb, scale))
             return false;
     }
     flush_compute(a);
@@ -882,15 +922,11 @@ static void actor_main(int argc, char **argv)
     (void)argv;
     sim_actor *a = sg_actor_self_get_data();
     const ps_program *p = a->prog;
-    const ps_program_set *set = a->ctx->set;
-    /* program-level computes (none in lowered programs) use the stage's reference */
-    double ref =
-        p->stage >= 0 && p->stage < set->n_stages ? set->stages[p->stage].reference_flops_per_s : 0;
-    if (!(ref > 0))
-        ref = a->speed_flops_per_s;
+    /* program-level computes (none in lowered programs) use the stage's */
+    double scale = compute_scale(a, p->stage);
     for (a->pc = 0; a->pc < p->n_instrs; a->pc++) {
         const ps_instr *in = &p->instrs[a->pc];
-        bool ok = in->kind == PS_INSTR_RUN ? run_kernel(a, in) : step(a, in, in->mb, ref);
+        bool ok = in->kind == PS_INSTR_RUN ? run_kernel(a, in) : step(a, in, in->mb, scale);
         if (!ok)
             return;
     }
@@ -1037,10 +1073,20 @@ static ps_status map_hosts(sim_ctx *ctx, ps_error *err)
         if (d >= 0 && d < ctx->set->n_devices && end != NULL && *end == '\0')
             ctx->hosts[d] = list[i];
     }
+    for (int i = 0; i < n && ctx->node_cpus != NULL; i++) {
+        const char *name = sg_host_get_name(list[i]);
+        int k = -1, len = 0;
+        if (sscanf(name, "node%d_cpu%n", &k, &len) == 1 && name[len] == '\0' && k >= 0 &&
+            k < ctx->c->nodes)
+            ctx->node_cpus[k] = list[i];
+    }
     xbt_free(list);
     for (int d = 0; d < ctx->set->n_devices; d++)
         if (ctx->hosts[d] == NULL)
             return ps_error_set(err, PS_ERR_INTERNAL, "the platform has no host for device %d", d);
+    for (int k = 0; ctx->node_cpus != NULL && k < ctx->c->nodes; k++)
+        if (ctx->node_cpus[k] == NULL)
+            return ps_error_set(err, PS_ERR_INTERNAL, "the platform has no cores for node %d", k);
     return PS_OK;
 }
 
@@ -1078,6 +1124,10 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
     ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
     PS_TRY_ALLOC(ctx.actors, err);
     PS_TRY_ALLOC(ctx.hosts, err);
+    if (c->shared_cores_per_node > 0) {
+        ctx.node_cpus = calloc((size_t)c->nodes, sizeof *ctx.node_cpus);
+        PS_TRY_ALLOC(ctx.node_cpus, err);
+    }
     long long members = 0;
     for (int g = 0; g < s->n_groups; g++)
         members += s->groups[g].n > 0 ? s->groups[g].n : 0;
@@ -1112,6 +1162,8 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
             continue;
         a->prog = &s->programs[d];
         a->speed_flops_per_s = sg_host_get_speed(ctx.hosts[d]);
+        if (ctx.node_cpus != NULL)
+            a->cpu = ctx.node_cpus[d / c->devices_per_node];
         char name[32];
         snprintf(name, sizeof name, "dev%d", d);
         sg_actor_t actor = sg_actor_init(name, ctx.hosts[d]);
@@ -1168,6 +1220,7 @@ out:
         }
     free(ctx.actors);
     free(ctx.hosts);
+    free(ctx.node_cpus);
     free(ctx.ring_first);
     free(ctx.ring_members);
     res->wall_s = ps_monotonic_s() - ctx.wall_start_s;

@@ -434,6 +434,69 @@ static void test_json_errors_in_memory(void **state)
     expect_text_error("\"dgx-a100\"", "'[' or '{' expected");
 }
 
+/* Devices sharing cores: the key's checks, its share, and round trips
+ * (absent when 0, so that files without it read and write the same). */
+static void test_shared_cores(void **state)
+{
+    (void)state;
+    const char *head = "{\"name\": \"host\", \"nodes\": 2, \"devices_per_node\": 8, "
+                       "\"device\": \"a100-sxm4-80gb\", \"intra_node\": {\"topology\": "
+                       "\"nvswitch\", \"bandwidth_bytes_per_s\": 1e9, \"latency_s\": 0}, "
+                       "\"inter_node\": {\"topology\": \"fat-tree\", \"nics_per_node\": 1, "
+                       "\"nic_bandwidth_bytes_per_s\": 1e9, \"latency_s\": 0}";
+    const struct {
+        const char *value;
+        int cores;
+        double share;
+    } ok[] = {{"1", 1, 8}, {"2", 2, 4}, {"3", 3, 8.0 / 3}, {"8", 8, 1}, {"64", 64, 1}};
+    char text[1024];
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        snprintf(text, sizeof text, "%s, \"shared_cores_per_node\": %s}", head, ok[i].value);
+        ps_cluster *c = from_text_ok(text);
+        assert_int_equal(c->shared_cores_per_node, ok[i].cores);
+        assert_true(ps_cluster_compute_share(c) == ok[i].share);
+        check_file_round_trip(c);
+        check_text_round_trip(c);
+        ps_cluster *copy = NULL;
+        assert_int_equal(ps_cluster_clone(c, &copy), PS_OK);
+        assert_true(ps_cluster_equal(c, copy));
+        copy->shared_cores_per_node++;
+        assert_false(ps_cluster_equal(c, copy));
+        ps_cluster_free(copy);
+        ps_cluster_free(c);
+    }
+    snprintf(text, sizeof text, "%s}", head);
+    ps_cluster *c = from_text_ok(text);
+    assert_int_equal(c->shared_cores_per_node, 0);
+    assert_true(ps_cluster_compute_share(c) == 1);
+    json_t *j = NULL;
+    assert_int_equal(ps_cluster_to_json(c, &j), PS_OK);
+    assert_null(json_object_get(j, "shared_cores_per_node"));
+    json_decref(j);
+    c->shared_cores_per_node = -1;
+    ps_error err = {0};
+    assert_int_equal(ps_cluster_validate(c, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "shared_cores_per_node must be 1 to"));
+    ps_cluster_free(c);
+    const struct {
+        const char *value, *want;
+    } bad[] = {
+        {"0", "shared_cores_per_node: must be at least 1 (found 0)"},
+        {"-2", "shared_cores_per_node: must be at least 1 (found -2)"},
+        {"2.0", "shared_cores_per_node: expected an integer"},
+        {"\"2\"", "shared_cores_per_node: expected an integer"},
+        {"null", "shared_cores_per_node: expected an integer"},
+        {"2000000", "shared_cores_per_node: 2000000 is too large"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(text, sizeof text, "%s, \"shared_cores_per_node\": %s}", head, bad[i].value);
+        expect_text_error(text, bad[i].want);
+    }
+    /* a preset's shape is the preset's */
+    expect_text_error("{\"preset\": \"dgx-a100\", \"shared_cores_per_node\": 2}",
+                      "shared_cores_per_node");
+}
+
 static void test_bad_files(void **state)
 {
     (void)state;
@@ -593,6 +656,7 @@ int main(void)
         cmocka_unit_test(test_preset_with_overrides),
         cmocka_unit_test(test_default_kind_forms),
         cmocka_unit_test(test_json_errors_in_memory),
+        cmocka_unit_test(test_shared_cores),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_create_validate_equal),

@@ -1237,6 +1237,203 @@ static void planner_prediction_uncontended(void **state)
     report_worst("planner_prediction_uncontended");
 }
 
+/* ---- devices sharing cores ---- */
+
+static ps_cluster *shared_cluster(int dpn, int cores, double flops)
+{
+    ps_cluster *c = cluster_make(1, dpn, 300 * GB, 1e-9, 1, 25 * GB, 5e-6, flops);
+    c->shared_cores_per_node = cores;
+    assert_int_equal(ps_cluster_validate(c, NULL), PS_OK);
+    return c;
+}
+
+/* Processor sharing written out plainly: n devices start at 0 with work[i]
+ * seconds alone; while b of them are busy each runs at min(1, cores / b).
+ * end[i]: when device i finishes. */
+static void processor_sharing(const double *work, int n, int cores, double *end)
+{
+    double left[64], now = 0;
+    bool busy[64];
+    for (int i = 0; i < n; i++) {
+        left[i] = work[i];
+        busy[i] = work[i] > 0;
+        end[i] = 0;
+    }
+    for (;;) {
+        int b = 0;
+        for (int i = 0; i < n; i++)
+            b += busy[i];
+        if (b == 0)
+            return;
+        double rate = b <= cores ? 1 : (double)cores / b, step = INFINITY;
+        for (int i = 0; i < n; i++)
+            if (busy[i] && left[i] / rate < step)
+                step = left[i] / rate;
+        now += step;
+        for (int i = 0; i < n; i++) {
+            if (!busy[i])
+                continue;
+            left[i] -= step * rate;
+            if (left[i] <= 1e-15 * work[i]) {
+                busy[i] = false;
+                end[i] = now;
+            }
+        }
+    }
+}
+
+/* Devices of one node computing from the start share its cores as
+ * processor sharing does, whatever the counts; the kernels' seconds carry
+ * the node's compute share as the lowering writes it. */
+static void shared_cores_are_processor_sharing(void **state)
+{
+    (void)state;
+    srand(7);
+    for (int trial = 0; trial < 40; trial++) {
+        int dpn = 1 + rand() % 8, cores = 1 + rand() % (dpn + 1);
+        ps_cluster *c = shared_cluster(dpn, cores, 312e12);
+        double share = ps_cluster_compute_share(c);
+        ps_program_set *s = set_make(dpn, dpn);
+        s->micro_batches = 1;
+        double work[8], end[8];
+        for (int d = 0; d < dpn; d++) {
+            stage_set(s, d, &d, 1, 1, 312e12);
+            s->stages[d].compute_share = share;
+            /* a forward of 1 to 3 computes, and a backward */
+            int k = -1;
+            work[d] = 0;
+            assert_int_equal(ps_program_add_kernel(s, d, PS_PHASE_FORWARD, &k), PS_OK);
+            for (int i = 0, n = 1 + rand() % 3; i < n; i++) {
+                ps_instr in = ps_instr_init(PS_INSTR_COMPUTE);
+                double alone = 1e-3 * (1 + rand() % 100);
+                in.seconds = alone * share;
+                work[d] += alone;
+                assert_int_equal(ps_kernel_append(&s->kernels[k], &in), PS_OK);
+            }
+            s->stages[d].kernel[PS_PHASE_FORWARD] = k;
+            double back = 1e-3 * (rand() % 50);
+            int kb = kernel_make(s, d, PS_PHASE_BACKWARD, back * share);
+            work[d] += back;
+            emit(s, d, run_of(k, 0));
+            emit(s, d, run_of(kb, 0));
+        }
+        processor_sharing(work, dpn, cores, end);
+        ps_summary *sum = simulate(s, c, NULL, NULL);
+        char what[96];
+        for (int d = 0; d < dpn; d++) {
+            snprintf(what, sizeof what, "trial %d: %d devices on %d cores, device %d", trial, dpn,
+                     cores, d);
+            /* busy computing from 0 to its end */
+            assert_close(sum->devices[d].compute_s, end[d], 1e-6, what);
+            assert_close(sum->devices[d].compute_s + sum->devices[d].idle_s, sum->iteration_s,
+                         1e-6, what);
+        }
+        ps_summary_free(sum);
+        ps_program_set_free(s);
+        ps_cluster_free(c);
+    }
+    report_worst("shared_cores_are_processor_sharing");
+}
+
+/* A pipeline always has a device ready to compute: on one shared core it
+ * takes all of its work, p m (tf + tb), not (m + p - 1)(tf + tb); with a
+ * core per device, the usual bubble. */
+static void shared_core_pipeline(void **state)
+{
+    (void)state;
+    const double tf = 1e-3, tb = 2e-3;
+    for (int gpipe = 0; gpipe < 2; gpipe++)
+        for (int p = 2; p <= 4; p += 2)
+            for (int m = 1; m <= 8; m *= 2) {
+                char what[64];
+                snprintf(what, sizeof what, "%s p=%d m=%d", gpipe ? "gpipe" : "1f1b", p, m);
+                for (int cores = 1; cores <= p; cores += p - 1) {
+                    ps_cluster *c = shared_cluster(p, cores, 312e12);
+                    ps_program_set *s = pipeline_make(p, m, tf, tb, gpipe);
+                    ps_summary *sum = simulate(s, c, NULL, NULL);
+                    double want = cores == 1 ? p * m * (tf + tb) : (m + p - 1) * (tf + tb);
+                    assert_close(sum->iteration_s, want, 1e-6, what);
+                    ps_summary_free(sum);
+                    ps_program_set_free(s);
+                    ps_cluster_free(c);
+                }
+            }
+    report_worst("shared_core_pipeline");
+}
+
+/* The lowering of a plan for devices sharing cores: every compute takes the
+ * node's share times its time on the same devices alone, and the stages
+ * record the share for the simulator. */
+static void shared_cores_lowering(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 2;
+    cfg.hidden = 64;
+    cfg.ffn = 256;
+    cfg.heads = 4;
+    cfg.seq = 32;
+    cfg.vocab = 256;
+    cfg.batch = 8;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    /* data parallel on 8 devices, each alone, then the 8 sharing 2 cores */
+    ps_program_set *sets[2] = {NULL, NULL};
+    ps_plan *plans[2] = {NULL, NULL};
+    ps_plan_model *models[2] = {NULL, NULL};
+    /* slow devices: compute outweighs the links' latencies */
+    ps_cluster *cs[2] = {shared_cluster(8, 0, 1e9), shared_cluster(8, 2, 1e9)};
+    for (int i = 0; i < 2; i++) {
+        ps_plan_request req = {.forward = fwd,
+                               .config = &cfg,
+                               .train = ps_train_options_default(),
+                               .cluster = cs[i],
+                               .global_batch = 32,
+                               .micro_batches = 4,
+                               .ilp = ps_ilp_options_default(),
+                               .method = PS_METHOD_DATA};
+        ps_error err = {0};
+        if (ps_plan_one_stage(&req, &plans[i], NULL, NULL, &err) != PS_OK)
+            fail_msg("plan: %s", err.msg);
+        assert_int_equal(ps_plan_model_build(plans[i], &models[i], &err), PS_OK);
+        ps_lower_options lo = ps_lower_options_default();
+        if (ps_plan_lower(plans[i], models[i], &lo, &sets[i], &err) != PS_OK)
+            fail_msg("lower: %s", err.msg);
+    }
+    assert_true(sets[0]->stages[0].compute_share == 1);
+    assert_true(sets[1]->stages[0].compute_share == 4);
+    assert_int_equal(sets[0]->n_kernels, sets[1]->n_kernels);
+    int computes = 0;
+    for (int k = 0; k < sets[0]->n_kernels; k++) {
+        const ps_kernel *a = &sets[0]->kernels[k], *b = &sets[1]->kernels[k];
+        assert_int_equal(a->n_instrs, b->n_instrs);
+        for (int i = 0; i < a->n_instrs; i++)
+            if (a->instrs[i].kind == PS_INSTR_COMPUTE) {
+                assert_int_equal(a->instrs[i].op, b->instrs[i].op);
+                assert_close(b->instrs[i].seconds, 4 * a->instrs[i].seconds, 1e-12, "compute");
+                computes += a->instrs[i].seconds > 0;
+            }
+    }
+    assert_true(computes > 20);
+    /* the forward has no communication and all 8 devices compute it at once:
+     * 4 times as long on 2 cores, as the planner says */
+    ps_summary *alone = simulate(sets[0], cs[0], NULL, NULL);
+    ps_summary *shared = simulate(sets[1], cs[1], NULL, NULL);
+    assert_close(shared->stages[0].forward_s, 4 * alone->stages[0].forward_s, 1e-6, "forward");
+    assert_close(shared->stages[0].forward_s, plans[1]->stages[0].forward_s, 1e-6, "planner");
+    ps_summary_free(alone);
+    ps_summary_free(shared);
+    for (int i = 0; i < 2; i++) {
+        ps_program_set_free(sets[i]);
+        ps_plan_model_free(models[i]);
+        ps_plan_free(plans[i]);
+        ps_cluster_free(cs[i]);
+    }
+    ps_graph_free(fwd);
+    report_worst("shared_cores_lowering");
+}
+
 /* ---- scale smoke test ---- */
 
 static void smoke_1024_devices(void **state)
@@ -1301,6 +1498,9 @@ int main(void)
         cmocka_unit_test(trace_is_valid_json),
         cmocka_unit_test(lowered_plans_run),
         cmocka_unit_test(planner_prediction_uncontended),
+        cmocka_unit_test(shared_cores_are_processor_sharing),
+        cmocka_unit_test(shared_core_pipeline),
+        cmocka_unit_test(shared_cores_lowering),
         cmocka_unit_test(smoke_1024_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
