@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/profile_cluster.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/profile.h"
@@ -104,6 +105,13 @@ static void help(void)
            "  --tf32               cuda: the backend's fp32 GEMMs on TF32 tensor cores (as\n"
            "                       'pipeshard exec --tf32'; with --native-gemm: fp32 entries)\n"
            "  --progress           one line per entry on stderr while measuring\n"
+           "  --cluster-out C.json also write the cluster file of this machine as measured:\n"
+           "                       one node of --devices devices of the DB's kind, its\n"
+           "                       peak the fastest GEMM, its memory bandwidth the fastest\n"
+           "                       op, its links the send-recv entries; cpu: the devices\n"
+           "                       share the online cores (shared_cores_per_node) and the\n"
+           "                       physical memory (not with --gemm-all-devices, whose\n"
+           "                       times already include that sharing)\n"
            "  -o, --output DB.json where to write the DB (required)\n"
            "  -h, --help           this help\n");
 }
@@ -124,7 +132,8 @@ enum {
     OPT_PROGRESS,
     OPT_NATIVE,
     OPT_TF32,
-    OPT_ALL_DEVICES
+    OPT_ALL_DEVICES,
+    OPT_CLUSTER_OUT
 };
 
 static const struct option options[] = {
@@ -144,6 +153,7 @@ static const struct option options[] = {
     {"native-gemm", no_argument, NULL, OPT_NATIVE},
     {"tf32", no_argument, NULL, OPT_TF32},
     {"gemm-all-devices", no_argument, NULL, OPT_ALL_DEVICES},
+    {"cluster-out", required_argument, NULL, OPT_CLUSTER_OUT},
     {"output", required_argument, NULL, 'o'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -286,9 +296,38 @@ static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend *
 #endif
 }
 
+/* The cluster file of the machine measured (--cluster-out). */
+static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool cuda,
+                              const char *path, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_cluster *c = NULL;
+    ps_profile_host h = {.devices = b->n_devices};
+    char name[PS_NAME_MAX];
+    snprintf(name, sizeof name, "%.58s-host", db->device);
+    h.name = name;
+    if (cuda) {
+#ifdef PS_HAVE_CUDA
+        h.memory_bytes = ps_cuda_device_memory_bytes(0);
+#endif
+    } else {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES),
+             page = sysconf(_SC_PAGESIZE);
+        h.shared_cores = cores > 0 ? (int)cores : 1;
+        h.memory_bytes = pages > 0 && page > 0 ? (double)pages * (double)page / b->n_devices : 0;
+    }
+    if (!(h.memory_bytes > 0))
+        return ps_error_set(err, PS_ERR_IO, "%s: cannot read the devices' memory size", path);
+    PS_TRY(ps_profile_db_host_cluster(db, &h, &c, err));
+    PS_TRY(ps_cluster_save(c, path, err));
+out:
+    ps_cluster_free(c);
+    return st;
+}
+
 int ps_cmd_profile(int argc, char **argv)
 {
-    const char *backend = NULL, *output = NULL;
+    const char *backend = NULL, *output = NULL, *cluster_out = NULL;
     bool quick = false, no_gemm = false, no_ops = false, progress = false, native = false,
          tf32 = false;
     bool all_devices = false;
@@ -343,6 +382,7 @@ int ps_cmd_profile(int argc, char **argv)
         case OPT_NATIVE: native = true; break;
         case OPT_TF32: tf32 = true; break;
         case OPT_ALL_DEVICES: all_devices = true; break;
+        case OPT_CLUSTER_OUT: cluster_out = optarg; break;
         default:
             return ps_cli_usage_error("profile", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -357,6 +397,11 @@ int ps_cmd_profile(int argc, char **argv)
     if (output == NULL)
         return ps_cli_usage_error("profile", "-o DB.json is required");
     bool cuda = strcmp(backend, "cuda") == 0;
+    if (cluster_out != NULL && all_devices)
+        return ps_cli_usage_error("profile",
+                                  "--cluster-out describes devices sharing the host's cores, "
+                                  "which --gemm-all-devices times already include: profile "
+                                  "without it");
     if ((native || tf32) && !cuda)
         return ps_cli_usage_error("profile", "--native-gemm and --tf32 go with --backend cuda");
     if (devices == 0) {
@@ -392,6 +437,12 @@ int ps_cmd_profile(int argc, char **argv)
         o.gemm_timer_arg = &tf32;
     }
 #endif
+    if (cluster_out != NULL && (o.n_shapes == 0 || no_ops || o.max_bytes == 0 || devices < 2))
+        return ps_cli_usage_error("profile", "--cluster-out takes the devices' peak from the "
+                                             "GEMMs, their memory bandwidth from the ops and "
+                                             "their links from send-recv: it needs all three "
+                                             "(no --no-gemm, --no-ops or --max-bytes 0, and "
+                                             "--devices >= 2)");
     if (o.n_shapes == 0 && no_ops && (o.max_bytes == 0 || devices < 2))
         return ps_cli_usage_error("profile", "nothing to measure: no GEMMs, no other ops and no "
                                              "communication (--devices >= 2 and --max-bytes > 0)");
@@ -410,6 +461,8 @@ int ps_cmd_profile(int argc, char **argv)
     PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
     PS_TRY(ps_profile_measure(b, &o, &db, &err));
     PS_TRY(ps_profile_db_save(db, output, &err));
+    if (cluster_out != NULL)
+        PS_TRY(host_cluster(db, b, cuda, cluster_out, &err));
     print_tables(db);
 out:
     if (b != NULL)

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "core/json.h"
+#include "core/profile_cluster.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
 #include "exec/profile.h"
@@ -1365,6 +1366,98 @@ static void cpu_group_sizes(void **state)
     b->ops->destroy(b);
 }
 
+/* ---- the cluster of the machine measured ---------------------------------------- */
+
+static void add_op(ps_profile_db *db, ps_op_kind kind, int64_t bytes, double s)
+{
+    ps_error err = {0};
+    ps_profile_op o = {.op = kind, .bytes = bytes, .seconds = s};
+    if (ps_profile_db_add_op(db, &o, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+}
+
+static void expect_host_error(ps_profile_db *db, const char *want)
+{
+    finish(db);
+    ps_profile_host h = {.name = "h", .devices = 4, .memory_bytes = 1e9};
+    ps_cluster *c = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_profile_db_host_cluster(db, &h, &c, &err), PS_ERR_INVALID);
+    assert_null(c);
+    if (strstr(err.msg, want) == NULL)
+        fail_msg("expected \"%s\" in \"%s\"", want, err.msg);
+    ps_profile_db_free(db);
+}
+
+/* Closed forms of the derived rates, and a DB that lacks what one needs. */
+static void host_cluster(void **state)
+{
+    (void)state;
+    ps_profile_db *db = new_db("cpu");
+    add_gemm(db, 100, 100, 100, PS_DTYPE_F32, 2e-3);   /* 1e9 FLOP/s */
+    add_gemm(db, 200, 100, 100, PS_DTYPE_F32, 1e-3);   /* 4e9: the fastest */
+    ps_profile_gemm batched = {.m = 10, .n = 10, .k = 10, .batch = 100, .dtype = PS_DTYPE_BF16,
+                               .seconds = 1e-4};         /* 2e9 with its batch */
+    assert_int_equal(ps_profile_db_add_gemm(db, &batched, NULL), PS_OK);
+    add_op(db, PS_OP_ADD, 1000, 1e-6);       /* 1e9 B/s, but not the largest */
+    add_op(db, PS_OP_ADD, 100000, 2e-5);     /* 5e9 B/s: the largest add */
+    add_op(db, PS_OP_EMBEDDING, 1000000, 1e-6); /* 1e12 B/s, not a stream */
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1024, 3e-6);   /* the quickest: latency */
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1 << 20, 5e-4);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1 << 22, 1e-3); /* 4.19e9 B/s: the fastest */
+    add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 1 << 22, 1e-4); /* not a link's rate */
+    finish(db);
+    ps_profile_host h = {.name = "my-host", .devices = 8, .shared_cores = 2, .memory_bytes = 3e9};
+    ps_cluster *c = NULL;
+    ps_error err = {0};
+    if (ps_profile_db_host_cluster(db, &h, &c, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(c->name, "my-host");
+    assert_int_equal(c->nodes, 1);
+    assert_int_equal(c->devices_per_node, 8);
+    assert_int_equal(c->shared_cores_per_node, 2);
+    const ps_device_kind *k = ps_cluster_device(c, 7);
+    assert_string_equal(k->name, "cpu");
+    assert_close(k->peak_flops[PS_DTYPE_F32], 4e9, 1e-12);
+    assert_true(k->peak_flops[PS_DTYPE_F16] == 0);
+    assert_close(k->peak_flops[PS_DTYPE_BF16], 2e9, 1e-12);
+    assert_close(k->memory_bandwidth_bytes_per_s, 5e9, 1e-12);
+    assert_true(k->memory_bytes == 3e9);
+    assert_close(c->intra.bandwidth_bytes_per_s, (double)(1 << 22) / 1e-3, 1e-12);
+    assert_close(c->intra.latency_s, 3e-6, 1e-12);
+    /* the DB describes the cluster's devices: the cost model takes its times */
+    c->profile = db;
+    assert_true(ps_profile_applies(c, 0));
+    ps_cluster_free(c);
+    ps_profile_db_free(db);
+
+    /* no fp32 GEMM: fp32 gets the fastest of any dtype */
+    db = new_db("cpu");
+    add_gemm(db, 100, 100, 100, PS_DTYPE_F16, 1e-3);
+    add_op(db, PS_OP_ADD, 1000, 1e-6);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1024, 3e-6);
+    finish(db);
+    assert_int_equal(ps_profile_db_host_cluster(db, &h, &c, NULL), PS_OK);
+    assert_close(ps_cluster_device(c, 0)->peak_flops[PS_DTYPE_F32], 2e9, 1e-12);
+    ps_cluster_free(c);
+    ps_profile_db_free(db);
+
+    db = new_db("cpu");
+    add_op(db, PS_OP_ADD, 1000, 1e-6);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1024, 3e-6);
+    expect_host_error(db, "no GEMMs to take the devices' peak FLOP/s from");
+    db = new_db("cpu");
+    add_gemm(db, 100, 100, 100, PS_DTYPE_F32, 2e-3);
+    add_op(db, PS_OP_GELU, 1000, 1e-6);
+    add_comm(db, PS_PROFILE_SEND_RECV, 2, 1024, 3e-6);
+    expect_host_error(db, "no add entries to take the memory bandwidth from");
+    db = new_db("cpu");
+    add_gemm(db, 100, 100, 100, PS_DTYPE_F32, 2e-3);
+    add_op(db, PS_OP_ADD, 1000, 1e-6);
+    add_comm(db, PS_PROFILE_ALL_GATHER, 2, 1024, 3e-6);
+    expect_host_error(db, "no send-recv entries to take the links from");
+}
+
 /* ---- the command line -------------------------------------------------------- */
 
 /* Runs the binary with `args` (shell words), stdout and stderr into files
@@ -1399,8 +1492,11 @@ static void cli(void **state)
     assert_non_null(mkdtemp(dir));
     char args[1024], *out, *err;
 
-    /* a quick CPU profile: a DB and nccl-tests style tables */
-    snprintf(args, sizeof args, "profile --backend cpu --devices 2 --quick -o %s/db.json", dir);
+    /* a quick CPU profile: a DB and nccl-tests style tables, and the
+     * machine's cluster */
+    snprintf(args, sizeof args,
+             "profile --backend cpu --devices 2 --quick -o %s/db.json --cluster-out %s/host.json",
+             dir, dir);
     int rc = run_cli(dir, args, &out, &err);
     if (rc != 0)
         fail_msg("exit %d: %s", rc, err);
@@ -1426,7 +1522,40 @@ static void cli(void **state)
         if (!(ps_profile_op_s(db, kinds[k], 1e6) > 0))
             fail_msg("no %s entries", ps_op_kind_get(kinds[k])->name);
     assert_true(ps_profile_op_s(db, PS_OP_MATMUL, 1e6) < 0);
+    /* the cluster file is the one the DB makes, the devices sharing the
+     * online cores */
+    char host_path[600];
+    snprintf(host_path, sizeof host_path, "%s/host.json", dir);
+    ps_cluster *host = NULL, *want_host = NULL;
+    if (ps_cluster_load(host_path, &host, &e) != PS_OK)
+        fail_msg("%s", e.msg);
+    assert_int_equal(host->devices_per_node, 2);
+    assert_int_equal(host->shared_cores_per_node, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    ps_profile_host h = {.name = host->name,
+                         .devices = 2,
+                         .shared_cores = host->shared_cores_per_node,
+                         .memory_bytes = host->kinds[0].memory_bytes};
+    assert_int_equal(ps_profile_db_host_cluster(db, &h, &want_host, NULL), PS_OK);
+    assert_true(ps_cluster_equal(host, want_host));
+    assert_string_equal(host->name, "cpu-host");
+    ps_cluster_free(host);
+    ps_cluster_free(want_host);
+    unlink(host_path);
     ps_profile_db_free(db);
+
+    /* --cluster-out with a DB that cannot give it, or whose times already
+     * share the cores */
+    static const char *const no_cluster[] = {"--gemm-all-devices", "--no-ops", "--no-gemm",
+                                             "--max-bytes 0", "--devices 1"};
+    for (size_t i = 0; i < sizeof no_cluster / sizeof *no_cluster; i++) {
+        snprintf(args, sizeof args, "profile --backend cpu --quick %s -o %s/x.json --cluster-out %s",
+                 no_cluster[i], dir, host_path);
+        assert_int_equal(run_cli(dir, args, &out, &err), 2);
+        assert_non_null(strstr(err, "--cluster-out"));
+        free(out);
+        free(err);
+        assert_int_equal(access(host_path, F_OK), -1);
+    }
 
     /* --no-ops, --no-gemm and no communication: nothing to measure */
     snprintf(args, sizeof args,
@@ -1569,6 +1698,7 @@ int main(void)
         cmocka_unit_test(cpu_measurement),
         cmocka_unit_test(cpu_graph_gemms),
         cmocka_unit_test(cpu_group_sizes),
+        cmocka_unit_test(host_cluster),
         cmocka_unit_test(cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -82,6 +82,16 @@ int ps_cuda_device_count(void)
     return n > 0 ? n : 0;
 }
 
+double ps_cuda_device_memory_bytes(int gpu)
+{
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, gpu) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (double)prop.totalGlobalMem;
+}
+
 /* ---- streams ---------------------------------------------------------------- */
 
 /* Full fp32 or TF32 tensor cores; half GEMMs accumulate in fp32 and round

@@ -31,6 +31,9 @@ extern "C" {
  * missing or too old (cudaGetDeviceCount failing with any error, e.g. 35
  * "insufficient driver" or 100 "no device"). */
 int ps_cuda_device_count(void);
+/* Memory of CUDA device `gpu` in bytes (cudaGetDeviceProperties'
+ * totalGlobalMem); 0 when it cannot be read. */
+double ps_cuda_device_memory_bytes(int gpu);
 
 /* A per-device execution context: a CUDA stream, a cuBLAS handle bound to
  * it and a growable workspace. `device` is the plan's device (for messages),
