@@ -100,6 +100,7 @@ ps_status ps_profile_db_create(const char *device, const char *backend, int devi
     PS_TRY(copy_name(db->device, device, "device", err));
     PS_TRY(copy_name(db->backend, backend, "backend", err));
     db->devices = devices;
+    db->devices_at_once = 1;
     *out = db;
     db = NULL;
 out:
@@ -621,8 +622,9 @@ static ps_status check_derived(const ps_jv *obj, const char *key, double want, p
     return PS_OK;
 }
 
-static const char *const top_keys[] = {"version", "device",      "backend", "devices",
-                                       "gemm",    "collectives", "ops",     NULL};
+static const char *const top_keys[] = {"version",     "device", "backend",
+                                       "devices",     "gemm",   "collectives",
+                                       "ops",         "devices_at_once", NULL};
 static const char *const op_keys[] = {"op", "bytes", "seconds", "bytes_per_s", NULL};
 static const char *const gemm_keys[] = {"m",       "n",           "k", "batch", "dtype",
                                         "seconds", "flops_per_s", NULL};
@@ -787,6 +789,11 @@ static ps_status from_json(const ps_jv *root, ps_profile_db **out, ps_error *err
     PS_TRY(ps_jv_enum(&v, ps_profile_backend_names, 2, &backend, err));
     PS_TRY(ps_jv_opt_int(root, "devices", 1, 1, MAX_GROUP, &devices, err));
     PS_TRY(ps_profile_db_create(device, ps_profile_backend_names[backend], (int)devices, &db, err));
+    if (ps_jv_has(root, "devices_at_once")) {
+        int64_t at_once = 1;
+        PS_TRY(ps_jv_opt_int(root, "devices_at_once", 1, 1, devices, &at_once, err));
+        db->devices_at_once = (int)at_once;
+    }
     if (ps_jv_has(root, "gemm")) {
         PS_TRY(ps_jv_member(root, "gemm", &v, err));
         PS_TRY(read_gemm(db, &v, err));
@@ -861,6 +868,8 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
     PS_TRY(ps_json_set(root, "device", json_string(db->device)));
     PS_TRY(ps_json_set(root, "backend", json_string(db->backend)));
     PS_TRY(ps_json_set(root, "devices", json_integer(db->devices)));
+    if (db->devices_at_once > 1) /* absent: 1, so older DBs read and digest the same */
+        PS_TRY(ps_json_set(root, "devices_at_once", json_integer(db->devices_at_once)));
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
         json_t *e = json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m, "n",
@@ -922,7 +931,8 @@ ps_status ps_profile_db_save(const ps_profile_db *db, const char *path, ps_error
 bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b)
 {
     if (strcmp(a->device, b->device) != 0 || strcmp(a->backend, b->backend) != 0 ||
-        a->devices != b->devices || a->n_gemm != b->n_gemm || a->n_comm != b->n_comm ||
+        a->devices != b->devices || a->devices_at_once != b->devices_at_once ||
+        a->n_gemm != b->n_gemm || a->n_comm != b->n_comm ||
         a->n_op != b->n_op)
         return false;
     for (int i = 0; i < a->n_op; i++)

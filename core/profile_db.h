@@ -95,6 +95,10 @@ typedef struct ps_profile_db {
     char device[PS_PROFILE_NAME_MAX];  /* device kind, e.g. "a100-sxm4-80gb" or "cpu" */
     char backend[PS_PROFILE_NAME_MAX]; /* "cpu" or "cuda" */
     int devices;                       /* devices the measurement used */
+    /* devices that ran each GEMM and op together while they were timed: 1
+     * (alone, the default) or all of them (profile --gemm-all-devices: on
+     * the CPU backend the times then include the sharing of the cores) */
+    int devices_at_once;
     int n_gemm, cap_gemm;
     ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, batch, m, n, k after finish */
     int n_comm, cap_comm;

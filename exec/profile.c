@@ -734,6 +734,8 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     PS_TRY(check_options(b, o, err));
     const char *name = o->device_name != NULL ? o->device_name : b->ops->name;
     PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &db, err));
+    if (o->gemm_all_devices) /* the ops always, the GEMMs unless a native timer times them */
+        db->devices_at_once = b->n_devices;
     /* the largest buffer any measurement uploads */
     int64_t most = o->max_bytes > 0 ? o->max_bytes / 4 : 1;
     for (int i = 0; i < o->n_op_graphs; i++)

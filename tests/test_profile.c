@@ -134,7 +134,22 @@ static void round_trip(void **state)
     json_t *op = json_array_get(json_object_get(j, "ops"), 2);
     assert_string_equal(json_string_value(json_object_get(op, "op")), "softmax");
     assert_close(json_real_value(json_object_get(op, "bytes_per_s")), (1 << 20) / 4e-4, 1e-15);
+    /* devices_at_once: absent at 1 (older DBs keep their digest), else
+     * written and read back */
+    assert_null(json_object_get(j, "devices_at_once"));
     json_decref(j);
+    char before[17], after[17];
+    assert_int_equal(ps_profile_db_digest(db, before, sizeof before), PS_OK);
+    db->devices_at_once = 8;
+    assert_false(ps_profile_db_equal(db, back));
+    assert_int_equal(ps_profile_db_digest(db, after, sizeof after), PS_OK);
+    assert_string_not_equal(before, after);
+    assert_int_equal(ps_profile_db_save(db, path, &err), PS_OK);
+    ps_profile_db_free(back);
+    if (ps_profile_db_load(path, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(back->devices_at_once, 8);
+    assert_true(ps_profile_db_equal(db, back));
     unlink(path);
     ps_profile_db_free(back);
     ps_profile_db_free(db);
@@ -204,6 +219,11 @@ static void malformed(void **state)
         {"{\"version\": 1, \"device\": \"d\", \"backend\": \"tpu\"}",
          "backend: unknown value \"tpu\" (expected one of: cpu, cuda)"},
         {HEAD "\"devices\": 0, \"gemm\": []}", "devices: 0 is out of range"},
+        {HEAD "\"devices\": 4, \"devices_at_once\": 5, \"gemm\": []}",
+         "devices_at_once: 5 is out of range"},
+        {HEAD "\"devices_at_once\": 0, \"gemm\": []}", "devices_at_once: 0 is out of range"},
+        {HEAD "\"devices\": 4, \"devices_at_once\": 2.5, \"gemm\": []}",
+         "devices_at_once: expected an integer"},
         {HEAD "\"gemm\": []}", "(top level): the profile DB holds no measurements"},
         {HEAD "\"gemm\": [], \"collectives\": []}", "holds no measurements"},
         {HEAD "\"gemm\": {}}", "gemm: expected an array, found an object"},
@@ -1490,7 +1510,7 @@ static void cli(void **state)
     (void)state;
     char dir[] = "/tmp/ps-test-profile-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    char args[1024], *out, *err;
+    char args[2048], *out, *err;
 
     /* a quick CPU profile: a DB and nccl-tests style tables, and the
      * machine's cluster */
@@ -1540,6 +1560,28 @@ static void cli(void **state)
     assert_string_equal(host->name, "cpu-host");
     ps_cluster_free(host);
     ps_cluster_free(want_host);
+    /* planning for it with a DB timed all devices at once: a warning */
+    char all_path[600];
+    snprintf(all_path, sizeof all_path, "%s/all.json", dir);
+    for (int at_once = 1; at_once <= 2; at_once++) {
+        db->devices_at_once = at_once;
+        assert_int_equal(ps_profile_db_save(db, all_path, NULL), PS_OK);
+        snprintf(args, sizeof args,
+                 "plan --model mlp --cluster-file %s --method data --profile-db %s -o %s/p3.json",
+                 host_path, all_path, dir);
+        rc = run_cli(dir, args, &out, &err);
+        if (rc != 0)
+            fail_msg("exit %d: %s", rc, err);
+        bool warned = strstr(err, "was timed with 2 devices computing at once") != NULL &&
+                      strstr(err, "the sharing counts twice") != NULL;
+        if (warned != (at_once == 2))
+            fail_msg("devices_at_once %d: %s", at_once, err);
+        free(out);
+        free(err);
+    }
+    unlink(all_path);
+    snprintf(all_path, sizeof all_path, "%s/p3.json", dir);
+    unlink(all_path);
     unlink(host_path);
     ps_profile_db_free(db);
 
