@@ -104,6 +104,9 @@ static void print_cluster(const ps_cluster *c)
            ps_inter_topology_names[c->inter.topology], c->inter.nics_per_node,
            ps_cli_si(c->inter.nic_bandwidth_bytes_per_s, "B/s", a, sizeof a),
            c->inter.latency_s * 1e6);
+    if (c->shared_cores_per_node > 0)
+        printf("shared cores  %d per node: computes take up to %.3gx as long\n",
+               c->shared_cores_per_node, ps_cluster_compute_share(c));
 }
 
 int ps_cmd_clusters(int argc, char **argv)

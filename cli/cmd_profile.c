@@ -1,7 +1,9 @@
 /* pipeshard profile: measure a backend's GEMMs, its other ops and its
  * communication and write a profile DB (docs/profile-db.md) for plan
  * --profile-db. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <getopt.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +77,7 @@ static void help(void)
            "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
            "(docs/profile-db.md). Prints the measurements as tables.\n\n"
            "  --backend cpu|cuda   the backend to measure (required)\n"
-           "  --devices N          devices (cpu: threads; default: the online cores, 2 to 8;\n"
+           "  --devices N          devices (cpu: threads; default: the usable cores, 2 to 8;\n"
            "                       cuda: GPUs, default: all); groups of 2, 4, 8, ... and N\n"
            "  --quick              a few GEMM shapes, 1 KiB to 4 MiB by x4, groups up to 4,\n"
            "                       5 repetitions (seconds)\n"
@@ -107,9 +109,9 @@ static void help(void)
            "  --progress           one line per entry on stderr while measuring\n"
            "  --cluster-out C.json also write the cluster file of this machine as measured:\n"
            "                       one node of --devices devices of the DB's kind, its\n"
-           "                       peak the fastest GEMM, its memory bandwidth the fastest\n"
-           "                       op, its links the send-recv entries; cpu: the devices\n"
-           "                       share the online cores (shared_cores_per_node) and the\n"
+           "                       peak the fastest GEMM, its memory bandwidth the largest\n"
+           "                       add, its links the send-recv entries; cpu: the devices\n"
+           "                       share the usable cores (shared_cores_per_node) and the\n"
            "                       physical memory (not with --gemm-all-devices, whose\n"
            "                       times already include that sharing)\n"
            "  -o, --output DB.json where to write the DB (required)\n"
@@ -296,6 +298,18 @@ static ps_status create_backend(const char *kind, int n, bool tf32, ps_backend *
 #endif
 }
 
+/* Cores this process may run on: its affinity mask (taskset, a container's
+ * cpuset), else the online ones. A CPU quota (docker --cpus) is not seen. */
+static int usable_cores(void)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 /* The cluster file of the machine measured (--cluster-out). */
 static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool cuda,
                               const char *path, ps_error *err)
@@ -311,9 +325,8 @@ static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool
         h.memory_bytes = ps_cuda_device_memory_bytes(0);
 #endif
     } else {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES),
-             page = sysconf(_SC_PAGESIZE);
-        h.shared_cores = cores > 0 ? (int)cores : 1;
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        h.shared_cores = usable_cores();
         h.memory_bytes = pages > 0 && page > 0 ? (double)pages * (double)page / b->n_devices : 0;
     }
     if (!(h.memory_bytes > 0))
@@ -405,7 +418,7 @@ int ps_cmd_profile(int argc, char **argv)
     if ((native || tf32) && !cuda)
         return ps_cli_usage_error("profile", "--native-gemm and --tf32 go with --backend cuda");
     if (devices == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int cores = usable_cores();
         devices = cores < 2 ? 2 : cores > 8 ? 8 : cores;
 #ifdef PS_HAVE_CUDA
         if (cuda) /* 0 GPUs: the backend says so */

@@ -22,7 +22,7 @@ ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db *
         PS_LOG_WARN("%s: the cluster \"%s\" has no device kind \"%s\"; the profile DB's "
                     "measurements (backend %s) stand for all of its devices",
                     path, c->name, (*out)->device, (*out)->backend);
-    if (c->shared_cores_per_node > 0 && (*out)->devices_at_once > 1)
+    if (ps_cluster_compute_share(c) > 1 && (*out)->devices_at_once > 1)
         PS_LOG_WARN("%s was timed with %d devices computing at once (profile "
                     "--gemm-all-devices), and the devices of cluster \"%s\" share %d cores, "
                     "which the planner and the simulator model: the sharing counts twice; "

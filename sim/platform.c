@@ -124,7 +124,7 @@ static void write_pod(const layout *l, int pod, bool root)
     for (int d = lo * dpn; d < hi * dpn; d++)
         fprintf(f, "<host id=\"dev%d\" speed=\"%.17gf\"/>\n", d,
                 ps_device_kind_speed_flops_per_s(ps_cluster_device(c, d)));
-    for (int n = lo; n < hi && c->shared_cores_per_node > 0; n++) {
+    for (int n = lo; n < hi && ps_cluster_compute_share(c) > 1; n++) {
         /* the cores the node's devices share: computes run here (replay.c),
          * each on one core at most; no route reaches it */
         double speed = 0;

@@ -351,9 +351,9 @@ static void flush_compute(sim_actor *a)
          * first, then the computes share the node's cores with its other
          * devices' (alone they take compute_s); their time is as long as
          * that takes */
-        double other_s = todo_s - compute_s;
-        if (other_s > 0) {
-            sg_actor_sleep_for(other_s);
+        /* no node ring ends: only the latencies lie before the computes */
+        if (delay_s > 0) {
+            sg_actor_sleep_for(delay_s);
             a->events++;
         }
         if (compute_s > 0) {
@@ -1124,7 +1124,7 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
     ctx.hosts = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *ctx.hosts);
     PS_TRY_ALLOC(ctx.actors, err);
     PS_TRY_ALLOC(ctx.hosts, err);
-    if (c->shared_cores_per_node > 0) {
+    if (ps_cluster_compute_share(c) > 1) { /* else every device has a core of its own */
         ctx.node_cpus = calloc((size_t)c->nodes, sizeof *ctx.node_cpus);
         PS_TRY_ALLOC(ctx.node_cpus, err);
     }

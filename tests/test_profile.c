@@ -1543,14 +1543,15 @@ static void cli(void **state)
             fail_msg("no %s entries", ps_op_kind_get(kinds[k])->name);
     assert_true(ps_profile_op_s(db, PS_OP_MATMUL, 1e6) < 0);
     /* the cluster file is the one the DB makes, the devices sharing the
-     * online cores */
+     * usable cores */
     char host_path[600];
     snprintf(host_path, sizeof host_path, "%s/host.json", dir);
     ps_cluster *host = NULL, *want_host = NULL;
     if (ps_cluster_load(host_path, &host, &e) != PS_OK)
         fail_msg("%s", e.msg);
     assert_int_equal(host->devices_per_node, 2);
-    assert_int_equal(host->shared_cores_per_node, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    assert_true(host->shared_cores_per_node >= 1 &&
+                host->shared_cores_per_node <= (int)sysconf(_SC_NPROCESSORS_ONLN));
     ps_profile_host h = {.name = host->name,
                          .devices = 2,
                          .shared_cores = host->shared_cores_per_node,
@@ -1558,13 +1559,22 @@ static void cli(void **state)
     assert_int_equal(ps_profile_db_host_cluster(db, &h, &want_host, NULL), PS_OK);
     assert_true(ps_cluster_equal(host, want_host));
     assert_string_equal(host->name, "cpu-host");
+    /* planning with a DB timed all devices at once for devices that share
+     * cores: a warning; for devices with a core each (share 1): none */
+    host->shared_cores_per_node = 1;
+    assert_int_equal(ps_cluster_save(host, host_path, NULL), PS_OK);
     ps_cluster_free(host);
     ps_cluster_free(want_host);
-    /* planning for it with a DB timed all devices at once: a warning */
     char all_path[600];
     snprintf(all_path, sizeof all_path, "%s/all.json", dir);
-    for (int at_once = 1; at_once <= 2; at_once++) {
-        db->devices_at_once = at_once;
+    for (int at_once = 1; at_once <= 3; at_once++) {
+        if (at_once == 3) {
+            assert_int_equal(ps_cluster_load(host_path, &host, NULL), PS_OK);
+            host->shared_cores_per_node = 2;
+            assert_int_equal(ps_cluster_save(host, host_path, NULL), PS_OK);
+            ps_cluster_free(host);
+        }
+        db->devices_at_once = at_once == 1 ? 1 : 2;
         assert_int_equal(ps_profile_db_save(db, all_path, NULL), PS_OK);
         snprintf(args, sizeof args,
                  "plan --model mlp --cluster-file %s --method data --profile-db %s -o %s/p3.json",
@@ -1575,7 +1585,7 @@ static void cli(void **state)
         bool warned = strstr(err, "was timed with 2 devices computing at once") != NULL &&
                       strstr(err, "the sharing counts twice") != NULL;
         if (warned != (at_once == 2))
-            fail_msg("devices_at_once %d: %s", at_once, err);
+            fail_msg("case %d: %s", at_once, err);
         free(out);
         free(err);
     }
