@@ -5,7 +5,7 @@
 
 #include "cli/cli.h"
 
-#define DEMO_STEPS 7
+#define DEMO_STEPS 8
 
 static void step(int i, const char *what)
 {
@@ -23,8 +23,9 @@ static int run(int (*cmd)(int, char **), char **argv)
     return rc;
 }
 
-/* The small GPT of steps 4-7: 4 layers, hidden 256, fp32 (the CPU backend's
- * precision), 16 samples in 4 micro-batches, on the same 8-GPU node. */
+/* The small GPT of steps 5-8: 4 layers, hidden 256, fp32 (the CPU backend's
+ * precision), 16 samples in 4 micro-batches, on this machine's CPU as 8
+ * devices. */
 #define SMALL_GPT "--model", "gpt-350m", "--layers", "4", "--hidden", "256", "--heads", "4", \
                   "--seq", "128", "--vocab", "2048", "--dtype", "fp32"
 
@@ -37,16 +38,21 @@ int ps_cmd_demo(int argc, char **argv)
                "  2. its pipeshard plan on one p3.16xlarge node (8 V100s): demo-plan.json;\n"
                "  3. one training step of that plan simulated on a SimGrid model of the node\n"
                "     (demo-trace.json opens in Perfetto; demo-summary.json is the summary);\n"
-               "  4. the pipeshard plan of a 4-layer GPT (hidden 256, fp32) on the same node:\n"
-               "     demo-small-plan.json, its prediction demo-small-planner.json;\n"
-               "  5. its simulation: demo-small-sim.json, demo-small-sim-trace.json;\n"
-               "  6. its execution on the CPU backend (8 threads as the 8 GPUs), checked\n"
-               "     against the single-device step: demo-small-exec.json,\n"
-               "     demo-small-exec-trace.json;\n"
-               "  7. the three compared per stage, with charts in demo-plots/ (gnuplot):\n"
+               "  4. the CPU backend profiled with 8 devices (threads sharing this machine's\n"
+               "     cores): demo-cpu-profile.json, and the cluster it measured,\n"
+               "     demo-cpu-host.json (profile --cluster-out);\n"
+               "  5. a 4-layer GPT (hidden 256, fp32) planned for that cluster with that\n"
+               "     profile as 4 pipeline stages of 2 sharded devices (uniform dp 1 x op 2\n"
+               "     x pp 4): demo-small-plan.json;\n"
+               "  6. its simulation: demo-small-sim.json, demo-small-sim-trace.json, and the\n"
+               "     planner's prediction demo-small-planner.json;\n"
+               "  7. its execution on the CPU backend, checked against the single-device\n"
+               "     step: demo-small-exec.json, demo-small-exec-trace.json;\n"
+               "  8. the three compared per stage, with charts in demo-plots/ (gnuplot):\n"
                "     scatter, breakdown and the measured step's timeline.\n"
-               "The CPU measures its own speed, not a V100's: step 7 shows how a measured\n"
-               "run lines up with the predictions (docs/compare.md).\n");
+               "The planner counts every device of the machine busy at once, an upper bound;\n"
+               "the simulator shares the cores among the devices computing at each moment\n"
+               "(docs/compare.md, docs/profile-db.md).\n");
 #ifdef PS_NO_SIMGRID
         printf("\nIn this build the simulations are skipped: %s.\n", PS_CLI_NO_SIMGRID);
 #endif
@@ -76,38 +82,48 @@ int ps_cmd_demo(int argc, char **argv)
     if (rc != 0)
         return rc;
 #endif
-    step(4, "the whole loop on a 4-layer GPT (hidden 256, fp32): its pipeshard plan on the "
-            "same node,\nwritten to demo-small-plan.json");
-    rc = run(ps_cmd_plan, (char *[]){"plan", SMALL_GPT, "--cluster", "p3.16xlarge:1",
-                                     "--global-batch", "16", "--micro-batches", "4", "-o",
+    step(4, "the whole loop on this machine: the CPU backend profiled with 8 devices (threads\n"
+            "sharing its cores), written to demo-cpu-profile.json, and the cluster it\n"
+            "measured, demo-cpu-host.json");
+    rc = run(ps_cmd_profile,
+             (char *[]){"profile", "--backend", "cpu", "--devices", "8", "--quick", "-o",
+                        "demo-cpu-profile.json", "--cluster-out", "demo-cpu-host.json", NULL});
+    if (rc != 0)
+        return rc;
+    step(5, "a 4-layer GPT (hidden 256, fp32) planned for that cluster with that profile, as 4\n"
+            "pipeline stages of 2 sharded devices: demo-small-plan.json");
+    rc = run(ps_cmd_plan, (char *[]){"plan", SMALL_GPT, "--cluster-file", "demo-cpu-host.json",
+                                     "--profile-db", "demo-cpu-profile.json", "--method",
+                                     "uniform", "--dp", "1", "--op", "2", "--pp", "4",
+                                     "--global-batch", "32", "--micro-batches", "8", "-o",
                                      "demo-small-plan.json", NULL});
     if (rc != 0)
         return rc;
 #ifdef PS_NO_SIMGRID
-    step(5, "skipped, its simulation: " PS_CLI_NO_SIMGRID);
+    step(6, "skipped, its simulation: " PS_CLI_NO_SIMGRID);
 #else
-    step(5, "its simulation (demo-small-sim.json; the planner's prediction as a summary in\n"
+    step(6, "its simulation (demo-small-sim.json; the planner's prediction as a summary in\n"
             "demo-small-planner.json)");
-    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-small-plan.json", "--summary",
-                                    "demo-small-sim.json", "--predicted",
-                                    "demo-small-planner.json", "--trace",
+    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-small-plan.json", "--profile-db",
+                                    "demo-cpu-profile.json", "--summary", "demo-small-sim.json",
+                                    "--predicted", "demo-small-planner.json", "--trace",
                                     "demo-small-sim-trace.json", NULL});
     if (rc != 0)
         return rc;
 #endif
-    step(6, "its execution on the CPU backend, every GPU a thread, checked against the "
-            "single-device\nstep (demo-small-exec.json, demo-small-exec-trace.json)");
+    step(7, "its execution on the CPU backend, checked against the single-device step\n"
+            "(demo-small-exec.json, demo-small-exec-trace.json)");
     rc = run(ps_cmd_exec, (char *[]){"exec", "--plan", "demo-small-plan.json", "--backend", "cpu",
                                      "--check", "--summary", "demo-small-exec.json", "--trace",
                                      "demo-small-exec-trace.json", NULL});
     if (rc != 0)
         return rc;
 #ifdef PS_NO_SIMGRID
-    step(7, "skipped, the comparison with the predictions: they come from `pipeshard sim`, "
+    step(8, "skipped, the comparison with the predictions: they come from `pipeshard sim`, "
             "and " PS_CLI_NO_SIMGRID);
     return 0;
 #else
-    step(7, "the planner, the simulator and the CPU measurement compared per stage; charts "
+    step(8, "the planner, the simulator and the CPU measurement compared per stage; charts "
             "in demo-plots/\n(scatter, breakdown, and the timeline of the measured step)");
     rc = run(ps_cmd_compare, (char *[]){"compare", "demo-small-planner.json",
                                         "demo-small-sim.json", "demo-small-exec.json", "--plot",
