@@ -1,5 +1,8 @@
 /* Fuzz target: cluster files (core/cluster.c).
- * Properties: a loaded cluster validates, saves, and loads back equal. */
+ * Properties: a loaded cluster validates, saves, and loads back equal;
+ * its compute share is finite and at least 1. */
+#include <math.h>
+
 #include "core/cluster.h"
 #include "tests/fuzz/fuzz_common.h"
 
@@ -24,6 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(ps_cluster_equal(c, back), "loaded back different:\n%s", saved);
     double mem = ps_cluster_min_memory_bytes(c);
     FUZZ_ASSERT(mem > 0, "least device memory %g", mem);
+    double share = ps_cluster_compute_share(c);
+    FUZZ_ASSERT(isfinite(share) && share >= 1, "compute share %g", share);
     fuzz_accepted();
     free(saved);
     ps_cluster_free(back);
