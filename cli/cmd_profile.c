@@ -232,8 +232,7 @@ static void print_tables(const ps_profile_db *db)
                 if (same_measurement(&db->gemm[j], g) && used + 1 < sizeof dts)
                     used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
                                              ps_dtype_name(db->gemm[j].dtype));
-            double flops =
-                2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
+            double flops = ps_profile_gemm_flops(g);
             printf(" %9lld %9lld %9lld %7lld  %-16s %12.2f %10.4f\n", (long long)g->m,
                    (long long)g->n, (long long)g->k, (long long)g->batch, dts, g->seconds * 1e6,
                    flops / g->seconds / 1e12);

@@ -140,6 +140,12 @@ static bool is_float(const ps_tensor_desc *t) { return t->dtype != PS_DTYPE_I32;
 
 /* ---- einsum -------------------------------------------------------------- */
 
+double ps_gemm_shape_flops(const ps_gemm_shape *g)
+{
+    double batch = g->batch > 1 ? (double)g->batch : 1;
+    return 2.0 * batch * (double)g->m * (double)g->n * (double)g->k;
+}
+
 ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26])
 {
     ps_gemm_shape g = {.m = 1, .n = 1, .k = 1, .batch = 1};

@@ -174,6 +174,8 @@ typedef struct ps_gemm_shape {
     int64_t batch; /* 0 or 1: a single GEMM */
 } ps_gemm_shape;
 
+/* 2 batch m n k (a batch of 0 counts as 1). */
+double ps_gemm_shape_flops(const ps_gemm_shape *g);
 /* size[c - 'a']: the size of label c (whole, or a tile's local size). */
 ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26]);
 /* The same for a MATMUL's einsum spec over its two operands' descriptions

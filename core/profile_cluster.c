@@ -18,8 +18,7 @@ ps_status ps_profile_db_host_cluster(const ps_profile_db *db, const ps_profile_h
     double any = 0;
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
-        double batch = g->batch > 1 ? (double)g->batch : 1;
-        double rate = 2 * batch * (double)g->m * (double)g->n * (double)g->k / g->seconds;
+        double rate = ps_profile_gemm_flops(g) / g->seconds;
         if (g->dtype < PS_FLOAT_DTYPE_COUNT)
             k.peak_flops[g->dtype] = fmax(k.peak_flops[g->dtype], rate);
         any = fmax(any, rate);

@@ -39,9 +39,10 @@ double ps_profile_busbw_factor(ps_profile_comm kind, int n)
     return 0;
 }
 
-static double gemm_flops(const ps_profile_gemm *g)
+double ps_profile_gemm_flops(const ps_profile_gemm *g)
 {
-    return 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
+    ps_gemm_shape sh = {.m = g->m, .n = g->n, .k = g->k, .batch = g->batch};
+    return ps_gemm_shape_flops(&sh);
 }
 
 /* "m x n x k", and " (batch b)" for a batch. */
@@ -260,7 +261,7 @@ static int cmp_gemm(const void *pa, const void *pb)
     const ps_profile_gemm *a = pa, *b = pb;
     if (a->dtype != b->dtype)
         return (int)a->dtype - (int)b->dtype;
-    double fa = gemm_flops(a), fb = gemm_flops(b);
+    double fa = ps_profile_gemm_flops(a), fb = ps_profile_gemm_flops(b);
     if (fa != fb)
         return fa < fb ? -1 : 1;
     int c = cmp_i64(a->batch, b->batch);
@@ -363,7 +364,7 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
     for (int i = 0; i < db->n_gemm;) {
         int j = i, count = 0;
         for (; j < db->n_gemm && db->gemm[j].dtype == db->gemm[i].dtype; j++) {
-            size[count] = gemm_flops(&db->gemm[j]);
+            size[count] = ps_profile_gemm_flops(&db->gemm[j]);
             secs[count++] = db->gemm[j].seconds;
         }
         PS_TRY(make_table(&db->tables[db->n_tables++], -1, (int)db->gemm[i].dtype, size, secs,
@@ -468,9 +469,9 @@ static band_answer band_s(const ps_profile_gemm *g, int count, double flops, dou
     double prev_f = 0, prev_s = 0; /* the last point below flops (prev_f 0: none) */
     bool near = false;
     for (int i = 0; i < count;) {
-        double f = gemm_flops(&g[i]), sum = 0;
+        double f = ps_profile_gemm_flops(&g[i]), sum = 0;
         int n = 0, j = i;
-        for (; j < count && gemm_flops(&g[j]) == f; j++) {
+        for (; j < count && ps_profile_gemm_flops(&g[j]) == f; j++) {
             double r = intensity(g[j].m, g[j].n, g[j].k) / in;
             if (r <= PS_PROFILE_GEMM_INTENSITY_BAND && r >= 1 / PS_PROFILE_GEMM_INTENSITY_BAND) {
                 sum += g[j].seconds;
@@ -522,7 +523,7 @@ double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps
     for (int i = lo; i < hi; i++)
         if (cmp_gemm(&db->gemm[i], &q) == 0)
             return db->gemm[i].seconds;
-    double flops = gemm_flops(&q);
+    double flops = ps_profile_gemm_flops(&q);
     band_answer a = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
     if (a.s >= 0)
         return a.s;
@@ -652,7 +653,7 @@ static ps_status read_gemm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         PS_TRY(ps_jv_enum(&dt, ps_dtype_names, PS_FLOAT_DTYPE_COUNT, &d, err));
         g.dtype = (ps_dtype)d;
         PS_TRY(read_seconds(&e, &g.seconds, err));
-        PS_TRY(check_derived(&e, "flops_per_s", gemm_flops(&g) / g.seconds, err));
+        PS_TRY(check_derived(&e, "flops_per_s", ps_profile_gemm_flops(&g) / g.seconds, err));
         for (int j = 0; j < db->n_gemm; j++) {
             const ps_profile_gemm *o = &db->gemm[j];
             char text[128];
@@ -875,7 +876,7 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
         json_t *e = json_pack("{s:I, s:I, s:I, s:s, s:f, s:f}", "m", (json_int_t)g->m, "n",
                               (json_int_t)g->n, "k", (json_int_t)g->k, "dtype",
                               ps_dtype_name(g->dtype), "seconds", g->seconds, "flops_per_s",
-                              gemm_flops(g) / g->seconds);
+                              ps_profile_gemm_flops(g) / g->seconds);
         if (e != NULL && g->batch > 1 && ps_json_set(e, "batch", json_integer(g->batch)) != PS_OK) {
             json_decref(e);
             e = NULL;

@@ -63,6 +63,9 @@ typedef struct ps_profile_gemm {
     double seconds; /* median of the repetitions */
 } ps_profile_gemm;
 
+/* 2 batch m n k of an entry (a batch of 0 counts as 1). */
+double ps_profile_gemm_flops(const ps_profile_gemm *g);
+
 typedef struct ps_profile_comm_entry {
     ps_profile_comm kind;
     int n;          /* group size (2 for send-recv) */

@@ -278,7 +278,6 @@ static ps_tile matrix(void *data, int64_t batch, int64_t rows, int64_t cols)
     return ps_tile_whole(data, &d);
 }
 
-
 static ps_status add_gemm(shared *s, const ps_gemm_shape *sh, ps_dtype dtype, double sec,
                           ps_error *err)
 {
@@ -287,8 +286,7 @@ static ps_status add_gemm(shared *s, const ps_gemm_shape *sh, ps_dtype dtype, do
     if (s->o->progress)
         fprintf(stderr, "profile: GEMM %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
                 (long long)sh->m, (long long)sh->n, (long long)sh->k, (long long)e.batch,
-                ps_dtype_name(dtype), sec,
-                2.0 * (double)e.batch * (double)sh->m * (double)sh->n * (double)sh->k / sec / 1e12);
+                ps_dtype_name(dtype), sec, ps_gemm_shape_flops(sh) / sec / 1e12);
     return ps_profile_db_add_gemm(s->db, &e, err);
 }
 

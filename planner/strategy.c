@@ -534,7 +534,7 @@ static bool local_gemm_shape(const ps_einsum *e, const ps_op_signature *s, const
             size[e->labels[o][k] - 'a'] = n;
         }
     *out = ps_einsum_gemm_shape(e, size);
-    double f = 2.0 * (double)out->batch * (double)out->m * (double)out->n * (double)out->k;
+    double f = ps_gemm_shape_flops(out);
     return fabs(f - local_flops) <= 1e-9 * local_flops;
 }
 

@@ -347,11 +347,10 @@ static void flush_compute(sim_actor *a)
     a->pend_pred_flops = 0;
     a->comm_s += delay_s;
     if (a->cpu != NULL) {
-        /* shared cores: the deferred latencies (and node-ring ends) pass
-         * first, then the computes share the node's cores with its other
-         * devices' (alone they take compute_s); their time is as long as
-         * that takes */
-        /* no node ring ends: only the latencies lie before the computes */
+        /* shared cores (no timed node rings, so only the deferred
+         * latencies lie before the computes): the latencies pass first,
+         * then the computes share the node's cores with its other devices'
+         * (alone they take compute_s); their time is as long as that takes */
         if (delay_s > 0) {
             sg_actor_sleep_for(delay_s);
             a->events++;
