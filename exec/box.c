@@ -44,10 +44,27 @@ static int64_t local_index(const ps_tile *t, const int64_t *c)
     return i;
 }
 
-/* Walks the box row by row: calls fn for each run of the last dimension. */
+/* How many trailing dimensions of the box every tile holds whole: their
+ * elements, and those of the dimension before them within the box, are
+ * contiguous in each tile, so one run covers them. Without this a weight
+ * [O, C, 1, 1] went element by element, 4x the time of the 1x1
+ * convolution's gradient that it accumulated. */
+static int whole_trailing_dims(int rank, const int64_t *size, const ps_tile *a, const ps_tile *b)
+{
+    int n = 0;
+    for (int k = rank - 1; k > 0; k--, n++)
+        if (size[k] != a->shape[k] || (b != NULL && size[k] != b->shape[k]))
+            break;
+    return n;
+}
+
+/* Walks the box in row-major runs: calls fn for each run of the last
+ * dimension, or of the last `fold` + 1 dimensions when the tiles hold the
+ * last `fold` whole (whole_trailing_dims). */
 typedef void (*row_fn)(void *arg, const int64_t *coord, int64_t len, int64_t flat);
 
-static void walk_rows(int rank, const int64_t *off, const int64_t *size, row_fn fn, void *arg)
+static void walk_rows(int rank, const int64_t *off, const int64_t *size, int fold, row_fn fn,
+                      void *arg)
 {
     int64_t c[PS_MAX_RANK] = {0};
     if (rank == 0) {
@@ -58,11 +75,14 @@ static void walk_rows(int rank, const int64_t *off, const int64_t *size, row_fn 
         if (size[k] <= 0)
             return;
     memcpy(c, off, (size_t)rank * sizeof *c);
-    int64_t row = size[rank - 1], flat = 0;
+    int last = rank - 1 - fold; /* the dimension the runs step through */
+    int64_t row = 1, flat = 0;
+    for (int k = last; k < rank; k++)
+        row *= size[k];
     for (;;) {
         fn(arg, c, row, flat);
         flat += row;
-        int k = rank - 2;
+        int k = last - 1;
         for (; k >= 0; k--) {
             if (++c[k] < off[k] + size[k])
                 break;
@@ -104,7 +124,7 @@ void ps_box_copy_host(const ps_tile *src, ps_tile *dst, const int64_t *off, cons
                       bool add)
 {
     copy_arg a = {src, dst, add};
-    walk_rows(dst->rank, off, size, copy_row, &a);
+    walk_rows(dst->rank, off, size, whole_trailing_dims(dst->rank, size, src, dst), copy_row, &a);
 }
 
 typedef struct pack_arg {
@@ -134,12 +154,12 @@ void ps_box_pack_host(const ps_tile *t, const int64_t *off, const int64_t *size,
                       int64_t len, void *packed)
 {
     pack_arg a = {(ps_tile *)t, start, start + len, packed, false};
-    walk_rows(t->rank, off, size, pack_row, &a);
+    walk_rows(t->rank, off, size, whole_trailing_dims(t->rank, size, t, NULL), pack_row, &a);
 }
 
 void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int64_t start,
                         int64_t len, const void *packed)
 {
     pack_arg a = {t, start, start + len, (char *)packed, true};
-    walk_rows(t->rank, off, size, pack_row, &a);
+    walk_rows(t->rank, off, size, whole_trailing_dims(t->rank, size, t, NULL), pack_row, &a);
 }

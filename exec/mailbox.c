@@ -16,7 +16,10 @@ struct ps_mailbox {
     int n_devices;
     ps_hosts *hosts; /* borrowed; NULL: every device is here */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* [dst]: a message for dst, or the abort. One per receiver, so that a
+     * post wakes only the device it is for: on a host with fewer cores than
+     * devices every needless wake-up costs a scheduler time slice. */
+    pthread_cond_t *cv;
     bool aborted;
     message **head, **tail; /* [(src * n + dst) * PS_HOSTS_CHANNELS + channel] */
 };
@@ -40,9 +43,11 @@ ps_status ps_mailbox_create(int n_devices, ps_hosts *hosts, ps_mailbox **out, ps
     mb->hosts = hosts != NULL && ps_hosts_count(hosts) > 1 ? hosts : NULL;
     mb->head = calloc(queues, sizeof *mb->head);
     mb->tail = calloc(queues, sizeof *mb->tail);
+    mb->cv = calloc((size_t)n_devices, sizeof *mb->cv);
     pthread_mutex_init(&mb->mu, NULL);
-    pthread_cond_init(&mb->cv, NULL);
-    if (mb->head == NULL || mb->tail == NULL) {
+    for (int d = 0; mb->cv != NULL && d < n_devices; d++)
+        pthread_cond_init(&mb->cv[d], NULL);
+    if (mb->head == NULL || mb->tail == NULL || mb->cv == NULL) {
         ps_mailbox_destroy(mb);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     }
@@ -64,7 +69,9 @@ void ps_mailbox_destroy(ps_mailbox *mb)
     free(mb->head);
     free(mb->tail);
     pthread_mutex_destroy(&mb->mu);
-    pthread_cond_destroy(&mb->cv);
+    for (int d = 0; mb->cv != NULL && d < mb->n_devices; d++)
+        pthread_cond_destroy(&mb->cv[d]);
+    free(mb->cv);
     free(mb);
 }
 
@@ -124,7 +131,7 @@ ps_status ps_mailbox_post(ps_mailbox *mb, int src, int dst, int channel, void *p
     else
         mb->head[q] = m;
     mb->tail[q] = m;
-    pthread_cond_broadcast(&mb->cv);
+    pthread_cond_broadcast(&mb->cv[dst]);
     pthread_mutex_unlock(&mb->mu);
     return PS_OK;
 }
@@ -155,7 +162,7 @@ ps_status ps_mailbox_take(ps_mailbox *mb, int src, int dst, int channel, void **
     size_t q = queue_of(mb, src, dst, channel);
     pthread_mutex_lock(&mb->mu);
     while (mb->head[q] == NULL && !mb->aborted)
-        pthread_cond_wait(&mb->cv, &mb->mu);
+        pthread_cond_wait(&mb->cv[dst], &mb->mu);
     message *m = mb->aborted ? NULL : mb->head[q];
     if (m != NULL) {
         mb->head[q] = m->next;
@@ -176,6 +183,7 @@ void ps_mailbox_abort(ps_mailbox *mb)
 {
     pthread_mutex_lock(&mb->mu);
     mb->aborted = true;
-    pthread_cond_broadcast(&mb->cv);
+    for (int d = 0; d < mb->n_devices; d++)
+        pthread_cond_broadcast(&mb->cv[d]);
     pthread_mutex_unlock(&mb->mu);
 }

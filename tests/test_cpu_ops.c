@@ -1531,6 +1531,27 @@ static void closed_losses_and_reductions(void **state)
     tt_free(&y, 1);
     tt_free(m, 2);
 
+    /* relu keeps positives and gives +0 for the rest, a NaN and -0 too;
+     * relu_grad passes dy where the output is positive */
+    tt rx = tt_alloc(PS_DTYPE_F32, 1, (int64_t[]){6});
+    const float rin[6] = {2.5f, -1.0f, 0.0f, -0.0f, NAN, 1e-40f};
+    memcpy(rx.p, rin, sizeof rin);
+    run_whole(PS_OP_RELU, NULL, 1, &rx, &y, 1);
+    for (int i = 0; i < 6; i++) {
+        float want = i == 0 ? 2.5f : i == 5 ? 1e-40f : 0.0f;
+        assert_true(tf(&y)[i] == want && !signbit(tf(&y)[i]));
+    }
+    tt rg[2] = {y, tt_alloc(PS_DTYPE_F32, 1, (int64_t[]){6})};
+    for (int i = 0; i < 6; i++)
+        tf(&rg[1])[i] = -3.0f - (float)i;
+    tt dx;
+    run_whole(PS_OP_RELU_GRAD, NULL, 2, rg, &dx, 1);
+    for (int i = 0; i < 6; i++)
+        assert_true(tf(&dx)[i] == (i == 0 || i == 5 ? -3.0f - (float)i : 0.0f));
+    tt_free(&dx, 1);
+    tt_free(rg, 2);
+    tt_free(&rx, 1);
+
     /* gelu(0) = 0, gelu(x) ~ x for large x, relu_grad follows the output */
     tt gx = tt_alloc(PS_DTYPE_F32, 1, (int64_t[]){3});
     tf(&gx)[0] = 0.0f;

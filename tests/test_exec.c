@@ -750,6 +750,101 @@ static void test_box_pack(void **state)
     assert_false(ps_box_intersect(2, far, size, a_off, (int64_t[]){7, 6}, o2, s2));
 }
 
+/* Global coordinate of flat element i of a box (row-major). */
+static void box_coord(int rank, const int64_t *off, const int64_t *size, int64_t i, int64_t *c)
+{
+    for (int k = rank - 1; k >= 0; k--) {
+        c[k] = off[k] + i % size[k];
+        i /= size[k];
+    }
+}
+
+static int64_t tile_index(const ps_tile *t, const int64_t *c)
+{
+    int64_t i = 0;
+    for (int k = 0; k < t->rank; k++)
+        i = i * t->shape[k] + (c[k] - t->offset[k]);
+    return i;
+}
+
+/* Copies, sums, packs and unpacks of random boxes between random tiles of
+ * random tensors, many with dimensions of size 1 and whole trailing ones
+ * (which the walk takes as one run), against an element-by-element
+ * reference. */
+static void test_box_runs(void **state)
+{
+    (void)state;
+    unsigned seed = 7;
+    int runs_folded = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        int rank = 1 + (int)(rand_r(&seed) % 4);
+        ps_tile a = {.rank = rank}, b = {.rank = rank};
+        int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
+        for (int k = 0; k < rank; k++) {
+            int64_t g = rand_r(&seed) % 3 == 0 ? 1 : 1 + rand_r(&seed) % 5;
+            a.global[k] = b.global[k] = g;
+            /* a tile: the whole dimension, or a random slice of it */
+            ps_tile *t[2] = {&a, &b};
+            for (int q = 0; q < 2; q++) {
+                bool whole = rand_r(&seed) % 2 == 0;
+                t[q]->offset[k] = whole ? 0 : rand_r(&seed) % g;
+                t[q]->shape[k] = whole ? g : 1 + rand_r(&seed) % (g - t[q]->offset[k]);
+            }
+        }
+        int64_t ao[PS_MAX_RANK], as[PS_MAX_RANK], bo[PS_MAX_RANK], bs[PS_MAX_RANK];
+        ps_tile_box(&a, ao, as);
+        ps_tile_box(&b, bo, bs);
+        if (!ps_box_intersect(rank, ao, as, bo, bs, off, size))
+            continue;
+        int64_t na = ps_box_numel(rank, as), nb = ps_box_numel(rank, bs),
+                n = ps_box_numel(rank, size);
+        float *da = malloc((size_t)na * 4), *db = malloc((size_t)nb * 4),
+              *want = malloc((size_t)nb * 4), *packed = malloc((size_t)n * 4);
+        assert_non_null(da);
+        assert_non_null(db);
+        assert_non_null(want);
+        assert_non_null(packed);
+        for (int64_t i = 0; i < na; i++)
+            da[i] = (float)(rand_r(&seed) % 1000);
+        for (int64_t i = 0; i < nb; i++)
+            db[i] = want[i] = (float)(rand_r(&seed) % 1000);
+        a.data = da;
+        b.data = db;
+        bool add = trial % 2 == 1;
+        int64_t c[PS_MAX_RANK];
+        for (int64_t i = 0; i < n; i++) {
+            box_coord(rank, off, size, i, c);
+            float v = da[tile_index(&a, c)];
+            want[tile_index(&b, c)] = add ? want[tile_index(&b, c)] + v : v;
+        }
+        ps_box_copy_host(&a, &b, off, size, add);
+        for (int64_t i = 0; i < nb; i++)
+            if (db[i] != want[i])
+                fail_msg("trial %d (rank %d, add %d): element %lld is %g, not %g", trial, rank,
+                         add, (long long)i, db[i], want[i]);
+        /* a part of the box packed from a, then unpacked into b */
+        int64_t start = n > 1 ? rand_r(&seed) % n : 0, len = n - start;
+        ps_box_pack_host(&a, off, size, start, len, packed);
+        for (int64_t i = 0; i < len; i++) {
+            box_coord(rank, off, size, start + i, c);
+            assert_true(packed[i] == da[tile_index(&a, c)]);
+        }
+        for (int64_t i = 0; i < len; i++)
+            packed[i] = -1.0f - (float)i;
+        ps_box_unpack_host(&b, off, size, start, len, packed);
+        for (int64_t i = 0; i < len; i++) {
+            box_coord(rank, off, size, start + i, c);
+            assert_true(db[tile_index(&b, c)] == -1.0f - (float)i);
+        }
+        runs_folded += rank > 1 && size[rank - 1] == as[rank - 1] && size[rank - 1] == bs[rank - 1];
+        free(da);
+        free(db);
+        free(want);
+        free(packed);
+    }
+    assert_true(runs_folded > 300);
+}
+
 /* exec/half.c against independent oracles: the compiler's _Float16 (or the
  * F16C instructions) for fp16, the nearest of the two truncation neighbours (ties to the even
  * one) for bf16; every half value round-trips; NaN stays NaN; beyond the
@@ -1038,6 +1133,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_box_pack),
+        cmocka_unit_test(test_box_runs),
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_half_vector_kernels),
         cmocka_unit_test(test_reshard_steps_realizable),

@@ -26,6 +26,9 @@ typedef struct rendezvous {
     ps_tile *geo;   /* [n] their geometry */
     int64_t *count; /* [n] elements */
     int kind;       /* what the round does, checked across members */
+    /* the round opened or closed, or the abort (under the backend's mu):
+     * one per group, so that a round wakes only its members */
+    pthread_cond_t cv;
 } rendezvous;
 
 struct block_header;
@@ -50,8 +53,7 @@ typedef struct cpu_device {
 
 typedef struct cpu_backend {
     ps_backend base;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_mutex_t mu; /* the rendezvous and `aborted` */
     bool aborted;
     cpu_device *dev;
     rendezvous **rdv; /* by group id */
@@ -345,6 +347,7 @@ static ps_status rdv_get(cpu_backend *c, const ps_exec_group *g, rendezvous **ou
             free(r);
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         }
+        pthread_cond_init(&r->cv, NULL);
         c->rdv[g->id] = r;
     }
     *out = r;
@@ -363,7 +366,7 @@ static ps_status rdv_enter(cpu_backend *c, int device, const ps_exec_group *g, i
     if ((st = rdv_get(c, g, &r, err)) != PS_OK)
         goto out;
     while (r->open && !c->aborted) /* the previous round is still being read */
-        pthread_cond_wait(&c->cv, &c->mu);
+        pthread_cond_wait(&r->cv, &c->mu);
     if (c->aborted) {
         st = aborted_error(device, err);
         goto out;
@@ -382,10 +385,10 @@ static ps_status rdv_enter(cpu_backend *c, int device, const ps_exec_group *g, i
     r->count[g->rank] = count;
     if (++r->arrived == r->n) {
         r->open = true;
-        pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&r->cv);
     }
     while (!r->open && !c->aborted)
-        pthread_cond_wait(&c->cv, &c->mu);
+        pthread_cond_wait(&r->cv, &c->mu);
     if (c->aborted && !r->open)
         st = aborted_error(device, err);
     *out = r;
@@ -406,7 +409,7 @@ static void rdv_leave(cpu_backend *c, rendezvous *r)
         }
         r->arrived = r->done = 0;
         r->open = false;
-        pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -590,7 +593,9 @@ static void cpu_abort(ps_backend *b)
     cpu_backend *c = cb(b);
     pthread_mutex_lock(&c->mu);
     c->aborted = true;
-    pthread_cond_broadcast(&c->cv);
+    for (int i = 0; i < c->n_rdv; i++)
+        if (c->rdv[i] != NULL)
+            pthread_cond_broadcast(&c->rdv[i]->cv);
     pthread_mutex_unlock(&c->mu);
     if (c->mail != NULL)
         ps_mailbox_abort(c->mail);
@@ -610,6 +615,7 @@ static void cpu_destroy(ps_backend *b)
             free(c->rdv[i]->copy);
             free(c->rdv[i]->geo);
             free(c->rdv[i]->count);
+            pthread_cond_destroy(&c->rdv[i]->cv);
             free(c->rdv[i]);
         }
     free(c->rdv);
@@ -623,7 +629,6 @@ static void cpu_destroy(ps_backend *b)
         }
     free(c->dev);
     pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
     free(c);
 }
 
@@ -664,7 +669,6 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts
     c->base.n_devices = n_devices;
     c->base.half_storage = true;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
     c->dev = calloc((size_t)n_devices, sizeof *c->dev);
     bool ok = c->dev != NULL && ps_mailbox_create(n_devices, hosts, &c->mail, err) == PS_OK;
     for (int i = 0; ok && i < n_devices; i++) {

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,13 +452,24 @@ static ps_status op_elementwise(const run *r)
         for (int64_t i = 0; i < n; i++)
             o[i] = p[i] + q[i];
         break;
+    /* Both operands loaded before the choice, so that it compiles to a
+     * select rather than a branch: activations change sign at random, and
+     * a mispredicted branch per element made these 6 times slower than on
+     * data of one sign. NaN gives 0, as before. */
     case PS_OP_RELU:
-        for (int64_t i = 0; i < n; i++)
-            o[i] = p[i] > 0 ? p[i] : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float v = p[i];
+            uint32_t bits;
+            memcpy(&bits, &v, sizeof bits);
+            bits &= -(uint32_t)(v > 0); /* v, or +0 (a NaN too) */
+            memcpy(&o[i], &bits, sizeof bits);
+        }
         break;
     case PS_OP_RELU_GRAD: /* (y, dy): the output is positive exactly where x was */
-        for (int64_t i = 0; i < n; i++)
-            o[i] = p[i] > 0 ? q[i] : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float v = p[i], g = q[i];
+            o[i] = v > 0 ? g : 0.0f;
+        }
         break;
     /* The tanh approximation, written with the logistic function:
      * 0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)) and 1 - tanh(u)^2 = 4 s (1 - s).
