@@ -22,35 +22,44 @@
 #endif
 
 /* The training steps whose ops are timed (fp32, Adam; their GEMMs by shape
- * with the GEMM list, the others as op entries): a one-block
- * GPT (4 heads) at hidden 128, 256 and 512 (sequence 64, 128, 256;
- * vocabulary 1024, 2048, 4096; micro-batch 2, 4, 8) and the tutorial MLP at
- * hidden 256 and 1024 (batch 64); --quick: the first two GPTs and the
- * first MLP. Their ops span the sizes of the small plans the CPU backend
- * runs; the DB extrapolates beyond them at the largest one's bandwidth. */
-enum { N_OP_GRAPHS = 5 };
+ * with the GEMM list, their convolutions by their GEMM shape, the others as
+ * op entries): a one-block GPT (4 heads) at hidden 128, 256 and 512
+ * (sequence 64, 128, 256; vocabulary 1024, 2048, 4096; micro-batch 2, 4,
+ * 8), the tutorial MLP at hidden 256 and 1024 (batch 64) and a Wide-ResNet-50
+ * (10 classes, widening 2) of 16 channels on 32-pixel images (batch 8) and
+ * of 32 channels on 64-pixel ones (batch 16); --quick: the first two GPTs,
+ * the first MLP and the first Wide-ResNet. Their ops span the sizes of the
+ * small plans the CPU backend runs; the DB extrapolates beyond them at the
+ * largest one's bandwidth. */
+enum { N_OP_GRAPHS = 7, N_QUICK_OP_GRAPHS = 4 };
 
 static ps_status op_graphs_build(bool quick, ps_graph **out, int *n, ps_error *err)
 {
     static const struct {
         const char *model;
-        int64_t hidden, seq, vocab, batch;
-    } sizes[N_OP_GRAPHS] = {{"gpt-350m", 128, 64, 1024, 2},
-                            {"gpt-350m", 256, 128, 2048, 4},
-                            {"mlp", 256, 0, 0, 64},
-                            {"gpt-350m", 512, 256, 4096, 8},
-                            {"mlp", 1024, 0, 0, 64}};
+        int64_t hidden, seq, vocab, batch; /* wresnet: hidden = channels, seq = image */
+    } sizes[N_OP_GRAPHS] = {{"gpt-350m", 128, 64, 1024, 2},   {"gpt-350m", 256, 128, 2048, 4},
+                            {"mlp", 256, 0, 0, 64},           {"wresnet-250m", 16, 32, 0, 8},
+                            {"gpt-350m", 512, 256, 4096, 8},  {"mlp", 1024, 0, 0, 64},
+                            {"wresnet-250m", 32, 64, 0, 16}};
     ps_status st = PS_OK;
     *n = 0;
-    for (int i = 0; i < (quick ? 3 : N_OP_GRAPHS); i++) {
+    for (int i = 0; i < (quick ? N_QUICK_OP_GRAPHS : N_OP_GRAPHS); i++) {
         ps_model_config cfg;
         ps_graph *fwd = NULL;
         PS_TRY(ps_zoo_lookup(sizes[i].model, &cfg, err));
-        cfg.hidden = sizes[i].hidden;
-        cfg.ffn = 4 * sizes[i].hidden;
         cfg.batch = sizes[i].batch;
         cfg.dtype = PS_DTYPE_F32;
-        if (sizes[i].seq > 0) {
+        if (cfg.family == PS_MODEL_WRESNET) {
+            cfg.channels = sizes[i].hidden;
+            cfg.image_size = sizes[i].seq;
+            cfg.width_factor = 2;
+            cfg.classes = 10;
+        } else {
+            cfg.hidden = sizes[i].hidden;
+            cfg.ffn = 4 * sizes[i].hidden;
+        }
+        if (cfg.family == PS_MODEL_GPT) {
             cfg.layers = 1;
             cfg.heads = 4;
             cfg.seq = sizes[i].seq;
@@ -94,10 +103,11 @@ static void help(void)
            "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
            "  --no-gemm            skip the GEMMs\n"
            "  --no-ops             skip the other ops (those of the training steps of a\n"
-           "                       one-block GPT at three sizes and of the tutorial MLP at\n"
-           "                       two, --quick two and one, fp32), which the cost model\n"
-           "                       then charges by its roofline, and those steps' GEMM\n"
-           "                       shapes (measured with the GEMMs otherwise)\n"
+           "                       one-block GPT at three sizes, the tutorial MLP at two\n"
+           "                       and a Wide-ResNet-50 at two, --quick two, one and one,\n"
+           "                       fp32), which the cost model then charges by its\n"
+           "                       roofline, their convolutions (then looked up as GEMMs)\n"
+           "                       and their GEMM shapes (measured with the GEMMs otherwise)\n"
            "  --gemm-all-devices   time GEMMs on every device at once, the slowest counting\n"
            "                       (cpu: the devices share the host's cores, as in 'exec';\n"
            "                       default: device 0 alone)\n"
@@ -207,36 +217,41 @@ static bool parse_dtypes(const char *text, ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT]
 /* One GEMM measurement recorded under several dtypes. */
 static bool same_measurement(const ps_profile_gemm *a, const ps_profile_gemm *b)
 {
-    return a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch &&
-           a->seconds == b->seconds;
+    return a->op == b->op && a->m == b->m && a->n == b->n && a->k == b->k &&
+           a->batch == b->batch && a->seconds == b->seconds;
 }
 
 static void print_tables(const ps_profile_db *db)
 {
     printf("profile       backend %s, device \"%s\", %d device(s)\n", db->backend, db->device,
            db->devices);
-    if (db->n_gemm > 0) {
-        printf("\n# GEMM (batch x (m x k by k x n))\n#%9s %9s %9s %7s  %-16s %12s %10s\n", "m",
-               "n", "k", "batch", "dtypes", "time (us)", "TFLOP/s");
-        for (int i = 0; i < db->n_gemm; i++) {
-            const ps_profile_gemm *g = &db->gemm[i];
-            bool seen = false;
-            for (int j = 0; j < i && !seen; j++)
-                seen = same_measurement(&db->gemm[j], g);
-            if (seen)
-                continue;
-            /* the dtypes measured with the same time: one measurement */
-            char dts[32] = "";
-            size_t used = 0;
-            for (int j = i; j < db->n_gemm; j++)
-                if (same_measurement(&db->gemm[j], g) && used + 1 < sizeof dts)
-                    used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
-                                             ps_dtype_name(db->gemm[j].dtype));
-            double flops = ps_profile_gemm_flops(g);
-            printf(" %9lld %9lld %9lld %7lld  %-16s %12.2f %10.4f\n", (long long)g->m,
-                   (long long)g->n, (long long)g->k, (long long)g->batch, dts, g->seconds * 1e6,
-                   flops / g->seconds / 1e12);
+    for (int i = 0; i < db->n_gemm; i++) {
+        const ps_profile_gemm *g = &db->gemm[i];
+        if (i == 0 || g->op != db->gemm[i - 1].op) {
+            if (g->op == PS_OP_MATMUL)
+                printf("\n# GEMM (batch x (m x k by k x n))\n");
+            else /* ps_conv_gemm_shape */
+                printf("\n# %s, as the GEMM it amounts to (m x k by k x n)\n",
+                       ps_op_kind_get(g->op)->name);
+            printf("#%9s %9s %9s %7s  %-16s %12s %10s\n", "m", "n", "k", "batch", "dtypes",
+                   "time (us)", "TFLOP/s");
         }
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = same_measurement(&db->gemm[j], g);
+        if (seen)
+            continue;
+        /* the dtypes measured with the same time: one measurement */
+        char dts[32] = "";
+        size_t used = 0;
+        for (int j = i; j < db->n_gemm; j++)
+            if (same_measurement(&db->gemm[j], g) && used + 1 < sizeof dts)
+                used += (size_t)snprintf(dts + used, sizeof dts - used, "%s%s", used ? "," : "",
+                                         ps_dtype_name(db->gemm[j].dtype));
+        double flops = ps_profile_gemm_flops(g);
+        printf(" %9lld %9lld %9lld %7lld  %-16s %12.2f %10.4f\n", (long long)g->m,
+               (long long)g->n, (long long)g->k, (long long)g->batch, dts, g->seconds * 1e6,
+               flops / g->seconds / 1e12);
     }
     for (int i = 0; i < db->n_op; i++) {
         const ps_profile_op *e = &db->ops[i];

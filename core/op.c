@@ -264,6 +264,40 @@ ps_status ps_matmul_gemm_shape(const char *einsum, const ps_tensor_desc in[2], p
     return st;
 }
 
+ps_status ps_conv_gemm_shape(ps_op_kind kind, const ps_tensor_desc in[2], const ps_tensor_desc *out,
+                             ps_gemm_shape *shape, ps_error *err)
+{
+    if (kind != PS_OP_CONV2D && kind != PS_OP_CONV2D_GRAD_INPUT &&
+        kind != PS_OP_CONV2D_GRAD_FILTER)
+        return ps_error_set(err, PS_ERR_INVALID, "%s is not a convolution",
+                            ps_op_kind_get(kind)->name);
+    if (in[0].rank != 4 || in[1].rank != 4 || out->rank != 4)
+        return ps_error_set(err, PS_ERR_INVALID, "%s: operands of rank %d, %d and %d, not NCHW",
+                            ps_op_kind_get(kind)->name, in[0].rank, in[1].rank, out->rank);
+    /* the inputs give every split dimension (an input is never a partial
+     * sum); the output only the spatial ones, which are never split */
+    const int64_t *a = in[0].shape, *b = in[1].shape, *y = out->shape;
+    *shape = (ps_gemm_shape){.batch = 1};
+    switch (kind) {
+    case PS_OP_CONV2D: /* x[N,C,H,W], w[O,C,KH,KW] -> y[N,O,OH,OW] */
+        shape->m = a[0] * y[2] * y[3];
+        shape->n = b[0];
+        shape->k = b[1] * b[2] * b[3];
+        break;
+    case PS_OP_CONV2D_GRAD_INPUT: /* dy[N,O,OH,OW], w[O,C,KH,KW] -> dx */
+        shape->m = a[0] * a[2] * a[3];
+        shape->n = b[1] * b[2] * b[3];
+        shape->k = b[0];
+        break;
+    default: /* grad_filter: x[N,C,H,W], dy[N,O,OH,OW] -> dw[O,C,KH,KW] */
+        shape->m = b[1];
+        shape->n = a[1] * y[2] * y[3];
+        shape->k = b[0] * b[2] * b[3];
+        break;
+    }
+    return PS_OK;
+}
+
 /* ---- inference ------------------------------------------------------------ */
 
 #define FAIL(...) return ps_error_set(err, PS_ERR_INVALID, __VA_ARGS__)

@@ -182,5 +182,17 @@ ps_gemm_shape ps_einsum_gemm_shape(const ps_einsum *e, const int64_t size[26]);
  * (whole tensors or tiles). */
 ps_status ps_matmul_gemm_shape(const char *einsum, const ps_tensor_desc in[2], ps_gemm_shape *out,
                                ps_error *err);
+/* The GEMM a convolution of that kind amounts to, from its two inputs and
+ * its output (whole tensors or tiles; a partial output's shape is whole),
+ * with the image's batch folded into the rows and batch 1:
+ *   conv2d              m = N OH OW, n = O,        k = C KH KW
+ *   conv2d_grad_input   m = N OH OW, n = C KH KW,  k = O
+ *   conv2d_grad_filter  m = O,       n = C KH KW,  k = N OH OW
+ * (2 m n k is the op's FLOP count). The key a profile DB times convolutions
+ * under: cuDNN's implicit GEMM of the forward, the CPU backend's column
+ * GEMMs of each. PS_ERR_INVALID for another kind or operands that are not
+ * NCHW. */
+ps_status ps_conv_gemm_shape(ps_op_kind kind, const ps_tensor_desc in[2], const ps_tensor_desc *out,
+                             ps_gemm_shape *shape, ps_error *err);
 
 #endif

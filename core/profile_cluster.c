@@ -18,6 +18,8 @@ ps_status ps_profile_db_host_cluster(const ps_profile_db *db, const ps_profile_h
     double any = 0;
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
+        if (g->op != PS_OP_MATMUL) /* the peak is the GEMMs' proper */
+            continue;
         double rate = ps_profile_gemm_flops(g) / g->seconds;
         if (g->dtype < PS_FLOAT_DTYPE_COUNT)
             k.peak_flops[g->dtype] = fmax(k.peak_flops[g->dtype], rate);

@@ -39,16 +39,31 @@ double ps_profile_busbw_factor(ps_profile_comm kind, int n)
     return 0;
 }
 
+bool ps_profile_gemm_kind(ps_op_kind kind)
+{
+    return kind == PS_OP_MATMUL || kind == PS_OP_CONV2D || kind == PS_OP_CONV2D_GRAD_INPUT ||
+           kind == PS_OP_CONV2D_GRAD_FILTER;
+}
+
+/* The n of an entry's GEMM table (kind -1): the dtype alone for MATMULs. */
+static int gemm_table_n(ps_op_kind op, ps_dtype dtype)
+{
+    return (int)op * PS_FLOAT_DTYPE_COUNT + (int)dtype;
+}
+
 double ps_profile_gemm_flops(const ps_profile_gemm *g)
 {
     ps_gemm_shape sh = {.m = g->m, .n = g->n, .k = g->k, .batch = g->batch};
     return ps_gemm_shape_flops(&sh);
 }
 
-/* "m x n x k", and " (batch b)" for a batch. */
+/* "m x n x k", " (batch b)" for a batch, "conv2d m x n x k" for a
+ * convolution. */
 static const char *gemm_text(const ps_profile_gemm *g, char buf[128])
 {
-    int len = snprintf(buf, 128, "%lld x %lld x %lld", (long long)g->m, (long long)g->n,
+    int len = snprintf(buf, 128, "%s%s%lld x %lld x %lld",
+                       g->op != PS_OP_MATMUL ? ps_op_kind_get(g->op)->name : "",
+                       g->op != PS_OP_MATMUL ? " " : "", (long long)g->m, (long long)g->n,
                        (long long)g->k);
     if (g->batch > 1)
         snprintf(buf + len, (size_t)(128 - len), " (batch %lld)", (long long)g->batch);
@@ -139,6 +154,11 @@ static bool valid_seconds(double x)
 
 static ps_status check_gemm(const ps_profile_gemm *e, ps_error *err)
 {
+    if ((int)e->op < 0 || (int)e->op >= PS_OP_KIND_COUNT || !ps_profile_gemm_kind(e->op))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "profile DB: a GEMM entry of op kind %d: only matmul and the "
+                            "convolutions are timed as GEMMs",
+                            (int)e->op);
     if (e->m < 1 || e->n < 1 || e->k < 1 || e->m > MAX_DIM || e->n > MAX_DIM || e->k > MAX_DIM)
         return ps_error_set(err, PS_ERR_INVALID,
                             "profile DB: GEMM %lld x %lld x %lld: sizes must be 1 to 2^40",
@@ -183,10 +203,10 @@ static ps_status check_comm(const ps_profile_comm_entry *e, ps_error *err)
 
 static ps_status check_op(const ps_profile_op *e, ps_error *err)
 {
-    if ((int)e->op < 0 || (int)e->op >= PS_OP_KIND_COUNT || e->op == PS_OP_MATMUL)
+    if ((int)e->op < 0 || (int)e->op >= PS_OP_KIND_COUNT || ps_profile_gemm_kind(e->op))
         return ps_error_set(err, PS_ERR_INVALID,
-                            "profile DB: op kind %d is not a non-GEMM op (GEMMs have their "
-                            "own entries)",
+                            "profile DB: op kind %d is not a non-GEMM op (GEMMs and "
+                            "convolutions have their own entries)",
                             (int)e->op);
     const char *name = ps_op_kind_get(e->op)->name;
     if (e->bytes < 1 || e->bytes > MAX_BYTES)
@@ -259,6 +279,8 @@ static int cmp_i64(int64_t a, int64_t b)
 static int cmp_gemm(const void *pa, const void *pb)
 {
     const ps_profile_gemm *a = pa, *b = pb;
+    if (a->op != b->op)
+        return (int)a->op - (int)b->op;
     if (a->dtype != b->dtype)
         return (int)a->dtype - (int)b->dtype;
     double fa = ps_profile_gemm_flops(a), fb = ps_profile_gemm_flops(b);
@@ -363,12 +385,15 @@ ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err)
     PS_TRY_ALLOC(secs, err);
     for (int i = 0; i < db->n_gemm;) {
         int j = i, count = 0;
-        for (; j < db->n_gemm && db->gemm[j].dtype == db->gemm[i].dtype; j++) {
+        for (; j < db->n_gemm && db->gemm[j].op == db->gemm[i].op &&
+               db->gemm[j].dtype == db->gemm[i].dtype;
+             j++) {
             size[count] = ps_profile_gemm_flops(&db->gemm[j]);
             secs[count++] = db->gemm[j].seconds;
         }
-        PS_TRY(make_table(&db->tables[db->n_tables++], -1, (int)db->gemm[i].dtype, size, secs,
-                          count, err));
+        PS_TRY(make_table(&db->tables[db->n_tables++], -1,
+                          gemm_table_n(db->gemm[i].op, db->gemm[i].dtype), size, secs, count,
+                          err));
         i = j;
     }
     for (int i = 0; i < db->n_comm;) {
@@ -440,7 +465,7 @@ static double one_table_s(const ps_profile_db *db, int kind, int n, double x)
 
 double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops)
 {
-    return one_table_s(db, -1, (int)dtype, flops);
+    return one_table_s(db, -1, gemm_table_n(PS_OP_MATMUL, dtype), flops);
 }
 
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops)
@@ -506,15 +531,21 @@ static band_answer band_s(const ps_profile_gemm *g, int count, double flops, dou
 
 double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape)
 {
-    ps_profile_gemm q = {.m = shape->m, .n = shape->n, .k = shape->k,
+    return ps_profile_gemm_op_shape_s(db, PS_OP_MATMUL, dtype, shape);
+}
+
+double ps_profile_gemm_op_shape_s(const ps_profile_db *db, ps_op_kind op, ps_dtype dtype,
+                                  const ps_gemm_shape *shape)
+{
+    ps_profile_gemm q = {.op = op, .m = shape->m, .n = shape->n, .k = shape->k,
                          .batch = shape->batch > 1 ? shape->batch : 1, .dtype = dtype};
     if (db == NULL || !db->finished)
         return -1;
     int lo = 0;
-    while (lo < db->n_gemm && db->gemm[lo].dtype != dtype)
+    while (lo < db->n_gemm && (db->gemm[lo].op != op || db->gemm[lo].dtype != dtype))
         lo++;
     int hi = lo;
-    while (hi < db->n_gemm && db->gemm[hi].dtype == dtype)
+    while (hi < db->n_gemm && db->gemm[hi].op == op && db->gemm[hi].dtype == dtype)
         hi++;
     if (lo == hi)
         return -1;
@@ -527,7 +558,7 @@ double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps
     band_answer a = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
     if (a.s >= 0)
         return a.s;
-    double s = ps_profile_gemm_s(db, dtype, flops);
+    double s = one_table_s(db, -1, gemm_table_n(op, dtype), flops);
     return fmax(fmin(s, a.at_most), a.at_least);
 }
 
@@ -627,8 +658,9 @@ static const char *const top_keys[] = {"version",     "device", "backend",
                                        "devices",     "gemm",   "collectives",
                                        "ops",         "devices_at_once", NULL};
 static const char *const op_keys[] = {"op", "bytes", "seconds", "bytes_per_s", NULL};
-static const char *const gemm_keys[] = {"m",       "n",           "k", "batch", "dtype",
-                                        "seconds", "flops_per_s", NULL};
+static const char *const gemm_keys[] = {"op",    "m",       "n",           "k",
+                                        "batch", "dtype",   "seconds",     "flops_per_s",
+                                        NULL};
 static const char *const comm_keys[] = {
     "kind", "n", "bytes", "seconds", "algbw_bytes_per_s", "busbw_bytes_per_s", NULL};
 
@@ -643,6 +675,20 @@ static ps_status read_gemm(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         int d;
         PS_TRY(ps_jv_object(&e, err));
         PS_TRY(ps_jv_check_keys(&e, gemm_keys, err));
+        g.op = PS_OP_MATMUL; /* absent: a GEMM proper */
+        if (ps_jv_has(&e, "op")) {
+            ps_jv kv;
+            const char *name;
+            PS_TRY(ps_jv_member(&e, "op", &kv, err));
+            PS_TRY(ps_jv_string(&kv, &name, err));
+            if (ps_op_kind_parse(name, &g.op) != 0 || !ps_profile_gemm_kind(g.op)) {
+                st = ps_jv_fail(&kv, err, PS_ERR_INVALID,
+                                "\"%s\" is not timed as a GEMM: want matmul, conv2d, "
+                                "conv2d_grad_input or conv2d_grad_filter",
+                                name);
+                goto out;
+            }
+        }
         PS_TRY(read_int(&e, "m", 1, MAX_DIM, &g.m, err));
         PS_TRY(read_int(&e, "n", 1, MAX_DIM, &g.n, err));
         PS_TRY(read_int(&e, "k", 1, MAX_DIM, &g.k, err));
@@ -725,9 +771,10 @@ static ps_status read_ops(ps_profile_db *db, const ps_jv *arr, ps_error *err)
         PS_TRY(ps_jv_check_keys(&e, op_keys, err));
         PS_TRY(ps_jv_member(&e, "op", &kv, err));
         PS_TRY(ps_jv_string(&kv, &name, err));
-        if (ps_op_kind_parse(name, &o.op) != 0 || o.op == PS_OP_MATMUL) {
+        if (ps_op_kind_parse(name, &o.op) != 0 || ps_profile_gemm_kind(o.op)) {
             st = ps_jv_fail(&kv, err, PS_ERR_INVALID,
-                            "\"%s\" is not an op kind other than matmul (GEMMs go in \"gemm\")",
+                            "\"%s\" is not an op kind other than matmul and the convolutions "
+                            "(GEMMs and convolutions go in \"gemm\")",
                             name);
             goto out;
         }
@@ -878,6 +925,12 @@ ps_status ps_profile_db_to_json(const ps_profile_db *db, json_t **out)
                               ps_dtype_name(g->dtype), "seconds", g->seconds, "flops_per_s",
                               ps_profile_gemm_flops(g) / g->seconds);
         if (e != NULL && g->batch > 1 && ps_json_set(e, "batch", json_integer(g->batch)) != PS_OK) {
+            json_decref(e);
+            e = NULL;
+        }
+        /* absent for a MATMUL, so that older DBs read and digest the same */
+        if (e != NULL && g->op != PS_OP_MATMUL &&
+            ps_json_set(e, "op", json_string(ps_op_kind_get(g->op)->name)) != PS_OK) {
             json_decref(e);
             e = NULL;
         }

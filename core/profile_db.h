@@ -56,13 +56,19 @@ extern const char *const ps_profile_comm_names[PS_PROFILE_COMM_COUNT];
 /* busbw / algbw: 2(n-1)/n, (n-1)/n or 1 (0 for n < 2). */
 double ps_profile_busbw_factor(ps_profile_comm kind, int n);
 
+/* A GEMM-shaped op timed at one shape: a MATMUL (the GEMMs proper), or a
+ * convolution (conv2d and its two gradients) under the GEMM it amounts to
+ * (ps_conv_gemm_shape). Lookups keep the kinds apart. */
 typedef struct ps_profile_gemm {
+    ps_op_kind op; /* PS_OP_MATMUL (0, the default) or a conv2d kind */
     int64_t m, n, k;
     int64_t batch;  /* independent GEMMs of that shape in one call; 0 or 1: one */
     ps_dtype dtype; /* fp32, fp16 or bf16 */
     double seconds; /* median of the repetitions */
 } ps_profile_gemm;
 
+/* True for the kinds a GEMM entry times: MATMUL and the convolutions. */
+bool ps_profile_gemm_kind(ps_op_kind kind);
 /* 2 batch m n k of an entry (a batch of 0 counts as 1). */
 double ps_profile_gemm_flops(const ps_profile_gemm *g);
 
@@ -85,10 +91,11 @@ typedef struct ps_profile_op {
 } ps_profile_op;
 
 typedef struct ps_profile_table {
-    /* ps_profile_comm; -1: a GEMM table (n: its dtype); -2: an op table
-     * (n: its ps_op_kind) */
+    /* ps_profile_comm; -1: a GEMM table (n: its op kind x
+     * PS_FLOAT_DTYPE_COUNT + its dtype, the dtype for MATMULs); -2: an op
+     * table (n: its ps_op_kind) */
     int kind;
-    int n;    /* group size; the dtype for a GEMM table */
+    int n; /* group size; see kind */
     int count;
     double *size; /* bytes or FLOPs */
     double *seconds;
@@ -103,7 +110,7 @@ typedef struct ps_profile_db {
      * the CPU backend the times then include the sharing of the cores) */
     int devices_at_once;
     int n_gemm, cap_gemm;
-    ps_profile_gemm *gemm; /* sorted by dtype, FLOPs, batch, m, n, k after finish */
+    ps_profile_gemm *gemm; /* sorted by op, dtype, FLOPs, batch, m, n, k after finish */
     int n_comm, cap_comm;
     ps_profile_comm_entry *comm; /* sorted by kind, n, bytes after finish */
     int n_op, cap_op;
@@ -125,7 +132,7 @@ void ps_profile_db_free(ps_profile_db *db);
  * again before lookups. */
 ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps_error *err);
 ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err);
-/* (checked: a kind other than MATMUL, positive bytes and time) */
+/* (checked: a kind other than the GEMM-shaped ones, positive bytes and time) */
 ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_error *err);
 /* Sorts the entries, rejects duplicates (same shape and dtype, or same
  * kind, n and bytes) and an empty DB, and builds the lookup tables. */
@@ -146,8 +153,9 @@ bool ps_profile_db_equal(const ps_profile_db *a, const ps_profile_db *b);
  * finished (else PS_ERR_INVALID and buf ""). */
 ps_status ps_profile_db_digest(const ps_profile_db *db, char *buf, int cap);
 
-/* Lookups (finished DB). Seconds of a GEMM of `flops` FLOPs of dtype:
- * 0 for flops <= 0, -1 when the DB has no GEMM of that dtype. */
+/* Lookups (finished DB). Seconds of a GEMM (a MATMUL entry) of `flops`
+ * FLOPs of dtype: 0 for flops <= 0, -1 when the DB has no GEMM of that
+ * dtype. */
 double ps_profile_gemm_s(const ps_profile_db *db, ps_dtype dtype, double flops);
 /* flops / ps_profile_gemm_s; 0 when there is no entry or flops <= 0. */
 double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, double flops);
@@ -170,6 +178,13 @@ double ps_profile_gemm_flops_per_s(const ps_profile_db *db, ps_dtype dtype, doub
 #define PS_PROFILE_GEMM_INTENSITY_BAND 2.0
 #define PS_PROFILE_GEMM_FLOPS_NEAR 4.0
 double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps_gemm_shape *shape);
+/* The same rules among the entries of one GEMM-shaped kind (MATMUL: as
+ * ps_profile_gemm_shape_s; a convolution: its ps_conv_gemm_shape among the
+ * convolutions of that kind, rule 3 by their FLOPs alone). -1 when the DB
+ * has no entry of that kind and dtype: the caller may then look the shape
+ * up as a MATMUL. */
+double ps_profile_gemm_op_shape_s(const ps_profile_db *db, ps_op_kind op, ps_dtype dtype,
+                                  const ps_gemm_shape *shape);
 /* Seconds of a non-GEMM op of that kind reading and writing `bytes`: 0 for
  * bytes <= 0, -1 when the DB has no entry of that kind. */
 double ps_profile_op_s(const ps_profile_db *db, ps_op_kind kind, double bytes);

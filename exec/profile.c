@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,8 @@ typedef struct shared {
     bool failed;
     ps_error err; /* the first failure */
     ps_status st;
-    const float *host; /* read-only source data, max elements */
+    const float *host;         /* read-only source data, max elements */
+    const float *host_nonneg;  /* its absolute values (Adam's second moment) */
     double *times;     /* [n * reps]: seconds per call, per rank and repetition */
     double *warm;      /* [n]: seconds of one warm-up call per rank */
     int iters;
@@ -80,9 +82,11 @@ typedef struct shared {
     /* the GEMMs to time: the options' shapes, then the graphs' (owned) */
     ps_gemm_shape *shapes;
     int n_shapes;
-    /* the ops to time, one per (kind, bytes): op_graph[i], op_index[i] */
+    /* the ops to time, one per (kind, bytes), convolutions one per (kind,
+     * shape): op_graph[i], op_index[i] */
     int n_ops;
     int *op_graph, *op_index;
+    bool *op_unsupported; /* [n_ops]: the backend has no such op (set by any rank) */
 } shared;
 
 /* Records a failure and unblocks every peer: those waiting in the barrier
@@ -278,15 +282,16 @@ static ps_tile matrix(void *data, int64_t batch, int64_t rows, int64_t cols)
     return ps_tile_whole(data, &d);
 }
 
-static ps_status add_gemm(shared *s, const ps_gemm_shape *sh, ps_dtype dtype, double sec,
-                          ps_error *err)
+static ps_status add_gemm(shared *s, ps_op_kind kind, const ps_gemm_shape *sh, ps_dtype dtype,
+                          double sec, ps_error *err)
 {
-    ps_profile_gemm e = {.m = sh->m, .n = sh->n, .k = sh->k, .batch = sh->batch,
+    ps_profile_gemm e = {.op = kind, .m = sh->m, .n = sh->n, .k = sh->k, .batch = sh->batch,
                          .dtype = dtype, .seconds = sec};
     if (s->o->progress)
-        fprintf(stderr, "profile: GEMM %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
-                (long long)sh->m, (long long)sh->n, (long long)sh->k, (long long)e.batch,
-                ps_dtype_name(dtype), sec, ps_gemm_shape_flops(sh) / sec / 1e12);
+        fprintf(stderr, "profile: %s %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
+                kind == PS_OP_MATMUL ? "GEMM" : ps_op_kind_get(kind)->name, (long long)sh->m,
+                (long long)sh->n, (long long)sh->k, (long long)e.batch, ps_dtype_name(dtype), sec,
+                ps_gemm_shape_flops(sh) / sec / 1e12);
     return ps_profile_db_add_gemm(s->db, &e, err);
 }
 
@@ -305,7 +310,7 @@ static ps_status gemm_timed_natively(shared *s, ps_error *err)
                 st = ps_error_set(err, PS_ERR_DEVICE, "profile: the GEMM timer returned %g s", sec);
                 goto out;
             }
-            PS_TRY(add_gemm(s, &s->shapes[i], t, sec, err));
+            PS_TRY(add_gemm(s, PS_OP_MATMUL, &s->shapes[i], t, sec, err));
         }
 out:
     return st;
@@ -351,7 +356,8 @@ static ps_status gemm_thread(shared *s, int rank, ps_error *err)
         double sec = slowest_median(s, s->n);
         int n_dt = o->n_dtypes > 0 ? o->n_dtypes : 1;
         for (int d = 0; d < n_dt && rank == 0; d++)
-            PS_TRY(add_gemm(s, sh, o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32, sec, err));
+            PS_TRY(add_gemm(s, PS_OP_MATMUL, sh, o->n_dtypes > 0 ? o->dtypes[d] : PS_DTYPE_F32, sec,
+                            err));
         for (int t = 0; t < 3; t++) {
             b->ops->release(b, rank, buf[t]);
             buf[t] = NULL;
@@ -366,10 +372,20 @@ out:
 
 /* ---- other ops ------------------------------------------------------------ */
 
+/* The kinds timed here: all but MATMUL (timed with the GEMMs). */
 static bool timed_kind(ps_op_kind k)
 {
-    return k != PS_OP_MATMUL && k != PS_OP_CONV2D && k != PS_OP_CONV2D_GRAD_INPUT &&
-           k != PS_OP_CONV2D_GRAD_FILTER;
+    return k != PS_OP_MATMUL && k != PS_OP_RESHAPE;
+}
+
+/* A convolution's GEMM on whole tensors; false for another kind. */
+static bool conv_shape(const ps_graph *g, const ps_op *op, ps_gemm_shape *out)
+{
+    if (!ps_profile_gemm_kind(op->kind) || op->kind == PS_OP_MATMUL || op->n_in < 2 ||
+        op->n_out < 1)
+        return false;
+    ps_tensor_desc in[2] = {g->tensors[op->in[0]].desc, g->tensors[op->in[1]].desc};
+    return ps_conv_gemm_shape(op->kind, in, &g->tensors[op->out[0]].desc, out, NULL) == PS_OK;
 }
 
 /* What the cost model counts for the op on whole tensors: the bytes of its
@@ -384,7 +400,8 @@ static int64_t op_bytes(const ps_graph *g, const ps_op *op)
     return (int64_t)bytes;
 }
 
-/* The ops to time: the first of each (kind, bytes) over the graphs. */
+/* The ops to time: the first of each (kind, bytes) over the graphs, of a
+ * convolution the first of each (kind, GEMM shape). */
 static ps_status choose_ops(shared *s, ps_error *err)
 {
     const ps_profile_options *o = s->o;
@@ -393,20 +410,26 @@ static ps_status choose_ops(shared *s, ps_error *err)
         total += o->op_graphs[i]->n_ops;
     s->op_graph = malloc((size_t)(total > 0 ? total : 1) * sizeof *s->op_graph);
     s->op_index = malloc((size_t)(total > 0 ? total : 1) * sizeof *s->op_index);
-    if (s->op_graph == NULL || s->op_index == NULL)
+    s->op_unsupported = calloc((size_t)(total > 0 ? total : 1), sizeof *s->op_unsupported);
+    if (s->op_graph == NULL || s->op_index == NULL || s->op_unsupported == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     for (int i = 0; i < o->n_op_graphs; i++) {
         const ps_graph *g = o->op_graphs[i];
         for (int j = 0; j < g->n_ops; j++) {
             const ps_op *op = &g->ops[j];
             int64_t bytes = op_bytes(g, op);
-            if (!timed_kind(op->kind) || op->kind == PS_OP_RESHAPE || bytes < 1)
+            ps_gemm_shape conv, other;
+            bool is_conv = conv_shape(g, op, &conv);
+            if (!timed_kind(op->kind) || bytes < 1 || (ps_profile_gemm_kind(op->kind) && !is_conv))
                 continue;
             bool seen = false;
             for (int q = 0; q < s->n_ops && !seen; q++) {
                 const ps_graph *h = o->op_graphs[s->op_graph[q]];
                 const ps_op *p = &h->ops[s->op_index[q]];
-                seen = p->kind == op->kind && op_bytes(h, p) == bytes;
+                seen = p->kind == op->kind &&
+                       (is_conv ? conv_shape(h, p, &other) && other.m == conv.m &&
+                                      other.n == conv.n && other.k == conv.k
+                                : op_bytes(h, p) == bytes);
             }
             if (seen)
                 continue;
@@ -447,19 +470,52 @@ static ps_status ops_thread(shared *s, int rank, ps_error *err)
             ps_tile tile = ps_tile_whole(buf[n_buf++], &x->desc);
             if (input && x->desc.dtype == PS_DTYPE_I32)
                 PS_TRY(b->ops->zero(b, rank, &tile, err)); /* valid ids and labels */
-            else if (input)
-                PS_TRY(b->ops->upload(b, rank, tile.data, s->host, numel * 4, err));
+            else if (input) /* a negative second moment would time sqrt's error path */
+                PS_TRY(b->ops->upload(b, rank, tile.data,
+                                      op->kind == PS_OP_ADAM && t == 3 ? s->host_nonneg : s->host,
+                                      numel * 4, err));
             if (input)
                 c.in[t] = tile;
             else
                 c.out[t - op->n_in] = tile;
+        }
+        /* a kind the backend lacks (the CUDA backend built without cuDNN
+         * has no conv2d) is left out on every rank: the cost model then
+         * keeps its own estimate */
+        ps_error probe_err = {0};
+        ps_status probe = op_once(s, rank, &c, &probe_err);
+        if (probe == PS_ERR_UNSUPPORTED) {
+            pthread_mutex_lock(&s->mu);
+            s->op_unsupported[q] = true;
+            pthread_mutex_unlock(&s->mu);
+        } else if (probe != PS_OK) {
+            *err = probe_err;
+            st = probe;
+            goto out;
+        }
+        if (!barrier(s))
+            goto out;
+        if (s->op_unsupported[q]) {
+            if (rank == 0)
+                PS_LOG_WARN("profile: %s left out: %s", ps_op_kind_get(op->kind)->name,
+                            probe == PS_ERR_UNSUPPORTED ? probe_err.msg : "not on every device");
+            for (; n_buf > 0; n_buf--)
+                b->ops->release(b, rank, buf[n_buf - 1]);
+            continue;
         }
         bool ok;
         PS_TRY(timed(s, rank, op_once, &c, 1, &ok, err));
         if (!ok)
             goto out;
         double sec = slowest_median(s, s->n);
-        if (rank == 0) {
+        ps_gemm_shape conv;
+        if (rank == 0 && conv_shape(g, op, &conv)) {
+            /* one fp32 measurement, recorded for every dtype as the GEMMs */
+            int n_dt = s->o->n_dtypes > 0 ? s->o->n_dtypes : 1;
+            for (int d = 0; d < n_dt; d++)
+                PS_TRY(add_gemm(s, op->kind, &conv,
+                                s->o->n_dtypes > 0 ? s->o->dtypes[d] : PS_DTYPE_F32, sec, err));
+        } else if (rank == 0) {
             ps_profile_op e = {.op = op->kind, .bytes = op_bytes(g, op), .seconds = sec};
             if (s->o->progress)
                 fprintf(stderr, "profile: %s of %lld bytes: %.4g s, %.4g GB/s\n",
@@ -725,7 +781,7 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
 {
     ps_status st = PS_OK;
     ps_profile_db *db = NULL;
-    float *host = NULL;
+    float *host = NULL, *host_nonneg = NULL;
     shared s;
     memset(&s, 0, sizeof s);
     *out = NULL;
@@ -749,14 +805,24 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
         most = e > most ? e : most;
     }
     host = malloc((size_t)most * sizeof *host);
+    host_nonneg = malloc((size_t)most * sizeof *host_nonneg);
     PS_TRY_ALLOC(host, err);
-    for (int64_t i = 0; i < most; i++) /* small values: sums stay finite */
-        host[i] = (float)(i % 7) * 0.125f;
+    PS_TRY_ALLOC(host_nonneg, err);
+    /* small values (sums stay finite) of both signs in no order a branch
+     * predictor learns, as activations are: data of one sign made a ReLU
+     * look 6 times faster than in a training step */
+    for (int64_t i = 0; i < most; i++) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        host[i] = (float)((int)(h % 15) - 7) * 0.125f;
+        host_nonneg[i] = fabsf(host[i]);
+    }
     int max_group = o->max_group > 0 && o->max_group < b->n_devices ? o->max_group : b->n_devices;
     s.b = b;
     s.o = o;
     s.db = db;
     s.host = host;
+    s.host_nonneg = host_nonneg;
     s.times = calloc((size_t)(b->n_devices * o->reps), sizeof *s.times);
     s.warm = calloc((size_t)b->n_devices, sizeof *s.warm);
     PS_TRY_ALLOC(s.times, err);
@@ -791,8 +857,10 @@ out:
     free(s.warm);
     free(s.op_graph);
     free(s.op_index);
+    free(s.op_unsupported);
     free(s.shapes);
     free(host);
+    free(host_nonneg);
     ps_profile_db_free(db);
     return st;
 }

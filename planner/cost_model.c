@@ -188,9 +188,10 @@ double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned ax
 }
 
 /* The roofline of ps_compute_s; a GEMM's time from the DB when it has one:
- * by shape when known, else by FLOPs. */
-static double compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
-                        bool gemm, const ps_gemm_shape *shape)
+ * by shape when known (a convolution's among the DB's convolutions of its
+ * kind, else among its GEMMs), else by FLOPs. */
+static double compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
+                        double bytes, bool gemm, const ps_gemm_shape *shape)
 {
     int t = dtype < PS_FLOAT_DTYPE_COUNT ? (int)dtype : PS_DTYPE_F32;
     double peak = m->peak_flops[t];
@@ -200,8 +201,12 @@ static double compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, 
     double t_flops = flops / (peak * eff);
     double t_bytes = bytes / (m->memory_bandwidth_bytes_per_s * m->params.bandwidth_efficiency);
     if (gemm && m->profile != NULL) {
-        double s = shape != NULL ? ps_profile_gemm_shape_s(m->profile, (ps_dtype)t, shape)
-                                 : ps_profile_gemm_s(m->profile, (ps_dtype)t, flops);
+        double s = -1;
+        if (shape != NULL && kind != PS_OP_MATMUL && ps_profile_gemm_kind(kind))
+            s = ps_profile_gemm_op_shape_s(m->profile, kind, (ps_dtype)t, shape);
+        if (s < 0)
+            s = shape != NULL ? ps_profile_gemm_shape_s(m->profile, (ps_dtype)t, shape)
+                              : ps_profile_gemm_s(m->profile, (ps_dtype)t, flops);
         if (s >= 0)
             t_flops = s;
     }
@@ -211,7 +216,7 @@ static double compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, 
 double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, double bytes,
                     bool gemm)
 {
-    return compute_s(m, dtype, flops, bytes, gemm, NULL);
+    return compute_s(m, PS_OP_MATMUL, dtype, flops, bytes, gemm, NULL);
 }
 
 double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
@@ -222,7 +227,7 @@ double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype
         if (s >= 0)
             return s * m->compute_share;
     }
-    return compute_s(m, dtype, flops, bytes, gemm, gemm ? gemm_shape : NULL);
+    return compute_s(m, kind, dtype, flops, bytes, gemm, gemm ? gemm_shape : NULL);
 }
 
 /* A dimension split over both axes holds block i0 * d1 + i1 (axis 0 major).

@@ -96,8 +96,10 @@ double ps_compute_s(const ps_logical_mesh *m, ps_dtype dtype, double flops, doub
 /* The time of one op of that kind on its local tiles (flops, and bytes read
  * and written): a non-GEMM kind the mesh's profile DB measured (its "ops"
  * entries) takes the measured time at those bytes; a GEMM whose local shape
- * is known (gemm_shape, else NULL) the DB's time of that shape
- * (ps_profile_gemm_shape_s) under the same roofline bytes term as
+ * is known (gemm_shape, else NULL: a MATMUL's, or a convolution's
+ * ps_conv_gemm_shape) the DB's time of that shape among the entries of its
+ * kind (ps_profile_gemm_op_shape_s), else among the MATMULs
+ * (ps_profile_gemm_shape_s), under the same roofline bytes term as
  * ps_compute_s; anything else ps_compute_s. */
 double ps_op_compute_s(const ps_logical_mesh *m, ps_op_kind kind, ps_dtype dtype, double flops,
                        double bytes, bool gemm, const ps_gemm_shape *gemm_shape);

@@ -538,6 +538,23 @@ static bool local_gemm_shape(const ps_einsum *e, const ps_op_signature *s, const
     return fabs(f - local_flops) <= 1e-9 * local_flops;
 }
 
+/* The local GEMM of a convolution under a strategy: ps_conv_gemm_shape of
+ * its local tiles. false when that does not account for the local FLOPs. */
+static bool local_conv_shape(ps_op_kind kind, const ps_strategy *st, const ps_tensor_desc *ins,
+                             const ps_tensor_desc *outs, const ps_logical_mesh *m,
+                             double local_flops, ps_gemm_shape *out)
+{
+    ps_tensor_desc tin[2], tout;
+    for (int i = 0; i < 2; i++)
+        if (!ps_spec_tile(&st->in[i], &ins[i], m->shape, &tin[i]))
+            return false;
+    if (!ps_spec_tile(&st->out[0], &outs[0], m->shape, &tout) ||
+        ps_conv_gemm_shape(kind, tin, &tout, out, NULL) != PS_OK)
+        return false;
+    double f = ps_gemm_shape_flops(out);
+    return fabs(f - local_flops) <= 1e-9 * local_flops;
+}
+
 ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *s,
                            const ps_logical_mesh *m, const ps_strategy_options *o,
                            ps_strategy **out, int *n_out, ps_error *err)
@@ -631,6 +648,9 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
             ps_gemm_shape local;
             bool have_shape = have_einsum && local_gemm_shape(&einsum, s, assign, m,
                                                               op->cost.flops / parts, &local);
+            if (gemm && op->kind != PS_OP_MATMUL)
+                have_shape = local_conv_shape(op->kind, st, ins, outs, m, op->cost.flops / parts,
+                                              &local);
             st->compute_s = ps_op_compute_s(m, op->kind, dt, op->cost.flops / parts, local_bytes,
                                             gemm, have_shape ? &local : NULL);
             /* collectives inside the op */

@@ -295,7 +295,25 @@ static void malformed(void **state)
         {HEAD "\"ops\": [{\"op\": \"swish\", \"bytes\": 64, \"seconds\": 1}]}",
          "ops[0].op: \"swish\" is not an op kind other than matmul"},
         {HEAD "\"ops\": [{\"op\": \"matmul\", \"bytes\": 64, \"seconds\": 1}]}",
-         "ops[0].op: \"matmul\" is not an op kind other than matmul (GEMMs go in \"gemm\")"},
+         "ops[0].op: \"matmul\" is not an op kind other than matmul and the convolutions "
+         "(GEMMs and convolutions go in \"gemm\")"},
+        {HEAD "\"ops\": [{\"op\": \"conv2d_grad_filter\", \"bytes\": 64, \"seconds\": 1}]}",
+         "ops[0].op: \"conv2d_grad_filter\" is not an op kind other than matmul and the "
+         "convolutions"},
+        {HEAD "\"gemm\": [{\"op\": \"softmax\", \"m\": 1, \"n\": 1, \"k\": 1, "
+              "\"dtype\": \"fp32\", \"seconds\": 1}]}",
+         "gemm[0].op: \"softmax\" is not timed as a GEMM: want matmul, conv2d, "
+         "conv2d_grad_input or conv2d_grad_filter"},
+        {HEAD "\"gemm\": [{\"op\": \"conv3d\", \"m\": 1, \"n\": 1, \"k\": 1, "
+              "\"dtype\": \"fp32\", \"seconds\": 1}]}",
+         "gemm[0].op: \"conv3d\" is not timed as a GEMM"},
+        {HEAD "\"gemm\": [{\"op\": 8, \"m\": 1, \"n\": 1, \"k\": 1, "
+              "\"dtype\": \"fp32\", \"seconds\": 1}]}",
+         "gemm[0].op: expected a string, found an integer"},
+        {HEAD "\"gemm\": [{\"op\": \"conv2d\", \"m\": 8, \"n\": 4, \"k\": 2, "
+              "\"dtype\": \"fp32\", \"seconds\": 1}, {\"op\": \"conv2d\", \"m\": 8, "
+              "\"n\": 4, \"k\": 2, \"dtype\": \"fp32\", \"seconds\": 2}]}",
+         "gemm[1]: GEMM conv2d 8 x 4 x 2 fp32 is also gemm[0]"},
         {HEAD "\"ops\": [{\"op\": 3, \"bytes\": 64, \"seconds\": 1}]}",
          "ops[0].op: expected a string, found an integer"},
         {HEAD "\"ops\": [{\"op\": \"gelu\", \"bytes\": 0, \"seconds\": 1}]}",
@@ -393,6 +411,144 @@ static void op_entries(void **state)
                  ps_compute_s(plain, PS_DTYPE_F32, 1e3, 2000, false), 1e-12);
     assert_close(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, 1e9, 2000, true, NULL),
                  ps_compute_s(m, PS_DTYPE_F32, 1e9, 2000, true), 1e-15);
+    ps_mesh_free(plain);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_profile_db_free(db);
+}
+
+/* A convolution's three ops (x [N, C, H, W], w [O, C, KH, KW]): descs of
+ * their inputs and output, inferred with core's rules. */
+static void conv_ops(const int64_t g[9], ps_op_kind kind, ps_op_attrs *a, ps_tensor_desc in[2],
+                     ps_tensor_desc *out)
+{
+    ps_tensor_desc x = {.dtype = PS_DTYPE_F32, .rank = 4, .shape = {g[0], g[1], g[2], g[3]}};
+    ps_tensor_desc w = {.dtype = PS_DTYPE_F32, .rank = 4, .shape = {g[4], g[1], g[5], g[6]}};
+    ps_tensor_desc y;
+    int n_out;
+    *a = ps_op_attrs_default(PS_OP_CONV2D);
+    a->stride[0] = a->stride[1] = (int)g[7];
+    a->pad[0] = a->pad[1] = (int)g[8];
+    ps_error err = {0};
+    ps_tensor_desc xw[2] = {x, w};
+    if (ps_op_infer(PS_OP_CONV2D, a, xw, 2, &y, &n_out, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    a->shape_rank = 4;
+    if (kind == PS_OP_CONV2D) {
+        in[0] = x, in[1] = w, *out = y;
+    } else if (kind == PS_OP_CONV2D_GRAD_INPUT) {
+        in[0] = y, in[1] = w, *out = x;
+        memcpy(a->shape, x.shape, sizeof x.shape);
+    } else {
+        in[0] = x, in[1] = y, *out = w;
+        memcpy(a->shape, w.shape, sizeof w.shape);
+    }
+}
+
+/* Convolutions in the DB: each kind's entries keyed by the GEMM it amounts
+ * to (ps_conv_gemm_shape, whose FLOPs are the op's), kept apart from the
+ * MATMULs and from each other; a file round trip keeps them and writes
+ * "op" for them alone; the cost model charges a convolution its kind's
+ * time and, where the DB has none of that kind, the MATMULs' time of its
+ * shape. */
+static void conv_entries(void **state)
+{
+    (void)state;
+    static const ps_op_kind kinds[3] = {PS_OP_CONV2D, PS_OP_CONV2D_GRAD_INPUT,
+                                        PS_OP_CONV2D_GRAD_FILTER};
+    unsigned seed = 11;
+    for (int trial = 0; trial < 300; trial++) {
+        int64_t k = 1 + rand_r(&seed) % 3, pad = rand_r(&seed) % 2, stride = 1 + rand_r(&seed) % 2;
+        int64_t g[9] = {1 + rand_r(&seed) % 4, 1 + rand_r(&seed) % 6, k + rand_r(&seed) % 9,
+                        k + rand_r(&seed) % 9, 1 + rand_r(&seed) % 7, k, k, stride, pad};
+        for (int q = 0; q < 3; q++) {
+            ps_op_attrs a;
+            ps_tensor_desc in[2], out;
+            conv_ops(g, kinds[q], &a, in, &out);
+            ps_gemm_shape sh;
+            assert_int_equal(ps_conv_gemm_shape(kinds[q], in, &out, &sh, NULL), PS_OK);
+            ps_op_cost c = ps_op_cost_of(kinds[q], &a, in, 2, &out, 1);
+            assert_close(ps_gemm_shape_flops(&sh), c.flops, 1e-15);
+            assert_true(sh.batch == 1);
+            /* the forward's m is the output's pixels, the filter gradient's k */
+            int64_t pixels = out.rank == 4 && kinds[q] == PS_OP_CONV2D
+                                 ? out.shape[0] * out.shape[2] * out.shape[3]
+                                 : 0;
+            assert_true(kinds[q] != PS_OP_CONV2D || sh.m == pixels);
+        }
+    }
+    ps_error err = {0};
+    ps_tensor_desc d2[2] = {{.rank = 2, .shape = {4, 4}}, {.rank = 2, .shape = {4, 4}}};
+    ps_gemm_shape sh;
+    assert_int_equal(ps_conv_gemm_shape(PS_OP_MATMUL, d2, &d2[0], &sh, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "matmul is not a convolution"));
+    assert_int_equal(ps_conv_gemm_shape(PS_OP_CONV2D, d2, &d2[0], &sh, &err), PS_ERR_INVALID);
+
+    /* a DB of MATMULs and of conv2d and conv2d_grad_filter entries, some of
+     * the same shape with other times */
+    ps_profile_db *db = new_db("d");
+    add_gemm(db, 256, 64, 576, PS_DTYPE_F32, 1e-4);
+    add_gemm(db, 1024, 64, 576, PS_DTYPE_F32, 4e-4);
+    ps_profile_gemm convs[] = {{.op = PS_OP_CONV2D, .m = 256, .n = 64, .k = 576, .seconds = 7e-4},
+                               {.op = PS_OP_CONV2D, .m = 1024, .n = 64, .k = 576, .seconds = 2e-3},
+                               {.op = PS_OP_CONV2D_GRAD_FILTER, .m = 64, .n = 576, .k = 256,
+                                .seconds = 9e-4}};
+    for (size_t i = 0; i < sizeof convs / sizeof *convs; i++)
+        assert_int_equal(ps_profile_db_add_gemm(db, &convs[i], NULL), PS_OK);
+    ps_profile_gemm bad = {.op = PS_OP_SOFTMAX, .m = 1, .n = 1, .k = 1, .seconds = 1};
+    assert_int_equal(ps_profile_db_add_gemm(db, &bad, &err), PS_ERR_INVALID);
+    ps_profile_op conv_op = {PS_OP_CONV2D, 64, 1};
+    assert_int_equal(ps_profile_db_add_op(db, &conv_op, &err), PS_ERR_INVALID);
+    finish(db);
+    ps_gemm_shape small = {256, 64, 576, 1}, mid = {512, 64, 576, 1};
+    assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_F32, &small) == 7e-4);
+    assert_true(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &small) == 1e-4);
+    assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_MATMUL, PS_DTYPE_F32, &small) == 1e-4);
+    /* between two of a kind: linear in FLOPs among that kind alone */
+    assert_close(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_F32, &mid),
+                 7e-4 + (2e-3 - 7e-4) / 3, 1e-12);
+    assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &mid), 2e-4, 1e-12);
+    /* FLOPs alone read the MATMULs only */
+    assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, ps_gemm_shape_flops(&mid)), 2e-4, 1e-12);
+    /* a kind or dtype without entries: -1 (the caller falls back) */
+    assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D_GRAD_INPUT, PS_DTYPE_F32, &small) < 0);
+    assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_BF16, &small) < 0);
+
+    /* the file: "op" only on the convolutions, read back equal */
+    json_t *j = NULL;
+    assert_int_equal(ps_profile_db_to_json(db, &j), PS_OK);
+    json_t *arr = json_object_get(j, "gemm");
+    int with_op = 0;
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *op = json_object_get(json_array_get(arr, i), "op");
+        with_op += op != NULL;
+        assert_true(op == NULL || strncmp(json_string_value(op), "conv2d", 6) == 0);
+    }
+    assert_int_equal(with_op, 3);
+    char *text = json_dumps(j, 0);
+    json_decref(j);
+    ps_profile_db *back = NULL;
+    if (ps_profile_db_parse("back.json", text, &back, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    free(text);
+    assert_true(ps_profile_db_equal(db, back));
+    ps_profile_db_free(back);
+
+    /* the cost model: a convolution's entry, else the MATMULs' by shape,
+     * else (no MATMUL of its dtype either) the analytic roofline */
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    ps_logical_mesh *plain = NULL, *m = NULL;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &plain, NULL), PS_OK);
+    c->profile = db;
+    assert_int_equal(ps_mesh_create(c, 0, 1, 2, 1, 2, &m, NULL), PS_OK);
+    double f = ps_gemm_shape_flops(&small);
+    assert_true(ps_op_compute_s(m, PS_OP_CONV2D, PS_DTYPE_F32, f, 1e3, true, &small) == 7e-4);
+    assert_true(ps_op_compute_s(m, PS_OP_CONV2D_GRAD_INPUT, PS_DTYPE_F32, f, 1e3, true,
+                                &small) == 1e-4);
+    assert_true(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, f, 1e3, true, &small) == 1e-4);
+    assert_close(ps_op_compute_s(m, PS_OP_CONV2D, PS_DTYPE_BF16, f, 1e3, true, &small),
+                 ps_compute_s(plain, PS_DTYPE_BF16, f, 1e3, true), 1e-15);
     ps_mesh_free(plain);
     ps_mesh_free(m);
     ps_cluster_free(c);
@@ -984,6 +1140,133 @@ static void strategies_use_local_gemm_shapes(void **state)
     ps_graph_free(g);
 }
 
+/* The fp32 training step of a small Wide-ResNet-50. */
+static ps_graph *wresnet_step(int channels, int image, int batch)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("wresnet-250m", &cfg, NULL), PS_OK);
+    cfg.channels = channels;
+    cfg.image_size = image;
+    cfg.width_factor = 2;
+    cfg.classes = 10;
+    cfg.batch = batch;
+    cfg.dtype = PS_DTYPE_F32;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_error err = {0};
+    if (ps_model_build(&cfg, &fwd, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_train_options to = ps_train_options_default();
+    if (ps_train_step_build(fwd, &to, &step, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_graph_free(fwd);
+    return step;
+}
+
+/* Every strategy of every convolution of a Wide-ResNet step, on 2x2, 1x4
+ * and 4x1 meshes, is charged the DB's time of its kind at the GEMM its
+ * input tiles make (ps_conv_gemm_shape),
+ * and, in a DB of MATMULs only, the MATMULs' time of that shape. */
+static void strategies_use_local_conv_shapes(void **state)
+{
+    (void)state;
+    ps_graph *g = wresnet_step(8, 32, 8);
+    ps_error err = {0};
+    unsigned char *batch = NULL;
+    assert_int_equal(ps_batch_dims(g, &batch, &err), PS_OK);
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
+    static const int meshes[][2] = {{2, 2}, {1, 4}, {4, 1}};
+    int checked = 0, split = 0;
+    for (size_t k = 0; k < sizeof meshes / sizeof *meshes; k++) {
+        enum { CAP = 2048 };
+        static ps_gemm_shape shapes[CAP];
+        static ps_op_kind of[CAP];
+        int n_shapes = 0;
+        ps_profile_db *db[3] = {NULL, NULL, NULL}; /* convolutions; MATMULs */
+        for (int pass = 0; pass < 3; pass++) {
+            ps_logical_mesh *m = NULL;
+            c->profile = pass == 0 ? NULL : db[pass];
+            assert_int_equal(ps_mesh_create(c, 0, 1, 4, meshes[k][0], meshes[k][1], &m, &err),
+                             PS_OK);
+            for (int i = 0; i < g->n_ops; i++) {
+                const ps_op *op = &g->ops[i];
+                if (!ps_profile_gemm_kind(op->kind) || op->kind == PS_OP_MATMUL)
+                    continue;
+                ps_op_signature sig;
+                ps_strategy *list = NULL;
+                int n = 0;
+                ps_strategy_options so = {0};
+                assert_int_equal(ps_op_signature_of(g, i, batch, &sig, &err), PS_OK);
+                assert_int_equal(ps_op_strategies(g, i, &sig, m, &so, &list, &n, &err), PS_OK);
+                for (int j = 0; j < n; j++) {
+                    /* the output gives only its spatial dimensions, whole
+                     * where the op computes (a variant may scatter them
+                     * afterwards) */
+                    ps_tensor_desc tin[2];
+                    for (int t = 0; t < 2; t++)
+                        assert_true(ps_spec_tile(&list[j].in[t], &g->tensors[op->in[t]].desc,
+                                                 m->shape, &tin[t]));
+                    ps_gemm_shape sh;
+                    assert_int_equal(ps_conv_gemm_shape(op->kind, tin,
+                                                        &g->tensors[op->out[0]].desc, &sh, NULL),
+                                     PS_OK);
+                    int q = 0;
+                    while (q < n_shapes && !(of[q] == op->kind && shapes[q].m == sh.m &&
+                                             shapes[q].n == sh.n && shapes[q].k == sh.k))
+                        q++;
+                    if (pass == 0 && q == n_shapes) {
+                        assert_true(n_shapes < CAP);
+                        of[n_shapes] = op->kind;
+                        shapes[n_shapes++] = sh;
+                    } else if (pass > 0) {
+                        assert_true(q < n_shapes);
+                        /* the MATMULs hold one entry per shape: the first kind's */
+                        int first = 0;
+                        while (!(shapes[first].m == sh.m && shapes[first].n == sh.n &&
+                                 shapes[first].k == sh.k))
+                            first++;
+                        double want = pass == 1 ? 1.0 + q : 1.0 + first;
+                        if (list[j].compute_s != want)
+                            fail_msg("pass %d: %s %s: %g s, expected %g s (%lld x %lld x %lld)",
+                                     pass, op->name, list[j].name, list[j].compute_s, want,
+                                     (long long)sh.m, (long long)sh.n, (long long)sh.k);
+                        checked++;
+                        split += ps_gemm_shape_flops(&sh) < op->cost.flops;
+                    }
+                }
+                free(list);
+            }
+            ps_mesh_free(m);
+            if (pass == 0) {
+                db[1] = new_db("d");
+                db[2] = new_db("d");
+                for (int q = 0; q < n_shapes; q++) {
+                    ps_profile_gemm e = {.op = of[q], .m = shapes[q].m, .n = shapes[q].n,
+                                         .k = shapes[q].k, .batch = 1, .dtype = PS_DTYPE_F32,
+                                         .seconds = 1.0 + q};
+                    assert_int_equal(ps_profile_db_add_gemm(db[1], &e, &err), PS_OK);
+                    bool seen = false;
+                    for (int r = 0; r < q && !seen; r++)
+                        seen = shapes[r].m == shapes[q].m && shapes[r].n == shapes[q].n &&
+                               shapes[r].k == shapes[q].k;
+                    e.op = PS_OP_MATMUL;
+                    if (!seen)
+                        assert_int_equal(ps_profile_db_add_gemm(db[2], &e, &err), PS_OK);
+                }
+                finish(db[1]);
+                finish(db[2]);
+            }
+        }
+        c->profile = NULL;
+        ps_profile_db_free(db[1]);
+        ps_profile_db_free(db[2]);
+    }
+    assert_true(checked > 300 && split > 100);
+    free(batch);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+}
+
 /* Measurements equal to the analytic model give the same predictions. */
 static void analytic_db_same_predictions(void **state)
 {
@@ -1329,6 +1612,76 @@ static void cpu_graph_gemms(void **state)
     assert_true(db->n_op > 0);
     for (int i = 0; i < db->n_op; i++)
         assert_int_not_equal(db->ops[i].op, PS_OP_MATMUL);
+    ps_profile_db_free(db);
+    b->ops->destroy(b);
+    ps_graph_free(step);
+}
+
+/* A Wide-ResNet step's ops on the CPU backend: each convolution is timed
+ * once per kind and GEMM shape, as that kind's entry (in every dtype asked
+ * for), never as an op entry; batchnorm and pooling get op entries. */
+static void cpu_graph_convs(void **state)
+{
+    (void)state;
+    ps_graph *step = wresnet_step(8, 32, 2);
+    ps_error err = {0};
+    ps_backend *b = cpu_backend(2);
+    const ps_graph *graphs[] = {step};
+    static const ps_dtype dtypes[] = {PS_DTYPE_F32, PS_DTYPE_BF16};
+    ps_profile_options o = ps_profile_options_quick();
+    o.n_shapes = 0;
+    o.max_bytes = 0;
+    o.reps = 2;
+    o.min_rep_s = 1e-5;
+    o.op_graphs = graphs;
+    o.n_op_graphs = 1;
+    o.dtypes = dtypes;
+    o.n_dtypes = 2;
+    ps_profile_db *db = NULL;
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    int convs = 0, kinds_seen = 0;
+    for (int i = 0; i < step->n_ops; i++) {
+        const ps_op *op = &step->ops[i];
+        if (!ps_profile_gemm_kind(op->kind) || op->kind == PS_OP_MATMUL)
+            continue;
+        ps_tensor_desc in[2] = {step->tensors[op->in[0]].desc, step->tensors[op->in[1]].desc};
+        ps_gemm_shape sh;
+        assert_int_equal(
+            ps_conv_gemm_shape(op->kind, in, &step->tensors[op->out[0]].desc, &sh, NULL), PS_OK);
+        int found = 0;
+        double secs[2] = {0, 0};
+        for (int e = 0; e < db->n_gemm; e++) {
+            const ps_profile_gemm *x = &db->gemm[e];
+            if (x->op == op->kind && x->m == sh.m && x->n == sh.n && x->k == sh.k) {
+                assert_true(x->dtype == PS_DTYPE_F32 || x->dtype == PS_DTYPE_BF16);
+                secs[found++ % 2] = x->seconds;
+            }
+        }
+        if (found != 2)
+            fail_msg("%s: %d entries of %s %lld x %lld x %lld", op->name, found,
+                     ps_op_kind_get(op->kind)->name, (long long)sh.m, (long long)sh.n,
+                     (long long)sh.k);
+        assert_true(secs[0] > 0 && secs[0] == secs[1]); /* one measurement, both dtypes */
+        convs++;
+    }
+    for (int q = 0; q < 3; q++) {
+        ps_op_kind k = q == 0 ? PS_OP_CONV2D : q == 1 ? PS_OP_CONV2D_GRAD_INPUT
+                                                      : PS_OP_CONV2D_GRAD_FILTER;
+        bool seen = false;
+        for (int e = 0; e < db->n_gemm; e++)
+            seen = seen || db->gemm[e].op == k;
+        kinds_seen += seen;
+    }
+    assert_int_equal(kinds_seen, 3);
+    assert_true(convs > 100);
+    bool bn = false, pool = false;
+    for (int i = 0; i < db->n_op; i++) {
+        assert_false(ps_profile_gemm_kind(db->ops[i].op));
+        bn = bn || db->ops[i].op == PS_OP_BATCHNORM_GRAD;
+        pool = pool || db->ops[i].op == PS_OP_POOL;
+    }
+    assert_true(bn && pool);
     ps_profile_db_free(db);
     b->ops->destroy(b);
     ps_graph_free(step);
@@ -1743,12 +2096,15 @@ int main(void)
         cmocka_unit_test(interpolation),
         cmocka_unit_test(gemm_shapes),
         cmocka_unit_test(strategies_use_local_gemm_shapes),
+        cmocka_unit_test(strategies_use_local_conv_shapes),
         cmocka_unit_test(op_entries),
+        cmocka_unit_test(conv_entries),
         cmocka_unit_test(analytic_db_same_predictions),
         cmocka_unit_test(slower_gemms_double_compute),
         cmocka_unit_test(where_the_db_applies),
         cmocka_unit_test(cpu_measurement),
         cmocka_unit_test(cpu_graph_gemms),
+        cmocka_unit_test(cpu_graph_convs),
         cmocka_unit_test(cpu_group_sizes),
         cmocka_unit_test(host_cluster),
         cmocka_unit_test(cli),

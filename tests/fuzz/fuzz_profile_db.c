@@ -48,7 +48,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             {e, e, e, 1}, {e, e, 64, 32}, {64, e, e, e}, {big, big, big, big}};
         for (size_t q = 0; q < sizeof shapes / sizeof *shapes; q++)
             for (int d = 0; d < PS_DTYPE_COUNT; d++)
-                check_time(ps_profile_gemm_shape_s(db, (ps_dtype)d, &shapes[q]), "gemm shape", x);
+                for (int k = 0; k < PS_OP_KIND_COUNT; k++)
+                    if (ps_profile_gemm_kind((ps_op_kind)k))
+                        check_time(ps_profile_gemm_op_shape_s(db, (ps_op_kind)k, (ps_dtype)d,
+                                                              &shapes[q]),
+                                   "gemm shape", x);
         for (int k = 0; k < PS_PROFILE_COMM_COUNT; k++)
             for (size_t n = 0; n < sizeof groups / sizeof *groups; n++)
                 check_time(ps_profile_collective_s(db, (ps_profile_comm)k, groups[n], x),
@@ -57,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < db->n_gemm; i++) {
         const ps_profile_gemm *g = &db->gemm[i];
         ps_gemm_shape sh = {g->m, g->n, g->k, g->batch};
-        FUZZ_ASSERT(ps_profile_gemm_shape_s(db, g->dtype, &sh) == g->seconds,
+        FUZZ_ASSERT(ps_profile_gemm_op_shape_s(db, g->op, g->dtype, &sh) == g->seconds,
                     "gemm[%d]: not its own time", i);
     }
     fuzz_accepted();
