@@ -10,14 +10,18 @@
  * dtype natively instead, as the CUDA backend's does (its half plans' GEMMs
  * run on half inputs).
  *
- * Other ops: every op of the given graphs that is not a GEMM (MATMUL,
- * CONV2D and its gradients), once per kind and size, through the backend's
- * op on whole tiles (float inputs a fixed pattern, integer ones zero: valid
- * ids and labels), recorded by kind and by the bytes of its inputs and
- * outputs, on device 0 alone or, with gemm_all_devices, on every device at
- * once as the GEMMs are. The graphs come from the caller (the training
- * steps of small models: pipeshard profile builds them), since exec/ does
- * not build models.
+ * Other ops: every op of the given graphs that is not a MATMUL, through
+ * the backend's op on whole tiles (float inputs small values of both signs
+ * in no learnable order, Adam's second moment their absolute values,
+ * integer ones zero: valid ids and labels), on device 0 alone or, with
+ * gemm_all_devices, on every device at once as the GEMMs are. A
+ * convolution is timed once per kind and GEMM shape (ps_conv_gemm_shape)
+ * and recorded as that kind's GEMM entry under every dtype requested; any
+ * other op once per kind and size, recorded by kind and by the bytes of its
+ * inputs and outputs. A kind the backend refuses as unsupported is left out
+ * (with a warning). The graphs come from the caller (the training steps of
+ * small models: pipeshard profile builds them), since exec/ does not build
+ * models.
  *
  * Communication: one thread per device, as the runtime runs them. For every
  * group size n (2, 4, 8, ... and the device count, at most max_group) the
@@ -74,9 +78,9 @@ typedef struct ps_profile_options {
     ps_status (*gemm_timer)(void *arg, const ps_gemm_shape *shape, ps_dtype dtype, int reps,
                             double *seconds, ps_error *err);
     void *gemm_timer_arg;
-    /* graphs whose ops are timed (borrowed): the non-GEMM ones as op
-     * entries, the MATMULs' shapes with the GEMMs (when n_shapes > 0);
-     * none: no op entries */
+    /* graphs whose ops are timed (borrowed): the convolutions as their
+     * kinds' GEMM entries, the others as op entries, the MATMULs' shapes
+     * with the GEMMs (when n_shapes > 0); none: no op entries */
     const ps_graph *const *op_graphs;
     int n_op_graphs;
 } ps_profile_options;
