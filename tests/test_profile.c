@@ -577,8 +577,12 @@ static void documented_example(void **state)
     ps_error err = {0};
     if (ps_profile_db_parse("docs/profile-db.md", start, &db, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    assert_int_equal(db->n_gemm, 2);
+    assert_int_equal(db->n_gemm, 3);
     assert_int_equal(db->n_comm, 3);
+    /* the convolution: its own entry, not a MATMUL's */
+    ps_gemm_shape conv = {25088, 256, 2304, 1};
+    assert_close(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_BF16, &conv), 0.000131072,
+                 1e-12);
     assert_close(ps_profile_gemm_flops_per_s(db, PS_DTYPE_BF16, 2.0 * 4096 * 4096 * 4096),
                  2.62144e14, 1e-12);
     /* 64 heads: twice the 32 measured ones, at their rate, not the cube's */
@@ -1039,6 +1043,21 @@ static ps_gemm_shape strategy_gemm(const ps_graph *g, const ps_op *op, const ps_
     return sh;
 }
 
+/* The fp32 training step (Adam) of a model's configuration. */
+static ps_graph *fp32_step(ps_model_config *cfg)
+{
+    cfg->dtype = PS_DTYPE_F32;
+    ps_graph *fwd = NULL, *step = NULL;
+    ps_error err = {0};
+    if (ps_model_build(cfg, &fwd, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_train_options to = ps_train_options_default();
+    if (ps_train_step_build(fwd, &to, &step, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_graph_free(fwd);
+    return step;
+}
+
 /* The fp32 training step of a one-block GPT (hidden 64, FFN 256). */
 static ps_graph *gpt_block_step(int heads, int seq, int vocab, int batch)
 {
@@ -1051,16 +1070,7 @@ static ps_graph *gpt_block_step(int heads, int seq, int vocab, int batch)
     cfg.seq = seq;
     cfg.vocab = vocab;
     cfg.batch = batch;
-    cfg.dtype = PS_DTYPE_F32;
-    ps_graph *fwd = NULL, *step = NULL;
-    ps_error err = {0};
-    if (ps_model_build(&cfg, &fwd, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    ps_train_options to = ps_train_options_default();
-    if (ps_train_step_build(fwd, &to, &step, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    ps_graph_free(fwd);
-    return step;
+    return fp32_step(&cfg);
 }
 
 /* Every strategy of every MATMUL of a GPT step, on 2x2, 1x4 and 4x1
@@ -1150,16 +1160,7 @@ static ps_graph *wresnet_step(int channels, int image, int batch)
     cfg.width_factor = 2;
     cfg.classes = 10;
     cfg.batch = batch;
-    cfg.dtype = PS_DTYPE_F32;
-    ps_graph *fwd = NULL, *step = NULL;
-    ps_error err = {0};
-    if (ps_model_build(&cfg, &fwd, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    ps_train_options to = ps_train_options_default();
-    if (ps_train_step_build(fwd, &to, &step, &err) != PS_OK)
-        fail_msg("%s", err.msg);
-    ps_graph_free(fwd);
-    return step;
+    return fp32_step(&cfg);
 }
 
 /* Every strategy of every convolution of a Wide-ResNet step, on 2x2, 1x4
