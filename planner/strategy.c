@@ -539,17 +539,17 @@ static bool local_gemm_shape(const ps_einsum *e, const ps_op_signature *s, const
 }
 
 /* The local GEMM of a convolution under a strategy: ps_conv_gemm_shape of
- * its local tiles. false when that does not account for the local FLOPs. */
+ * its input tiles (the output gives only its spatial dimensions, which no
+ * strategy splits). false when that does not account for the local FLOPs. */
 static bool local_conv_shape(ps_op_kind kind, const ps_strategy *st, const ps_tensor_desc *ins,
                              const ps_tensor_desc *outs, const ps_logical_mesh *m,
                              double local_flops, ps_gemm_shape *out)
 {
-    ps_tensor_desc tin[2], tout;
+    ps_tensor_desc tin[2];
     for (int i = 0; i < 2; i++)
         if (!ps_spec_tile(&st->in[i], &ins[i], m->shape, &tin[i]))
             return false;
-    if (!ps_spec_tile(&st->out[0], &outs[0], m->shape, &tout) ||
-        ps_conv_gemm_shape(kind, tin, &tout, out, NULL) != PS_OK)
+    if (ps_conv_gemm_shape(kind, tin, &outs[0], out, NULL) != PS_OK)
         return false;
     double f = ps_gemm_shape_flops(out);
     return fabs(f - local_flops) <= 1e-9 * local_flops;
