@@ -97,8 +97,8 @@ typedef struct ps_backend_ops {
     void (*abort)(ps_backend *b);
     void (*destroy)(ps_backend *b);
 
-    /* Optional, NULL where a backend has none (keep it last: positional
-     * initializers end before it): `reduce` in double precision. */
+    /* Optional, NULL where a backend has none (keep these last: positional
+     * initializers end before them): `reduce` in double precision. */
     ps_status (*reduce64)(ps_backend *b, int device, const ps_exec_group *g, double *data,
                           int64_t n, ps_reduce_op op, ps_error *err);
     /* Whether any element of the n tiles (float or half) is inf or NaN (the
@@ -106,6 +106,11 @@ typedef struct ps_backend_ops {
      * gradients). */
     ps_status (*find_nonfinite)(ps_backend *b, int device, const ps_tile *tiles, int n,
                                 bool *found, ps_error *err);
+    /* Whether `op` can add output `out` into tile t's content
+     * (ps_op_context.accumulate): a gradient accumulated over micro-batches
+     * then needs no scratch tile and no `accumulate` pass over it (NULL:
+     * never). */
+    bool (*op_accumulates)(ps_backend *b, const ps_op *op, int out, const ps_tile *t);
 } ps_backend_ops;
 
 struct ps_backend {

@@ -36,7 +36,11 @@
  * - ADAM (param, grad, m, v[, master]): updated in place, bias correction
  *   with ctx->step (1-based); weight decay AdamW-style (decoupled). With a
  *   master copy, the master is updated and copied into param.
- * Outputs are overwritten, never accumulated (the runtime accumulates). */
+ * Outputs are overwritten, except those ctx->accumulate names: the op adds
+ * its result to what the tile holds (a gradient summed over micro-batches).
+ * A backend accepts that only for the outputs its op_accumulates says
+ * (exec/backend.h); the runtime accumulates every other one through a
+ * scratch tile and the backend's `accumulate`. */
 #ifndef PS_EXEC_OP_EXEC_H
 #define PS_EXEC_OP_EXEC_H
 
@@ -65,6 +69,9 @@ typedef struct ps_op_context {
     /* ADAM: the runtime already found the gradient finite (the overflow vote
      * of dynamic loss scaling): the op's own check for inf and NaN is skipped */
     bool grads_checked;
+    /* bit o: add output o's result to the tile's content instead of
+     * overwriting it (only outputs the backend's op_accumulates accepted) */
+    unsigned accumulate;
 } ps_op_context;
 
 /* Returns PS_ERR_UNSUPPORTED (with a message naming the op kind) for kinds a

@@ -443,23 +443,29 @@ static ps_exec_group group_view(const runtime *rt, const device_state *d, int gr
     return g;
 }
 
-/* The destination of a write: the instance, or a scratch tile whose
- * content is added to it afterwards (accumulated gradients). */
+/* The destination of a write: the instance, or, for a sum already begun
+ * (accumulated gradients), the instance added into by the op itself where
+ * the backend can (`add`), else a scratch tile added to it afterwards. */
 typedef struct write_target {
     ps_tile tile;
     void *instance;
     int64_t index;
     bool scratch;
+    bool add;
 } write_target;
 
+/* `op` and `out`: the compute whose output this is (NULL for a collective). */
 static ps_status target_open(device_state *d, int buffer, int mb, bool accumulate,
-                             write_target *w)
+                             const ps_op *op, int out, write_target *w)
 {
     runtime *rt = d->rt;
     PS_TRY_RET(instance(d, buffer, mb, &w->tile));
     w->index = instance_index(rt, buffer, mb);
     w->instance = w->tile.data;
-    w->scratch = accumulate && d->written[w->index];
+    bool begun = accumulate && d->written[w->index];
+    w->add = begun && op != NULL && rt->b->ops->op_accumulates != NULL &&
+             rt->b->ops->op_accumulates(rt->b, op, out, &w->tile);
+    w->scratch = begun && !w->add;
     if (w->scratch) {
         int64_t bytes = ps_tile_numel(&w->tile) * ps_tile_elem_bytes(&w->tile);
         PS_TRY_RET(rt->b->ops->alloc(rt->b, d->device, bytes, &w->tile.data, &d->err));
@@ -467,7 +473,8 @@ static ps_status target_open(device_state *d, int buffer, int mb, bool accumulat
     return PS_OK;
 }
 
-/* After a failure: the scratch goes back, the instance stays as it was. */
+/* After a failure: the scratch goes back (an instance the op added into
+ * may hold part of a sum: the run stops with the error). */
 static void target_abandon(device_state *d, write_target *w, int n)
 {
     runtime *rt = d->rt;
@@ -518,7 +525,7 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         PS_TRY_RET(instance(d, operand[i], mb, &tin[i]));
     bool acc = (in->flags & PS_INSTR_ACCUMULATE) != 0;
     for (int o = 0; o < op->n_out; o++) {
-        ps_status st = target_open(d, operand[op->n_in + o], mb, acc, &w[o]);
+        ps_status st = target_open(d, operand[op->n_in + o], mb, acc, op, o, &w[o]);
         if (st != PS_OK) {
             target_abandon(d, w, o);
             return st;
@@ -526,6 +533,8 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         tout[o] = w[o].tile;
     }
     ps_op_context ctx = {.step = d->step, .reduce = {.group_size = 1}};
+    for (int o = 0; o < op->n_out; o++)
+        ctx.accumulate |= w[o].add ? 1u << o : 0u;
     ps_op scaled;
     if (rt->set->loss_scale_window > 0 && ps_op_scales_loss(op->kind)) {
         /* dynamic loss scaling: this step's scale, Adam's own step count */
@@ -580,7 +589,8 @@ static ps_status exec_collective(device_state *d, const ps_instr *in, int mb, in
     runtime *rt = d->rt;
     ps_exec_group g = group_view(rt, d, group);
     write_target w;
-    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, &w));
+    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, NULL, 0,
+                              &w));
     ps_tile src = w.tile;
     ps_status st = PS_OK;
     if (in->src_buffer >= 0)
@@ -643,7 +653,8 @@ static ps_status exec_slice(device_state *d, const ps_instr *in, int mb)
     write_target w;
     ps_tile src;
     PS_TRY_RET(instance(d, in->src_buffer, mb, &src));
-    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, &w));
+    PS_TRY_RET(target_open(d, in->buffer, mb, (in->flags & PS_INSTR_ACCUMULATE) != 0, NULL, 0,
+                              &w));
     uint8_t fresh = rt->set->buffers[in->buffer].spec.partial &
                     (uint8_t)~rt->set->buffers[in->src_buffer].spec.partial;
     bool keeper = true; /* a replica made a partial sum: one member keeps it */

@@ -1641,6 +1641,129 @@ static void closed_moe_gate(void **state)
 
 /* ---- (d) malformed calls --------------------------------------------------------------- */
 
+/* ---- (d) outputs added into (accumulated gradients) ------------------------------- */
+
+/* The op run with ctx->accumulate into a tile holding y0 leaves y0 + its
+ * result: bit for bit where the op rounds its result before adding (ADD,
+ * REDUCE), to rounding where the sum is the GEMM's own (beta 1) or the
+ * scatter's. */
+static void add_into_case(const char *what, ps_op_kind kind, const ps_op_attrs *a, int n_in,
+                          tt *in, bool exact)
+{
+    tt plain[PS_MAX_OP_IO];
+    run_whole(kind, a, n_in, in, plain, 1);
+    ps_op op = mkop(kind, a, n_in);
+    int64_t n = tt_numel(&plain[0]);
+    tt y0 = tt_rand(PS_DTYPE_F32, plain[0].d.rank, plain[0].d.shape, -2, 2);
+    float *y = malloc((size_t)n * sizeof *y), *want = malloc((size_t)n * sizeof *want);
+    assert_non_null(y);
+    assert_non_null(want);
+    memcpy(y, y0.p, (size_t)n * sizeof *y);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = tf(&y0)[i] + tf(&plain[0])[i];
+    ps_tile ti[PS_MAX_OP_IO], to = ps_tile_whole(y, &plain[0].d);
+    for (int i = 0; i < n_in; i++)
+        ti[i] = ps_tile_whole(in[i].p, &in[i].d);
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}, .accumulate = 1u};
+    ps_error err = {0};
+    assert_true(ps_cpu_op_accumulates(kind, 0));
+    if (ps_cpu_op_run(&op, ti, &to, &ctx, &err) != PS_OK)
+        fail_msg("%s: %s", what, err.msg);
+    if (exact) {
+        for (int64_t i = 0; i < n; i++)
+            if (memcmp(&y[i], &want[i], sizeof *y) != 0)
+                fail_msg("%s: element %lld is %.9g, want %.9g", what, (long long)i, y[i],
+                         want[i]);
+    } else {
+        assert_close(y, want, n, 1e-5, what);
+    }
+    /* and the plain run overwrote: y0 left no trace */
+    assert_false(memcmp(y, tf(&plain[0]), (size_t)n * sizeof *y) == 0);
+    free(y);
+    free(want);
+    tt_free(&y0, 1);
+    tt_free(plain, ps_op_kind_get(kind)->n_out);
+}
+
+static void added_into_outputs(void **state)
+{
+    (void)state;
+    test_rng_seed(23);
+    const char *einsums[] = {"bsk,kn->bsn", /* the output viewed as it is */
+                             "bsk,kn->bns", /* m split by n: packed, then scattered back */
+                             "sk,kn->ns",   /* stored transposed (C^T = B^T A^T) */
+                             "bqad,bkad->baqk"};
+    tt mm[4][2] = {
+        {tt_rand(PS_DTYPE_F32, 3, (int64_t[]){2, 3, 7}, -1, 1),
+         tt_rand(PS_DTYPE_F32, 2, (int64_t[]){7, 5}, -1, 1)},
+        {tt_rand(PS_DTYPE_F32, 3, (int64_t[]){2, 3, 7}, -1, 1),
+         tt_rand(PS_DTYPE_F32, 2, (int64_t[]){7, 5}, -1, 1)},
+        {tt_rand(PS_DTYPE_F32, 2, (int64_t[]){6, 300}, -1, 1),
+         tt_rand(PS_DTYPE_F32, 2, (int64_t[]){300, 5}, -1, 1)},
+        {tt_rand(PS_DTYPE_F32, 4, (int64_t[]){2, 3, 4, 5}, -1, 1),
+         tt_rand(PS_DTYPE_F32, 4, (int64_t[]){2, 3, 4, 5}, -1, 1)},
+    };
+    for (int i = 0; i < 4; i++) {
+        ps_op_attrs a = ps_op_attrs_default(PS_OP_MATMUL);
+        snprintf(a.einsum, sizeof a.einsum, "%s", einsums[i]);
+        add_into_case(einsums[i], PS_OP_MATMUL, &a, 2, mm[i], false);
+        tt_free(mm[i], 2);
+    }
+
+    tt gf[2] = {tt_rand(PS_DTYPE_F32, 4, (int64_t[]){3, 4, 5, 5}, -1, 1),
+                tt_rand(PS_DTYPE_F32, 4, (int64_t[]){3, 2, 3, 3}, -1, 1)};
+    ps_op_attrs a = ps_op_attrs_default(PS_OP_CONV2D_GRAD_FILTER);
+    a.stride[0] = a.stride[1] = 2;
+    a.pad[0] = a.pad[1] = 1;
+    a.shape_rank = 4;
+    memcpy(a.shape, (int64_t[]){2, 4, 3, 3}, 4 * sizeof(int64_t));
+    add_into_case("conv2d_grad_filter", PS_OP_CONV2D_GRAD_FILTER, &a, 2, gf, false);
+    tt_free(gf, 2);
+
+    tt eg[2] = {tt_rand(PS_DTYPE_I32, 2, (int64_t[]){3, 5}, 0, 9),
+                tt_rand(PS_DTYPE_F32, 3, (int64_t[]){3, 5, 4}, -1, 1)};
+    a = ps_op_attrs_default(PS_OP_EMBEDDING_GRAD);
+    a.shape_rank = 2;
+    a.shape[0] = 9;
+    a.shape[1] = 4;
+    add_into_case("embedding_grad", PS_OP_EMBEDDING_GRAD, &a, 2, eg, false);
+    tt_free(eg, 2);
+
+    tt ad[2] = {tt_rand(PS_DTYPE_F32, 2, (int64_t[]){5, 7}, -1, 1),
+                tt_rand(PS_DTYPE_F32, 2, (int64_t[]){5, 7}, -1, 1)};
+    add_into_case("add", PS_OP_ADD, NULL, 2, ad, true);
+    tt_free(ad, 2);
+
+    tt x = tt_rand(PS_DTYPE_F32, 3, (int64_t[]){4, 6, 3}, -1, 1);
+    for (int mean = 0; mean < 2; mean++) {
+        a = ps_op_attrs_default(PS_OP_REDUCE);
+        a.reduce = mean ? PS_REDUCE_MEAN : PS_REDUCE_SUM;
+        a.axes = 1u << 0 | 1u << 1;
+        add_into_case(mean ? "reduce mean" : "reduce sum", PS_OP_REDUCE, &a, 1, &x, true);
+    }
+    tt_free(&x, 1);
+
+    /* an output the op cannot add into is refused, naming the op */
+    float buf[3][12] = {{0}};
+    ps_tensor_desc d34 = {PS_DTYPE_F32, 2, {3, 4}}, d4 = {PS_DTYPE_F32, 1, {4}};
+    ps_tile lin[3] = {ps_tile_whole(buf[0], &d34), ps_tile_whole(buf[1], &d4),
+                      ps_tile_whole(buf[2], &d34)};
+    float o0[12], o1[4], o2[4];
+    ps_tile lout[3] = {ps_tile_whole(o0, &d34), ps_tile_whole(o1, &d4), ps_tile_whole(o2, &d4)};
+    ps_op ln = mkop(PS_OP_LAYERNORM_GRAD, NULL, 3);
+    ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}, .accumulate = 1u << 1};
+    ps_error err = {0};
+    assert_false(ps_cpu_op_accumulates(PS_OP_LAYERNORM_GRAD, 1));
+    assert_int_equal(ps_cpu_op_run(&ln, lin, lout, &ctx, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "cannot add into"));
+    assert_non_null(strstr(err.msg, "layernorm_grad"));
+    ps_error_clear(&err);
+    ps_op add = mkop(PS_OP_ADD, NULL, 2);
+    ctx.accumulate = 1u << 1; /* ADD has one output */
+    assert_int_equal(ps_cpu_op_run(&add, lin, lout, &ctx, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "cannot add into"));
+}
+
 static void malformed_calls(void **state)
 {
     (void)state;
@@ -1774,6 +1897,7 @@ static void malformed_calls(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(added_into_outputs),
         cmocka_unit_test(grad_matmul),
         cmocka_unit_test(grad_dense_and_activations),
         cmocka_unit_test(grad_add_and_fanout),

@@ -3,6 +3,7 @@
  * and updated parameters of the unsharded single-device step; a failure on
  * one device stops all; summaries and timelines are well formed; data and
  * parameters do not depend on the layout. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -475,6 +476,112 @@ static void test_failure_stops_all(void **state)
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
+/* ---- gradients accumulated by the ops themselves ---- */
+
+static ps_backend_ops counting_ops;
+static const ps_backend_ops *counted_ops;
+static bool counting_in_place;  /* false: op_accumulates withheld (the scratch path) */
+static unsigned added_kinds[PS_OP_KIND_COUNT]; /* ops called with ctx->accumulate */
+static long scratch_adds;                      /* `accumulate` calls */
+static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static ps_status counting_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                             ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    if (ctx != NULL && ctx->accumulate != 0) {
+        pthread_mutex_lock(&count_mu);
+        added_kinds[op->kind]++;
+        pthread_mutex_unlock(&count_mu);
+    }
+    return counted_ops->op(b, device, op, in, out, ctx, err);
+}
+
+static ps_status counting_accumulate(ps_backend *b, int device, ps_tile *dst, const ps_tile *src,
+                                     ps_error *err)
+{
+    pthread_mutex_lock(&count_mu);
+    scratch_adds++;
+    pthread_mutex_unlock(&count_mu);
+    return counted_ops->accumulate(b, device, dst, src, err);
+}
+
+static void count_adds(ps_backend *b)
+{
+    counted_ops = b->ops;
+    counting_ops = *b->ops;
+    counting_ops.op = counting_op;
+    counting_ops.accumulate = counting_accumulate;
+    if (!counting_in_place)
+        counting_ops.op_accumulates = NULL;
+    b->ops = &counting_ops;
+    memset(added_kinds, 0, sizeof added_kinds);
+    scratch_adds = 0;
+}
+
+/* The CPU ops add accumulated gradients into their tiles (GEMMs with beta
+ * 1, the filter gradient and embedding scatter from the tile's content,
+ * ADD and REDUCE): the same training as the runtime's scratch-and-add path,
+ * to rounding (bit for bit where the op rounds its result before adding),
+ * with no scratch add left for those kinds. */
+static void test_accumulate_in_place(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    const struct {
+        const char *model;
+        method mth;
+        ps_op_kind must[4]; /* kinds that must add in place; KIND_COUNT ends */
+    } cases[] = {
+        {"gpt-350m", M_UNIFORM, {PS_OP_MATMUL, PS_OP_REDUCE, PS_OP_EMBEDDING_GRAD, PS_OP_KIND_COUNT}},
+        {"gpt-350m", M_DATA, {PS_OP_MATMUL, PS_OP_REDUCE, PS_OP_EMBEDDING_GRAD, PS_OP_ADD}},
+        {"wresnet-250m", M_UNIFORM, {PS_OP_CONV2D_GRAD_FILTER, PS_OP_MATMUL, PS_OP_KIND_COUNT}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ps_model_config cfg;
+        small_config(cases[k].model, &cfg);
+        ps_plan *p = plan_of(&cfg, cases[k].mth, false, c);
+        assert_true(p->micro_batches > 1);
+        ps_exec_options o = ps_exec_options_default();
+        o.steps = 2;
+        o.keep_params = true;
+        o.seed = 11;
+        run in_place, scratch;
+        ps_error err = {0};
+        counting_in_place = true;
+        if (run_plan_adjusted(p, &o, false, count_adds, &in_place, &err) != PS_OK)
+            fail_msg("%s: %s", cases[k].model, err.msg);
+        unsigned in_place_kinds[PS_OP_KIND_COUNT];
+        memcpy(in_place_kinds, added_kinds, sizeof added_kinds);
+        long in_place_scratch = scratch_adds;
+        counting_in_place = false;
+        if (run_plan_adjusted(p, &o, false, count_adds, &scratch, &err) != PS_OK)
+            fail_msg("%s scratch: %s", cases[k].model, err.msg);
+        for (int i = 0; i < 4 && cases[k].must[i] != PS_OP_KIND_COUNT; i++)
+            if (in_place_kinds[cases[k].must[i]] == 0)
+                fail_msg("%s: no %s added into its tile", cases[k].model,
+                         ps_op_kind_get(cases[k].must[i])->name);
+        for (int kind = 0; kind < PS_OP_KIND_COUNT; kind++)
+            assert_int_equal(added_kinds[kind], 0); /* withheld: none */
+        assert_true(scratch_adds > in_place_scratch);
+        /* the first loss comes before any update: the same bits */
+        expect_same_losses(&in_place, &scratch, 1, cases[k].model);
+        ps_exec_comparison cmp;
+        ps_exec_tolerance tol = {.rel = 1e-5, .grad_floor = 1e-4, .param_abs = 1e-5};
+        ps_exec_compare(in_place.set->step, in_place.r, scratch.set->step, scratch.r, &tol, &cmp);
+        printf("  %-14s in place against scratch: grads rel %.2g (%s), params abs %.2g; "
+               "scratch adds %ld -> %ld\n",
+               cases[k].model, cmp.grad_rel, cmp.grad_worst, cmp.param_abs, scratch_adds,
+               in_place_scratch);
+        if (!cmp.ok || cmp.params == 0)
+            fail_msg("%s: grads rel %g (%s), params abs %g (%s)", cases[k].model, cmp.grad_rel,
+                     cmp.grad_worst, cmp.param_abs, cmp.param_worst);
+        run_free(&in_place);
+        run_free(&scratch);
+        ps_plan_free(p);
+    }
     ps_cluster_free(c);
 }
 
@@ -1147,6 +1254,7 @@ int main(void)
         cmocka_unit_test(test_fp16_loss_scaling),
         cmocka_unit_test(test_loss_decreases),
         cmocka_unit_test(test_failure_stops_all),
+        cmocka_unit_test(test_accumulate_in_place),
         cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_cpu_block_reuse),
     };

@@ -258,6 +258,15 @@ static ps_status cpu_accumulate(ps_backend *b, int device, ps_tile *dst, const p
     return PS_OK;
 }
 
+/* A half tile keeps the runtime's path, whose sum is rounded as a half add
+ * of the rounded result; an fp32 one takes the op's own sum (inputs may
+ * still be half: half_op widens them and leaves an fp32 output as it is). */
+static bool cpu_op_accumulates(ps_backend *b, const ps_op *op, int out, const ps_tile *t)
+{
+    (void)b;
+    return !ps_tile_is_half(t) && !t->is_int && ps_cpu_op_accumulates(op->kind, out);
+}
+
 static ps_status cpu_zero(ps_backend *b, int device, ps_tile *t, ps_error *err)
 {
     (void)b, (void)device, (void)err;
@@ -654,6 +663,7 @@ static const ps_backend_ops cpu_ops = {
     .abort = cpu_abort,
     .destroy = cpu_destroy,
     .find_nonfinite = cpu_find_nonfinite,
+    .op_accumulates = cpu_op_accumulates,
 };
 
 ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts,

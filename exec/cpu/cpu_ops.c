@@ -300,20 +300,21 @@ static ps_status mm_prepare(const run *r, mm_operand *o, float *data, const int6
     return PS_OK;
 }
 
+/* C = A B, or C += A B with beta 1 */
 static void gemm(const mm_operand *A, const mm_operand *B, mm_operand *C, int64_t oa, int64_t ob,
-                 int64_t oc, int M, int N, int K)
+                 int64_t oc, int M, int N, int K, float beta)
 {
     CBLAS_TRANSPOSE ta = A->trans ? CblasTrans : CblasNoTrans;
     CBLAS_TRANSPOSE tb = B->trans ? CblasTrans : CblasNoTrans;
     if (!C->trans) {
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A->base + oa, (int)A->ld, B->base + ob,
-                    (int)B->ld, 0.0f, C->base + oc, (int)C->ld);
+                    (int)B->ld, beta, C->base + oc, (int)C->ld);
     } else {
         /* C stored transposed: C^T = op(B)^T op(A)^T */
         CBLAS_TRANSPOSE nta = A->trans ? CblasNoTrans : CblasTrans;
         CBLAS_TRANSPOSE ntb = B->trans ? CblasNoTrans : CblasTrans;
         cblas_sgemm(CblasRowMajor, ntb, nta, N, M, K, 1.0f, B->base + ob, (int)B->ld,
-                    A->base + oa, (int)A->ld, 0.0f, C->base + oc, (int)C->ld);
+                    A->base + oa, (int)A->ld, beta, C->base + oc, (int)C->ld);
     }
 }
 
@@ -374,17 +375,19 @@ static ps_status op_matmul(const run *r)
         N *= size[nl[i]];
     for (int i = 0; i < nk; i++)
         K *= size[kl[i]];
+    bool add = (r->ctx->accumulate & 1u) != 0;
     if (Bn * M * N == 0)
         return PS_OK;
     if (K == 0) {
-        memset(fdata(t[2]), 0, (size_t)(Bn * M * N) * sizeof(float));
+        if (!add)
+            memset(fdata(t[2]), 0, (size_t)(Bn * M * N) * sizeof(float));
         return PS_OK;
     }
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return op_fail(r, PS_ERR_UNSUPPORTED, "a GEMM dimension exceeds the BLAS int range");
     PS_TRY(mm_prepare(r, &opd[0], fdata(t[0]), str[0], nb, bl, nm, ml, nk, kl, size, true));
     PS_TRY(mm_prepare(r, &opd[1], fdata(t[1]), str[1], nb, bl, nk, kl, nn, nl, size, true));
-    PS_TRY(mm_prepare(r, &opd[2], fdata(t[2]), str[2], nb, bl, nm, ml, nn, nl, size, false));
+    PS_TRY(mm_prepare(r, &opd[2], fdata(t[2]), str[2], nb, bl, nm, ml, nn, nl, size, add));
     for (int o = 0; o < 3; o++)
         if (opd[o].ld > INT_MAX) {
             st = op_fail(r, PS_ERR_UNSUPPORTED, "a leading dimension exceeds the BLAS int range");
@@ -393,7 +396,7 @@ static ps_status op_matmul(const run *r)
     {
         int64_t idx[PS_MAX_RANK] = {0}, oa = 0, ob = 0, oc = 0;
         for (int64_t it = 0; it < Bn; it++) {
-            gemm(&opd[0], &opd[1], &opd[2], oa, ob, oc, (int)M, (int)N, (int)K);
+            gemm(&opd[0], &opd[1], &opd[2], oa, ob, oc, (int)M, (int)N, (int)K, add ? 1.0f : 0.0f);
             for (int d = nb - 1; d >= 0; d--) {
                 idx[d]++;
                 oa += opd[0].bstride[d];
@@ -449,8 +452,12 @@ static ps_status op_elementwise(const run *r)
     float *o = fdata(y);
     switch (r->op->kind) {
     case PS_OP_ADD:
-        for (int64_t i = 0; i < n; i++)
-            o[i] = p[i] + q[i];
+        if (r->ctx->accumulate & 1u) /* the sum rounded first, as added from a scratch tile */
+            for (int64_t i = 0; i < n; i++)
+                o[i] += p[i] + q[i];
+        else
+            for (int64_t i = 0; i < n; i++)
+                o[i] = p[i] + q[i];
         break;
     /* Both operands loaded before the choice, so that it compiles to a
      * select rather than a branch: activations change sign at random, and
@@ -742,7 +749,8 @@ static ps_status op_embedding_grad(const run *r)
         return st;
     int64_t h = dt->shape[1], rows = dt->shape[0], lo = dt->offset[0];
     int64_t n = ps_tile_numel(ids);
-    memset(fdata(dt), 0, (size_t)(rows * h) * sizeof(float));
+    if (!(r->ctx->accumulate & 1u))
+        memset(fdata(dt), 0, (size_t)(rows * h) * sizeof(float));
     for (int64_t t = 0; t < n; t++) {
         int64_t id = idata(ids)[t];
         if (id < 0 || id >= dt->global[0])
@@ -859,8 +867,12 @@ static ps_status op_reduce(const run *r)
         }
     }
     double f = r->a->reduce == PS_REDUCE_MEAN ? 1.0 / count : 1.0;
-    for (int64_t i = 0; i < ny; i++)
-        fdata(y)[i] = (float)(acc[i] * f);
+    if (r->ctx->accumulate & 1u) /* the result rounded first, as added from a scratch tile */
+        for (int64_t i = 0; i < ny; i++)
+            fdata(y)[i] += (float)(acc[i] * f);
+    else
+        for (int64_t i = 0; i < ny; i++)
+            fdata(y)[i] = (float)(acc[i] * f);
     free(acc);
     return PS_OK;
 }
@@ -1166,7 +1178,10 @@ static ps_status op_conv(const run *r)
         return op_fail(r, PS_ERR_NOMEM, "out of memory for im2col");
     if (kind == PS_OP_CONV2D_GRAD_INPUT)
         memset(fdata(x), 0, (size_t)(c.N * xn) * sizeof(float));
-    if (kind == PS_OP_CONV2D_GRAD_FILTER && c.N == 0)
+    /* the filter gradient sums over the images: from zero, or from the
+     * tile's content when accumulating */
+    float beta0 = (r->ctx->accumulate & 1u) ? 1.0f : 0.0f;
+    if (kind == PS_OP_CONV2D_GRAD_FILTER && c.N == 0 && beta0 == 0.0f)
         memset(fdata(w), 0, (size_t)(c.O * ckk) * sizeof(float));
     for (int64_t n = 0; n < c.N; n++) {
         float *xi = fdata(x) + n * xn, *yi = fdata(y) + n * yn;
@@ -1184,7 +1199,7 @@ static ps_status op_conv(const run *r)
         default: /* dw += dy [O, OHW] . col^T */
             im2col(&c, xi, col);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, O, ckk, ohw, 1.0f, yi, ohw, col,
-                        ohw, n == 0 ? 0.0f : 1.0f, fdata(w), ckk);
+                        ohw, n == 0 ? beta0 : 1.0f, fdata(w), ckk);
             break;
         }
     }
@@ -1698,6 +1713,18 @@ static ps_status check_tile(const run *r, const ps_tile *t, const char *what, in
     return PS_OK;
 }
 
+bool ps_cpu_op_accumulates(ps_op_kind kind, int out)
+{
+    switch (kind) {
+    case PS_OP_MATMUL:
+    case PS_OP_CONV2D_GRAD_FILTER:
+    case PS_OP_EMBEDDING_GRAD:
+    case PS_OP_ADD:
+    case PS_OP_REDUCE: return out == 0;
+    default: return false;
+    }
+}
+
 ps_status ps_cpu_op_run(const ps_op *op, const ps_tile *in, ps_tile *out,
                         const ps_op_context *ctx, ps_error *err)
 {
@@ -1735,6 +1762,11 @@ ps_status ps_cpu_op_run(const ps_op *op, const ps_tile *in, ps_tile *out,
     }
     if (layout && in[0].is_int != out[0].is_int)
         FAIL("input and output differ in element type");
+    unsigned can_add = 0;
+    for (int o = 0; o < op->n_out; o++)
+        can_add |= ps_cpu_op_accumulates(op->kind, o) ? 1u << o : 0u;
+    if (r->ctx->accumulate & ~can_add)
+        FAIL("cannot add into its outputs 0x%x (only 0x%x)", r->ctx->accumulate, can_add);
 
     switch (op->kind) {
     case PS_OP_MATMUL: return op_matmul(r);

@@ -52,4 +52,11 @@
 ps_status ps_cpu_op_run(const ps_op *op, const ps_tile *in, ps_tile *out,
                         const ps_op_context *ctx, ps_error *err);
 
+/* Whether ps_cpu_op_run adds output `out` of an op of this kind into its
+ * tile when ctx->accumulate asks (the GEMMs with beta 1, a convolution's
+ * filter gradient, the embedding gradient's scatter, ADD and REDUCE: the
+ * ops that produce accumulated gradients); a bit for another output is an
+ * error. */
+bool ps_cpu_op_accumulates(ps_op_kind kind, int out);
+
 #endif

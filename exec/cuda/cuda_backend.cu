@@ -1284,6 +1284,7 @@ static const ps_backend_ops cuda_ops = {
     be_destroy,
     NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
     be_find_nonfinite,
+    NULL, /* op_accumulates: none; the runtime adds accumulated gradients from a scratch */
 };
 
 /* ---- create ---------------------------------------------------------------------------- */
