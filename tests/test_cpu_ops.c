@@ -1563,6 +1563,70 @@ static void closed_losses_and_reductions(void **state)
     tt_free(&gx, 1);
 }
 
+/* Max pooling against a plain scan of every window (the first strict
+ * maximum of its in-bounds elements in row-major order, 0 and no gradient for
+ * a window wholly in the padding): values from {-1, 0, 1, 2} so that most
+ * windows tie, some planes with NaN, geometries with overlapping windows,
+ * strides past the window and windows in the padding. The output and dx
+ * bit for bit. */
+static void maxpool_brute_force(void **state)
+{
+    (void)state;
+    const int geo[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}, {1, 1, 1}, {2, 3, 1}, {3, 3, 2}};
+    const int64_t N = 2, C = 3, H = 5, W = 7;
+    uint64_t h = 12345;
+    for (size_t g = 0; g < sizeof geo / sizeof geo[0]; g++)
+        for (int with_nan = 0; with_nan < 2; with_nan++) {
+            int K = geo[g][0], S = geo[g][1], P = geo[g][2];
+            ps_op_attrs a = ps_op_attrs_default(PS_OP_POOL);
+            a.pool = PS_POOL_MAX;
+            a.window[0] = a.window[1] = K;
+            a.stride[0] = a.stride[1] = S;
+            a.pad[0] = a.pad[1] = P;
+            tt x = tt_alloc(PS_DTYPE_F32, 4, (int64_t[]){N, C, H, W});
+            for (int64_t i = 0; i < N * C * H * W; i++) {
+                h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+                tf(&x)[i] = (float)((int)(h >> 33) % 4 - 1);
+                if (with_nan && (h >> 20) % 9 == 0)
+                    tf(&x)[i] = NAN;
+            }
+            tt y;
+            run_whole(PS_OP_POOL, &a, 1, &x, &y, 1);
+            int64_t OH = y.d.shape[2], OW = y.d.shape[3];
+            assert_int_equal(OH, (H + 2 * P - K) / S + 1);
+            assert_int_equal(OW, (W + 2 * P - K) / S + 1);
+            tt in3[3] = {x, y, tt_alloc(PS_DTYPE_F32, 4, (int64_t[]){N, C, OH, OW})};
+            for (int64_t i = 0; i < N * C * OH * OW; i++)
+                tf(&in3[2])[i] = (float)(i % 13 + 1) * 0.25f;
+            tt dx;
+            run_whole(PS_OP_POOL_GRAD, &a, 3, in3, &dx, 1);
+            float *want_dx = calloc((size_t)(N * C * H * W), sizeof *want_dx);
+            assert_non_null(want_dx);
+            for (int64_t p = 0; p < N * C; p++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        int64_t best = -1;
+                        for (int64_t i = oh * S - P; i < oh * S - P + K; i++)
+                            for (int64_t j = ow * S - P; j < ow * S - P + K; j++) {
+                                if (i < 0 || i >= H || j < 0 || j >= W)
+                                    continue;
+                                int64_t at = (p * H + i) * W + j;
+                                if (best < 0 || tf(&x)[at] > tf(&x)[best])
+                                    best = at;
+                            }
+                        float want = best < 0 ? 0.0f : tf(&x)[best];
+                        float got = tf(&y)[(p * OH + oh) * OW + ow];
+                        assert_memory_equal(&got, &want, sizeof got);
+                        if (best >= 0)
+                            want_dx[best] += tf(&in3[2])[(p * OH + oh) * OW + ow];
+                    }
+            assert_memory_equal(tf(&dx), want_dx, (size_t)(N * C * H * W) * sizeof *want_dx);
+            free(want_dx);
+            tt_free(&dx, 1);
+            tt_free(in3, 3);
+        }
+}
+
 /* GELU (the tanh form) and its gradient against long-double closed forms,
  * over x in [-12, 12] every 2^-9 and around the gradient's zero: the output
  * within 2 ulp of the exact value (an error of the old 0.5 x (1 + tanh(u))
@@ -1924,6 +1988,7 @@ int main(void)
         cmocka_unit_test(closed_adam_loss_scale),
         cmocka_unit_test(closed_softmax_layernorm),
         cmocka_unit_test(closed_losses_and_reductions),
+        cmocka_unit_test(maxpool_brute_force),
         cmocka_unit_test(closed_gelu),
         cmocka_unit_test(closed_moe_gate),
         cmocka_unit_test(malformed_calls),
