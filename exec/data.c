@@ -67,20 +67,41 @@ static int teacher_input(const ps_graph *g, int tensor)
     return -1;
 }
 
-/* Global linear index of local element i of t, and its global coordinates. */
-static int64_t global_index(const ps_tile *t, int64_t i, int64_t *coord)
+/* Walks the elements of a tile in its local row-major order, keeping each
+ * one's global coordinates and global linear index: an odometer, since a
+ * division per dimension and element made the data loader cost 5% of a
+ * Wide-ResNet stage (411 us per micro-batch for its images). */
+typedef struct tile_walk {
+    const ps_tile *t;
+    int64_t coord[PS_MAX_RANK];   /* global coordinates of the current element */
+    int64_t gstride[PS_MAX_RANK]; /* global linear stride of each dimension */
+    int64_t g;                    /* global linear index of the current element */
+} tile_walk;
+
+static void walk_start(tile_walk *w, const ps_tile *t)
 {
-    int64_t g = 0, stride = 1;
+    int64_t stride = 1;
+    w->t = t;
+    w->g = 0;
     for (int k = t->rank - 1; k >= 0; k--) {
-        int64_t local = i % t->shape[k];
-        i /= t->shape[k];
-        coord[k] = t->offset[k] + local;
-    }
-    for (int k = t->rank - 1; k >= 0; k--) {
-        g += coord[k] * stride;
+        w->coord[k] = t->offset[k];
+        w->gstride[k] = stride;
+        w->g += t->offset[k] * stride;
         stride *= t->global[k];
     }
-    return g;
+}
+
+static void walk_next(tile_walk *w)
+{
+    const ps_tile *t = w->t;
+    for (int k = t->rank - 1; k >= 0; k--) {
+        w->coord[k]++;
+        w->g += w->gstride[k];
+        if (w->coord[k] < t->offset[k] + t->shape[k])
+            return;
+        w->coord[k] = t->offset[k];
+        w->g -= t->shape[k] * w->gstride[k];
+    }
 }
 
 ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, const ps_tile *t,
@@ -90,7 +111,7 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
         return ps_error_set(err, PS_ERR_INVALID, "no tensor %d to fill", tensor);
     const ps_tensor *x = &g->tensors[tensor];
     int64_t n = ps_tile_numel(t);
-    int64_t coord[PS_MAX_RANK];
+    tile_walk w;
     if (x->kind == PS_TENSOR_OPT_STATE) {
         bool master = ends_with(x->name, ".master") && x->state_of >= 0;
         if (!master) {
@@ -104,10 +125,9 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
         float *f = host;
         if (x->desc.rank == 1) {
             bool gamma = ends_with(x->name, ".gamma");
-            for (int64_t i = 0; i < n; i++)
-                f[i] = gamma ? 1.0f
-                             : (float)(0.2 * uniform(stream, (uint64_t)global_index(t, i, coord)) -
-                                       0.1);
+            walk_start(&w, t);
+            for (int64_t i = 0; i < n; i++, walk_next(&w))
+                f[i] = gamma ? 1.0f : (float)(0.2 * uniform(stream, (uint64_t)w.g) - 0.1);
             return PS_OK;
         }
         int64_t fan = 1;
@@ -117,8 +137,9 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
             for (int k = 0; k + 1 < x->desc.rank; k++)
                 fan *= x->desc.shape[k];
         double a = 1.0 / sqrt((double)(fan > 0 ? fan : 1));
-        for (int64_t i = 0; i < n; i++)
-            f[i] = (float)(a * (2 * uniform(stream, (uint64_t)global_index(t, i, coord)) - 1));
+        walk_start(&w, t);
+        for (int64_t i = 0; i < n; i++, walk_next(&w))
+            f[i] = (float)(a * (2 * uniform(stream, (uint64_t)w.g) - 1));
         return PS_OK;
     }
     if (x->kind != PS_TENSOR_INPUT)
@@ -129,18 +150,18 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
         int32_t *v = host;
         int64_t range = id_range(g, tensor);
         bool positions = ends_with(x->name, "positions");
-        for (int64_t i = 0; i < n; i++) {
-            int64_t gi = global_index(t, i, coord);
-            v[i] = positions ? (int32_t)(coord[t->rank - 1] % range)
-                             : (int32_t)(mix64(mstream ^ mix64((uint64_t)gi)) % (uint64_t)range);
-        }
+        walk_start(&w, t);
+        for (int64_t i = 0; i < n; i++, walk_next(&w))
+            v[i] = positions ? (int32_t)(w.coord[t->rank - 1] % range)
+                             : (int32_t)(mix64(mstream ^ mix64((uint64_t)w.g)) % (uint64_t)range);
         return PS_OK;
     }
     float *f = host;
     int src = teacher_input(g, tensor);
     if (src < 0) {
-        for (int64_t i = 0; i < n; i++)
-            f[i] = (float)(2 * uniform(mstream, (uint64_t)global_index(t, i, coord)) - 1);
+        walk_start(&w, t);
+        for (int64_t i = 0; i < n; i++, walk_next(&w))
+            f[i] = (float)(2 * uniform(mstream, (uint64_t)w.g) - 1);
         return PS_OK;
     }
     /* y[..., j] = sum_k T[j, k] x[..., k] / sqrt(h) + c[j], x as its own fill */
@@ -151,9 +172,9 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
     uint64_t tstream = mix64(seed ^ 0x7465616368657221ull); /* the teacher's weights */
     int64_t h = x->desc.shape[x->desc.rank - 1];
     double scale = 1.0 / sqrt((double)h);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t gi = global_index(t, i, coord);
-        int64_t j = coord[t->rank - 1], row = gi - j;
+    walk_start(&w, t);
+    for (int64_t i = 0; i < n; i++, walk_next(&w)) {
+        int64_t j = w.coord[t->rank - 1], row = w.g - j;
         double acc = 2 * uniform(tstream, (uint64_t)(h * h + j)) - 1;
         for (int64_t k = 0; k < h; k++) {
             double xv = (float)(2 * uniform(xstream, (uint64_t)(row + k)) - 1);

@@ -654,6 +654,69 @@ static void test_outputs(void **state)
     ps_cluster_free(c);
 }
 
+/* Random boxes of every input and parameter of a small Wide-ResNet, GPT and
+ * MLP (ranks 1 to 4, integer ids, the teacher's targets): each box's fill is
+ * the whole tensor's fill at the box's global coordinates, element by element. */
+static void test_data_boxes_match_whole(void **state)
+{
+    (void)state;
+    const char *models[] = {"wresnet-250m", "gpt-350m", "mlp"};
+    uint64_t h = 99;
+    int checked = 0;
+    for (int m = 0; m < 3; m++) {
+        ps_model_config cfg;
+        small_config(models[m], &cfg);
+        cfg.batch = 4;
+        ps_graph *fwd = NULL, *step = NULL;
+        ps_error err = {0};
+        assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+        ps_train_options to = ps_train_options_default();
+        assert_int_equal(ps_train_step_build(fwd, &to, &step, &err), PS_OK);
+        for (int t = 0; t < step->n_tensors; t++) {
+            const ps_tensor *x = &step->tensors[t];
+            if (x->kind != PS_TENSOR_INPUT && x->kind != PS_TENSOR_PARAM)
+                continue;
+            const ps_tensor_desc *d = &x->desc;
+            int64_t numel = ps_tensor_desc_numel(d);
+            float *whole = malloc((size_t)(numel > 0 ? numel : 1) * 4);
+            float *part = malloc((size_t)(numel > 0 ? numel : 1) * 4);
+            assert_non_null(whole);
+            assert_non_null(part);
+            ps_tile w = ps_tile_whole(whole, d);
+            assert_int_equal(ps_exec_fill(step, t, 1, 7, &w, whole, &err), PS_OK);
+            for (int trial = 0; trial < 4; trial++) {
+                ps_tile q = w;
+                for (int k = 0; k < d->rank; k++) {
+                    h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+                    int64_t a = (int64_t)((h >> 33) % (uint64_t)d->shape[k]);
+                    int64_t b = (int64_t)((h >> 13) % (uint64_t)d->shape[k]);
+                    q.offset[k] = a < b ? a : b;
+                    q.shape[k] = (a < b ? b - a : a - b) + 1;
+                }
+                assert_int_equal(ps_exec_fill(step, t, 1, 7, &q, part, &err), PS_OK);
+                int64_t n = ps_tile_numel(&q);
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t rest = i, g = 0, stride = 1;
+                    for (int k = d->rank - 1; k >= 0; k--) {
+                        g += (q.offset[k] + rest % q.shape[k]) * stride;
+                        rest /= q.shape[k];
+                        stride *= d->shape[k];
+                    }
+                    if (memcmp(&part[i], &whole[g], 4) != 0)
+                        fail_msg("%s %s: element %lld of a box differs from the whole's %lld",
+                                 models[m], x->name, (long long)i, (long long)g);
+                }
+                checked++;
+            }
+            free(part);
+            free(whole);
+        }
+        ps_graph_free(step);
+        ps_graph_free(fwd);
+    }
+    assert_true(checked > 100);
+}
+
 /* Every tile of a tensor gets the numbers of the whole tensor. */
 static void test_data_layout_free(void **state)
 {
@@ -1244,6 +1307,7 @@ int main(void)
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_half_vector_kernels),
         cmocka_unit_test(test_reshard_steps_realizable),
+        cmocka_unit_test(test_data_boxes_match_whole),
         cmocka_unit_test(test_data_layout_free),
         cmocka_unit_test(test_mlp_methods),
         cmocka_unit_test(test_gpt_3d),
