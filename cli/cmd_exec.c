@@ -49,7 +49,9 @@ static void help(void)
            "  --seed S               parameters and synthetic data (default 1)\n"
            "  --check                also run the unsharded step on one device from the same\n"
            "                         parameters and batch; compare losses and updated\n"
-           "                         parameters and gradients (exit 1 on a mismatch)\n"
+           "                         parameters and gradients (exit 1 on a mismatch); a\n"
+           "                         ReLU input within --tolerance of zero that rounds to\n"
+           "                         the other side there follows the run\n"
            "  --check-fp32           --check against a step that holds fp16/bf16 tensors in\n"
            "                         fp32: what the dtype loses shows, not only what the\n"
            "                         sharding changes (not with dynamic loss scaling)\n"
@@ -287,6 +289,7 @@ int ps_cmd_exec(int argc, char **argv)
     snprintf(source, sizeof source, "exec-%s", backend);
     eo.source = source;
     eo.keep_params = check;
+    eo.keep_relus = check; /* one process only: the runtime keeps none across hosts */
     PS_TRY(ps_hosts_init(&hosts, &err));
     rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
@@ -358,12 +361,17 @@ int ps_cmd_exec(int argc, char **argv)
          * (--check-fp32) fp32, so that what the half dtype loses shows */
         backend_choice cpu = {
             .kind = "cpu", .fp32 = check_fp32 || storage == PS_DTYPE_F32, .fail_device = -1};
-        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
         ps_exec_tolerance t = ps_exec_tolerance_default(storage, eo.steps);
         if (tol >= 0)
             t.rel = tol;
         if (param_atol >= 0)
             t.param_abs = param_atol;
+        /* ReLU inputs within rounding of zero follow the run (docs/executors.md) */
+        ro.keep_relus = false;
+        ro.align_relus = r;
+        ro.align_graph = set->step;
+        ro.align_tol = t.rel;
+        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
         ps_exec_comparison cmp;
         ps_exec_compare(set->step, r, ref_set->step, ref, &t, &cmp);
         mismatch = !cmp.ok;
@@ -395,6 +403,12 @@ int ps_cmd_exec(int argc, char **argv)
                 check_fp32 && storage != PS_DTYPE_F32 ? " (the reference in fp32)" : "", scaled,
                 cmp.loss_rel,
                 t.rel, cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol);
+        if (ref->relu_flips > 0)
+            fprintf(f,
+                    "  relu        %lld outputs of the reference across zero from the run's "
+                    "(within %.3g of the\n"
+                    "              largest) took the run's value; first %s\n",
+                    (long long)ref->relu_flips, t.rel, ref->relu_first);
         if (set->loss_scale_window > 0)
             fprintf(f, "  loss scale  %d of %d steps skipped, the reference %d%s%.0d\n", skips,
                     r->steps, ref_skips, first_differ ? ": they first differ at step " : "",

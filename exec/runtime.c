@@ -514,6 +514,84 @@ static ps_status target_close(device_state *d, write_target *w, int mb)
     return st;
 }
 
+/* --check's ReLU alignment (ps_exec_options.align_relus): the outputs of
+ * this RELU that lie on the other side of zero from the run's kept ones,
+ * within align_tol of the output's largest magnitude, take the run's value. */
+static ps_status relu_align(device_state *d, const ps_op *op, const ps_tile *y, int mb)
+{
+    runtime *rt = d->rt;
+    const ps_exec_result *run = rt->opt->align_relus;
+    const char *name = rt->g->tensors[op->out[0]].name;
+    int u = ps_graph_find_tensor(rt->opt->align_graph, name);
+    if (u < 0 || d->step > run->steps || mb >= run->relu_micro_batches || y->is_int ||
+        ps_tile_is_half(y))
+        return PS_OK;
+    const float *whole =
+        run->relus[((size_t)(d->step - 1) * (size_t)run->relu_micro_batches + (size_t)mb) *
+                       (size_t)run->n_tensors +
+                   (size_t)u];
+    if (whole == NULL)
+        return PS_OK;
+    int64_t n = ps_tile_numel(y);
+    float *mine = malloc((size_t)(n > 0 ? n : 1) * sizeof *mine);
+    float *theirs = malloc((size_t)(n > 0 ? n : 1) * sizeof *theirs);
+    if (mine == NULL || theirs == NULL) {
+        free(mine);
+        free(theirs);
+        return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+    }
+    ps_status st = download_values(d, y, mine);
+    if (st == PS_OK) {
+        ps_tile all = *y, local = *y;
+        all.data = (void *)whole;
+        for (int k = 0; k < y->rank; k++) {
+            all.shape[k] = y->global[k];
+            all.offset[k] = 0;
+        }
+        local.data = theirs;
+        ps_box_copy_host(&all, &local, y->offset, y->shape, false);
+        float largest = 0;
+        for (int64_t i = 0; i < n; i++)
+            largest = fmaxf(largest, fabsf(mine[i]));
+        double near = rt->opt->align_tol * largest;
+        int64_t flips = 0, first = -1;
+        for (int64_t i = 0; i < n; i++)
+            if ((mine[i] > 0) != (theirs[i] > 0) && fabs((double)mine[i] - theirs[i]) <= near) {
+                mine[i] = theirs[i];
+                first = first < 0 ? i : first;
+                flips++;
+            }
+        if (flips > 0)
+            st = rt->b->ops->upload(rt->b, d->device, y->data, mine, n * (int64_t)sizeof *mine,
+                                    &d->err);
+        if (flips > 0) {
+            pthread_mutex_lock(&rt->mu);
+            if (rt->result->relu_flips == 0)
+                snprintf(rt->result->relu_first, sizeof rt->result->relu_first,
+                         "%s, step %d, micro-batch %d, element %lld", name, d->step, mb,
+                         (long long)first);
+            rt->result->relu_flips += flips;
+            pthread_mutex_unlock(&rt->mu);
+        }
+    }
+    free(mine);
+    free(theirs);
+    return st;
+}
+
+static ps_status relu_keep_align(device_state *d, const ps_op *op, const ps_tile *y, int mb)
+{
+    runtime *rt = d->rt;
+    if (rt->opt->align_relus != NULL && rt->opt->align_relus->relus != NULL &&
+        rt->opt->align_graph != NULL)
+        PS_TRY_RET(relu_align(d, op, y, mb));
+    if (rt->result->relus == NULL || d->step < 1 || d->step > rt->opt->steps)
+        return PS_OK;
+    float **slot = rt->result->relus +
+                   ((size_t)(d->step - 1) * (size_t)rt->M + (size_t)mb) * (size_t)rt->g->n_tensors;
+    return keep_tile(d, slot, NULL, op->out[0], y);
+}
+
 static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
 {
     runtime *rt = d->rt;
@@ -578,6 +656,12 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
         return ps_error_set(&d->err, st, "%s%s%s%s%s%s", has_device ? "" : device,
                             has_device ? "" : ": ", has_op ? "" : "op ",
                             has_op ? "" : op->name, has_op ? "" : ": ", msg);
+    }
+    if (op->kind == PS_OP_RELU && mb >= 0 && mb < rt->M)
+        st = relu_keep_align(d, op, &tout[0], mb);
+    if (st != PS_OK) {
+        target_abandon(d, w, op->n_out);
+        return st;
     }
     for (int o = 0; o < op->n_out; o++)
         PS_TRY_RET(target_close(d, &w[o], mb));
@@ -1208,6 +1292,10 @@ void ps_exec_result_free(ps_exec_result *r)
         if (r->grads != NULL)
             free(r->grads[i]);
     }
+    size_t n_relus = (size_t)r->steps * (size_t)r->relu_micro_batches * (size_t)r->n_tensors;
+    for (size_t i = 0; r->relus != NULL && i < n_relus; i++)
+        free(r->relus[i]);
+    free(r->relus);
     free(r->params);
     free(r->grads);
     free(r->loss);
@@ -1254,6 +1342,15 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
     rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
     threads = calloc((size_t)s->n_devices, sizeof *threads);
+    if (o->keep_relus && rt.hosts == NULL) {
+        r->relu_micro_batches = rt.M;
+        r->relus = calloc((size_t)o->steps * (size_t)rt.M * (size_t)rt.g->n_tensors,
+                          sizeof *r->relus);
+        if (r->relus == NULL) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
     if (rt.hosts != NULL && o->keep_params) {
         rt.param_cover = calloc((size_t)rt.g->n_tensors, sizeof *rt.param_cover);
         rt.grad_cover = calloc((size_t)rt.g->n_tensors, sizeof *rt.grad_cover);

@@ -40,6 +40,19 @@ typedef struct ps_exec_options {
      * (an NCCL communicator's setup). */
     void (*on_failure)(void *arg, ps_status st, const ps_error *err);
     void *on_failure_arg;
+    /* ReLU alignment for --check (docs/executors.md): a ReLU input within
+     * rounding of zero may fall on either side in two correct runs, and the
+     * gradient then differs by that element's whole upstream gradient.
+     * keep_relus: the run keeps every RELU output of every step (whole,
+     * fp32) in its result (one process only). align_relus, with the graph it
+     * ran: this run's RELU outputs of the same tensor name, step and
+     * micro-batch take the kept value wherever the two lie on different
+     * sides of zero and differ by at most align_tol times the output's
+     * largest magnitude (fp32 outputs; counted in relu_flips). */
+    bool keep_relus;
+    const struct ps_exec_result *align_relus;
+    const ps_graph *align_graph;
+    double align_tol;
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);
@@ -58,6 +71,13 @@ typedef struct ps_exec_result {
     int n_tensors;           /* of the step graph */
     float **params;          /* [n_tensors]: whole PARAM tensors after the run (keep_params), or NULL */
     float **grads;           /* [n_tensors]: by PARAM tensor, the gradient the last update read */
+    /* keep_relus: [(step * relu_micro_batches + mb) * n_tensors + tensor],
+     * the whole output of a RELU op (NULL elsewhere) */
+    float **relus;
+    int relu_micro_batches;
+    /* align_relus: outputs that took the kept value, and the first of them */
+    int64_t relu_flips;
+    char relu_first[192];
     double wall_s;           /* the whole run */
 } ps_exec_result;
 

@@ -42,6 +42,7 @@ static void compare_with_reference_held(const ps_plan *p, int steps, const ps_ex
     ps_exec_options o = ps_exec_options_default();
     o.steps = steps;
     o.keep_params = true;
+    o.keep_relus = true; /* as exec --check: the reference's ReLUs follow the run's */
     o.seed = 7;
     run a, ref;
     ps_error err = {0};
@@ -51,12 +52,19 @@ static void compare_with_reference_held(const ps_plan *p, int steps, const ps_ex
     assert_int_equal(ps_plan_reference(p, a.m, &rp, &err), PS_OK);
     assert_int_equal(rp->n_stages, 1);
     assert_int_equal(rp->stages[0].n_devices, 1);
-    if (run_plan_held(rp, &o, fp32_reference, &ref, &err) != PS_OK)
+    ps_exec_options ro = o;
+    ro.keep_relus = false;
+    ro.align_relus = a.r;
+    ro.align_graph = a.set->step;
+    ro.align_tol = tol->rel;
+    if (run_plan_held(rp, &ro, fp32_reference, &ref, &err) != PS_OK)
         fail_msg("%s reference: %s", what, err.msg);
     ps_exec_comparison c;
     ps_exec_compare(a.set->step, a.r, ref.set->step, ref.r, tol, &c);
-    printf("  %-28s loss %.6g rel %.2g, grads rel %.2g (%s), params abs %.2g\n", what,
-           ref.r->loss[steps - 1], c.loss_rel, c.grad_rel, c.grad_worst, c.param_abs);
+    printf("  %-28s loss %.6g rel %.2g, grads rel %.2g (%s), params abs %.2g, %lld ReLU "
+           "flips\n",
+           what, ref.r->loss[steps - 1], c.loss_rel, c.grad_rel, c.grad_worst, c.param_abs,
+           (long long)ref.r->relu_flips);
     *c_out = c;
     assert_true(c.params > 0);
     /* the loss is a real number of the model, not a constant */
@@ -219,6 +227,92 @@ static void test_wresnet(void **state)
                                               : "wresnet dp4 pp2, 4 micro-batches");
         ps_plan_free(p);
     }
+    ps_cluster_free(c);
+}
+
+/* ReLU alignment, by its rule: a run keeps every RELU output of every step
+ * and micro-batch; a second run of the same plan aligned with it, whose kept
+ * outputs were edited, takes the edited value exactly where the two lie
+ * across zero and within align_tol of the output's largest (a positive value
+ * made zero, a zero made positive), and nowhere else (the largest made zero
+ * is too far; an edit on the same side of zero is no flip). */
+static void test_relu_alignment(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("wresnet-250m", &cfg);
+    ps_plan *p = plan_of(&cfg, M_DATA, false, c);
+    ps_exec_options o = ps_exec_options_default();
+    o.steps = 2;
+    o.keep_relus = true;
+    run a, b;
+    ps_error err = {0};
+    if (run_plan(p, &o, &a, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    const ps_graph *g = a.set->step;
+    int M = a.r->relu_micro_batches, kept = 0, relu_ops = 0;
+    assert_true(M == 2);
+    for (int i = 0; i < g->n_ops; i++)
+        relu_ops += g->ops[i].kind == PS_OP_RELU && g->ops[i].pass == PS_PASS_FORWARD;
+    for (size_t i = 0; i < (size_t)2 * (size_t)M * (size_t)g->n_tensors; i++)
+        kept += a.r->relus[i] != NULL;
+    assert_true(relu_ops > 10);
+    assert_int_equal(kept, 2 * M * relu_ops);
+    /* the last ReLU output of the last step, micro-batch 1: no ReLU follows
+     * that an edit could move across zero */
+    int t = -1;
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == PS_OP_RELU && g->ops[i].pass == PS_PASS_FORWARD)
+            t = g->ops[i].out[0];
+    float *y = a.r->relus[((size_t)1 * (size_t)M + 1) * (size_t)g->n_tensors + (size_t)t];
+    assert_non_null(y);
+    int64_t n = ps_tensor_numel(&g->tensors[t]);
+    float *orig = malloc((size_t)n * sizeof *orig);
+    memcpy(orig, y, (size_t)n * sizeof *orig);
+    float largest = 0;
+    int64_t big = 0, pos = -1, zero = -1, other_pos = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (y[i] > largest) {
+            largest = y[i];
+            big = i;
+        }
+    for (int64_t i = 0; i < n; i++) {
+        if (y[i] > 0 && y[i] <= 0.25f * largest && pos < 0)
+            pos = i;
+        else if (y[i] > 0 && y[i] <= 0.25f * largest && other_pos < 0)
+            other_pos = i;
+        if (y[i] == 0 && zero < 0)
+            zero = i;
+    }
+    assert_true(pos >= 0 && other_pos >= 0 && zero >= 0);
+    y[pos] = 0;                  /* across zero, within 0.5 of the largest */
+    y[zero] = 0.375f * largest;  /* across zero, within */
+    y[big] = 0;                  /* across zero, but farther */
+    y[other_pos] *= 1.5f;        /* the same side: no flip */
+    ps_exec_options ob = o;
+    ob.align_relus = a.r;
+    ob.align_graph = g;
+    ob.align_tol = 0.5;
+    if (run_plan(p, &ob, &b, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(b.r->relu_flips, 2);
+    assert_non_null(strstr(b.r->relu_first, g->tensors[t].name));
+    assert_non_null(strstr(b.r->relu_first, "step 2, micro-batch 1"));
+    /* b kept its own outputs after aligning: the edits it took, its own elsewhere */
+    const float *yb = b.r->relus[((size_t)1 * (size_t)M + 1) * (size_t)g->n_tensors + (size_t)t];
+    for (int64_t i = 0; i < n; i++) {
+        float want = i == pos || i == zero ? y[i] : orig[i];
+        if (memcmp(&yb[i], &want, sizeof want) != 0)
+            fail_msg("element %lld: %g, want %g", (long long)i, yb[i], want);
+    }
+    /* the same step's other outputs, and step 1, are untouched: the loss
+     * of step 1 is a's */
+    expect_same_losses(&b, &a, 1, "aligned run, step 1");
+    free(orig);
+    run_free(&a);
+    run_free(&b);
+    ps_plan_free(p);
     ps_cluster_free(c);
 }
 
@@ -1313,6 +1407,7 @@ int main(void)
         cmocka_unit_test(test_gpt_3d),
         cmocka_unit_test(test_gpt_tensor_parallel),
         cmocka_unit_test(test_wresnet),
+        cmocka_unit_test(test_relu_alignment),
         cmocka_unit_test(test_half_precision),
         cmocka_unit_test(test_loss_scale_exact_in_fp32),
         cmocka_unit_test(test_fp16_loss_scaling),
