@@ -136,6 +136,14 @@ static void stop_every_host(void *arg, ps_status st, const ps_error *err)
     ps_hosts_abort(hosts, 1);
 }
 
+static bool has_relu(const ps_graph *g)
+{
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == PS_OP_RELU)
+            return true;
+    return false;
+}
+
 /* Lowers, checks and runs a plan on a new backend; *storage (if not NULL):
  * what the run held its floating-point tensors in. */
 static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
@@ -279,9 +287,9 @@ int ps_cmd_exec(int argc, char **argv)
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL, *ref_plan = NULL;
-    ps_plan_model *m = NULL, *ref_m = NULL;
-    ps_program_set *set = NULL, *ref_set = NULL;
-    ps_exec_result *r = NULL, *ref = NULL;
+    ps_plan_model *m = NULL, *ref_m = NULL, *m2 = NULL, *ref_m2 = NULL;
+    ps_program_set *set = NULL, *ref_set = NULL, *set2 = NULL, *ref_set2 = NULL;
+    ps_exec_result *r = NULL, *ref = NULL, *r2 = NULL, *ref2 = NULL;
     bool mismatch = false;
     ps_hosts *hosts = NULL;
     int rank = 0;
@@ -289,7 +297,6 @@ int ps_cmd_exec(int argc, char **argv)
     snprintf(source, sizeof source, "exec-%s", backend);
     eo.source = source;
     eo.keep_params = check;
-    eo.keep_relus = check; /* one process only: the runtime keeps none across hosts */
     PS_TRY(ps_hosts_init(&hosts, &err));
     rank = ps_hosts_rank(hosts);
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
@@ -366,14 +373,29 @@ int ps_cmd_exec(int argc, char **argv)
             t.rel = tol;
         if (param_atol >= 0)
             t.param_abs = param_atol;
-        /* ReLU inputs within rounding of zero follow the run (docs/executors.md) */
-        ro.keep_relus = false;
-        ro.align_relus = r;
-        ro.align_graph = set->step;
-        ro.align_tol = t.rel;
         PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
         ps_exec_comparison cmp;
         ps_exec_compare(set->step, r, ref_set->step, ref, &t, &cmp);
+        if (!cmp.ok && ps_hosts_count(hosts) == 1 && has_relu(set->step)) {
+            /* A ReLU input within rounding of zero may have fallen on the
+             * other side in the reference (docs/executors.md): again, the run
+             * keeping its ReLU outputs (not in the timed run above: the copies
+             * would be timed) and the reference following them there */
+            ps_exec_options eo2 = eo, ro2 = ro;
+            eo2.trace_path = NULL;
+            eo2.keep_relus = true;
+            PS_TRY(run_plan(plan, &bc, &lo, &eo2, &set2, &m2, &r2, NULL, &err));
+            ro2.align_relus = r2;
+            ro2.align_graph = set2->step;
+            ro2.align_tol = t.rel;
+            PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro2, &ref_set2, &ref_m2, &ref2, NULL, &err));
+            if (ref2->relu_flips > 0) { /* the aligned reference is the one reported */
+                ps_exec_compare(set2->step, r2, ref_set2->step, ref2, &t, &cmp);
+                ps_exec_result *first = ref;
+                ref = ref2;
+                ref2 = first;
+            }
+        }
         mismatch = !cmp.ok;
         FILE *f = json ? stderr : stdout;
         char ptol[64], scaled[48] = "";
@@ -427,10 +449,16 @@ int ps_cmd_exec(int argc, char **argv)
 out:
     ps_exec_result_free(r);
     ps_exec_result_free(ref);
+    ps_exec_result_free(r2);
+    ps_exec_result_free(ref2);
     ps_program_set_free(set);
     ps_program_set_free(ref_set);
+    ps_program_set_free(set2);
+    ps_program_set_free(ref_set2);
     ps_plan_model_free(m);
     ps_plan_model_free(ref_m);
+    ps_plan_model_free(m2);
+    ps_plan_model_free(ref_m2);
     ps_plan_free(plan);
     ps_plan_free(ref_plan);
     if (st != PS_OK && ps_hosts_count(hosts) > 1) {
