@@ -427,10 +427,11 @@ int ps_cmd_exec(int argc, char **argv)
                 t.rel, cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol);
         if (ref->relu_flips > 0)
             fprintf(f,
-                    "  relu        %lld outputs of the reference across zero from the run's "
+                    "  relu        %lld output%s of the reference across zero from the run's "
                     "(within %.3g of the\n"
                     "              largest) took the run's value; first %s\n",
-                    (long long)ref->relu_flips, t.rel, ref->relu_first);
+                    (long long)ref->relu_flips, ref->relu_flips == 1 ? "" : "s", t.rel,
+                    ref->relu_first);
         if (set->loss_scale_window > 0)
             fprintf(f, "  loss scale  %d of %d steps skipped, the reference %d%s%.0d\n", skips,
                     r->steps, ref_skips, first_differ ? ": they first differ at step " : "",
