@@ -235,8 +235,17 @@ static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile 
     void *host = malloc((size_t)(n > 0 ? n : 1) * 4);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
+    const ps_tensor *x = &rt->g->tensors[rt->set->buffers[buffer].tensor];
     ps_status st = ps_exec_fill(rt->g, rt->set->buffers[buffer].tensor, mb, rt->opt->seed, t,
                                 host, &d->err);
+    bool master = x->kind == PS_TENSOR_OPT_STATE && x->state_of >= 0 &&
+                  strstr(x->name, ".master") != NULL;
+    if (st == PS_OK && rt->opt->nudge_params && !t->is_int &&
+        (x->kind == PS_TENSOR_PARAM || master)) {
+        float *f = host;
+        for (int64_t i = 0; i < n; i++)
+            f[i] = nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY);
+    }
     if (st == PS_OK)
         st = upload_values(d, t, host);
     free(host);

@@ -53,6 +53,10 @@ typedef struct ps_exec_options {
     const struct ps_exec_result *align_relus;
     const ps_graph *align_graph;
     double align_tol;
+    /* Every fp32 parameter element (and its master copy) starts one unit in
+     * the last place larger in magnitude: --check's measure of how far
+     * rounding alone moves the model's gradients. */
+    bool nudge_params;
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);

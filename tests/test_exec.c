@@ -316,6 +316,88 @@ static void test_relu_alignment(void **state)
     ps_cluster_free(c);
 }
 
+/* A backend whose first stem filter gradient comes out 1% large: a plan
+ * error the rounding measure of --check must not excuse. */
+static const ps_backend_ops *skewed_base;
+static ps_backend_ops skewed_ops;
+
+static ps_status skewed_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                           ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    ps_status st = skewed_base->op(b, device, op, in, out, ctx, err);
+    if (st == PS_OK && op->kind == PS_OP_CONV2D_GRAD_FILTER && strstr(op->name, "stem.") == op->name)
+        for (int64_t i = 0, n = ps_tile_numel(&out[0]); i < n; i++)
+            ((float *)out[0].data)[i] *= 1.01f;
+    return st;
+}
+
+static void skew_backend(ps_backend *b)
+{
+    skewed_base = b->ops;
+    skewed_ops = *b->ops;
+    skewed_ops.op = skewed_op;
+    b->ops = &skewed_ops;
+}
+
+/* --check's rounding measure (nudge_params): the reference started from
+ * parameters one ulp larger moves its loss and gradients by rounding's
+ * amount only (a Wide-ResNet of batchnorm layers amplifies it to about
+ * 1e-4); the same plan with a 1% error in one gradient is far beyond it, and
+ * the unnudged reference run twice is exactly itself. */
+static void test_rounding_measure(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("wresnet-250m", &cfg);
+    ps_plan *p = plan_of(&cfg, M_DATA, false, c);
+    ps_exec_options o = ps_exec_options_default();
+    o.keep_params = true;
+    o.seed = 3;
+    ps_error err = {0};
+    ps_plan_model *pm = NULL;
+    assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
+    ps_plan *rp = NULL;
+    assert_int_equal(ps_plan_reference(p, pm, &rp, &err), PS_OK);
+    ps_plan_model_free(pm);
+    run ref, again, nudged, skewed;
+    ps_exec_options ok = o;
+    ok.keep_relus = true;
+    assert_int_equal(run_plan(rp, &ok, &ref, &err), PS_OK);
+    assert_int_equal(run_plan(rp, &o, &again, &err), PS_OK);
+    /* its ReLU inputs at zero following the reference's, as in --check:
+     * one that flipped moved a weight gradient by 28% */
+    ps_exec_options on = o;
+    on.nudge_params = true;
+    on.align_relus = ref.r;
+    on.align_graph = ref.set->step;
+    on.align_tol = 1e-4;
+    assert_int_equal(run_plan(rp, &on, &nudged, &err), PS_OK);
+    if (run_plan_adjusted(p, &o, false, skew_backend, &skewed, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    ps_exec_tolerance tol = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 5e-3};
+    ps_exec_comparison same, noise, bug;
+    ps_exec_compare(again.set->step, again.r, ref.set->step, ref.r, &tol, &same);
+    ps_exec_compare(nudged.set->step, nudged.r, ref.set->step, ref.r, &tol, &noise);
+    ps_exec_compare(skewed.set->step, skewed.r, ref.set->step, ref.r, &tol, &bug);
+    printf("  rounding: loss %.2g, gradients %.2g (%s), %lld ReLU flips; 1%% error: gradients "
+           "%.2g (%s)\n",
+           noise.loss_rel, noise.grad_rel, noise.grad_worst, (long long)nudged.r->relu_flips,
+           bug.grad_rel, bug.grad_worst);
+    assert_true(same.loss_rel == 0 && same.grad_rel == 0 && same.param_abs == 0);
+    assert_true(noise.loss_rel > 0 && noise.loss_rel < 1e-5);
+    assert_true(noise.grad_rel > 0 && noise.grad_rel < 1e-2);
+    assert_true(bug.grad_rel > 10 * noise.grad_rel);
+    assert_non_null(strstr(bug.grad_worst, "stem."));
+    run_free(&ref);
+    run_free(&again);
+    run_free(&nudged);
+    run_free(&skewed);
+    ps_plan_free(rp);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 /* Training reduces the loss: Adam on the tutorial's regression data. */
 /* fp16 and bf16 plans held in half precision: the sharded step matches the
  * single-device one within the storage's tolerances; every stored value is
@@ -1408,6 +1490,7 @@ int main(void)
         cmocka_unit_test(test_gpt_tensor_parallel),
         cmocka_unit_test(test_wresnet),
         cmocka_unit_test(test_relu_alignment),
+        cmocka_unit_test(test_rounding_measure),
         cmocka_unit_test(test_half_precision),
         cmocka_unit_test(test_loss_scale_exact_in_fp32),
         cmocka_unit_test(test_fp16_loss_scaling),
