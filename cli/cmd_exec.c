@@ -226,6 +226,86 @@ out:
     return st;
 }
 
+/* One run of --check's passes, owned. */
+typedef struct check_run {
+    ps_plan_model *m;
+    ps_program_set *set;
+    ps_exec_result *r;
+} check_run;
+
+enum { CHECK_REF, CHECK_RUN_KEPT, CHECK_REF_ALIGNED, CHECK_REF_NUDGED, CHECK_RUNS };
+
+typedef struct check_outcome {
+    ps_exec_comparison cmp;     /* the comparison reported */
+    const ps_exec_result *ref;  /* the reference reported */
+    bool rounding_pass;         /* noise below was measured */
+    ps_exec_comparison noise;   /* the nudged reference against the reference */
+} check_outcome;
+
+/* The passes of --check (docs/executors.md): the reference from the same
+ * parameters and batch as the run `r`. Where that comparison fails and the
+ * model has ReLUs, the run again keeping its ReLU outputs (not in the timed
+ * run: the copies would be timed) and the reference following them where a
+ * ReLU input within rounding of zero fell on the other side. Where then
+ * only fp32 gradients miss, the reference once more from parameters one ulp
+ * larger: a run no farther from the reference than that is as close as the
+ * model's own rounding allows. One process only for the second and third. */
+static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
+                              const backend_choice *bc, const ps_lower_options *lo,
+                              const ps_exec_options *eo, const ps_exec_options *ro,
+                              const ps_program_set *set, const ps_exec_result *r,
+                              ps_dtype storage, bool check_fp32, bool one_process,
+                              const ps_exec_tolerance *t, check_run *runs, check_outcome *out,
+                              ps_error *err)
+{
+    /* the reference holds what the run held, so both round alike, or
+     * (--check-fp32) fp32, so that what the half dtype loses shows */
+    backend_choice cpu = {
+        .kind = "cpu", .fp32 = check_fp32 || storage == PS_DTYPE_F32, .fail_device = -1};
+    check_run *ref = &runs[CHECK_REF], *kept = &runs[CHECK_RUN_KEPT],
+              *aligned = &runs[CHECK_REF_ALIGNED], *nudged = &runs[CHECK_REF_NUDGED];
+    memset(out, 0, sizeof *out);
+    PS_TRY_RET(run_plan(ref_plan, &cpu, lo, ro, &ref->set, &ref->m, &ref->r, NULL, err));
+    ps_exec_compare(set->step, r, ref->set->step, ref->r, t, &out->cmp);
+    out->ref = ref->r;
+    if (!out->cmp.ok && one_process && has_relu(set->step)) {
+        ps_exec_options eo2 = *eo, ro2 = *ro;
+        eo2.trace_path = NULL;
+        eo2.keep_relus = true;
+        PS_TRY_RET(run_plan(plan, bc, lo, &eo2, &kept->set, &kept->m, &kept->r, NULL, err));
+        ro2.align_relus = kept->r;
+        ro2.align_graph = kept->set->step;
+        ro2.align_tol = t->rel;
+        ro2.keep_relus = true; /* for the nudged reference */
+        PS_TRY_RET(run_plan(ref_plan, &cpu, lo, &ro2, &aligned->set, &aligned->m, &aligned->r,
+                            NULL, err));
+        if (aligned->r->relu_flips > 0) {
+            ps_exec_compare(kept->set->step, kept->r, aligned->set->step, aligned->r, t,
+                            &out->cmp);
+            out->ref = aligned->r;
+        }
+    }
+    out->rounding_pass = !out->cmp.ok && one_process && storage == PS_DTYPE_F32 &&
+                         set->loss_scale_window == 0 && out->cmp.loss_rel <= t->rel &&
+                         out->cmp.param_excess <= 1 && out->cmp.grad_rel > t->rel;
+    if (!out->rounding_pass)
+        return PS_OK;
+    ps_exec_options ro3 = *ro;
+    ro3.nudge_params = true;
+    if (aligned->r != NULL) { /* its ReLUs at zero follow the reference's */
+        ro3.align_relus = aligned->r;
+        ro3.align_graph = aligned->set->step;
+        ro3.align_tol = t->rel;
+    }
+    PS_TRY_RET(
+        run_plan(ref_plan, &cpu, lo, &ro3, &nudged->set, &nudged->m, &nudged->r, NULL, err));
+    const check_run *base = aligned->r != NULL ? aligned : ref;
+    ps_exec_compare(nudged->set->step, nudged->r, base->set->step, base->r, t, &out->noise);
+    if (out->cmp.grad_rel <= out->noise.grad_rel)
+        out->cmp.ok = true;
+    return PS_OK;
+}
+
 int ps_cmd_exec(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *backend = "cpu";
@@ -289,11 +369,11 @@ int ps_cmd_exec(int argc, char **argv)
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL, *ref_plan = NULL;
-    ps_plan_model *m = NULL, *ref_m = NULL, *m2 = NULL, *ref_m2 = NULL, *ref_m3 = NULL;
-    ps_program_set *set = NULL, *ref_set = NULL, *set2 = NULL, *ref_set2 = NULL,
-                   *ref_set3 = NULL;
-    ps_exec_result *r = NULL, *ref = NULL, *r2 = NULL, *ref2 = NULL, *ref3 = NULL;
-    const ps_exec_result *aligned = NULL; /* the reference that kept its ReLUs */
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_exec_result *r = NULL;
+    check_run runs[CHECK_RUNS];
+    memset(runs, 0, sizeof runs);
     bool mismatch = false;
     ps_hosts *hosts = NULL;
     int rank = 0;
@@ -368,64 +448,16 @@ int ps_cmd_exec(int argc, char **argv)
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));
-        /* the reference holds what the run held, so both round alike, or
-         * (--check-fp32) fp32, so that what the half dtype loses shows */
-        backend_choice cpu = {
-            .kind = "cpu", .fp32 = check_fp32 || storage == PS_DTYPE_F32, .fail_device = -1};
         ps_exec_tolerance t = ps_exec_tolerance_default(storage, eo.steps);
         if (tol >= 0)
             t.rel = tol;
         if (param_atol >= 0)
             t.param_abs = param_atol;
-        PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro, &ref_set, &ref_m, &ref, NULL, &err));
-        ps_exec_comparison cmp;
-        ps_exec_compare(set->step, r, ref_set->step, ref, &t, &cmp);
-        if (!cmp.ok && ps_hosts_count(hosts) == 1 && has_relu(set->step)) {
-            /* A ReLU input within rounding of zero may have fallen on the
-             * other side in the reference (docs/executors.md): again, the run
-             * keeping its ReLU outputs (not in the timed run above: the copies
-             * would be timed) and the reference following them there */
-            ps_exec_options eo2 = eo, ro2 = ro;
-            eo2.trace_path = NULL;
-            eo2.keep_relus = true;
-            PS_TRY(run_plan(plan, &bc, &lo, &eo2, &set2, &m2, &r2, NULL, &err));
-            ro2.align_relus = r2;
-            ro2.align_graph = set2->step;
-            ro2.align_tol = t.rel;
-            ro2.keep_relus = true; /* for the rounding pass below */
-            PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro2, &ref_set2, &ref_m2, &ref2, NULL, &err));
-            aligned = ref2;
-            if (ref2->relu_flips > 0) { /* the aligned reference is the one reported */
-                ps_exec_compare(set2->step, r2, ref_set2->step, ref2, &t, &cmp);
-                ps_exec_result *first = ref;
-                ref = ref2;
-                ref2 = first;
-            }
-        }
-        /* Only the gradients miss, in fp32: how far does rounding alone move
-         * them? The reference again, from parameters one ulp larger (its
-         * ReLUs at zero following the reference's); a run no farther from
-         * the reference than that is as close as the model allows
-         * (docs/executors.md) */
-        ps_exec_comparison noise = {0};
-        bool rounding_pass = !cmp.ok && ps_hosts_count(hosts) == 1 &&
-                             (storage == PS_DTYPE_F32 || check_fp32) &&
-                             set->loss_scale_window == 0 && cmp.loss_rel <= t.rel &&
-                             cmp.param_excess <= 1 && cmp.grad_rel > t.rel;
-        if (rounding_pass) {
-            ps_exec_options ro3 = ro;
-            ro3.nudge_params = true;
-            if (aligned != NULL) {
-                ro3.align_relus = aligned;
-                ro3.align_graph = ref_set2->step;
-                ro3.align_tol = t.rel;
-            }
-            PS_TRY(run_plan(ref_plan, &cpu, &lo, &ro3, &ref_set3, &ref_m3, &ref3, NULL, &err));
-            ps_exec_compare(ref_set3->step, ref3, ref_set->step, aligned != NULL ? aligned : ref,
-                            &t, &noise);
-            if (cmp.grad_rel <= noise.grad_rel)
-                cmp.ok = true;
-        }
+        check_outcome co;
+        PS_TRY(check_passes(plan, ref_plan, &bc, &lo, &eo, &ro, set, r, storage, check_fp32,
+                            ps_hosts_count(hosts) == 1, &t, runs, &co, &err));
+        const ps_exec_comparison cmp = co.cmp;
+        const ps_exec_result *ref = co.ref;
         mismatch = !cmp.ok;
         FILE *f = json ? stderr : stdout;
         char ptol[64], scaled[48] = "";
@@ -462,14 +494,14 @@ int ps_cmd_exec(int argc, char **argv)
                     "              largest) took the run's value; first %s\n",
                     (long long)ref->relu_flips, ref->relu_flips == 1 ? "" : "s", t.rel,
                     ref->relu_first);
-        if (rounding_pass)
+        if (co.rounding_pass)
             fprintf(f,
                     "  rounding    from parameters one ulp larger the reference's gradients "
                     "move by %.3g\n"
                     "              (worst %s): the run's %.3g is %s\n",
-                    noise.grad_rel, noise.grad_worst, cmp.grad_rel,
-                    cmp.grad_rel <= noise.grad_rel ? "within what rounding alone does"
-                                                   : "beyond it");
+                    co.noise.grad_rel, co.noise.grad_worst, cmp.grad_rel,
+                    cmp.grad_rel <= co.noise.grad_rel ? "within what rounding alone does"
+                                                      : "beyond it");
         if (set->loss_scale_window > 0)
             fprintf(f, "  loss scale  %d of %d steps skipped, the reference %d%s%.0d\n", skips,
                     r->steps, ref_skips, first_differ ? ": they first differ at step " : "",
@@ -487,20 +519,13 @@ int ps_cmd_exec(int argc, char **argv)
     }
 out:
     ps_exec_result_free(r);
-    ps_exec_result_free(ref);
-    ps_exec_result_free(r2);
-    ps_exec_result_free(ref2);
-    ps_exec_result_free(ref3);
-    ps_program_set_free(ref_set3);
-    ps_plan_model_free(ref_m3);
     ps_program_set_free(set);
-    ps_program_set_free(ref_set);
-    ps_program_set_free(set2);
-    ps_program_set_free(ref_set2);
     ps_plan_model_free(m);
-    ps_plan_model_free(ref_m);
-    ps_plan_model_free(m2);
-    ps_plan_model_free(ref_m2);
+    for (int i = 0; i < CHECK_RUNS; i++) {
+        ps_exec_result_free(runs[i].r);
+        ps_program_set_free(runs[i].set);
+        ps_plan_model_free(runs[i].m);
+    }
     ps_plan_free(plan);
     ps_plan_free(ref_plan);
     if (st != PS_OK && ps_hosts_count(hosts) > 1) {
