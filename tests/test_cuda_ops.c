@@ -361,10 +361,13 @@ static bool writes_whole_output(ps_op_kind k)
 /* Runs op on the CPU and on the GPU (device 0 of b) and compares every
  * output and, for adam, the updated inputs. out[] gives the output tiles'
  * geometry (their data is ignored). Frees in[] and out[]. */
-static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
+/* accumulate: ps_op_context.accumulate, the outputs' content added into
+ * (then neither side's output is poisoned: both start from `out`). */
+static void check_op_adding(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out,
+                            unsigned accumulate)
 {
     ps_error err = {0};
-    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}};
+    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}, .accumulate = accumulate};
     ps_tile cin[PS_MAX_OP_IO], cout[PS_MAX_OP_IO], din[PS_MAX_OP_IO], dout[PS_MAX_OP_IO];
     ps_tile gin[PS_MAX_OP_IO], gout[PS_MAX_OP_IO];
     for (int i = 0; i < op->n_in; i++) {
@@ -375,7 +378,7 @@ static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
     for (int i = 0; i < op->n_out; i++) {
         cout[i] = hcopy(&out[i]);
         gout[i] = hcopy(&out[i]);
-        if (writes_whole_output(op->kind)) {
+        if (writes_whole_output(op->kind) && accumulate == 0) {
             /* an element the GPU leaves unwritten shows as NaN (or a huge id) */
             ps_tile poisoned = hcopy(&out[i]);
             memset(poisoned.data, out[i].is_int ? 0x7E : 0xFF, (size_t)ps_tile_numel(&out[i]) * 4);
@@ -426,10 +429,17 @@ static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
     }
 }
 
+static void check_op(ps_backend *b, const ps_op *op, ps_tile *in, ps_tile *out)
+{
+    check_op_adding(b, op, in, out, 0);
+}
+
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-/* An einsum on random operands; sizes per label a..z. */
-static void check_einsum(ps_backend *b, const char *spec, const int64_t *size)
+/* An einsum on random operands; sizes per label a..z; add: into a random
+ * output (an accumulated gradient: cuBLAS's beta 1, or the permuted product
+ * added). */
+static void check_einsum_adding(ps_backend *b, const char *spec, const int64_t *size, bool add)
 {
     ps_einsum e;
     assert_int_equal(ps_einsum_parse(spec, &e, NULL), PS_OK);
@@ -442,12 +452,17 @@ static void check_einsum(ps_backend *b, const char *spec, const int64_t *size)
             global[i] = shape[i] * 2;
             offset[i] = shape[i];
         }
-        t[o] = o < 2 ? hrand(e.rank[o], shape, global, offset)
-                     : htile(false, e.rank[o], shape, global, offset);
+        t[o] = o < 2 || add ? hrand(e.rank[o], shape, global, offset)
+                            : htile(false, e.rank[o], shape, global, offset);
     }
     ps_op op = mkop(PS_OP_MATMUL, 2);
     snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", spec);
-    check_op(b, &op, t, &t[2]);
+    check_op_adding(b, &op, t, &t[2], add ? 1u : 0u);
+}
+
+static void check_einsum(ps_backend *b, const char *spec, const int64_t *size)
+{
+    check_einsum_adding(b, spec, size, false);
 }
 
 static void ops_matmul(void **state)
@@ -460,8 +475,20 @@ static void ops_matmul(void **state)
     size['n' - 'a'] = 17;
     size['h' - 'a'] = 24;
     size['v' - 'a'] = 50;
-    for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++)
+    for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++) {
         check_einsum(b, einsum_specs[i], size);
+        check_einsum_adding(b, einsum_specs[i], size, true);
+    }
+    /* the backend adds into a MATMUL's fp32 output only, and says so */
+    ps_op mm = mkop(PS_OP_MATMUL, 2), add = mkop(PS_OP_ADD, 2);
+    ps_tile f = htile(false, 1, SH(4), SH(4), SH(0)), i32 = htile(true, 1, SH(4), SH(4), SH(0));
+    assert_true(b->ops->op_accumulates != NULL);
+    assert_true(b->ops->op_accumulates(b, &mm, 0, &f));
+    assert_false(b->ops->op_accumulates(b, &mm, 0, &i32));
+    assert_false(b->ops->op_accumulates(b, &mm, 1, &f));
+    assert_false(b->ops->op_accumulates(b, &add, 0, &f));
+    free(f.data);
+    free(i32.data);
     b->ops->destroy(b);
 }
 

@@ -357,6 +357,12 @@ static ps_status be_op(ps_backend *b, int device, const ps_op *op, const ps_tile
     return ps_cuda_op_run(d->s, op, in, out, ctx, err);
 }
 
+static bool be_op_accumulates(ps_backend *b, const ps_op *op, int out, const ps_tile *t)
+{
+    (void)b;
+    return ps_cuda_op_accumulates(op->kind, out, t);
+}
+
 static ps_status be_find_nonfinite(ps_backend *b, int device, const ps_tile *tiles, int n,
                                    bool *found, ps_error *err)
 {
@@ -1284,7 +1290,7 @@ static const ps_backend_ops cuda_ops = {
     be_destroy,
     NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
     be_find_nonfinite,
-    NULL, /* op_accumulates: none; the runtime adds accumulated gradients from a scratch */
+    be_op_accumulates,
 };
 
 /* ---- create ---------------------------------------------------------------------------- */

@@ -90,6 +90,9 @@ ps_status ps_cuda_half_narrow(ps_cuda_stream *s, ps_dtype t, const float *src, v
                               int64_t n, ps_error *err);
 ps_status ps_cuda_half_add(ps_cuda_stream *s, ps_dtype t, void *dst, const void *src, int64_t n,
                            ps_error *err);
+/* Whether ps_cuda_op_run adds output `out` of an op of this kind into tile
+ * t when ctx->accumulate asks: a MATMUL's fp32 output (cuBLAS's beta 1). */
+bool ps_cuda_op_accumulates(ps_op_kind kind, int out, const ps_tile *t);
 /* An op with half tiles among its inputs or outputs (ps_cuda_op_run sends
  * it here): a half GEMM on cuBLAS, or the fp32 kernel on widened copies. */
 ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,

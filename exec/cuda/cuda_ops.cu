@@ -652,8 +652,11 @@ static ps_status need_float(ps_cuda_stream *s, const ps_op *op, const ps_tile *t
     return PS_OK;
 }
 
+/* add: out[0] += the product (an accumulated gradient, ps_op_context.accumulate):
+ * cuBLAS's beta 1, or, when the output needs a permutation, the permuted
+ * product added after it. */
 static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
-                            ps_error *err)
+                            bool add, ps_error *err)
 {
     const ps_tile *t[3] = {&in[0], &in[1], &out[0]};
     int rank[3];
@@ -672,12 +675,14 @@ static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *i
             (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.batch);
     /* workspace: permuted operands, the output before its permutation */
     carve c = {0};
-    size_t off_op[2] = {0, 0}, off_c = 0;
+    size_t off_op[2] = {0, 0}, off_c = 0, off_sum = 0;
     for (int o = 0; o < 2; o++)
         if (p.permute[o])
             off_op[o] = carve_take(&c, (size_t)numel(t[o]) * sizeof(float));
     if (p.out_permute)
         off_c = carve_take(&c, (size_t)numel(t[2]) * sizeof(float));
+    if (p.out_permute && add)
+        off_sum = carve_take(&c, (size_t)numel(t[2]) * sizeof(float));
     char *ws = NULL;
     if (c.used > 0)
         PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
@@ -689,12 +694,14 @@ static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *i
         }
     if (numel(t[2]) == 0)
         return PS_OK;
-    if (p.k == 0) { /* an empty contraction: zeros */
-        PS_CUDA_RET(s->loc, cudaMemsetAsync(out[0].data, 0, (size_t)numel(t[2]) * 4, s->stream));
+    if (p.k == 0) { /* an empty contraction: zeros (nothing to add) */
+        if (!add)
+            PS_CUDA_RET(s->loc,
+                        cudaMemsetAsync(out[0].data, 0, (size_t)numel(t[2]) * 4, s->stream));
         return PS_OK;
     }
     float *cptr = p.out_permute ? (float *)(ws + off_c) : (float *)out[0].data;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = add && !p.out_permute ? 1.0f : 0.0f;
     cublasComputeType_t ct = s->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     PS_CUBLAS_RET(s->loc,
                   cublasGemmStridedBatchedEx(
@@ -704,8 +711,15 @@ static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *i
                       opnd[p.left], CUDA_R_32F, (int)p.ldb, (long long)p.stride_b, &beta, cptr,
                       CUDA_R_32F, (int)p.ldc, (long long)p.stride_c, (int)p.batch, ct,
                       CUBLAS_GEMM_DEFAULT));
-    if (p.out_permute)
+    if (p.out_permute && add) {
+        float *sum = (float *)(ws + off_sum), *y = (float *)out[0].data;
+        int64_t n = numel(t[2]);
+        PS_RET(permute(s, cptr, p.out_tmp_shape, p.out_rank, p.out_perm, sum, err));
+        k_add<<<LAUNCH(n)>>>(y, sum, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_add");
+    } else if (p.out_permute) {
         PS_RET(permute(s, cptr, p.out_tmp_shape, p.out_rank, p.out_perm, out[0].data, err));
+    }
     return PS_OK;
 }
 
@@ -1086,6 +1100,11 @@ static ps_status run_adam(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
     return PS_OK;
 }
 
+bool ps_cuda_op_accumulates(ps_op_kind kind, int out, const ps_tile *t)
+{
+    return kind == PS_OP_MATMUL && out == 0 && !t->is_int && !ps_tile_is_half(t);
+}
+
 ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                          const ps_op_context *ctx, ps_error *err)
 {
@@ -1102,6 +1121,11 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     for (int i = 0; i < op->n_out; i++)
         if (out[i].data == NULL)
             BAD("output %d has no data", i);
+    unsigned add = ctx != NULL ? ctx->accumulate : 0;
+    if (add != 0 && !ps_cuda_op_accumulates(op->kind, 0, &out[0]))
+        BAD("cannot add into its outputs 0x%x (only a MATMUL's fp32 output 0x1)", add);
+    if (add & ~1u)
+        BAD("cannot add into its outputs 0x%x (only 0x1)", add);
     for (int i = 0; i < op->n_in + op->n_out; i++)
         if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in]))
             return ps_cuda_half_op(s, op, in, out, ctx, err);
@@ -1110,7 +1134,7 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
     int64_t n = numel(&in[0]);
     switch (op->kind) {
-    case PS_OP_MATMUL: return run_matmul(s, op, in, out, err);
+    case PS_OP_MATMUL: return run_matmul(s, op, in, out, add != 0, err);
     case PS_OP_ADD:
         PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "input 1", err));
         PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
