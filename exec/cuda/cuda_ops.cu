@@ -1127,8 +1127,11 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     if (add & ~1u)
         BAD("cannot add into its outputs 0x%x (only 0x1)", add);
     for (int i = 0; i < op->n_in + op->n_out; i++)
-        if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in]))
+        if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in])) {
+            if (add != 0) /* the half path writes its outputs whole */
+                BAD("cannot add into its output from half-precision operands");
             return ps_cuda_half_op(s, op, in, out, ctx, err);
+        }
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     const float *x = (const float *)in[0].data;
     float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
