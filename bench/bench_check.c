@@ -480,6 +480,17 @@ static ps_status run_exec(ps_bench_rows *rs, ps_calib *cal, int slowdown, ps_err
     PS_TRY(run_exec_one(rs, cal, "gpt-small-bf16", &gpt, 4, 16, 4, slowdown, &bf16_s, err));
     rows_add(rs, "exec.gpt-small-bf16@4.over_fp32", "info", bf16_s / fp32_s, "x");
     printf("  CPU executor, bf16 step over fp32 step: %.2fx\n", bf16_s / fp32_s);
+    /* a Wide-ResNet-50 of 16 channels on 32-pixel images (the profile's): the
+     * convolutions, batchnorm, pooling and accumulated filter gradients */
+    ps_model_config wrn;
+    double wrn_s = 0;
+    PS_TRY(ps_zoo_lookup("wresnet-250m", &wrn, err));
+    wrn.image_size = 32;
+    wrn.channels = 16;
+    wrn.width_factor = 1;
+    wrn.classes = 10;
+    wrn.dtype = PS_DTYPE_F32;
+    PS_TRY(run_exec_one(rs, cal, "wresnet-small", &wrn, 2, 128, 4, slowdown, &wrn_s, err));
 out:
     return st;
 }
