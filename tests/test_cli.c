@@ -929,15 +929,19 @@ static void test_remat_layers(void **state)
  * partial sums round otherwise, and two ReLU inputs within 1e-6 of zero fall
  * on the other side of it: weight gradients moved by up to 44%), and the
  * auto plan of 8 devices at batch 16 (no flip; batchnorm amplifies rounding
- * to 1.4e-4 in the stem's gradients). The check must pass, saying why where
- * it took a second look. */
+ * to 1.4e-4 in the stem's gradients), and a dp2 op2 pp2 plan at batch 64
+ * over 2 steps (Adam turns rounding noise into steps of +-lr: 16% in the
+ * gradients, rounding alone 29%). The check must pass, saying why where it
+ * took a second look. */
 static void test_check_rounding(void **state)
 {
     const fixture *fx = *state;
     static const struct {
-        const char *devices, *method, *batch, *micro;
-    } cases[] = {{"2", "shard", "64", "1"}, {"8", "auto", "16", "2"}};
-    for (int k = 0; k < 2; k++) {
+        const char *devices, *method, *batch, *micro, *steps;
+    } cases[] = {{"2", "shard", "64", "1", "1"},
+                 {"8", "auto", "16", "2", "1"},
+                 {"8", "uniform", "64", "2", "2"}};
+    for (int k = 0; k < 3; k++) {
         char cluster[512], plan[512];
         snprintf(cluster, sizeof cluster, "%s/cpu%s.json", fx->dir, cases[k].devices);
         snprintf(plan, sizeof plan, "%s/wrn-%s.json", fx->dir, cases[k].method);
@@ -958,14 +962,18 @@ static void test_check_rounding(void **state)
                            "8", "--width-factor", "1", "--classes", "10", "--dtype", "fp32",
                            "--cluster-file", cluster, "--method", cases[k].method,
                            "--global-batch", cases[k].batch, "--micro-batches", cases[k].micro,
-                           "-o", plan, NULL};
+                           "-o", plan, "--dp", "2", "--op", "2", "--pp", "2", NULL};
+        assert_string_equal(a[23], "--dp");
+        if (strcmp(cases[k].method, "uniform") != 0)
+            a[23] = NULL; /* the mesh for the uniform plan only */
         expect_success(fx, a, "predicted     iteration");
-        const char *e[] = {"exec", "--plan", plan, "--check", NULL};
+        const char *e[] = {"exec", "--plan", plan, "--steps", cases[k].steps, "--check", NULL};
         run_result r;
         run_ok(fx, e, &r);
         const char *relu = strstr(r.out, "  relu        ");
         const char *rounding = strstr(r.out, "  rounding    ");
-        printf("  %s %s:\n%s", cases[k].method, cases[k].devices,
+        printf("  %s on %s devices, %s step(s):\n%s", cases[k].method, cases[k].devices,
+               cases[k].steps,
                relu != NULL ? relu : rounding != NULL ? rounding : "  first comparison ok\n");
         expect_exit(&r, 0);
         expect_in(&r, true, "\n  ok\n");
