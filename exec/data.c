@@ -104,6 +104,12 @@ static void walk_next(tile_walk *w)
     }
 }
 
+bool ps_exec_holds_param(const ps_tensor *x)
+{
+    return x->kind == PS_TENSOR_PARAM || (x->kind == PS_TENSOR_OPT_STATE && x->state_of >= 0 &&
+                                          ends_with(x->name, ".master"));
+}
+
 ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, const ps_tile *t,
                        void *host, ps_error *err)
 {
@@ -113,8 +119,7 @@ ps_status ps_exec_fill(const ps_graph *g, int tensor, int mb, uint64_t seed, con
     int64_t n = ps_tile_numel(t);
     tile_walk w;
     if (x->kind == PS_TENSOR_OPT_STATE) {
-        bool master = ends_with(x->name, ".master") && x->state_of >= 0;
-        if (!master) {
+        if (!ps_exec_holds_param(x)) {
             memset(host, 0, (size_t)n * sizeof(float));
             return PS_OK;
         }

@@ -19,10 +19,15 @@
 #ifndef PS_EXEC_DATA_H
 #define PS_EXEC_DATA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/graph.h"
 #include "exec/tile.h"
+
+/* Whether x holds a parameter's values: the parameter, or an optimizer
+ * state that is its master copy (filled alike). */
+bool ps_exec_holds_param(const ps_tensor *x);
 
 /* Fills host memory for tile `t` (its geometry; t->data is ignored) of
  * source tensor `tensor` of step graph g: float for floating tensors, int32

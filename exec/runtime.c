@@ -235,13 +235,10 @@ static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile 
     void *host = malloc((size_t)(n > 0 ? n : 1) * 4);
     if (host == NULL)
         return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
-    const ps_tensor *x = &rt->g->tensors[rt->set->buffers[buffer].tensor];
-    ps_status st = ps_exec_fill(rt->g, rt->set->buffers[buffer].tensor, mb, rt->opt->seed, t,
-                                host, &d->err);
-    bool master = x->kind == PS_TENSOR_OPT_STATE && x->state_of >= 0 &&
-                  strstr(x->name, ".master") != NULL;
+    int tensor = rt->set->buffers[buffer].tensor;
+    ps_status st = ps_exec_fill(rt->g, tensor, mb, rt->opt->seed, t, host, &d->err);
     if (st == PS_OK && rt->opt->nudge_params && !t->is_int &&
-        (x->kind == PS_TENSOR_PARAM || master)) {
+        ps_exec_holds_param(&rt->g->tensors[tensor])) {
         float *f = host;
         for (int64_t i = 0; i < n; i++)
             f[i] = nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY);
@@ -523,6 +520,14 @@ static ps_status target_close(device_state *d, write_target *w, int mb)
     return st;
 }
 
+/* The kept RELU outputs of (step, micro-batch) of a result: a row of
+ * n_tensors slots (ps_exec_result.relus). */
+static float **relus_at(const ps_exec_result *r, int step, int mb)
+{
+    return r->relus +
+           ((size_t)(step - 1) * (size_t)r->relu_micro_batches + (size_t)mb) * (size_t)r->n_tensors;
+}
+
 /* --check's ReLU alignment (ps_exec_options.align_relus): the outputs of
  * this RELU that lie on the other side of zero from the run's kept ones,
  * within align_tol of the output's largest magnitude, take the run's value. */
@@ -535,10 +540,7 @@ static ps_status relu_align(device_state *d, const ps_op *op, const ps_tile *y, 
     if (u < 0 || d->step > run->steps || mb >= run->relu_micro_batches || y->is_int ||
         ps_tile_is_half(y))
         return PS_OK;
-    const float *whole =
-        run->relus[((size_t)(d->step - 1) * (size_t)run->relu_micro_batches + (size_t)mb) *
-                       (size_t)run->n_tensors +
-                   (size_t)u];
+    const float *whole = relus_at(run, d->step, mb)[u];
     if (whole == NULL)
         return PS_OK;
     int64_t n = ps_tile_numel(y);
@@ -570,10 +572,9 @@ static ps_status relu_align(device_state *d, const ps_op *op, const ps_tile *y, 
                 first = first < 0 ? i : first;
                 flips++;
             }
-        if (flips > 0)
+        if (flips > 0) {
             st = rt->b->ops->upload(rt->b, d->device, y->data, mine, n * (int64_t)sizeof *mine,
                                     &d->err);
-        if (flips > 0) {
             pthread_mutex_lock(&rt->mu);
             if (rt->result->relu_flips == 0)
                 snprintf(rt->result->relu_first, sizeof rt->result->relu_first,
@@ -596,9 +597,7 @@ static ps_status relu_keep_align(device_state *d, const ps_op *op, const ps_tile
         PS_TRY_RET(relu_align(d, op, y, mb));
     if (rt->result->relus == NULL || d->step < 1 || d->step > rt->opt->steps)
         return PS_OK;
-    float **slot = rt->result->relus +
-                   ((size_t)(d->step - 1) * (size_t)rt->M + (size_t)mb) * (size_t)rt->g->n_tensors;
-    return keep_tile(d, slot, NULL, op->out[0], y);
+    return keep_tile(d, relus_at(rt->result, d->step, mb), NULL, op->out[0], y);
 }
 
 static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)

@@ -1122,10 +1122,8 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
         if (out[i].data == NULL)
             BAD("output %d has no data", i);
     unsigned add = ctx != NULL ? ctx->accumulate : 0;
-    if (add != 0 && !ps_cuda_op_accumulates(op->kind, 0, &out[0]))
+    if (add != 0 && (add != 1u || !ps_cuda_op_accumulates(op->kind, 0, &out[0])))
         BAD("cannot add into its outputs 0x%x (only a MATMUL's fp32 output 0x1)", add);
-    if (add & ~1u)
-        BAD("cannot add into its outputs 0x%x (only 0x1)", add);
     for (int i = 0; i < op->n_in + op->n_out; i++)
         if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in])) {
             if (add != 0) /* the half path writes its outputs whole */
