@@ -37,6 +37,7 @@ typedef struct exec_barrier {
     pthread_cond_t cv;
     int n, waiting;
     unsigned long generation;
+    double released_s; /* host clock (ps_monotonic_s) at the last release */
 } exec_barrier;
 
 typedef struct runtime runtime;
@@ -60,6 +61,12 @@ typedef struct device_state {
     bool voted, overflow;  /* this step: the vote ran; its answer */
     uint8_t loss_partial;
     bool wrote_loss;
+    /* The step's common time origin is the release of its start barrier:
+     * start_s is when this device stamped its first slot after it (a thread
+     * woken late on shared cores starts late), and every time of the step
+     * (its events, its end) counts from that origin, so that the devices of
+     * a host share one clock in the timeline. */
+    double start_s;
     double iteration_s, compute_s, comm_s;
     ps_status status;
     ps_error err;
@@ -98,8 +105,9 @@ static void barrier_destroy(exec_barrier *b)
     pthread_cond_destroy(&b->cv);
 }
 
-/* Returns false when the run failed (everybody leaves). */
-static bool barrier_wait(runtime *rt)
+/* Returns false when the run failed (everybody leaves). *released_s (if
+ * not NULL): the host clock at the release. */
+static bool barrier_wait(runtime *rt, double *released_s)
 {
     exec_barrier *b = &rt->barrier;
     pthread_mutex_lock(&b->mu);
@@ -118,12 +126,15 @@ static bool barrier_wait(runtime *rt)
         }
         b->waiting = 0;
         b->generation++;
+        b->released_s = ps_monotonic_s();
         pthread_cond_broadcast(&b->cv);
     } else {
         while (gen == b->generation && !rt->failed)
             pthread_cond_wait(&b->cv, &b->mu);
     }
     bool ok = !rt->failed;
+    if (released_s != NULL)
+        *released_s = b->released_s;
     pthread_mutex_unlock(&b->mu);
     return ok;
 }
@@ -925,7 +936,7 @@ int ps_exec_timing_slots(const ps_program_set *s, int device)
 
 /* ---- one device ---- */
 
-static ps_status run_step(device_state *d)
+static ps_status run_step(device_state *d, double origin_s)
 {
     runtime *rt = d->rt;
     d->slot = 0;
@@ -936,12 +947,16 @@ static ps_status run_step(device_state *d)
     d->voted = d->overflow = false;
     int first = 0, last = 0;
     PS_TRY_RET(mark(d, &first));
+    /* the stream was idle (the last step finished): a GPU stamps the mark
+     * within microseconds of this reading of the host's clock */
+    d->start_s = fmax(0.0, ps_monotonic_s() - origin_s);
     for (int i = 0; i < d->prog->n_instrs; i++)
         PS_TRY_RET(exec_program_instr(d, &d->prog->instrs[i]));
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     PS_TRY_RET(mark(d, &last));
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
+    d->iteration_s += d->start_s;
     if (d->voted) {
         int s = d->step - 1;
         pthread_mutex_lock(&rt->mu); /* every voter writes the same values */
@@ -953,20 +968,46 @@ static ps_status run_step(device_state *d)
     return PS_OK;
 }
 
+/* Parameters and optimizer state, allocated and filled from the seed
+ * before the first step (set-up, not training: the first step then times
+ * what every later step does; a device's first ALLOC of each finds it
+ * kept, as in later steps). */
+static ps_status init_persistent(device_state *d)
+{
+    runtime *rt = d->rt;
+    for (int k = 0; k < d->prog->n_instrs; k++) {
+        const ps_instr *in = &d->prog->instrs[k];
+        if (in->kind != PS_INSTR_ALLOC || !persistent(rt, in->buffer) ||
+            d->kept[in->buffer] != NULL)
+            continue;
+        PS_TRY_RET(do_alloc(d, in->buffer, in->mb, true));
+        int64_t i = instance_index(rt, in->buffer, in->mb);
+        d->kept[in->buffer] = d->inst[i];
+        d->inst[i] = NULL;
+    }
+    return PS_OK;
+}
+
 static void *device_main(void *arg)
 {
     device_state *d = arg;
     runtime *rt = d->rt;
+    d->status = init_persistent(d);
+    if (d->status != PS_OK) {
+        fail(rt, d);
+        return NULL;
+    }
     for (int s = 1; s <= rt->opt->steps; s++) {
         d->step = s;
-        if (!barrier_wait(rt))
+        double origin_s = 0;
+        if (!barrier_wait(rt, &origin_s))
             return NULL;
-        d->status = run_step(d);
+        d->status = run_step(d, origin_s);
         if (d->status != PS_OK) {
             fail(rt, d);
             return NULL;
         }
-        if (!barrier_wait(rt))
+        if (!barrier_wait(rt, NULL))
             return NULL;
         /* the loss of this step: representatives of the loss's replicas */
         if (d->wrote_loss) {
@@ -1009,6 +1050,7 @@ static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, 
                              double *dur, ps_error *err)
 {
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, 0, e->begin, t0, err));
+    *t0 += d->start_s;
     return rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, dur, err);
 }
 

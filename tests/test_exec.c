@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -830,6 +831,169 @@ static void test_outputs(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- one time origin for the devices of a host ---- */
+
+static ps_backend_ops late_ops;
+static const ps_backend_ops *punctual_ops;
+enum { LATE_DEVICE = 5 };
+#define LATE_S 0.03
+
+/* Device LATE_DEVICE stamps its first slot of each step LATE_S after the
+ * others, as a thread woken late from the step's start barrier does on
+ * shared cores. */
+static ps_status late_mark(ps_backend *b, int device, int slot, ps_error *err)
+{
+    if (device == LATE_DEVICE && slot == 0) {
+        struct timespec t = {0, (long)(LATE_S * 1e9)};
+        nanosleep(&t, NULL);
+    }
+    return punctual_ops->mark(b, device, slot, err);
+}
+
+typedef struct span {
+    double t0, t1; /* µs */
+} span;
+
+/* The k-th span of `cat` named `name` of device `tid` in the trace. */
+static bool nth_span(json_t *ev, int tid, const char *cat, const char *name, int k, span *out)
+{
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        const char *c = json_string_value(json_object_get(e, "cat"));
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (c == NULL || n == NULL || strcmp(c, cat) != 0 || strcmp(n, name) != 0 ||
+            json_integer_value(json_object_get(e, "tid")) != tid)
+            continue;
+        if (k-- > 0)
+            continue;
+        out->t0 = json_number_value(json_object_get(e, "ts"));
+        out->t1 = out->t0 + json_number_value(json_object_get(e, "dur"));
+        return true;
+    }
+    return false;
+}
+
+/* Every device's times count from the release of the step's start barrier:
+ * in the timeline no message is received before it was sent, no collective
+ * ends before all its members entered it, and a device that starts late
+ * shows its late start (it used to count from its own first stamp, which put
+ * its events up to its lateness early: 38 of 196 receives of the demo's
+ * measured step ended before their send began, by up to 13 ms). */
+static void test_common_time_origin(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_error err = {0};
+    ps_lower_options lo = ps_lower_options_default();
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_OK);
+    int slots[8];
+    for (int d = 0; d < 8; d++)
+        slots[d] = ps_exec_timing_slots(set, d);
+    ps_backend *b = NULL;
+    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
+    punctual_ops = b->ops;
+    late_ops = *b->ops;
+    late_ops.mark = late_mark;
+    b->ops = &late_ops;
+    char path[] = "/tmp/ps_test_exec_origin_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ps_exec_options o = ps_exec_options_default();
+    o.trace_path = path;
+    o.devices_per_node = 8;
+    o.steps = 2;
+    ps_exec_result *r = NULL;
+    if (ps_exec_run(set, b, &o, &r, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (j == NULL)
+        fail_msg("trace is not JSON: %s", je.text);
+    json_t *ev = json_object_get(j, "traceEvents");
+    const double slack_us = 1; /* stamps of one clock, rounded to ns */
+    /* the late device starts late, and the step ends after its last span */
+    double first_us = 1e30, last_us = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        if (json_object_get(e, "dur") == NULL)
+            continue;
+        double t0 = json_number_value(json_object_get(e, "ts"));
+        double t1 = t0 + json_number_value(json_object_get(e, "dur"));
+        if (json_integer_value(json_object_get(e, "tid")) == LATE_DEVICE)
+            first_us = fmin(first_us, t0);
+        last_us = fmax(last_us, t1);
+    }
+    if (first_us < LATE_S * 1e6)
+        fail_msg("device %d's first span starts at %.1f us, before its late start (%.0f us)",
+                 LATE_DEVICE, first_us, LATE_S * 1e6);
+    assert_true(r->summary->iteration_s * 1e6 >= last_us - slack_us);
+    /* messages: the k-th receive on device q from device d ends after the
+     * k-th send from d to q begins */
+    int pairs = 0, collectives = 0;
+    for (int d = 0; d < 8; d++)
+        for (int q = 0; q < 8; q++) {
+            char sn[32], rn[32];
+            snprintf(sn, sizeof sn, "send to %d", q);
+            snprintf(rn, sizeof rn, "recv from %d", d);
+            span s, rv;
+            for (int k = 0; nth_span(ev, d, "send", sn, k, &s); k++) {
+                if (!nth_span(ev, q, "recv", rn, k, &rv))
+                    fail_msg("send %d from %d to %d has no receive", k, d, q);
+                if (rv.t1 < s.t0 - slack_us)
+                    fail_msg("device %d received message %d from %d at %.1f us, before it was "
+                             "sent at %.1f us",
+                             q, k, d, rv.t1, s.t0);
+                pairs++;
+            }
+        }
+    /* collectives: the k-th instance on a group ends on every member after
+     * every member entered it */
+    for (int g = 0; g < set->n_groups; g++) {
+        const ps_group *gr = &set->groups[g];
+        for (int kind = 0; kind < PS_COLL_COUNT; kind++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], g);
+            for (int k = 0;; k++) {
+                double entered = 0, first_end = 1e30;
+                int found = 0;
+                for (int i = 0; i < gr->n; i++) {
+                    span s;
+                    if (!nth_span(ev, gr->devices[i], "collective", name, k, &s))
+                        continue;
+                    found++;
+                    entered = fmax(entered, s.t0);
+                    first_end = fmin(first_end, s.t1);
+                }
+                if (found == 0)
+                    break;
+                assert_int_equal(found, gr->n);
+                if (first_end < entered - slack_us)
+                    fail_msg("%s instance %d: a member left at %.1f us, before the last "
+                             "entered at %.1f us",
+                             name, k, first_end, entered);
+                collectives++;
+            }
+        }
+    }
+    assert_true(pairs > 8 && collectives > 8);
+    json_decref(j);
+    remove(path);
+    ps_exec_result_free(r);
+    b->ops = punctual_ops;
+    b->ops->destroy(b);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 /* Random boxes of every input and parameter of a small Wide-ResNet, GPT and
  * MLP (ranks 1 to 4, integer ids, the teacher's targets): each box's fill is
  * the whole tensor's fill at the box's global coordinates, element by element. */
@@ -1498,6 +1662,7 @@ int main(void)
         cmocka_unit_test(test_failure_stops_all),
         cmocka_unit_test(test_accumulate_in_place),
         cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_common_time_origin),
         cmocka_unit_test(test_cpu_block_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
