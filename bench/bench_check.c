@@ -392,7 +392,7 @@ out:
 }
 
 /* Plans a small model and runs it on the CPU backend: the measured step time
- * (the last of two steps; best of three runs) against the calibration. */
+ * (one step after a warm-up step; best of three runs) against the calibration. */
 static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *label,
                               const ps_model_config *cfg, int gpus, int global_batch,
                               int micro_batches, int slowdown, double *step_out, ps_error *err)
@@ -421,7 +421,8 @@ static ps_status run_exec_one(ps_bench_rows *rs, ps_calib *cal, const char *labe
         for (int k = 0; k < slowdown; k++) {
             PS_TRY(ps_cpu_backend_create(set->n_devices, slots, NULL, &b, err));
             ps_exec_options eo = ps_exec_options_default();
-            eo.steps = 2;
+            eo.warmup_steps = 1; /* the measured step is warm */
+            eo.steps = 1;
             ps_exec_result_free(res);
             res = NULL;
             st = ps_exec_run(set, b, &eo, &res, err);

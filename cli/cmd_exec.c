@@ -25,8 +25,9 @@
 
 static void help(void)
 {
-    printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--seed S]\n"
-           "                      [--check | --check-fp32] [--tolerance T] [--param-atol A]\n"
+    printf("usage: pipeshard exec --plan PLAN.json --backend cpu|cuda [--steps N] [--warmup W]\n"
+           "                      [--seed S] [--check | --check-fp32] [--tolerance T]\n"
+           "                      [--param-atol A]\n"
            "                      [--trace T.json [--trace-ops]]\n"
            "                      [--summary S.json] [--no-local-allgather] [--share-gpu]\n"
            "                      [--tf32] [--fp32] [--json]\n\n"
@@ -36,8 +37,8 @@ static void help(void)
            "every device is a GPU (fp16/bf16 tensors also in 2 bytes; their GEMMs on cuBLAS's\n"
            "half inputs when no operand needs a transpose kernel first). Prints the\n"
            "measured iteration, per-stage times and memory beside the planner's prediction;\n"
-           "the summary and the timeline of the last step use the formats of `pipeshard sim`\n"
-           "(docs/trace-format.md).\n\n"
+           "the summary (each time the median over the steps) and the timeline (the last\n"
+           "step) use the formats of `pipeshard sim` (docs/trace-format.md).\n\n"
            "Several hosts: start one process per node of the plan's cluster with an MPI\n"
            "launcher (mpirun -np NODES pipeshard exec ...); each runs its node's devices, rank 0\n"
            "prints and writes the results. Both backends run across hosts; the CUDA backend's\n"
@@ -45,7 +46,12 @@ static void help(void)
            "options:\n"
            "  --plan P.json          the plan (pipeshard plan -o)\n"
            "  --backend cpu|cuda     where to run (default cpu)\n"
-           "  --steps N              training steps (default 1); times are the last step's\n"
+           "  --steps N              training steps (default 1), timed; the summary takes\n"
+           "                         each time's median over them\n"
+           "  --warmup W             steps run first, not timed (default 1): the first step\n"
+           "                         touches fresh memory; parameters, optimizer state and\n"
+           "                         loss scale then start again from their initial values,\n"
+           "                         so the losses and the check do not depend on W\n"
            "  --seed S               parameters and synthetic data (default 1)\n"
            "  --check                also run the unsharded step on one device from the same\n"
            "                         parameters and batch; compare losses and updated\n"
@@ -76,7 +82,7 @@ static void help(void)
            "  -h, --help             this help\n");
 }
 
-enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
+enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_WARMUP, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
        OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32,
        OPT_TRACE_OPS, OPT_FP32, OPT_CHECK_FP32 };
 
@@ -84,6 +90,7 @@ static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
     {"backend", required_argument, NULL, OPT_BACKEND},
     {"steps", required_argument, NULL, OPT_STEPS},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
     {"seed", required_argument, NULL, OPT_SEED},
     {"check", no_argument, NULL, OPT_CHECK},
     {"check-fp32", no_argument, NULL, OPT_CHECK_FP32},
@@ -272,6 +279,7 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
     if (!out->cmp.ok && one_process && has_relu(set->step)) {
         ps_exec_options eo2 = *eo, ro2 = *ro;
         eo2.trace_path = NULL;
+        eo2.warmup_steps = 0;
         eo2.keep_relus = true;
         PS_TRY_RET(run_plan(plan, bc, lo, &eo2, &kept->set, &kept->m, &kept->r, NULL, err));
         ro2.align_relus = kept->r;
@@ -314,6 +322,7 @@ int ps_cmd_exec(int argc, char **argv)
     double tol = -1, param_atol = -1; /* -1: the storage's defaults */
     bool fp32 = false;
     ps_exec_options eo = ps_exec_options_default();
+    eo.warmup_steps = 1;
     ps_lower_options lo = ps_lower_options_default();
     int64_t v;
     optind = 1;
@@ -329,6 +338,12 @@ int ps_cmd_exec(int argc, char **argv)
                 return ps_cli_usage_error("exec", "--steps needs a count >= 1, not \"%s\"",
                                           optarg);
             eo.steps = (int)v;
+            break;
+        case OPT_WARMUP:
+            if (!ps_cli_parse_int(optarg, 0, 1000000, &v))
+                return ps_cli_usage_error("exec", "--warmup needs a count >= 0, not \"%s\"",
+                                          optarg);
+            eo.warmup_steps = (int)v;
             break;
         case OPT_SEED:
             if (!ps_cli_parse_int(optarg, 0, INT64_MAX, &v))
@@ -426,15 +441,18 @@ int ps_cmd_exec(int argc, char **argv)
         for (int k = 0; k < plan->n_stages && k < r->summary->n_stages; k++)
             printf("  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
                    r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
-        if (set->loss_scale_window > 0 && r->skipped[r->steps - 1])
-            printf("  (the measured step was skipped by the loss scaling: no optimizer ran in "
-                   "it)\n");
+        int skipped = 0;
+        for (int s = 0; s < r->steps; s++)
+            skipped += set->loss_scale_window > 0 && r->skipped[s];
+        if (skipped > 0)
+            printf("  (%d of %d steps skipped by the loss scaling: no optimizer ran in them)\n",
+                   skipped, r->steps);
         for (int s = 0; s < r->steps; s++) {
             printf("step %d: loss %.9g", s + 1, r->loss[s]);
             if (set->loss_scale_window > 0)
                 printf(" at loss scale %g%s", r->loss_scale[s],
                        r->skipped[s] ? ": a gradient overflowed, update skipped" : "");
-            printf("\n");
+            printf(" (%.4g ms)\n", r->step_s[s] * 1e3);
         }
         int nh = ps_hosts_count(hosts);
         printf("run           %.3g s wall, %d steps on the %s backend", r->wall_s, r->steps,
@@ -446,6 +464,7 @@ int ps_cmd_exec(int argc, char **argv)
     if (check) {
         ps_exec_options ro = eo;
         ro.trace_path = NULL;
+        ro.warmup_steps = 0; /* not timed */
         ro.source = "exec-cpu";
         ro.devices_per_node = 1;
         PS_TRY(ps_plan_reference(plan, m, &ref_plan, &err));

@@ -42,6 +42,13 @@ typedef struct exec_barrier {
 
 typedef struct runtime runtime;
 
+/* What a device measured in one step (times from the step's origin). */
+typedef struct step_times {
+    double iteration_s, compute_s, comm_s;
+    double phase_sum[PS_PHASE_COUNT];
+    int32_t phase_runs[PS_PHASE_COUNT];
+} step_times;
+
 typedef struct device_state {
     runtime *rt;
     int device;
@@ -56,6 +63,7 @@ typedef struct device_state {
     int n_runs, cap_runs;
     int open_compute; /* index of the compute event being extended, -1 */
     int cur_phase, cur_mb, step;
+    bool warming;     /* a warm-up step: nothing of it is kept or timed */
     double *loss_mb;  /* [M]: the loss each micro-batch wrote here */
     ps_loss_scaler scaler; /* dynamic loss scaling (the same on every device) */
     bool voted, overflow;  /* this step: the vote ran; its answer */
@@ -67,7 +75,8 @@ typedef struct device_state {
      * (its events, its end) counts from that origin, so that the devices of
      * a host share one clock in the timeline. */
     double start_s;
-    double iteration_s, compute_s, comm_s;
+    double iteration_s;
+    step_times *times; /* [steps] */
     ps_status status;
     ps_error err;
 } device_state;
@@ -334,7 +343,7 @@ static ps_status do_free(device_state *d, int buffer, int mb, bool program_level
         return ps_error_set(&d->err, PS_ERR_INTERNAL,
                             "device %d: buffer %d freed while not allocated", d->device, buffer);
     if (program_level && persistent(rt, buffer)) {
-        bool last = d->step == rt->opt->steps;
+        bool last = d->step == rt->opt->steps && !d->warming;
         const ps_tensor *t = &rt->g->tensors[rt->set->buffers[buffer].tensor];
         if (last && rt->opt->keep_params && t->kind == PS_TENSOR_PARAM) {
             ps_tile x = tile_of(rt, d, buffer, d->inst[i]);
@@ -548,7 +557,7 @@ static ps_status relu_align(device_state *d, const ps_op *op, const ps_tile *y, 
     const ps_exec_result *run = rt->opt->align_relus;
     const char *name = rt->g->tensors[op->out[0]].name;
     int u = ps_graph_find_tensor(rt->opt->align_graph, name);
-    if (u < 0 || d->step > run->steps || mb >= run->relu_micro_batches || y->is_int ||
+    if (d->warming || u < 0 || d->step > run->steps || mb >= run->relu_micro_batches || y->is_int ||
         ps_tile_is_half(y))
         return PS_OK;
     const float *whole = relus_at(run, d->step, mb)[u];
@@ -606,7 +615,7 @@ static ps_status relu_keep_align(device_state *d, const ps_op *op, const ps_tile
     if (rt->opt->align_relus != NULL && rt->opt->align_relus->relus != NULL &&
         rt->opt->align_graph != NULL)
         PS_TRY_RET(relu_align(d, op, y, mb));
-    if (rt->result->relus == NULL || d->step < 1 || d->step > rt->opt->steps)
+    if (rt->result->relus == NULL || d->warming || d->step < 1 || d->step > rt->opt->steps)
         return PS_OK;
     return keep_tile(d, relus_at(rt->result, d->step, mb), NULL, op->out[0], y);
 }
@@ -653,7 +662,7 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
     }
     ps_status st = PS_OK;
     if (op->kind == PS_OP_ADAM && op->n_in > 1 && rt->opt->keep_params &&
-        d->step == rt->opt->steps)
+        d->step == rt->opt->steps && !d->warming)
         st = keep_tile(d, rt->result->grads, rt->grad_cover, op->in[0], &tin[1]);
     if (op->kind == PS_OP_ADAM && d->overflow) { /* the step is skipped */
         target_abandon(d, w, op->n_out);
@@ -936,6 +945,34 @@ int ps_exec_timing_slots(const ps_program_set *s, int device)
 
 /* ---- one device ---- */
 
+static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
+                             double *dur, ps_error *err);
+
+/* The step's times: its phases from the kernel runs, compute and
+ * communication from every event. */
+static ps_status measure_step(device_state *d, step_times *t)
+{
+    runtime *rt = d->rt;
+    memset(t, 0, sizeof *t);
+    t->iteration_s = d->iteration_s;
+    for (int j = 0; j < d->n_runs; j++) {
+        double dur;
+        PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
+                                       &d->err));
+        t->phase_sum[d->runs[j].phase] += dur;
+        t->phase_runs[d->runs[j].phase]++;
+    }
+    for (int j = 0; j < d->n_events; j++) {
+        double t0, dur;
+        PS_TRY_RET(event_times(rt, d, &d->events[j], &t0, &dur, &d->err));
+        if (d->events[j].category == PS_TRACE_COMPUTE)
+            t->compute_s += dur;
+        else
+            t->comm_s += dur;
+    }
+    return PS_OK;
+}
+
 static ps_status run_step(device_state *d, double origin_s)
 {
     runtime *rt = d->rt;
@@ -957,33 +994,43 @@ static ps_status run_step(device_state *d, double origin_s)
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
     d->iteration_s += d->start_s;
+    if (!d->warming)
+        PS_TRY_RET(measure_step(d, &d->times[d->step - 1]));
     if (d->voted) {
         int s = d->step - 1;
-        pthread_mutex_lock(&rt->mu); /* every voter writes the same values */
-        rt->result->loss_scale[s] = d->scaler.scale;
-        rt->result->skipped[s] = d->overflow;
-        pthread_mutex_unlock(&rt->mu);
+        if (!d->warming) {
+            pthread_mutex_lock(&rt->mu); /* every voter writes the same values */
+            rt->result->loss_scale[s] = d->scaler.scale;
+            rt->result->skipped[s] = d->overflow;
+            pthread_mutex_unlock(&rt->mu);
+        }
         PS_TRY_RET(ps_loss_scaler_update(&d->scaler, d->overflow, d->step, &d->err));
     }
     return PS_OK;
 }
 
-/* Parameters and optimizer state, allocated and filled from the seed
- * before the first step (set-up, not training: the first step then times
- * what every later step does; a device's first ALLOC of each finds it
- * kept, as in later steps). */
-static ps_status init_persistent(device_state *d)
+/* Parameters and optimizer state: allocated and filled from the seed
+ * before the first step (set-up, not training: a device's first ALLOC of
+ * each finds it kept, as in later steps), or (`refill`, after the warm-up
+ * steps) filled again, so that the run's steps start where a run without
+ * warm-up starts. */
+static ps_status fill_persistent(device_state *d, bool refill)
 {
     runtime *rt = d->rt;
     for (int k = 0; k < d->prog->n_instrs; k++) {
         const ps_instr *in = &d->prog->instrs[k];
-        if (in->kind != PS_INSTR_ALLOC || !persistent(rt, in->buffer) ||
-            d->kept[in->buffer] != NULL)
+        if (in->kind != PS_INSTR_ALLOC || !persistent(rt, in->buffer))
             continue;
-        PS_TRY_RET(do_alloc(d, in->buffer, in->mb, true));
-        int64_t i = instance_index(rt, in->buffer, in->mb);
-        d->kept[in->buffer] = d->inst[i];
-        d->inst[i] = NULL;
+        void *kept = d->kept[in->buffer];
+        if (refill && kept != NULL) {
+            ps_tile t = tile_of(rt, d, in->buffer, kept);
+            PS_TRY_RET(upload_fill(d, in->buffer, in->mb, &t));
+        } else if (!refill && kept == NULL) {
+            PS_TRY_RET(do_alloc(d, in->buffer, in->mb, true));
+            int64_t i = instance_index(rt, in->buffer, in->mb);
+            d->kept[in->buffer] = d->inst[i];
+            d->inst[i] = NULL;
+        }
     }
     return PS_OK;
 }
@@ -992,13 +1039,25 @@ static void *device_main(void *arg)
 {
     device_state *d = arg;
     runtime *rt = d->rt;
-    d->status = init_persistent(d);
+    d->status = fill_persistent(d, false);
     if (d->status != PS_OK) {
         fail(rt, d);
         return NULL;
     }
-    for (int s = 1; s <= rt->opt->steps; s++) {
-        d->step = s;
+    int warmup = rt->opt->warmup_steps;
+    for (int k = 1; k <= warmup + rt->opt->steps; k++) {
+        int s = k - warmup;
+        d->warming = s < 1;
+        d->step = d->warming ? k : s;
+        if (s == 1 && warmup > 0) {
+            /* the run's steps start from the initial state */
+            d->status = fill_persistent(d, true);
+            ps_loss_scaler_init(&d->scaler, rt->set->loss_scale, rt->set->loss_scale_window);
+            if (d->status != PS_OK) {
+                fail(rt, d);
+                return NULL;
+            }
+        }
         double origin_s = 0;
         if (!barrier_wait(rt, &origin_s))
             return NULL;
@@ -1010,7 +1069,7 @@ static void *device_main(void *arg)
         if (!barrier_wait(rt, NULL))
             return NULL;
         /* the loss of this step: representatives of the loss's replicas */
-        if (d->wrote_loss) {
+        if (d->wrote_loss && !d->warming) {
             bool rep = true;
             const int *mesh = rt->set->stages[d->prog->stage].mesh;
             for (int a = 0; a < PS_MESH_AXES; a++)
@@ -1029,15 +1088,14 @@ static void *device_main(void *arg)
     return NULL;
 }
 
-/* ---- summary and trace of the last step ---- */
+/* ---- summary and trace ---- */
 
-/* What a device measured in the last step, as plain data: the process of
- * rank 0 assembles the summary and the trace from every host's reports. */
+/* What a device measured, as plain data: the process of rank 0 assembles
+ * the summary and the trace from every host's reports. A head is followed
+ * by its n_steps step_times, then by its n_events events (the last step's). */
 typedef struct report_head {
-    int32_t device, n_events;
-    double iteration_s, compute_s, comm_s, peak_bytes;
-    double phase_sum[PS_PHASE_COUNT];
-    int32_t phase_runs[PS_PHASE_COUNT];
+    int32_t device, n_events, n_steps, pad;
+    double peak_bytes;
 } report_head;
 
 typedef struct report_event {
@@ -1077,40 +1135,30 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
 {
     const ps_program_set *s = rt->set;
     bool events = rt->opt->trace_path != NULL;
+    int steps = rt->opt->steps;
     size_t total = 0;
     for (int i = 0; i < s->n_devices; i++)
         if (ps_hosts_is_local(rt->hosts, i))
-            total += sizeof(report_head) +
+            total += sizeof(report_head) + (size_t)steps * sizeof(step_times) +
                      (events ? (size_t)rt->dev[i].n_events * sizeof(report_event) : 0);
     char *buf = calloc(total > 0 ? total : 1, 1);
     if (buf == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    char *p = buf;
+    char *p = buf; /* calloc'd, and every record a multiple of 8 bytes: aligned */
     for (int i = 0; i < s->n_devices; i++) {
         if (!ps_hosts_is_local(rt->hosts, i))
             continue;
         device_state *d = &rt->dev[i];
-        report_head h;
-        memset(&h, 0, sizeof h);
-        h.device = i;
-        h.n_events = events ? d->n_events : 0;
-        h.iteration_s = d->iteration_s;
-        h.peak_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
-        for (int j = 0; j < d->n_runs; j++) {
-            double dur;
-            ps_status st = rt->b->ops->elapsed(rt->b, i, d->runs[j].begin, d->runs[j].end, &dur,
-                                               err);
-            if (st != PS_OK) {
-                free(buf);
-                return st;
-            }
-            h.phase_sum[d->runs[j].phase] += dur;
-            h.phase_runs[d->runs[j].phase]++;
-        }
-        /* compute and communication seconds come from every event */
-        double compute = 0, comm = 0;
-        report_event *ev = (report_event *)(p + sizeof h); /* buf is calloc'd: aligned */
-        for (int j = 0; j < d->n_events; j++) {
+        report_head *h = (report_head *)p;
+        h->device = i;
+        h->n_events = events ? d->n_events : 0;
+        h->n_steps = steps;
+        h->peak_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
+        p += sizeof *h;
+        memcpy(p, d->times, (size_t)steps * sizeof(step_times));
+        p += (size_t)steps * sizeof(step_times);
+        report_event *ev = (report_event *)p;
+        for (int j = 0; j < h->n_events; j++) {
             const exec_event *e = &d->events[j];
             double t0, dur;
             ps_status st = event_times(rt, d, e, &t0, &dur, err);
@@ -1118,12 +1166,6 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
                 free(buf);
                 return st;
             }
-            if (e->category == PS_TRACE_COMPUTE)
-                compute += dur;
-            else
-                comm += dur;
-            if (!events)
-                continue;
             report_event *r = &ev[j];
             r->category = e->category;
             r->mb = e->mb;
@@ -1134,17 +1176,28 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
             r->flops = e->flops;
             event_name(rt, e, r->name, sizeof r->name);
         }
-        h.compute_s = compute;
-        h.comm_s = comm;
-        memcpy(p, &h, sizeof h);
-        p += sizeof h + (size_t)h.n_events * sizeof(report_event);
+        p += (size_t)h->n_events * sizeof(report_event);
     }
     *out = buf;
     *bytes = total;
     return PS_OK;
 }
-/* The summary and the timeline of the last step, on rank 0, from every
- * process's reports. */
+/* The median of v[0..n-1] (reordered); 0 when n is 0. */
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return 0;
+    for (int i = 1; i < n; i++) /* a handful of steps: insertion sort */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The summary (medians over the steps) and the timeline (the last step), on
+ * rank 0, from every process's reports. */
 static ps_status summarize(runtime *rt, ps_error *err)
 {
     const ps_program_set *s = rt->set;
@@ -1171,10 +1224,10 @@ static ps_status summarize(runtime *rt, ps_error *err)
         total += sizes[h];
     free(sizes);
 
+    int steps = rt->opt->steps;
     ps_summary *sum = NULL;
     ps_trace_writer *tw = NULL;
-    double *phase_sum = NULL;
-    int *phase_runs = NULL;
+    double *vals = NULL;
     const report_head **head = NULL;
     char source[16];
     if (rt->opt->source != NULL)
@@ -1185,16 +1238,21 @@ static ps_status summarize(runtime *rt, ps_error *err)
     PS_TRY(ps_summary_from_programs(s, source, NULL, dpn, &sum, err));
     /* every device's report, by device */
     head = calloc((size_t)s->n_devices, sizeof *head);
-    PS_TRY_ALLOC(head, err);
+    vals = calloc((size_t)steps, sizeof *vals);
+    if (head == NULL || vals == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
     for (size_t off = 0; off + sizeof(report_head) <= total;) {
         const report_head *h = (const report_head *)((const char *)all + off);
         if (h->device < 0 || h->device >= s->n_devices || head[h->device] != NULL ||
-            h->n_events < 0) {
+            h->n_events < 0 || h->n_steps != steps) {
             st = ps_error_set(err, PS_ERR_INTERNAL, "a malformed device report from a host");
             goto out;
         }
         head[h->device] = h;
-        off += sizeof *h + (size_t)h->n_events * sizeof(report_event);
+        off += sizeof *h + (size_t)h->n_steps * sizeof(step_times) +
+               (size_t)h->n_events * sizeof(report_event);
     }
     for (int i = 0; i < s->n_devices; i++)
         if (head[i] == NULL) {
@@ -1208,27 +1266,35 @@ static ps_status summarize(runtime *rt, ps_error *err)
         ps_trace_set_info(tw, "model", s->model);
         ps_trace_set_info(tw, "cluster", s->cluster);
     }
-    phase_sum = calloc((size_t)(s->n_stages + 1) * PS_PHASE_COUNT, sizeof *phase_sum);
-    phase_runs = calloc((size_t)(s->n_stages + 1) * PS_PHASE_COUNT, sizeof *phase_runs);
-    if (phase_sum == NULL || phase_runs == NULL) {
-        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-        goto out;
+#define TIMES(i) ((const step_times *)(head[i] + 1))
+    /* a step ends with its last device, every device counting from the
+     * step's origin */
+    for (int k = 0; k < steps; k++) {
+        double t = 0;
+        for (int i = 0; i < s->n_devices; i++)
+            t = fmax(t, TIMES(i)[k].iteration_s);
+        rt->result->step_s[k] = vals[k] = t;
     }
+    sum->iteration_s = median(vals, steps);
     for (int i = 0; i < s->n_devices; i++) {
         const report_head *h = head[i];
         ps_summary_device *sd = &sum->devices[i];
         int stage = sd->stage;
         sd->peak_memory_bytes = h->peak_bytes;
-        sd->compute_s = h->compute_s;
-        sd->comm_s = h->comm_s;
+        for (int k = 0; k < steps; k++)
+            vals[k] = TIMES(i)[k].compute_s;
+        sd->compute_s = median(vals, steps);
+        for (int k = 0; k < steps; k++)
+            vals[k] = TIMES(i)[k].comm_s;
+        sd->comm_s = median(vals, steps);
+        sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
-        sum->iteration_s = fmax(sum->iteration_s, h->iteration_s);
         if (tw != NULL && stage >= 0) {
             char name[64];
             snprintf(name, sizeof name, "device %d (stage %d)", i, stage);
             ps_trace_name_device(tw, i, name);
         }
-        const report_event *ev = (const report_event *)(h + 1);
+        const report_event *ev = (const report_event *)(TIMES(i) + h->n_steps);
         for (int j = 0; tw != NULL && j < h->n_events; j++) {
             const report_event *e = &ev[j];
             bool p2p = e->category == PS_TRACE_SEND || e->category == PS_TRACE_RECV;
@@ -1239,28 +1305,37 @@ static ps_status summarize(runtime *rt, ps_error *err)
                                  .flops = e->flops};
             PS_TRY(ps_trace_add(tw, &te));
         }
-        if (stage < 0)
-            continue;
-        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
-            phase_sum[stage * PS_PHASE_COUNT + ph] += h->phase_sum[ph];
-            phase_runs[stage * PS_PHASE_COUNT + ph] += h->phase_runs[ph];
+        if (stage >= 0) {
+            ps_summary_stage *g = &sum->stages[stage];
+            g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
         }
-        ps_summary_stage *g = &sum->stages[stage];
-        g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
     }
-    for (int i = 0; i < s->n_devices; i++) {
-        ps_summary_device *sd = &sum->devices[i];
-        sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
-    }
+    /* a stage's phase in a step: the mean over its devices' runs; over the
+     * steps, the median (a step without such runs does not count) */
     for (int k = 0; k < s->n_stages; k++) {
+        double phase_s[PS_PHASE_COUNT];
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            int n = 0;
+            for (int t = 0; t < steps; t++) {
+                double sum_s = 0;
+                long runs = 0;
+                for (int i = 0; i < s->n_devices; i++)
+                    if (sum->devices[i].stage == k) {
+                        sum_s += TIMES(i)[t].phase_sum[ph];
+                        runs += TIMES(i)[t].phase_runs[ph];
+                    }
+                if (runs > 0)
+                    vals[n++] = sum_s / (double)runs;
+            }
+            phase_s[ph] = median(vals, n);
+        }
         ps_summary_stage *g = &sum->stages[k];
-        double *ps = &phase_sum[k * PS_PHASE_COUNT];
-        int *pr = &phase_runs[k * PS_PHASE_COUNT];
-        g->forward_s = pr[0] ? ps[0] / pr[0] : 0;
-        g->backward_s = pr[1] ? ps[1] / pr[1] : 0;
-        g->update_s = pr[2] ? ps[2] / pr[2] : 0;
+        g->forward_s = phase_s[PS_PHASE_FORWARD];
+        g->backward_s = phase_s[PS_PHASE_BACKWARD];
+        g->update_s = phase_s[PS_PHASE_UPDATE];
         g->time_s = g->forward_s + g->backward_s;
     }
+#undef TIMES
     ps_summary_set_throughput(sum, s);
     rt->result->summary = sum;
     sum = NULL;
@@ -1272,8 +1347,7 @@ out:
     }
     free(head);
     free(all);
-    free(phase_sum);
-    free(phase_runs);
+    free(vals);
     ps_summary_free(sum);
     return st;
 }
@@ -1351,6 +1425,7 @@ void ps_exec_result_free(ps_exec_result *r)
     free(r->loss);
     free(r->loss_scale);
     free(r->skipped);
+    free(r->step_s);
     ps_summary_free(r->summary);
     free(r);
 }
@@ -1363,6 +1438,9 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     *out = NULL;
     if (o->steps < 1)
         return ps_error_set(err, PS_ERR_INVALID, "steps must be at least 1 (got %d)", o->steps);
+    if (o->warmup_steps < 0)
+        return ps_error_set(err, PS_ERR_INVALID, "warm-up steps must be at least 0 (got %d)",
+                            o->warmup_steps);
     if (b->n_devices != s->n_devices)
         return ps_error_set(err, PS_ERR_INVALID,
                             "the backend serves %d devices but the plan has %d", b->n_devices,
@@ -1387,6 +1465,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     r->loss = calloc((size_t)o->steps, sizeof *r->loss);
     r->loss_scale = calloc((size_t)o->steps, sizeof *r->loss_scale);
     r->skipped = calloc((size_t)o->steps, sizeof *r->skipped);
+    r->step_s = calloc((size_t)o->steps, sizeof *r->step_s);
     r->params = calloc((size_t)rt.g->n_tensors, sizeof *r->params);
     r->grads = calloc((size_t)rt.g->n_tensors, sizeof *r->grads);
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
@@ -1409,7 +1488,8 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
             goto out;
         }
     }
-    if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
+    if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->step_s == NULL ||
+        r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
         threads == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
@@ -1438,7 +1518,9 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
         d->kept = calloc((size_t)(s->n_buffers > 0 ? s->n_buffers : 1), sizeof *d->kept);
         d->loss_mb = calloc((size_t)rt.M, sizeof *d->loss_mb);
-        if (d->inst == NULL || d->written == NULL || d->kept == NULL || d->loss_mb == NULL) {
+        d->times = calloc((size_t)o->steps, sizeof *d->times);
+        if (d->inst == NULL || d->written == NULL || d->kept == NULL || d->loss_mb == NULL ||
+            d->times == NULL) {
             st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
             goto out;
         }
@@ -1498,6 +1580,7 @@ out:
             free(d->written);
             free(d->kept);
             free(d->loss_mb);
+            free(d->times);
             free(d->events);
             free(d->runs);
         }

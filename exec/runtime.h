@@ -24,7 +24,14 @@
 
 typedef struct ps_exec_options {
     uint64_t seed;           /* parameters and data */
-    int steps;               /* training steps (>= 1); summary and trace: the last */
+    int steps;               /* training steps (>= 1); the summary: medians over them;
+                              * the trace: the last */
+    /* Steps run first and not timed (>= 0): the first step faults in its
+     * activations' memory and fills the backends' caches. Parameters,
+     * optimizer state and the loss scale then start again from their initial
+     * values: the `steps` that follow compute what a run without warm-up
+     * computes. */
+    int warmup_steps;
     const char *trace_path;  /* timeline of the last step, or NULL */
     int devices_per_node;    /* trace processes (hosts); 0: all devices in one */
     const char *source;      /* summary source; NULL: "exec-" and the backend's name */
@@ -71,7 +78,9 @@ typedef struct ps_exec_result {
      * at, and whether its gradients overflowed (the update skipped) */
     double *loss_scale;      /* [steps] */
     bool *skipped;           /* [steps] */
-    ps_summary *summary;     /* measured, last step */
+    ps_summary *summary;     /* measured: each time the median over the steps */
+    double *step_s;          /* [steps]: each step's time, from its start to the end of
+                              * its last device (rank 0; 0 elsewhere) */
     int n_tensors;           /* of the step graph */
     float **params;          /* [n_tensors]: whole PARAM tensors after the run (keep_params), or NULL */
     float **grads;           /* [n_tensors]: by PARAM tensor, the gradient the last update read */

@@ -918,7 +918,7 @@ static void test_common_time_origin(void **state)
         fail_msg("trace is not JSON: %s", je.text);
     json_t *ev = json_object_get(j, "traceEvents");
     const double slack_us = 1; /* stamps of one clock, rounded to ns */
-    /* the late device starts late, and the step ends after its last span */
+    /* the late device starts late, and its step ends after its last span */
     double first_us = 1e30, last_us = 0;
     for (size_t i = 0; i < json_array_size(ev); i++) {
         json_t *e = json_array_get(ev, i);
@@ -933,7 +933,7 @@ static void test_common_time_origin(void **state)
     if (first_us < LATE_S * 1e6)
         fail_msg("device %d's first span starts at %.1f us, before its late start (%.0f us)",
                  LATE_DEVICE, first_us, LATE_S * 1e6);
-    assert_true(r->summary->iteration_s * 1e6 >= last_us - slack_us);
+    assert_true(r->step_s[1] * 1e6 >= last_us - slack_us); /* the trace's step */
     /* messages: the k-th receive on device q from device d ends after the
      * k-th send from d to q begins */
     int pairs = 0, collectives = 0;
@@ -987,6 +987,153 @@ static void test_common_time_origin(void **state)
     remove(path);
     ps_exec_result_free(r);
     b->ops = punctual_ops;
+    b->ops->destroy(b);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
+/* ---- warm-up steps, and the summary's medians over the steps ---- */
+
+static ps_backend_ops stalling_ops;
+static const ps_backend_ops *steady_ops;
+static int stall_step_of[8]; /* per device: the step its marks are in (warm-up counted) */
+static unsigned stall_steps;  /* bit s-1: step s stalls device 0 */
+static int stalled_in;        /* the step device 0 last stalled in */
+#define STALL_S 0.3
+
+static ps_status counting_mark(ps_backend *b, int device, int slot, ps_error *err)
+{
+    if (slot == 0)
+        stall_step_of[device]++;
+    return steady_ops->mark(b, device, slot, err);
+}
+
+/* Device 0 sleeps STALL_S in its first forward op of each stalled step:
+ * inside a forward kernel run of stage 0. */
+static ps_status stalling_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                             ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    int step = stall_step_of[0];
+    if (device == 0 && op->pass == PS_PASS_FORWARD && (stall_steps >> (step - 1) & 1u) &&
+        stalled_in != step) {
+        stalled_in = step;
+        struct timespec t = {0, (long)(STALL_S * 1e9)};
+        nanosleep(&t, NULL);
+    }
+    return steady_ops->op(b, device, op, in, out, ctx, err);
+}
+
+static ps_exec_result *run_stalled(const ps_program_set *set, int warmup, int steps,
+                                   unsigned stalls)
+{
+    int slots[8];
+    for (int d = 0; d < 8; d++)
+        slots[d] = ps_exec_timing_slots(set, d);
+    ps_backend *b = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
+    steady_ops = b->ops;
+    stalling_ops = *b->ops;
+    stalling_ops.mark = counting_mark;
+    stalling_ops.op = stalling_op;
+    b->ops = &stalling_ops;
+    memset(stall_step_of, 0, sizeof stall_step_of);
+    stall_steps = stalls;
+    stalled_in = 0;
+    ps_exec_options o = ps_exec_options_default();
+    o.warmup_steps = warmup;
+    o.steps = steps;
+    o.keep_params = true;
+    ps_exec_result *r = NULL;
+    if (ps_exec_run(set, b, &o, &r, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    b->ops = steady_ops;
+    b->ops->destroy(b);
+    return r;
+}
+
+/* Warm-up steps leave the run's numbers alone: two of them (the first
+ * stalled) and then 3 steps give the losses, parameters and gradients of 3
+ * steps without warm-up, bit for bit. The summary takes each time's median
+ * over the 3 steps: a stall in the last of them moves neither the iteration
+ * nor stage 0's forward time; each step's own time shows it. A run of one
+ * step is timed as it is. */
+static void test_warmup_and_medians(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_error err = {0};
+    ps_lower_options lo = ps_lower_options_default();
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_OK);
+
+    ps_exec_result *quiet = run_stalled(set, 0, 3, 0);
+    ps_exec_result *r = run_stalled(set, 2, 3, 1u | 16u); /* warm-up 1, step 3 */
+    assert_int_equal(r->steps, 3);
+    for (int k = 0; k < 3; k++)
+        if (memcmp(&r->loss[k], &quiet->loss[k], sizeof(double)) != 0)
+            fail_msg("step %d after warm-up: loss %.17g, without %.17g", k + 1, r->loss[k],
+                     quiet->loss[k]);
+    int64_t compared = 0;
+    for (int t = 0; t < set->step->n_tensors; t++) {
+        if (quiet->params[t] == NULL)
+            continue;
+        assert_non_null(r->params[t]);
+        int64_t n = ps_tensor_numel(&set->step->tensors[t]);
+        if (memcmp(r->params[t], quiet->params[t], (size_t)n * sizeof(float)) != 0 ||
+            (quiet->grads[t] != NULL &&
+             memcmp(r->grads[t], quiet->grads[t], (size_t)n * sizeof(float)) != 0))
+            fail_msg("%s differs after warm-up", set->step->tensors[t].name);
+        compared += n;
+    }
+    assert_true(compared > 0);
+    for (int k = 0; k < 3; k++)
+        assert_true(r->step_s[k] > 0);
+    assert_true(r->step_s[2] >= STALL_S);
+    double lo_s = fmin(r->step_s[0], r->step_s[1]), hi_s = fmax(r->step_s[0], r->step_s[1]);
+    if (!(r->step_s[2] > hi_s))
+        fail_msg("the stalled step 3 (%.1f ms) is not the slowest (%.1f ms)",
+                 r->step_s[2] * 1e3, hi_s * 1e3);
+    assert_true(r->summary->iteration_s == hi_s); /* the median of the three */
+    assert_true(r->summary->iteration_s >= lo_s);
+    /* a stalled step's stage-0 forward (the mean over its runs) grows by the
+     * stall over their number */
+    int runs = 0;
+    for (int d = 0; d < set->n_devices; d++)
+        runs += set->programs[d].stage == 0;
+    runs *= set->micro_batches;
+    double shift_s = STALL_S / runs, q_s = quiet->summary->stages[0].forward_s;
+    double a_s = r->summary->stages[0].forward_s;
+    if (a_s > q_s + shift_s / 2)
+        fail_msg("stage 0's forward: %.2f ms, without stalls %.2f ms: a stalled step (+%.2f "
+                 "ms) counts",
+                 a_s * 1e3, q_s * 1e3, shift_s * 1e3);
+    ps_exec_result_free(r);
+    ps_exec_result_free(quiet);
+    /* one step: timed as it is, stall included */
+    r = run_stalled(set, 0, 1, 1u);
+    assert_true(r->step_s[0] >= STALL_S);
+    assert_true(r->summary->iteration_s == r->step_s[0]);
+    ps_exec_result_free(r);
+    /* a negative warm-up is refused */
+    ps_exec_options o = ps_exec_options_default();
+    o.warmup_steps = -1;
+    ps_exec_result *none = NULL;
+    int slots[8];
+    for (int d = 0; d < 8; d++)
+        slots[d] = ps_exec_timing_slots(set, d);
+    ps_backend *b = NULL;
+    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
+    assert_int_equal(ps_exec_run(set, b, &o, &none, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "warm-up steps must be at least 0"));
+    assert_null(none);
     b->ops->destroy(b);
     ps_program_set_free(set);
     ps_plan_model_free(m);
@@ -1663,6 +1810,7 @@ int main(void)
         cmocka_unit_test(test_accumulate_in_place),
         cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_common_time_origin),
+        cmocka_unit_test(test_warmup_and_medians),
         cmocka_unit_test(test_cpu_block_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

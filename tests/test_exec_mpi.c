@@ -64,7 +64,8 @@ static int sh(char **out, const char *fmt, ...)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The "step N: loss X" lines of an exec run, concatenated. */
+/* The "step N: loss X" lines of an exec run, concatenated, without the
+ * step's time at their end (" (T ms)"). */
 static void loss_lines(const char *out, char *dst, size_t size)
 {
     dst[0] = '\0';
@@ -74,6 +75,11 @@ static void loss_lines(const char *out, char *dst, size_t size)
             continue;
         const char *e = strchr(p, '\n');
         size_t n = e != NULL ? (size_t)(e - p) : strlen(p);
+        for (size_t k = n; k > 0; k--)
+            if (p[k - 1] == '(') { /* the time */
+                n = k > 1 ? k - 2 : 0;
+                break;
+            }
         if (used + n + 2 < size) {
             memcpy(dst + used, p, n);
             used += n;

@@ -349,6 +349,45 @@ static void test_fp16_overflow_skips(void **state)
     ps_cluster_free(c);
 }
 
+/* Warm-up steps leave the loss scale where it starts: fp16 from 2^40 skips
+ * its first steps whatever steps ran before, and after 3 warm-up steps (which
+ * overflow too) 6 steps give the scales, skips, losses and parameters of 6
+ * steps without warm-up, bit for bit. */
+static void test_warmup_restarts_the_scale(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    cfg.dtype = PS_DTYPE_F16;
+    ps_train_options t = dynamic_options(0x1p40, 1000);
+    ps_plan *p = plan_trained(&cfg, M_UNIFORM, false, c, &t);
+    run r[2];
+    for (int k = 0; k < 2; k++) {
+        ps_exec_options o = ps_exec_options_default();
+        o.steps = 6;
+        o.warmup_steps = k == 0 ? 0 : 3;
+        o.keep_params = true;
+        o.seed = 5;
+        ps_error err = {0};
+        if (run_plan_adjusted(p, &o, false, NULL, &r[k], &err) != PS_OK)
+            fail_msg("warm-up %d: %s", o.warmup_steps, err.msg);
+    }
+    assert_true(r[0].r->skipped[0]); /* 2^40 overflows: the warm-up steps did too */
+    for (int s = 0; s < 6; s++)
+        if (r[1].r->loss_scale[s] != r[0].r->loss_scale[s] ||
+            r[1].r->skipped[s] != r[0].r->skipped[s])
+            fail_msg("step %d after warm-up: scale %g%s, without %g%s", s + 1,
+                     r[1].r->loss_scale[s], r[1].r->skipped[s] ? " (skipped)" : "",
+                     r[0].r->loss_scale[s], r[0].r->skipped[s] ? " (skipped)" : "");
+    expect_same_losses(&r[1], &r[0], 6, "after warm-up");
+    expect_same_params(&r[1], &r[0], 1, NULL, "after warm-up");
+    run_free(&r[0]);
+    run_free(&r[1]);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 /* ---- overflows injected into the vote ---- */
 
 static ps_backend_ops inject_ops;
@@ -451,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_vote_in_programs),
         cmocka_unit_test(test_dynamic_exact_in_fp32),
         cmocka_unit_test(test_fp16_overflow_skips),
+        cmocka_unit_test(test_warmup_restarts_the_scale),
         cmocka_unit_test(test_one_device_skips_all),
         cmocka_unit_test(test_overflow_at_floor_stops),
     };
