@@ -452,7 +452,9 @@ int ps_cmd_exec(int argc, char **argv)
             if (set->loss_scale_window > 0)
                 printf(" at loss scale %g%s", r->loss_scale[s],
                        r->skipped[s] ? ": a gradient overflowed, update skipped" : "");
-            printf(" (%.4g ms)\n", r->step_s[s] * 1e3);
+            if (r->step_s[s] > 0) /* the kept steps: the last PS_EXEC_TIMES_KEPT */
+                printf(" (%.4g ms)", r->step_s[s] * 1e3);
+            printf("\n");
         }
         int nh = ps_hosts_count(hosts);
         printf("run           %.3g s wall, %d steps on the %s backend", r->wall_s, r->steps,

@@ -948,6 +948,14 @@ int ps_exec_timing_slots(const ps_program_set *s, int device)
 static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
                              double *dur, ps_error *err);
 
+/* Steps whose times a device keeps: the last ones, at most
+ * o->times_kept (a ring indexed by step). */
+static int times_kept(const ps_exec_options *o)
+{
+    int most = o->times_kept > 0 ? o->times_kept : PS_EXEC_TIMES_KEPT;
+    return o->steps < most ? o->steps : most;
+}
+
 /* The step's times: its phases from the kernel runs, compute and
  * communication from every event. */
 static ps_status measure_step(device_state *d, step_times *t)
@@ -995,7 +1003,7 @@ static ps_status run_step(device_state *d, double origin_s)
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
     d->iteration_s += d->start_s;
     if (!d->warming)
-        PS_TRY_RET(measure_step(d, &d->times[d->step - 1]));
+        PS_TRY_RET(measure_step(d, &d->times[(d->step - 1) % times_kept(rt->opt)]));
     if (d->voted) {
         int s = d->step - 1;
         if (!d->warming) {
@@ -1092,7 +1100,8 @@ static void *device_main(void *arg)
 
 /* What a device measured, as plain data: the process of rank 0 assembles
  * the summary and the trace from every host's reports. A head is followed
- * by its n_steps step_times, then by its n_events events (the last step's). */
+ * by the step_times of the run's last n_steps steps, in step order, then by
+ * its n_events events (the last step's). */
 typedef struct report_head {
     int32_t device, n_events, n_steps, pad;
     double peak_bytes;
@@ -1135,11 +1144,11 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
 {
     const ps_program_set *s = rt->set;
     bool events = rt->opt->trace_path != NULL;
-    int steps = rt->opt->steps;
+    int kept = times_kept(rt->opt), first = rt->opt->steps - kept; /* 0-based */
     size_t total = 0;
     for (int i = 0; i < s->n_devices; i++)
         if (ps_hosts_is_local(rt->hosts, i))
-            total += sizeof(report_head) + (size_t)steps * sizeof(step_times) +
+            total += sizeof(report_head) + (size_t)kept * sizeof(step_times) +
                      (events ? (size_t)rt->dev[i].n_events * sizeof(report_event) : 0);
     char *buf = calloc(total > 0 ? total : 1, 1);
     if (buf == NULL)
@@ -1152,11 +1161,13 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
         report_head *h = (report_head *)p;
         h->device = i;
         h->n_events = events ? d->n_events : 0;
-        h->n_steps = steps;
+        h->n_steps = kept;
         h->peak_bytes = (double)rt->b->ops->peak_bytes(rt->b, i);
         p += sizeof *h;
-        memcpy(p, d->times, (size_t)steps * sizeof(step_times));
-        p += (size_t)steps * sizeof(step_times);
+        for (int k = 0; k < kept; k++) /* the ring, in step order */
+            memcpy(p + (size_t)k * sizeof(step_times), &d->times[(first + k) % kept],
+                   sizeof(step_times));
+        p += (size_t)kept * sizeof(step_times);
         report_event *ev = (report_event *)p;
         for (int j = 0; j < h->n_events; j++) {
             const exec_event *e = &d->events[j];
@@ -1182,22 +1193,23 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
     *bytes = total;
     return PS_OK;
 }
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* The median of v[0..n-1] (reordered); 0 when n is 0. */
 static double median(double *v, int n)
 {
     if (n == 0)
         return 0;
-    for (int i = 1; i < n; i++) /* a handful of steps: insertion sort */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* The summary (medians over the steps) and the timeline (the last step), on
- * rank 0, from every process's reports. */
+/* The summary (medians over the kept steps) and the timeline (the last
+ * step), on rank 0, from every process's reports. */
 static ps_status summarize(runtime *rt, ps_error *err)
 {
     const ps_program_set *s = rt->set;
@@ -1224,7 +1236,7 @@ static ps_status summarize(runtime *rt, ps_error *err)
         total += sizes[h];
     free(sizes);
 
-    int steps = rt->opt->steps;
+    int steps = times_kept(rt->opt), first = rt->opt->steps - steps; /* 0-based */
     ps_summary *sum = NULL;
     ps_trace_writer *tw = NULL;
     double *vals = NULL;
@@ -1273,7 +1285,7 @@ static ps_status summarize(runtime *rt, ps_error *err)
         double t = 0;
         for (int i = 0; i < s->n_devices; i++)
             t = fmax(t, TIMES(i)[k].iteration_s);
-        rt->result->step_s[k] = vals[k] = t;
+        rt->result->step_s[first + k] = vals[k] = t;
     }
     sum->iteration_s = median(vals, steps);
     for (int i = 0; i < s->n_devices; i++) {
@@ -1518,7 +1530,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
         d->kept = calloc((size_t)(s->n_buffers > 0 ? s->n_buffers : 1), sizeof *d->kept);
         d->loss_mb = calloc((size_t)rt.M, sizeof *d->loss_mb);
-        d->times = calloc((size_t)o->steps, sizeof *d->times);
+        d->times = calloc((size_t)times_kept(o), sizeof *d->times);
         if (d->inst == NULL || d->written == NULL || d->kept == NULL || d->loss_mb == NULL ||
             d->times == NULL) {
             st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");

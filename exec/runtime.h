@@ -22,10 +22,17 @@
 #include "exec/hosts.h"
 #include "traces/summary.h"
 
+/* Steps whose times the runtime keeps per device by default (the last
+ * ones): the summary's medians are over them; memory stays bounded in long
+ * runs. */
+#define PS_EXEC_TIMES_KEPT 1000
+
 typedef struct ps_exec_options {
     uint64_t seed;           /* parameters and data */
-    int steps;               /* training steps (>= 1); the summary: medians over them;
-                              * the trace: the last */
+    int steps;               /* training steps (>= 1); the summary: medians over them
+                              * (the last times_kept); the trace: the last */
+    int times_kept;          /* steps whose times are kept, the last ones (0:
+                              * PS_EXEC_TIMES_KEPT) */
     /* Steps run first and not timed (>= 0): the first step faults in its
      * activations' memory and fills the backends' caches. Parameters,
      * optimizer state and the loss scale then start again from their initial
@@ -80,7 +87,8 @@ typedef struct ps_exec_result {
     bool *skipped;           /* [steps] */
     ps_summary *summary;     /* measured: each time the median over the steps */
     double *step_s;          /* [steps]: each step's time, from its start to the end of
-                              * its last device (rank 0; 0 elsewhere) */
+                              * its last device (rank 0; 0 elsewhere, and for steps
+                              * before the kept ones) */
     int n_tensors;           /* of the step graph */
     float **params;          /* [n_tensors]: whole PARAM tensors after the run (keep_params), or NULL */
     float **grads;           /* [n_tensors]: by PARAM tensor, the gradient the last update read */

@@ -1141,6 +1141,43 @@ static void test_warmup_and_medians(void **state)
     ps_cluster_free(c);
 }
 
+static int cmp_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A run longer than the steps whose times are kept (PS_EXEC_TIMES_KEPT
+ * unless set) keeps its last ones only: the summary's iteration is their
+ * median, the steps before them have no time. */
+static void test_times_kept(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("mlp", &cfg);
+    ps_plan *p = plan_of(&cfg, M_DATA, false, c);
+    ps_exec_options o = ps_exec_options_default();
+    enum { KEPT = 4 };
+    o.times_kept = KEPT;
+    o.steps = KEPT + 2;
+    run a;
+    ps_error err = {0};
+    if (run_plan(p, &o, &a, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(a.r->step_s[0] == 0 && a.r->step_s[1] == 0);
+    double kept[KEPT];
+    for (int k = 0; k < KEPT; k++) {
+        kept[k] = a.r->step_s[2 + k];
+        assert_true(kept[k] > 0);
+    }
+    qsort(kept, KEPT, sizeof *kept, cmp_doubles);
+    assert_true(a.r->summary->iteration_s == 0.5 * (kept[KEPT / 2 - 1] + kept[KEPT / 2]));
+    run_free(&a);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 /* Random boxes of every input and parameter of a small Wide-ResNet, GPT and
  * MLP (ranks 1 to 4, integer ids, the teacher's targets): each box's fill is
  * the whole tensor's fill at the box's global coordinates, element by element. */
@@ -1811,6 +1848,7 @@ int main(void)
         cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_common_time_origin),
         cmocka_unit_test(test_warmup_and_medians),
+        cmocka_unit_test(test_times_kept),
         cmocka_unit_test(test_cpu_block_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
