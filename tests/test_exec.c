@@ -850,6 +850,14 @@ static ps_status late_mark(ps_backend *b, int device, int slot, ps_error *err)
     return punctual_ops->mark(b, device, slot, err);
 }
 
+static void make_late(ps_backend *b)
+{
+    punctual_ops = b->ops;
+    late_ops = *b->ops;
+    late_ops.mark = late_mark;
+    b->ops = &late_ops;
+}
+
 typedef struct span {
     double t0, t1; /* µs */
 } span;
@@ -886,21 +894,6 @@ static void test_common_time_origin(void **state)
     ps_model_config cfg;
     small_config("gpt-350m", &cfg);
     ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
-    ps_plan_model *m = NULL;
-    ps_program_set *set = NULL;
-    ps_error err = {0};
-    ps_lower_options lo = ps_lower_options_default();
-    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
-    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_OK);
-    int slots[8];
-    for (int d = 0; d < 8; d++)
-        slots[d] = ps_exec_timing_slots(set, d);
-    ps_backend *b = NULL;
-    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
-    punctual_ops = b->ops;
-    late_ops = *b->ops;
-    late_ops.mark = late_mark;
-    b->ops = &late_ops;
     char path[] = "/tmp/ps_test_exec_origin_XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -909,9 +902,12 @@ static void test_common_time_origin(void **state)
     o.trace_path = path;
     o.devices_per_node = 8;
     o.steps = 2;
-    ps_exec_result *r = NULL;
-    if (ps_exec_run(set, b, &o, &r, &err) != PS_OK)
+    run a;
+    ps_error err = {0};
+    if (run_plan_adjusted(p, &o, false, make_late, &a, &err) != PS_OK)
         fail_msg("%s", err.msg);
+    const ps_exec_result *r = a.r;
+    const ps_program_set *set = a.set;
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     if (j == NULL)
@@ -985,11 +981,7 @@ static void test_common_time_origin(void **state)
     assert_true(pairs > 8 && collectives > 8);
     json_decref(j);
     remove(path);
-    ps_exec_result_free(r);
-    b->ops = punctual_ops;
-    b->ops->destroy(b);
-    ps_program_set_free(set);
-    ps_plan_model_free(m);
+    run_free(&a);
     ps_plan_free(p);
     ps_cluster_free(c);
 }
@@ -1025,20 +1017,17 @@ static ps_status stalling_op(ps_backend *b, int device, const ps_op *op, const p
     return steady_ops->op(b, device, op, in, out, ctx, err);
 }
 
-static ps_exec_result *run_stalled(const ps_program_set *set, int warmup, int steps,
-                                   unsigned stalls)
+static void make_stalling(ps_backend *b)
 {
-    int slots[8];
-    for (int d = 0; d < 8; d++)
-        slots[d] = ps_exec_timing_slots(set, d);
-    ps_backend *b = NULL;
-    ps_error err = {0};
-    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
     steady_ops = b->ops;
     stalling_ops = *b->ops;
     stalling_ops.mark = counting_mark;
     stalling_ops.op = stalling_op;
     b->ops = &stalling_ops;
+}
+
+static void run_stalled(const ps_plan *p, int warmup, int steps, unsigned stalls, run *out)
+{
     memset(stall_step_of, 0, sizeof stall_step_of);
     stall_steps = stalls;
     stalled_in = 0;
@@ -1046,12 +1035,9 @@ static ps_exec_result *run_stalled(const ps_program_set *set, int warmup, int st
     o.warmup_steps = warmup;
     o.steps = steps;
     o.keep_params = true;
-    ps_exec_result *r = NULL;
-    if (ps_exec_run(set, b, &o, &r, &err) != PS_OK)
+    ps_error err = {0};
+    if (run_plan_adjusted(p, &o, false, make_stalling, out, &err) != PS_OK)
         fail_msg("%s", err.msg);
-    b->ops = steady_ops;
-    b->ops->destroy(b);
-    return r;
 }
 
 /* Warm-up steps leave the run's numbers alone: two of them (the first
@@ -1067,15 +1053,11 @@ static void test_warmup_and_medians(void **state)
     ps_model_config cfg;
     small_config("gpt-350m", &cfg);
     ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
-    ps_plan_model *m = NULL;
-    ps_program_set *set = NULL;
-    ps_error err = {0};
-    ps_lower_options lo = ps_lower_options_default();
-    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
-    assert_int_equal(ps_plan_lower(p, m, &lo, &set, &err), PS_OK);
-
-    ps_exec_result *quiet = run_stalled(set, 0, 3, 0);
-    ps_exec_result *r = run_stalled(set, 2, 3, 1u | 16u); /* warm-up 1, step 3 */
+    run qa, ra;
+    run_stalled(p, 0, 3, 0, &qa);
+    run_stalled(p, 2, 3, 1u | 16u, &ra); /* warm-up 1, step 3 */
+    const ps_exec_result *quiet = qa.r, *r = ra.r;
+    const ps_program_set *set = ra.set;
     assert_int_equal(r->steps, 3);
     for (int k = 0; k < 3; k++)
         if (memcmp(&r->loss[k], &quiet->loss[k], sizeof(double)) != 0)
@@ -1115,28 +1097,21 @@ static void test_warmup_and_medians(void **state)
         fail_msg("stage 0's forward: %.2f ms, without stalls %.2f ms: a stalled step (+%.2f "
                  "ms) counts",
                  a_s * 1e3, q_s * 1e3, shift_s * 1e3);
-    ps_exec_result_free(r);
-    ps_exec_result_free(quiet);
+    run_free(&ra);
+    run_free(&qa);
     /* one step: timed as it is, stall included */
-    r = run_stalled(set, 0, 1, 1u);
-    assert_true(r->step_s[0] >= STALL_S);
-    assert_true(r->summary->iteration_s == r->step_s[0]);
-    ps_exec_result_free(r);
+    run_stalled(p, 0, 1, 1u, &ra);
+    assert_true(ra.r->step_s[0] >= STALL_S);
+    assert_true(ra.r->summary->iteration_s == ra.r->step_s[0]);
+    run_free(&ra);
     /* a negative warm-up is refused */
     ps_exec_options o = ps_exec_options_default();
     o.warmup_steps = -1;
-    ps_exec_result *none = NULL;
-    int slots[8];
-    for (int d = 0; d < 8; d++)
-        slots[d] = ps_exec_timing_slots(set, d);
-    ps_backend *b = NULL;
-    assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
-    assert_int_equal(ps_exec_run(set, b, &o, &none, &err), PS_ERR_INVALID);
+    ps_error err = {0};
+    assert_int_equal(run_plan(p, &o, &ra, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "warm-up steps must be at least 0"));
-    assert_null(none);
-    b->ops->destroy(b);
-    ps_program_set_free(set);
-    ps_plan_model_free(m);
+    assert_null(ra.r);
+    run_free(&ra);
     ps_plan_free(p);
     ps_cluster_free(c);
 }
