@@ -107,6 +107,10 @@ static void print_cluster(const ps_cluster *c)
     if (c->shared_cores_per_node > 0)
         printf("shared cores  %d per node: computes take up to %.3gx as long\n",
                c->shared_cores_per_node, ps_cluster_compute_share(c));
+    if (c->scheduler_slice_s > 0)
+        printf("scheduler     a %.3g ms slice: devices meeting while others compute wait "
+               "for it\n",
+               c->scheduler_slice_s * 1e3);
 }
 
 int ps_cmd_clusters(int argc, char **argv)

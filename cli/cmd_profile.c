@@ -14,6 +14,7 @@
 #include "core/profile_cluster.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
+#include "exec/cpu/sched_slice.h"
 #include "exec/profile.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
@@ -342,6 +343,9 @@ static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         h.shared_cores = usable_cores();
         h.memory_bytes = pages > 0 && page > 0 ? (double)pages * (double)page / b->n_devices : 0;
+        /* more device threads than cores: how long each keeps a core */
+        if (b->n_devices > h.shared_cores)
+            PS_TRY(ps_measure_scheduler_slice(b->n_devices, 0.3, &h.scheduler_slice_s, err));
     }
     if (!(h.memory_bytes > 0))
         return ps_error_set(err, PS_ERR_IO, "%s: cannot read the devices' memory size", path);

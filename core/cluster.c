@@ -155,6 +155,7 @@ ps_status ps_cluster_clone(const ps_cluster *c, ps_cluster **out)
     copy->intra = c->intra;
     copy->inter = c->inter;
     copy->shared_cores_per_node = c->shared_cores_per_node;
+    copy->scheduler_slice_s = c->scheduler_slice_s;
     copy->profile = c->profile;
     *out = copy;
     copy = NULL;
@@ -252,6 +253,15 @@ ps_status ps_cluster_validate(const ps_cluster *c, ps_error *err)
                             "cluster \"%s\": shared_cores_per_node must be 1 to %d, or 0 for "
                             "none (found %d)",
                             c->name, PS_CLUSTER_MAX_DEVICES, c->shared_cores_per_node);
+    if (!(c->scheduler_slice_s >= 0 && c->scheduler_slice_s <= PS_CLUSTER_MAX_SLICE_S))
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cluster \"%s\": scheduler_slice_s must be 0 to %g s (found %g)",
+                            c->name, PS_CLUSTER_MAX_SLICE_S, c->scheduler_slice_s);
+    if (c->scheduler_slice_s > 0 && c->shared_cores_per_node == 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cluster \"%s\": scheduler_slice_s is for devices that share "
+                            "cores: it needs shared_cores_per_node",
+                            c->name);
     return PS_OK;
 }
 
@@ -294,7 +304,8 @@ bool ps_cluster_equal(const ps_cluster *a, const ps_cluster *b)
            a->inter.nics_per_node == b->inter.nics_per_node &&
            a->inter.nic_bandwidth_bytes_per_s == b->inter.nic_bandwidth_bytes_per_s &&
            a->inter.latency_s == b->inter.latency_s &&
-           a->shared_cores_per_node == b->shared_cores_per_node;
+           a->shared_cores_per_node == b->shared_cores_per_node &&
+           a->scheduler_slice_s == b->scheduler_slice_s;
 }
 
 /* ---- reading JSON ------------------------------------------------------ */
@@ -579,7 +590,7 @@ out:
 static const char *const full_keys[] = {"name",       "nodes",        "devices_per_node",
                                         "device",     "device_kinds", "overrides",
                                         "intra_node", "inter_node",   "shared_cores_per_node",
-                                        NULL};
+                                        "scheduler_slice_s", NULL};
 static const char *const preset_keys[] = {"preset", "name", "device_kinds", "overrides", NULL};
 
 static ps_status from_preset_json(const ps_jv *root, ps_cluster **out, ps_error *err)
@@ -641,6 +652,16 @@ static ps_status from_full_json(const ps_jv *root, ps_cluster **out, ps_error *e
     if (ps_jv_has(root, "shared_cores_per_node"))
         PS_TRY(read_count(root, "shared_cores_per_node", PS_CLUSTER_MAX_DEVICES,
                           &c->shared_cores_per_node, err));
+    if (ps_jv_has(root, "scheduler_slice_s")) {
+        ps_jv v;
+        PS_TRY(ps_jv_member(root, "scheduler_slice_s", &v, err));
+        PS_TRY(ps_jv_double(&v, 0, PS_CLUSTER_MAX_SLICE_S, &c->scheduler_slice_s, err));
+        if (c->scheduler_slice_s > 0 && c->shared_cores_per_node == 0) {
+            st = ps_jv_fail(&v, err, PS_ERR_INVALID,
+                            "is for devices that share cores: it needs shared_cores_per_node");
+            goto out;
+        }
+    }
     *out = c;
     c = NULL;
 out:
@@ -808,6 +829,8 @@ ps_status ps_cluster_to_json(const ps_cluster *c, json_t **out)
     PS_TRY(ps_json_set(root, "inter_node", inter_json(&c->inter)));
     if (c->shared_cores_per_node > 0) /* absent: none, so older files read the same */
         PS_TRY(ps_json_set(root, "shared_cores_per_node", json_integer(c->shared_cores_per_node)));
+    if (c->scheduler_slice_s > 0)
+        PS_TRY(ps_json_set(root, "scheduler_slice_s", json_real(c->scheduler_slice_s)));
     *out = root;
     root = NULL;
 out:

@@ -65,6 +65,13 @@ typedef struct ps_cluster {
      * n of them compute, each runs at min(1, cores / n) of its speed
      * (ps_cluster_compute_share; docs/cluster-format.md). */
     int shared_cores_per_node;
+    /* With shared cores: how long a device thread computes before the
+     * scheduler gives its core to another (seconds; 0: not modeled). Devices
+     * that meet at a collective or a transfer while others compute lose
+     * about a slice whenever one of them is preempted between the meetings
+     * (the simulator's lockstep delay, docs/simulator.md); pipeshard
+     * profile --cluster-out measures it. */
+    double scheduler_slice_s;
     /* Measured times the cost model uses instead of its analytic defaults
      * (core/profile_db.h); borrowed, NULL = none. Set by the caller that
      * loaded the DB (pipeshard plan --profile-db); clones share it; files,
@@ -77,6 +84,8 @@ extern const char *const ps_inter_topology_names[PS_INTER_TOPOLOGY_COUNT];
 
 /* Largest cluster accepted (devices), so that sizes stay within int. */
 #define PS_CLUSTER_MAX_DEVICES (1 << 20)
+/* Longest scheduler slice accepted (seconds). */
+#define PS_CLUSTER_MAX_SLICE_S 1.0
 
 static inline int ps_cluster_device_count(const ps_cluster *c)
 {

@@ -58,6 +58,7 @@ ps_status ps_profile_db_host_cluster(const ps_profile_db *db, const ps_profile_h
     if (st != PS_OK)
         return st;
     c->shared_cores_per_node = host->shared_cores;
+    c->scheduler_slice_s = host->shared_cores > 0 ? host->scheduler_slice_s : 0;
     st = ps_cluster_validate(c, err);
     if (st != PS_OK) {
         ps_cluster_free(c);

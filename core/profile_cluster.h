@@ -12,6 +12,7 @@ typedef struct ps_profile_host {
     const char *name;    /* the cluster's name, 1 to 63 characters */
     int devices;         /* devices of the node */
     int shared_cores;    /* cores they share (shared_cores_per_node); 0: none */
+    double scheduler_slice_s; /* with shared cores: the scheduler's slice (0: none) */
     double memory_bytes; /* per device */
 } ps_profile_host;
 

@@ -86,6 +86,11 @@ typedef struct sim_actor {
     int device;
     double speed_flops_per_s;
     sg_host_t cpu; /* where its computes run: its node's shared cores; NULL: its own host */
+    /* shared cores with a scheduler slice (lockstep_delay): alone-seconds
+     * computed since its last synchronization, and whether it is blocked
+     * (in a receive or a collective, or done) */
+    double since_sync_s;
+    bool blocked;
     /* Virtual time: where the program is, at or after the SimGrid clock.
      * What lies between them is run as one execution before the device
      * next meets another (flush_compute): the computes since the last
@@ -355,6 +360,7 @@ static void flush_compute(sim_actor *a)
             sg_actor_sleep_for(delay_s);
             a->events++;
         }
+        a->since_sync_s += compute_s;
         if (compute_s > 0) {
             double c0 = simgrid_get_clock();
             sg_exec_t e = sg_actor_exec_init(compute_s * sg_host_get_speed(a->cpu));
@@ -497,6 +503,57 @@ static bool do_send(sim_actor *a, const ps_instr *in)
     return true;
 }
 
+/* ---- lockstep on shared cores ---- */
+
+/* Devices that meet (a collective's members, a transfer's two ends) on a
+ * node whose runnable threads outnumber its cores do not run side by side at
+ * their fair share, as processor sharing has it: each runs for a slice of
+ * the scheduler, then waits while other threads run, and the meeting waits
+ * for whichever member was preempted. After a span of w alone-seconds a
+ * member was preempted with probability p = min(1, w / slice), and getting
+ * its core back takes about a slice (less when fewer other threads than
+ * cores compete). So after a meeting of g devices each member waits
+ * slice * min(1, other / cores) * (1 - (1 - p)^g), `other` counting the
+ * node's runnable devices outside the meeting. Measured against the CPU
+ * backend in docs/simulator.md. */
+static bool is_member(const ps_group *gr, int device)
+{
+    for (int i = 0; i < gr->n; i++)
+        if (gr->devices[i] == device)
+            return true;
+    return false;
+}
+
+/* Whether device d of the node meets with a: a member of group gr, the
+ * transfer's peer, or (stage >= 0: a collective over the whole mesh) a
+ * device of that stage. */
+static bool meets(const sim_actor *a, int d, const ps_group *gr, int peer, int stage)
+{
+    return d == a->device || d == peer || (gr != NULL && is_member(gr, d)) ||
+           (stage >= 0 && a->ctx->set->programs[d].stage == stage);
+}
+
+/* After a meeting of g devices (see meets). */
+static void lockstep_delay(sim_actor *a, const ps_group *gr, int peer, int stage, int g)
+{
+    const ps_cluster *c = a->ctx->c;
+    double slice = c->scheduler_slice_s, w = a->since_sync_s;
+    a->since_sync_s = 0;
+    if (a->cpu == NULL || !(slice > 0) || g < 2)
+        return;
+    int node = a->device / c->devices_per_node, first = node * c->devices_per_node;
+    int other = 0;
+    for (int d = first; d < first + c->devices_per_node && d < a->ctx->set->n_devices; d++) {
+        if (!a->ctx->actors[d].blocked && !meets(a, d, gr, peer, stage))
+            other++;
+    }
+    double cores = c->shared_cores_per_node;
+    if (other == 0 || other + g <= cores)
+        return; /* the meeting's members have cores of their own */
+    double p = w < slice ? w / slice : 1;
+    defer_comm(a, slice * fmin(1, other / cores) * (1 - pow(1 - p, g)));
+}
+
 static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
 {
     flush_compute(a);
@@ -509,13 +566,16 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     double t0 = simgrid_get_clock();
     a->waiting = WAIT_RECV;
     a->wait_peer = in->peer;
+    a->blocked = true;
     void *payload = sg_mailbox_get(box);
+    a->blocked = false;
     a->waiting = WAIT_NONE;
     a->ctx->actors[in->peer].unreceived--;
     note_received(a, in->peer, SENT_P2P);
     sync_clock(a);
     double t1 = simgrid_get_clock(), posted = unstamp(payload);
     account_wait(a, t0, t1, posted);
+    lockstep_delay(a, NULL, in->peer, -1, 2);
     if (a->ctx->trace) {
         char name[48];
         snprintf(name, sizeof name, "recv from %d", in->peer);
@@ -770,6 +830,11 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
     double S = in->bytes;
     bool ok = true;
     double t0 = -1; /* set by the first ring that moves bytes */
+    bool lockstep = a->cpu != NULL && a->ctx->c->scheduler_slice_s > 0;
+    if (lockstep) {
+        flush_compute(a); /* what it computed before the meeting, then it waits */
+        a->blocked = true;
+    }
     if (in->axis == PS_MESH_AXES) {
         /* the whole mesh, hierarchically as the cost model charges it:
          * axis 1 on the full size, axis 0 on what is left per device */
@@ -802,6 +867,16 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
          * wait for each other even where node collectives are closed forms */
         ok = ring_of(a, kind, ps_instr_group(set, p, in), S, &t0,
                      !(in->flags & PS_INSTR_FINITE_VOTE));
+    }
+    a->blocked = false;
+    if (ok && lockstep && in->axis == PS_MESH_AXES && p->stage >= 0 &&
+        p->stage < set->n_stages) {
+        const int *mesh = set->stages[p->stage].mesh; /* the whole mesh: the stage */
+        lockstep_delay(a, NULL, -1, p->stage, mesh[0] * mesh[1]);
+    } else if (ok && lockstep) {
+        int g = ps_instr_group(set, p, in);
+        if (g >= 0 && g < set->n_groups)
+            lockstep_delay(a, &set->groups[g], -1, -1, set->groups[g].n);
     }
     if (ok && a->ctx->trace && t0 >= 0) {
         char name[64];
@@ -930,6 +1005,7 @@ static void actor_main(int argc, char **argv)
             return;
     }
     flush_compute(a);
+    a->blocked = true; /* done: it computes no more */
     a->end_s = simgrid_get_clock();
     a->waiting = WAIT_SENDS;
     release_sends(a, true);
