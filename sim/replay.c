@@ -1233,8 +1233,10 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         a->pc = 0;
         a->kpc = -1;
         a->cur_phase = a->cur_mb = -1;
-        if (s->programs[d].n_instrs == 0)
+        if (s->programs[d].n_instrs == 0) {
+            a->blocked = true; /* never runs */
             continue;
+        }
         a->prog = &s->programs[d];
         a->speed_flops_per_s = sg_host_get_speed(ctx.hosts[d]);
         if (ctx.node_cpus != NULL)

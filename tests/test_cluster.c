@@ -495,6 +495,47 @@ static void test_shared_cores(void **state)
     /* a preset's shape is the preset's */
     expect_text_error("{\"preset\": \"dgx-a100\", \"shared_cores_per_node\": 2}",
                       "shared_cores_per_node");
+    /* the scheduler's slice: with shared cores only, 0 to 1 s, absent when 0 */
+    snprintf(text, sizeof text, "%s, \"shared_cores_per_node\": 2, \"scheduler_slice_s\": 0.003}",
+             head);
+    c = from_text_ok(text);
+    assert_true(c->scheduler_slice_s == 0.003);
+    check_file_round_trip(c);
+    check_text_round_trip(c);
+    ps_cluster *copy = NULL;
+    assert_int_equal(ps_cluster_clone(c, &copy), PS_OK);
+    assert_true(ps_cluster_equal(c, copy));
+    copy->scheduler_slice_s = 0.002;
+    assert_false(ps_cluster_equal(c, copy));
+    copy->scheduler_slice_s = 2;
+    ps_error e1 = {0}, e2 = {0};
+    assert_int_equal(ps_cluster_validate(copy, &e1), PS_ERR_INVALID);
+    assert_non_null(strstr(e1.msg, "scheduler_slice_s must be 0 to 1 s (found 2)"));
+    copy->scheduler_slice_s = 0.003;
+    copy->shared_cores_per_node = 0;
+    assert_int_equal(ps_cluster_validate(copy, &e2), PS_ERR_INVALID);
+    assert_non_null(strstr(e2.msg, "it needs shared_cores_per_node"));
+    ps_cluster_free(copy);
+    c->scheduler_slice_s = 0;
+    assert_int_equal(ps_cluster_to_json(c, &j), PS_OK);
+    assert_null(json_object_get(j, "scheduler_slice_s"));
+    json_decref(j);
+    ps_cluster_free(c);
+    const struct {
+        const char *rest, *want;
+    } bad_slice[] = {
+        {"\"shared_cores_per_node\": 2, \"scheduler_slice_s\": -0.001", "scheduler_slice_s"},
+        {"\"shared_cores_per_node\": 2, \"scheduler_slice_s\": 1.5", "scheduler_slice_s"},
+        {"\"shared_cores_per_node\": 2, \"scheduler_slice_s\": \"3ms\"", "scheduler_slice_s"},
+        {"\"scheduler_slice_s\": 0.003",
+         "scheduler_slice_s: is for devices that share cores: it needs shared_cores_per_node"},
+    };
+    for (size_t i = 0; i < sizeof bad_slice / sizeof *bad_slice; i++) {
+        snprintf(text, sizeof text, "%s, %s}", head, bad_slice[i].rest);
+        expect_text_error(text, bad_slice[i].want);
+    }
+    expect_text_error("{\"preset\": \"dgx-a100\", \"scheduler_slice_s\": 0.003}",
+                      "scheduler_slice_s");
 }
 
 static void test_bad_files(void **state)

@@ -4,7 +4,9 @@
  * same predictions), a DB of slower GEMMs (proportionally slower compute),
  * and a quick measurement on the CPU backend (positive, and larger messages
  * cost more; nothing timed against a bound). */
+#define _GNU_SOURCE
 #include <math.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +23,7 @@
 #include "core/profile_cluster.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
+#include "exec/cpu/sched_slice.h"
 #include "exec/profile.h"
 #ifdef PS_HAVE_CUDA
 #include "exec/cuda/cuda_ops.h"
@@ -1764,6 +1767,27 @@ static void expect_host_error(ps_profile_db *db, const char *want)
 }
 
 /* Closed forms of the derived rates, and a DB that lacks what one needs. */
+/* The scheduler's slice: busy threads outnumbering the usable cores are
+ * preempted, every few milliseconds on a general-purpose kernel (a tick is
+ * 1 to 10 ms); the request's limits are checked. */
+static void scheduler_slice(void **state)
+{
+    (void)state;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    double slice = -1;
+    ps_error err = {0};
+    assert_int_equal(ps_measure_scheduler_slice(cores + 2, 0.2, &slice, &err), PS_OK);
+    printf("  %d busy threads on %d cores: slice %.3g ms\n", cores + 2, cores, slice * 1e3);
+    if (!(slice > 1e-4 && slice < 0.1))
+        fail_msg("slice %g s: not a scheduler's", slice);
+    assert_int_equal(ps_measure_scheduler_slice(1, 0.2, &slice, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "2 to 4096 threads"));
+    ps_error e2 = {0};
+    assert_int_equal(ps_measure_scheduler_slice(2, 0, &slice, &e2), PS_ERR_INVALID);
+}
+
 static void host_cluster(void **state)
 {
     (void)state;
@@ -1781,7 +1805,8 @@ static void host_cluster(void **state)
     add_comm(db, PS_PROFILE_SEND_RECV, 2, 1 << 22, 1e-3); /* 4.19e9 B/s: the fastest */
     add_comm(db, PS_PROFILE_ALL_REDUCE, 2, 1 << 22, 1e-4); /* not a link's rate */
     finish(db);
-    ps_profile_host h = {.name = "my-host", .devices = 8, .shared_cores = 2, .memory_bytes = 3e9};
+    ps_profile_host h = {.name = "my-host", .devices = 8, .shared_cores = 2, .memory_bytes = 3e9,
+                         .scheduler_slice_s = 0.003};
     ps_cluster *c = NULL;
     ps_error err = {0};
     if (ps_profile_db_host_cluster(db, &h, &c, &err) != PS_OK)
@@ -1790,6 +1815,7 @@ static void host_cluster(void **state)
     assert_int_equal(c->nodes, 1);
     assert_int_equal(c->devices_per_node, 8);
     assert_int_equal(c->shared_cores_per_node, 2);
+    assert_true(c->scheduler_slice_s == 0.003);
     const ps_device_kind *k = ps_cluster_device(c, 7);
     assert_string_equal(k->name, "cpu");
     assert_close(k->peak_flops[PS_DTYPE_F32], 4e9, 1e-12);
@@ -2108,6 +2134,7 @@ int main(void)
         cmocka_unit_test(cpu_graph_convs),
         cmocka_unit_test(cpu_group_sizes),
         cmocka_unit_test(host_cluster),
+        cmocka_unit_test(scheduler_slice),
         cmocka_unit_test(cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1335,6 +1335,72 @@ static void shared_cores_are_processor_sharing(void **state)
     report_worst("shared_cores_are_processor_sharing");
 }
 
+/* Two devices meeting at a collective after each span of w alone-seconds,
+ * on 4 devices sharing 2 cores, while the other two compute throughout:
+ * each span takes 2w (processor sharing), and after each meeting each of
+ * the two waits slice * min(1, 2 / 2) * (1 - (1 - min(1, w / slice))^2),
+ * the lockstep delay. No delay without a slice, with the others done (the
+ * two have a core each), or when all four meet after each span. */
+static void shared_cores_lockstep_delay(void **state)
+{
+    (void)state;
+    const int rounds = 5;
+    const double slice = 3e-3;
+    const struct {
+        double w, slice;
+        bool others_busy, all_meet;
+        double want_compute, want_delay; /* per round, seconds */
+    } cases[] = {
+        {1e-3, slice, true, false, 2e-3, slice * (1 - (2.0 / 3) * (2.0 / 3))},
+        {4e-3, slice, true, false, 8e-3, slice},
+        {1e-3, 0, true, false, 2e-3, 0},
+        {1e-3, slice, false, false, 1e-3, 0},
+        {1e-3, slice, true, true, 2e-3, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        ps_cluster *c = shared_cluster(4, 2, 312e12);
+        c->scheduler_slice_s = cases[k].slice;
+        assert_int_equal(ps_cluster_validate(c, NULL), PS_OK);
+        double share = ps_cluster_compute_share(c);
+        ps_program_set *s = set_make(4, 2);
+        s->micro_batches = 1;
+        stage_set(s, 0, (int[]){0, 1}, 1, 2, 312e12);
+        stage_set(s, 1, (int[]){2, 3}, 1, 2, 312e12);
+        s->stages[0].compute_share = s->stages[1].compute_share = share;
+        int pair = -1, all = -1;
+        assert_int_equal(ps_program_add_group(s, (int[]){0, 1}, 2, &pair), PS_OK);
+        assert_int_equal(ps_program_add_group(s, (int[]){0, 1, 2, 3}, 4, &all), PS_OK);
+        int kw = kernel_make(s, 0, PS_PHASE_FORWARD, cases[k].w * share);
+        int klong = kernel_make(s, 1, PS_PHASE_FORWARD, 1.0 * share); /* 1 s alone */
+        int kw1 = kernel_make(s, 1, PS_PHASE_BACKWARD, cases[k].w * share);
+        int meeting = cases[k].all_meet ? 4 : 2;
+        for (int r = 0; r < rounds; r++)
+            for (int d = 0; d < meeting; d++) {
+                emit(s, d, run_of(d < 2 ? kw : kw1, 0));
+                emit(s, d, coll_group(PS_COLL_ALL_REDUCE, meeting == 4 ? all : pair, 8));
+            }
+        for (int d = 2; d < 4 && meeting == 2; d++)
+            if (cases[k].others_busy)
+                emit(s, d, run_of(klong, 0));
+        ps_summary *sum = simulate(s, c, NULL, NULL);
+        char what[96];
+        for (int d = 0; d < 2; d++) {
+            snprintf(what, sizeof what, "case %zu, device %d: compute", k, d);
+            assert_close(sum->devices[d].compute_s, rounds * cases[k].want_compute, 1e-6, what);
+            snprintf(what, sizeof what, "case %zu, device %d: lockstep delay", k, d);
+            double comm = sum->devices[d].comm_s;
+            if (cases[k].want_delay > 0)
+                assert_close(comm, rounds * cases[k].want_delay, 1e-3, what);
+            else if (!(comm < 1e-6))
+                fail_msg("%s: %g s where none is due", what, comm);
+        }
+        ps_summary_free(sum);
+        ps_program_set_free(s);
+        ps_cluster_free(c);
+    }
+    report_worst("shared_cores_lockstep_delay");
+}
+
 /* A pipeline always has a device ready to compute: on one shared core it
  * takes all of its work, p m (tf + tb), not (m + p - 1)(tf + tb); with a
  * core per device, the usual bubble. */
@@ -1499,6 +1565,7 @@ int main(void)
         cmocka_unit_test(lowered_plans_run),
         cmocka_unit_test(planner_prediction_uncontended),
         cmocka_unit_test(shared_cores_are_processor_sharing),
+        cmocka_unit_test(shared_cores_lockstep_delay),
         cmocka_unit_test(shared_core_pipeline),
         cmocka_unit_test(shared_cores_lowering),
         cmocka_unit_test(smoke_1024_devices),
