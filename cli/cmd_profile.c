@@ -124,7 +124,9 @@ static void help(void)
            "                       add, its links the send-recv entries; cpu: the devices\n"
            "                       share the usable cores (shared_cores_per_node) and the\n"
            "                       physical memory (not with --gemm-all-devices, whose\n"
-           "                       times already include that sharing)\n"
+           "                       times already include that sharing); with more devices\n"
+           "                       than cores, also the scheduler's slice\n"
+           "                       (scheduler_slice_s, 0.3 s of busy threads)\n"
            "  -o, --output DB.json where to write the DB (required)\n"
            "  -h, --help           this help\n");
 }
