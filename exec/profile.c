@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/median.h"
 
 /* Upper bound of back-to-back calls in one repetition (tiny messages). */
 #define MAX_ITERS 1000
@@ -176,12 +177,6 @@ static ps_status run_threads(shared *s, int n, ps_status (*fn)(shared *, int, ps
     return PS_OK;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median over repetitions of the slowest rank's time per call. */
 static double slowest_median(const shared *s, int n)
 {
@@ -192,8 +187,7 @@ static double slowest_median(const shared *s, int n)
         for (int r = 0; r < n; r++)
             v[k] = fmax(v[k], s->times[r * reps + k]);
     }
-    qsort(v, (size_t)reps, sizeof *v, cmp_double);
-    return reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
+    return ps_median(v, reps);
 }
 
 /* After each rank's warm-up: rank 0 picks the calls per repetition from the

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "core/median.h"
 #include "exec/box.h"
 #include "exec/data.h"
 #include "exec/half.h"
@@ -75,7 +76,6 @@ typedef struct device_state {
      * (its events, its end) counts from that origin, so that the devices of
      * a host share one clock in the timeline. */
     double start_s;
-    double iteration_s;
     step_times *times; /* [steps] */
     ps_status status;
     ps_error err;
@@ -945,9 +945,6 @@ int ps_exec_timing_slots(const ps_program_set *s, int device)
 
 /* ---- one device ---- */
 
-static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
-                             double *dur, ps_error *err);
-
 /* Steps whose times a device keeps: the last ones, at most
  * o->times_kept (a ring indexed by step). */
 static int times_kept(const ps_exec_options *o)
@@ -956,13 +953,13 @@ static int times_kept(const ps_exec_options *o)
     return o->steps < most ? o->steps : most;
 }
 
-/* The step's times: its phases from the kernel runs, compute and
- * communication from every event. */
-static ps_status measure_step(device_state *d, step_times *t)
+/* The step's times: its iteration (from the step's origin), its phases
+ * from the kernel runs, compute and communication from every event. */
+static ps_status measure_step(device_state *d, double iteration_s, step_times *t)
 {
     runtime *rt = d->rt;
     memset(t, 0, sizeof *t);
-    t->iteration_s = d->iteration_s;
+    t->iteration_s = iteration_s;
     for (int j = 0; j < d->n_runs; j++) {
         double dur;
         PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
@@ -971,9 +968,10 @@ static ps_status measure_step(device_state *d, step_times *t)
         t->phase_runs[d->runs[j].phase]++;
     }
     for (int j = 0; j < d->n_events; j++) {
-        double t0, dur;
-        PS_TRY_RET(event_times(rt, d, &d->events[j], &t0, &dur, &d->err));
-        if (d->events[j].category == PS_TRACE_COMPUTE)
+        const exec_event *e = &d->events[j];
+        double dur;
+        PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, &dur, &d->err));
+        if (e->category == PS_TRACE_COMPUTE)
             t->compute_s += dur;
         else
             t->comm_s += dur;
@@ -1000,10 +998,11 @@ static ps_status run_step(device_state *d, double origin_s)
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     PS_TRY_RET(mark(d, &last));
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
-    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &d->iteration_s, &d->err));
-    d->iteration_s += d->start_s;
+    double iteration_s = 0;
+    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &iteration_s, &d->err));
     if (!d->warming)
-        PS_TRY_RET(measure_step(d, &d->times[(d->step - 1) % times_kept(rt->opt)]));
+        PS_TRY_RET(measure_step(d, d->start_s + iteration_s,
+                                &d->times[(d->step - 1) % times_kept(rt->opt)]));
     if (d->voted) {
         int s = d->step - 1;
         if (!d->warming) {
@@ -1193,21 +1192,6 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
     *bytes = total;
     return PS_OK;
 }
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of v[0..n-1] (reordered); 0 when n is 0. */
-static double median(double *v, int n)
-{
-    if (n == 0)
-        return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The summary (medians over the kept steps) and the timeline (the last
  * step), on rank 0, from every process's reports. */
 static ps_status summarize(runtime *rt, ps_error *err)
@@ -1287,7 +1271,7 @@ static ps_status summarize(runtime *rt, ps_error *err)
             t = fmax(t, TIMES(i)[k].iteration_s);
         rt->result->step_s[first + k] = vals[k] = t;
     }
-    sum->iteration_s = median(vals, steps);
+    sum->iteration_s = ps_median(vals, steps);
     for (int i = 0; i < s->n_devices; i++) {
         const report_head *h = head[i];
         ps_summary_device *sd = &sum->devices[i];
@@ -1295,10 +1279,10 @@ static ps_status summarize(runtime *rt, ps_error *err)
         sd->peak_memory_bytes = h->peak_bytes;
         for (int k = 0; k < steps; k++)
             vals[k] = TIMES(i)[k].compute_s;
-        sd->compute_s = median(vals, steps);
+        sd->compute_s = ps_median(vals, steps);
         for (int k = 0; k < steps; k++)
             vals[k] = TIMES(i)[k].comm_s;
-        sd->comm_s = median(vals, steps);
+        sd->comm_s = ps_median(vals, steps);
         sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
         if (tw != NULL && stage >= 0) {
@@ -1339,7 +1323,7 @@ static ps_status summarize(runtime *rt, ps_error *err)
                 if (runs > 0)
                     vals[n++] = sum_s / (double)runs;
             }
-            phase_s[ph] = median(vals, n);
+            phase_s[ph] = ps_median(vals, n);
         }
         ps_summary_stage *g = &sum->stages[k];
         g->forward_s = phase_s[PS_PHASE_FORWARD];

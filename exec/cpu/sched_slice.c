@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/clock.h"
+#include "core/median.h"
 
 /* A clock gap longer than this is the thread off its core (timer interrupts
  * and clock reads take a few µs). */
@@ -36,12 +37,6 @@ static void *spin(void *arg)
             break;
     }
     return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 ps_status ps_measure_scheduler_slice(int threads, double seconds, double *slice_s, ps_error *err)
@@ -91,8 +86,7 @@ ps_status ps_measure_scheduler_slice(int threads, double seconds, double *slice_
     for (int i = 0; i < threads; i++)
         for (int k = 0; k < sp[i].n_runs; k++)
             all[total++] = sp[i].runs[k];
-    qsort(all, (size_t)total, sizeof *all, cmp_double);
-    *slice_s = all[total / 2];
+    *slice_s = ps_median(all, total);
 out:
     for (int i = 0; sp != NULL && i < threads; i++)
         free(sp[i].runs);

@@ -10,8 +10,8 @@
 /* Runs `threads` busy threads (>= 2) for `seconds` of wall time each; every
  * thread reads the clock continuously and a gap of more than 20 µs between
  * two readings is a preemption. *slice_s: the median time a thread ran
- * between two preemptions, or 0 when fewer than 20 such runs were seen (the
- * threads had a core each). */
+ * between two preemptions (ps_median), or 0 when fewer than 20 such runs
+ * were seen (the threads had a core each). */
 ps_status ps_measure_scheduler_slice(int threads, double seconds, double *slice_s,
                                      ps_error *err);
 
