@@ -30,7 +30,7 @@ static void help(void)
            "                      [--param-atol A]\n"
            "                      [--trace T.json [--trace-ops]]\n"
            "                      [--summary S.json] [--no-local-allgather] [--share-gpu]\n"
-           "                      [--tf32] [--fp32] [--json]\n\n"
+           "                      [--tf32] [--fp32] [--no-memory-check] [--json]\n\n"
            "Lowers the plan to per-device programs and runs training steps of them: on the\n"
            "CPU backend every device is a thread with real numerics (fp32 arithmetic; fp16\n"
            "and bf16 tensors held in 2 bytes, rounded after every op); on the CUDA backend\n"
@@ -78,13 +78,17 @@ static void help(void)
            "  --tf32                 cuda: TF32 tensor-core GEMMs (default: exact fp32)\n"
            "  --fp32                 hold fp16/bf16 tensors in fp32 (default: in 2 bytes;\n"
            "                         computed in fp32 either way)\n"
+           "  --no-memory-check      run even when the devices' tiles at the peak of a step\n"
+           "                         exceed the memory available for them (host memory\n"
+           "                         for the CPU backend, each GPU's free memory for CUDA);\n"
+           "                         by default such a plan is refused before it starts\n"
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
 
 enum { OPT_PLAN = 256, OPT_BACKEND, OPT_STEPS, OPT_WARMUP, OPT_SEED, OPT_CHECK, OPT_TOL, OPT_ATOL, OPT_TRACE,
        OPT_SUMMARY, OPT_NO_LAG, OPT_JSON, OPT_SHARE_GPU, OPT_TF32,
-       OPT_TRACE_OPS, OPT_FP32, OPT_CHECK_FP32 };
+       OPT_TRACE_OPS, OPT_FP32, OPT_CHECK_FP32, OPT_NO_MEMORY_CHECK };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
@@ -104,6 +108,7 @@ static const struct option options[] = {
     {"share-gpu", no_argument, NULL, OPT_SHARE_GPU},
     {"tf32", no_argument, NULL, OPT_TF32},
     {"fp32", no_argument, NULL, OPT_FP32},
+    {"no-memory-check", no_argument, NULL, OPT_NO_MEMORY_CHECK},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -114,6 +119,8 @@ typedef struct backend_choice {
     bool fp32;        /* hold fp16/bf16 tensors in fp32 (--fp32) */
     ps_hosts *hosts;  /* the launch's processes, or NULL */
     int fail_device;  /* test mode: this device fails (PIPESHARD_FAIL_DEVICE), or -1 */
+    int64_t host_memory; /* test mode: bytes the CPU backend's memory check allows
+                          * (PIPESHARD_HOST_MEMORY), or 0: what the host has */
 } backend_choice;
 
 /* ---- test mode: a backend whose device `fail_device` fails in its first
@@ -177,6 +184,8 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
         slots[d] = ps_exec_timing_slots(set, d);
     if (strcmp(bc->kind, "cpu") == 0) {
         PS_TRY(ps_cpu_backend_create(set->n_devices, slots, bc->hosts, &b, err));
+        if (bc->host_memory > 0)
+            ps_cpu_backend_set_host_memory(b, bc->host_memory);
     } else {
 #ifdef PS_HAVE_CUDA
         int most = 0;
@@ -268,12 +277,20 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
 {
     /* the reference holds what the run held, so both round alike, or
      * (--check-fp32) fp32, so that what the half dtype loses shows */
-    backend_choice cpu = {
-        .kind = "cpu", .fp32 = check_fp32 || storage == PS_DTYPE_F32, .fail_device = -1};
+    backend_choice cpu = {.kind = "cpu",
+                          .fp32 = check_fp32 || storage == PS_DTYPE_F32,
+                          .fail_device = -1,
+                          .host_memory = bc->host_memory};
     check_run *ref = &runs[CHECK_REF], *kept = &runs[CHECK_RUN_KEPT],
               *aligned = &runs[CHECK_REF_ALIGNED], *nudged = &runs[CHECK_REF_NUDGED];
     memset(out, 0, sizeof *out);
-    PS_TRY_RET(run_plan(ref_plan, &cpu, lo, ro, &ref->set, &ref->m, &ref->r, NULL, err));
+    ps_status st = run_plan(ref_plan, &cpu, lo, ro, &ref->set, &ref->m, &ref->r, NULL, err);
+    if (st == PS_ERR_NOMEM && !ro->skip_memory_check) { /* the whole model on one device */
+        char msg[PS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return ps_error_set(err, st, "--check's single-device reference: %s", msg);
+    }
+    PS_TRY_RET(st);
     ps_exec_compare(set->step, r, ref->set->step, ref->r, t, &out->cmp);
     out->ref = ref->r;
     if (!out->cmp.ok && one_process && has_relu(set->step)) {
@@ -371,6 +388,7 @@ int ps_cmd_exec(int argc, char **argv)
         case OPT_SHARE_GPU: share_gpu = true; break;
         case OPT_TF32: tf32 = true; break;
         case OPT_FP32: fp32 = true; break;
+        case OPT_NO_MEMORY_CHECK: eo.skip_memory_check = true; break;
         default:
             return ps_cli_usage_error("exec", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -421,6 +439,15 @@ int ps_cmd_exec(int argc, char **argv)
     }
     if (fail_env != NULL)
         bc.fail_device = (int)v;
+    const char *memory_env = getenv("PIPESHARD_HOST_MEMORY");
+    if (memory_env != NULL && !ps_cli_parse_int(memory_env, 1, INT64_MAX, &v)) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "PIPESHARD_HOST_MEMORY needs a count of bytes, not \"%s\"",
+                          memory_env);
+        goto out;
+    }
+    if (memory_env != NULL)
+        bc.host_memory = v;
     PS_TRY(run_plan(plan, &bc, &lo, &eo, &set, &m, &r, &storage, &err));
     if (rank != 0) /* rank 0 prints, writes and checks */
         goto out;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/bytes_text.h"
 #include "core/cluster.h"
 #include "core/log.h"
 #include "core/plan.h"
@@ -99,14 +100,7 @@ bool ps_cli_parse_double(const char *text, double min, double max, double *out)
 
 const char *ps_cli_bytes(double bytes, char *buf, int cap)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 5) {
-        bytes /= 1024;
-        u++;
-    }
-    snprintf(buf, (size_t)cap, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-    return buf;
+    return ps_bytes_text(bytes, buf, cap);
 }
 
 const char *ps_cli_si(double v, const char *unit, char *buf, int cap)

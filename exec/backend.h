@@ -111,6 +111,11 @@ typedef struct ps_backend_ops {
      * then needs no scratch tile and no `accumulate` pass over it (NULL:
      * never). */
     bool (*op_accumulates)(ps_backend *b, const ps_op *op, int out, const ps_tile *t);
+    /* Whether the run's memory fits, before it starts (NULL: not checked).
+     * need[d]: the bytes device d holds at its peak (exec/memory_need.h; 0
+     * for devices of other processes). Fails with PS_ERR_NOMEM and a message
+     * that names the need, the memory and what is available there. */
+    ps_status (*check_memory)(ps_backend *b, const int64_t *need, ps_error *err);
 } ps_backend_ops;
 
 struct ps_backend {

@@ -9,9 +9,11 @@
 #include "core/clock.h"
 #include "core/median.h"
 #include "exec/box.h"
+#include "exec/buffer_tile.h"
 #include "exec/data.h"
 #include "exec/half.h"
 #include "exec/loss_scale.h"
+#include "exec/memory_need.h"
 #include "traces/program_summary.h"
 #include "traces/trace.h"
 
@@ -172,28 +174,7 @@ static void fail(runtime *rt, device_state *d)
 
 static ps_tile tile_of(const runtime *rt, const device_state *d, int buffer, void *data)
 {
-    const ps_buffer *buf = &rt->set->buffers[buffer];
-    const ps_tensor *t = &rt->g->tensors[buf->tensor];
-    const int *mesh = rt->set->stages[buf->stage].mesh;
-    ps_tensor_desc tile;
-    ps_tile x;
-    memset(&x, 0, sizeof x);
-    x.data = data;
-    x.is_int = t->desc.dtype == PS_DTYPE_I32;
-    if (rt->b->half_storage && ps_half_dtype(t->desc.dtype))
-        x.dtype = t->desc.dtype;
-    x.rank = t->desc.rank;
-    if (!ps_spec_tile(&buf->spec, &t->desc, mesh, &tile))
-        tile = t->desc; /* the lowering only makes divisible layouts */
-    int64_t offset[PS_MAX_RANK] = {0};
-    ps_spec_tile_offset(&buf->spec, &t->desc, mesh, d->prog->coord[0], d->prog->coord[1],
-                        offset);
-    for (int k = 0; k < x.rank; k++) {
-        x.shape[k] = tile.shape[k];
-        x.global[k] = t->desc.shape[k];
-        x.offset[k] = offset[k];
-    }
-    return x;
+    return ps_exec_buffer_tile(rt->set, rt->b->half_storage, d->prog, buffer, data);
 }
 
 static int64_t instance_index(const runtime *rt, int buffer, int mb)
@@ -219,9 +200,7 @@ static ps_status instance(device_state *d, int buffer, int mb, ps_tile *out)
 
 static bool persistent(const runtime *rt, int buffer)
 {
-    const ps_tensor *t = &rt->g->tensors[rt->set->buffers[buffer].tensor];
-    return !rt->set->buffers[buffer].per_microbatch &&
-           (t->kind == PS_TENSOR_PARAM || t->kind == PS_TENSOR_OPT_STATE);
+    return ps_exec_buffer_persistent(rt->set, buffer);
 }
 
 /* Host values (4 bytes each: float or int32) into a tile, rounded to half
@@ -1441,6 +1420,9 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         return ps_error_set(err, PS_ERR_INVALID,
                             "the backend serves %d devices but the plan has %d", b->n_devices,
                             s->n_devices);
+    if (!o->skip_memory_check)
+        PS_TRY_RET(ps_exec_check_memory(
+            s, b, o->hosts != NULL && ps_hosts_count(o->hosts) > 1 ? o->hosts : NULL, err));
     runtime rt;
     memset(&rt, 0, sizeof rt);
     rt.set = s;

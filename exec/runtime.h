@@ -71,6 +71,10 @@ typedef struct ps_exec_options {
      * the last place larger in magnitude: --check's measure of how far
      * rounding alone moves the model's gradients. */
     bool nudge_params;
+    /* Run without first asking the backend whether the devices' tiles fit
+     * (exec/memory_need.h): a plan that does not fit then fails at an
+     * allocation, or, in host memory, may be killed by the system. */
+    bool skip_memory_check;
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);

@@ -1029,6 +1029,26 @@ static void test_loss_scale(void **state)
         const char *w2[] = {"exec", "--plan", plan, "--warmup", "2", "--steps", "2", NULL};
         expect_success(fx, w2, "step 2: loss ");
     }
+    /* a plan whose tiles need far more host memory than any test machine
+     * has (113 GiB over 8 devices) is refused before it allocates, not
+     * killed by the system */
+    {
+        const char *a[] = {"plan", "--model", "gpt-2.6b", "--method", "zero3", "--cluster",
+                           "p3.16xlarge", "--global-batch", "8", "--micro-batches", "1", "-o",
+                           plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        const char *e[] = {"exec", "--plan", plan, "--backend", "cpu", NULL};
+        run_result r;
+        run_ok(fx, e, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, "the plan's 8 CPU devices hold 112.9");
+        expect_in(&r, false, "GiB of tiles at the peak of a step (device 0 the most: 14.1");
+        expect_in(&r, false, "GiB of host memory available");
+        expect_in(&r, false, "--no-memory-check");
+        run_result_free(&r);
+        const char *u[] = {"exec", "--plan", plan, "--no-memory-check=1", NULL};
+        expect_usage_error(fx, u, "unknown or incomplete option");
+    }
     {
         const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "0x1p40", "-o", plan, NULL};
         expect_success(fx, a, "predicted     iteration");

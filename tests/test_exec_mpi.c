@@ -330,6 +330,29 @@ static void test_failure_stops_every_host(void **state)
     expect_failure_stops_both("fail.json", "");
 }
 
+/* Rank 1's host has too little memory for its devices (test mode
+ * PIPESHARD_HOST_MEMORY, set on rank 1 only): both processes stop before
+ * the run, rank 1 saying by how much, rank 0 naming host 1; no hang. */
+static void test_memory_refusal_stops_every_host(void **state)
+{
+    (void)state;
+    char *out = NULL;
+    int rc = sh(&out, "%s plan " SMALL_GPT " --method data -o memory.json", PS_PIPESHARD_BIN);
+    assert_int_equal(rc, 0);
+    free(out);
+    rc = sh(&out,
+            MPIRUN " sh -c \"if [ \\$OMPI_COMM_WORLD_RANK = 1 ]; then export "
+                   "PIPESHARD_HOST_MEMORY=1000; fi; exec %s exec --plan memory.json\"",
+            2, PS_PIPESHARD_BIN);
+    if (rc == 0 || rc == 128 + 9 || strstr(out, "of host memory allowed") == NULL ||
+        strstr(out, "host 1 refused the run") == NULL ||
+        strstr(out, "the plan's 2 CPU devices hold") == NULL)
+        fail_msg("rank 1 short of memory: exit %d\n%s", rc, out);
+    no_sanitizer_report(out);
+    printf("  %s", out);
+    free(out);
+}
+
 int main(void)
 {
     if (!ps_hosts_have_mpi()) {
@@ -355,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_wrong_process_count),
         cmocka_unit_test(test_cuda_across_hosts),
         cmocka_unit_test(test_failure_stops_every_host),
+        cmocka_unit_test(test_memory_refusal_stops_every_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,9 +3,12 @@
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/bytes_text.h"
 #include "core/clock.h"
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
@@ -59,6 +62,7 @@ typedef struct cpu_backend {
     rendezvous **rdv; /* by group id */
     int n_rdv;
     ps_mailbox *mail;   /* sends, and collectives across hosts */
+    int64_t host_memory; /* bytes check_memory allows; -1: what the system has available */
 } cpu_backend;
 
 typedef struct block_header {
@@ -597,6 +601,66 @@ static ps_status cpu_elapsed(ps_backend *b, int device, int a, int z, double *se
 
 static int64_t cpu_peak(ps_backend *b, int device) { return cb(b)->dev[device].peak; }
 
+/* Host memory the system can hand out without swapping (Linux's
+ * MemAvailable; else the free pages), in bytes; -1 where unknown. */
+static int64_t host_memory_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f != NULL) {
+        char line[256];
+        long long kib = -1;
+        while (kib < 0 && fgets(line, sizeof line, f) != NULL)
+            if (sscanf(line, "MemAvailable: %lld kB", &kib) != 1)
+                kib = -1;
+        fclose(f);
+        if (kib >= 0)
+            return (int64_t)kib * 1024;
+    }
+#ifdef _SC_AVPHYS_PAGES
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0)
+        return (int64_t)pages * page;
+#endif
+    return -1;
+}
+
+/* Every device of this process is host memory: their needs add up. */
+static ps_status cpu_check_memory(ps_backend *b, const int64_t *need, ps_error *err)
+{
+    cpu_backend *c = cb(b);
+    int64_t total = 0, most = -1;
+    int n = 0, at = -1;
+    for (int d = 0; d < b->n_devices; d++) {
+        if (need[d] <= 0)
+            continue;
+        total += need[d];
+        n++;
+        if (need[d] > most) {
+            most = need[d];
+            at = d;
+        }
+    }
+    int64_t have = c->host_memory >= 0 ? c->host_memory : host_memory_available();
+    if (have < 0 || total <= have)
+        return PS_OK;
+    char t[32], m[32], h[32];
+    return ps_error_set(err, PS_ERR_NOMEM,
+                        "the plan's %d CPU device%s %s %s of tiles at the peak of a step "
+                        "(device %d the most: %s), more than the %s of host memory %s: all "
+                        "of them are this host's memory (run a smaller model, batch or "
+                        "micro-batch, or pass --no-memory-check to try anyway)",
+                        n, n == 1 ? "" : "s", n == 1 ? "holds" : "hold",
+                        ps_bytes_text((double)total, t, sizeof t), at,
+                        ps_bytes_text((double)most, m, sizeof m),
+                        ps_bytes_text((double)have, h, sizeof h),
+                        c->host_memory >= 0 ? "allowed" : "available");
+}
+
+void ps_cpu_backend_set_host_memory(ps_backend *b, int64_t bytes)
+{
+    cb(b)->host_memory = bytes >= 0 ? bytes : -1;
+}
+
 static void cpu_abort(ps_backend *b)
 {
     cpu_backend *c = cb(b);
@@ -664,6 +728,7 @@ static const ps_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .find_nonfinite = cpu_find_nonfinite,
     .op_accumulates = cpu_op_accumulates,
+    .check_memory = cpu_check_memory,
 };
 
 ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts,
@@ -678,6 +743,7 @@ ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts
     c->base.ops = &cpu_ops;
     c->base.n_devices = n_devices;
     c->base.half_storage = true;
+    c->host_memory = -1;
     pthread_mutex_init(&c->mu, NULL);
     c->dev = calloc((size_t)n_devices, sizeof *c->dev);
     bool ok = c->dev != NULL && ps_mailbox_create(n_devices, hosts, &c->mail, err) == PS_OK;

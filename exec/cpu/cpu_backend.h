@@ -24,4 +24,8 @@
 ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts,
                                 ps_backend **out, ps_error *err);
 
+/* The host memory check_memory lets the devices' tiles take (bytes; -1,
+ * the default: what the system has available, MemAvailable on Linux). */
+void ps_cpu_backend_set_host_memory(ps_backend *b, int64_t bytes);
+
 #endif

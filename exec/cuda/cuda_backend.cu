@@ -13,6 +13,7 @@
 #include "exec/cuda/cuda_remote.cuh"
 
 extern "C" {
+#include "core/bytes_text.h"
 #include "core/collective.h"
 #include "core/log.h"
 #include "exec/cuda/cuda_backend.h"
@@ -361,6 +362,52 @@ static bool be_op_accumulates(ps_backend *b, const ps_op *op, int out, const ps_
 {
     (void)b;
     return ps_cuda_op_accumulates(op->kind, out, t);
+}
+
+/* Devices sharing a GPU (the test mode) add up against the GPU's free
+ * memory, read once this process's streams and cuBLAS handles exist. NCCL
+ * takes its buffers later (at a group's first collective): for plans with
+ * collectives the check is a lower bound. */
+static ps_status be_check_memory(ps_backend *b, const int64_t *need, ps_error *err)
+{
+    cuda_backend *cb = cb_of(b);
+    for (int i = 0; i < b->n_devices; i++) {
+        const dev_state *d = &cb->dev[i];
+        if (!d->here || need[i] <= 0)
+            continue;
+        bool first = true; /* each GPU once: at its first device */
+        for (int j = 0; j < i && first; j++)
+            first = !(cb->dev[j].here && cb->dev[j].gpu == d->gpu && need[j] > 0);
+        if (!first)
+            continue;
+        int64_t total = 0, most = 0;
+        int n = 0, at = i;
+        for (int j = i; j < b->n_devices; j++)
+            if (cb->dev[j].here && cb->dev[j].gpu == d->gpu && need[j] > 0) {
+                total += need[j];
+                n++;
+                if (need[j] > most) {
+                    most = need[j];
+                    at = j;
+                }
+            }
+        size_t free_bytes = 0, total_bytes = 0;
+        PS_CUDA_RET(d->loc, cudaSetDevice(d->gpu));
+        PS_CUDA_RET(d->loc, cudaMemGetInfo(&free_bytes, &total_bytes));
+        if ((uint64_t)total <= (uint64_t)free_bytes)
+            continue;
+        char t[32], m[32], f[32], all[32];
+        return ps_error_set(err, PS_ERR_NOMEM,
+                            "GPU %d: %d device%s of the plan %s %s of tiles at the peak of a "
+                            "step (device %d the most: %s), more than the %s free of its %s "
+                            "(pass --no-memory-check to try anyway)",
+                            d->gpu, n, n == 1 ? "" : "s", n == 1 ? "holds" : "hold",
+                            ps_bytes_text((double)total, t, sizeof t), at,
+                            ps_bytes_text((double)most, m, sizeof m),
+                            ps_bytes_text((double)free_bytes, f, sizeof f),
+                            ps_bytes_text((double)total_bytes, all, sizeof all));
+    }
+    return PS_OK;
 }
 
 static ps_status be_find_nonfinite(ps_backend *b, int device, const ps_tile *tiles, int n,
@@ -1291,6 +1338,7 @@ static const ps_backend_ops cuda_ops = {
     NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
     be_find_nonfinite,
     be_op_accumulates,
+    be_check_memory,
 };
 
 /* ---- create ---------------------------------------------------------------------------- */
