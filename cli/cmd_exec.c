@@ -17,6 +17,7 @@
 #ifdef PS_HAVE_CUDA
 #include "exec/cuda/cuda_backend.h"
 #endif
+#include "exec/memory_need.h"
 #include "exec/runtime.h"
 #include "planner/lower.h"
 #include "planner/plan_intra.h"
@@ -121,6 +122,7 @@ typedef struct backend_choice {
     int fail_device;  /* test mode: this device fails (PIPESHARD_FAIL_DEVICE), or -1 */
     int64_t host_memory; /* test mode: bytes the CPU backend's memory check allows
                           * (PIPESHARD_HOST_MEMORY), or 0: what the host has */
+    bool *stopped_together; /* set where every host agreed to stop (may be NULL) */
 } backend_choice;
 
 /* ---- test mode: a backend whose device `fail_device` fails in its first
@@ -220,6 +222,17 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     if (ps_hosts_count(bc->hosts) > 1) {
         o.on_failure = stop_every_host;
         o.on_failure_arg = bc->hosts;
+    }
+    if (!o.skip_memory_check) {
+        /* here rather than in ps_exec_run: a refusal every host agrees on
+         * ends every process in order, each saying why (no abort) */
+        st = ps_exec_check_memory(set, b, bc->hosts, err);
+        if (st != PS_OK) {
+            if (bc->stopped_together != NULL)
+                *bc->stopped_together = true;
+            goto out;
+        }
+        o.skip_memory_check = true;
     }
     PS_TRY(ps_exec_run(set, b, &o, out, err));
 out:
@@ -411,6 +424,7 @@ int ps_cmd_exec(int argc, char **argv)
     bool mismatch = false;
     ps_hosts *hosts = NULL;
     int rank = 0;
+    bool stopped_together = false; /* every host refused the run at once */
     char source[16];
     snprintf(source, sizeof source, "exec-%s", backend);
     eo.source = source;
@@ -429,7 +443,8 @@ int ps_cmd_exec(int argc, char **argv)
     }
     eo.devices_per_node = plan->cluster->devices_per_node;
     backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32, .fp32 = fp32,
-                         .hosts = hosts, .fail_device = -1};
+                         .hosts = hosts, .fail_device = -1,
+                         .stopped_together = &stopped_together};
     ps_dtype storage = PS_DTYPE_F32;
     const char *fail_env = getenv("PIPESHARD_FAIL_DEVICE");
     if (fail_env != NULL && !ps_cli_parse_int(fail_env, 0, INT32_MAX, &v)) {
@@ -577,10 +592,14 @@ out:
     ps_plan_free(plan);
     ps_plan_free(ref_plan);
     if (st != PS_OK && ps_hosts_count(hosts) > 1) {
-        /* the other hosts may wait for this one: name the rank, stop them all */
+        /* the other hosts may wait for this one: name the rank, stop them all
+         * (unless all stopped together) */
         fprintf(stderr, "pipeshard: exec: rank %d of %d: %s\n", rank, ps_hosts_count(hosts),
                 err.msg);
-        ps_hosts_abort(hosts, 1);
+        if (!stopped_together)
+            ps_hosts_abort(hosts, 1);
+        ps_hosts_finalize(hosts);
+        return 1;
     }
     ps_hosts_finalize(hosts);
     if (st != PS_OK)

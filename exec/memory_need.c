@@ -199,43 +199,52 @@ ps_status ps_exec_memory_need(const ps_program_set *s, const ps_backend *b, int 
 ps_status ps_exec_check_memory(const ps_program_set *s, ps_backend *b, ps_hosts *hosts,
                                ps_error *err)
 {
-    if (b->ops->check_memory == NULL)
-        return PS_OK;
-    int64_t *need = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *need);
-    if (need == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    ps_status st = PS_OK;
-    for (int d = 0; d < s->n_devices && st == PS_OK; d++)
-        if (ps_hosts_is_local(hosts, d))
-            st = ps_exec_memory_need(s, b, d, &need[d], err);
-    if (st == PS_OK)
-        st = b->ops->check_memory(b, need, err);
-    free(need);
-    if (ps_hosts_count(hosts) <= 1)
-        return st;
-    /* one verdict for all (every process takes part, whatever its own):
-     * which hosts refused, or failed to answer */
-    int n = ps_hosts_count(hosts), me = ps_hosts_rank(hosts);
-    double *verdict = calloc((size_t)n, sizeof *verdict);
+    int n_hosts = ps_hosts_count(hosts) > 1 ? ps_hosts_count(hosts) : 1;
+    /* first, so that no failure keeps this process from the verdict the
+     * others wait for */
+    double *verdict = calloc((size_t)n_hosts, sizeof *verdict);
+    if (verdict == NULL && n_hosts > 1)
+        ps_hosts_abort(hosts, 1);
     if (verdict == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    verdict[me] = st == PS_OK ? 0.0 : st == PS_ERR_NOMEM ? 1.0 : 2.0;
-    ps_error mine = *err;
-    ps_status sum = ps_hosts_sum(hosts, verdict, n, err);
-    if (sum != PS_OK) {
-        free(verdict);
-        return sum;
+    bool refused = false;
+    ps_status st = PS_OK;
+    int64_t *need = NULL;
+    if (b->ops->check_memory != NULL) {
+        need = calloc((size_t)(s->n_devices > 0 ? s->n_devices : 1), sizeof *need);
+        if (need == NULL)
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        for (int d = 0; d < s->n_devices && st == PS_OK; d++)
+            if (ps_hosts_is_local(hosts, d))
+                st = ps_exec_memory_need(s, b, d, &need[d], err);
+        if (st == PS_OK) {
+            st = b->ops->check_memory(b, need, err);
+            refused = st == PS_ERR_NOMEM;
+        }
+        free(need);
     }
-    *err = mine;
-    for (int h = 0; h < n && st == PS_OK; h++)
-        if (verdict[h] > 0)
-            st = ps_error_set(err, verdict[h] == 1.0 ? PS_ERR_NOMEM : PS_ERR_DEVICE,
-                              verdict[h] == 1.0
-                                  ? "host %d refused the run: its devices' tiles do not fit "
-                                    "in its memory (its message says by how much)"
-                                  : "host %d could not check its devices' memory (its "
-                                    "message says why)",
-                              h);
+    if (n_hosts > 1) {
+        /* one verdict for all (every process takes part, whatever its own):
+         * which hosts refused, or failed to answer */
+        int me = ps_hosts_rank(hosts);
+        verdict[me] = st == PS_OK ? 0.0 : refused ? 1.0 : 2.0;
+        ps_error mine = *err;
+        ps_status sum = ps_hosts_sum(hosts, verdict, n_hosts, err);
+        if (sum != PS_OK) {
+            free(verdict);
+            return sum;
+        }
+        *err = mine;
+        for (int h = 0; h < n_hosts && st == PS_OK; h++)
+            if (verdict[h] > 0)
+                st = ps_error_set(err, verdict[h] == 1.0 ? PS_ERR_NOMEM : PS_ERR_DEVICE,
+                                  verdict[h] == 1.0
+                                      ? "host %d refused the run: its devices' tiles do not "
+                                        "fit in its memory (its message says by how much)"
+                                      : "host %d could not check its devices' memory (its "
+                                        "message says why)",
+                                  h);
+    }
     free(verdict);
     return st;
 }

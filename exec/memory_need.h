@@ -23,9 +23,10 @@ ps_status ps_exec_memory_need(const ps_program_set *s, const ps_backend *b, int 
 
 /* Asks the backend whether the needs of this process's devices fit
  * (ps_backend_ops.check_memory; a backend without it: no check). Across
- * several processes (hosts, may be NULL) every process answers the same:
- * one host that does not fit stops them all, and the others' message names
- * it. */
+ * several processes (hosts, may be NULL) every process must call it, and
+ * every one answers the same: one host that does not fit (or cannot tell)
+ * fails them all, the others' message naming it, so that they can all stop
+ * in order. */
 ps_status ps_exec_check_memory(const ps_program_set *s, ps_backend *b, ps_hosts *hosts,
                                ps_error *err);
 

@@ -1029,25 +1029,36 @@ static void test_loss_scale(void **state)
         const char *w2[] = {"exec", "--plan", plan, "--warmup", "2", "--steps", "2", NULL};
         expect_success(fx, w2, "step 2: loss ");
     }
-    /* a plan whose tiles need far more host memory than any test machine
-     * has (113 GiB over 8 devices) is refused before it allocates, not
-     * killed by the system */
+    /* a plan whose tiles need more host memory than the host has (113 GiB
+     * over 8 devices; the host's 20 GiB in the test mode, so that a larger
+     * machine refuses it too) is refused before it allocates, not killed by
+     * the system; --no-memory-check runs a plan past the limit */
     {
         const char *a[] = {"plan", "--model", "gpt-2.6b", "--method", "zero3", "--cluster",
                            "p3.16xlarge", "--global-batch", "8", "--micro-batches", "1", "-o",
                            plan, NULL};
         expect_success(fx, a, "predicted     iteration");
+        setenv("PIPESHARD_HOST_MEMORY", "21474836480", 1);
         const char *e[] = {"exec", "--plan", plan, "--backend", "cpu", NULL};
         run_result r;
         run_ok(fx, e, &r);
         expect_exit(&r, 1);
         expect_in(&r, false, "the plan's 8 CPU devices hold 112.9");
         expect_in(&r, false, "GiB of tiles at the peak of a step (device 0 the most: 14.1");
-        expect_in(&r, false, "GiB of host memory available");
+        expect_in(&r, false, "more than the 20.00 GiB of host memory allowed");
         expect_in(&r, false, "--no-memory-check");
         run_result_free(&r);
         const char *u[] = {"exec", "--plan", plan, "--no-memory-check=1", NULL};
         expect_usage_error(fx, u, "unknown or incomplete option");
+        const char *small[] = {SMALL_FP16_GPT, "-o", plan, NULL};
+        expect_success(fx, small, "predicted     iteration");
+        setenv("PIPESHARD_HOST_MEMORY", "1", 1);
+        expect_failure(fx, e, "more than the 1 B of host memory allowed");
+        const char *anyway[] = {"exec", "--plan", plan, "--no-memory-check", NULL};
+        expect_success(fx, anyway, "step 1: loss ");
+        setenv("PIPESHARD_HOST_MEMORY", "0", 1);
+        expect_failure(fx, e, "PIPESHARD_HOST_MEMORY needs a count of bytes, not \"0\"");
+        unsetenv("PIPESHARD_HOST_MEMORY");
     }
     {
         const char *a[] = {SMALL_FP16_GPT, "--loss-scale", "0x1p40", "-o", plan, NULL};

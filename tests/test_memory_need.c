@@ -3,7 +3,8 @@
  * with and without in-place accumulation and the overflow vote, the need of
  * every device equals the peak the backend counted in a real run (bytes,
  * exactly); a host with less memory than the devices need is refused before
- * anything is allocated, with the numbers; --no-memory-check runs anyway. */
+ * anything is allocated, with the numbers; --no-memory-check runs anyway.
+ * The host's available memory takes its control group's limit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,10 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "core/bytes_text.h"
+#include "exec/cpu/host_memory.h"
 #include "exec/memory_need.h"
 #include "tests/exec_fixture.h"
 
@@ -240,12 +243,74 @@ static void test_bad_device(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- the host's memory: control group limits ---- */
+
+static char cg_root[256];
+
+static void put(const char *rel, const char *text)
+{
+    char path[512], cmd[600];
+    snprintf(path, sizeof path, "%s/%s", cg_root, rel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The least room (limit - usage) over a group and its ancestors, version 1
+ * and 2 (also under unified/); no limit, "max" and malformed lines: none. */
+static void test_cgroup_room(void **state)
+{
+    (void)state;
+    snprintf(cg_root, sizeof cg_root, "/tmp/ps-cgroup-XXXXXX");
+    assert_non_null(mkdtemp(cg_root));
+    /* version 1: the parent leaves less than the group itself */
+    put("memory/a/b/memory.limit_in_bytes", "1000000\n");
+    put("memory/a/b/memory.usage_in_bytes", "400000\n");
+    put("memory/a/memory.limit_in_bytes", "800000\n");
+    put("memory/a/memory.usage_in_bytes", "500000\n");
+    put("memory/memory.limit_in_bytes", "9223372036854771712\n"); /* no limit */
+    assert_int_equal(ps_cgroup_memory_room("4:memory:/a/b\n0::/\n", cg_root), 300000);
+    assert_int_equal(ps_cgroup_memory_room("4:cpu,memory:/a/b/\n", cg_root), 300000);
+    /* a controller list without memory, and the root group: no limit */
+    assert_int_equal(ps_cgroup_memory_room("4:cpu:/a/b\n", cg_root), -1);
+    assert_int_equal(ps_cgroup_memory_room("4:memory:/\n", cg_root), -1);
+    /* version 2: "max" above, a limit below; usage over the limit: no room */
+    put("x/memory.max", "max\n");
+    put("x/y/memory.max", "2000000\n");
+    put("x/y/memory.current", "500000\n");
+    assert_int_equal(ps_cgroup_memory_room("0::/x/y\n", cg_root), 1500000);
+    put("x/y/memory.current", "2500000\n");
+    assert_int_equal(ps_cgroup_memory_room("0::/x/y\n", cg_root), 0);
+    /* version 2 mounted under unified/ (a hybrid system) */
+    put("unified/u/memory.max", "4096\n");
+    put("unified/u/memory.current", "1024\n");
+    assert_int_equal(ps_cgroup_memory_room("0::/u", cg_root), 3072);
+    /* both: the least */
+    assert_int_equal(ps_cgroup_memory_room("4:memory:/a/b\n0::/u\n", cg_root), 3072);
+    /* nothing to read */
+    assert_int_equal(ps_cgroup_memory_room("", cg_root), -1);
+    assert_int_equal(ps_cgroup_memory_room("garbage\n::\n1:memory\n", cg_root), -1);
+    assert_int_equal(ps_cgroup_memory_room("0::/nowhere\n", cg_root), -1);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cg_root);
+    assert_int_equal(system(cmd), 0);
+    /* this host: something, no more than its physical memory */
+    int64_t have = ps_host_memory_available();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    assert_true(have > 0);
+    assert_true(have <= (int64_t)pages * page);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_need_is_the_peak),
         cmocka_unit_test(test_refused_when_short),
         cmocka_unit_test(test_bad_device),
+        cmocka_unit_test(test_cgroup_room),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

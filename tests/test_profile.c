@@ -1780,7 +1780,10 @@ static void scheduler_slice(void **state)
     ps_error err = {0};
     assert_int_equal(ps_measure_scheduler_slice(cores + 2, 0.2, &slice, &err), PS_OK);
     printf("  %d busy threads on %d cores: slice %.3g ms\n", cores + 2, cores, slice * 1e3);
-    if (!(slice > 1e-4 && slice < 0.1))
+    /* Alone, a few ms here; under load (the sanitizer suite beside other
+     * tests, a busy hypervisor) 69 µs was seen: the bound is only what a
+     * run between two clock gaps of PREEMPTION_GAP_S (20 µs) can be. */
+    if (!(slice > 2e-5 && slice < 0.1))
         fail_msg("slice %g s: not a scheduler's", slice);
     assert_int_equal(ps_measure_scheduler_slice(1, 0.2, &slice, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "2 to 4096 threads"));

@@ -6,12 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/bytes_text.h"
 #include "core/clock.h"
 #include "exec/box.h"
 #include "exec/cpu/cpu_ops.h"
+#include "exec/cpu/host_memory.h"
 #include "exec/half.h"
 #include "exec/host_collective.h"
 #include "exec/mailbox.h"
@@ -601,29 +601,6 @@ static ps_status cpu_elapsed(ps_backend *b, int device, int a, int z, double *se
 
 static int64_t cpu_peak(ps_backend *b, int device) { return cb(b)->dev[device].peak; }
 
-/* Host memory the system can hand out without swapping (Linux's
- * MemAvailable; else the free pages), in bytes; -1 where unknown. */
-static int64_t host_memory_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f != NULL) {
-        char line[256];
-        long long kib = -1;
-        while (kib < 0 && fgets(line, sizeof line, f) != NULL)
-            if (sscanf(line, "MemAvailable: %lld kB", &kib) != 1)
-                kib = -1;
-        fclose(f);
-        if (kib >= 0)
-            return (int64_t)kib * 1024;
-    }
-#ifdef _SC_AVPHYS_PAGES
-    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0)
-        return (int64_t)pages * page;
-#endif
-    return -1;
-}
-
 /* Every device of this process is host memory: their needs add up. */
 static ps_status cpu_check_memory(ps_backend *b, const int64_t *need, ps_error *err)
 {
@@ -640,7 +617,7 @@ static ps_status cpu_check_memory(ps_backend *b, const int64_t *need, ps_error *
             at = d;
         }
     }
-    int64_t have = c->host_memory >= 0 ? c->host_memory : host_memory_available();
+    int64_t have = c->host_memory >= 0 ? c->host_memory : ps_host_memory_available();
     if (have < 0 || total <= have)
         return PS_OK;
     char t[32], m[32], h[32];

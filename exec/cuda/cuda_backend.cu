@@ -365,9 +365,11 @@ static bool be_op_accumulates(ps_backend *b, const ps_op *op, int out, const ps_
 }
 
 /* Devices sharing a GPU (the test mode) add up against the GPU's free
- * memory, read once this process's streams and cuBLAS handles exist. NCCL
- * takes its buffers later (at a group's first collective): for plans with
- * collectives the check is a lower bound. */
+ * memory, read once this process's streams and cuBLAS handles exist. What
+ * the tiles need is a lower bound: NCCL's buffers (at a group's first
+ * collective), the collectives' and sends' staging buffers, the ops'
+ * workspaces and the pool's 512-byte rounding come on top, and processes
+ * sharing a GPU each see all of its free memory. */
 static ps_status be_check_memory(ps_backend *b, const int64_t *need, ps_error *err)
 {
     cuda_backend *cb = cb_of(b);
