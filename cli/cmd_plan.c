@@ -8,8 +8,10 @@
 #include "cli/cli.h"
 #include "cli/model_opts.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "core/profile_db.h"
 #include "planner/inter_pass.h"
+#include "planner/program_memory.h"
 #include "planner/stage_file.h"
 
 static void help(void)
@@ -41,6 +43,10 @@ static void help(void)
         "                       submesh and logical mesh)\n"
         "  --no-transfer-costs  the stage DP's costs leave out what a stage receives from\n"
         "                       its neighbours per micro-batch (Alpa's stage costs)\n"
+        "  --no-memory-check    write the plan without checking its lowered programs'\n"
+        "                       exact peak memory against the devices' (by default a\n"
+        "                       plan whose programs would not fit is planned again with\n"
+        "                       less memory per device, up to 4 times)\n"
         "  --exact-ranges       solve every range of layers for the stage cost table\n"
         "                       (default: single layers, longer ranges composed from them)\n"
         "  --stage-imbalance-tolerance T\n"
@@ -85,7 +91,8 @@ enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
     OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
-    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES, OPT_CANDIDATES
+    OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES, OPT_CANDIDATES,
+    OPT_NO_MEMORY_CHECK
 };
 
 static const struct option own_options[] = {
@@ -103,6 +110,7 @@ static const struct option own_options[] = {
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"rows", no_argument, NULL, OPT_ROWS},
     {"no-transfer-costs", no_argument, NULL, OPT_NO_TRANSFER_COSTS},
+    {"no-memory-check", no_argument, NULL, OPT_NO_MEMORY_CHECK},
     {"stage-imbalance-tolerance", required_argument, NULL, OPT_IMBALANCE},
     {"stage-candidates", required_argument, NULL, OPT_CANDIDATES},
     {"exact-ranges", no_argument, NULL, OPT_EXACT_RANGES},
@@ -241,6 +249,7 @@ int ps_cmd_plan(int argc, char **argv)
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
     const char *stages_file = NULL, *dump_dir = NULL, *profile_path = NULL;
     bool stages_uniform = false, stages_given = false; /* --stages uniform, any --stages */
+    bool no_memory_check = false;
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
     ps_plan_request req;
@@ -345,6 +354,7 @@ int ps_cmd_plan(int argc, char **argv)
             break;
         case OPT_ROWS: inter.print_rows = true; break;
         case OPT_NO_TRANSFER_COSTS: inter.transfer_costs = false; break;
+        case OPT_NO_MEMORY_CHECK: no_memory_check = true; break;
         case OPT_EXACT_RANGES: inter.exact_ranges = true; break;
         case OPT_IMBALANCE:
             if (!ps_cli_parse_double(optarg, 0, 1e9, &x))
@@ -407,6 +417,12 @@ int ps_cmd_plan(int argc, char **argv)
     ps_intra_result *r = NULL;
     ps_model_config cfg;
     bool from_zoo = false;
+    double *memory = NULL; /* [n_kinds]: the cluster's device memory */
+    double cut = 0;        /* bytes taken off every device's memory for planning */
+    bool replanning = false; /* planning again: a failure says why */
+    ps_program_memory programs;
+    memset(&programs, 0, sizeof programs);
+    char pa[32], pb[32];
     if (cluster_spec != NULL)
         PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
     else
@@ -446,6 +462,38 @@ int ps_cmd_plan(int argc, char **argv)
     }
     if (stages_uniform)
         uniform = true;
+    /* Planned, then checked against the lowered programs' exact peak: where
+     * a device would run out (the planner's estimate is within a few percent
+     * of the programs' but not exact: docs/simulator.md), planned again with
+     * less memory per device, at most PLAN_MEMORY_ATTEMPTS times. The plan keeps the cluster's memory.
+     * Test mode: PIPESHARD_PLAN_MEMORY_SCALE=S (1 to 10) plans with S times
+     * the memory, as a planner whose estimates were that much too low. */
+    enum { PLAN_MEMORY_ATTEMPTS = 4 };
+    double scale = 1;
+    const char *scale_env = getenv("PIPESHARD_PLAN_MEMORY_SCALE");
+    if (scale_env != NULL && !ps_cli_parse_double(scale_env, 1, 10, &scale)) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "PIPESHARD_PLAN_MEMORY_SCALE needs a number in [1, 10], not \"%s\"",
+                          scale_env);
+        goto out;
+    }
+    memory = calloc((size_t)cluster->n_kinds, sizeof *memory);
+    PS_TRY_ALLOC(memory, &err);
+    for (int k = 0; k < cluster->n_kinds; k++)
+        memory[k] = cluster->kinds[k].memory_bytes;
+    for (int attempt = 1;; attempt++) {
+    replanning = attempt > 1;
+    double least = INFINITY;
+    for (int k = 0; k < cluster->n_kinds; k++) {
+        cluster->kinds[k].memory_bytes = memory[k] * scale - cut;
+        least = fmin(least, cluster->kinds[k].memory_bytes);
+    }
+    if (least <= 0) {
+        st = ps_error_set(&err, PS_ERR_INFEASIBLE,
+                          "no plan fits in memory: the programs need more than the "
+                          "devices have, by more than they have");
+        goto out;
+    }
     if (pipeshard) {
         if (do_explain) {
             st = ps_error_set(&err, PS_ERR_UNSUPPORTED,
@@ -494,6 +542,49 @@ int ps_cmd_plan(int argc, char **argv)
         }
         PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
     }
+    replanning = false;
+    for (int k = 0; k < cluster->n_kinds && k < plan->cluster->n_kinds; k++)
+        cluster->kinds[k].memory_bytes = plan->cluster->kinds[k].memory_bytes = memory[k];
+    if (no_memory_check)
+        break;
+    PS_TRY(ps_plan_program_memory(plan, &programs, &err));
+    double lack = programs.peak_bytes - programs.memory_bytes;
+    if (lack <= 0)
+        break;
+    char need[32], have[32], est[32], to[32];
+    ps_cli_bytes(programs.peak_bytes, need, sizeof need);
+    ps_cli_bytes(programs.memory_bytes, have, sizeof have);
+    ps_cli_bytes(plan->stages[programs.worst_stage].peak_memory_bytes, est, sizeof est);
+    if (attempt == PLAN_MEMORY_ATTEMPTS) {
+        st = ps_error_set(&err, PS_ERR_INFEASIBLE,
+                          "no plan found that fits in memory: after %d attempts the programs "
+                          "of the best plan still need %s on device %d (stage %d), more than "
+                          "its %s (the planner estimated %s); try --remat, more micro-batches "
+                          "or more devices (--no-memory-check writes the plan anyway)",
+                          attempt, need, programs.worst_device, programs.worst_stage, have,
+                          est);
+        goto out;
+    }
+    /* below what the planner thought the failing stage needs, by what it
+     * lacked and half as much again (the plan does not change while the
+     * memory planned with stays above its estimate) */
+    double planned_with = INFINITY;
+    for (int k = 0; k < cluster->n_kinds; k++)
+        planned_with = fmin(planned_with, memory[k] * scale - cut);
+    double next = fmin(planned_with, plan->stages[programs.worst_stage].peak_memory_bytes) -
+                  1.5 * lack;
+    cut += planned_with - next;
+    PS_LOG_WARN("the plan's programs need %s on device %d (stage %d), more than its %s (the "
+                "planner estimated %s): planning again with %s less per device",
+                need, programs.worst_device, programs.worst_stage, have, est,
+                ps_cli_bytes(cut, to, sizeof to));
+    ps_intra_result_free(r);
+    ps_plan_free(plan);
+    ps_graph_free(step);
+    r = NULL;
+    plan = NULL;
+    step = NULL;
+    }
     PS_TRY(ps_plan_record_profile(plan, profile, &err));
     PS_TRY(ps_plan_save(plan, output, &err));
     if (dump_dir != NULL)
@@ -507,10 +598,29 @@ int ps_cmd_plan(int argc, char **argv)
         json_decref(pred);
     } else {
         summary(plan, r);
+        if (!no_memory_check)
+            printf("programs      peak memory %s (device %d, stage %d) of its %s, exact from "
+                   "the lowered programs (%.3g s)\n",
+                   ps_cli_bytes(programs.peak_bytes, pa, sizeof pa), programs.worst_device,
+                   programs.worst_stage, ps_cli_bytes(programs.memory_bytes, pb, sizeof pb),
+                   programs.lower_s);
         if (do_explain)
             explain(step, r);
     }
 out:
+    if (st != PS_OK && replanning) {
+        char msg[PS_ERROR_MSG_MAX], by[32];
+        snprintf(msg, sizeof msg, "%s", err.msg);
+        ps_error_clear(&err);
+        ps_error_set(&err, st,
+                     "the first plan's programs did not fit in memory, and planning again "
+                     "with %s less per device failed: %s",
+                     ps_cli_bytes(cut, by, sizeof by), msg);
+    }
+    if (memory != NULL && cluster != NULL)
+        for (int k = 0; k < cluster->n_kinds; k++)
+            cluster->kinds[k].memory_bytes = memory[k];
+    free(memory);
     ps_intra_result_free(r);
     ps_plan_free(plan);
     ps_graph_free(step);

@@ -217,6 +217,38 @@ ps_status ps_program_append(ps_program *p, const ps_instr *in)
     return PS_OK;
 }
 
+static void track(const ps_program_set *s, const ps_instr *in, double *bytes, double *peak)
+{
+    if (in->buffer < 0 || in->buffer >= s->n_buffers)
+        return;
+    if (in->kind == PS_INSTR_ALLOC) {
+        *bytes += s->buffers[in->buffer].bytes;
+        if (*bytes > *peak)
+            *peak = *bytes;
+    } else if (in->kind == PS_INSTR_FREE) {
+        *bytes -= s->buffers[in->buffer].bytes;
+    }
+}
+
+double ps_program_peak_bytes(const ps_program_set *s, int device)
+{
+    if (device < 0 || device >= s->n_devices)
+        return 0;
+    const ps_program *p = &s->programs[device];
+    double bytes = 0, peak = 0;
+    for (int i = 0; i < p->n_instrs; i++) {
+        const ps_instr *in = &p->instrs[i];
+        if (in->kind == PS_INSTR_RUN && in->kernel >= 0 && in->kernel < s->n_kernels) {
+            const ps_kernel *k = &s->kernels[in->kernel];
+            for (int j = 0; j < k->n_instrs; j++)
+                track(s, &k->instrs[j], &bytes, &peak);
+        } else {
+            track(s, in, &bytes, &peak);
+        }
+    }
+    return peak;
+}
+
 ps_instr ps_instr_init(ps_instr_kind kind)
 {
     return (ps_instr){.kind = (uint8_t)kind, .axis = -1, .group = -1, .kernel = -1, .mb = -1,

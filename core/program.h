@@ -207,6 +207,12 @@ ps_status ps_program_append(ps_program *p, const ps_instr *in);
 /* An instruction with every index field at -1 and chunks = 1. */
 ps_instr ps_instr_init(ps_instr_kind kind);
 
+/* Peak memory of one device (bytes): its ALLOC and FREE in program order,
+ * kernels expanded, as ps_program_set_check counts it but without its
+ * checks (a well-formed set: what the lowering makes); 0 for a device
+ * outside the set. Linear in the device's executed instructions. */
+double ps_program_peak_bytes(const ps_program_set *s, int device);
+
 /* Group of device `device` for a kernel instruction (axis) or a program one. */
 int ps_instr_group(const ps_program_set *s, const ps_program *p, const ps_instr *in);
 

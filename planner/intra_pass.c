@@ -148,6 +148,85 @@ enum {
                      * whole step */
 };
 
+/* The most a micro-batch's activations hold at once, in the chosen
+ * layouts: every tensor of the micro-batch (not the gradients accumulated
+ * over micro-batches, nor weights and state) from its op, or from the start
+ * for a stage's input, to the last op that reads it, in the graph's order,
+ * which is the order the lowering runs a micro-batch's ops in (a layer's
+ * recomputation right before its backward). With remat a recomputed
+ * layer's activations are alive together through its backward; without,
+ * the backward's temporaries overlap; a kept activation is gone once the
+ * backward has read it. Counting instead all kept activations and the one
+ * largest temporary left a plan's programs up to twice the planned
+ * per-micro-batch memory. */
+static ps_status working_set(const ps_graph *g, const unsigned char *kept,
+                             const ps_intra_result *r, const ps_logical_mesh *m,
+                             double *peak_out, ps_error *err)
+{
+    int *last = malloc(((size_t)g->n_tensors + 1) * sizeof *last);
+    if (last == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int t = 0; t < g->n_tensors; t++)
+        last[t] = -1;
+    for (int i = 0; i < g->n_ops; i++)
+        for (int k = 0; k < g->ops[i].n_in; k++)
+            last[g->ops[i].in[k]] = i;
+    double live = 0, peak = 0;
+    for (int t = 0; t < g->n_tensors; t++) /* a stage's inputs, received or loaded */
+        if (g->tensors[t].producer < 0 && g->tensors[t].kind == PS_TENSOR_INPUT &&
+            !(kept[t] & KEPT_ACCUM) && last[t] >= 0)
+            live += ps_spec_tile_bytes(&r->tensor_spec[t], &g->tensors[t].desc, m->shape);
+    peak = live;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        const ps_strategy *s = &r->op_strategy[i];
+        double born = 0, unread = 0;
+        for (int k = 0; k < op->n_out; k++) {
+            int t = op->out[k];
+            if (kept[t] & KEPT_ACCUM)
+                continue;
+            double b = ps_spec_tile_bytes(&s->out[k], &g->tensors[t].desc, m->shape);
+            born += b;
+            if (last[t] <= i)
+                unread += b; /* nothing reads it later: gone after its op */
+        }
+        /* an input read in another layout than it is held in is re-laid
+         * out into a tile of its own for the op (a ZeRO-3 parameter
+         * gathered whole, a re-sharded activation) */
+        double relaid = 0;
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            if (!ps_spec_equal(&r->tensor_spec[t], &s->in[k]))
+                relaid += ps_spec_tile_bytes(&s->in[k], &g->tensors[t].desc, m->shape);
+        }
+        live += born;
+        peak = fmax(peak, live + relaid);
+        live -= unread;
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            const ps_tensor *x = &g->tensors[t];
+            bool dup = false; /* an op reading a tensor twice frees it once */
+            for (int q = 0; q < k && !dup; q++)
+                dup = op->in[q] == t;
+            if (dup || (kept[t] & KEPT_ACCUM) || last[t] != i)
+                continue;
+            if (x->producer >= 0) {
+                const ps_op *from = &g->ops[x->producer];
+                int out = 0;
+                while (out < from->n_out && from->out[out] != t)
+                    out++;
+                live -= ps_spec_tile_bytes(&r->op_strategy[x->producer].out[out], &x->desc,
+                                           m->shape);
+            } else if (x->kind == PS_TENSOR_INPUT) {
+                live -= ps_spec_tile_bytes(&r->tensor_spec[t], &x->desc, m->shape);
+            }
+        }
+    }
+    free(last);
+    *peak_out = peak;
+    return PS_OK;
+}
+
 /* Tensors that must live through a micro-batch (forward tensors the
  * backward pass reads) or the step (the gradients the update reads;
  * weights and state are sources). */
@@ -628,7 +707,8 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         else
             r->tensor_spec[t] = c.src[t][r->ilp.choice[c.node_of_tensor[t]]];
     }
-    double transient = 0;
+    double working = 0, transient = 0;
+    PS_TRY(working_set(g, kept, r, m, &working, err));
     for (int i = 0; i < n_ops; i++) {
         const ps_op *op = &g->ops[i];
         const ps_strategy *s = &r->op_strategy[i];
@@ -648,8 +728,6 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
                 r->gradient_bytes += b;
             else if (kept[op->out[k]] & KEPT_ACT)
                 r->activation_bytes += b;
-            else if (b > transient)
-                transient = b;
         }
     }
     for (int t = 0; t < n_t; t++) {
@@ -665,6 +743,9 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACT))
             r->activation_bytes += b;
     }
+    /* what a micro-batch's peak adds above its kept activations (those of
+     * the other micro-batches in flight stay whole) */
+    transient = fmax(transient, working - r->activation_bytes);
     r->peak_memory_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
                            r->activation_bytes + transient;
     *out = r;

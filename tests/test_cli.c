@@ -1320,6 +1320,108 @@ static void test_plan(void **state)
     }
 }
 
+/* 4 devices of `memory` bytes on one node (a test device) */
+static void small_cluster(const char *path, const char *memory)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"name\": \"small4\", \"nodes\": 1, \"devices_per_node\": 4, \"device\": "
+            "{\"name\": \"small\", \"peak_flops\": {\"fp32\": 1e13, \"fp16\": 4e13}, "
+            "\"memory_bytes\": %s, \"memory_bandwidth_bytes_per_s\": 9e11}, "
+            "\"intra_node\": {\"topology\": \"nvswitch\", \"bandwidth_bytes_per_s\": 1e11, "
+            "\"latency_s\": 5e-6}, \"inter_node\": {\"topology\": \"fat-tree\", "
+            "\"nics_per_node\": 1, \"nic_bandwidth_bytes_per_s\": 1e10, \"latency_s\": "
+            "1e-5}}\n",
+            memory);
+    fclose(f);
+}
+
+/* plan checks its lowered programs' exact peak against the devices' memory:
+ * it prints it; a plan whose programs would not fit (here the test mode
+ * that plans with twice the memory, a planner whose estimates were half
+ * the truth) is planned again with less and fits; the plan keeps the
+ * cluster's memory; where no plan fits the message says what was tried. */
+static void test_plan_memory_check(void **state)
+{
+    const fixture *fx = *state;
+    char cluster[512], plan[512];
+    snprintf(cluster, sizeof cluster, "%s/small4.json", fx->dir);
+    snprintf(plan, sizeof plan, "%s/memory-plan.json", fx->dir);
+    small_cluster(cluster, "356515840"); /* 340 MiB */
+#define SMALL_SHARD                                                                           \
+    "plan", "--model", "gpt-350m", "--layers", "8", "--hidden", "512", "--heads", "8", "--seq", \
+        "256", "--vocab", "4096", "--global-batch", "64", "--micro-batches", "4", "--method",  \
+        "shard", "--cluster-file", cluster, "-o", plan
+    {
+        const char *a[] = {SMALL_SHARD, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        expect_in(&r, true, "programs      peak memory ");
+        expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
+        if (contains(r.err, r.err_len, "planning again"))
+            fail_msg("planned again with the true memory:\n%s", r.err);
+        run_result_free(&r);
+    }
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
+    {
+        const char *a[] = {SMALL_SHARD, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
+        expect_exit(&r, 0);
+        expect_in(&r, false, "more than its 340.00 MiB (the planner estimated ");
+        expect_in(&r, false, "planning again with ");
+        expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
+        /* the peak printed is within the memory */
+        const char *at = strstr(r.out, "programs      peak memory ");
+        assert_non_null(at);
+        double mib = atof(at + strlen("programs      peak memory "));
+        assert_true(strstr(at, " MiB (device") != NULL && mib > 0 && mib <= 340.0);
+        run_result_free(&r);
+        ps_json_doc *doc = NULL;
+        assert_int_equal(ps_json_doc_load(plan, &doc, NULL), PS_OK);
+        json_t *dev = json_object_get(json_object_get(doc->root, "cluster"), "device");
+        assert_true(json_number_value(json_object_get(dev, "memory_bytes")) == 356515840.0);
+        ps_json_doc_free(doc);
+    }
+    /* --no-memory-check: the first plan, unchecked */
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
+    {
+        const char *a[] = {SMALL_SHARD, "--no-memory-check", NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        expect_exit(&r, 0);
+        if (contains(r.out, r.out_len, "programs      peak memory") ||
+            contains(r.err, r.err_len, "planning again"))
+            fail_msg("checked with --no-memory-check:\n%s%s", r.out, r.err);
+        run_result_free(&r);
+    }
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "0.5", 1);
+    {
+        const char *a[] = {SMALL_SHARD, NULL};
+        expect_failure(fx, a, "PIPESHARD_PLAN_MEMORY_SCALE needs a number in [1, 10], not "
+                              "\"0.5\"");
+    }
+    unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
+    /* no plan fits 220 MiB: planned again, then the reason, with what was tried */
+    small_cluster(cluster, "230686720");
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
+    {
+        const char *a[] = {SMALL_SHARD, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
+        expect_exit(&r, 1);
+        expect_in(&r, false, "more than its 220.00 MiB");
+        expect_in(&r, false, "the first plan's programs did not fit in memory, and planning "
+                             "again with ");
+        run_result_free(&r);
+    }
+#undef SMALL_SHARD
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1344,6 +1446,7 @@ int main(void)
         cmocka_unit_test(test_sim_node_collectives),
 #endif
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_memory_check),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -105,6 +105,28 @@ static ps_program_set *lower(const ps_plan *p, ps_plan_model **m, bool local_all
     for (int k = 0; k < p->n_stages; k++)
         for (int i = 0; i < p->stages[k].n_devices; i++)
             assert_true(peak[p->stages[k].devices[i]] > 0);
+    /* the planner's estimate of a stage's memory is the programs' peak or a
+     * little above (the intra-op pass walks a micro-batch's tensors in the
+     * lowering's order; docs/simulator.md) */
+    for (int k = 0; k < p->n_stages; k++) {
+        double most = 0;
+        for (int i = 0; i < p->stages[k].n_devices; i++)
+            most = fmax(most, peak[p->stages[k].devices[i]]);
+        double planned = p->stages[k].peak_memory_bytes;
+        printf("#   %s %s stage %d: planned %.6g MB, programs %.6g MB (%+.2f%%)\n",
+               p->model_name, p->method, k, planned / 1e6, most / 1e6,
+               100 * (planned - most) / most);
+        if (planned < most * (1 - 1e-9) || planned > most * 1.25)
+            fail_msg("%s %s stage %d: planned %.17g bytes, the programs' peak %.17g",
+                     p->model_name, p->method, k, planned, most);
+    }
+    /* the walk without the checks counts the same, device by device */
+    for (int d = 0; d < set->n_devices; d++)
+        if (ps_program_peak_bytes(set, d) != peak[d])
+            fail_msg("%s %s device %d: peak %.17g without the checks, %.17g with", p->model_name,
+                     p->method, d, ps_program_peak_bytes(set, d), peak[d]);
+    assert_true(ps_program_peak_bytes(set, set->n_devices) == 0);
+    assert_true(ps_program_peak_bytes(set, -1) == 0);
     free(peak);
     return set;
 }
