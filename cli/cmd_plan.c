@@ -483,11 +483,11 @@ int ps_cmd_plan(int argc, char **argv)
         memory[k] = cluster->kinds[k].memory_bytes;
     for (int attempt = 1;; attempt++) {
     replanning = attempt > 1;
-    double least = INFINITY;
-    for (int k = 0; k < cluster->n_kinds; k++) {
+    double least = INFINITY; /* over the kinds some device is */
+    for (int k = 0; k < cluster->n_kinds; k++)
         cluster->kinds[k].memory_bytes = memory[k] * scale - cut;
-        least = fmin(least, cluster->kinds[k].memory_bytes);
-    }
+    for (int d = 0; d < ps_cluster_device_count(cluster); d++)
+        least = fmin(least, ps_cluster_device(cluster, d)->memory_bytes);
     if (least <= 0) {
         st = ps_error_set(&err, PS_ERR_INFEASIBLE,
                           "no plan fits in memory: the programs need more than the "
@@ -568,9 +568,8 @@ int ps_cmd_plan(int argc, char **argv)
     /* below what the planner thought the failing stage needs, by what it
      * lacked and half as much again (the plan does not change while the
      * memory planned with stays above its estimate) */
-    double planned_with = INFINITY;
-    for (int k = 0; k < cluster->n_kinds; k++)
-        planned_with = fmin(planned_with, memory[k] * scale - cut);
+    int kind = cluster->device_kind != NULL ? cluster->device_kind[programs.worst_device] : 0;
+    double planned_with = memory[kind] * scale - cut; /* the failing device's kind */
     double next = fmin(planned_with, plan->stages[programs.worst_stage].peak_memory_bytes) -
                   1.5 * lack;
     cut += planned_with - next;
@@ -613,8 +612,8 @@ out:
         snprintf(msg, sizeof msg, "%s", err.msg);
         ps_error_clear(&err);
         ps_error_set(&err, st,
-                     "the first plan's programs did not fit in memory, and planning again "
-                     "with %s less per device failed: %s",
+                     "a plan's programs did not fit in memory, and planning again with %s "
+                     "less per device failed: %s",
                      ps_cli_bytes(cut, by, sizeof by), msg);
     }
     if (memory != NULL && cluster != NULL)

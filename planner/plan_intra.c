@@ -146,7 +146,8 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     io.ilp = req->ilp;
     PS_TRY(ps_intra_solve(step, m, &io, &r, err));
     /* Too big: solve again with the memory constraint. The ILP counts what
-     * lives through a micro-batch; leave room for the largest temporary. */
+     * lives through a micro-batch; leave room for the micro-batch's working
+     * set above it (the transient of the fastest layout). */
     for (int attempt = 0; attempt < 3 && r->peak_memory_bytes > m->memory_bytes; attempt++) {
         double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
                          r->activation_bytes;
@@ -164,7 +165,7 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
         if (st != PS_OK) {
             st = ps_error_set(err, st,
                               "%s does not fit in memory with method %s on %dx%d (%.4g GB per "
-                              "device; %.4g GB left beside the largest temporary): %s",
+                              "device; %.4g GB left beside a micro-batch's working set): %s",
                               req->forward->name, ps_intra_method_names[req->method], d0, d1,
                               m->memory_bytes / 1e9, io.memory_budget_bytes / 1e9, inner.msg);
             goto out;

@@ -1,12 +1,13 @@
+#ifndef PS_PLANNER_PROGRAM_MEMORY_H
+#define PS_PLANNER_PROGRAM_MEMORY_H
+
 /* The memory a plan's programs take, exactly: the plan lowered to its
  * per-device programs (planner/lower.h) and their ALLOC/FREE walked in
  * order, as the simulator and the executors count it. The planner's own
- * estimate (weights, gradients, optimizer state, kept activations and the
- * largest temporary) leaves out the working set of a backward (a
- * recomputed layer's activations, the temporaries alive together), a few
- * percent, more with remat; this is what a plan is checked against. */
-#ifndef PS_PLANNER_PROGRAM_MEMORY_H
-#define PS_PLANNER_PROGRAM_MEMORY_H
+ * estimate (the intra-op pass's walk of a micro-batch's tensors) is that or
+ * a few percent above, not always: a composed stage, a reshard's
+ * intermediate or a pre-reduction buffer it does not follow; this is what
+ * `pipeshard plan` checks a plan against. */
 
 #include "core/plan.h"
 #include "core/status.h"

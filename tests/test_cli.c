@@ -1320,8 +1320,9 @@ static void test_plan(void **state)
     }
 }
 
-/* 4 devices of `memory` bytes on one node (a test device) */
-static void small_cluster(const char *path, const char *memory)
+/* 4 devices of `memory` bytes on one node (a test device); `extra`: more
+ * keys ("" for none) */
+static void small_cluster(const char *path, const char *memory, const char *extra)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -1332,8 +1333,8 @@ static void small_cluster(const char *path, const char *memory)
             "\"intra_node\": {\"topology\": \"nvswitch\", \"bandwidth_bytes_per_s\": 1e11, "
             "\"latency_s\": 5e-6}, \"inter_node\": {\"topology\": \"fat-tree\", "
             "\"nics_per_node\": 1, \"nic_bandwidth_bytes_per_s\": 1e10, \"latency_s\": "
-            "1e-5}}\n",
-            memory);
+            "1e-5}%s}\n",
+            memory, extra);
     fclose(f);
 }
 
@@ -1348,7 +1349,7 @@ static void test_plan_memory_check(void **state)
     char cluster[512], plan[512];
     snprintf(cluster, sizeof cluster, "%s/small4.json", fx->dir);
     snprintf(plan, sizeof plan, "%s/memory-plan.json", fx->dir);
-    small_cluster(cluster, "356515840"); /* 340 MiB */
+    small_cluster(cluster, "356515840", ""); /* 340 MiB */
 #define SMALL_SHARD                                                                           \
     "plan", "--model", "gpt-350m", "--layers", "8", "--hidden", "512", "--heads", "8", "--seq", \
         "256", "--vocab", "4096", "--global-batch", "64", "--micro-batches", "4", "--method",  \
@@ -1386,6 +1387,24 @@ static void test_plan_memory_check(void **state)
         assert_true(json_number_value(json_object_get(dev, "memory_bytes")) == 356515840.0);
         ps_json_doc_free(doc);
     }
+    /* a kind no device is (100 MiB) changes nothing: the cut follows the
+     * failing device's kind */
+    small_cluster(cluster, "356515840",
+                  ", \"device_kinds\": [{\"name\": \"tiny\", \"peak_flops\": {\"fp32\": "
+                  "1e12}, \"memory_bytes\": 104857600, \"memory_bandwidth_bytes_per_s\": "
+                  "1e11}]");
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
+    {
+        const char *a[] = {SMALL_SHARD, NULL};
+        run_result r;
+        run_ok(fx, a, &r);
+        unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
+        expect_exit(&r, 0);
+        expect_in(&r, false, "planning again with ");
+        expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
+        run_result_free(&r);
+    }
+    small_cluster(cluster, "356515840", "");
     /* --no-memory-check: the first plan, unchecked */
     setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
     {
@@ -1406,7 +1425,7 @@ static void test_plan_memory_check(void **state)
     }
     unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
     /* no plan fits 220 MiB: planned again, then the reason, with what was tried */
-    small_cluster(cluster, "230686720");
+    small_cluster(cluster, "230686720", "");
     setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
     {
         const char *a[] = {SMALL_SHARD, NULL};
@@ -1415,8 +1434,8 @@ static void test_plan_memory_check(void **state)
         unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
         expect_exit(&r, 1);
         expect_in(&r, false, "more than its 220.00 MiB");
-        expect_in(&r, false, "the first plan's programs did not fit in memory, and planning "
-                             "again with ");
+        expect_in(&r, false, "a plan's programs did not fit in memory, and planning again "
+                             "with ");
         run_result_free(&r);
     }
 #undef SMALL_SHARD
