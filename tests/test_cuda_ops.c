@@ -1704,6 +1704,35 @@ static void backend_memory(void **state)
     b->ops->destroy(b);
 }
 
+/* check_memory: devices sharing GPU 0 add up against its free memory; a
+ * need within it passes, one beyond the GPU's whole memory is refused with
+ * a message naming the GPU, the devices, the largest and the memory. */
+static void backend_check_memory(void **state)
+{
+    (void)state;
+    ps_backend *b = backend(2, true);
+    ps_error err = {0};
+    assert_non_null(b->ops->check_memory);
+    int64_t need[2] = {1 << 20, 2 << 20};
+    assert_int_equal(b->ops->check_memory(b, need, &err), PS_OK);
+    double total = ps_cuda_device_memory_bytes(0);
+    assert_true(total > 0);
+    need[0] = (int64_t)(total / 2);
+    need[1] = (int64_t)(total / 2) + ((int64_t)1 << 30); /* together above the whole GPU */
+    assert_int_equal(b->ops->check_memory(b, need, &err), PS_ERR_NOMEM);
+    printf("  %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "GPU 0: 2 devices of the plan hold "));
+    assert_non_null(strstr(err.msg, "(device 1 the most: "));
+    assert_non_null(strstr(err.msg, "free of its "));
+    assert_non_null(strstr(err.msg, "--no-memory-check"));
+    /* a device of no need is not counted */
+    ps_error e2 = {0};
+    need[0] = 0;
+    need[1] = 1 << 20;
+    assert_int_equal(b->ops->check_memory(b, need, &e2), PS_OK);
+    b->ops->destroy(b);
+}
+
 static void backend_timing_and_profile(void **state)
 {
     (void)state;
@@ -2331,6 +2360,7 @@ int main(void)
 #endif
         cmocka_unit_test(ops_errors),
         cmocka_unit_test(backend_memory),
+        cmocka_unit_test(backend_check_memory),
         cmocka_unit_test(backend_timing_and_profile),
         cmocka_unit_test(backend_copy_box),
         cmocka_unit_test(backend_find_nonfinite),
