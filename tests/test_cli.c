@@ -1338,6 +1338,28 @@ static void small_cluster(const char *path, const char *memory, const char *extr
     fclose(f);
 }
 
+/* A plan made with twice the memory (PIPESHARD_PLAN_MEMORY_SCALE=2) on
+ * 340 MiB devices: planned again, and the programs' peak printed is within
+ * the memory; `estimate`: the warning gives the planner's estimate. */
+static void expect_planned_again_to_fit(const fixture *fx, const char *const *args,
+                                        bool estimate)
+{
+    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
+    run_result r;
+    run_ok(fx, args, &r);
+    unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
+    expect_exit(&r, 0);
+    if (estimate)
+        expect_in(&r, false, "more than its 340.00 MiB (the planner estimated ");
+    expect_in(&r, false, "planning again with ");
+    expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
+    const char *at = strstr(r.out, "programs      peak memory ");
+    assert_non_null(at);
+    double mib = atof(at + strlen("programs      peak memory "));
+    assert_true(strstr(at, " MiB (device") != NULL && mib > 0 && mib <= 340.0);
+    run_result_free(&r);
+}
+
 /* plan checks its lowered programs' exact peak against the devices' memory:
  * it prints it; a plan whose programs would not fit (here the test mode
  * that plans with twice the memory, a planner whose estimates were half
@@ -1365,22 +1387,9 @@ static void test_plan_memory_check(void **state)
             fail_msg("planned again with the true memory:\n%s", r.err);
         run_result_free(&r);
     }
-    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
     {
         const char *a[] = {SMALL_SHARD, NULL};
-        run_result r;
-        run_ok(fx, a, &r);
-        unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
-        expect_exit(&r, 0);
-        expect_in(&r, false, "more than its 340.00 MiB (the planner estimated ");
-        expect_in(&r, false, "planning again with ");
-        expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
-        /* the peak printed is within the memory */
-        const char *at = strstr(r.out, "programs      peak memory ");
-        assert_non_null(at);
-        double mib = atof(at + strlen("programs      peak memory "));
-        assert_true(strstr(at, " MiB (device") != NULL && mib > 0 && mib <= 340.0);
-        run_result_free(&r);
+        expect_planned_again_to_fit(fx, a, true);
         ps_json_doc *doc = NULL;
         assert_int_equal(ps_json_doc_load(plan, &doc, NULL), PS_OK);
         json_t *dev = json_object_get(json_object_get(doc->root, "cluster"), "device");
@@ -1393,16 +1402,9 @@ static void test_plan_memory_check(void **state)
                   ", \"device_kinds\": [{\"name\": \"tiny\", \"peak_flops\": {\"fp32\": "
                   "1e12}, \"memory_bytes\": 104857600, \"memory_bandwidth_bytes_per_s\": "
                   "1e11}]");
-    setenv("PIPESHARD_PLAN_MEMORY_SCALE", "2", 1);
     {
         const char *a[] = {SMALL_SHARD, NULL};
-        run_result r;
-        run_ok(fx, a, &r);
-        unsetenv("PIPESHARD_PLAN_MEMORY_SCALE");
-        expect_exit(&r, 0);
-        expect_in(&r, false, "planning again with ");
-        expect_in(&r, true, " of its 340.00 MiB, exact from the lowered programs");
-        run_result_free(&r);
+        expect_planned_again_to_fit(fx, a, false);
     }
     small_cluster(cluster, "356515840", "");
     /* --no-memory-check: the first plan, unchecked */
