@@ -243,6 +243,30 @@ static bool parse_mesh(const char *text, int *d0, int *d1)
     return true;
 }
 
+/* Which planner a `plan` command calls, and with what. */
+typedef struct plan_how {
+    bool pipeshard, uniform, auto_micro;
+    int dp, op, pp;             /* uniform */
+    ps_manual_stage *stages;    /* --stages FILE, owned; NULL: none */
+    int n_stages;
+} plan_how;
+
+/* One plan; *r and *step only for one-stage methods. */
+static ps_status plan_once(const ps_plan_request *req, const ps_inter_options *inter,
+                           const plan_how *how, ps_plan **plan, ps_intra_result **r,
+                           ps_graph **step, ps_error *err)
+{
+    if (!how->pipeshard)
+        return ps_plan_one_stage(req, plan, r, step, err);
+    if (how->uniform)
+        return ps_plan_uniform(req, inter, how->dp, how->op, how->pp, plan, err);
+    if (how->stages != NULL)
+        return ps_plan_manual(req, inter, how->stages, how->n_stages, plan, err);
+    if (how->auto_micro)
+        return ps_plan_pipeshard_search(req, inter, plan, err);
+    return ps_plan_pipeshard(req, inter, plan, err);
+}
+
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
@@ -418,6 +442,7 @@ int ps_cmd_plan(int argc, char **argv)
     ps_model_config cfg;
     bool from_zoo = false;
     double *memory = NULL; /* [n_kinds]: the cluster's device memory */
+    plan_how how = {0};
     double cut = 0;        /* bytes taken off every device's memory for planning */
     bool replanning = false; /* planning again: a failure says why */
     ps_program_memory programs;
@@ -465,7 +490,8 @@ int ps_cmd_plan(int argc, char **argv)
     /* Planned, then checked against the lowered programs' exact peak: where
      * a device would run out (the planner's estimate is within a few percent
      * of the programs' but not exact: docs/simulator.md), planned again with
-     * less memory per device, at most PLAN_MEMORY_ATTEMPTS times. The plan keeps the cluster's memory.
+     * less memory per device, at most PLAN_MEMORY_ATTEMPTS times. The plan
+     * keeps the cluster's memory.
      * Test mode: PIPESHARD_PLAN_MEMORY_SCALE=S (1 to 10) plans with S times
      * the memory, as a planner whose estimates were that much too low. */
     enum { PLAN_MEMORY_ATTEMPTS = 4 };
@@ -481,19 +507,7 @@ int ps_cmd_plan(int argc, char **argv)
     PS_TRY_ALLOC(memory, &err);
     for (int k = 0; k < cluster->n_kinds; k++)
         memory[k] = cluster->kinds[k].memory_bytes;
-    for (int attempt = 1;; attempt++) {
-    replanning = attempt > 1;
-    double least = INFINITY; /* over the kinds some device is */
-    for (int k = 0; k < cluster->n_kinds; k++)
-        cluster->kinds[k].memory_bytes = memory[k] * scale - cut;
-    for (int d = 0; d < ps_cluster_device_count(cluster); d++)
-        least = fmin(least, ps_cluster_device(cluster, d)->memory_bytes);
-    if (least <= 0) {
-        st = ps_error_set(&err, PS_ERR_INFEASIBLE,
-                          "no plan fits in memory: the programs need more than the "
-                          "devices have, by more than they have");
-        goto out;
-    }
+    /* what to plan, checked once: the attempts below only plan */
     if (pipeshard) {
         if (do_explain) {
             st = ps_error_set(&err, PS_ERR_UNSUPPORTED,
@@ -509,80 +523,85 @@ int ps_cmd_plan(int argc, char **argv)
                                   "--dp, --op and --pp, and no stage file");
                 goto out;
             }
-            PS_TRY(ps_plan_uniform(&req, &inter, dp, op_degree, pp, &plan, &err));
         } else if (stages_file != NULL) {
-            ps_manual_stage *ms = NULL;
-            int n_ms = 0;
-            PS_TRY(ps_stage_file_load(stages_file, &inter, &ms, &n_ms, &err));
-            st = ps_plan_manual(&req, &inter, ms, n_ms, &plan, &err);
-            free(ms);
-            if (st != PS_OK)
-                goto out;
-        } else {
-            if (dp || op_degree || pp) {
-                st = ps_error_set(&err, PS_ERR_INVALID, "--dp, --op and --pp go with --method "
-                                                        "uniform");
-                goto out;
-            }
-            if (auto_micro)
-                PS_TRY(ps_plan_pipeshard_search(&req, &inter, &plan, &err));
-            else
-                PS_TRY(ps_plan_pipeshard(&req, &inter, &plan, &err));
-        }
-    } else {
-        if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
-            inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
-            inter.submeshes != PS_SUBMESH_POWER_OF_TWO ||
-            inter.stage_candidates != ps_inter_options_default().stage_candidates) {
-            st = ps_error_set(&err, PS_ERR_INVALID,
-                              "--layer-num, --schedule, --rows, --exact-ranges, "
-                              "--submesh-choices, --stage-imbalance-tolerance and "
-                              "--stage-candidates apply to --method pipeshard");
+            PS_TRY(ps_stage_file_load(stages_file, &inter, &how.stages, &how.n_stages, &err));
+        } else if (dp || op_degree || pp) {
+            st = ps_error_set(&err, PS_ERR_INVALID, "--dp, --op and --pp go with --method "
+                                                    "uniform");
             goto out;
         }
-        PS_TRY(ps_plan_one_stage(&req, &plan, &r, &step, &err));
-    }
-    replanning = false;
-    for (int k = 0; k < cluster->n_kinds && k < plan->cluster->n_kinds; k++)
-        cluster->kinds[k].memory_bytes = plan->cluster->kinds[k].memory_bytes = memory[k];
-    if (no_memory_check)
-        break;
-    PS_TRY(ps_plan_program_memory(plan, &programs, &err));
-    double lack = programs.peak_bytes - programs.memory_bytes;
-    if (lack <= 0)
-        break;
-    char need[32], have[32], est[32], to[32];
-    ps_cli_bytes(programs.peak_bytes, need, sizeof need);
-    ps_cli_bytes(programs.memory_bytes, have, sizeof have);
-    ps_cli_bytes(plan->stages[programs.worst_stage].peak_memory_bytes, est, sizeof est);
-    if (attempt == PLAN_MEMORY_ATTEMPTS) {
-        st = ps_error_set(&err, PS_ERR_INFEASIBLE,
-                          "no plan found that fits in memory: after %d attempts the programs "
-                          "of the best plan still need %s on device %d (stage %d), more than "
-                          "its %s (the planner estimated %s); try --remat, more micro-batches "
-                          "or more devices (--no-memory-check writes the plan anyway)",
-                          attempt, need, programs.worst_device, programs.worst_stage, have,
-                          est);
+    } else if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
+               inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
+               inter.submeshes != PS_SUBMESH_POWER_OF_TWO ||
+               inter.stage_candidates != ps_inter_options_default().stage_candidates) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "--layer-num, --schedule, --rows, --exact-ranges, "
+                          "--submesh-choices, --stage-imbalance-tolerance and "
+                          "--stage-candidates apply to --method pipeshard");
         goto out;
     }
-    /* below what the planner thought the failing stage needs, by what it
-     * lacked and half as much again (the plan does not change while the
-     * memory planned with stays above its estimate) */
-    int kind = cluster->device_kind != NULL ? cluster->device_kind[programs.worst_device] : 0;
-    double planned_with = memory[kind] * scale - cut; /* the failing device's kind */
-    double next = fmin(planned_with, plan->stages[programs.worst_stage].peak_memory_bytes) -
-                  1.5 * lack;
-    cut += planned_with - next;
-    PS_LOG_WARN("the plan's programs need %s on device %d (stage %d), more than its %s (the "
-                "planner estimated %s): planning again with %s less per device",
-                need, programs.worst_device, programs.worst_stage, have, est,
-                ps_cli_bytes(cut, to, sizeof to));
-    ps_intra_result_free(r);
-    ps_plan_free(plan);
-    ps_graph_free(step);
-    r = NULL;
-    plan = NULL;
-    step = NULL;
+    how.pipeshard = pipeshard;
+    how.uniform = uniform;
+    how.auto_micro = auto_micro;
+    how.dp = dp;
+    how.op = op_degree;
+    how.pp = pp;
+    for (int attempt = 1;; attempt++) {
+        replanning = attempt > 1;
+        double least = INFINITY; /* over the kinds some device is */
+        for (int k = 0; k < cluster->n_kinds; k++)
+            cluster->kinds[k].memory_bytes = memory[k] * scale - cut;
+        for (int d = 0; d < ps_cluster_device_count(cluster); d++)
+            least = fmin(least, ps_cluster_device(cluster, d)->memory_bytes);
+        if (least <= 0) {
+            st = ps_error_set(&err, PS_ERR_INFEASIBLE,
+                              "no plan fits in memory: the programs need more than the "
+                              "devices have, by more than they have");
+            goto out;
+        }
+        PS_TRY(plan_once(&req, &inter, &how, &plan, &r, &step, &err));
+        replanning = false;
+        for (int k = 0; k < cluster->n_kinds && k < plan->cluster->n_kinds; k++)
+            cluster->kinds[k].memory_bytes = plan->cluster->kinds[k].memory_bytes = memory[k];
+        if (no_memory_check)
+            break;
+        PS_TRY(ps_plan_program_memory(plan, &programs, &err));
+        double lack = programs.peak_bytes - programs.memory_bytes;
+        if (lack <= 0)
+            break;
+        char need[32], have[32], est[32], to[32];
+        ps_cli_bytes(programs.peak_bytes, need, sizeof need);
+        ps_cli_bytes(programs.memory_bytes, have, sizeof have);
+        ps_cli_bytes(plan->stages[programs.worst_stage].peak_memory_bytes, est, sizeof est);
+        if (attempt == PLAN_MEMORY_ATTEMPTS) {
+            st = ps_error_set(&err, PS_ERR_INFEASIBLE,
+                              "no plan found that fits in memory: after %d attempts the "
+                              "programs of the best plan still need %s on device %d (stage "
+                              "%d), more than its %s (the planner estimated %s); try --remat, "
+                              "more micro-batches or more devices (--no-memory-check writes "
+                              "the plan anyway)",
+                              attempt, need, programs.worst_device, programs.worst_stage, have,
+                              est);
+            goto out;
+        }
+        /* below what the planner thought the failing stage needs, by what it
+         * lacked and half as much again (the plan does not change while the
+         * memory planned with stays above its estimate) */
+        int kind = cluster->device_kind != NULL ? cluster->device_kind[programs.worst_device] : 0;
+        double planned_with = memory[kind] * scale - cut; /* the failing device's kind */
+        double next = fmin(planned_with, plan->stages[programs.worst_stage].peak_memory_bytes) -
+                      1.5 * lack;
+        cut += planned_with - next;
+        PS_LOG_WARN("the plan's programs need %s on device %d (stage %d), more than its %s (the "
+                    "planner estimated %s): planning again with %s less per device",
+                    need, programs.worst_device, programs.worst_stage, have, est,
+                    ps_cli_bytes(cut, to, sizeof to));
+        ps_intra_result_free(r);
+        ps_plan_free(plan);
+        ps_graph_free(step);
+        r = NULL;
+        plan = NULL;
+        step = NULL;
     }
     PS_TRY(ps_plan_record_profile(plan, profile, &err));
     PS_TRY(ps_plan_save(plan, output, &err));
@@ -620,6 +639,7 @@ out:
         for (int k = 0; k < cluster->n_kinds; k++)
             cluster->kinds[k].memory_bytes = memory[k];
     free(memory);
+    free(how.stages);
     ps_intra_result_free(r);
     ps_plan_free(plan);
     ps_graph_free(step);

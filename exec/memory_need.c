@@ -38,6 +38,13 @@ static void hold(need_walk *w, int64_t bytes)
         w->peak_transient = w->transient;
 }
 
+/* Bytes held during one instruction only (a scratch tile, the vote's flag). */
+static void hold_briefly(need_walk *w, int64_t bytes)
+{
+    hold(w, bytes);
+    w->transient -= bytes;
+}
+
 static void alloc_instance(need_walk *w, int buffer, int mb, bool program_level)
 {
     if (!valid_buffer(w, buffer))
@@ -95,9 +102,7 @@ static void mark_written(need_walk *w, int buffer, int mb)
 /* A collective's or a slice's write of a whole tile. */
 static void write_whole(need_walk *w, int buffer, int mb, bool accumulate)
 {
-    int64_t scratch = write_scratch(w, buffer, mb, accumulate, NULL, 0);
-    hold(w, scratch);
-    w->transient -= scratch;
+    hold_briefly(w, write_scratch(w, buffer, mb, accumulate, NULL, 0));
     mark_written(w, buffer, mb);
 }
 
@@ -114,8 +119,7 @@ static void kernel_instr(need_walk *w, const ps_instr *in, int mb)
         int64_t scratch = 0;
         for (int o = 0; o < op->n_out; o++)
             scratch += write_scratch(w, operand[op->n_in + o], mb, acc, op, o);
-        hold(w, scratch); /* held during the op, all outputs at once */
-        w->transient -= scratch;
+        hold_briefly(w, scratch); /* during the op, all outputs at once */
         for (int o = 0; o < op->n_out; o++)
             mark_written(w, operand[op->n_in + o], mb);
         return;
@@ -123,8 +127,7 @@ static void kernel_instr(need_walk *w, const ps_instr *in, int mb)
     case PS_INSTR_COLLECTIVE:
         if (in->flags & PS_INSTR_FINITE_VOTE) {
             if (in->group >= 0 && in->group < s->n_groups && s->groups[in->group].n > 1) {
-                hold(w, (int64_t)sizeof(float)); /* the flag all-reduced */
-                w->transient -= (int64_t)sizeof(float);
+                hold_briefly(w, (int64_t)sizeof(float)); /* the flag all-reduced */
             }
             return;
         }

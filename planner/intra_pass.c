@@ -159,6 +159,14 @@ enum {
  * backward has read it. Counting instead all kept activations and the one
  * largest temporary left a plan's programs up to twice the planned
  * per-micro-batch memory. */
+/* Bytes of tensor t's tile in the layout it is held in (a produced
+ * tensor's: its producer's output layout). */
+static double held_bytes(const ps_graph *g, const ps_intra_result *r, const ps_logical_mesh *m,
+                         int t)
+{
+    return ps_spec_tile_bytes(&r->tensor_spec[t], &g->tensors[t].desc, m->shape);
+}
+
 static ps_status working_set(const ps_graph *g, const unsigned char *kept,
                              const ps_intra_result *r, const ps_logical_mesh *m,
                              double *peak_out, ps_error *err)
@@ -175,7 +183,7 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
     for (int t = 0; t < g->n_tensors; t++) /* a stage's inputs, received or loaded */
         if (g->tensors[t].producer < 0 && g->tensors[t].kind == PS_TENSOR_INPUT &&
             !(kept[t] & KEPT_ACCUM) && last[t] >= 0)
-            live += ps_spec_tile_bytes(&r->tensor_spec[t], &g->tensors[t].desc, m->shape);
+            live += held_bytes(g, r, m, t);
     peak = live;
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
@@ -185,7 +193,7 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
             int t = op->out[k];
             if (kept[t] & KEPT_ACCUM)
                 continue;
-            double b = ps_spec_tile_bytes(&s->out[k], &g->tensors[t].desc, m->shape);
+            double b = held_bytes(g, r, m, t);
             born += b;
             if (last[t] <= i)
                 unread += b; /* nothing reads it later: gone after its op */
@@ -210,16 +218,8 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
                 dup = op->in[q] == t;
             if (dup || (kept[t] & KEPT_ACCUM) || last[t] != i)
                 continue;
-            if (x->producer >= 0) {
-                const ps_op *from = &g->ops[x->producer];
-                int out = 0;
-                while (out < from->n_out && from->out[out] != t)
-                    out++;
-                live -= ps_spec_tile_bytes(&r->op_strategy[x->producer].out[out], &x->desc,
-                                           m->shape);
-            } else if (x->kind == PS_TENSOR_INPUT) {
-                live -= ps_spec_tile_bytes(&r->tensor_spec[t], &x->desc, m->shape);
-            }
+            if (x->producer >= 0 || x->kind == PS_TENSOR_INPUT) /* not weights, state */
+                live -= held_bytes(g, r, m, t);
         }
     }
     free(last);
