@@ -435,3 +435,22 @@ out:
     ps_graph_free(s);
     return st;
 }
+
+int ps_graph_slice_numbering(const ps_graph *g, int lo, int hi, int *slice_of)
+{
+    /* as ps_graph_slice meets them: each op's outside inputs, then its outputs */
+    int next = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        slice_of[t] = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->layer < lo || op->layer > hi)
+            continue;
+        for (int k = 0; k < op->n_in; k++)
+            if (slice_of[op->in[k]] < 0)
+                slice_of[op->in[k]] = next++;
+        for (int k = 0; k < op->n_out; k++)
+            slice_of[op->out[k]] = next++;
+    }
+    return next;
+}

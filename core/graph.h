@@ -116,6 +116,11 @@ ps_status ps_graph_rename_tensor(ps_graph *g, int tensor, const char *name);
  * loss stays the loss if it is produced inside. Ops keep their order. */
 ps_status ps_graph_slice(const ps_graph *g, int lo, int hi, ps_graph **out, ps_error *err);
 
+/* The tensor numbering ps_graph_slice(g, lo, hi) gives: slice_of[t] is g's
+ * tensor t's id in the slice, -1 where the slice has no such tensor
+ * (slice_of holds g->n_tensors entries). Returns the slice's tensor count. */
+int ps_graph_slice_numbering(const ps_graph *g, int lo, int hi, int *slice_of);
+
 /* Looks a tensor up by name; -1 when absent. Linear: for loaders and tests. */
 int ps_graph_find_tensor(const ps_graph *g, const char *name);
 

@@ -13,6 +13,7 @@
 #include "planner/layer_cluster.h"
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
+#include "planner/range_compose.h"
 #include "planner/stage_dp.h"
 
 const char *const ps_submesh_choices_names[PS_SUBMESH_CHOICES_COUNT] = {
@@ -263,18 +264,16 @@ static uint64_t graph_hash(const ps_graph *g)
     return h;
 }
 
-typedef struct entry {
-    bool ok;
-    double need_bytes; /* the fastest layout's memory, even when it does not fit */
-    double time_s, update_s; /* forward + backward per micro-batch; update per step */
-    double forward_s;        /* the forward part of time_s */
-    double static_bytes, act_bytes, transient_bytes;
-} entry;
+typedef ps_stage_entry entry;
 
 typedef struct cache_item {
     uint64_t hash;
     double budget;  /* bytes per device the slice's entries may use */
     entry *entries; /* [n_sub * n_cfg] */
+    /* [n_sub * n_cfg] what each entry's layouts make of the slice's tensors,
+     * for the ranges composed from single layers (else NULL); one pool */
+    ps_entry_tensors *tensors;
+    double *tensor_bytes;
 } cache_item;
 
 /* The relative gap of the table's solves and of every solve within a memory
@@ -392,12 +391,35 @@ static void entry_fill(entry *e, const ps_intra_result *r)
     e->transient_bytes = r->peak_memory_bytes - e->static_bytes - e->act_bytes;
 }
 
+static ps_status entry_tensors_alloc(cache_item *ci, int n_entries, int n_tensors,
+                                     ps_error *err)
+{
+    ci->tensors = calloc((size_t)n_entries, sizeof *ci->tensors);
+    ci->tensor_bytes = calloc(2 * (size_t)n_entries * n_tensors + 1, sizeof *ci->tensor_bytes);
+    if (ci->tensors == NULL || ci->tensor_bytes == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    for (int e = 0; e < n_entries; e++)
+        ci->tensors[e] = (ps_entry_tensors){n_tensors, ci->tensor_bytes + 2 * (size_t)e * n_tensors};
+    return PS_OK;
+}
+
+static void entry_tensors_fill(ps_entry_tensors *et, const ps_graph *slice,
+                               const ps_intra_result *r, const ps_logical_mesh *m)
+{
+    for (int t = 0; t < et->n; t++) {
+        et->bytes[t] = ps_spec_tile_bytes(&r->tensor_spec[t], &slice->tensors[t].desc, m->shape);
+        et->bytes[et->n + t] = r->activation_tensor_bytes[t];
+    }
+}
+
 /* The table entries of a slice on one submesh and logical mesh: `n` variants
  * of the configuration (itself and its lean variant) sharing one solve of
- * the fastest layout. An entry that fits nowhere is left absent. */
+ * the fastest layout. An entry that fits nowhere is left absent. ts[v],
+ * where not NULL, gets what entry v's layouts make of each tensor. */
 static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const submesh *s,
                               const config *const *cfs, int n, const ps_plan_request *req,
-                              double limit_s, double budget, entry *const *es)
+                              double limit_s, double budget, entry *const *es,
+                              ps_entry_tensors *const *ts)
 {
     ps_logical_mesh *m = NULL;
     ps_intra_result *fastest = NULL;
@@ -414,11 +436,15 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
         st = solve_within(slice, m, cfs[v], req, limit_s, budget, fastest, &memo, &r, &inner);
-        if (st == PS_OK && memo.reused)
+        if (st == PS_OK && memo.reused) {
             *es[v] = *es[0];
-        else if (st == PS_OK)
+            if (ts[v] != NULL)
+                memcpy(ts[v]->bytes, ts[0]->bytes, 2 * (size_t)ts[v]->n * sizeof *ts[v]->bytes);
+        } else if (st == PS_OK) {
             entry_fill(es[v], r != NULL ? r : fastest);
-        else if (st == PS_ERR_INFEASIBLE)
+            if (ts[v] != NULL)
+                entry_tensors_fill(ts[v], slice, r != NULL ? r : fastest, m);
+        } else if (st == PS_ERR_INFEASIBLE)
             st = PS_OK; /* absent */
         ps_intra_result_free(r);
     }
@@ -516,6 +542,7 @@ typedef struct work_item {
     int sub, cfg, lean_cfg; /* lean_cfg < 0: none */
     double budget;          /* bytes per device an entry may use */
     entry *out[2];
+    ps_entry_tensors *tensors[2]; /* NULL: not needed */
 } work_item;
 
 typedef struct table_work {
@@ -537,7 +564,7 @@ static bool table_item(void *ctx, int k)
     double t0 = ps_monotonic_s();
     w->status[k] = cost_entries(it->slice, w->cluster, &w->subs[it->sub], cfs,
                                 it->lean_cfg >= 0 ? 2 : 1, w->req, w->limit_s, it->budget,
-                                it->out);
+                                it->out, it->tensors);
     const submesh *s = &w->subs[it->sub];
     PS_LOG_DEBUG("pipeshard: table entry: slice %d on (%d, %d) as (%d, %d)%s: %.3f s, %s",
                  it->slice_id, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1,
@@ -989,6 +1016,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     double *flops_prefix = NULL;      /* [L + 1] forward FLOPs of layers before each */
     cache_item *cache = NULL;
     entry **composed = NULL;   /* [first * L + last] composed entries */
+    entry **single = NULL;     /* [layer] its entries, for the composition */
+    ps_entry_tensors **single_tensors = NULL; /* [layer] what those make of its tensors */
+    ps_layer_crossings *crossings = NULL;     /* tensors passed between layers */
     entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
     int *cache_of = NULL;      /* [first * L + last] their cache index, -1: composed */
     bool *needed = NULL;       /* [cache index * n_sub + submesh] entries to solve */
@@ -1105,6 +1135,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 cache[n_cache].budget = memory;
                 cache[n_cache].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
                 PS_TRY_ALLOC(cache[n_cache].entries, err);
+                if (!o->exact_ranges && L > 1)
+                    PS_TRY(entry_tensors_alloc(&cache[n_cache], n_sub * max_cfg,
+                                               slice->n_tensors, err));
                 slices[n_cache] = slice;
                 n_cache++;
             }
@@ -1142,8 +1175,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         cfgs[s][c3].force == cfgs[s][c2].force)
                         lean = c3;
                 entry *e = cache[k].entries + s * max_cfg;
-                items[n_items++] = (work_item){slices[k], k, s, c2, lean, cache[k].budget,
-                                               {&e[c2], lean >= 0 ? &e[lean] : NULL}};
+                ps_entry_tensors *et =
+                    cache[k].tensors != NULL ? cache[k].tensors + s * max_cfg : NULL;
+                items[n_items++] = (work_item){
+                    slices[k], k, s, c2, lean, cache[k].budget,
+                    {&e[c2], lean >= 0 ? &e[lean] : NULL},
+                    {et != NULL ? &et[c2] : NULL, et != NULL && lean >= 0 ? &et[lean] : NULL}};
                 n_entries += 1 + (lean >= 0);
             }
     item_status = calloc((size_t)n_items + 1, sizeof *item_status);
@@ -1164,29 +1201,25 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
     PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
                 n_cache, n_entries, ps_monotonic_s() - t_table);
-    for (int l = 0; l < L; l++)
-        for (int i = l; i < L; i++) {
-            if (entries_of[l * L + i] != NULL)
-                continue;
-            entry *entries = composed[l * L + i];
-            for (int s = 0; s < n_sub; s++)
-                for (int k = 0; k < n_cfgs[s]; k++) {
-                    entry sum = {.ok = true};
-                    for (int q = l; q <= i; q++) {
-                        const entry *e = &entries_of[q * L + q][s * max_cfg + k];
-                        sum.ok = sum.ok && e->ok;
-                        sum.need_bytes += e->need_bytes;
-                        sum.time_s += e->time_s;
-                        sum.forward_s += e->forward_s;
-                        sum.update_s += e->update_s;
-                        sum.static_bytes += e->static_bytes;
-                        sum.act_bytes += e->act_bytes;
-                        sum.transient_bytes = fmax(sum.transient_bytes, e->transient_bytes);
-                    }
-                    entries[s * max_cfg + k] = sum;
-                }
-            entries_of[l * L + i] = entries;
+    if (!o->exact_ranges && L > 1) {
+        /* longer ranges from their layers, each layer's entries and tensors */
+        PS_TRY(ps_layer_crossings_build(table_step, &crossings, err));
+        single = malloc((size_t)L * sizeof *single);
+        single_tensors = malloc((size_t)L * sizeof *single_tensors);
+        PS_TRY_ALLOC(single, err);
+        PS_TRY_ALLOC(single_tensors, err);
+        for (int q = 0; q < L; q++) {
+            single[q] = entries_of[q * L + q];
+            single_tensors[q] = cache[cache_of[q * L + q]].tensors;
         }
+        for (int l = 0; l < L; l++) {
+            for (int i = l + 1; i < L; i++)
+                entries_of[l * L + i] = composed[l * L + i];
+            ps_range_compose(crossings, l, n_sub * max_cfg, (const entry *const *)single,
+                             (const ps_entry_tensors *const *)single_tensors,
+                             entries_of + l * L);
+        }
+    }
 
     /* 4. the DP. What a stage receives is charged at the link its neighbours
      * use, which placement decides. Alpa's DP leaves placement to after it
@@ -1235,7 +1268,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                    "ms (forward %.4g, backward %.4g), update %.4g ms per step, "
                                    "receives %.4g ms (%.4g ms from other nodes), "
                                    "weights+state %.4g GB, activations %.4g GB per "
-                                   "micro-batch, later stages allowed %d)\n",
+                                   "micro-batch, temporaries %.4g GB, later stages "
+                                   "allowed %d)\n",
                                    l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                    cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
                                    cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
@@ -1244,7 +1278,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                    stage_receive_s(c, &lay, l, i, subs[s].hosts,
                                                    subs[s].devices, true) * 1e3,
                                    e->static_bytes / 1e9, e->act_bytes / 1e9,
-                                   table->max_succ[idx]);
+                                   e->transient_bytes / 1e9, table->max_succ[idx]);
                     }
                 }
         ps_error inner = {0};
@@ -1381,6 +1415,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
+        free(cache[k].tensors);
+        free(cache[k].tensor_bytes);
         if (slices != NULL)
             ps_graph_free(slices[k]);
     }
@@ -1394,6 +1430,9 @@ out:
     for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
         free(composed[k]);
     free(composed);
+    free(single);
+    free(single_tensors);
+    ps_layer_crossings_free(crossings);
     ps_stage_plan_clear(&sp[0]);
     ps_stage_plan_clear(&sp[1]);
     for (int k = 0; by_count != NULL && k <= lay.n_layers; k++)

@@ -24,6 +24,7 @@ void ps_intra_result_free(ps_intra_result *r)
     free(r->op_strategy);
     free(r->tensor_spec);
     free(r->reshard_in_s);
+    free(r->activation_tensor_bytes);
     ps_ilp_result_clear(&r->ilp);
     free(r);
 }
@@ -694,6 +695,8 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     r->op_strategy = calloc((size_t)n_ops + 1, sizeof *r->op_strategy);
     r->tensor_spec = calloc((size_t)n_t + 1, sizeof *r->tensor_spec);
     r->reshard_in_s = calloc((size_t)n_ops + 1, sizeof *r->reshard_in_s);
+    r->activation_tensor_bytes = calloc((size_t)n_t + 1, sizeof *r->activation_tensor_bytes);
+    PS_TRY_ALLOC(r->activation_tensor_bytes, err);
     PS_TRY_ALLOC(r->op_strategy, err);
     PS_TRY_ALLOC(r->tensor_spec, err);
     PS_TRY_ALLOC(r->reshard_in_s, err);
@@ -727,7 +730,7 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
             if (kept[op->out[k]] & KEPT_ACCUM)
                 r->gradient_bytes += b;
             else if (kept[op->out[k]] & KEPT_ACT)
-                r->activation_bytes += b;
+                r->activation_tensor_bytes[op->out[k]] = b;
         }
     }
     for (int t = 0; t < n_t; t++) {
@@ -741,7 +744,8 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
             transient = fmax(transient, b); /* another stage's contribution, received for
                                              * the update and freed by it */
         else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACT))
-            r->activation_bytes += b;
+            r->activation_tensor_bytes[t] = b;
+        r->activation_bytes += r->activation_tensor_bytes[t];
     }
     /* what a micro-batch's peak adds above its kept activations (those of
      * the other micro-batches in flight stay whole) */

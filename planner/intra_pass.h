@@ -49,6 +49,7 @@ typedef struct ps_intra_result {
     double comm_s[PS_PASS_COUNT];    /* in-op collectives + resharding, same units */
     double objective_s;            /* ILP objective: per micro-batch, update amortized */
     double weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes; /* per device */
+    double *activation_tensor_bytes; /* [n_tensors] what each adds to activation_bytes */
     double peak_memory_bytes;      /* persistent + one micro-batch's activations */
     double min_memory_bytes;       /* the least any layout needs (without temporaries) */
     ps_ilp_result ilp;

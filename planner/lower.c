@@ -314,11 +314,7 @@ static ps_status stage_setup(lower_ctx *L, int k)
     s->slice_of = malloc(((size_t)g->n_tensors + 1) * sizeof *s->slice_of);
     PS_TRY_ALLOC(s->ops, err);
     PS_TRY_ALLOC(s->slice_of, err);
-    for (int t = 0; t < g->n_tensors; t++)
-        s->slice_of[t] = -1;
-    /* ps_graph_slice numbers tensors as it meets them: outside inputs of
-     * each op first, then its outputs */
-    int next = 0;
+    int next = ps_graph_slice_numbering(g, ps->first_layer, ps->last_layer, s->slice_of);
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
         if (op->layer < ps->first_layer || op->layer > ps->last_layer)
@@ -326,11 +322,6 @@ static ps_status stage_setup(lower_ctx *L, int k)
         if (s->n_ops >= ps->n_ops || s->n_ops >= s->slice->n_ops)
             PS_TRY(ps_error_set(err, PS_ERR_INVALID, "stage %d: more ops than the plan lists", k));
         s->ops[s->n_ops++] = i;
-        for (int q = 0; q < op->n_in; q++)
-            if (s->slice_of[op->in[q]] < 0)
-                s->slice_of[op->in[q]] = next++;
-        for (int q = 0; q < op->n_out; q++)
-            s->slice_of[op->out[q]] = next++;
     }
     int n_t = s->slice->n_tensors;
     if (next != n_t || s->n_ops != ps->n_ops)

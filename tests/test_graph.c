@@ -207,6 +207,46 @@ static ps_graph_stats step_stats(const ps_graph *fwd)
     return s;
 }
 
+/* ps_graph_slice_numbering gives every slice tensor its id in
+ * ps_graph_slice's graph (names match one to one), on every zoo model's
+ * training step and every range of up to three layers. */
+static void slice_numbering_matches_the_slice(void **state)
+{
+    (void)state;
+    for (int i = 0; i < ps_zoo_count(); i++) {
+        ps_model_config c = ps_zoo_get(i)->config;
+        c.batch = c.family == PS_MODEL_MOE ? 2 : 1;
+        if (c.family != PS_MODEL_WRESNET && c.layers > 3)
+            c.layers = 3;
+        ps_graph *g = NULL, *step = NULL;
+        ps_error err = {0};
+        ps_train_options o = ps_train_options_default();
+        assert_int_equal(ps_model_build(&c, &g, &err), PS_OK);
+        assert_int_equal(ps_train_step_build(g, &o, &step, &err), PS_OK);
+        int *slice_of = malloc((size_t)step->n_tensors * sizeof *slice_of);
+        assert_non_null(slice_of);
+        for (int lo = 0; lo < step->n_layers; lo++)
+            for (int hi = lo; hi < step->n_layers && hi < lo + 3; hi++) {
+                ps_graph *s = NULL;
+                assert_int_equal(ps_graph_slice(step, lo, hi, &s, &err), PS_OK);
+                int n = ps_graph_slice_numbering(step, lo, hi, slice_of), seen = 0;
+                assert_int_equal(n, s->n_tensors);
+                for (int t = 0; t < step->n_tensors; t++) {
+                    if (slice_of[t] < 0)
+                        continue;
+                    seen++;
+                    assert_in_range(slice_of[t], 0, n - 1);
+                    assert_string_equal(s->tensors[slice_of[t]].name, step->tensors[t].name);
+                }
+                assert_int_equal(seen, n);
+                ps_graph_free(s);
+            }
+        free(slice_of);
+        ps_graph_free(step);
+        ps_graph_free(g);
+    }
+}
+
 /* Every zoo model: save -> load -> save gives the same text, and the loaded
  * graph trains to the same parameters, FLOPs and memory. */
 static void zoo_round_trip_is_lossless(void **state)
@@ -319,6 +359,7 @@ int main(void)
         cmocka_unit_test(window_shapes),
         cmocka_unit_test(graph_rejects_bad_construction),
         cmocka_unit_test(zoo_round_trip_is_lossless),
+        cmocka_unit_test(slice_numbering_matches_the_slice),
         cmocka_unit_test(loader_accepts_ids_and_any_op_order),
         cmocka_unit_test(malformed_files),
     };
