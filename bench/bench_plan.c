@@ -7,7 +7,10 @@
  * beside an fp32 master copy of fp16 weights, except for MoE-70B, whose 69 B
  * parameters need 1033 GiB that way (64 V100s have 954 GiB): it keeps
  * Adam's state in fp16 with no master copy, as Alpa's benchmarks train
- * (column `optimizer`).
+ * (column `optimizer`). Each plan is lowered and its programs' peak checked
+ * against the devices' memory, planned again with less where it does not
+ * fit, as `pipeshard plan` does (planner/plan_fit.h; columns `peak_gib`,
+ * the fullest device's, and `attempts`).
  * One row per case; the last line is the headline (total planning time).
  *
  *   bench_plan [--quick] [--suite gpt|moe|wresnet|all] [--time-limit S]
@@ -25,6 +28,15 @@
 #include "bench/bench_common.h"
 #include "core/malloc_tune.h"
 #include "planner/inter_pass.h"
+#include "planner/plan_fit.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* The stage DP's plan (a ps_planner_fn; ctx: the inter-op options). */
+static ps_status pipeshard(const ps_plan_request *req, void *ctx, ps_plan **out, ps_error *err)
+{
+    return ps_plan_pipeshard(req, ctx, out, err);
+}
 
 typedef struct bench_case {
     const char *suite, *model, *preset;
@@ -110,6 +122,7 @@ int main(int argc, char **argv)
         fprintf(csv, "# bench_plan, ILP time limit %g s per solve; machine: %s\n", time_limit_s,
                 machine);
         fprintf(csv, "suite,model,cluster,gpus,stages,iteration_s,tflops_per_device,mfu,plan_s,"
+                     "peak_bytes,attempts,"
                      "optimizer\n");
     }
     if (scaling != NULL) {
@@ -121,8 +134,8 @@ int main(int argc, char **argv)
                 "series,devices,throughput (TFLOP/s),model,iteration_s\n",
                 machine);
     }
-    printf("%-12s %-22s %5s %6s %10s %9s %6s %9s\n", "model", "cluster", "gpus", "stages", "iter_s",
-           "TFLOP/s", "mfu", "plan_s");
+    printf("%-12s %-22s %5s %6s %10s %9s %6s %9s %8s %3s\n", "model", "cluster", "gpus", "stages",
+           "iter_s", "TFLOP/s", "mfu", "plan_s", "peak_GiB", "try");
     double total = 0;
     int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) {
@@ -133,6 +146,7 @@ int main(int argc, char **argv)
         ps_cluster *c = NULL;
         ps_graph *fwd = NULL;
         ps_plan *p = NULL;
+        ps_plan_fit fit = {0};
         ps_model_config cfg;
         double t0 = ps_monotonic_s();
         ps_status st = bench_cluster_slice(b->preset, b->gpus, &c, &err);
@@ -158,18 +172,22 @@ int main(int argc, char **argv)
             req.ilp.time_limit_s = time_limit_s;
             ps_inter_options o = ps_inter_options_default();
             o.layer_num = b->layer_num;
-            st = ps_plan_pipeshard(&req, &o, &p, &err);
+            ps_plan_fit_options fo = ps_plan_fit_options_default();
+            st = ps_plan_fitting(&req, &fo, pipeshard, &o, &p, &fit, &err);
         }
         double dt = ps_monotonic_s() - t0;
         total += dt;
         if (st == PS_OK) {
-            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f%s\n", b->model, c->name,
-                   b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu * 100, dt,
+            printf("%-12s %-22s %5d %6d %10.4g %9.4g %5.1f%% %9.2f %8.2f %3d%s\n", b->model,
+                   c->name, b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device,
+                   p->mfu * 100, dt, fit.programs.max_peak_bytes / GIB, fit.attempts,
                    b->fp16_optimizer ? "  (fp16 Adam state)" : "");
             if (csv != NULL)
-                fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f,%s\n", b->suite, b->model,
-                        c->name, b->gpus, p->n_stages, p->iteration_s, p->tflops_per_device, p->mfu,
-                        dt, b->fp16_optimizer ? "fp16 Adam state" : "fp32 Adam state + master");
+                fprintf(csv, "%s,%s,%s,%d,%d,%.6g,%.6g,%.6g,%.3f,%.0f,%d,%s\n", b->suite,
+                        b->model, c->name, b->gpus, p->n_stages, p->iteration_s,
+                        p->tflops_per_device, p->mfu, dt, fit.programs.max_peak_bytes,
+                        fit.attempts,
+                        b->fp16_optimizer ? "fp16 Adam state" : "fp32 Adam state + master");
             /* one series per suite on one kind of node (GPT-3 175B's DGX-A100 stays out) */
             if (scaling != NULL && strcmp(b->preset, P3) == 0)
                 fprintf(scaling, "%s (%s),%d,%.6g,%s,%.6g\n", suite_title(b->suite), P3, b->gpus,

@@ -11,7 +11,7 @@
 #include "core/log.h"
 #include "core/profile_db.h"
 #include "planner/inter_pass.h"
-#include "planner/program_memory.h"
+#include "planner/plan_fit.h"
 #include "planner/stage_file.h"
 
 static void help(void)
@@ -249,22 +249,29 @@ typedef struct plan_how {
     int dp, op, pp;             /* uniform */
     ps_manual_stage *stages;    /* --stages FILE, owned; NULL: none */
     int n_stages;
+    const ps_inter_options *inter;
+    /* one-stage methods: the last plan's intra-op result and step, owned */
+    ps_intra_result *r;
+    ps_graph *step;
 } plan_how;
 
-/* One plan; *r and *step only for one-stage methods. */
-static ps_status plan_once(const ps_plan_request *req, const ps_inter_options *inter,
-                           const plan_how *how, ps_plan **plan, ps_intra_result **r,
-                           ps_graph **step, ps_error *err)
+/* One plan (a ps_planner_fn: ps_plan_fitting may call it again). */
+static ps_status plan_once(const ps_plan_request *req, void *ctx, ps_plan **plan, ps_error *err)
 {
+    plan_how *how = ctx;
+    ps_intra_result_free(how->r);
+    ps_graph_free(how->step);
+    how->r = NULL;
+    how->step = NULL;
     if (!how->pipeshard)
-        return ps_plan_one_stage(req, plan, r, step, err);
+        return ps_plan_one_stage(req, plan, &how->r, &how->step, err);
     if (how->uniform)
-        return ps_plan_uniform(req, inter, how->dp, how->op, how->pp, plan, err);
+        return ps_plan_uniform(req, how->inter, how->dp, how->op, how->pp, plan, err);
     if (how->stages != NULL)
-        return ps_plan_manual(req, inter, how->stages, how->n_stages, plan, err);
+        return ps_plan_manual(req, how->inter, how->stages, how->n_stages, plan, err);
     if (how->auto_micro)
-        return ps_plan_pipeshard_search(req, inter, plan, err);
-    return ps_plan_pipeshard(req, inter, plan, err);
+        return ps_plan_pipeshard_search(req, how->inter, plan, err);
+    return ps_plan_pipeshard(req, how->inter, plan, err);
 }
 
 int ps_cmd_plan(int argc, char **argv)
@@ -436,17 +443,13 @@ int ps_cmd_plan(int argc, char **argv)
     ps_status st = PS_OK;
     ps_cluster *cluster = NULL;
     ps_profile_db *profile = NULL;
-    ps_graph *fwd = NULL, *step = NULL;
+    ps_graph *fwd = NULL;
     ps_plan *plan = NULL;
-    ps_intra_result *r = NULL;
     ps_model_config cfg;
     bool from_zoo = false;
-    double *memory = NULL; /* [n_kinds]: the cluster's device memory */
-    plan_how how = {0};
-    double cut = 0;        /* bytes taken off every device's memory for planning */
-    bool replanning = false; /* planning again: a failure says why */
-    ps_program_memory programs;
-    memset(&programs, 0, sizeof programs);
+    plan_how how = {.inter = &inter};
+    ps_plan_fit fit = {0};
+    ps_plan_fit_options fit_opt = ps_plan_fit_options_default();
     char pa[32], pb[32];
     if (cluster_spec != NULL)
         PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
@@ -487,26 +490,19 @@ int ps_cmd_plan(int argc, char **argv)
     }
     if (stages_uniform)
         uniform = true;
-    /* Planned, then checked against the lowered programs' exact peak: where
-     * a device would run out (the planner's estimate is within a few percent
-     * of the programs' but not exact: docs/simulator.md), planned again with
-     * less memory per device, at most PLAN_MEMORY_ATTEMPTS times. The plan
-     * keeps the cluster's memory.
-     * Test mode: PIPESHARD_PLAN_MEMORY_SCALE=S (1 to 10) plans with S times
-     * the memory, as a planner whose estimates were that much too low. */
-    enum { PLAN_MEMORY_ATTEMPTS = 4 };
-    double scale = 1;
+    /* Planned, then checked against the lowered programs' exact peak and
+     * planned again with less memory where a device would run out
+     * (planner/plan_fit.h). Test mode: PIPESHARD_PLAN_MEMORY_SCALE=S (1 to
+     * 10) plans with S times the memory, as a planner whose estimates were
+     * that much too low. */
     const char *scale_env = getenv("PIPESHARD_PLAN_MEMORY_SCALE");
-    if (scale_env != NULL && !ps_cli_parse_double(scale_env, 1, 10, &scale)) {
+    if (scale_env != NULL && !ps_cli_parse_double(scale_env, 1, 10, &fit_opt.memory_scale)) {
         st = ps_error_set(&err, PS_ERR_INVALID,
                           "PIPESHARD_PLAN_MEMORY_SCALE needs a number in [1, 10], not \"%s\"",
                           scale_env);
         goto out;
     }
-    memory = calloc((size_t)cluster->n_kinds, sizeof *memory);
-    PS_TRY_ALLOC(memory, &err);
-    for (int k = 0; k < cluster->n_kinds; k++)
-        memory[k] = cluster->kinds[k].memory_bytes;
+    fit_opt.check = !no_memory_check;
     /* what to plan, checked once: the attempts below only plan */
     if (pipeshard) {
         if (do_explain) {
@@ -546,63 +542,7 @@ int ps_cmd_plan(int argc, char **argv)
     how.dp = dp;
     how.op = op_degree;
     how.pp = pp;
-    for (int attempt = 1;; attempt++) {
-        replanning = attempt > 1;
-        double least = INFINITY; /* over the kinds some device is */
-        for (int k = 0; k < cluster->n_kinds; k++)
-            cluster->kinds[k].memory_bytes = memory[k] * scale - cut;
-        for (int d = 0; d < ps_cluster_device_count(cluster); d++)
-            least = fmin(least, ps_cluster_device(cluster, d)->memory_bytes);
-        if (least <= 0) {
-            st = ps_error_set(&err, PS_ERR_INFEASIBLE,
-                              "no plan fits in memory: the programs need more than the "
-                              "devices have, by more than they have");
-            goto out;
-        }
-        PS_TRY(plan_once(&req, &inter, &how, &plan, &r, &step, &err));
-        replanning = false;
-        for (int k = 0; k < cluster->n_kinds && k < plan->cluster->n_kinds; k++)
-            cluster->kinds[k].memory_bytes = plan->cluster->kinds[k].memory_bytes = memory[k];
-        if (no_memory_check)
-            break;
-        PS_TRY(ps_plan_program_memory(plan, &programs, &err));
-        double lack = programs.peak_bytes - programs.memory_bytes;
-        if (lack <= 0)
-            break;
-        char need[32], have[32], est[32], to[32];
-        ps_cli_bytes(programs.peak_bytes, need, sizeof need);
-        ps_cli_bytes(programs.memory_bytes, have, sizeof have);
-        ps_cli_bytes(plan->stages[programs.worst_stage].peak_memory_bytes, est, sizeof est);
-        if (attempt == PLAN_MEMORY_ATTEMPTS) {
-            st = ps_error_set(&err, PS_ERR_INFEASIBLE,
-                              "no plan found that fits in memory: after %d attempts the "
-                              "programs of the best plan still need %s on device %d (stage "
-                              "%d), more than its %s (the planner estimated %s); try --remat, "
-                              "more micro-batches or more devices (--no-memory-check writes "
-                              "the plan anyway)",
-                              attempt, need, programs.worst_device, programs.worst_stage, have,
-                              est);
-            goto out;
-        }
-        /* below what the planner thought the failing stage needs, by what it
-         * lacked and half as much again (the plan does not change while the
-         * memory planned with stays above its estimate) */
-        int kind = cluster->device_kind != NULL ? cluster->device_kind[programs.worst_device] : 0;
-        double planned_with = memory[kind] * scale - cut; /* the failing device's kind */
-        double next = fmin(planned_with, plan->stages[programs.worst_stage].peak_memory_bytes) -
-                      1.5 * lack;
-        cut += planned_with - next;
-        PS_LOG_WARN("the plan's programs need %s on device %d (stage %d), more than its %s (the "
-                    "planner estimated %s): planning again with %s less per device",
-                    need, programs.worst_device, programs.worst_stage, have, est,
-                    ps_cli_bytes(cut, to, sizeof to));
-        ps_intra_result_free(r);
-        ps_plan_free(plan);
-        ps_graph_free(step);
-        r = NULL;
-        plan = NULL;
-        step = NULL;
-    }
+    PS_TRY(ps_plan_fitting(&req, &fit_opt, plan_once, &how, &plan, &fit, &err));
     PS_TRY(ps_plan_record_profile(plan, profile, &err));
     PS_TRY(ps_plan_save(plan, output, &err));
     if (dump_dir != NULL)
@@ -615,34 +555,21 @@ int ps_cmd_plan(int argc, char **argv)
         st = ps_json_save(pred, "-", &err);
         json_decref(pred);
     } else {
-        summary(plan, r);
-        if (!no_memory_check)
+        summary(plan, how.r);
+        if (fit_opt.check)
             printf("programs      peak memory %s (device %d, stage %d) of its %s, exact from "
                    "the lowered programs (%.3g s)\n",
-                   ps_cli_bytes(programs.peak_bytes, pa, sizeof pa), programs.worst_device,
-                   programs.worst_stage, ps_cli_bytes(programs.memory_bytes, pb, sizeof pb),
-                   programs.lower_s);
+                   ps_cli_bytes(fit.programs.peak_bytes, pa, sizeof pa),
+                   fit.programs.worst_device, fit.programs.worst_stage,
+                   ps_cli_bytes(fit.programs.memory_bytes, pb, sizeof pb), fit.programs.lower_s);
         if (do_explain)
-            explain(step, r);
+            explain(how.step, how.r);
     }
 out:
-    if (st != PS_OK && replanning) {
-        char msg[PS_ERROR_MSG_MAX], by[32];
-        snprintf(msg, sizeof msg, "%s", err.msg);
-        ps_error_clear(&err);
-        ps_error_set(&err, st,
-                     "a plan's programs did not fit in memory, and planning again with %s "
-                     "less per device failed: %s",
-                     ps_cli_bytes(cut, by, sizeof by), msg);
-    }
-    if (memory != NULL && cluster != NULL)
-        for (int k = 0; k < cluster->n_kinds; k++)
-            cluster->kinds[k].memory_bytes = memory[k];
-    free(memory);
     free(how.stages);
-    ps_intra_result_free(r);
+    ps_intra_result_free(how.r);
+    ps_graph_free(how.step);
     ps_plan_free(plan);
-    ps_graph_free(step);
     ps_graph_free(fwd);
     ps_cluster_free(cluster);
     ps_profile_db_free(profile);
