@@ -91,6 +91,11 @@ typedef struct lower_ctx {
     crossing *cross;
     int vote_group;  /* dynamic loss scaling: every device of the plan; -1 without */
     double vote_s;   /* predicted time of its one-float all-reduce */
+    /* The device whose program is being written: its part of each crossing,
+     * crossing i's in [start[i], start[i + 1]) of each list (indices into
+     * its xfers or gathers), so that a program's sends and receives do not
+     * scan every device's transfers once per micro-batch. */
+    int *recv, *recv_start, *send, *send_start, *gather, *gather_start;
     ps_error *err;
 } lower_ctx;
 
@@ -863,10 +868,8 @@ static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph
             continue;
         if (!c->param_copy)
             PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, c->dst_buffer, mb));
-        for (int j = 0; j < c->n_xfers; j++) {
-            const xfer *t = &c->xfers[j];
-            if (t->dst != p->device)
-                continue;
+        for (int j = L->recv_start[i]; j < L->recv_start[i + 1]; j++) {
+            const xfer *t = &c->xfers[L->recv[j]];
             ps_instr in = ps_instr_init(PS_INSTR_RECV);
             in.buffer = c->dst_buffer;
             in.mb = mb;
@@ -878,17 +881,16 @@ static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph
             in.seconds = t->seconds;
             PS_TRY(append(L, p, &in));
         }
-        for (int j = 0; j < c->n_gathers; j++) {
-            if (c->gathers[j].member != p->device)
-                continue;
+        for (int j = L->gather_start[i]; j < L->gather_start[i + 1]; j++) {
+            const xgather *gt = &c->gathers[L->gather[j]];
             ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
             in.coll = PS_COLL_ALL_GATHER;
-            in.group = c->gathers[j].group;
+            in.group = gt->group;
             in.buffer = c->dst_buffer;
             in.mb = mb;
-            in.region = c->gathers[j].region;
-            in.bytes = c->gathers[j].bytes;
-            in.seconds = c->gathers[j].seconds;
+            in.region = gt->region;
+            in.bytes = gt->bytes;
+            in.seconds = gt->seconds;
             PS_TRY(append(L, p, &in));
         }
     }
@@ -923,10 +925,8 @@ static ps_status program_send(lower_ctx *L, ps_program *p, int a, ps_phase ph, i
                 PS_TRY(append_simple(L, p, PS_INSTR_FREE, src, mb));
             src = dst;
         }
-        for (int j = 0; j < c->n_xfers; j++) {
-            const xfer *t = &c->xfers[j];
-            if (t->src != p->device)
-                continue;
+        for (int j = L->send_start[i]; j < L->send_start[i + 1]; j++) {
+            const xfer *t = &c->xfers[L->send[j]];
             ps_instr in = ps_instr_init(PS_INSTR_SEND);
             in.buffer = src;
             in.mb = mb;
@@ -1044,6 +1044,56 @@ static void lower_ctx_clear(lower_ctx *L)
     free(L->cross);
     free(L->stage_of_layer);
     free(L->update_reads);
+    free(L->recv);
+    free(L->recv_start);
+    free(L->send);
+    free(L->send_start);
+    free(L->gather);
+    free(L->gather_start);
+}
+
+/* The index lists of lower_ctx, room for every crossing's transfers. */
+static ps_status device_index_alloc(lower_ctx *L)
+{
+    size_t xfers = 0, gathers = 0, n = (size_t)L->n_cross + 1;
+    for (int i = 0; i < L->n_cross; i++) {
+        xfers += (size_t)L->cross[i].n_xfers;
+        gathers += (size_t)L->cross[i].n_gathers;
+    }
+    L->recv = malloc((xfers + 1) * sizeof *L->recv);
+    L->send = malloc((xfers + 1) * sizeof *L->send);
+    L->gather = malloc((gathers + 1) * sizeof *L->gather);
+    L->recv_start = malloc(n * sizeof *L->recv_start);
+    L->send_start = malloc(n * sizeof *L->send_start);
+    L->gather_start = malloc(n * sizeof *L->gather_start);
+    if (L->recv == NULL || L->send == NULL || L->gather == NULL || L->recv_start == NULL ||
+        L->send_start == NULL || L->gather_start == NULL)
+        return ps_error_set(L->err, PS_ERR_NOMEM, "out of memory");
+    return PS_OK;
+}
+
+/* Device d's part of each crossing, in the crossings' own order. */
+static void device_index(lower_ctx *L, int d)
+{
+    int nr = 0, ns = 0, ng = 0;
+    for (int i = 0; i < L->n_cross; i++) {
+        const crossing *c = &L->cross[i];
+        L->recv_start[i] = nr;
+        L->send_start[i] = ns;
+        L->gather_start[i] = ng;
+        for (int j = 0; j < c->n_xfers; j++) {
+            if (c->xfers[j].dst == d)
+                L->recv[nr++] = j;
+            if (c->xfers[j].src == d)
+                L->send[ns++] = j;
+        }
+        for (int j = 0; j < c->n_gathers; j++)
+            if (c->gathers[j].member == d)
+                L->gather[ng++] = j;
+    }
+    L->recv_start[L->n_cross] = nr;
+    L->send_start[L->n_cross] = ns;
+    L->gather_start[L->n_cross] = ng;
 }
 
 ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower_options *o,
@@ -1127,9 +1177,20 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
         PS_TRY(stage_kernels(&L, k));
     for (int i = 0; i < L.n_cross; i++)
         PS_TRY(cross_plan(&L, &L.cross[i]));
+    PS_TRY(device_index_alloc(&L));
     for (int k = 0; k < p->n_stages; k++)
-        for (int r = 0; r < p->stages[k].n_devices; r++)
+        for (int r = 0; r < p->stages[k].n_devices; r++) {
+            device_index(&L, L.set->stages[k].devices[r]);
             PS_TRY(device_program(&L, k, r));
+            if (L.opt.peak_bytes != NULL) {
+                int d = L.set->stages[k].devices[r];
+                ps_program *dp = &L.set->programs[d];
+                L.opt.peak_bytes[d] = ps_program_peak_bytes(L.set, d);
+                free(dp->instrs);
+                dp->instrs = NULL;
+                dp->n_instrs = dp->cap_instrs = 0;
+            }
+        }
     *out = L.set;
     L.set = NULL;
 out:

@@ -27,6 +27,12 @@
 
 typedef struct ps_lower_options {
     bool local_allgather; /* default true */
+    /* Not NULL: a memory check only. Each device's peak (ps_program_peak_bytes)
+     * goes to peak_bytes[device] ([the cluster's devices]) as soon as its
+     * program is lowered, and its instructions are dropped: the set keeps
+     * the kernels but no device program (GPT-3 175B's 1024 devices in 128
+     * micro-batches: 3.5 GB of instructions otherwise). Default NULL. */
+    double *peak_bytes;
 } ps_lower_options;
 
 ps_lower_options ps_lower_options_default(void);

@@ -19,15 +19,16 @@ ps_status ps_plan_program_memory(const ps_plan *p, ps_program_memory *out, ps_er
     memset(out, 0, sizeof *out);
     out->worst_device = out->worst_stage = -1;
     ps_lower_options lo = ps_lower_options_default();
-    PS_TRY(ps_plan_model_build(p, &m, err));
-    PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
-    peak = calloc((size_t)(set->n_devices > 0 ? set->n_devices : 1), sizeof *peak);
+    int n = ps_cluster_device_count(p->cluster);
+    peak = calloc((size_t)(n > 0 ? n : 1), sizeof *peak);
     PS_TRY_ALLOC(peak, err);
+    PS_TRY(ps_plan_model_build(p, &m, err));
     /* the lowering's programs are well formed (the simulator and the
      * executors check them before they run): only the peaks are needed, at
-     * a tenth of the check's time on 1024 devices */
-    for (int d = 0; d < set->n_devices; d++)
-        peak[d] = ps_program_peak_bytes(set, d);
+     * a tenth of the check's time on 1024 devices, each measured as its
+     * program is lowered and then dropped */
+    lo.peak_bytes = peak;
+    PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
     double worst = -INFINITY;
     for (int d = 0; d < set->n_devices && d < ps_cluster_device_count(p->cluster); d++) {
         double memory = ps_cluster_device(p->cluster, d)->memory_bytes;

@@ -127,6 +127,21 @@ static ps_program_set *lower(const ps_plan *p, ps_plan_model **m, bool local_all
                      p->method, d, ps_program_peak_bytes(set, d), peak[d]);
     assert_true(ps_program_peak_bytes(set, set->n_devices) == 0);
     assert_true(ps_program_peak_bytes(set, -1) == 0);
+    /* lowered for a memory check only: the same peaks, and no device
+     * program kept */
+    ps_program_set *measured = NULL;
+    double *only = calloc((size_t)set->n_devices, sizeof *only);
+    lo.peak_bytes = only;
+    if (ps_plan_lower(p, *m, &lo, &measured, &err) != PS_OK)
+        fail_msg("lower for the peaks: %s", err.msg);
+    for (int d = 0; d < set->n_devices; d++) {
+        if (only[d] != peak[d])
+            fail_msg("%s %s device %d: peak %.17g measured while lowering, %.17g", p->model_name,
+                     p->method, d, only[d], peak[d]);
+        assert_int_equal(measured->programs[d].n_instrs, 0);
+    }
+    ps_program_set_free(measured);
+    free(only);
     free(peak);
     return set;
 }
