@@ -9,8 +9,9 @@
  * Adam's state in fp16 with no master copy, as Alpa's benchmarks train
  * (column `optimizer`). Each plan is lowered and its programs' peak checked
  * against the devices' memory, planned again with less where it does not
- * fit, as `pipeshard plan` does (planner/plan_fit.h; columns `peak_gib`,
- * the fullest device's, and `attempts`).
+ * fit, as `pipeshard plan` does (planner/plan_fit.h; the fullest device's
+ * programs peak, `peak_GiB` in the table and `peak_bytes` in the CSV, and
+ * the plans made, `try` and `attempts`). plan_s includes that check.
  * One row per case; the last line is the headline (total planning time).
  *
  *   bench_plan [--quick] [--suite gpt|moe|wresnet|all] [--time-limit S]

@@ -252,6 +252,8 @@ static uint64_t graph_hash(const ps_graph *g)
             h = (h ^ a[k]) * 1099511628211ull;
         for (int k = 0; k < op->n_in; k++) {
             const ps_tensor *t = &g->tensors[op->in[k]];
+            MIX(op->in[k]); /* which tensor: slices that read one input twice or two
+                             * alike differ, and so do their numberings */
             MIX(t->producer);
             MIX(t->kind);
             MIX(t->desc.dtype);
@@ -260,6 +262,7 @@ static uint64_t graph_hash(const ps_graph *g)
         }
     }
     MIX(g->loss >= 0);
+    MIX(g->n_tensors);
 #undef MIX
     return h;
 }
@@ -1133,13 +1136,13 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 /* each entry must fit the device by itself; composed ranges
                  * that do not are ruled out by their summed memory */
                 cache[n_cache].budget = memory;
-                cache[n_cache].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
-                PS_TRY_ALLOC(cache[n_cache].entries, err);
-                if (!o->exact_ranges && L > 1)
-                    PS_TRY(entry_tensors_alloc(&cache[n_cache], n_sub * max_cfg,
-                                               slice->n_tensors, err));
-                slices[n_cache] = slice;
+                slices[n_cache] = slice; /* owned by the cache from here */
                 n_cache++;
+                cache[found].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
+                PS_TRY_ALLOC(cache[found].entries, err);
+                if (!o->exact_ranges && L > 1)
+                    PS_TRY(entry_tensors_alloc(&cache[found], n_sub * max_cfg,
+                                               slice->n_tensors, err));
             }
             entries_of[l * L + i] = cache[found].entries;
             cache_of[l * L + i] = found;
@@ -1204,6 +1207,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     if (!o->exact_ranges && L > 1) {
         /* longer ranges from their layers, each layer's entries and tensors */
         PS_TRY(ps_layer_crossings_build(table_step, &crossings, err));
+        if (ps_layer_crossings_layers(crossings) != L)
+            PS_TRY(ps_error_set(err, PS_ERR_INTERNAL,
+                                "composing layers: the table's step has %d layers, the stage "
+                                "table %d",
+                                ps_layer_crossings_layers(crossings), L));
         single = malloc((size_t)L * sizeof *single);
         single_tensors = malloc((size_t)L * sizeof *single_tensors);
         PS_TRY_ALLOC(single, err);
@@ -1215,9 +1223,10 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         for (int l = 0; l < L; l++) {
             for (int i = l + 1; i < L; i++)
                 entries_of[l * L + i] = composed[l * L + i];
-            ps_range_compose(crossings, l, n_sub * max_cfg, (const entry *const *)single,
-                             (const ps_entry_tensors *const *)single_tensors,
-                             entries_of + l * L);
+            PS_TRY(ps_range_compose(crossings, l, n_sub * max_cfg,
+                                    (const entry *const *)single,
+                                    (const ps_entry_tensors *const *)single_tensors,
+                                    entries_of + l * L, err));
         }
     }
 

@@ -16,6 +16,7 @@ typedef struct crossing {
 
 struct ps_layer_crossings {
     int n_layers, n, n_groups;
+    int *slice_tensors; /* [n_layers] each layer's slice's tensor count */
     crossing *list; /* by the later of the two layers */
     int *start;     /* [n_layers + 1]: list[start[i] .. start[i + 1]) end at layer i */
     /* scratch of ps_range_compose */
@@ -28,6 +29,7 @@ void ps_layer_crossings_free(ps_layer_crossings *x)
 {
     if (x == NULL)
         return;
+    free(x->slice_tensors);
     free(x->list);
     free(x->start);
     free(x->stamp);
@@ -39,6 +41,11 @@ void ps_layer_crossings_free(ps_layer_crossings *x)
 int ps_layer_crossings_count(const ps_layer_crossings *x)
 {
     return x != NULL ? x->n : 0;
+}
+
+int ps_layer_crossings_layers(const ps_layer_crossings *x)
+{
+    return x != NULL ? x->n_layers : 0;
 }
 
 ps_status ps_layer_crossings_build(const ps_graph *step, ps_layer_crossings **out,
@@ -56,10 +63,13 @@ ps_status ps_layer_crossings_build(const ps_graph *step, ps_layer_crossings **ou
     if (x == NULL || slice_of == NULL || own == NULL || read_at == NULL || group == NULL)
         goto nomem;
     x->n_layers = L;
+    x->slice_tensors = calloc((size_t)L + 1, sizeof *x->slice_tensors);
+    if (x->slice_tensors == NULL)
+        goto nomem;
     for (int t = 0; t < T; t++)
         own[t] = read_at[t] = group[t] = -1;
     for (int q = 0; q < L; q++) {
-        ps_graph_slice_numbering(step, q, q, slice_of);
+        x->slice_tensors[q] = ps_graph_slice_numbering(step, q, q, slice_of);
         for (int i = 0; i < step->n_ops; i++) {
             const ps_op *op = &step->ops[i];
             if (op->layer != q)
@@ -105,12 +115,15 @@ ps_status ps_layer_crossings_build(const ps_graph *step, ps_layer_crossings **ou
     }
     for (int i = 0; i < L; i++)
         x->start[i + 1] += x->start[i];
-    int *next = slice_of; /* reused: the next free place per layer */
+    int *next = malloc(((size_t)L + 1) * sizeof *next); /* the next free place per layer */
+    if (next == NULL)
+        goto nomem;
     memcpy(next, x->start, (size_t)L * sizeof *next);
     for (int c = 0; c < x->n; c++) {
         int later = found[c].producer > found[c].reader ? found[c].producer : found[c].reader;
         x->list[next[later]++] = found[c];
     }
+    free(next);
     free(found);
     free(slice_of);
     free(own);
@@ -128,16 +141,22 @@ nomem:
     return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
 }
 
-void ps_range_compose(const ps_layer_crossings *x, int first, int n_entries,
-                      const ps_stage_entry *const *single, const ps_entry_tensors *const *tensors,
-                      ps_stage_entry *const *out)
+ps_status ps_range_compose(ps_layer_crossings *x, int first, int n_entries,
+                           const ps_stage_entry *const *single,
+                           const ps_entry_tensors *const *tensors, ps_stage_entry *const *out,
+                           ps_error *err)
 {
-    /* the scratch is the caller's: it composes from one thread */
-    ps_layer_crossings *w = (ps_layer_crossings *)x;
-    double *act = w->act, *transient = w->transient;
+    double *act = x->act, *transient = x->transient;
+    for (int q = first; q < x->n_layers; q++)
+        for (int e = 0; e < n_entries; e++)
+            if (tensors[q][e].n != x->slice_tensors[q])
+                return ps_error_set(err, PS_ERR_INTERNAL,
+                                    "composing layers: layer %d's entry %d describes %d tensors, "
+                                    "its slice has %d",
+                                    q, e, tensors[q][e].n, x->slice_tensors[q]);
     for (int e = 0; e < n_entries; e++) {
         ps_stage_entry sum = {.ok = true};
-        int sweep = ++w->sweep;
+        int sweep = ++x->sweep;
         for (int i = first; i < x->n_layers; i++) {
             const ps_stage_entry *s = &single[i][e];
             sum.ok = sum.ok && s->ok;
@@ -150,23 +169,34 @@ void ps_range_compose(const ps_layer_crossings *x, int first, int n_entries,
             transient[i] = s->transient_bytes;
             for (int c = x->start[i]; c < x->start[i + 1] && sum.ok; c++) {
                 const crossing *k = &x->list[c];
-                if (k->producer < first || k->reader < first)
-                    continue; /* received from before the stage: as its first layer holds it */
-                const ps_entry_tensors *tr = &tensors[k->reader][e], *tp = &tensors[k->producer][e];
+                if (k->reader < first)
+                    continue; /* a gradient sent back before the stage */
+                const ps_entry_tensors *tr = &tensors[k->reader][e];
                 double kept = tr->bytes[tr->n + k->in_reader];
+                if (k->producer < first) {
+                    /* received from before the stage, once: kept by the
+                     * first of its layers that keeps it */
+                    if (kept > 0 && x->stamp[k->group] == sweep)
+                        act[k->reader] -= kept;
+                    else if (kept > 0)
+                        x->stamp[k->group] = sweep;
+                    continue;
+                }
                 /* not received inside the stage: a gradient passed back is a
-                 * temporary of the backward pass reading it; an activation
-                 * is kept once, as its producer holds it, until the first
-                 * layer reading it in its backward pass is done (backward
-                 * passes run last layer first) */
+                 * temporary from the backward pass that makes it to the one
+                 * that reads it; an activation is kept once, as its producer
+                 * holds it, until the first layer reading it in its backward
+                 * pass is done (backward passes run last layer first) */
                 act[k->reader] -= kept;
                 if (!k->forward) {
-                    transient[k->reader] += kept;
+                    for (int m = k->reader; m < k->producer; m++)
+                        transient[m] += kept;
                     continue;
                 }
                 if (!(kept > 0) || x->stamp[k->group] == sweep)
                     continue;
-                w->stamp[k->group] = sweep;
+                x->stamp[k->group] = sweep;
+                const ps_entry_tensors *tp = &tensors[k->producer][e];
                 if (!(tp->bytes[tp->n + k->in_producer] > 0))
                     act[k->reader] += tp->bytes[k->in_producer];
             }
@@ -186,4 +216,5 @@ void ps_range_compose(const ps_layer_crossings *x, int first, int n_entries,
             out[i][e].transient_bytes = peak;
         }
     }
+    return PS_OK;
 }

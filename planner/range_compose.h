@@ -1,6 +1,8 @@
 /* A stage of several layers costed from its single layers' costs (Alpa's
- * "profile layers and compose"): times, weights, state and activations add
- * up, the transient working set is the largest layer's.
+ * "profile layers and compose"): times, weights and state add up; the
+ * activations add up but for what the layers pass each other (below); a
+ * micro-batch's temporaries peak during some layer's backward pass, when
+ * the layers after it have freed their activations.
  *
  * A layer costed as a stage of its own holds what it receives from another
  * layer in the layout it chose to receive it in, and counts it among its
@@ -41,6 +43,7 @@ typedef struct ps_layer_crossings ps_layer_crossings;
 
 ps_status ps_layer_crossings_build(const ps_graph *step, ps_layer_crossings **out,
                                    ps_error *err);
+int ps_layer_crossings_layers(const ps_layer_crossings *x);
 void ps_layer_crossings_free(ps_layer_crossings *x);
 /* How many crossings (a tensor and a layer other than its producer's that
  * reads it); for tests and logs. */
@@ -49,9 +52,12 @@ int ps_layer_crossings_count(const ps_layer_crossings *x);
 /* Composes the stages first..last for every last in first+1 .. n_layers-1:
  * out[last][e] from single[q][e] and tensors[q][e] of the layers q in
  * first..last, for each of the n_entries entries (the same submesh and
- * logical mesh in every layer). out[first] is not written. */
-void ps_range_compose(const ps_layer_crossings *x, int first, int n_entries,
-                      const ps_stage_entry *const *single, const ps_entry_tensors *const *tensors,
-                      ps_stage_entry *const *out);
+ * logical mesh in every layer). out[first] is not written. Uses x's
+ * scratch: calls on one x must not overlap. PS_ERR_INTERNAL when a layer's
+ * tensors are not its slice's. */
+ps_status ps_range_compose(ps_layer_crossings *x, int first, int n_entries,
+                           const ps_stage_entry *const *single,
+                           const ps_entry_tensors *const *tensors, ps_stage_entry *const *out,
+                           ps_error *err);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "core/bytes_text.h"
 #include "core/cluster.h"
 #include "planner/models/zoo.h"
 #include "planner/plan_fit.h"
@@ -152,8 +153,9 @@ static void planned_again_until_the_programs_fit(void **state)
                      PS_ERR_INFEASIBLE);
     assert_null(p);
     assert_non_null(strstr(err.msg, "no plan found that fits in memory: after 1 attempts"));
-    char want[64];
-    snprintf(want, sizeof want, "more than its %.2f MiB", memory_mib);
+    char want[64], have[32];
+    snprintf(want, sizeof want, "more than its %s",
+             ps_bytes_text(memory_mib * MiB, have, sizeof have));
     assert_non_null(strstr(err.msg, want));
 
     /* a later attempt's failure says why it planned again */
