@@ -131,6 +131,14 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
     ps_sim_options so = ps_sim_options_default();
     ps_sim_stats stats;
     PS_TRY(ps_sim_run(set, c, &so, &sum, &stats, &err));
+    /* the programs' own peak, which the planner's estimate is at or a few
+     * percent above, decides too (pipeshard plan checks it the same way) */
+    if (sum->peak_memory_bytes > memory) {
+        st = ps_error_set(&err, PS_ERR_INFEASIBLE,
+                          "its programs need %.4g GB per device of %.4g GB (planned %.4g GB)",
+                          sum->peak_memory_bytes / 1e9, memory / 1e9, p->peak_memory_bytes / 1e9);
+        goto out;
+    }
     r->simulated_s = sum->iteration_s;
     r->sim_tflops = sum->tflops_per_device;
 out:

@@ -458,6 +458,17 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     return st;
 }
 
+/* A lean configuration's plain twin (the same logical mesh and batch
+ * axis), or k itself. */
+static int plain_twin(const config *cfs, int n, int k)
+{
+    for (int j = 0; cfs[k].lean && j < n; j++)
+        if (!cfs[j].lean && cfs[j].d0 == cfs[k].d0 && cfs[j].d1 == cfs[k].d1 &&
+            cfs[j].force == cfs[k].force)
+            return j;
+    return k;
+}
+
 /* How many later stages a stage tolerates: 1F1B keeps one micro-batch of
  * activations per later stage plus its own; GPipe keeps all of them. */
 static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpipe)
@@ -1107,8 +1118,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         }
     /* Single layers (every range with exact_ranges) are solved: identical
      * slices once, all entries on all cores. Longer ranges are composed
-     * (Alpa's "profile layers and compose"): times, weights and activations
-     * add up. */
+     * (Alpa's "profile layers and compose"; planner/range_compose.h): times,
+     * weights and state add up, memory as the range's own solve counts it. */
     slices = calloc((size_t)L * L + 1, sizeof *slices);
     entries_of = calloc((size_t)L * L + 1, sizeof *entries_of);
     cache_of = malloc(((size_t)L * L + 1) * sizeof *cache_of);
@@ -1339,8 +1350,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             }
             for (int k = 0; k < cur->n_stages; k++) {
                 const ps_stage_choice *ch = &cur->stages[k];
-                chosen[k] =
-                    (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][ch->cfg]};
+                /* a lean layout stands for "some layout fits": the stage is
+                 * solved as its plain twin within its memory, the fastest
+                 * layout that fits, in the lean one's time or less (the
+                 * lean layout is among those it chooses from) */
+                int cfg = plain_twin(cfgs[ch->sub], n_cfgs[ch->sub], ch->cfg);
+                chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][cfg]};
             }
             submesh chosen_subs[64];
             int chosen_first[64];
@@ -1404,7 +1419,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
         if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
             B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
-            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k]};
+            /* a lean layout solved as its plain twin, as in step 5 */
+            stage_spec one = {0, L - 1, subs[full],
+                              cfgs[full][plain_twin(cfgs[full], n_cfgs[full], best_k)]};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", &one, 1, &plan,
