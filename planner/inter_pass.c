@@ -458,17 +458,6 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     return st;
 }
 
-/* A lean configuration's plain twin (the same logical mesh and batch
- * axis), or k itself. */
-static int plain_twin(const config *cfs, int n, int k)
-{
-    for (int j = 0; cfs[k].lean && j < n; j++)
-        if (!cfs[j].lean && cfs[j].d0 == cfs[k].d0 && cfs[j].d1 == cfs[k].d1 &&
-            cfs[j].force == cfs[k].force)
-            return j;
-    return k;
-}
-
 /* How many later stages a stage tolerates: 1F1B keeps one micro-batch of
  * activations per later stage plus its own; GPipe keeps all of them. */
 static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpipe)
@@ -641,6 +630,7 @@ typedef struct stage_spec {
     int first, last;
     submesh sub;
     config cfg;
+    bool twin; /* a lean cfg: also try its plain twin within the memory (stage_item) */
 } stage_spec;
 
 /* The plan's iteration time: its stages in the lowering's schedule, with
@@ -699,6 +689,46 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
  * of each distinct stage (identical layers on meshes of equal costs, the
  * middle stages of a transformer, share one), then each stage's within its
  * memory. */
+/* See stage_item: a lean stage's plain twin is solved when the lean layout
+ * is this much slower than the fastest. */
+#define TWIN_GAIN_MIN 1.05
+/* and its solves (two at most, the second with less room for the
+ * micro-batches in flight) take this many seconds each at most */
+#define TWIN_LIMIT_S 2.0
+
+/* A stage's layout in configuration cf that keeps `in_flight` micro-batches
+ * of activations: while it does not fit them, solved again with less room,
+ * `attempts` times at most. *out as solve_within's. */
+static ps_status fit_stage(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+                           const ps_plan_request *req, double limit_s, int attempts,
+                           int in_flight, const ps_intra_result *fastest, ps_intra_result **out,
+                           ps_error *err)
+{
+    ps_intra_result *r = NULL;
+    double budget = m->memory_bytes;
+    ps_status st = PS_OK;
+    for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
+        ps_intra_result_free(r);
+        r = NULL;
+        st = solve_within(slice, m, cf, req, limit_s, budget, fastest, NULL, &r, err);
+        if (st != PS_OK)
+            break;
+        const ps_intra_result *got = r != NULL ? r : fastest;
+        double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
+        if (need <= m->memory_bytes)
+            break;
+        budget -= need - m->memory_bytes;
+        if (budget <= 0)
+            break;
+    }
+    if (st != PS_OK) {
+        ps_intra_result_free(r);
+        r = NULL;
+    }
+    *out = r;
+    return st;
+}
+
 typedef struct stage_solve {
     const stage_spec *stages;
     const ps_plan_request *req;
@@ -740,26 +770,32 @@ static bool stage_item(void *ctx, int k)
     const ps_intra_result *fastest = ss->fastest[ss->leader[k]];
     ps_intra_result *r = NULL;
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
-    double budget = m->memory_bytes;
-    ps_status st = PS_OK;
-    for (int attempt = 0; st == PS_OK && attempt < 6; attempt++) {
-        ps_intra_result_free(r);
-        r = NULL;
-        st = solve_within(ss->slices[k], m, &ch->cfg, ss->req, 0, budget, fastest, NULL, &r,
-                          &ss->errors[k]);
-        if (st != PS_OK)
-            break;
-        const ps_intra_result *got = r != NULL ? r : fastest;
-        double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
-        if (need <= m->memory_bytes)
-            break;
-        budget -= need - m->memory_bytes;
-        if (budget <= 0)
-            break;
-    }
-    if (st != PS_OK) {
-        ps_intra_result_free(r);
-        r = NULL;
+    ps_status st = fit_stage(ss->slices[k], m, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r,
+                             &ss->errors[k]);
+    if (st == PS_OK && ch->cfg.lean && ch->twin) {
+        /* The lean layout stands for "some layout fits": the fastest layout
+         * within the memory, where each layer is lean or fast as the room
+         * allows, takes its time or less. Its budgeted solves can be slow:
+         * tried only where the lean layout is TWIN_GAIN_MIN times slower
+         * than the fastest or more (it gains at most that), briefly, and
+         * kept only when it fits and is faster. */
+        config plain = ch->cfg;
+        plain.lean = false;
+        ps_intra_result *within = NULL;
+        ps_error ignored = {0};
+        const ps_intra_result *lean = r != NULL ? r : fastest;
+        if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
+            fit_stage(ss->slices[k], m, &plain, ss->req, TWIN_LIMIT_S, 2, in_flight, fastest,
+                      &within, &ignored) == PS_OK) {
+            const ps_intra_result *w = within != NULL ? within : fastest;
+            if (w->objective_s < lean->objective_s &&
+                w->peak_memory_bytes + (in_flight - 1) * w->activation_bytes <= m->memory_bytes) {
+                ps_intra_result_free(r);
+                r = within; /* NULL: the fastest layout itself */
+                within = NULL;
+            }
+        }
+        ps_intra_result_free(within);
     }
     ss->results[k] = r;
     ss->status[k] = st;
@@ -1350,12 +1386,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             }
             for (int k = 0; k < cur->n_stages; k++) {
                 const ps_stage_choice *ch = &cur->stages[k];
-                /* a lean layout stands for "some layout fits": the stage is
-                 * solved as its plain twin within its memory, the fastest
-                 * layout that fits, in the lean one's time or less (the
-                 * lean layout is among those it chooses from) */
-                int cfg = plain_twin(cfgs[ch->sub], n_cfgs[ch->sub], ch->cfg);
-                chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub], cfgs[ch->sub][cfg]};
+                chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub],
+                                         cfgs[ch->sub][ch->cfg], true};
             }
             submesh chosen_subs[64];
             int chosen_first[64];
@@ -1419,9 +1451,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
         if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
             B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
-            /* a lean layout solved as its plain twin, as in step 5 */
-            stage_spec one = {0, L - 1, subs[full],
-                              cfgs[full][plain_twin(cfgs[full], n_cfgs[full], best_k)]};
+            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], true};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", &one, 1, &plan,
@@ -1524,7 +1554,8 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         used += h * d;
         specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
                                 {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0,
-                                 false}};
+                                 false},
+                                false};
     }
     if (stages[n - 1].last_layer != lay.n_layers - 1) {
         st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",
