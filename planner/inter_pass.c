@@ -70,7 +70,8 @@ ps_inter_options ps_inter_options_default(void)
                               .submeshes = PS_SUBMESH_POWER_OF_TWO, .gpipe = false,
                               .print_rows = false, .exact_ranges = false,
                               .stage_time_limit_s = 20, .transfer_costs = true,
-                              .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2};
+                              .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2,
+                              .lean_twin_limit_s = 2};
 }
 
 typedef struct submesh {
@@ -630,7 +631,8 @@ typedef struct stage_spec {
     int first, last;
     submesh sub;
     config cfg;
-    bool twin; /* a lean cfg: also try its plain twin within the memory (stage_item) */
+    double twin_limit_s; /* > 0, a lean cfg: also try its plain twin within the memory, each
+                          * solve stopped after this long (stage_item) */
 } stage_spec;
 
 /* The plan's iteration time: its stages in the lowering's schedule, with
@@ -692,9 +694,6 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
 /* See stage_item: a lean stage's plain twin is solved when the lean layout
  * is this much slower than the fastest. */
 #define TWIN_GAIN_MIN 1.05
-/* and its solves (two at most, the second with less room for the
- * micro-batches in flight) take this many seconds each at most */
-#define TWIN_LIMIT_S 2.0
 
 /* A stage's layout in configuration cf that keeps `in_flight` micro-batches
  * of activations: while it does not fit them, solved again with less room,
@@ -772,20 +771,21 @@ static bool stage_item(void *ctx, int k)
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
     ps_status st = fit_stage(ss->slices[k], m, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r,
                              &ss->errors[k]);
-    if (st == PS_OK && ch->cfg.lean && ch->twin) {
+    if (st == PS_OK && ch->cfg.lean && ch->twin_limit_s > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
          * allows, takes its time or less. Its budgeted solves can be slow:
          * tried only where the lean layout is TWIN_GAIN_MIN times slower
-         * than the fastest or more (it gains at most that), briefly, and
-         * kept only when it fits and is faster. */
+         * than the fastest or more (it gains at most that), briefly (two
+         * solves, the second with less room for the micro-batches in
+         * flight), and kept only when it fits and is faster. */
         config plain = ch->cfg;
         plain.lean = false;
         ps_intra_result *within = NULL;
         ps_error ignored = {0};
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
-            fit_stage(ss->slices[k], m, &plain, ss->req, TWIN_LIMIT_S, 2, in_flight, fastest,
+            fit_stage(ss->slices[k], m, &plain, ss->req, ch->twin_limit_s, 2, in_flight, fastest,
                       &within, &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
@@ -1387,7 +1387,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             for (int k = 0; k < cur->n_stages; k++) {
                 const ps_stage_choice *ch = &cur->stages[k];
                 chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub],
-                                         cfgs[ch->sub][ch->cfg], true};
+                                         cfgs[ch->sub][ch->cfg], o->lean_twin_limit_s};
             }
             submesh chosen_subs[64];
             int chosen_first[64];
@@ -1451,7 +1451,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
         if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
             B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
-            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], true};
+            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_limit_s};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", &one, 1, &plan,
@@ -1555,7 +1555,7 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
                                 {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0,
                                  false},
-                                false};
+                                0};
     }
     if (stages[n - 1].last_layer != lay.n_layers - 1) {
         st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",

@@ -59,6 +59,11 @@ typedef struct ps_inter_options {
      * traffic of shared parameters (a tied embedding) between the first and
      * last stages once per step. 1: Alpa's DP answer alone. */
     int stage_candidates;
+    /* A stage the DP took by its lean entry is also solved as the fastest
+     * layout within the memory (where the lean layout is 5% or more slower
+     * than the fastest), each of its two solves stopped after this many
+     * seconds (default 2; 0: never), and kept when it fits and is faster. */
+    double lean_twin_limit_s;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);
