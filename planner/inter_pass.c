@@ -334,14 +334,17 @@ typedef struct budget_memo {
 
 /* From the fastest layout: for a lean configuration one that weighs memory
  * like time; then, if that needs more than `budget` bytes per device, the
- * fastest within the budget (as Alpa's stage profiling does). *out is NULL
- * when the fastest layout is the answer, else a new result. The fastest
- * layout is shared by a configuration and its lean variant, and by the
- * retries with smaller budgets. With a memo, a budgeted solve whose budget
- * is the memo's is skipped (memo->reused). */
+ * fastest within the budget (as Alpa's stage profiling does). The budget
+ * bounds the lasting bytes (weights, gradients, optimizer state,
+ * activations) to `budget` less the layout's temporaries; a finite `cap`
+ * bounds them to cap instead. *out is NULL when the fastest layout is the
+ * answer, else a new result. The fastest layout is shared by a
+ * configuration and its lean variant, and by the retries with smaller
+ * budgets. With a memo, a budgeted solve whose budget is the memo's is
+ * skipped (memo->reused). */
 static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
                               const ps_plan_request *req, double limit_s, double budget,
-                              const ps_intra_result *fastest, budget_memo *memo,
+                              double cap, const ps_intra_result *fastest, budget_memo *memo,
                               ps_intra_result **out, ps_error *err)
 {
     ps_intra_options io = stage_intra_options(cf, req, limit_s);
@@ -364,8 +367,9 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
         lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
         transient = r->peak_memory_bytes - lasting;
     }
-    if (r->peak_memory_bytes > budget) {
-        double cap = budget - transient;
+    if (isnan(cap) ? r->peak_memory_bytes > budget : lasting > cap) {
+        if (isnan(cap))
+            cap = budget - transient;
         ps_intra_result_free(own);
         if (cap <= 0)
             return ps_error_set(err, PS_ERR_INFEASIBLE, "temporaries alone exceed the budget");
@@ -439,7 +443,8 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
         ps_intra_result *r = NULL;
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
-        st = solve_within(slice, m, cfs[v], req, limit_s, budget, fastest, &memo, &r, &inner);
+        st = solve_within(slice, m, cfs[v], req, limit_s, budget, NAN, fastest, &memo, &r,
+                          &inner);
         if (st == PS_OK && memo.reused) {
             *es[v] = *es[0];
             if (ts[v] != NULL)
@@ -704,20 +709,28 @@ static ps_status fit_stage(const ps_graph *slice, const ps_logical_mesh *m, cons
                            ps_error *err)
 {
     ps_intra_result *r = NULL;
-    double budget = m->memory_bytes;
+    double cap = NAN; /* the first solve leaves room for the fastest layout's temporaries */
     ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
         ps_intra_result_free(r);
         r = NULL;
-        st = solve_within(slice, m, cf, req, limit_s, budget, fastest, NULL, &r, err);
+        st = solve_within(slice, m, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL, &r,
+                          err);
         if (st != PS_OK)
             break;
         const ps_intra_result *got = r != NULL ? r : fastest;
         double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
         if (need <= m->memory_bytes)
             break;
-        budget -= need - m->memory_bytes;
-        if (budget <= 0)
+        /* the next answer's lasting bytes are this one's less the excess:
+         * it fits if its temporaries and activations are this one's. A
+         * smaller budget alone may not bind: a layout with more
+         * temporaries than the fastest's (GPT-39B's layers on 2 x 4) kept
+         * its lasting bytes well under the cap and was chosen again */
+        double lasting = got->weight_bytes + got->gradient_bytes + got->optimizer_bytes +
+                         got->activation_bytes;
+        cap = lasting - (need - m->memory_bytes);
+        if (cap <= 0)
             break;
     }
     if (st != PS_OK) {

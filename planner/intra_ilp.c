@@ -99,24 +99,6 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err)
     return PS_OK;
 }
 
-/* A copy of p (nodes, edges, budget). */
-static ps_status problem_copy(const ps_ilp_problem *p, ps_ilp_problem **out)
-{
-    ps_ilp_problem *q = NULL;
-    ps_status st = ps_ilp_problem_create(&q);
-    for (int v = 0; v < p->n_nodes && st == PS_OK; v++)
-        st = ps_ilp_add_node(q, p->nodes[v].k, p->nodes[v].cost, p->nodes[v].mem, NULL);
-    for (int e = 0; e < p->n_edges && st == PS_OK; e++)
-        st = ps_ilp_add_edge(q, p->edges[e].u, p->edges[e].v, p->edges[e].cost);
-    if (st != PS_OK) {
-        ps_ilp_problem_free(q);
-        return st;
-    }
-    q->mem_budget = p->mem_budget;
-    *out = q;
-    return PS_OK;
-}
-
 ps_ilp_options ps_ilp_options_default(void)
 {
     return (ps_ilp_options){
@@ -537,6 +519,15 @@ static bool eliminate(work *w, int v, bool *fail)
     return true;
 }
 
+/* True when a node's memory is the same in every strategy. */
+static bool memory_fixed(const ps_ilp_node *n)
+{
+    for (int s = 1; s < n->k; s++)
+        if (n->mem[s] != n->mem[0])
+            return false;
+    return true;
+}
+
 static ps_status reduce(work *w, ps_error *err)
 {
     ps_ilp_problem *p = w->p;
@@ -564,8 +555,11 @@ static ps_status reduce(work *w, ps_error *err)
             drop_dominated(w, v, &changed);
     }
     /* eliminations keep strategy indices, so they come last: only folds and
-     * merges (which keep them too) run with them */
-    changed = !w->with_memory;
+     * merges (which keep them too) run with them. Under a memory budget only
+     * nodes whose memory is the same in every strategy go: their choice then
+     * moves no byte, and what they add to their neighbours does not depend
+     * on a price on memory either (half the nodes of a GPT layer) */
+    changed = true;
     while (changed) {
         changed = false;
         for (int v = 0; v < p->n_nodes; v++)
@@ -576,7 +570,8 @@ static ps_status reduce(work *w, ps_error *err)
                 w->degree[p->edges[e].v]++;
             }
         for (int v = 0; v < p->n_nodes; v++) {
-            if (w->node_dead[v] || w->degree[v] > 2 || (p->nodes[v].k == 1 && w->degree[v] == 0))
+            if (w->node_dead[v] || w->degree[v] > 2 || (p->nodes[v].k == 1 && w->degree[v] == 0) ||
+                (w->with_memory && !memory_fixed(&p->nodes[v])))
                 continue;
             bool fail = false;
             if (eliminate(w, v, &fail))
@@ -909,100 +904,125 @@ static void edge_classes_free(edge_classes *c, int n)
     free(c);
 }
 
-/* Builds and solves the 0-1 program of the live part of w; on success
- * choice holds GLPK's answer and optimal and gap say how good it is. */
-static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int *incumbent,
-                            int *choice, bool *optimal, double *gap, int *cols_out,
-                            int *rows_out, ps_error *err)
+/* The 0-1 program of the live part of w, built once: the pricing of memory
+ * re-solves its relaxation under changing node costs, each time from the
+ * basis the last one left, and the solve with the memory row starts from
+ * the basis of a price whose answer fits. */
+typedef struct program {
+    glp_prob *lp;      /* NULL when there is nothing to choose (cols == 0) */
+    int *node_col;     /* [n_nodes] a node's first column, 0 when it has none */
+    int *edge_col;     /* [n_edges] an edge's first column, 0 when dead */
+    edge_classes *cls; /* [n_edges] */
+    int cols, rows;
+    int mem_row;       /* the memory row, 0 without a budget */
+    double scale;      /* objective units per second */
+    double const_cost; /* seconds and bytes of the nodes without columns */
+    double const_mem;
+    double mem_bound;  /* the memory row's bound, in units of the budget */
+} program;
+
+static void program_free(program *g, int n_edges)
+{
+    if (g->lp != NULL)
+        glp_delete_prob(g->lp);
+    free(g->node_col);
+    free(g->edge_col);
+    edge_classes_free(g->cls, n_edges);
+    memset(g, 0, sizeof *g);
+}
+
+/* Node columns' objective: cost plus lambda (seconds per byte) times memory. */
+static void program_price(const work *w, program *g, double lambda)
+{
+    const ps_ilp_problem *p = w->p;
+    for (int v = 0; v < p->n_nodes; v++)
+        if (g->node_col[v] != 0)
+            for (int s = 0; s < p->nodes[v].k; s++)
+                if (isfinite(p->nodes[v].cost[s]))
+                    glp_set_obj_coef(g->lp, g->node_col[v] + s,
+                                     (p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s]) *
+                                         g->scale);
+    glp_set_obj_coef(g->lp, 0, (g->const_cost + lambda * g->const_mem) * g->scale);
+}
+
+/* Builds the program of w's live part; its memory row (when w has a budget)
+ * starts free. g->lp stays NULL when every node is down to one strategy
+ * (GLPK rejects empty programs). */
+static ps_status program_build(const work *w, program *g, ps_error *err)
 {
     const ps_ilp_problem *p = w->p;
     ps_status st = PS_OK;
     int n = p->n_nodes;
-    int *node_col = malloc(((size_t)n + 1) * sizeof *node_col); /* first column or 0 */
-    int *edge_col = malloc(((size_t)p->n_edges + 1) * sizeof *edge_col);
     int *ia = NULL, *ja = NULL;
-    double *ar = NULL, *start = NULL;
-    edge_classes *cls = NULL; /* [edge] */
-    glp_prob *lp = NULL;
-    PS_TRY_ALLOC(node_col, err);
-    PS_TRY_ALLOC(edge_col, err);
-    int cols = 0, rows = 0;
+    double *ar = NULL;
+    memset(g, 0, sizeof *g);
+    g->node_col = malloc(((size_t)n + 1) * sizeof *g->node_col);
+    g->edge_col = malloc(((size_t)p->n_edges + 1) * sizeof *g->edge_col);
+    g->cls = calloc((size_t)p->n_edges + 1, sizeof *g->cls);
+    bool *touched = calloc((size_t)n + 1, sizeof *touched);
+    if (g->node_col == NULL || g->edge_col == NULL || g->cls == NULL || touched == NULL) {
+        free(touched);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
     size_t nnz = 0;
     /* Nodes with one strategy get no column unless a live edge touches them
      * (possible when reductions are off). */
-    bool *touched = calloc((size_t)n + 1, sizeof *touched);
-    PS_TRY_ALLOC(touched, err);
     for (int e = 0; e < p->n_edges; e++)
         if (!w->edge_dead[e])
             touched[p->edges[e].u] = touched[p->edges[e].v] = true;
     for (int v = 0; v < n; v++) {
         bool has_cols = !w->node_dead[v] && (p->nodes[v].k > 1 || touched[v]);
-        node_col[v] = has_cols ? cols + 1 : 0;
+        g->node_col[v] = has_cols ? g->cols + 1 : 0;
         if (has_cols) {
-            cols += p->nodes[v].k;
-            rows++;
+            g->cols += p->nodes[v].k;
+            g->rows++;
             nnz += (size_t)p->nodes[v].k;
         }
     }
     free(touched);
-    cls = calloc((size_t)p->n_edges + 1, sizeof *cls);
-    PS_TRY_ALLOC(cls, err);
     for (int e = 0; e < p->n_edges; e++) {
-        edge_col[e] = 0;
+        g->edge_col[e] = 0;
         if (w->edge_dead[e])
             continue;
         const ps_ilp_edge *ed = &p->edges[e];
         int ku = p->nodes[ed->u].k, kv = p->nodes[ed->v].k;
-        edge_classes *c = &cls[e];
+        edge_classes *c = &g->cls[e];
         c->of_u = malloc((size_t)ku * sizeof *c->of_u);
         c->rep_u = malloc((size_t)ku * sizeof *c->rep_u);
         c->of_v = malloc((size_t)kv * sizeof *c->of_v);
         c->rep_v = malloc((size_t)kv * sizeof *c->rep_v);
-        if (c->of_u == NULL || c->rep_u == NULL || c->of_v == NULL || c->rep_v == NULL) {
-            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-            goto out;
-        }
+        if (c->of_u == NULL || c->rep_u == NULL || c->of_v == NULL || c->rep_v == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         c->cu = classify(ed->cost, ku, kv, kv, 1, c->of_u, c->rep_u);
         c->cv = classify(ed->cost, kv, ku, 1, kv, c->of_v, c->rep_v);
-        edge_col[e] = cols + 1;
-        cols += c->cu * c->cv;
-        rows += c->cu + c->cv;
+        g->edge_col[e] = g->cols + 1;
+        g->cols += c->cu * c->cv;
+        g->rows += c->cu + c->cv;
         nnz += (size_t)c->cu * c->cv * 2 + (size_t)ku + (size_t)kv;
     }
-    bool mem_row = w->with_memory;
-    if (mem_row) {
-        rows++;
-        nnz += (size_t)cols;
+    if (w->with_memory) {
+        g->mem_row = ++g->rows;
+        nnz += (size_t)g->cols;
     }
-    *cols_out = cols;
-    *rows_out = rows;
-    if (cols == 0) { /* every node is down to one strategy (GLPK rejects empty programs) */
-        double mem = 0;
-        for (int v = 0; v < n; v++) {
-            choice[v] = 0;
-            mem += p->nodes[v].mem[0];
-        }
-        if (w->with_memory && mem > p->mem_budget)
-            st = ps_error_set(err, PS_ERR_INFEASIBLE, "no strategy choice fits the memory budget");
-        *optimal = true;
-        *gap = 0;
-        *rows_out = 0;
-        goto out;
+    for (int v = 0; v < n; v++) {
+        if (g->node_col[v] != 0)
+            continue;
+        if (!w->node_dead[v]) /* an eliminated node's cost is in its neighbours' */
+            g->const_cost += p->nodes[v].cost[0];
+        g->const_mem += p->nodes[v].mem[0]; /* the same in every strategy */
     }
+    if (g->cols == 0)
+        return PS_OK;
     ia = malloc((nnz + 1) * sizeof *ia);
     ja = malloc((nnz + 1) * sizeof *ja);
     ar = malloc((nnz + 1) * sizeof *ar);
-    start = calloc((size_t)cols + 1, sizeof *start);
     PS_TRY_ALLOC(ia, err);
     PS_TRY_ALLOC(ja, err);
     PS_TRY_ALLOC(ar, err);
-    PS_TRY_ALLOC(start, err);
-
-    glp_term_hook(glpk_to_log, NULL);
-    lp = glp_create_prob();
+    glp_prob *lp = g->lp = glp_create_prob();
     glp_set_obj_dir(lp, GLP_MIN);
-    glp_add_cols(lp, cols);
-    glp_add_rows(lp, rows);
+    glp_add_cols(lp, g->cols);
+    glp_add_rows(lp, g->rows);
     /* GLPK's tolerances are partly absolute: costs in seconds (1e-6 and
      * below) would be pruned as ties. Scale the largest finite cost to 1e6. */
     double biggest = 0;
@@ -1017,27 +1037,19 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
                 if (isfinite(p->edges[e].cost[i]))
                     biggest = fmax(biggest, p->edges[e].cost[i]);
         }
-    double scale = biggest > 0 ? 1e6 / biggest : 1;
-    double const_cost = 0, const_mem = 0;
+    g->scale = biggest > 0 ? 1e6 / biggest : 1;
     size_t k_nz = 0;
     int row = 0;
     for (int v = 0; v < n; v++) {
         const ps_ilp_node *nd = &p->nodes[v];
-        if (w->node_dead[v])
-            continue; /* its cost moved into its neighbours */
-        if (node_col[v] == 0) {
-            const_cost += nd->cost[0];
-            const_mem += nd->mem[0];
-            continue;
-        }
+        if (g->node_col[v] == 0)
+            continue; /* dead (its cost moved into its neighbours) or constant */
         row++;
         glp_set_row_bnds(lp, row, GLP_FX, 1, 1);
         for (int s = 0; s < nd->k; s++) {
-            int c = node_col[v] + s;
+            int c = g->node_col[v] + s;
             glp_set_col_kind(lp, c, GLP_BV);
-            if (isfinite(nd->cost[s]))
-                glp_set_obj_coef(lp, c, nd->cost[s] * scale);
-            else
+            if (!isfinite(nd->cost[s]))
                 glp_set_col_bnds(lp, c, GLP_FX, 0, 0);
             k_nz++, ia[k_nz] = row, ja[k_nz] = c, ar[k_nz] = 1;
         }
@@ -1046,7 +1058,7 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         if (w->edge_dead[e])
             continue;
         const ps_ilp_edge *ed = &p->edges[e];
-        const edge_classes *ec = &cls[e];
+        const edge_classes *ec = &g->cls[e];
         int ku = p->nodes[ed->u].k, kv = p->nodes[ed->v].k;
         int row_u = row + 1, row_v = row + 1 + ec->cu;
         /* class marginals: the edge's variables of class a sum to the node
@@ -1056,16 +1068,18 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         for (int b = 0; b < ec->cv; b++)
             glp_set_row_bnds(lp, row_v + b, GLP_FX, 0, 0);
         for (int i = 0; i < ku; i++)
-            k_nz++, ia[k_nz] = row_u + ec->of_u[i], ja[k_nz] = node_col[ed->u] + i, ar[k_nz] = -1;
+            k_nz++, ia[k_nz] = row_u + ec->of_u[i], ja[k_nz] = g->node_col[ed->u] + i,
+                    ar[k_nz] = -1;
         for (int j = 0; j < kv; j++)
-            k_nz++, ia[k_nz] = row_v + ec->of_v[j], ja[k_nz] = node_col[ed->v] + j, ar[k_nz] = -1;
+            k_nz++, ia[k_nz] = row_v + ec->of_v[j], ja[k_nz] = g->node_col[ed->v] + j,
+                    ar[k_nz] = -1;
         for (int a = 0; a < ec->cu; a++)
             for (int b = 0; b < ec->cv; b++) {
-                int c = edge_col[e] + a * ec->cv + b;
+                int c = g->edge_col[e] + a * ec->cv + b;
                 double x = ed->cost[ec->rep_u[a] * kv + ec->rep_v[b]];
                 glp_set_col_kind(lp, c, GLP_BV);
                 if (isfinite(x))
-                    glp_set_obj_coef(lp, c, x * scale);
+                    glp_set_obj_coef(lp, c, x * g->scale);
                 else
                     glp_set_col_bnds(lp, c, GLP_FX, 0, 0); /* forbidden pair */
                 k_nz++, ia[k_nz] = row_u + a, ja[k_nz] = c, ar[k_nz] = 1;
@@ -1073,68 +1087,157 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
             }
         row += ec->cu + ec->cv;
     }
-    if (mem_row) {
+    if (g->mem_row != 0) {
         /* in units of the budget, so that the row is as well scaled as the
          * one-hot rows (bytes would be ~1e10) */
-        row++;
         double unit = 1.0 / p->mem_budget;
-        glp_set_row_bnds(lp, row, GLP_UP, 0, (p->mem_budget - const_mem) * unit);
+        g->mem_bound = (p->mem_budget - g->const_mem) * unit;
+        glp_set_row_bnds(lp, g->mem_row, GLP_FR, 0, 0);
         for (int v = 0; v < n; v++)
-            if (node_col[v] != 0)
+            if (g->node_col[v] != 0)
                 for (int s = 0; s < p->nodes[v].k; s++)
                     if (p->nodes[v].mem[s] != 0) {
-                        k_nz++, ia[k_nz] = row, ja[k_nz] = node_col[v] + s;
+                        k_nz++, ia[k_nz] = g->mem_row, ja[k_nz] = g->node_col[v] + s;
                         ar[k_nz] = p->nodes[v].mem[s] * unit;
                     }
     }
-    glp_set_obj_coef(lp, 0, const_cost * scale);
     glp_load_matrix(lp, (int)k_nz, ia, ja, ar);
+    program_price(w, g, 0);
+out:
+    free(ia);
+    free(ja);
+    free(ar);
+    return st;
+}
 
+/* Runs the simplex method on the relaxation, for at most limit_s seconds;
+ * GLPK's code. Cold: from Bixby's crash basis with the dual simplex, 4x
+ * faster than the primal simplex from GLPK's default basis on the root
+ * relaxation of an unforced 2-D GPT layer (1.3 s vs 5.4 s; LP presolve made
+ * it slower, 6.7 s). Warm: from the basis the last solve left, by `meth`. */
+static int program_simplex(program *g, bool cold, int meth, double limit_s)
+{
+    glp_smcp smcp;
+    glp_init_smcp(&smcp);
+    smcp.msg_lev = GLP_MSG_OFF;
+    smcp.tm_lim = (int)(fmax(limit_s, 0.001) * 1000);
+    smcp.meth = cold ? GLP_DUALP : meth;
+    double t0 = ps_monotonic_s();
+    if (cold)
+        glp_cpx_basis(g->lp);
+    int ret = glp_simplex(g->lp, &smcp);
+    if (ret == GLP_EFAIL || ret == GLP_ESING || ret == GLP_ECOND) {
+        /* numerical trouble (rare: MoE layers' costs span many orders of
+         * magnitude): scale the rows and columns and start the primal
+         * simplex again from the standard basis, in the time left */
+        double spent = ps_monotonic_s() - t0;
+        PS_LOG_DEBUG("ILP: the simplex method failed (code %d) after %.3f s; primal simplex "
+                     "on the scaled program",
+                     ret, spent);
+        glp_scale_prob(g->lp, GLP_SF_AUTO);
+        glp_std_basis(g->lp);
+        smcp.meth = GLP_PRIMAL;
+        smcp.tm_lim = (int)(fmax(limit_s - spent, 0.001) * 1000);
+        ret = glp_simplex(g->lp, &smcp);
+    }
+    return ret;
+}
+
+/* The relaxation's answer as a choice (w's strategies): each node's largest
+ * column. True when the answer is integral. */
+static bool program_point(const work *w, const program *g, int *choice)
+{
+    const ps_ilp_problem *p = w->p;
+    bool integral = true;
+    for (int v = 0; v < p->n_nodes; v++) {
+        choice[v] = 0;
+        if (g->node_col[v] == 0)
+            continue;
+        double top = -1;
+        for (int s = 0; s < p->nodes[v].k; s++) {
+            double x = glp_get_col_prim(g->lp, g->node_col[v] + s);
+            if (x > top) {
+                top = x;
+                choice[v] = s;
+            }
+        }
+        integral = integral && top > 1 - 1e-7;
+    }
+    return integral;
+}
+
+/* Solves the 0-1 program g (w's live part) within the budget: the
+ * relaxation with its memory row bounded, from the given basis of an answer
+ * that fits (warm: row_stat/col_stat, or NULL), else from the optimum
+ * without the row; then branch and cut from the incumbent. On success
+ * choice holds GLPK's answer and optimal and gap say how good it is. */
+static ps_status program_solve(const work *w, program *g, const ps_ilp_options *opt,
+                               double deadline, const int *row_stat, const int *col_stat,
+                               const int *incumbent, int *choice, bool *optimal, double *gap,
+                               ps_error *err)
+{
+    const ps_ilp_problem *p = w->p;
+    int n = p->n_nodes;
+    if (g->lp == NULL) { /* every node is down to one strategy */
+        double mem = g->const_mem;
+        for (int v = 0; v < n; v++)
+            choice[v] = 0;
+        if (w->with_memory && mem > p->mem_budget)
+            return ps_error_set(err, PS_ERR_INFEASIBLE, "no strategy choice fits the memory budget");
+        *optimal = true;
+        *gap = 0;
+        return PS_OK;
+    }
+    double *start = calloc((size_t)g->cols + 1, sizeof *start);
+    if (start == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .gap_ref = INFINITY, .stall_s = opt->stall_s};
     if (incumbent != NULL) {
         for (int v = 0; v < n; v++)
-            if (node_col[v] != 0)
-                start[node_col[v] + incumbent[v]] = 1;
+            if (g->node_col[v] != 0)
+                start[g->node_col[v] + incumbent[v]] = 1;
         for (int e = 0; e < p->n_edges; e++)
             if (!w->edge_dead[e]) {
-                const edge_classes *ec = &cls[e];
-                start[edge_col[e] + ec->of_u[incumbent[p->edges[e].u]] * ec->cv +
+                const edge_classes *ec = &g->cls[e];
+                start[g->edge_col[e] + ec->of_u[incumbent[p->edges[e].u]] * ec->cv +
                       ec->of_v[incumbent[p->edges[e].v]]] = 1;
             }
         ctx.start = start;
     }
-    glp_smcp smcp;
-    glp_init_smcp(&smcp);
-    smcp.msg_lev = GLP_MSG_OFF;
-    smcp.tm_lim = (int)(opt->time_limit_s * 1000);
-    /* dual simplex from Bixby's crash basis: 4x faster than primal simplex
-     * from GLPK's default basis on the root relaxation of an unforced 2-D GPT
-     * layer (1.3 s vs 5.4 s; LP presolve made it slower, 6.7 s) */
-    smcp.meth = GLP_DUALP;
     double t_lp = ps_monotonic_s();
-    glp_cpx_basis(lp);
-    int ret = glp_simplex(lp, &smcp);
-    if (ret == GLP_EFAIL || ret == GLP_ESING || ret == GLP_ECOND) {
-        /* numerical trouble in the dual simplex (rare: MoE layers' costs
-         * span many orders of magnitude): scale the rows and columns and
-         * start the primal simplex again from the standard basis, in the
-         * time left */
-        double spent = ps_monotonic_s() - t_lp;
-        PS_LOG_DEBUG("ILP: the dual simplex failed (code %d) after %.3f s; primal simplex on "
-                     "the scaled program",
-                     ret, spent);
-        glp_scale_prob(lp, GLP_SF_AUTO);
-        glp_std_basis(lp);
-        smcp.meth = GLP_PRIMAL;
-        smcp.tm_lim = (int)(fmax(opt->time_limit_s - spent, 0.001) * 1000);
-        ret = glp_simplex(lp, &smcp);
+    program_price(w, g, 0);
+    int ret;
+    if (row_stat != NULL) {
+        /* the basis of an answer that fits stays feasible with the row
+         * bounded: the primal simplex goes on from it */
+        for (int i = 1; i <= g->rows; i++)
+            glp_set_row_stat(g->lp, i, row_stat[i]);
+        for (int j = 1; j <= g->cols; j++)
+            glp_set_col_stat(g->lp, j, col_stat[j]);
+        if (g->mem_row != 0)
+            glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
+        ret = program_simplex(g, false, GLP_PRIMAL, deadline - ps_monotonic_s());
+    } else {
+        /* the optimum without the memory row first, then the row bounded:
+         * from a basis that is optimal without it, the dual simplex has one
+         * violated row to mend. The relaxation of a 2-layer GPT-15B stage
+         * on 8 devices took 2 s with the row from the start, 1.5 s so */
+        if (g->mem_row != 0)
+            glp_set_row_bnds(g->lp, g->mem_row, GLP_FR, 0, 0);
+        ret = program_simplex(g, glp_get_status(g->lp) == GLP_UNDEF, GLP_PRIMAL,
+                              deadline - ps_monotonic_s());
+        if (ret == 0 && g->mem_row != 0) {
+            glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
+            ret = program_simplex(g, false, GLP_DUALP, deadline - ps_monotonic_s());
+        }
     }
     t_lp = ps_monotonic_s() - t_lp;
-    if (ret != 0 || glp_get_status(lp) == GLP_NOFEAS) {
+    ps_status st = PS_OK;
+    if (ret != 0 || glp_get_status(g->lp) == GLP_NOFEAS) {
         st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           ret == 0 ? "no strategy choice fits the memory budget"
-                                   : "GLPK could not solve the relaxation (code %d)",
-                          ret);
+                                   : "GLPK could not solve the relaxation (code %d) in %.3g s",
+                          ret, t_lp);
         goto out;
     }
     glp_iocp iocp;
@@ -1143,7 +1246,9 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     iocp.presolve = GLP_OFF; /* so that the callback may hand over the incumbent */
     iocp.cb_func = glpk_callback;
     iocp.cb_info = &ctx;
-    iocp.tm_lim = (int)(opt->time_limit_s * 1000);
+    /* what is left of the limit, and a tenth of it at least: the incumbent
+     * and the relaxation are in hand, branching from them is what is left */
+    iocp.tm_lim = (int)(fmax(deadline - ps_monotonic_s(), 0.1 * opt->time_limit_s) * 1000);
     iocp.mip_gap = opt->mip_gap;
     /* a stall is counted in relaxations: a small program that has not
      * narrowed its gap in twenty relaxations' worth of branching will not
@@ -1152,13 +1257,13 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
         ctx.stall_s = fmin(ctx.stall_s, fmax(ctx.stall_s / 8, 20 * t_lp));
     double t_mip = ps_monotonic_s();
     ctx.narrowed_at = t_mip;
-    ret = glp_intopt(lp, &iocp);
+    ret = glp_intopt(g->lp, &iocp);
     t_mip = ps_monotonic_s() - t_mip;
-    int status = glp_mip_status(lp);
-    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, branch and cut %.3f s (code "
-                 "%d, gap %.3g%%)",
-                 cols, rows, mem_row ? " (one of memory)" : "", t_lp, t_mip, ret,
-                 100 * ctx.gap);
+    int status = glp_mip_status(g->lp);
+    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s%s, branch and cut %.3f s "
+                 "(code %d, gap %.3g%%)",
+                 g->cols, g->rows, g->mem_row ? " (one of memory)" : "", t_lp,
+                 row_stat != NULL ? " (from the priced basis)" : "", t_mip, ret, 100 * ctx.gap);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
@@ -1168,28 +1273,19 @@ static ps_status solve_glpk(const work *w, const ps_ilp_options *opt, const int 
     }
     for (int v = 0; v < n; v++) {
         choice[v] = 0;
-        if (node_col[v] == 0)
+        if (g->node_col[v] == 0)
             continue;
         for (int s = 0; s < p->nodes[v].k; s++)
-            if (glp_mip_col_val(lp, node_col[v] + s) > 0.5)
+            if (glp_mip_col_val(g->lp, g->node_col[v] + s) > 0.5)
                 choice[v] = s;
     }
     *optimal = status == GLP_OPT || ret == GLP_EMIPGAP;
     /* stopped at the gap tolerance, the answer is within it (and within the
-     * least gap a callback saw), not exact: the Lagrangian bound relies on it */
+     * least gap a callback saw), not exact */
     *gap = status == GLP_OPT && ret == 0 ? 0 : fmin(isfinite(ctx.gap) ? ctx.gap : 1,
                                                     ret == GLP_EMIPGAP ? opt->mip_gap : 1);
 out:
-    if (lp != NULL)
-        glp_delete_prob(lp);
-    glp_term_hook(NULL, NULL);
-    free(node_col);
-    free(edge_col);
-    free(ia);
-    free(ja);
-    free(ar);
     free(start);
-    edge_classes_free(cls, p->n_edges);
     return st;
 }
 
@@ -1224,62 +1320,94 @@ double ps_ilp_min_memory(const ps_ilp_problem *p)
 }
 
 /* ---- a memory budget by Lagrangian relaxation -------------------------------------- *
- * min cost + lambda * memory has no memory row: the exact eliminations, the
- * forest DP and the program without its knapsack row apply, and each such
- * solve is a fraction of the constrained one. For every lambda, L(lambda) -
- * lambda * budget bounds the constrained optimum from below; every answer
- * that fits is a candidate. Bisecting lambda (the dual is concave in it)
- * closes the gap to a percent or less on the planner's programs, which
- * have many layouts between fastest and leanest; where it does not, the
- * best candidate is GLPK's incumbent. */
+ * min cost + lambda * memory has no memory row. For every lambda its
+ * relaxation's optimum less lambda * budget bounds the constrained optimum
+ * from below, and every answer that fits is a candidate. The relaxation is
+ * re-solved for each lambda by the primal simplex from the basis the last
+ * one left (only the node costs change): a few pivots, where a cold solve
+ * of a GPT-15B stage took 0.3 to 0.7 s. It is integral almost everywhere on
+ * the planner's programs, which have many layouts between fastest and
+ * leanest, so that bisecting lambda (the dual is concave in it) closes the
+ * gap to a percent or less; where it does not, the best candidate is
+ * GLPK's incumbent and the last basis that fits its start. */
 
-typedef struct lagrange_state {
-    const ps_ilp_problem *p;
-    ps_ilp_problem *q; /* p without its budget, node costs re-weighted per lambda */
-    ps_ilp_options opt;
-    int *best;         /* [n_nodes] the best choice that fits (original strategies) */
-    double best_cost;  /* its cost, INFINITY while none */
-    double bound;      /* the best lower bound on the constrained optimum */
-    double deadline;   /* ps_monotonic_s() by which the pricing stops */
-} lagrange_state;
+typedef struct pricing {
+    int *best;        /* [n_nodes] the best choice that fits (w's strategies) */
+    double best_cost; /* its cost, INFINITY while none */
+    double bound;     /* the best lower bound on the constrained optimum */
+    int *row_stat;    /* [rows + 1], [cols + 1]: the basis of the last lambda whose */
+    int *col_stat;    /* relaxation fits */
+    bool have_basis;
+    int *scratch;     /* [n_nodes] */
+    int solves;
+    bool warm;        /* the program has a basis to go on from */
+} pricing;
 
-/* Solves the relaxation at lambda; *fits tells whether its answer fits. */
-static ps_status lagrange_at(lagrange_state *ls, double lambda, bool *fits, ps_error *err)
+static void pricing_free(pricing *pr)
 {
-    const ps_ilp_problem *p = ls->p;
+    free(pr->best);
+    free(pr->row_stat);
+    free(pr->col_stat);
+    free(pr->scratch);
+}
+
+/* Solves the relaxation at lambda; *fits tells whether its answer fits.
+ * PS_ERR_INTERNAL when GLPK did not reach the optimum in time. */
+static ps_status price_at(const work *w, program *g, pricing *pr, double lambda, double limit_s,
+                          bool *fits)
+{
+    const ps_ilp_problem *p = w->p;
+    program_price(w, g, lambda);
+    int ret = program_simplex(g, !pr->warm, GLP_PRIMAL, limit_s);
+    pr->solves++;
+    pr->warm = true;
+    if (ret != 0 || glp_get_status(g->lp) != GLP_OPT)
+        return PS_ERR_INTERNAL;
+    pr->bound = fmax(pr->bound, glp_get_obj_val(g->lp) / g->scale - lambda * p->mem_budget);
+    *fits = glp_get_row_prim(g->lp, g->mem_row) <= g->mem_bound * (1 + 1e-9);
+    program_point(w, g, pr->scratch);
+    double mem = 0, cost = work_evaluate(w, pr->scratch);
     for (int v = 0; v < p->n_nodes; v++)
-        for (int s = 0; s < p->nodes[v].k; s++)
-            ls->q->nodes[v].cost[s] = p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s];
-    ps_ilp_result r = {0};
-    ls->opt.time_limit_s = fmax(0.05, ls->deadline - ps_monotonic_s()); /* the pricing's share */
-    ps_status st = ps_ilp_solve(ls->q, &ls->opt, &r, err);
-    if (st != PS_OK)
-        return st;
-    double mem = 0, cost = ps_ilp_evaluate(p, r.choice, &mem);
-    /* the relaxation's optimum is at least its answer's value less its gap */
-    ls->bound = fmax(ls->bound, r.objective * (1 - r.gap) - lambda * p->mem_budget);
-    *fits = mem <= p->mem_budget;
-    if (*fits && cost < ls->best_cost) {
-        ls->best_cost = cost;
-        memcpy(ls->best, r.choice, (size_t)p->n_nodes * sizeof *ls->best);
+        mem += p->nodes[v].mem[pr->scratch[v]];
+    if (mem <= p->mem_budget && cost < pr->best_cost) {
+        pr->best_cost = cost;
+        memcpy(pr->best, pr->scratch, (size_t)p->n_nodes * sizeof *pr->best);
     }
-    ps_ilp_result_clear(&r);
+    if (*fits) {
+        for (int i = 1; i <= g->rows; i++)
+            pr->row_stat[i] = glp_get_row_stat(g->lp, i);
+        for (int j = 1; j <= g->cols; j++)
+            pr->col_stat[j] = glp_get_col_stat(g->lp, j);
+        pr->have_basis = true;
+    }
     return PS_OK;
 }
 
-static bool lagrange_closed(const lagrange_state *ls, double gap)
+static bool pricing_closed(const pricing *pr, double gap)
 {
-    return isfinite(ls->best_cost) && ls->best_cost - ls->bound <= gap * ls->best_cost;
+    return isfinite(pr->best_cost) && pr->best_cost - pr->bound <= gap * pr->best_cost;
 }
 
-/* Fills ls->best (when something fits), ls->best_cost and ls->bound. */
-static ps_status lagrange(lagrange_state *ls, ps_error *err)
+/* Fills pr (best, bound, the basis) by bisecting lambda until the gap is
+ * closed to opt->mip_gap, lambda is narrowed to 5% or the deadline passes. */
+static ps_status price_memory(const work *w, program *g, const ps_ilp_options *opt,
+                              double deadline, double limit_end, pricing *pr, ps_error *err)
 {
-    double deadline = ls->deadline;
-    const ps_ilp_problem *p = ls->p;
+    const ps_ilp_problem *p = w->p;
+    pr->best = calloc((size_t)p->n_nodes + 1, sizeof *pr->best);
+    pr->scratch = calloc((size_t)p->n_nodes + 1, sizeof *pr->scratch);
+    pr->row_stat = calloc((size_t)g->rows + 1, sizeof *pr->row_stat);
+    pr->col_stat = calloc((size_t)g->cols + 1, sizeof *pr->col_stat);
+    if (pr->best == NULL || pr->scratch == NULL || pr->row_stat == NULL || pr->col_stat == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    pr->best_cost = INFINITY;
+    pr->bound = -INFINITY;
     bool fits = false;
-    PS_TRY_RET(lagrange_at(ls, 0, &fits, err));
-    if (fits || lagrange_closed(ls, ls->opt.mip_gap))
+    /* the first relaxation may take up to the whole limit: the solve with
+     * the memory row would start from it anyway */
+    if (price_at(w, g, pr, 0, limit_end - ps_monotonic_s(), &fits) != PS_OK)
+        return PS_OK; /* out of time */
+    if (fits || pricing_closed(pr, opt->mip_gap))
         return PS_OK;
     /* a first lambda on the program's own scale (its largest cost per its
      * largest memory, a thousandth of it), grown until an answer fits */
@@ -1294,43 +1422,25 @@ static ps_status lagrange(lagrange_state *ls, ps_error *err)
     for (int i = 0; i < 40 && !fits; i++) {
         lo = hi;
         hi = hi == 0 ? scale * 1e-3 : hi * 8;
-        PS_TRY_RET(lagrange_at(ls, hi, &fits, err));
-        if (ps_monotonic_s() > deadline)
+        if (price_at(w, g, pr, hi, deadline - ps_monotonic_s(), &fits) != PS_OK)
             return PS_OK;
     }
     if (!fits)
         return PS_OK;
-    /* the dual's best lambda lies in [lo, hi]; narrowed to 5% its bound is
-     * within a few parts per thousand of the dual's optimum here, and more
-     * steps rarely close what that leaves (the duality gap) */
-    for (int i = 0; i < 8 && hi > 1.05 * lo && !lagrange_closed(ls, ls->opt.mip_gap) &&
+    /* the dual's best lambda lies in [lo, hi]: bisected (geometrically)
+     * while the gap stays open */
+    for (int i = 0; i < 16 && hi > 1.05 * lo && !pricing_closed(pr, opt->mip_gap) &&
                     ps_monotonic_s() < deadline;
          i++) {
         double mid = lo > 0 ? sqrt(lo * hi) : hi / 8;
-        PS_TRY_RET(lagrange_at(ls, mid, &fits, err));
+        if (price_at(w, g, pr, mid, deadline - ps_monotonic_s(), &fits) != PS_OK)
+            return PS_OK;
         if (fits)
             hi = mid;
         else
             lo = mid;
     }
     return PS_OK;
-}
-
-/* The relaxation's answer (original strategies) in w's reduced strategies;
- * false when reductions dropped one of its strategies. */
-static bool lagrange_incumbent(const work *w, const int *original, int *reduced)
-{
-    for (int v = 0; v < w->p->n_nodes; v++) {
-        if (w->node_dead[v])
-            return false; /* eliminated nodes only without a budget */
-        reduced[v] = -1;
-        for (int s = 0; s < w->p->nodes[v].k && reduced[v] < 0; s++)
-            if (w->orig[v][s] == original[v])
-                reduced[v] = s;
-        if (reduced[v] < 0)
-            return false;
-    }
-    return true;
 }
 
 ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
@@ -1340,7 +1450,8 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     double t0 = ps_monotonic_s();
     work w;
     adjacency adj = {0};
-    lagrange_state ls = {0};
+    program g = {0};
+    pricing pr = {0};
     int *choice = NULL, *incumbent = NULL;
     memset(out, 0, sizeof *out);
     memset(&w, 0, sizeof w);
@@ -1352,45 +1463,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                           ps_ilp_min_memory(p) / 1e9, p->mem_budget / 1e9);
         goto out;
     }
-    if (p->mem_budget > 0 && opt->lagrangian) {
-        if ((st = problem_copy(p, &ls.q)) != PS_OK) {
-            st = ps_error_set(err, st, "out of memory");
-            goto out;
-        }
-        ls.p = p;
-        ls.q->mem_budget = 0;
-        ls.opt = *opt;
-        ls.best = calloc((size_t)p->n_nodes + 1, sizeof *ls.best);
-        PS_TRY_ALLOC(ls.best, err);
-        ls.best_cost = INFINITY;
-        ls.bound = -INFINITY;
-        /* half the time limit at most: GLPK may need the rest */
-        ls.deadline = t0 + 0.5 * opt->time_limit_s;
-        ps_error inner = {0};
-        ps_status lst = lagrange(&ls, &inner);
-        if (lst == PS_ERR_NOMEM) {
-            st = ps_error_set(err, lst, "out of memory");
-            goto out;
-        }
-        if (lst == PS_OK)
-            PS_LOG_DEBUG("ILP: memory priced in %.3f s, gap %.3g%%", ps_monotonic_s() - t0,
-                         isfinite(ls.best_cost) && ls.best_cost > 0
-                             ? 100 * (ls.best_cost - ls.bound) / ls.best_cost
-                             : INFINITY);
-        if (lst != PS_OK) /* the program below says what is wrong, in its words */
-            PS_LOG_DEBUG("ILP: pricing memory failed (%s); solving with the budget", inner.msg);
-        else if (lagrange_closed(&ls, opt->mip_gap)) {
-            out->choice = ls.best;
-            ls.best = NULL;
-            out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
-            out->method = "lagrangian";
-            out->optimal = true;
-            out->gap = out->objective > 0 ? fmax(0, (out->objective - ls.bound) / out->objective)
-                                          : 0;
-            out->solve_s = ps_monotonic_s() - t0;
-            goto out;
-        }
-    }
+    glp_term_hook(glpk_to_log, NULL);
     if ((st = work_init(&w, p)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
         goto out;
@@ -1423,36 +1496,72 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
         bool have_incumbent = local_search(&w, &adj, incumbent);
         if (have_incumbent && !isfinite(work_evaluate(&w, incumbent)))
             have_incumbent = false;
-        if (ls.best != NULL && isfinite(ls.best_cost) &&
-            lagrange_incumbent(&w, ls.best, choice) &&
-            (!have_incumbent || work_evaluate(&w, choice) < work_evaluate(&w, incumbent))) {
-            /* the relaxation's best answer that fits is the better start */
-            memcpy(incumbent, choice, (size_t)p->n_nodes * sizeof *incumbent);
-            have_incumbent = true;
+        PS_TRY(program_build(&w, &g, err));
+        out->glpk_cols = g.cols;
+        out->glpk_rows = g.rows;
+        double deadline = t0 + opt->time_limit_s;
+        if (w.with_memory && opt->lagrangian && g.lp != NULL) {
+            /* half the time limit at most: GLPK may need the rest */
+            PS_TRY(price_memory(&w, &g, opt, t0 + 0.5 * opt->time_limit_s, deadline, &pr, err));
+            PS_LOG_DEBUG("ILP: memory priced in %d solves, %.3f s, gap %.3g%%", pr.solves,
+                         ps_monotonic_s() - t0,
+                         isfinite(pr.best_cost) && pr.best_cost > 0
+                             ? 100 * (pr.best_cost - pr.bound) / pr.best_cost
+                             : INFINITY);
+            if (isfinite(pr.best_cost) &&
+                (!have_incumbent || pr.best_cost < work_evaluate(&w, incumbent))) {
+                /* the relaxation's best answer that fits is the better start */
+                memcpy(incumbent, pr.best, (size_t)p->n_nodes * sizeof *incumbent);
+                have_incumbent = true;
+            }
+            if (pricing_closed(&pr, opt->mip_gap)) {
+                memcpy(choice, pr.best, (size_t)p->n_nodes * sizeof *choice);
+                out->method = "lagrangian";
+                out->optimal = true;
+                out->gap = pr.best_cost > 0 ? fmax(0, (pr.best_cost - pr.bound) / pr.best_cost)
+                                            : 0;
+                solved = true;
+            }
         }
-        bool optimal = false;
-        double gap = 1;
-        ps_error inner = {0};
-        st = solve_glpk(&w, opt, have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
-                        &out->glpk_cols, &out->glpk_rows, &inner);
-        if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
-            PS_LOG_WARN("ILP: %s; keeping the heuristic answer", inner.msg);
-            memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);
-            st = PS_OK;
-        } else if (st != PS_OK) {
-            if (st == PS_ERR_INFEASIBLE)
-                st = ps_error_set(err, st,
-                                  "no strategy choice fits in memory: the budget is %.4g GB per "
-                                  "device and the least memory of any single choice per op "
-                                  "adds up to %.4g GB",
-                                  p->mem_budget / 1e9, ps_ilp_min_memory(p) / 1e9);
-            else
-                st = ps_error_set(err, st, "%s", inner.msg);
-            goto out;
+        if (!solved) {
+            bool optimal = false;
+            double gap = 1;
+            ps_error inner = {0};
+            st = program_solve(&w, &g, opt, deadline, pr.have_basis ? pr.row_stat : NULL,
+                               pr.have_basis ? pr.col_stat : NULL,
+                               have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
+                               &inner);
+            if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
+                /* the pricing's bound still says how good the incumbent is */
+                double bound_gap = pr.solves > 0 && isfinite(pr.bound)
+                                       ? (work_evaluate(&w, incumbent) - pr.bound) /
+                                             work_evaluate(&w, incumbent)
+                                       : 1;
+                if (bound_gap <= 0.01)
+                    PS_LOG_DEBUG("ILP: %s; keeping the best answer priced (within %.3g%%)",
+                                 inner.msg, 100 * bound_gap);
+                else
+                    PS_LOG_WARN("ILP: %s; keeping the heuristic answer%s", inner.msg,
+                                bound_gap < 1 ? " (within the gap the pricing left)" : "");
+                memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);
+                optimal = false;
+                gap = fmin(1, fmax(0, bound_gap));
+                st = PS_OK;
+            } else if (st != PS_OK) {
+                if (st == PS_ERR_INFEASIBLE)
+                    st = ps_error_set(err, st,
+                                      "no strategy choice fits in memory: the budget is %.4g GB "
+                                      "per device and the least memory of any single choice "
+                                      "per op adds up to %.4g GB",
+                                      p->mem_budget / 1e9, ps_ilp_min_memory(p) / 1e9);
+                else
+                    st = ps_error_set(err, st, "%s", inner.msg);
+                goto out;
+            }
+            out->method = "glpk";
+            out->optimal = optimal;
+            out->gap = gap;
         }
-        out->method = "glpk";
-        out->optimal = optimal;
-        out->gap = gap;
     }
     restore_eliminated(&w, choice);
     /* map back to the original strategies */
@@ -1468,12 +1577,13 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     }
     out->solve_s = ps_monotonic_s() - t0;
 out:
+    program_free(&g, w.p != NULL ? w.p->n_edges : 0);
+    pricing_free(&pr);
     adjacency_free(&adj);
     work_free(&w);
     free(choice);
     free(incumbent);
-    free(ls.best);
-    ps_ilp_problem_free(ls.q);
+    glp_term_hook(NULL, NULL);
     return st;
 }
 

@@ -7,10 +7,12 @@
  * reductions, computes an incumbent (exact on forests, local search plus a
  * memory repair otherwise), and hands the rest to GLPK as a 0-1 program with
  * one-hot node variables and linearized edge variables (one per pair of
- * classes of equal rows and columns of the edge's costs). Without a memory
- * constraint, nodes with one or two neighbours (followers: elementwise chains,
- * reshapes) are eliminated exactly first; with one, memory is first priced
- * (Lagrangian relaxation) and GLPK only runs when that leaves a gap. It is
+ * classes of equal rows and columns of the edge's costs). Nodes with one or
+ * two neighbours (followers: elementwise chains, reshapes) are eliminated
+ * exactly first (under a memory constraint, those whose memory is the same
+ * in every strategy). With a memory constraint, memory is first priced
+ * (Lagrangian relaxation, re-solving one relaxation warm per price) and GLPK
+ * only branches when that leaves a gap, from the last basis that fit. It is
  * the only module that includes glpk.h. */
 #ifndef PS_PLANNER_INTRA_ILP_H
 #define PS_PLANNER_INTRA_ILP_H

@@ -30,9 +30,12 @@ static ps_ilp_problem *random_problem_of(bool with_memory, bool allow_forbidden,
     for (int v = 0; v < n; v++) {
         int k = 1 + below(4);
         double cost[4], mem[4];
+        /* some nodes hold the same memory in every strategy (elementwise
+         * ops' followers): under a budget only they may be eliminated */
+        bool fixed = uniform() < 0.3;
         for (int s = 0; s < k; s++) {
             cost[s] = 10 * uniform();
-            mem[s] = 10 * uniform();
+            mem[s] = fixed && s > 0 ? mem[0] : 10 * uniform();
         }
         assert_int_equal(ps_ilp_add_node(p, k, cost, mem, NULL), PS_OK);
     }
@@ -195,6 +198,60 @@ static void lagrangian_matches_brute_force(void **state)
     }
 }
 
+/* Under a memory budget, the nodes whose memory is the same in every
+ * strategy are still eliminated (what they add to their neighbours does not
+ * depend on a price on memory), and the answer is the optimum. */
+static void fixed_memory_nodes_eliminated_under_budget(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 40; t++) {
+        ps_ilp_problem *p = NULL;
+        assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+        int n = 11;
+        double lo = 0, hi = 0;
+        for (int v = 0; v < n; v++) {
+            double c[3], m[3];
+            for (int s = 0; s < 3; s++) {
+                c[s] = 3 * uniform();
+                m[s] = v % 2 == 1 ? 2.5 : 1 + 4 * uniform(); /* odd nodes: fixed */
+            }
+            lo += fmin(m[0], fmin(m[1], m[2]));
+            hi += fmax(m[0], fmax(m[1], m[2]));
+            assert_int_equal(ps_ilp_add_node(p, 3, c, m, NULL), PS_OK);
+            if (v > 0) {
+                double e[9];
+                for (int i = 0; i < 9; i++)
+                    e[i] = (i % 4 == 0) ? 0 : 1 + uniform();
+                assert_int_equal(ps_ilp_add_edge(p, v - 1, v, e), PS_OK);
+            }
+        }
+        /* a cycle through the even nodes, so that it is no forest */
+        double e[9];
+        for (int i = 0; i < 9; i++)
+            e[i] = 2 * uniform();
+        assert_int_equal(ps_ilp_add_edge(p, 0, n - 1, e), PS_OK);
+        assert_int_equal(ps_ilp_add_edge(p, 2, 8, e), PS_OK);
+        p->mem_budget = lo + (hi - lo) * (0.2 + 0.5 * uniform());
+        ps_ilp_result bf = {0}, r = {0};
+        ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, NULL);
+        ps_ilp_options o = ps_ilp_options_default();
+        o.mip_gap = 0;
+        ps_status s2 = ps_ilp_solve(p, &o, &r, NULL);
+        assert_int_equal(s1, s2);
+        if (s1 == PS_OK) {
+            if (fabs(bf.objective - r.objective) > 1e-9 * (1 + bf.objective))
+                fail_msg("instance %d: brute force %.12g, %s %.12g", t, bf.objective, r.method,
+                         r.objective);
+            assert_true(r.memory <= p->mem_budget);
+            /* the odd nodes that were not on the extra edges are gone */
+            assert_true(r.reduced_nodes <= n - 3);
+        }
+        ps_ilp_result_clear(&bf);
+        ps_ilp_result_clear(&r);
+        ps_ilp_problem_free(p);
+    }
+}
+
 /* A chain needs no search: eliminating its links one by one is exact. */
 static void chain_uses_forest_dp(void **state)
 {
@@ -317,6 +374,7 @@ int main(void)
         cmocka_unit_test(matches_brute_force_unreduced),
         cmocka_unit_test(matches_brute_force_coarse_costs),
         cmocka_unit_test(lagrangian_matches_brute_force),
+        cmocka_unit_test(fixed_memory_nodes_eliminated_under_budget),
         cmocka_unit_test(chain_uses_forest_dp),
         cmocka_unit_test(infeasible_memory_names_the_numbers),
         cmocka_unit_test(medium_instance_with_memory),
