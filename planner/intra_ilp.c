@@ -1234,10 +1234,15 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
     t_lp = ps_monotonic_s() - t_lp;
     ps_status st = PS_OK;
     if (ret != 0 || glp_get_status(g->lp) == GLP_NOFEAS) {
-        st = ps_error_set(err, ret == 0 ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
-                          ret == 0 ? "no strategy choice fits the memory budget"
-                                   : "GLPK could not solve the relaxation (code %d) in %.3g s",
-                          ret, t_lp);
+        if (ret == 0)
+            st = ps_error_set(err, PS_ERR_INFEASIBLE, "no strategy choice fits the memory budget");
+        else if (ret == GLP_ETMLIM)
+            st = ps_error_set(err, PS_ERR_INTERNAL,
+                              "GLPK's relaxation was not solved in the %.3g s left of the time limit",
+                              t_lp);
+        else
+            st = ps_error_set(err, PS_ERR_INTERNAL,
+                              "GLPK could not solve the relaxation (code %d) in %.3g s", ret, t_lp);
         goto out;
     }
     glp_iocp iocp;
@@ -1540,9 +1545,14 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                 if (bound_gap <= 0.01)
                     PS_LOG_DEBUG("ILP: %s; keeping the best answer priced (within %.3g%%)",
                                  inner.msg, 100 * bound_gap);
+                else if (bound_gap < 1)
+                    PS_LOG_WARN("ILP: %s; keeping the best answer found, within %.3g%% of the "
+                                "optimum",
+                                inner.msg, 100 * bound_gap);
                 else
-                    PS_LOG_WARN("ILP: %s; keeping the heuristic answer%s", inner.msg,
-                                bound_gap < 1 ? " (within the gap the pricing left)" : "");
+                    PS_LOG_WARN("ILP: %s; keeping the heuristic answer, not proven near the "
+                                "optimum",
+                                inner.msg);
                 memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);
                 optimal = false;
                 gap = fmin(1, fmax(0, bound_gap));
