@@ -179,6 +179,10 @@ static void alpa_lines(const ps_plan *p)
     printf("]\n");
 }
 
+/* A stage's layout gap is printed above this: the stage DP's solves stop
+ * within 1% (planner/inter_pass.c), so less is the gap asked for. */
+#define LAYOUT_GAP_SHOWN 0.0101
+
 static void summary(const ps_plan *p, const ps_intra_result *r)
 {
     char a[64], b[64], c[64], d[64], e[64];
@@ -212,6 +216,13 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
                ps_cli_bytes(s->gradient_bytes, c, sizeof c),
                ps_cli_bytes(s->optimizer_bytes, d, sizeof d),
                ps_cli_bytes(s->activation_bytes, e, sizeof e));
+        if (s->layout_gap >= 1)
+            printf("              sharding not proven near the best on its mesh (the ILP's "
+                   "time limit ran out; see --time-limit)\n");
+        else if (s->layout_gap > LAYOUT_GAP_SHOWN)
+            printf("              sharding proven within %.3g%% of the best on its mesh (the "
+                   "ILP's time limit ran out; see --time-limit)\n",
+                   100 * s->layout_gap);
     }
     if (strcmp(p->method, "pipeshard") == 0 || strcmp(p->method, "uniform") == 0 ||
         strcmp(p->method, "manual") == 0)

@@ -170,6 +170,7 @@ static ps_status stage_json(const ps_plan_stage *s, int index, json_t **out)
     PS_TRY(ps_json_set(pred, "gradient_bytes", json_real(s->gradient_bytes)));
     PS_TRY(ps_json_set(pred, "optimizer_bytes", json_real(s->optimizer_bytes)));
     PS_TRY(ps_json_set(pred, "activation_bytes", json_real(s->activation_bytes)));
+    PS_TRY(ps_json_set(pred, "layout_gap", json_real(s->layout_gap)));
     ops = json_array();
     PS_TRY(ps_json_set(o, "ops", ops));
     for (int i = 0; i < s->n_ops; i++) {
@@ -341,6 +342,7 @@ static ps_status read_stage(const ps_jv *sv, ps_plan *p, ps_error *err)
         PS_TRY(ps_jv_opt_double(&pred, "optimizer_bytes", 0, 0, 1e30, &s->optimizer_bytes, err));
         PS_TRY(
             ps_jv_opt_double(&pred, "activation_bytes", 0, 0, 1e30, &s->activation_bytes, err));
+        PS_TRY(ps_jv_opt_double(&pred, "layout_gap", 0, 0, 1, &s->layout_gap, err));
     }
     for (size_t i = 0; i < n_ops; i++) {
         static const char *const op_keys[] = {"name", "strategy", "in", "out", "compute_s",

@@ -46,6 +46,10 @@ typedef struct ps_plan_stage {
     double send_forward_s, send_backward_s;
     double peak_memory_bytes, weight_bytes, gradient_bytes, optimizer_bytes,
         activation_bytes;
+    /* the stage's sharding is proven within this fraction of the best its
+     * intra-op ILP could do on its mesh (by the ILP's own objective; 0:
+     * optimal), as far as the solve's time limit and gap let it prove */
+    double layout_gap;
     int n_ops, n_tensors;
     ps_plan_op *ops;
     ps_plan_tensor *tensors;

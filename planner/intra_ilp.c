@@ -1545,12 +1545,15 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                 if (bound_gap <= 0.01)
                     PS_LOG_DEBUG("ILP: %s; keeping the best answer priced (within %.3g%%)",
                                  inner.msg, 100 * bound_gap);
+                /* not a warning: the result's gap says it, and the caller
+                 * knows whether it matters (a plan reports its stages'
+                 * layout_gap; a brief try at a better layout does not) */
                 else if (bound_gap < 1)
-                    PS_LOG_WARN("ILP: %s; keeping the best answer found, within %.3g%% of the "
+                    PS_LOG_INFO("ILP: %s; keeping the best answer found, within %.3g%% of the "
                                 "optimum",
                                 inner.msg, 100 * bound_gap);
                 else
-                    PS_LOG_WARN("ILP: %s; keeping the heuristic answer, not proven near the "
+                    PS_LOG_INFO("ILP: %s; keeping the heuristic answer, not proven near the "
                                 "optimum",
                                 inner.msg);
                 memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);

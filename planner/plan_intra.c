@@ -47,6 +47,7 @@ ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_lo
     s->gradient_bytes = r->gradient_bytes;
     s->optimizer_bytes = r->optimizer_bytes;
     s->activation_bytes = r->activation_bytes;
+    s->layout_gap = fmin(1, fmax(0, r->ilp.gap));
 out:
     return st;
 }

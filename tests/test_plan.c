@@ -79,12 +79,14 @@ static void plan_file_round_trip(void **state)
     for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
         ps_plan *p = mlp_plan(methods[i], "p3.16xlarge:2", 2);
         p->stages[0].force_batch_axis0 = i % 2 == 0; /* an autosharding option */
+        p->stages[0].layout_gap = 0.0125 * (double)i; /* as a time-limited solve leaves it */
         ps_error err = {0};
         assert_int_equal(ps_plan_save(p, path, &err), PS_OK);
         ps_plan *back = NULL;
         if (ps_plan_load(path, &back, &err) != PS_OK)
             fail_msg("%s", err.msg);
         assert_int_equal(back->stages[0].force_batch_axis0, i % 2 == 0);
+        assert_true(back->stages[0].layout_gap == 0.0125 * (double)i);
         char *a = dump(p), *b = dump(back);
         assert_string_equal(a, b);
         char da[32], db[32];
@@ -245,6 +247,8 @@ static void malformed_plan_files(void **state)
          "unknown key \"path\""},
         {"\"digest\": \"", "\"digest\": 5, \"d\": \"", "unknown key \"d\""},
         {"\"device\": \"test-dev\"", "\"device\": 7", "expected a string"},
+        {"\"layout_gap\": 0.0", "\"layout_gap\": 1.5", "layout_gap: 1.5 is out of range"},
+        {"\"layout_gap\": 0.0", "\"layout_gap\": -0.01", "layout_gap: -0.01 is out of range"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         char *at = strstr(good, edits[i].from);
