@@ -569,9 +569,26 @@ void ps_plan_digest(const ps_plan *p, char *buf, int cap)
 {
     json_t *j = NULL;
     if (ps_plan_to_json(p, &j) == PS_OK) {
-        /* the predictions and where they came from do not identify a plan */
+        /* the predictions and where they came from do not identify a plan:
+         * the plan's own, each stage's and each op's times and memory are
+         * left out, so that a plan predicted again (with a profile DB, or
+         * by a planner that predicts more) keeps its digest and its runs
+         * still compare */
         json_object_del(j, "predicted");
         json_object_del(j, "profile_db");
+        size_t k;
+        json_t *stage;
+        json_array_foreach(json_object_get(j, "stages"), k, stage) {
+            json_object_del(stage, "time_s");
+            json_object_del(stage, "peak_memory_bytes");
+            json_object_del(stage, "predicted");
+            size_t i;
+            json_t *op;
+            json_array_foreach(json_object_get(stage, "ops"), i, op) {
+                json_object_del(op, "compute_s");
+                json_object_del(op, "comm_s");
+            }
+        }
     }
     ps_json_digest(j, buf, cap);
     json_decref(j);

@@ -102,6 +102,55 @@ static void plan_file_round_trip(void **state)
     rmdir(dir);
 }
 
+/* The digest names the plan's decisions, not its predictions: every time
+ * and byte predicted may change (a plan predicted again with a profile DB,
+ * or by a planner that predicts more), a strategy, a mesh or a batch may
+ * not. */
+static void digest_ignores_predictions(void **state)
+{
+    (void)state;
+    ps_plan *p = mlp_plan(PS_METHOD_SHARD, "p3.16xlarge:1", 2);
+    char before[32], after[32];
+    ps_plan_digest(p, before, sizeof before);
+    p->iteration_s *= 2;
+    p->peak_memory_bytes += 1;
+    ps_plan_stage *s = &p->stages[0];
+    s->time_s *= 3;
+    s->forward_s += 1;
+    s->backward_s += 1;
+    s->update_s += 1;
+    s->send_forward_s += 1;
+    s->peak_memory_bytes *= 2;
+    s->activation_bytes += 5;
+    s->layout_gap = 0.5;
+    for (int i = 0; i < s->n_ops; i++) {
+        s->ops[i].compute_s += 1e-3;
+        s->ops[i].comm_s += 1e-3;
+    }
+    ps_plan_digest(p, after, sizeof after);
+    assert_string_equal(before, after);
+    /* decisions do change it */
+    static const int what[] = {0, 1, 2};
+    for (size_t w = 0; w < sizeof what / sizeof *what; w++) {
+        ps_plan *q = mlp_plan(PS_METHOD_SHARD, "p3.16xlarge:1", 2);
+        if (what[w] == 0)
+            q->micro_batches = 4;
+        else if (what[w] == 1)
+            q->stages[0].force_batch_axis0 = !q->stages[0].force_batch_axis0;
+        else {
+            char *strategy = strdup("something-else");
+            assert_non_null(strategy);
+            free(q->stages[0].ops[0].strategy);
+            q->stages[0].ops[0].strategy = strategy;
+        }
+        ps_plan_digest(q, after, sizeof after);
+        if (strcmp(before, after) == 0)
+            fail_msg("change %d left the digest %s", what[w], after);
+        ps_plan_free(q);
+    }
+    ps_plan_free(p);
+}
+
 /* A small DB named "test-dev" (the caller frees it). */
 static ps_profile_db *tiny_db(double gemm_s)
 {
@@ -325,6 +374,7 @@ int main(void)
         cmocka_unit_test(plan_file_round_trip),
         cmocka_unit_test(invalid_plans_are_rejected),
         cmocka_unit_test(malformed_plan_files),
+        cmocka_unit_test(digest_ignores_predictions),
         cmocka_unit_test(plan_records_its_profile_db),
         cmocka_unit_test(out_of_memory_is_explained),
     };
