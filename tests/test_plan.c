@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -149,6 +150,59 @@ static void digest_ignores_predictions(void **state)
         ps_plan_free(q);
     }
     ps_plan_free(p);
+}
+
+/* The measured runs committed under traces/data name the plan files beside
+ * them by digest: a change to the plan format or to the digest that would
+ * part them (compare refuses runs of different plans) fails here, and the
+ * summaries must be re-stamped or the digest kept. */
+static void committed_runs_name_their_plans(void **state)
+{
+    (void)state;
+    static const char *const plans[] = {"h100/gpt-350m.plan.json", "h100/gpt-1.3b.plan.json",
+                                        "h100/profiled/gpt-350m.profiled.plan.json",
+                                        "h100/profiled/gpt-1.3b.profiled.plan.json"};
+    static const char *const dirs[] = {"h100", "h200", "h100/profiled"};
+    const char *root = PS_TEST_DATA_DIR "/../../traces/data";
+    int checked = 0;
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+        char path[1100], model[64];
+        snprintf(path, sizeof path, "%s/%s", root, plans[i]);
+        ps_plan *p = NULL;
+        ps_error err = {0};
+        if (ps_plan_load(path, &p, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        char digest[32];
+        ps_plan_digest(p, digest, sizeof digest);
+        ps_plan_free(p);
+        const char *base = strrchr(plans[i], '/') + 1;
+        snprintf(model, sizeof model, "%.*s.", (int)strcspn(base, "."), base);
+        for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+            char dir[512];
+            snprintf(dir, sizeof dir, "%s/%s", root, dirs[d]);
+            DIR *dh = opendir(dir);
+            assert_non_null(dh);
+            struct dirent *de;
+            while ((de = readdir(dh)) != NULL) {
+                size_t n = strlen(de->d_name);
+                if (strncmp(de->d_name, model, strlen(model)) != 0 || n < 13 ||
+                    strcmp(de->d_name + n - 13, ".summary.json") != 0)
+                    continue;
+                snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+                json_error_t je;
+                json_t *j = json_load_file(path, 0, &je);
+                assert_non_null(j);
+                const char *named = json_string_value(json_object_get(j, "plan"));
+                if (named == NULL || strcmp(named, digest) != 0)
+                    fail_msg("%s names plan %s, %s is %s", path, named ? named : "(none)",
+                             plans[i], digest);
+                json_decref(j);
+                checked++;
+            }
+            closedir(dh);
+        }
+    }
+    assert_true(checked >= 12); /* or the files moved and this checks nothing */
 }
 
 /* A small DB named "test-dev" (the caller frees it). */
@@ -375,6 +429,7 @@ int main(void)
         cmocka_unit_test(invalid_plans_are_rejected),
         cmocka_unit_test(malformed_plan_files),
         cmocka_unit_test(digest_ignores_predictions),
+        cmocka_unit_test(committed_runs_name_their_plans),
         cmocka_unit_test(plan_records_its_profile_db),
         cmocka_unit_test(out_of_memory_is_explained),
     };
