@@ -72,7 +72,8 @@ typedef struct ps_ilp_result {
     double gap;        /* relative gap of the answer when not proven (0 when optimal) */
     double solve_s;    /* wall time of the whole solve */
     int reduced_nodes, reduced_edges; /* size after reductions */
-    int glpk_cols, glpk_rows;         /* 0 when GLPK was not needed */
+    int glpk_cols, glpk_rows;         /* the 0-1 program's size; 0 when none was built
+                                       * (the reductions or the forest DP sufficed) */
     const char *method; /* "reductions" (nothing left to search), "forest-dp",
                          * "lagrangian" (a memory budget met by pricing memory), "glpk" */
 } ps_ilp_result;
