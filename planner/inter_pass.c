@@ -712,12 +712,21 @@ static ps_status fit_stage(const ps_graph *slice, const ps_logical_mesh *m, cons
     double cap = NAN; /* the first solve leaves room for the fastest layout's temporaries */
     ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
-        ps_intra_result_free(r);
-        r = NULL;
-        st = solve_within(slice, m, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL, &r,
-                          err);
+        ps_intra_result *next = NULL;
+        st = solve_within(slice, m, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL,
+                          &next, err);
+        if (st == PS_ERR_INFEASIBLE && attempt > 0) {
+            /* nothing is that lean: the last answer stands (a stage that
+             * does not fit is written with a warning, and the plan's
+             * memory check plans again with less room) */
+            ps_error_clear(err);
+            st = PS_OK;
+            break;
+        }
         if (st != PS_OK)
             break;
+        ps_intra_result_free(r);
+        r = next;
         const ps_intra_result *got = r != NULL ? r : fastest;
         double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
         if (need <= m->memory_bytes)
