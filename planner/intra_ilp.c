@@ -1144,11 +1144,10 @@ static int program_simplex(program *g, bool cold, int meth, double limit_s)
 }
 
 /* The relaxation's answer as a choice (w's strategies): each node's largest
- * column. True when the answer is integral. */
-static bool program_point(const work *w, const program *g, int *choice)
+ * column (the whole of it where the answer is integral). */
+static void program_point(const work *w, const program *g, int *choice)
 {
     const ps_ilp_problem *p = w->p;
-    bool integral = true;
     for (int v = 0; v < p->n_nodes; v++) {
         choice[v] = 0;
         if (g->node_col[v] == 0)
@@ -1161,9 +1160,7 @@ static bool program_point(const work *w, const program *g, int *choice)
                 choice[v] = s;
             }
         }
-        integral = integral && top > 1 - 1e-7;
     }
-    return integral;
 }
 
 /* Solves the 0-1 program g (w's live part) within the budget: the
@@ -1344,8 +1341,7 @@ typedef struct pricing {
     int *col_stat;    /* relaxation fits */
     bool have_basis;
     int *scratch;     /* [n_nodes] */
-    int solves;
-    bool warm;        /* the program has a basis to go on from */
+    int solves;       /* relaxations solved; after the first, each goes on from the last */
 } pricing;
 
 static void pricing_free(pricing *pr)
@@ -1363,9 +1359,8 @@ static ps_status price_at(const work *w, program *g, pricing *pr, double lambda,
 {
     const ps_ilp_problem *p = w->p;
     program_price(w, g, lambda);
-    int ret = program_simplex(g, !pr->warm, GLP_PRIMAL, limit_s);
+    int ret = program_simplex(g, pr->solves == 0, GLP_PRIMAL, limit_s);
     pr->solves++;
-    pr->warm = true;
     if (ret != 0 || glp_get_status(g->lp) != GLP_OPT)
         return PS_ERR_INTERNAL;
     pr->bound = fmax(pr->bound, glp_get_obj_val(g->lp) / g->scale - lambda * p->mem_budget);
@@ -1538,9 +1533,9 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                                &inner);
             if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
                 /* the pricing's bound still says how good the incumbent is */
+                double kept = work_evaluate(&w, incumbent);
                 double bound_gap = pr.solves > 0 && isfinite(pr.bound)
-                                       ? (work_evaluate(&w, incumbent) - pr.bound) /
-                                             work_evaluate(&w, incumbent)
+                                       ? (kept - pr.bound) / kept
                                        : 1;
                 if (bound_gap <= 0.01)
                     PS_LOG_DEBUG("ILP: %s; keeping the best answer priced (within %.3g%%)",
