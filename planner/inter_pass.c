@@ -324,6 +324,33 @@ static ps_status solve_fastest(const ps_graph *slice, const ps_logical_mesh *m, 
     return ps_intra_solve(slice, m, &io, out, err);
 }
 
+/* A slice on a logical mesh, and the intra-op session its solves within a
+ * budget share (made at the first; the batch forcing is that solve's
+ * configuration's, which its lean variant and plain twin share). A solve
+ * without a budget reduces the program more on its own: where nothing had
+ * to fit, a session's first solve was up to twice as slow (GPT-3 175B's
+ * plan 53 -> 87 s), and a lean solve warm from the fastest layout's basis
+ * slower than cold (docs/intra-op.md). */
+typedef struct slice_solver {
+    const ps_graph *slice;
+    const ps_logical_mesh *m;
+    ps_intra_session *session; /* NULL until the first budgeted solve */
+} slice_solver;
+
+static ps_status slice_solve(slice_solver *ls, const ps_intra_options *io, ps_intra_result **out,
+                             ps_error *err)
+{
+    *out = NULL;
+    if (io->memory_budget_bytes <= 0)
+        return ps_intra_solve(ls->slice, ls->m, io, out, err);
+    if (ls->session == NULL) {
+        ps_intra_options shared = *io;
+        shared.memory_budget_bytes = 0;
+        PS_TRY_RET(ps_intra_session_create(ls->slice, ls->m, &shared, &ls->session, err));
+    }
+    return ps_intra_session_solve(ls->session, io, out, err);
+}
+
 /* The solve within a budget that a configuration and its lean variant may
  * share: the lean layout still over the budget leaves the same program as
  * the plain one's when its temporaries are the same. */
@@ -342,7 +369,7 @@ typedef struct budget_memo {
  * configuration and its lean variant, and by the retries with smaller
  * budgets. With a memo, a budgeted solve whose budget is the memo's is
  * skipped (memo->reused). */
-static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+static ps_status solve_within(slice_solver *ls, const config *cf,
                               const ps_plan_request *req, double limit_s, double budget,
                               double cap, const ps_intra_result *fastest, budget_memo *memo,
                               ps_intra_result **out, ps_error *err)
@@ -359,7 +386,7 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
          * fastest layout's time per byte is, twice (a soft constraint that
          * keeps the exact reductions; a hard one is far slower to solve) */
         io.memory_weight_s_per_byte = 2 * r->objective_s / lasting;
-        ps_status st = ps_intra_solve(slice, m, &io, &own, err);
+        ps_status st = slice_solve(ls, &io, &own, err);
         if (st != PS_OK)
             return st;
         io.memory_weight_s_per_byte = 0;
@@ -380,7 +407,7 @@ static ps_status solve_within(const ps_graph *slice, const ps_logical_mesh *m, c
         if (memo != NULL)
             memo->cap = cap;
         io.memory_budget_bytes = cap;
-        return ps_intra_solve(slice, m, &io, out, err);
+        return slice_solve(ls, &io, out, err);
     }
     *out = own;
     return PS_OK;
@@ -437,14 +464,17 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1, &m, &inner);
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
-    st = solve_fastest(slice, m, cfs[0], req, limit_s, &fastest, &inner);
+    /* one session for the fastest layout, the lean one and those within
+     * the budget: each solve after the first goes on from the last */
+    slice_solver ls = {slice, m, NULL};
+    ps_intra_options io = stage_intra_options(cfs[0], req, limit_s);
+    st = slice_solve(&ls, &io, &fastest, &inner);
     budget_memo memo = {.cap = NAN};
     for (int v = 0; v < n && st == PS_OK; v++) {
         ps_intra_result *r = NULL;
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
-        st = solve_within(slice, m, cfs[v], req, limit_s, budget, NAN, fastest, &memo, &r,
-                          &inner);
+        st = solve_within(&ls, cfs[v], req, limit_s, budget, NAN, fastest, &memo, &r, &inner);
         if (st == PS_OK && memo.reused) {
             *es[v] = *es[0];
             if (ts[v] != NULL)
@@ -460,6 +490,7 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     if (st == PS_ERR_INFEASIBLE)
         st = PS_OK; /* absent */
     ps_intra_result_free(fastest);
+    ps_intra_session_free(ls.session);
     ps_mesh_free(m);
     return st;
 }
@@ -703,18 +734,18 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
 /* A stage's layout in configuration cf that keeps `in_flight` micro-batches
  * of activations: while it does not fit them, solved again with less room,
  * `attempts` times at most. *out as solve_within's. */
-static ps_status fit_stage(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
+static ps_status fit_stage(slice_solver *ls, const config *cf,
                            const ps_plan_request *req, double limit_s, int attempts,
                            int in_flight, const ps_intra_result *fastest, ps_intra_result **out,
                            ps_error *err)
 {
+    const ps_logical_mesh *m = ls->m;
     ps_intra_result *r = NULL;
     double cap = NAN; /* the first solve leaves room for the fastest layout's temporaries */
     ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
         ps_intra_result *next = NULL;
-        st = solve_within(slice, m, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL,
-                          &next, err);
+        st = solve_within(ls, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL, &next, err);
         if (st == PS_ERR_INFEASIBLE && attempt > 0) {
             /* nothing is that lean: the last answer stands (a stage that
              * does not fit is written with a warning, and the plan's
@@ -791,8 +822,9 @@ static bool stage_item(void *ctx, int k)
     const ps_intra_result *fastest = ss->fastest[ss->leader[k]];
     ps_intra_result *r = NULL;
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
-    ps_status st = fit_stage(ss->slices[k], m, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r,
-                             &ss->errors[k]);
+    /* the stage's solves share a session (its plain twin's too) */
+    slice_solver ls = {ss->slices[k], m, NULL};
+    ps_status st = fit_stage(&ls, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r, &ss->errors[k]);
     if (st == PS_OK && ch->cfg.lean && ch->twin_limit_s > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
@@ -807,8 +839,8 @@ static bool stage_item(void *ctx, int k)
         ps_error ignored = {0};
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
-            fit_stage(ss->slices[k], m, &plain, ss->req, ch->twin_limit_s, 2, in_flight, fastest,
-                      &within, &ignored) == PS_OK) {
+            fit_stage(&ls, &plain, ss->req, ch->twin_limit_s, 2, in_flight, fastest, &within,
+                      &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
                 w->peak_memory_bytes + (in_flight - 1) * w->activation_bytes <= m->memory_bytes) {
@@ -819,6 +851,7 @@ static bool stage_item(void *ctx, int k)
         }
         ps_intra_result_free(within);
     }
+    ps_intra_session_free(ls.session);
     ss->results[k] = r;
     ss->status[k] = st;
     return st == PS_OK;

@@ -195,7 +195,11 @@ typedef struct work {
     int *degree;       /* live edges per node */
     elim *elims;
     int n_elims;
-    bool with_memory;
+    /* the reductions keep every trade of cost for memory (dominance weighs
+     * memory, only nodes of fixed memory are eliminated): a memory budget
+     * or a price on memory may come */
+    bool keep_memory;
+    bool with_memory; /* the solve at hand has a budget, p->mem_budget */
 } work;
 
 static void work_free(work *w)
@@ -213,14 +217,17 @@ static void work_free(work *w)
     ps_ilp_problem_free(w->p);
 }
 
-static ps_status work_init(work *w, const ps_ilp_problem *p)
+/* A working copy of p. The reductions drop strategies over `budget` (0:
+ * none) and keep memory's trades when keep_memory. */
+static ps_status work_init(work *w, const ps_ilp_problem *p, double budget, bool keep_memory)
 {
     memset(w, 0, sizeof *w);
     ps_status st = ps_ilp_problem_create(&w->p);
     if (st != PS_OK)
         return st;
-    w->with_memory = p->mem_budget > 0;
-    w->p->mem_budget = p->mem_budget;
+    w->with_memory = budget > 0;
+    w->keep_memory = keep_memory || budget > 0;
+    w->p->mem_budget = budget;
     w->orig = calloc((size_t)p->n_nodes + 1, sizeof *w->orig);
     w->edge_dead = calloc((size_t)p->n_edges + (size_t)p->n_nodes + 1, sizeof *w->edge_dead);
     w->node_dead = calloc((size_t)p->n_nodes + 1, sizeof *w->node_dead);
@@ -362,7 +369,7 @@ static void drop_dominated(work *w, int v, bool *changed)
     for (int a = 0; a < k; a++) {
         for (int b = 0; b < k && keep[a]; b++) {
             if (a == b || !keep[b] || n->cost[b] > n->cost[a] ||
-                (w->with_memory && n->mem[b] > n->mem[a]))
+                (w->keep_memory && n->mem[b] > n->mem[a]))
                 continue;
             bool dominated = true;
             for (int e = 0; e < w->p->n_edges && dominated; e++) {
@@ -555,10 +562,11 @@ static ps_status reduce(work *w, ps_error *err)
             drop_dominated(w, v, &changed);
     }
     /* eliminations keep strategy indices, so they come last: only folds and
-     * merges (which keep them too) run with them. Under a memory budget only
-     * nodes whose memory is the same in every strategy go: their choice then
-     * moves no byte, and what they add to their neighbours does not depend
-     * on a price on memory either (half the nodes of a GPT layer) */
+     * merges (which keep them too) run with them. Under a memory budget (or
+     * in a session, whose budgets are still to come) only nodes whose
+     * memory is the same in every strategy go: their choice then moves no
+     * byte, and what they add to their neighbours does not depend on a
+     * price on memory either (half the nodes of a GPT layer) */
     changed = true;
     while (changed) {
         changed = false;
@@ -571,7 +579,7 @@ static ps_status reduce(work *w, ps_error *err)
             }
         for (int v = 0; v < p->n_nodes; v++) {
             if (w->node_dead[v] || w->degree[v] > 2 || (p->nodes[v].k == 1 && w->degree[v] == 0) ||
-                (w->with_memory && !memory_fixed(&p->nodes[v])))
+                (w->keep_memory && !memory_fixed(&p->nodes[v])))
                 continue;
             bool fail = false;
             if (eliminate(w, v, &fail))
@@ -914,11 +922,12 @@ typedef struct program {
     int *edge_col;     /* [n_edges] an edge's first column, 0 when dead */
     edge_classes *cls; /* [n_edges] */
     int cols, rows;
-    int mem_row;       /* the memory row, 0 without a budget */
+    int mem_row;       /* the memory row, 0 when memory is not kept */
     double scale;      /* objective units per second */
-    double const_cost; /* seconds and bytes of the nodes without columns */
-    double const_mem;
-    double mem_bound;  /* the memory row's bound, in units of the budget */
+    double const_mem;  /* bytes of the nodes without columns */
+    double mem_unit;   /* the memory row's units per byte */
+    double mem_bound;  /* the memory row's bound for the budget at hand */
+    bool warm;         /* lp holds the basis of an earlier relaxation */
 } program;
 
 static void program_free(program *g, int n_edges)
@@ -931,18 +940,30 @@ static void program_free(program *g, int n_edges)
     memset(g, 0, sizeof *g);
 }
 
-/* Node columns' objective: cost plus lambda (seconds per byte) times memory. */
+/* Node columns' objective: cost plus lambda (seconds per byte) times memory;
+ * the nodes without columns add a constant. */
 static void program_price(const work *w, program *g, double lambda)
 {
     const ps_ilp_problem *p = w->p;
-    for (int v = 0; v < p->n_nodes; v++)
-        if (g->node_col[v] != 0)
-            for (int s = 0; s < p->nodes[v].k; s++)
-                if (isfinite(p->nodes[v].cost[s]))
-                    glp_set_obj_coef(g->lp, g->node_col[v] + s,
-                                     (p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s]) *
-                                         g->scale);
-    glp_set_obj_coef(g->lp, 0, (g->const_cost + lambda * g->const_mem) * g->scale);
+    double const_cost = 0;
+    for (int v = 0; v < p->n_nodes; v++) {
+        if (g->node_col[v] == 0) {
+            if (!w->node_dead[v]) /* an eliminated node's cost is in its neighbours' */
+                const_cost += p->nodes[v].cost[0];
+            continue;
+        }
+        for (int s = 0; s < p->nodes[v].k; s++)
+            if (isfinite(p->nodes[v].cost[s]))
+                glp_set_obj_coef(g->lp, g->node_col[v] + s,
+                                 (p->nodes[v].cost[s] + lambda * p->nodes[v].mem[s]) * g->scale);
+    }
+    glp_set_obj_coef(g->lp, 0, (const_cost + lambda * g->const_mem) * g->scale);
+}
+
+/* The memory row's bound for a budget (bytes per device). */
+static void program_budget(const work *w, program *g)
+{
+    g->mem_bound = (w->p->mem_budget - g->const_mem) * g->mem_unit;
 }
 
 /* Builds the program of w's live part; its memory row (when w has a budget)
@@ -1000,17 +1021,13 @@ static ps_status program_build(const work *w, program *g, ps_error *err)
         g->rows += c->cu + c->cv;
         nnz += (size_t)c->cu * c->cv * 2 + (size_t)ku + (size_t)kv;
     }
-    if (w->with_memory) {
+    if (w->keep_memory) {
         g->mem_row = ++g->rows;
         nnz += (size_t)g->cols;
     }
-    for (int v = 0; v < n; v++) {
-        if (g->node_col[v] != 0)
-            continue;
-        if (!w->node_dead[v]) /* an eliminated node's cost is in its neighbours' */
-            g->const_cost += p->nodes[v].cost[0];
-        g->const_mem += p->nodes[v].mem[0]; /* the same in every strategy */
-    }
+    for (int v = 0; v < n; v++)
+        if (g->node_col[v] == 0)
+            g->const_mem += p->nodes[v].mem[0]; /* the same in every strategy */
     if (g->cols == 0)
         return PS_OK;
     ia = malloc((nnz + 1) * sizeof *ia);
@@ -1088,10 +1105,11 @@ static ps_status program_build(const work *w, program *g, ps_error *err)
         row += ec->cu + ec->cv;
     }
     if (g->mem_row != 0) {
-        /* in units of the budget, so that the row is as well scaled as the
+        /* in units of the budget (or of the least memory, when the budgets
+         * are still to come), so that the row is as well scaled as the
          * one-hot rows (bytes would be ~1e10) */
-        double unit = 1.0 / p->mem_budget;
-        g->mem_bound = (p->mem_budget - g->const_mem) * unit;
+        double unit = g->mem_unit =
+            1.0 / (w->with_memory ? p->mem_budget : fmax(ps_ilp_min_memory(p), 1));
         glp_set_row_bnds(lp, g->mem_row, GLP_FR, 0, 0);
         for (int v = 0; v < n; v++)
             if (g->node_col[v] != 0)
@@ -1140,7 +1158,41 @@ static int program_simplex(program *g, bool cold, int meth, double limit_s)
         smcp.tm_lim = (int)(fmax(limit_s - spent, 0.001) * 1000);
         ret = glp_simplex(g->lp, &smcp);
     }
+    g->warm = ret == 0 && glp_get_status(g->lp) == GLP_OPT;
     return ret;
+}
+
+/* The basis of g's relaxation, kept across a branch and cut so that the
+ * next solve of a session starts from the relaxation's optimum. */
+typedef struct basis {
+    int *row_stat, *col_stat; /* [rows + 1], [cols + 1] */
+} basis;
+
+static bool basis_save(const program *g, basis *b)
+{
+    b->row_stat = malloc(((size_t)g->rows + 1) * sizeof *b->row_stat);
+    b->col_stat = malloc(((size_t)g->cols + 1) * sizeof *b->col_stat);
+    if (b->row_stat == NULL || b->col_stat == NULL)
+        return false;
+    for (int i = 1; i <= g->rows; i++)
+        b->row_stat[i] = glp_get_row_stat(g->lp, i);
+    for (int j = 1; j <= g->cols; j++)
+        b->col_stat[j] = glp_get_col_stat(g->lp, j);
+    return true;
+}
+
+static void basis_load(program *g, const int *row_stat, const int *col_stat)
+{
+    for (int i = 1; i <= g->rows; i++)
+        glp_set_row_stat(g->lp, i, row_stat[i]);
+    for (int j = 1; j <= g->cols; j++)
+        glp_set_col_stat(g->lp, j, col_stat[j]);
+}
+
+static void basis_free(basis *b)
+{
+    free(b->row_stat);
+    free(b->col_stat);
 }
 
 /* The relaxation's answer as a choice (w's strategies): each node's largest
@@ -1188,6 +1240,8 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
     double *start = calloc((size_t)g->cols + 1, sizeof *start);
     if (start == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    basis root = {0};
+    bool keep_root = false;
     glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .gap_ref = INFINITY, .stall_s = opt->stall_s};
     if (incumbent != NULL) {
         for (int v = 0; v < n; v++)
@@ -1207,10 +1261,7 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
     if (row_stat != NULL) {
         /* the basis of an answer that fits stays feasible with the row
          * bounded: the primal simplex goes on from it */
-        for (int i = 1; i <= g->rows; i++)
-            glp_set_row_stat(g->lp, i, row_stat[i]);
-        for (int j = 1; j <= g->cols; j++)
-            glp_set_col_stat(g->lp, j, col_stat[j]);
+        basis_load(g, row_stat, col_stat);
         if (g->mem_row != 0)
             glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
         ret = program_simplex(g, false, GLP_PRIMAL, deadline - ps_monotonic_s());
@@ -1221,9 +1272,8 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
          * on 8 devices took 2 s with the row from the start, 1.5 s so */
         if (g->mem_row != 0)
             glp_set_row_bnds(g->lp, g->mem_row, GLP_FR, 0, 0);
-        ret = program_simplex(g, glp_get_status(g->lp) == GLP_UNDEF, GLP_PRIMAL,
-                              deadline - ps_monotonic_s());
-        if (ret == 0 && g->mem_row != 0) {
+        ret = program_simplex(g, !g->warm, GLP_PRIMAL, deadline - ps_monotonic_s());
+        if (ret == 0 && w->with_memory) {
             glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
             ret = program_simplex(g, false, GLP_DUALP, deadline - ps_monotonic_s());
         }
@@ -1259,6 +1309,7 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
         ctx.stall_s = fmin(ctx.stall_s, fmax(ctx.stall_s / 8, 20 * t_lp));
     double t_mip = ps_monotonic_s();
     ctx.narrowed_at = t_mip;
+    keep_root = basis_save(g, &root);
     ret = glp_intopt(g->lp, &iocp);
     t_mip = ps_monotonic_s() - t_mip;
     int status = glp_mip_status(g->lp);
@@ -1281,12 +1332,19 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
             if (glp_mip_col_val(g->lp, g->node_col[v] + s) > 0.5)
                 choice[v] = s;
     }
+
     *optimal = status == GLP_OPT || ret == GLP_EMIPGAP;
     /* stopped at the gap tolerance, the answer is within it (and within the
      * least gap a callback saw), not exact */
     *gap = status == GLP_OPT && ret == 0 ? 0 : fmin(isfinite(ctx.gap) ? ctx.gap : 1,
                                                     ret == GLP_EMIPGAP ? opt->mip_gap : 1);
 out:
+    /* the relaxation's optimum, for a session's next solve: the root's
+     * basis is optimal there, in the bounds that solve sets */
+    if (keep_root)
+        basis_load(g, root.row_stat, root.col_stat);
+    g->warm = g->warm || keep_root;
+    basis_free(&root);
     free(start);
     return st;
 }
@@ -1341,7 +1399,7 @@ typedef struct pricing {
     int *col_stat;    /* relaxation fits */
     bool have_basis;
     int *scratch;     /* [n_nodes] */
-    int solves;       /* relaxations solved; after the first, each goes on from the last */
+    int solves;       /* relaxations solved */
 } pricing;
 
 static void pricing_free(pricing *pr)
@@ -1359,7 +1417,7 @@ static ps_status price_at(const work *w, program *g, pricing *pr, double lambda,
 {
     const ps_ilp_problem *p = w->p;
     program_price(w, g, lambda);
-    int ret = program_simplex(g, pr->solves == 0, GLP_PRIMAL, limit_s);
+    int ret = program_simplex(g, !g->warm, GLP_PRIMAL, limit_s);
     pr->solves++;
     if (ret != 0 || glp_get_status(g->lp) != GLP_OPT)
         return PS_ERR_INTERNAL;
@@ -1403,6 +1461,8 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     pr->best_cost = INFINITY;
     pr->bound = -INFINITY;
     bool fits = false;
+    /* priced, the row is free (a session's last solve may have bounded it) */
+    glp_set_row_bnds(g->lp, g->mem_row, GLP_FR, 0, 0);
     /* the first relaxation may take up to the whole limit: the solve with
      * the memory row would start from it anyway */
     if (price_at(w, g, pr, 0, limit_end - ps_monotonic_s(), &fits) != PS_OK)
@@ -1443,79 +1503,108 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     return PS_OK;
 }
 
-ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
-                       ps_error *err)
+/* A problem made ready to solve: its reduced working copy, the copy's
+ * adjacency and, once a solve needed GLPK, its 0-1 program (one solve's, or
+ * a session's several). */
+typedef struct solver {
+    const ps_ilp_problem *p; /* the problem solved (borrowed) */
+    work w;
+    adjacency adj;
+    program g;
+    bool built; /* g is built */
+    int reduced_nodes, reduced_edges;
+} solver;
+
+static void solver_free(solver *sv)
+{
+    program_free(&sv->g, sv->w.p != NULL ? sv->w.p->n_edges : 0);
+    adjacency_free(&sv->adj);
+    work_free(&sv->w);
+    memset(sv, 0, sizeof *sv);
+}
+
+/* Reduces p. budget > 0: strategies over it go; session: the reductions keep
+ * memory's trades for the budgets to come. */
+static ps_status solver_init(solver *sv, const ps_ilp_problem *p, double budget, bool session,
+                             const ps_ilp_options *opt, ps_error *err)
+{
+    memset(sv, 0, sizeof *sv);
+    sv->p = p;
+    if (work_init(&sv->w, p, budget, session) != PS_OK)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    if (opt->reduce)
+        PS_TRY_RET(reduce(&sv->w, err));
+    if (adjacency_build(&sv->w, &sv->adj) != PS_OK)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    const ps_ilp_problem *q = sv->w.p;
+    for (int v = 0; v < q->n_nodes; v++)
+        sv->reduced_nodes += q->nodes[v].k > 1 && !sv->w.node_dead[v];
+    for (int e = 0; e < q->n_edges; e++)
+        sv->reduced_edges += !sv->w.edge_dead[e];
+    return PS_OK;
+}
+
+/* Solves the prepared problem with memory <= budget (0: none; a budget of
+ * its own only in a session, whose reductions kept memory's trades). */
+static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt,
+                            ps_ilp_result *out, ps_error *err)
 {
     ps_status st = PS_OK;
     double t0 = ps_monotonic_s();
-    work w;
-    adjacency adj = {0};
-    program g = {0};
+    const ps_ilp_problem *p = sv->p;
+    work *w = &sv->w;
+    program *g = &sv->g;
     pricing pr = {0};
+    int n = w->p->n_nodes;
     int *choice = NULL, *incumbent = NULL;
     memset(out, 0, sizeof *out);
-    memset(&w, 0, sizeof w);
-    PS_TRY(ps_ilp_problem_validate(p, err));
-    if (p->mem_budget > 0 && ps_ilp_min_memory(p) > p->mem_budget) {
-        st = ps_error_set(err, PS_ERR_INFEASIBLE,
-                          "no strategy choice fits in memory: it needs at least %.4g GB per "
-                          "device, %.4g GB are available",
-                          ps_ilp_min_memory(p) / 1e9, p->mem_budget / 1e9);
-        goto out;
-    }
+    w->with_memory = budget > 0;
+    w->p->mem_budget = budget;
     glp_term_hook(glpk_to_log, NULL);
-    if ((st = work_init(&w, p)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
-        goto out;
-    }
-    if (opt->reduce)
-        PS_TRY(reduce(&w, err));
-    if ((st = adjacency_build(&w, &adj)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
-        goto out;
-    }
-    choice = calloc((size_t)p->n_nodes + 1, sizeof *choice);
-    incumbent = calloc((size_t)p->n_nodes + 1, sizeof *incumbent);
+    choice = calloc((size_t)n + 1, sizeof *choice);
+    incumbent = calloc((size_t)n + 1, sizeof *incumbent);
     PS_TRY_ALLOC(choice, err);
     PS_TRY_ALLOC(incumbent, err);
-    out->reduced_nodes = 0;
-    for (int v = 0; v < p->n_nodes; v++)
-        out->reduced_nodes += w.p->nodes[v].k > 1 && !w.node_dead[v];
-    out->reduced_edges = 0;
-    for (int e = 0; e < w.p->n_edges; e++)
-        out->reduced_edges += !w.edge_dead[e];
+    out->reduced_nodes = sv->reduced_nodes;
+    out->reduced_edges = sv->reduced_edges;
 
     bool solved = false;
-    if (!w.with_memory && forest_dp(&w, &adj, choice)) {
+    if (!w->with_memory && forest_dp(w, &sv->adj, choice)) {
         out->method = out->reduced_edges == 0 && out->reduced_nodes == 0 ? "reductions"
                                                                           : "forest-dp";
         out->optimal = true;
         solved = true;
     }
     if (!solved) {
-        bool have_incumbent = local_search(&w, &adj, incumbent);
-        if (have_incumbent && !isfinite(work_evaluate(&w, incumbent)))
+        bool have_incumbent = local_search(w, &sv->adj, incumbent);
+        if (have_incumbent && !isfinite(work_evaluate(w, incumbent)))
             have_incumbent = false;
-        PS_TRY(program_build(&w, &g, err));
-        out->glpk_cols = g.cols;
-        out->glpk_rows = g.rows;
+        if (!sv->built) {
+            PS_TRY(program_build(w, g, err));
+            sv->built = true;
+        }
+        if (g->mem_row != 0 && w->with_memory)
+            program_budget(w, g);
+        out->glpk_cols = g->cols;
+        out->glpk_rows = g->rows;
         double deadline = t0 + opt->time_limit_s;
-        if (w.with_memory && opt->lagrangian && g.lp != NULL) {
+        if (w->with_memory && opt->lagrangian && g->lp != NULL) {
             /* half the time limit at most: GLPK may need the rest */
-            PS_TRY(price_memory(&w, &g, opt, t0 + 0.5 * opt->time_limit_s, deadline, &pr, err));
-            PS_LOG_DEBUG("ILP: memory priced in %d solves, %.3f s, gap %.3g%%", pr.solves,
-                         ps_monotonic_s() - t0,
+            bool warm = g->warm;
+            PS_TRY(price_memory(w, g, opt, t0 + 0.5 * opt->time_limit_s, deadline, &pr, err));
+            PS_LOG_DEBUG("ILP: memory priced in %d solves%s, %.3f s, gap %.3g%%", pr.solves,
+                         warm ? " (from the last solve's basis)" : "", ps_monotonic_s() - t0,
                          isfinite(pr.best_cost) && pr.best_cost > 0
                              ? 100 * (pr.best_cost - pr.bound) / pr.best_cost
                              : INFINITY);
             if (isfinite(pr.best_cost) &&
-                (!have_incumbent || pr.best_cost < work_evaluate(&w, incumbent))) {
+                (!have_incumbent || pr.best_cost < work_evaluate(w, incumbent))) {
                 /* the relaxation's best answer that fits is the better start */
-                memcpy(incumbent, pr.best, (size_t)p->n_nodes * sizeof *incumbent);
+                memcpy(incumbent, pr.best, (size_t)n * sizeof *incumbent);
                 have_incumbent = true;
             }
             if (pricing_closed(&pr, opt->mip_gap)) {
-                memcpy(choice, pr.best, (size_t)p->n_nodes * sizeof *choice);
+                memcpy(choice, pr.best, (size_t)n * sizeof *choice);
                 out->method = "lagrangian";
                 out->optimal = true;
                 out->gap = pr.best_cost > 0 ? fmax(0, (pr.best_cost - pr.bound) / pr.best_cost)
@@ -1527,13 +1616,13 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
             bool optimal = false;
             double gap = 1;
             ps_error inner = {0};
-            st = program_solve(&w, &g, opt, deadline, pr.have_basis ? pr.row_stat : NULL,
+            st = program_solve(w, g, opt, deadline, pr.have_basis ? pr.row_stat : NULL,
                                pr.have_basis ? pr.col_stat : NULL,
                                have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
                                &inner);
             if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
                 /* the pricing's bound still says how good the incumbent is */
-                double kept = work_evaluate(&w, incumbent);
+                double kept = work_evaluate(w, incumbent);
                 double bound_gap = pr.solves > 0 && isfinite(pr.bound)
                                        ? (kept - pr.bound) / kept
                                        : 1;
@@ -1551,7 +1640,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                     PS_LOG_INFO("ILP: %s; keeping the heuristic answer, not proven near the "
                                 "optimum",
                                 inner.msg);
-                memcpy(choice, incumbent, (size_t)p->n_nodes * sizeof *choice);
+                memcpy(choice, incumbent, (size_t)n * sizeof *choice);
                 optimal = false;
                 gap = fmin(1, fmax(0, bound_gap));
                 st = PS_OK;
@@ -1561,7 +1650,7 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
                                       "no strategy choice fits in memory: the budget is %.4g GB "
                                       "per device and the least memory of any single choice "
                                       "per op adds up to %.4g GB",
-                                      p->mem_budget / 1e9, ps_ilp_min_memory(p) / 1e9);
+                                      budget / 1e9, ps_ilp_min_memory(p) / 1e9);
                 else
                     st = ps_error_set(err, st, "%s", inner.msg);
                 goto out;
@@ -1571,12 +1660,12 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
             out->gap = gap;
         }
     }
-    restore_eliminated(&w, choice);
+    restore_eliminated(w, choice);
     /* map back to the original strategies */
-    out->choice = malloc(((size_t)p->n_nodes + 1) * sizeof *out->choice);
+    out->choice = malloc(((size_t)n + 1) * sizeof *out->choice);
     PS_TRY_ALLOC(out->choice, err);
-    for (int v = 0; v < p->n_nodes; v++)
-        out->choice[v] = w.orig[v][choice[v]];
+    for (int v = 0; v < n; v++)
+        out->choice[v] = w->orig[v][choice[v]];
     out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
     if (!isfinite(out->objective)) {
         st = ps_error_set(err, PS_ERR_INFEASIBLE, "every strategy choice has a forbidden pair");
@@ -1585,29 +1674,55 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
     }
     out->solve_s = ps_monotonic_s() - t0;
 out:
-    program_free(&g, w.p != NULL ? w.p->n_edges : 0);
     pricing_free(&pr);
-    adjacency_free(&adj);
-    work_free(&w);
     free(choice);
     free(incumbent);
     glp_term_hook(NULL, NULL);
     return st;
 }
 
+/* PS_ERR_INFEASIBLE when the least memory of p exceeds a budget (> 0). */
+static ps_status check_least_memory(const ps_ilp_problem *p, double budget, ps_error *err)
+{
+    if (budget > 0 && ps_ilp_min_memory(p) > budget)
+        return ps_error_set(err, PS_ERR_INFEASIBLE,
+                            "no strategy choice fits in memory: it needs at least %.4g GB per "
+                            "device, %.4g GB are available",
+                            ps_ilp_min_memory(p) / 1e9, budget / 1e9);
+    return PS_OK;
+}
+
+ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_ilp_result *out,
+                       ps_error *err)
+{
+    ps_status st = PS_OK;
+    solver sv = {0};
+    memset(out, 0, sizeof *out);
+    PS_TRY(ps_ilp_problem_validate(p, err));
+    PS_TRY(check_least_memory(p, p->mem_budget, err));
+    double t0 = ps_monotonic_s();
+    PS_TRY(solver_init(&sv, p, p->mem_budget, false, opt, err));
+    PS_TRY(solver_run(&sv, p->mem_budget, opt, out, err));
+    out->solve_s = ps_monotonic_s() - t0;
+out:
+    solver_free(&sv);
+    return st;
+}
+
 /* ---- tied nodes ----------------------------------------------------------------- */
 
-ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
-                            ps_ilp_result *out, ps_error *err)
+/* The problem with one node per representative of `tie` (members' costs and
+ * memory summed; edges between members of one tie folded into it); cid[v]:
+ * the node of v's representative. */
+static ps_status tie_build(const ps_ilp_problem *p, const int *tie, ps_ilp_problem **q_out,
+                           int **cid_out, ps_error *err)
 {
-    if (tie == NULL)
-        return ps_ilp_solve(p, opt, out, err);
     ps_status st = PS_OK;
     ps_ilp_problem *q = NULL;
     int *cid = malloc(((size_t)p->n_nodes + 1) * sizeof *cid);
     double *cost = NULL, *mem = NULL;
-    ps_ilp_result qr = {0};
-    memset(out, 0, sizeof *out);
+    *q_out = NULL;
+    *cid_out = NULL;
     PS_TRY_ALLOC(cid, err);
     if ((st = ps_ilp_problem_create(&q)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
@@ -1658,20 +1773,112 @@ ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_il
             goto out;
         }
     }
-    PS_TRY(ps_ilp_solve(q, opt, &qr, err));
-    *out = qr;
-    out->choice = malloc(((size_t)p->n_nodes + 1) * sizeof *out->choice);
-    PS_TRY_ALLOC(out->choice, err);
     for (int v = 0; v < p->n_nodes; v++)
-        out->choice[v] = qr.choice[cid[tie[v]]];
-    out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
+        cid[v] = cid[tie[v]];
+    *q_out = q;
+    *cid_out = cid;
+    q = NULL;
+    cid = NULL;
 out:
-    free(qr.choice);
     free(cid);
     free(cost);
     free(mem);
     ps_ilp_problem_free(q);
     return st;
+}
+
+/* A result of the tied problem as one of p: every member takes its
+ * representative's strategy. Takes qr's choice over. */
+static ps_status tie_expand(const ps_ilp_problem *p, const int *cid, ps_ilp_result *qr,
+                            ps_ilp_result *out, ps_error *err)
+{
+    int *choice = malloc(((size_t)p->n_nodes + 1) * sizeof *choice);
+    if (choice == NULL) {
+        ps_ilp_result_clear(qr);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int v = 0; v < p->n_nodes; v++)
+        choice[v] = qr->choice[cid[v]];
+    free(qr->choice);
+    *out = *qr;
+    memset(qr, 0, sizeof *qr);
+    out->choice = choice;
+    out->objective = ps_ilp_evaluate(p, out->choice, &out->memory);
+    return PS_OK;
+}
+
+ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
+                            ps_ilp_result *out, ps_error *err)
+{
+    if (tie == NULL)
+        return ps_ilp_solve(p, opt, out, err);
+    ps_status st = PS_OK;
+    ps_ilp_problem *q = NULL;
+    int *cid = NULL;
+    ps_ilp_result qr = {0};
+    memset(out, 0, sizeof *out);
+    PS_TRY(tie_build(p, tie, &q, &cid, err));
+    PS_TRY(ps_ilp_solve(q, opt, &qr, err));
+    PS_TRY(tie_expand(p, cid, &qr, out, err));
+out:
+    free(cid);
+    ps_ilp_problem_free(q);
+    return st;
+}
+
+/* ---- sessions ------------------------------------------------------------------- */
+
+struct ps_ilp_session {
+    const ps_ilp_problem *p; /* the caller's (borrowed) */
+    ps_ilp_problem *q;       /* the tied problem, or NULL: p is solved itself */
+    int *cid;                /* [p's nodes] q's node of each (tied) */
+    solver sv;
+};
+
+ps_status ps_ilp_session_create(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
+                                ps_ilp_session **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_ilp_session *s = calloc(1, sizeof *s);
+    *out = NULL;
+    PS_TRY_ALLOC(s, err);
+    PS_TRY(ps_ilp_problem_validate(p, err));
+    s->p = p;
+    if (tie != NULL)
+        PS_TRY(tie_build(p, tie, &s->q, &s->cid, err));
+    PS_TRY(solver_init(&s->sv, s->q != NULL ? s->q : p, 0, true, opt, err));
+    *out = s;
+    s = NULL;
+out:
+    ps_ilp_session_free(s);
+    return st;
+}
+
+ps_status ps_ilp_session_solve(ps_ilp_session *s, double budget, const ps_ilp_options *opt,
+                               ps_ilp_result *out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_ilp_result qr = {0};
+    memset(out, 0, sizeof *out);
+    if (isnan(budget))
+        return ps_error_set(err, PS_ERR_INVALID, "ilp: the memory budget is not a number");
+    PS_TRY(check_least_memory(s->p, budget, err));
+    PS_TRY(solver_run(&s->sv, budget > 0 ? budget : 0, opt, s->q != NULL ? &qr : out, err));
+    if (s->q != NULL)
+        PS_TRY(tie_expand(s->p, s->cid, &qr, out, err));
+out:
+    ps_ilp_result_clear(&qr);
+    return st;
+}
+
+void ps_ilp_session_free(ps_ilp_session *s)
+{
+    if (s == NULL)
+        return;
+    solver_free(&s->sv);
+    ps_ilp_problem_free(s->q);
+    free(s->cid);
+    free(s);
 }
 
 void ps_ilp_thread_done(void) { glp_free_env(); }

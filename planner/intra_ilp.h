@@ -101,6 +101,25 @@ ps_status ps_ilp_solve(const ps_ilp_problem *p, const ps_ilp_options *opt, ps_il
 ps_status ps_ilp_solve_tied(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
                             ps_ilp_result *out, ps_error *err);
 
+/* A session solves one problem several times, each time within a memory
+ * budget of its own (a stage refit with less room, a plain twin): the
+ * reductions are made once, keeping every trade of cost for memory (a node
+ * is eliminated only where its memory is the same in every strategy, as
+ * any budgeted solve does), and each 0-1 program relaxation after the
+ * first goes on from the basis the last one left. p (and tie, as
+ * ps_ilp_solve_tied's; NULL: none) are read at creation; p must outlive
+ * the session, and its mem_budget is ignored. */
+typedef struct ps_ilp_session ps_ilp_session;
+
+ps_status ps_ilp_session_create(const ps_ilp_problem *p, const int *tie, const ps_ilp_options *opt,
+                                ps_ilp_session **out, ps_error *err);
+/* As ps_ilp_solve_tied with p->mem_budget = budget (<= 0: none; a solve
+ * without a budget is faster by ps_ilp_solve, which reduces more). opt's
+ * reduce is the session's. */
+ps_status ps_ilp_session_solve(ps_ilp_session *s, double budget, const ps_ilp_options *opt,
+                               ps_ilp_result *out, ps_error *err);
+void ps_ilp_session_free(ps_ilp_session *s);
+
 /* Releases the solver's per-thread state (GLPK keeps an environment per
  * thread); call at the end of a thread that solved programs. */
 void ps_ilp_thread_done(void);

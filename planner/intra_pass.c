@@ -548,69 +548,102 @@ ps_status ps_intra_keep_partial(const ps_graph *g, unsigned char **out, ps_error
     return PS_OK;
 }
 
-ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
-                         const ps_intra_options *opt, ps_intra_result **out, ps_error *err)
+/* The ILP of a step on a mesh and what its answers are read against: the
+ * candidates per node and the tensors' memory roles. A session's also keeps
+ * its ILP session; a single solve's problem carries its price on memory in
+ * the node costs and its budget. */
+struct ps_intra_session {
+    const ps_graph *g;         /* borrowed */
+    const ps_logical_mesh *m;  /* borrowed */
+    ps_intra_options opt;
+    candidates c;
+    unsigned char *kept;       /* [n_tensors] KEPT_* bits */
+    ps_ilp_problem *p;
+    int *tie;                  /* [n_nodes] or NULL */
+    int tied_layers;
+    double strategies_total, min_memory;
+    ps_ilp_session *ilp;       /* NULL: a single solve */
+};
+
+void ps_intra_session_free(ps_intra_session *s)
+{
+    if (s == NULL)
+        return;
+    ps_ilp_session_free(s->ilp);
+    candidates_free(&s->c, s->g->n_tensors);
+    free(s->kept);
+    free(s->tie);
+    ps_ilp_problem_free(s->p);
+    free(s);
+}
+
+/* Candidates, memory roles and the ILP of g on m; node costs include
+ * `weight` (seconds per byte) times the node's memory. */
+static ps_status intra_build(const ps_graph *g, const ps_logical_mesh *m,
+                             const ps_intra_options *opt, double weight,
+                             ps_intra_session **out, ps_error *err)
 {
     ps_status st = PS_OK;
-    candidates c = {0};
-    unsigned char *batch = NULL, *kept = NULL, *keep_partial = NULL;
-    int *tie = NULL;
+    unsigned char *batch = NULL, *keep_partial = NULL;
     ps_op_signature *sigs = NULL;
-    ps_ilp_problem *p = NULL;
-    ps_intra_result *r = NULL;
     double *cost = NULL, *mem = NULL, *ecost = NULL;
-    *out = NULL;
     int n_ops = g->n_ops, n_t = g->n_tensors;
     double inv_b = 1.0 / (opt->micro_batches > 0 ? opt->micro_batches : 1);
     ps_strategy_options so = {.force_batch_axis0 = opt->force_batch_axis0 ||
                                                    is_batch_method(opt->method)};
-
+    ps_intra_session *ss = calloc(1, sizeof *ss);
+    *out = NULL;
+    PS_TRY_ALLOC(ss, err);
+    ss->g = g;
+    ss->m = m;
+    ss->opt = *opt;
+    candidates *cands = &ss->c;
     PS_TRY(ps_batch_dims(g, &batch, err));
-    PS_TRY(memory_roles(g, &kept, err));
+    PS_TRY(memory_roles(g, &ss->kept, err));
+    const unsigned char *kept = ss->kept;
     PS_TRY(ps_intra_keep_partial(g, &keep_partial, err));
     so.keep_partial = keep_partial;
     sigs = calloc((size_t)n_ops + 1, sizeof *sigs);
-    c.n_ops = n_ops;
-    c.op = calloc((size_t)n_ops + 1, sizeof *c.op);
-    c.n_op = calloc((size_t)n_ops + 1, sizeof *c.n_op);
-    c.src = calloc((size_t)n_t + 1, sizeof *c.src);
-    c.n_src = calloc((size_t)n_t + 1, sizeof *c.n_src);
-    c.node_of_tensor = malloc(((size_t)n_t + 1) * sizeof *c.node_of_tensor);
-    r = calloc(1, sizeof *r);
+    cands->n_ops = n_ops;
+    cands->op = calloc((size_t)n_ops + 1, sizeof *cands->op);
+    cands->n_op = calloc((size_t)n_ops + 1, sizeof *cands->n_op);
+    cands->src = calloc((size_t)n_t + 1, sizeof *cands->src);
+    cands->n_src = calloc((size_t)n_t + 1, sizeof *cands->n_src);
+    cands->node_of_tensor = malloc(((size_t)n_t + 1) * sizeof *cands->node_of_tensor);
     PS_TRY_ALLOC(sigs, err);
-    PS_TRY_ALLOC(c.op, err);
-    PS_TRY_ALLOC(c.n_op, err);
-    PS_TRY_ALLOC(c.src, err);
-    PS_TRY_ALLOC(c.n_src, err);
-    PS_TRY_ALLOC(c.node_of_tensor, err);
-    PS_TRY_ALLOC(r, err);
-    if ((st = ps_ilp_problem_create(&p)) != PS_OK) {
+    PS_TRY_ALLOC(cands->op, err);
+    PS_TRY_ALLOC(cands->n_op, err);
+    PS_TRY_ALLOC(cands->src, err);
+    PS_TRY_ALLOC(cands->n_src, err);
+    PS_TRY_ALLOC(cands->node_of_tensor, err);
+    if ((st = ps_ilp_problem_create(&ss->p)) != PS_OK) {
         st = ps_error_set(err, st, "out of memory");
         goto out;
     }
+    ps_ilp_problem *p = ss->p;
     p->mem_budget = opt->memory_budget_bytes;
 
     /* candidates and nodes: ops first (node i = op i), then sources */
     int max_k = 1;
     for (int i = 0; i < n_ops; i++) {
         PS_TRY(ps_op_signature_of(g, i, batch, &sigs[i], err));
-        PS_TRY(ps_op_strategies(g, i, &sigs[i], m, &so, &c.op[i], &c.n_op[i], err));
-        filter_op(&g->ops[i], &sigs[i], opt->method, c.op[i], &c.n_op[i]);
-        for (int s = 0; s < c.n_op[i]; s++)
-            readable_name(g, &g->ops[i], &sigs[i], &c.op[i][s]);
-        if (c.n_op[i] > max_k)
-            max_k = c.n_op[i];
-        r->strategies_total += c.n_op[i];
+        PS_TRY(ps_op_strategies(g, i, &sigs[i], m, &so, &cands->op[i], &cands->n_op[i], err));
+        filter_op(&g->ops[i], &sigs[i], opt->method, cands->op[i], &cands->n_op[i]);
+        for (int s = 0; s < cands->n_op[i]; s++)
+            readable_name(g, &g->ops[i], &sigs[i], &cands->op[i][s]);
+        if (cands->n_op[i] > max_k)
+            max_k = cands->n_op[i];
+        ss->strategies_total += cands->n_op[i];
     }
     for (int t = 0; t < n_t; t++) {
-        c.node_of_tensor[t] = -1;
+        cands->node_of_tensor[t] = -1;
         if (g->tensors[t].producer >= 0)
             continue;
-        PS_TRY(ps_source_specs(g, t, m, &c.src[t], &c.n_src[t], err));
-        filter_source(&g->tensors[t], opt->method, c.src[t], &c.n_src[t]);
-        if (c.n_src[t] > max_k)
-            max_k = c.n_src[t];
-        r->strategies_total += c.n_src[t];
+        PS_TRY(ps_source_specs(g, t, m, &cands->src[t], &cands->n_src[t], err));
+        filter_source(&g->tensors[t], opt->method, cands->src[t], &cands->n_src[t]);
+        if (cands->n_src[t] > max_k)
+            max_k = cands->n_src[t];
+        ss->strategies_total += cands->n_src[t];
     }
     cost = malloc((size_t)max_k * sizeof *cost);
     mem = malloc((size_t)max_k * sizeof *mem);
@@ -621,8 +654,8 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     for (int i = 0; i < n_ops; i++) {
         const ps_op *op = &g->ops[i];
         double scale = op->pass == PS_PASS_UPDATE ? inv_b : 1;
-        for (int s = 0; s < c.n_op[i]; s++) {
-            const ps_strategy *sg = &c.op[i][s];
+        for (int s = 0; s < cands->n_op[i]; s++) {
+            const ps_strategy *sg = &cands->op[i][s];
             mem[s] = 0;
             /* activations kept for the backward pass, and gradient accumulators
              * in the layout written here (partial sums reduced only by the
@@ -631,23 +664,24 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
                 if (kept[op->out[k]])
                     mem[s] += ps_spec_tile_bytes(&sg->out[k], &g->tensors[op->out[k]].desc,
                                                  m->shape);
-            cost[s] = (sg->compute_s + sg->comm_s) * scale + opt->memory_weight_s_per_byte * mem[s];
+            cost[s] = (sg->compute_s + sg->comm_s) * scale + weight * mem[s];
         }
-        if ((st = ps_ilp_add_node(p, c.n_op[i], cost, mem, NULL)) != PS_OK) {
+        if ((st = ps_ilp_add_node(p, cands->n_op[i], cost, mem, NULL)) != PS_OK) {
             st = ps_error_set(err, st, "out of memory");
             goto out;
         }
     }
     for (int t = 0; t < n_t; t++) {
-        if (c.src[t] == NULL)
+        if (cands->src[t] == NULL)
             continue;
         const ps_tensor *x = &g->tensors[t];
         bool counts = x->kind != PS_TENSOR_INPUT || kept[t];
-        for (int s = 0; s < c.n_src[t]; s++) {
-            mem[s] = counts ? ps_spec_tile_bytes(&c.src[t][s], &x->desc, m->shape) : 0;
-            cost[s] = opt->memory_weight_s_per_byte * mem[s];
+        for (int s = 0; s < cands->n_src[t]; s++) {
+            mem[s] = counts ? ps_spec_tile_bytes(&cands->src[t][s], &x->desc, m->shape) : 0;
+            cost[s] = weight * mem[s];
         }
-        if ((st = ps_ilp_add_node(p, c.n_src[t], cost, mem, &c.node_of_tensor[t])) != PS_OK) {
+        if ((st = ps_ilp_add_node(p, cands->n_src[t], cost, mem, &cands->node_of_tensor[t])) !=
+            PS_OK) {
             st = ps_error_set(err, st, "out of memory");
             goto out;
         }
@@ -659,19 +693,19 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
         for (int k = 0; k < op->n_in; k++) {
             int t = op->in[k];
             const ps_tensor *x = &g->tensors[t];
-            int from = x->producer >= 0 ? x->producer : c.node_of_tensor[t];
-            int kf = x->producer >= 0 ? c.n_op[from] : c.n_src[t];
+            int from = x->producer >= 0 ? x->producer : cands->node_of_tensor[t];
+            int kf = x->producer >= 0 ? cands->n_op[from] : cands->n_src[t];
             int oi = x->producer >= 0 ? output_index(&g->ops[from], t) : -1;
             bool in_place = op->kind == PS_OP_ADAM && k != 1;
             for (int a = 0; a < kf; a++) {
                 const ps_sharding_spec *fs =
-                    x->producer >= 0 ? &c.op[from][a].out[oi] : &c.src[t][a];
-                for (int b = 0; b < c.n_op[i]; b++) {
-                    const ps_sharding_spec *ts = &c.op[i][b].in[k];
+                    x->producer >= 0 ? &cands->op[from][a].out[oi] : &cands->src[t][a];
+                for (int b = 0; b < cands->n_op[i]; b++) {
+                    const ps_sharding_spec *ts = &cands->op[i][b].in[k];
                     double e = ps_reshard_s(m, &x->desc, fs, ts);
                     if (in_place && isfinite(e))
                         e += ps_reshard_s(m, &x->desc, ts, fs);
-                    ecost[a * c.n_op[i] + b] = e * scale;
+                    ecost[a * cands->n_op[i] + b] = e * scale;
                 }
             }
             if (from == i)
@@ -682,14 +716,46 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
             }
         }
     }
-    r->ilp_nodes = p->n_nodes;
-    r->min_memory_bytes = ps_ilp_min_memory(p);
-    r->ilp_edges = p->n_edges;
+    ss->min_memory = ps_ilp_min_memory(p);
     if (opt->tie_layers)
-        PS_TRY(layer_ties(g, &c, p->n_nodes, &tie, &r->tied_layers, err));
-    PS_TRY(ps_ilp_solve_tied(p, r->tied_layers > 0 ? tie : NULL, &opt->ilp, &r->ilp, err));
+        PS_TRY(layer_ties(g, cands, p->n_nodes, &ss->tie, &ss->tied_layers, err));
+    *out = ss;
+    ss = NULL;
+out:
+    ps_intra_session_free(ss);
+    free(batch);
+    free(keep_partial);
+    free(sigs);
+    free(cost);
+    free(mem);
+    free(ecost);
+    return st;
+}
 
-    /* the answer */
+/* The layouts, times and memory of an ILP answer (taken over); the
+ * objective is the answer's cost less `weight` times its memory. */
+static ps_status intra_answer(const ps_intra_session *ss, ps_ilp_result *ilp, double weight,
+                              ps_intra_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_graph *g = ss->g;
+    const ps_logical_mesh *m = ss->m;
+    const candidates *cands = &ss->c;
+    const unsigned char *kept = ss->kept;
+    int n_ops = g->n_ops, n_t = g->n_tensors;
+    ps_intra_result *r = calloc(1, sizeof *r);
+    *out = NULL;
+    if (r == NULL) {
+        ps_ilp_result_clear(ilp);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    r->ilp = *ilp;
+    memset(ilp, 0, sizeof *ilp);
+    r->strategies_total = ss->strategies_total;
+    r->ilp_nodes = ss->p->n_nodes;
+    r->ilp_edges = ss->p->n_edges;
+    r->min_memory_bytes = ss->min_memory;
+    r->tied_layers = ss->tied_layers;
     r->n_ops = n_ops;
     r->n_tensors = n_t;
     r->op_strategy = calloc((size_t)n_ops + 1, sizeof *r->op_strategy);
@@ -700,15 +766,15 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     PS_TRY_ALLOC(r->op_strategy, err);
     PS_TRY_ALLOC(r->tensor_spec, err);
     PS_TRY_ALLOC(r->reshard_in_s, err);
-    r->objective_s = r->ilp.objective - opt->memory_weight_s_per_byte * r->ilp.memory;
+    r->objective_s = r->ilp.objective - weight * r->ilp.memory;
     for (int i = 0; i < n_ops; i++)
-        r->op_strategy[i] = c.op[i][r->ilp.choice[i]];
+        r->op_strategy[i] = cands->op[i][r->ilp.choice[i]];
     for (int t = 0; t < n_t; t++) {
         const ps_tensor *x = &g->tensors[t];
         if (x->producer >= 0)
             r->tensor_spec[t] = r->op_strategy[x->producer].out[output_index(&g->ops[x->producer], t)];
         else
-            r->tensor_spec[t] = c.src[t][r->ilp.choice[c.node_of_tensor[t]]];
+            r->tensor_spec[t] = cands->src[t][r->ilp.choice[cands->node_of_tensor[t]]];
     }
     double working = 0, transient = 0;
     PS_TRY(working_set(g, kept, r, m, &working, err));
@@ -755,16 +821,57 @@ ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
     *out = r;
     r = NULL;
 out:
-    candidates_free(&c, n_t);
-    free(batch);
-    free(kept);
-    free(keep_partial);
-    free(tie);
-    free(sigs);
-    free(cost);
-    free(mem);
-    free(ecost);
-    ps_ilp_problem_free(p);
     ps_intra_result_free(r);
+    return st;
+}
+
+ps_status ps_intra_solve(const ps_graph *g, const ps_logical_mesh *m,
+                         const ps_intra_options *opt, ps_intra_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_intra_session *ss = NULL;
+    ps_ilp_result ilp = {0};
+    *out = NULL;
+    PS_TRY(intra_build(g, m, opt, opt->memory_weight_s_per_byte, &ss, err));
+    PS_TRY(ps_ilp_solve_tied(ss->p, ss->tied_layers > 0 ? ss->tie : NULL, &opt->ilp, &ilp, err));
+    PS_TRY(intra_answer(ss, &ilp, opt->memory_weight_s_per_byte, out, err));
+out:
+    ps_ilp_result_clear(&ilp);
+    ps_intra_session_free(ss);
+    return st;
+}
+
+ps_status ps_intra_session_create(const ps_graph *step, const ps_logical_mesh *m,
+                                  const ps_intra_options *opt, ps_intra_session **out,
+                                  ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_intra_session *ss = NULL;
+    *out = NULL;
+    PS_TRY(intra_build(step, m, opt, 0, &ss, err));
+    ss->p->mem_budget = 0;
+    PS_TRY(ps_ilp_session_create(ss->p, ss->tied_layers > 0 ? ss->tie : NULL, &opt->ilp,
+                                 &ss->ilp, err));
+    *out = ss;
+    ss = NULL;
+out:
+    ps_intra_session_free(ss);
+    return st;
+}
+
+ps_status ps_intra_session_solve(ps_intra_session *s, const ps_intra_options *opt,
+                                 ps_intra_result **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_ilp_result ilp = {0};
+    *out = NULL;
+    if (opt->memory_weight_s_per_byte != 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "intra-op session: a memory weight is the problem's own (use "
+                            "ps_intra_solve)");
+    PS_TRY(ps_ilp_session_solve(s->ilp, opt->memory_budget_bytes, &opt->ilp, &ilp, err));
+    PS_TRY(intra_answer(s, &ilp, 0, out, err));
+out:
+    ps_ilp_result_clear(&ilp);
     return st;
 }

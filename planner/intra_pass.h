@@ -67,4 +67,22 @@ ps_status ps_intra_solve(const ps_graph *step, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err);
 void ps_intra_result_free(ps_intra_result *r);
 
+/* Several solves of one step on one mesh that differ only in their memory
+ * budget and ILP options (a stage solved again with less room, its plain
+ * twin's tries): the candidates, costs and reductions are made once, and
+ * each GLPK relaxation goes on from the last one's basis (planner/
+ * intra_ilp.h, sessions). step and m are borrowed and must outlive the
+ * session; opt's method, batch forcing, ties and micro-batches hold for it. */
+typedef struct ps_intra_session ps_intra_session;
+
+ps_status ps_intra_session_create(const ps_graph *step, const ps_logical_mesh *m,
+                                  const ps_intra_options *opt, ps_intra_session **out,
+                                  ps_error *err);
+/* As ps_intra_solve with opt's memory_budget_bytes and ilp; the rest of opt
+ * is the session's, and a memory weight is refused (PS_ERR_INVALID: it
+ * changes the problem). */
+ps_status ps_intra_session_solve(ps_intra_session *s, const ps_intra_options *opt,
+                                 ps_intra_result **out, ps_error *err);
+void ps_intra_session_free(ps_intra_session *s);
+
 #endif

@@ -348,6 +348,158 @@ static void medium_instance_with_memory(void **state)
     ps_ilp_problem_free(p);
 }
 
+/* The least and the most memory of p's choices' per-node extremes. */
+static void memory_range(const ps_ilp_problem *p, double *lo, double *hi)
+{
+    *lo = *hi = 0;
+    for (int v = 0; v < p->n_nodes; v++) {
+        double mn = INFINITY, mx = 0;
+        for (int s = 0; s < p->nodes[v].k; s++) {
+            mn = fmin(mn, p->nodes[v].mem[s]);
+            mx = fmax(mx, p->nodes[v].mem[s]);
+        }
+        *lo += mn;
+        *hi += mx;
+    }
+}
+
+/* A session solves one problem within budget after budget (tighter, none,
+ * looser, tighter again, some that nothing fits): each answer is brute
+ * force's optimum within that budget, and a budget that nothing fits leaves
+ * the session usable. */
+static void session_matches_brute_force_per_budget(void **state)
+{
+    (void)state;
+    int solved = 0, infeasible = 0, programs = 0;
+    for (int t = 0; t < 120; t++) {
+        ps_ilp_problem *p = random_problem_of(false, true, t % 2 == 1);
+        double lo, hi;
+        memory_range(p, &lo, &hi);
+        double budgets[6] = {lo + 0.6 * (hi - lo), lo + 0.2 * (hi - lo), 0,
+                             lo + 0.9 * (hi - lo), 0.5 * lo, lo + 0.4 * (hi - lo)};
+        ps_ilp_options o = ps_ilp_options_default();
+        o.mip_gap = 0;
+        o.lagrangian = t % 3 != 0;
+        ps_ilp_session *s = NULL;
+        ps_error err = {0};
+        ps_status sc = ps_ilp_session_create(p, NULL, &o, &s, &err);
+        if (sc == PS_ERR_INFEASIBLE) { /* every choice has a forbidden pair */
+            ps_ilp_result bf = {0};
+            p->mem_budget = 0;
+            assert_int_equal(ps_ilp_brute_force(p, 1e6, &bf, NULL), PS_ERR_INFEASIBLE);
+            ps_ilp_problem_free(p);
+            continue;
+        }
+        if (sc != PS_OK)
+            fail_msg("instance %d: %s", t, err.msg);
+        for (int b = 0; b < 6; b++) {
+            p->mem_budget = budgets[b]; /* for brute force; the session ignores it */
+            ps_ilp_result bf = {0}, r = {0};
+            ps_error e1 = {0}, e2 = {0};
+            ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, &e1);
+            ps_status s2 = ps_ilp_session_solve(s, budgets[b], &o, &r, &e2);
+            if ((s1 == PS_OK) != (s2 == PS_OK))
+                fail_msg("instance %d, budget %d: brute force %d (%s), session %d (%s)", t, b,
+                         s1, e1.msg, s2, e2.msg);
+            if (s1 == PS_OK) {
+                if (fabs(bf.objective - r.objective) > 1e-9 * (1 + bf.objective))
+                    fail_msg("instance %d, budget %d: brute force %.12g, session %.12g (%s)", t,
+                             b, bf.objective, r.objective, r.method);
+                assert_true(r.optimal);
+                if (budgets[b] > 0)
+                    assert_true(r.memory <= budgets[b] * (1 + 1e-12));
+                assert_true(fabs(ps_ilp_evaluate(p, r.choice, NULL) - r.objective) <= 1e-12);
+                programs += r.glpk_cols > 0;
+                solved++;
+            } else {
+                assert_int_equal(s2, PS_ERR_INFEASIBLE);
+                infeasible++;
+            }
+            ps_ilp_result_clear(&bf);
+            ps_ilp_result_clear(&r);
+        }
+        ps_ilp_session_free(s);
+        ps_ilp_problem_free(p);
+    }
+    assert_true(solved >= 400);
+    assert_true(infeasible >= 100); /* half the least memory fits nothing */
+    assert_true(programs >= 100);   /* GLPK's program solved again, not only the DP */
+    ps_ilp_result r = {0};
+    ps_ilp_problem *p = random_problem_of(false, false, false);
+    ps_ilp_session *s = NULL;
+    ps_ilp_options o = ps_ilp_options_default();
+    assert_int_equal(ps_ilp_session_create(p, NULL, &o, &s, NULL), PS_OK);
+    assert_int_equal(ps_ilp_session_solve(s, NAN, &o, &r, NULL), PS_ERR_INVALID);
+    ps_ilp_session_free(s);
+    ps_ilp_session_free(NULL);
+    ps_ilp_problem_free(p);
+}
+
+/* Tied nodes in a session: each budget's answer is the one-shot tied
+ * solve's, on a chain of identical blocks with a binding memory row (the
+ * warm starts of a program of a few hundred columns), budgets falling. */
+static void session_tied_matches_one_shot(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    int blocks = 6, per = 5, k = 4, n = blocks * per;
+    int tie[30];
+    double base_c[5][4], base_m[5][4];
+    for (int j = 0; j < per; j++)
+        for (int s = 0; s < k; s++) {
+            base_m[j][s] = 1 + s + uniform();
+            base_c[j][s] = (k - s) * 0.2 + uniform();
+        }
+    for (int v = 0; v < n; v++) {
+        int j = v % per;
+        assert_int_equal(ps_ilp_add_node(p, k, base_c[j], base_m[j], NULL), PS_OK);
+        /* the first and last block are free, the middle ones tied */
+        int blk = v / per;
+        tie[v] = blk >= 1 && blk < blocks - 1 ? per + j : v;
+    }
+    for (int v = 1; v < n; v++) {
+        double e[16];
+        for (int i = 0; i < 16; i++)
+            e[i] = i / k == i % k ? 0 : 0.3 + 0.1 * (i % 3);
+        assert_int_equal(ps_ilp_add_edge(p, v - 1, v, e), PS_OK);
+        if (v >= 3) { /* a skip edge: cycles, so GLPK solves it */
+            assert_int_equal(ps_ilp_add_edge(p, v - 3, v, e), PS_OK);
+        }
+    }
+    double lo, hi;
+    memory_range(p, &lo, &hi);
+    ps_ilp_options o = ps_ilp_options_default();
+    o.mip_gap = 0;
+    o.time_limit_s = 30;
+    ps_ilp_session *s = NULL;
+    ps_error err = {0};
+    if (ps_ilp_session_create(p, tie, &o, &s, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    int glpk = 0;
+    for (double f = 0.9; f > 0.05; f -= 0.2) {
+        p->mem_budget = lo + f * (hi - lo);
+        ps_ilp_result one = {0}, r = {0};
+        if (ps_ilp_solve_tied(p, tie, &o, &one, &err) != PS_OK)
+            fail_msg("one-shot at %.2f: %s", f, err.msg);
+        if (ps_ilp_session_solve(s, p->mem_budget, &o, &r, &err) != PS_OK)
+            fail_msg("session at %.2f: %s", f, err.msg);
+        assert_true(one.optimal && r.optimal);
+        if (fabs(one.objective - r.objective) > 1e-9 * (1 + one.objective))
+            fail_msg("budget %.2f: one-shot %.12g (%s), session %.12g (%s)", f, one.objective,
+                     one.method, r.objective, r.method);
+        assert_true(r.memory <= p->mem_budget * (1 + 1e-12));
+        for (int v = 0; v < n; v++)
+            assert_int_equal(r.choice[v], r.choice[tie[v]]);
+        glpk += r.glpk_cols > 0;
+        ps_ilp_result_clear(&one);
+        ps_ilp_result_clear(&r);
+    }
+    assert_true(glpk >= 3);
+    ps_ilp_session_free(s);
+    ps_ilp_problem_free(p);
+}
+
 static void rejects_bad_input(void **state)
 {
     (void)state;
@@ -378,6 +530,8 @@ int main(void)
         cmocka_unit_test(chain_uses_forest_dp),
         cmocka_unit_test(infeasible_memory_names_the_numbers),
         cmocka_unit_test(medium_instance_with_memory),
+        cmocka_unit_test(session_matches_brute_force_per_budget),
+        cmocka_unit_test(session_tied_matches_one_shot),
         cmocka_unit_test(rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -289,6 +289,70 @@ static void tied_layers_match_untied(void **state)
     ps_graph_free(g);
 }
 
+/* A session's solves within budgets (falling, then none, then another)
+ * are ps_intra_solve's: the same objective within the gap both are held
+ * to, every answer within its budget, its lasting and peak bytes computed
+ * the same way; a memory weight is refused. */
+static void session_matches_one_shot(void **state)
+{
+    (void)state;
+    ps_graph *g = zoo_step("gpt-350m", 3, 8);
+    ps_error err = {0};
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("dgx-a100:1", 1, 2, &c);
+    ps_intra_options o = ps_intra_options_default();
+    o.micro_batches = 64; /* the update's cost amortized: replicas pay */
+    o.ilp.mip_gap = 0.01; /* the stage solves' */
+    o.ilp.time_limit_s = 30;
+    ps_intra_result *fastest = NULL;
+    assert_int_equal(ps_intra_solve(g, m, &o, &fastest, &err), PS_OK);
+    double lasting = fastest->weight_bytes + fastest->gradient_bytes +
+                     fastest->optimizer_bytes + fastest->activation_bytes;
+    double least = fastest->min_memory_bytes;
+    printf("# fastest: lasting %.4g GB, least %.4g GB\n", lasting / 1e9, least / 1e9);
+    assert_true(lasting > 1.05 * least); /* room for budgets that bind */
+    ps_intra_session *s = NULL;
+    if (ps_intra_session_create(g, m, &o, &s, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    const double at[] = {0.6, 0.3, 0, 0.45};
+    int programs = 0, tied = 0;
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        ps_intra_options b = o;
+        b.memory_budget_bytes = at[i] > 0 ? least + at[i] * (lasting - least) : 0;
+        ps_intra_result *one = NULL, *r = NULL;
+        if (ps_intra_solve(g, m, &b, &one, &err) != PS_OK)
+            fail_msg("one-shot at %.2f: %s", at[i], err.msg);
+        if (ps_intra_session_solve(s, &b, &r, &err) != PS_OK)
+            fail_msg("session at %.2f: %s", at[i], err.msg);
+        double gap = fmax(one->ilp.gap, r->ilp.gap) + 0.01;
+        if (fabs(one->objective_s - r->objective_s) > gap * one->objective_s)
+            fail_msg("budget %.2f: one-shot %.9g s (%s), session %.9g s (%s)", at[i],
+                     one->objective_s, one->ilp.method, r->objective_s, r->ilp.method);
+        if (b.memory_budget_bytes > 0)
+            assert_true(r->ilp.memory <= b.memory_budget_bytes * (1 + 1e-12));
+        assert_true(close_to(r->min_memory_bytes, one->min_memory_bytes));
+        assert_int_equal(r->tied_layers, one->tied_layers);
+        assert_true(close_to(r->strategies_total, one->strategies_total));
+        programs += r->ilp.glpk_cols > 0;
+        tied = r->tied_layers;
+        ps_intra_result_free(one);
+        ps_intra_result_free(r);
+    }
+    printf("# session: %d of 4 solves by GLPK's program, %d tied layers\n", programs, tied);
+    assert_true(programs >= 3); /* the budgets' programs, solved again warm */
+    ps_intra_options weighted = o;
+    weighted.memory_weight_s_per_byte = 1e-12;
+    ps_intra_result *r = NULL;
+    assert_int_equal(ps_intra_session_solve(s, &weighted, &r, &err), PS_ERR_INVALID);
+    assert_null(r);
+    ps_intra_session_free(s);
+    ps_intra_session_free(NULL);
+    ps_intra_result_free(fastest);
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+    ps_graph_free(g);
+}
+
 /* MoE: dispatch and combine have expert-parallel strategies (tokens split by
  * group on one side, experts on the other, an all-to-all between); with
  * expert weights too big to replicate cheaply, the ILP shards the experts. */
@@ -348,6 +412,7 @@ int main(void)
         cmocka_unit_test(transformer_layer_megatron),
         cmocka_unit_test(tied_layers_match_untied),
         cmocka_unit_test(moe_expert_parallel),
+        cmocka_unit_test(session_matches_one_shot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
