@@ -104,6 +104,7 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     ps_graph *step = NULL;
     ps_logical_mesh *m = NULL;
     ps_intra_result *r = NULL;
+    ps_intra_session *session = NULL; /* the budgeted attempts'; borrows step and m */
     ps_plan *plan = NULL;
     *out = NULL;
     const ps_cluster *c = req->cluster;
@@ -158,9 +159,16 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
                                  (attempt > 0 ? r->peak_memory_bytes - m->memory_bytes : 0);
         ps_intra_result *fit = NULL;
         ps_error inner = {0};
-        if (io.memory_budget_bytes > 0)
-            st = ps_intra_solve(step, m, &io, &fit, &inner);
-        else
+        if (io.memory_budget_bytes > 0) {
+            /* the attempts share a session: each goes on from the last */
+            if (session == NULL) {
+                ps_intra_options shared = io;
+                shared.memory_budget_bytes = 0;
+                st = ps_intra_session_create(step, m, &shared, &session, &inner);
+            }
+            if (session != NULL)
+                st = ps_intra_session_solve(session, &io, &fit, &inner);
+        } else
             st = ps_error_set(&inner, PS_ERR_INFEASIBLE, "temporaries alone need %.4g GB",
                               transient / 1e9);
         if (st != PS_OK) {
@@ -221,6 +229,7 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
         step = NULL;
     }
 out:
+    ps_intra_session_free(session);
     ps_plan_free(plan);
     ps_intra_result_free(r);
     ps_graph_free(step);
