@@ -17,6 +17,21 @@
 
 
 
+/* The least and the most memory of p's choices' per-node extremes. */
+static void memory_range(const ps_ilp_problem *p, double *lo, double *hi)
+{
+    *lo = *hi = 0;
+    for (int v = 0; v < p->n_nodes; v++) {
+        double mn = INFINITY, mx = 0;
+        for (int s = 0; s < p->nodes[v].k; s++) {
+            mn = fmin(mn, p->nodes[v].mem[s]);
+            mx = fmax(mx, p->nodes[v].mem[s]);
+        }
+        *lo += mn;
+        *hi += mx;
+    }
+}
+
 /* A random DAG: nodes 2..8, 1..4 strategies, edges between random pairs
  * (about a third of them), costs in [0, 10), a few forbidden pairs. Coarse
  * edge costs take three values, so that rows and columns of an edge's matrix
@@ -56,16 +71,8 @@ static ps_ilp_problem *random_problem_of(bool with_memory, bool allow_forbidden,
                                  PS_OK);
         }
     if (with_memory) {
-        double lo = 0, hi = 0;
-        for (int v = 0; v < n; v++) {
-            double mn = INFINITY, mx = 0;
-            for (int s = 0; s < p->nodes[v].k; s++) {
-                mn = fmin(mn, p->nodes[v].mem[s]);
-                mx = fmax(mx, p->nodes[v].mem[s]);
-            }
-            lo += mn;
-            hi += mx;
-        }
+        double lo, hi;
+        memory_range(p, &lo, &hi);
         p->mem_budget = lo + (hi - lo) * uniform() * 0.7 + 1e-9;
     }
     return p;
@@ -346,21 +353,6 @@ static void medium_instance_with_memory(void **state)
            r.method, r.glpk_cols, r.glpk_rows, r.solve_s, r.optimal, r.gap);
     ps_ilp_result_clear(&r);
     ps_ilp_problem_free(p);
-}
-
-/* The least and the most memory of p's choices' per-node extremes. */
-static void memory_range(const ps_ilp_problem *p, double *lo, double *hi)
-{
-    *lo = *hi = 0;
-    for (int v = 0; v < p->n_nodes; v++) {
-        double mn = INFINITY, mx = 0;
-        for (int s = 0; s < p->nodes[v].k; s++) {
-            mn = fmin(mn, p->nodes[v].mem[s]);
-            mx = fmax(mx, p->nodes[v].mem[s]);
-        }
-        *lo += mn;
-        *hi += mx;
-    }
 }
 
 /* A session solves one problem within budget after budget (tighter, none,
