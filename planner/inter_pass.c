@@ -343,11 +343,8 @@ static ps_status slice_solve(slice_solver *ls, const ps_intra_options *io, ps_in
     *out = NULL;
     if (io->memory_budget_bytes <= 0)
         return ps_intra_solve(ls->slice, ls->m, io, out, err);
-    if (ls->session == NULL) {
-        ps_intra_options shared = *io;
-        shared.memory_budget_bytes = 0;
-        PS_TRY_RET(ps_intra_session_create(ls->slice, ls->m, &shared, &ls->session, err));
-    }
+    if (ls->session == NULL)
+        PS_TRY_RET(ps_intra_session_create(ls->slice, ls->m, io, &ls->session, err));
     return ps_intra_session_solve(ls->session, io, out, err);
 }
 
@@ -464,11 +461,8 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1, &m, &inner);
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
-    /* one session for the fastest layout, the lean one and those within
-     * the budget: each solve after the first goes on from the last */
-    slice_solver ls = {slice, m, NULL};
-    ps_intra_options io = stage_intra_options(cfs[0], req, limit_s);
-    st = slice_solve(&ls, &io, &fastest, &inner);
+    st = solve_fastest(slice, m, cfs[0], req, limit_s, &fastest, &inner);
+    slice_solver ls = {slice, m, NULL}; /* the plain and lean entries' budgeted solves */
     budget_memo memo = {.cap = NAN};
     for (int v = 0; v < n && st == PS_OK; v++) {
         ps_intra_result *r = NULL;
@@ -822,7 +816,7 @@ static bool stage_item(void *ctx, int k)
     const ps_intra_result *fastest = ss->fastest[ss->leader[k]];
     ps_intra_result *r = NULL;
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
-    /* the stage's solves share a session (its plain twin's too) */
+    /* the stage's solves within a budget share a session (its plain twin's too) */
     slice_solver ls = {ss->slices[k], m, NULL};
     ps_status st = fit_stage(&ls, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r, &ss->errors[k]);
     if (st == PS_OK && ch->cfg.lean && ch->twin_limit_s > 0) {

@@ -1162,31 +1162,35 @@ static int program_simplex(program *g, bool cold, int meth, double limit_s)
     return ret;
 }
 
-/* The basis of g's relaxation, kept across a branch and cut so that the
- * next solve of a session starts from the relaxation's optimum. */
+/* A basis of g's relaxation, to start a later simplex from: the pricing's
+ * last one that fits, or the root's kept across a branch and cut so that
+ * the next solve of a session starts from the relaxation's optimum. */
 typedef struct basis {
     int *row_stat, *col_stat; /* [rows + 1], [cols + 1] */
 } basis;
 
-static bool basis_save(const program *g, basis *b)
+static bool basis_alloc(const program *g, basis *b)
 {
     b->row_stat = malloc(((size_t)g->rows + 1) * sizeof *b->row_stat);
     b->col_stat = malloc(((size_t)g->cols + 1) * sizeof *b->col_stat);
-    if (b->row_stat == NULL || b->col_stat == NULL)
-        return false;
+    return b->row_stat != NULL && b->col_stat != NULL;
+}
+
+/* The basis g's lp holds now. */
+static void basis_read(const program *g, basis *b)
+{
     for (int i = 1; i <= g->rows; i++)
         b->row_stat[i] = glp_get_row_stat(g->lp, i);
     for (int j = 1; j <= g->cols; j++)
         b->col_stat[j] = glp_get_col_stat(g->lp, j);
-    return true;
 }
 
-static void basis_load(program *g, const int *row_stat, const int *col_stat)
+static void basis_load(program *g, const basis *b)
 {
     for (int i = 1; i <= g->rows; i++)
-        glp_set_row_stat(g->lp, i, row_stat[i]);
+        glp_set_row_stat(g->lp, i, b->row_stat[i]);
     for (int j = 1; j <= g->cols; j++)
-        glp_set_col_stat(g->lp, j, col_stat[j]);
+        glp_set_col_stat(g->lp, j, b->col_stat[j]);
 }
 
 static void basis_free(basis *b)
@@ -1217,11 +1221,11 @@ static void program_point(const work *w, const program *g, int *choice)
 
 /* Solves the 0-1 program g (w's live part) within the budget: the
  * relaxation with its memory row bounded, from the given basis of an answer
- * that fits (warm: row_stat/col_stat, or NULL), else from the optimum
+ * that fits (`fit`, or NULL), else from the optimum
  * without the row; then branch and cut from the incumbent. On success
  * choice holds GLPK's answer and optimal and gap say how good it is. */
 static ps_status program_solve(const work *w, program *g, const ps_ilp_options *opt,
-                               double deadline, const int *row_stat, const int *col_stat,
+                               double deadline, const basis *fit,
                                const int *incumbent, int *choice, bool *optimal, double *gap,
                                ps_error *err)
 {
@@ -1258,10 +1262,10 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
     double t_lp = ps_monotonic_s();
     program_price(w, g, 0);
     int ret;
-    if (row_stat != NULL) {
+    if (fit != NULL) {
         /* the basis of an answer that fits stays feasible with the row
          * bounded: the primal simplex goes on from it */
-        basis_load(g, row_stat, col_stat);
+        basis_load(g, fit);
         if (g->mem_row != 0)
             glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
         ret = program_simplex(g, false, GLP_PRIMAL, deadline - ps_monotonic_s());
@@ -1309,14 +1313,16 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
         ctx.stall_s = fmin(ctx.stall_s, fmax(ctx.stall_s / 8, 20 * t_lp));
     double t_mip = ps_monotonic_s();
     ctx.narrowed_at = t_mip;
-    keep_root = basis_save(g, &root);
+    keep_root = basis_alloc(g, &root);
+    if (keep_root)
+        basis_read(g, &root);
     ret = glp_intopt(g->lp, &iocp);
     t_mip = ps_monotonic_s() - t_mip;
     int status = glp_mip_status(g->lp);
     PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s%s, branch and cut %.3f s "
                  "(code %d, gap %.3g%%)",
                  g->cols, g->rows, g->mem_row ? " (one of memory)" : "", t_lp,
-                 row_stat != NULL ? " (from the priced basis)" : "", t_mip, ret, 100 * ctx.gap);
+                 fit != NULL ? " (from the priced basis)" : "", t_mip, ret, 100 * ctx.gap);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
@@ -1342,7 +1348,7 @@ out:
     /* the relaxation's optimum, for a session's next solve: the root's
      * basis is optimal there, in the bounds that solve sets */
     if (keep_root)
-        basis_load(g, root.row_stat, root.col_stat);
+        basis_load(g, &root);
     g->warm = g->warm || keep_root;
     basis_free(&root);
     free(start);
@@ -1395,8 +1401,7 @@ typedef struct pricing {
     int *best;        /* [n_nodes] the best choice that fits (w's strategies) */
     double best_cost; /* its cost, INFINITY while none */
     double bound;     /* the best lower bound on the constrained optimum */
-    int *row_stat;    /* [rows + 1], [cols + 1]: the basis of the last lambda whose */
-    int *col_stat;    /* relaxation fits */
+    basis fit;        /* the basis of the last lambda whose relaxation fits */
     bool have_basis;
     int *scratch;     /* [n_nodes] */
     int solves;       /* relaxations solved */
@@ -1405,8 +1410,7 @@ typedef struct pricing {
 static void pricing_free(pricing *pr)
 {
     free(pr->best);
-    free(pr->row_stat);
-    free(pr->col_stat);
+    basis_free(&pr->fit);
     free(pr->scratch);
 }
 
@@ -1432,10 +1436,7 @@ static ps_status price_at(const work *w, program *g, pricing *pr, double lambda,
         memcpy(pr->best, pr->scratch, (size_t)p->n_nodes * sizeof *pr->best);
     }
     if (*fits) {
-        for (int i = 1; i <= g->rows; i++)
-            pr->row_stat[i] = glp_get_row_stat(g->lp, i);
-        for (int j = 1; j <= g->cols; j++)
-            pr->col_stat[j] = glp_get_col_stat(g->lp, j);
+        basis_read(g, &pr->fit);
         pr->have_basis = true;
     }
     return PS_OK;
@@ -1454,9 +1455,7 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     const ps_ilp_problem *p = w->p;
     pr->best = calloc((size_t)p->n_nodes + 1, sizeof *pr->best);
     pr->scratch = calloc((size_t)p->n_nodes + 1, sizeof *pr->scratch);
-    pr->row_stat = calloc((size_t)g->rows + 1, sizeof *pr->row_stat);
-    pr->col_stat = calloc((size_t)g->cols + 1, sizeof *pr->col_stat);
-    if (pr->best == NULL || pr->scratch == NULL || pr->row_stat == NULL || pr->col_stat == NULL)
+    if (!basis_alloc(g, &pr->fit) || pr->best == NULL || pr->scratch == NULL)
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     pr->best_cost = INFINITY;
     pr->bound = -INFINITY;
@@ -1616,8 +1615,7 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
             bool optimal = false;
             double gap = 1;
             ps_error inner = {0};
-            st = program_solve(w, g, opt, deadline, pr.have_basis ? pr.row_stat : NULL,
-                               pr.have_basis ? pr.col_stat : NULL,
+            st = program_solve(w, g, opt, deadline, pr.have_basis ? &pr.fit : NULL,
                                have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
                                &inner);
             if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {

@@ -848,8 +848,7 @@ ps_status ps_intra_session_create(const ps_graph *step, const ps_logical_mesh *m
     ps_status st = PS_OK;
     ps_intra_session *ss = NULL;
     *out = NULL;
-    PS_TRY(intra_build(step, m, opt, 0, &ss, err));
-    ss->p->mem_budget = 0;
+    PS_TRY(intra_build(step, m, opt, 0, &ss, err)); /* the ILP session ignores the budget */
     PS_TRY(ps_ilp_session_create(ss->p, ss->tied_layers > 0 ? ss->tie : NULL, &opt->ilp,
                                  &ss->ilp, err));
     *out = ss;

@@ -72,7 +72,8 @@ void ps_intra_result_free(ps_intra_result *r);
  * twin's tries): the candidates, costs and reductions are made once, and
  * each GLPK relaxation goes on from the last one's basis (planner/
  * intra_ilp.h, sessions). step and m are borrowed and must outlive the
- * session; opt's method, batch forcing, ties and micro-batches hold for it. */
+ * session; opt's method, batch forcing, ties and micro-batches hold for it
+ * (its memory budget and weight are each solve's). */
 typedef struct ps_intra_session ps_intra_session;
 
 ps_status ps_intra_session_create(const ps_graph *step, const ps_logical_mesh *m,

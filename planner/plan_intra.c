@@ -161,11 +161,8 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
         ps_error inner = {0};
         if (io.memory_budget_bytes > 0) {
             /* the attempts share a session: each goes on from the last */
-            if (session == NULL) {
-                ps_intra_options shared = io;
-                shared.memory_budget_bytes = 0;
-                st = ps_intra_session_create(step, m, &shared, &session, &inner);
-            }
+            if (session == NULL)
+                st = ps_intra_session_create(step, m, &io, &session, &inner);
             if (session != NULL)
                 st = ps_intra_session_solve(session, &io, &fit, &inner);
         } else
