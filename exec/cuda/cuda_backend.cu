@@ -197,8 +197,16 @@ static blk *live_find(dev_state *d, const void *p)
     return NULL;
 }
 
+/* Frees a device's cached blocks (its mutex held). Work queued on its
+ * stream may still read them: the stream is synchronized first, as
+ * cudaFree need not do. */
 static void cache_flush(dev_state *d)
 {
+    if (d->n_cache == 0)
+        return;
+    (void)cudaSetDevice(d->gpu);
+    if (d->s != NULL)
+        (void)cudaStreamSynchronize(d->s->stream);
     for (int i = 0; i < d->n_cache; i++)
         (void)cudaFree(d->cache[i].ptr);
     d->n_cache = 0;
@@ -224,13 +232,21 @@ static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, 
     pthread_mutex_unlock(&d->mu);
     if (p == NULL) {
         cudaError_t e = cudaMalloc(&p, cap);
-        if (e == cudaErrorMemoryAllocation) {
-            /* the cached blocks may be what is missing */
+        /* the cached blocks may be what is missing: this device's, then
+         * those of the devices sharing its GPU (--share-gpu) */
+        cuda_backend *cb = cb_of(b);
+        for (int j = -1; e == cudaErrorMemoryAllocation && j < b->n_devices; j++) {
+            dev_state *o = j < 0 ? d : &cb->dev[j];
+            if (j >= 0 && (o == d || !o->here || o->gpu != d->gpu))
+                continue;
             (void)cudaGetLastError();
-            pthread_mutex_lock(&d->mu);
-            cache_flush(d);
-            pthread_mutex_unlock(&d->mu);
-            e = cudaMalloc(&p, cap);
+            pthread_mutex_lock(&o->mu);
+            int had = o->n_cache;
+            cache_flush(o);
+            pthread_mutex_unlock(&o->mu);
+            (void)cudaSetDevice(d->gpu);
+            if (had > 0)
+                e = cudaMalloc(&p, cap);
         }
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
@@ -261,7 +277,11 @@ static void be_release(ps_backend *b, int device, void *ptr)
 {
     if (ptr == NULL || device < 0 || device >= b->n_devices || !cb_of(b)->dev[device].here)
         return;
-    dev_state *d = &cb_of(b)->dev[device];
+    cuda_backend *cb = cb_of(b);
+    dev_state *d = &cb->dev[device];
+    pthread_mutex_lock(&cb->mu);
+    bool aborted = cb->aborted;
+    pthread_mutex_unlock(&cb->mu);
     pthread_mutex_lock(&d->mu);
     blk *e = live_find(d, ptr);
     if (e == NULL) {
@@ -274,7 +294,10 @@ static void be_release(ps_backend *b, int device, void *ptr)
     e->ptr = DELETED;
     d->cur_bytes -= freed.bytes;
     bool cached = false;
-    if (d->n_cache == d->cache_cap && d->cache_cap < 4096) {
+    /* after an abort a stream may hold an NCCL kernel waiting for peers
+     * until destroy aborts the communicators, and cudaFree could wait on
+     * it: every block is then cached, for dev_free */
+    if (d->n_cache == d->cache_cap && (d->cache_cap < 4096 || aborted)) {
         int cap = d->cache_cap ? d->cache_cap * 2 : 64;
         blk *c = (blk *)realloc(d->cache, (size_t)cap * sizeof *c);
         if (c != NULL) {
@@ -289,8 +312,10 @@ static void be_release(ps_backend *b, int device, void *ptr)
         cached = true;
     }
     pthread_mutex_unlock(&d->mu);
-    if (!cached) {
+    if (!cached && !aborted) {
+        /* the cache is full: freed once earlier readers are done */
         (void)cudaSetDevice(d->gpu);
+        (void)cudaStreamSynchronize(d->s->stream);
         (void)cudaFree(freed.ptr);
     }
 }
@@ -1236,8 +1261,12 @@ static void be_abort(ps_backend *b)
     pthread_mutex_unlock(&cb->mu);
     if (cb->mail != NULL)
         ps_mailbox_abort(cb->mail);
-    /* NCCL: each device thread aborts its own communicators when it sees the
-     * flag (nccl_wait); destroy aborts the rest */
+    /* NCCL: a device thread waiting on a collective sees the flag and
+     * returns (nccl_wait); kernels left waiting for peers stay on the
+     * streams until destroy aborts every communicator, before anything
+     * waits for a stream. A thread inside ncclCommInitRank is not reached:
+     * the bootstrap waits for every rank of the group (across processes
+     * the run ends by MPI_Abort) */
 }
 
 /* Ends a communicator locally. ncclCommDestroy finalizes first, which waits

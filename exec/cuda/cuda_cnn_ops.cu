@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <string.h>
 
+extern "C" {
+#include "core/log.h"
+}
 #include "exec/cuda/cuda_internal.cuh"
 
 #define THREADS 256
@@ -67,11 +70,21 @@ static ps_status conv_geometry(ps_cuda_stream *s, const ps_op *op, const ps_tile
         y->shape[3] != g->OW)
         BAD("the output tile must be [%lld, %lld, %lld, %lld]", (long long)g->N,
             (long long)g->O, (long long)g->OH, (long long)g->OW);
+    /* the descriptors' dimensions and strides are ints: a tile's elements
+     * too (each dimension is below them) */
     const int64_t dims[] = {g->N, g->C, g->H, g->W, g->O, g->KH, g->KW, g->OH, g->OW};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > INT_MAX)
             return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
                                     "a dimension exceeds cuDNN's int range");
+    const double elems[] = {(double)g->N * g->C * g->H * g->W,
+                            (double)g->O * g->C * g->KH * g->KW,
+                            (double)g->N * g->O * g->OH * g->OW};
+    for (size_t i = 0; i < sizeof elems / sizeof elems[0]; i++)
+        if (elems[i] > INT_MAX)
+            return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
+                                    "a tile of %.0f elements exceeds cuDNN's int strides",
+                                    elems[i]);
     return PS_OK;
 }
 
@@ -149,13 +162,14 @@ out:
     return st;
 }
 
-/* The first of cuDNN's ranked candidates that works, is deterministic and
- * keeps full fp32 when TF32 is not allowed; -1 when there is none. The
- * three perf structs share these fields. */
+/* The first of cuDNN's ranked candidates from `from` on that works, is
+ * deterministic and keeps full fp32 when TF32 is not allowed; -1 when there
+ * is none. The three perf structs share these fields. */
 template <typename Perf>
-static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int n, cudnnMathType_t *math)
+static int pick_algo(const ps_cuda_stream *s, const Perf *perf, int from, int n,
+                     cudnnMathType_t *math)
 {
-    for (int i = 0; i < n; i++) {
+    for (int i = from; i < n; i++) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC)
             continue;
         /* without TF32: an algorithm offered for FMA or default math, run
@@ -193,22 +207,36 @@ static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d,
 }
 
 /* Picks the algorithm (*at, -1 when none qualifies), sets its math type on
- * the descriptor and reserves its workspace. */
+ * the descriptor and reserves its workspace. The heuristics rank by speed,
+ * not memory: a candidate whose workspace the GPU cannot give (an FFT one
+ * can ask for gigabytes) gives way to the next, and only the last
+ * qualifying one's shortage is an error. */
 template <typename Perf>
 static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found, const conv_desc *d,
                             int *at, void **ws, size_t *ws_bytes, ps_error *err)
 {
     cudnnMathType_t math = CUDNN_FMA_MATH;
-    if ((*at = pick_algo(s, perf, found, &math)) < 0)
-        return PS_OK;
-    cudnnStatus_t e = cudnnSetConvolutionMathType(d->conv, math);
-    if (e != CUDNN_STATUS_SUCCESS)
-        return dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
-    e = ws_size(s->dnn, d, perf[*at].algo, ws_bytes);
-    if (e != CUDNN_STATUS_SUCCESS)
-        return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
-    if (*ws_bytes > 0)
-        PS_RET(ps_cuda_ws_reserve(s, *ws_bytes, ws, err));
+    for (int i = pick_algo(s, perf, 0, found, &math); i >= 0;) {
+        cudnnStatus_t e = cudnnSetConvolutionMathType(d->conv, math);
+        if (e != CUDNN_STATUS_SUCCESS)
+            return dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
+        e = ws_size(s->dnn, d, perf[i].algo, ws_bytes);
+        if (e != CUDNN_STATUS_SUCCESS)
+            return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
+        ps_status st = *ws_bytes > 0 ? ps_cuda_ws_reserve(s, *ws_bytes, ws, err) : PS_OK;
+        cudnnMathType_t next_math = CUDNN_FMA_MATH;
+        int next = st == PS_ERR_NOMEM ? pick_algo(s, perf, i + 1, found, &next_math) : -1;
+        if (next < 0) {
+            *at = st == PS_OK ? i : -1;
+            return st;
+        }
+        PS_LOG_DEBUG("pipeshard: cuDNN algorithm %d needs a %zu-byte workspace the GPU has "
+                     "not; trying the next",
+                     (int)perf[i].algo, *ws_bytes);
+        i = next;
+        math = next_math;
+    }
+    *at = -1;
     return PS_OK;
 }
 

@@ -320,7 +320,21 @@ ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, siz
         *buf = NULL;
         *cap = 0;
     }
-    PS_CUDA_RET(s->loc, cudaMalloc(buf, want));
+    cudaError_t e = cudaMalloc(buf, want);
+    size_t exact = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    if (e == cudaErrorMemoryAllocation && exact < want) {
+        /* the growth by half did not fit; what is asked for may */
+        (void)cudaGetLastError();
+        want = exact;
+        e = cudaMalloc(buf, want);
+    }
+    if (e != cudaSuccess) {
+        *buf = NULL;
+        ps_status st = ps_cuda_fail(s->loc, e, "cudaMalloc", err);
+        if (e == cudaErrorMemoryAllocation)
+            st = err->status = PS_ERR_NOMEM; /* the caller may do with less */
+        return st;
+    }
     *cap = want;
     *out = *buf;
     return PS_OK;
@@ -504,7 +518,12 @@ static __global__ void ps_k_combine(float *dst, const float *src, int64_t n, boo
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = max ? fmaxf(dst[i], src[i]) : dst[i] + src[i];
+    {
+        /* max as the host combines (host_collective.c): a NaN held stays,
+         * one arriving does not replace a number (fmaxf would drop both) */
+        float v = dst[i], x = src[i];
+        dst[i] = max ? (x > v ? x : v) : v + x;
+    }
 }
 
 ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,

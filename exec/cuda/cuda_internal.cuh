@@ -203,7 +203,8 @@ static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
 
 /* A stream's device buffer *buf of *cap bytes, grown (never shrunk) to at
  * least `bytes`, after the stream's work; the previous contents are lost
- * when it grows. */
+ * when it grows. PS_ERR_NOMEM (the buffer then freed) when the GPU has not
+ * that much free; other CUDA failures are PS_ERR_DEVICE. */
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
                                  void **out, ps_error *err);
 
