@@ -1,5 +1,6 @@
 #include "exec/box.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "exec/half.h"
@@ -33,6 +34,59 @@ void ps_tile_box(const ps_tile *t, int64_t *off, int64_t *size)
         off[k] = t->offset[k];
         size[k] = t->shape[k];
     }
+}
+
+typedef struct box {
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
+} box;
+
+int ps_boxes_cover(const ps_tile *dst, int n, const ps_tile *members)
+{
+    int rank = dst->rank, cap = 16, used = 1;
+    box *left = malloc((size_t)cap * sizeof *left); /* what no member has covered yet */
+    if (left == NULL)
+        return -1;
+    ps_tile_box(dst, left[0].off, left[0].size);
+    if (ps_box_numel(rank, left[0].size) == 0)
+        used = 0;
+    for (int m = 0; m < n && used > 0; m++) {
+        int64_t mo[PS_MAX_RANK], ms[PS_MAX_RANK];
+        ps_tile_box(&members[m], mo, ms);
+        for (int i = used - 1; i >= 0; i--) {
+            box u = left[i], cut;
+            if (!ps_box_intersect(rank, u.off, u.size, mo, ms, cut.off, cut.size))
+                continue;
+            /* u less the cut: per dimension, the slabs below and above the
+             * cut, within the cut's extent in the dimensions before */
+            left[i] = left[--used];
+            for (int k = 0; k < rank; k++) {
+                int64_t lo = u.off[k], hi = u.off[k] + u.size[k];
+                int64_t clo = cut.off[k], chi = cut.off[k] + cut.size[k];
+                for (int side = 0; side < 2; side++) {
+                    int64_t a = side == 0 ? lo : chi, z = side == 0 ? clo : hi;
+                    if (z <= a)
+                        continue;
+                    if (used == cap) {
+                        box *grown = realloc(left, (size_t)cap * 2 * sizeof *left);
+                        if (grown == NULL) {
+                            free(left);
+                            return -1;
+                        }
+                        left = grown;
+                        cap *= 2;
+                    }
+                    box piece = u;
+                    piece.off[k] = a;
+                    piece.size[k] = z - a;
+                    left[used++] = piece;
+                }
+                u.off[k] = clo;
+                u.size[k] = chi - clo;
+            }
+        }
+    }
+    free(left);
+    return used == 0;
 }
 
 /* Local linear index in t of global coordinate c. */

@@ -31,4 +31,11 @@ void ps_box_unpack_host(ps_tile *t, const int64_t *off, const int64_t *size, int
 /* The tile's own box. */
 void ps_tile_box(const ps_tile *t, int64_t *off, int64_t *size);
 
+/* Whether the boxes of the n tiles (their offsets and shapes; data unused)
+ * cover every element of dst's box: 1 yes, 0 no, -1 out of memory. Exact
+ * for any overlaps (what is still uncovered is kept as boxes, each member
+ * cutting them up). A gather whose members leave part of its tile
+ * uncovered would leave it unwritten. */
+int ps_boxes_cover(const ps_tile *dst, int n, const ps_tile *members);
+
 #endif

@@ -5,6 +5,19 @@
 
 #include "exec/box.h"
 
+ps_status ps_gather_check_cover(int device, int group, ps_collective kind, int n,
+                                const ps_tile *members, const ps_tile *dst, ps_error *err)
+{
+    int covered = ps_boxes_cover(dst, n, members);
+    if (covered < 0)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of memory", device);
+    if (covered == 0)
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: %s on group %d leaves part of the tile unwritten", device,
+                            ps_collective_names[kind], group);
+    return PS_OK;
+}
+
 ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, const ps_tile *geo,
                            void *const *copy, ps_tile *dst, ps_error *err)
 {
@@ -12,7 +25,6 @@ ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, con
     int64_t dof[PS_MAX_RANK], ds[PS_MAX_RANK], so[PS_MAX_RANK], ss[PS_MAX_RANK],
         o[PS_MAX_RANK], s[PS_MAX_RANK];
     ps_tile_box(dst, dof, ds);
-    int64_t covered = 0;
     if (reduce)
         memset(dst->data, 0, (size_t)ps_tile_numel(dst) * 4);
     for (int m = 0; m < n; m++) {
@@ -45,13 +57,8 @@ ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, con
                 continue;
         }
         ps_box_copy_host(&t, dst, o, s, reduce);
-        covered += ps_box_numel(dst->rank, s);
     }
-    if (!reduce && covered < ps_tile_numel(dst))
-        return ps_error_set(err, PS_ERR_INTERNAL,
-                            "device %d: %s on group %d leaves part of the tile unwritten", device,
-                            ps_collective_names[kind], group);
-    return PS_OK;
+    return reduce ? PS_OK : ps_gather_check_cover(device, group, kind, n, geo, dst, err);
 }
 
 ps_status ps_combine_values(int device, int n_members, void *const *copy, const int64_t *count,

@@ -42,9 +42,13 @@ void ps_exchange_free(ps_exchange *x);
 /* Writes dst (fp32) from the n members' fp32 copies (copy[m], tile geometry
  * geo[m]) in member order: all-reduce and reduce-scatter sum over dst's
  * box, all-gather and all-to-all copy each element from the lowest member
- * holding it (and fail when an element of dst is held by none). The
- * members' tiles are cells of one layout, so two boxes are the same or
- * disjoint, which the coverage count relies on. */
+ * holding it (and fail when an element of dst is held by none). */
+/* PS_ERR_INTERNAL naming the collective when the members' boxes leave part
+ * of dst's box uncovered (a gather would leave it unwritten; every backend
+ * asks this of all-gather and all-to-all). */
+ps_status ps_gather_check_cover(int device, int group, ps_collective kind, int n,
+                                const ps_tile *members, const ps_tile *dst, ps_error *err);
+
 ps_status ps_combine_tiles(int device, int group, ps_collective kind, int n, const ps_tile *geo,
                            void *const *copy, ps_tile *dst, ps_error *err);
 /* Combines n values of float (dbl false) or double from every member, in

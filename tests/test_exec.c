@@ -1436,6 +1436,69 @@ static int64_t tile_index(const ps_tile *t, const int64_t *c)
     return i;
 }
 
+/* Whether the boxes cover dst, element by element (the brute force). */
+static bool cover_by_elements(const ps_tile *dst, int n, const ps_tile *members)
+{
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK], c[PS_MAX_RANK];
+    ps_tile_box(dst, off, size);
+    int64_t total = ps_box_numel(dst->rank, size);
+    for (int64_t i = 0; i < total; i++) {
+        box_coord(dst->rank, off, size, i, c);
+        bool held = false;
+        for (int m = 0; m < n && !held; m++) {
+            held = true;
+            for (int k = 0; k < dst->rank && held; k++)
+                held = c[k] >= members[m].offset[k] &&
+                       c[k] < members[m].offset[k] + members[m].shape[k];
+        }
+        if (!held)
+            return false;
+    }
+    return true;
+}
+
+/* ps_boxes_cover against the element-by-element answer on random boxes
+ * that overlap in every way (most of them partly), and the case a count of
+ * covered elements gets wrong: two overlapping halves that sum to more than
+ * the tile and still leave its end uncovered. */
+static void test_boxes_cover(void **state)
+{
+    (void)state;
+    ps_tile dst = {.rank = 1, .global = {10}, .offset = {0}, .shape = {10}};
+    ps_tile two[2] = {{.rank = 1, .global = {10}, .offset = {0}, .shape = {6}},
+                      {.rank = 1, .global = {10}, .offset = {2}, .shape = {6}}};
+    assert_int_equal(ps_boxes_cover(&dst, 2, two), 0);
+    two[1].offset[0] = 4;
+    assert_int_equal(ps_boxes_cover(&dst, 2, two), 1);
+    unsigned seed = 11;
+    int answers[2] = {0, 0};
+    for (int trial = 0; trial < 4000; trial++) {
+        int rank = 1 + (int)(rand_r(&seed) % 4), n = (int)(rand_r(&seed) % 7);
+        ps_tile d = {.rank = rank}, ms[6];
+        for (int k = 0; k < rank; k++) {
+            d.global[k] = 1 + rand_r(&seed) % 5;
+            d.offset[k] = rand_r(&seed) % d.global[k];
+            d.shape[k] = 1 + rand_r(&seed) % (d.global[k] - d.offset[k]);
+        }
+        for (int m = 0; m < n; m++) {
+            ms[m] = d;
+            for (int k = 0; k < rank; k++) {
+                /* mostly large boxes, so that a good share of the trials cover */
+                int64_t g = d.global[k];
+                bool whole = rand_r(&seed) % 3 != 0;
+                ms[m].offset[k] = whole ? 0 : rand_r(&seed) % g;
+                ms[m].shape[k] = whole ? g : 1 + rand_r(&seed) % (g - ms[m].offset[k]);
+            }
+        }
+        int got = ps_boxes_cover(&d, n, ms);
+        assert_int_equal(got, cover_by_elements(&d, n, ms) ? 1 : 0);
+        answers[got]++;
+    }
+    /* both answers were exercised */
+    assert_true(answers[0] > 500);
+    assert_true(answers[1] > 500);
+}
+
 /* Copies, sums, packs and unpacks of random boxes between random tiles of
  * random tensors, many with dimensions of size 1 and whole trailing ones
  * (which the walk takes as one run), against an element-by-element
@@ -1803,6 +1866,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_box_pack),
         cmocka_unit_test(test_box_runs),
+        cmocka_unit_test(test_boxes_cover),
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_half_vector_kernels),
         cmocka_unit_test(test_reshard_steps_realizable),

@@ -16,6 +16,7 @@ extern "C" {
 #include "core/bytes_text.h"
 #include "core/collective.h"
 #include "core/log.h"
+#include "exec/box.h"
 #include "exec/cuda/cuda_backend.h"
 #include "exec/half.h"
 #include "exec/host_collective.h"
@@ -470,6 +471,11 @@ static ps_status be_copy_box(ps_backend *b, int device, const ps_tile *src, ps_t
                              ps_error *err)
 {
     DEV(b, device);
+    /* as the CPU backend: a re-layout writes the whole destination */
+    if (src->rank == dst->rank && ps_boxes_cover(dst, 1, src) == 0)
+        return ps_error_set(err, PS_ERR_INTERNAL,
+                            "device %d: re-layout source does not cover the destination tile",
+                            device);
     return ps_cuda_box_copy(d->s, src, dst, false, err);
 }
 
@@ -639,6 +645,23 @@ static ps_tile box_view(const ps_tile *like, const int64_t *lo, const int64_t *s
     return t;
 }
 
+/* A gather (all-gather, all-to-all) whose members' src boxes leave part of
+ * dst uncovered fails as on the CPU instead of leaving it unwritten. */
+static ps_status check_cover(int device, const group_state *gs, ps_collective kind,
+                             const rv_slot *m, const ps_tile *dst, ps_error *err)
+{
+    if (kind != PS_COLL_ALL_GATHER && kind != PS_COLL_ALL_TO_ALL)
+        return PS_OK;
+    ps_tile *src = (ps_tile *)malloc((size_t)gs->n * sizeof *src);
+    if (src == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", device);
+    for (int i = 0; i < gs->n; i++)
+        src[i] = m[i].src;
+    ps_status st = ps_gather_check_cover(device, gs->id, kind, gs->n, src, dst, err);
+    free(src);
+    return st;
+}
+
 /* ---- share mode: collectives by device copies --------------------------------------- */
 
 static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
@@ -661,10 +684,11 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
     else
         PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, dst->data, (size_t)n * 4,
                                             cudaMemcpyDeviceToDevice, s->stream));
-    for (int m = 0; m < gs->n; m++) {
+    for (int m = 0; m < gs->n; m++)
         PS_RET(check_tiles(d->device, &slot[m].src, dst, err));
+    PS_RET(check_cover(d->device, gs, kind, slot, dst, err));
+    for (int m = 0; m < gs->n; m++)
         PS_RET(ps_cuda_box_copy(s, &slot[m].src, &t, sum, err));
-    }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     /* every member has read every src before anyone overwrites its dst */
     PS_RET(group_wait(cb, gs, d->device, what, err));
@@ -832,6 +856,8 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
         if (st == PS_OK)
             st = check_tiles(d->device, &m[i].dst, dst, err);
     }
+    if (st == PS_OK)
+        st = check_cover(d->device, gs, kind, m, dst, err);
     if (st != PS_OK) {
         free(m);
         return st;
