@@ -37,12 +37,6 @@ struct ps_profile_db;
 ps_status ps_cli_attach_profile(const char *path, struct ps_cluster *c,
                                 struct ps_profile_db **out, ps_error *err);
 
-/* Warns when the profile DB given to lower a plan (db from db_path, or
- * NULL) is not the one the plan's predictions were made with (the plan's
- * record, ps_plan_record_profile): its kernels would take other times. */
-void ps_cli_warn_profile_mismatch(const char *plan_path, const struct ps_plan *plan,
-                                  const char *db_path, const struct ps_profile_db *db);
-
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);
 /* Prints "pipeshard: <command>: <msg>" plus a --help hint; returns 2. */

@@ -104,8 +104,8 @@ int ps_cmd_demo(int argc, char **argv)
 #else
     step(6, "its simulation (demo-small-sim.json; the planner's prediction as a summary in\n"
             "demo-small-planner.json)");
-    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-small-plan.json", "--profile-db",
-                                    "demo-cpu-profile.json", "--summary", "demo-small-sim.json",
+    rc = run(ps_cmd_sim, (char *[]){"sim", "--plan", "demo-small-plan.json", "--summary",
+                                    "demo-small-sim.json",
                                     "--predicted", "demo-small-planner.json", "--trace",
                                     "demo-small-sim-trace.json", NULL});
     if (rc != 0)

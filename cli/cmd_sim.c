@@ -8,7 +8,6 @@
 #include "cli/cli.h"
 #include "core/json.h"
 #include "core/log.h"
-#include "core/profile_db.h"
 #include "core/program.h"
 #include "planner/lower.h"
 #include "sim/sim.h"
@@ -20,11 +19,13 @@ static void help(void)
            "                     [--collective-steps]\n"
            "                     [--node-collectives flows|transfers|closed-form]\n"
            "                     [--no-local-allgather] [--no-check]\n"
-           "                     [--predicted P.json] [--profile-db DB.json]\n"
+           "                     [--predicted P.json]\n"
            "                     [--dump-programs DIR] [--json]\n\n"
            "Lowers the plan to per-device programs and replays one training step of them\n"
            "on a SimGrid model of the plan's cluster (docs/simulator.md). Prints the\n"
-           "simulated iteration, per-stage times and memory beside the planner's.\n\n"
+           "simulated iteration, per-stage times and memory beside the planner's. Kernels\n"
+           "take the times the plan carries per op (its planner's, with the profile DB it\n"
+           "was made with, if any); communication is simulated on the cluster's links.\n\n"
            "options:\n"
            "  --plan P.json          the plan (pipeshard plan -o)\n"
            "  --trace T.json         Chrome trace of the step (Perfetto, chrome://tracing)\n"
@@ -40,10 +41,6 @@ static void help(void)
            "  --no-local-allgather   send every receiver its whole tile between stages\n"
            "  --no-check             skip the program checker (it runs on another core\n"
            "                         while the simulation runs; a failed check stops it)\n"
-           "  --profile-db DB.json   the profile DB the plan was made with: compute kernels\n"
-           "                         take its GEMM times (communication is simulated on\n"
-           "                         the cluster's links either way); sim warns when the\n"
-           "                         plan records another DB, or one and none is given\n"
            "  --dump-programs DIR    also write the programs readably to DIR (as plan\n"
            "                         --dump-programs does), before they are checked\n"
            "  --json                 print the summary as JSON instead of a table\n"
@@ -86,7 +83,6 @@ static const struct option options[] = {
 int ps_cmd_sim(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *pred_path = NULL, *dump_dir = NULL;
-    const char *profile_path = NULL;
     bool check = true, json = false;
     ps_sim_options so = ps_sim_options_default();
     ps_lower_options lo = ps_lower_options_default();
@@ -115,7 +111,12 @@ int ps_cmd_sim(int argc, char **argv)
         case OPT_NO_CHECK: check = false; break;
         case OPT_JSON: json = true; break;
         case OPT_DUMP: dump_dir = optarg; break;
-        case OPT_PROFILE_DB: profile_path = optarg; break;
+        case OPT_PROFILE_DB:
+            /* kept by name so that a script passing it learns why it goes */
+            return ps_cli_usage_error("sim", "--profile-db is not needed: the plan file carries "
+                                             "every op's time as its planner priced it (with "
+                                             "the profile DB it was made with, if any), and "
+                                             "sim replays those");
         default:
             return ps_cli_usage_error("sim", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -132,11 +133,7 @@ int ps_cmd_sim(int argc, char **argv)
     ps_program_set *set = NULL;
     ps_summary *sum = NULL, *pred = NULL;
     ps_sim_stats stats = {0};
-    ps_profile_db *profile = NULL;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
-    if (profile_path != NULL)
-        PS_TRY(ps_cli_attach_profile(profile_path, plan->cluster, &profile, &err));
-    ps_cli_warn_profile_mismatch(plan_path, plan, profile_path, profile);
     PS_TRY(ps_plan_model_build(plan, &m, &err));
     PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
     if (dump_dir != NULL)
@@ -179,7 +176,6 @@ out:
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(plan);
-    ps_profile_db_free(profile);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }
 #endif /* PS_NO_SIMGRID */

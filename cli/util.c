@@ -32,30 +32,6 @@ ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db *
     return PS_OK;
 }
 
-void ps_cli_warn_profile_mismatch(const char *plan_path, const ps_plan *plan,
-                                  const char *db_path, const ps_profile_db *db)
-{
-    char digest[17] = "";
-    if (db != NULL)
-        (void)ps_profile_db_digest(db, digest, sizeof digest); /* loaded: finished */
-    if (plan->profile_digest[0] != '\0' && db == NULL)
-        PS_LOG_WARN("%s was made with a profile DB (device \"%s\", backend %s, digest %s); "
-                    "without --profile-db its kernels take the analytic model's times, not "
-                    "the plan's",
-                    plan_path, plan->profile_device, plan->profile_backend,
-                    plan->profile_digest);
-    else if (plan->profile_digest[0] == '\0' && db != NULL)
-        PS_LOG_WARN("%s records no profile DB (made without one, or before plans recorded "
-                    "it); with %s its kernels may take other times than the plan's",
-                    plan_path, db_path);
-    else if (db != NULL && strcmp(digest, plan->profile_digest) != 0)
-        PS_LOG_WARN("%s was made with another profile DB (device \"%s\", backend %s, digest "
-                    "%s) than %s (device \"%s\", backend %s, digest %s); its kernels take other "
-                    "times than the plan's",
-                    plan_path, plan->profile_device, plan->profile_backend,
-                    plan->profile_digest, db_path, db->device, db->backend, digest);
-}
-
 int ps_cli_fail(const ps_error *err, ps_status st)
 {
     if (err != NULL && err->status != PS_OK && err->msg[0] != '\0')
