@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/bytes_text.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/program.h"
@@ -46,6 +47,37 @@ static void help(void)
            "  --json                 print the summary as JSON instead of a table\n"
            "  -h, --help             this help\n");
 }
+
+#ifndef PS_NO_SIMGRID
+/* The simulator replays a plan whatever its memory: say when a device's
+ * peak exceeds its memory (a plan edited by hand, or made for other
+ * devices; plan never writes one that does not fit). */
+static void warn_over_memory(const char *plan_path, const ps_cluster *c, const ps_summary *sum)
+{
+    int over = 0, worst = -1;
+    double worst_ratio = 1;
+    for (int i = 0; i < sum->n_devices; i++) {
+        const ps_summary_device *d = &sum->devices[i];
+        double cap = ps_cluster_device(c, d->id)->memory_bytes;
+        if (!(d->peak_memory_bytes > cap))
+            continue;
+        over++;
+        if (d->peak_memory_bytes / cap > worst_ratio) {
+            worst_ratio = d->peak_memory_bytes / cap;
+            worst = i;
+        }
+    }
+    if (over == 0)
+        return;
+    const ps_summary_device *d = &sum->devices[worst];
+    char peak[32], cap[32];
+    PS_LOG_WARN("%s: %d device%s of the cluster would run out of memory: device %d (stage %d) "
+                "peaks at %s of its %s",
+                plan_path, over, over == 1 ? "" : "s", d->id, d->stage,
+                ps_bytes_text(d->peak_memory_bytes, peak, sizeof peak),
+                ps_bytes_text(ps_cluster_device(c, d->id)->memory_bytes, cap, sizeof cap));
+}
+#endif
 
 #ifdef PS_NO_SIMGRID
 /* A build without SimGrid (configured with -DPS_WITH_SIMGRID=OFF): the command is
@@ -141,6 +173,7 @@ int ps_cmd_sim(int argc, char **argv)
     so.check_programs = check; /* while the simulation runs */
     so.progress = ps_log_progress_enabled();
     PS_TRY(ps_sim_run(set, plan->cluster, &so, &sum, &stats, &err));
+    warn_over_memory(plan_path, plan->cluster, sum);
     PS_TRY(ps_summary_from_plan(plan, &pred));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(sum, summary_path, &err));
@@ -155,11 +188,14 @@ int ps_cmd_sim(int argc, char **argv)
             goto out;
     } else {
         ps_summary_print(sum, stdout);
-        printf("\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / predicted "
-               "= %.3f\n",
-               plan->iteration_s, plan->tflops_per_device,
-               plan->iteration_s > 0 ? sum->iteration_s / plan->iteration_s : 0);
-        for (int k = 0; k < plan->n_stages && k < sum->n_stages; k++)
+        if (!(plan->iteration_s > 0))
+            printf("\nplanner       the plan carries no prediction\n");
+        else
+            printf("\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / "
+                   "predicted = %.3f\n",
+                   plan->iteration_s, plan->tflops_per_device,
+                   sum->iteration_s / plan->iteration_s);
+        for (int k = 0; k < plan->n_stages && k < sum->n_stages && plan->iteration_s > 0; k++)
             printf("  stage %d: simulated %.4g ms, predicted %.4g ms per micro-batch (%+.1f%%)\n",
                    k, sum->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3,
                    plan->stages[k].time_s > 0

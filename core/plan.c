@@ -496,6 +496,17 @@ static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *
                         "batch %lld", p->micro_batches, p->global_batch);
         goto out;
     }
+    if (ps_jv_has(&root, "micro_batch_size")) { /* derived: must agree */
+        PS_TRY(ps_jv_member(&root, "micro_batch_size", &v, err));
+        PS_TRY(ps_jv_int(&v, 1, INT64_C(1) << 40, &x, err));
+        if (x != p->global_batch / p->micro_batches) {
+            st = ps_jv_fail(&v, err, PS_ERR_INVALID,
+                            "%lld, but the global batch %lld in %d micro-batches makes %lld",
+                            (long long)x, p->global_batch, p->micro_batches,
+                            p->global_batch / p->micro_batches);
+            goto out;
+        }
+    }
     PS_TRY(ps_jv_member(&root, "stages", &stages, err));
     PS_TRY(ps_jv_array(&stages, &n, err));
     if (n < 1) {
@@ -504,6 +515,15 @@ static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *
     }
     for (size_t i = 0; i < n; i++) {
         ps_jv sv = ps_jv_element(&stages, i);
+        if (ps_jv_has(&sv, "index")) { /* the position, written for people: must agree */
+            PS_TRY(ps_jv_member(&sv, "index", &v, err));
+            PS_TRY(ps_jv_int(&v, INT64_MIN, INT64_MAX, &x, err));
+            if (x != (int64_t)i) {
+                st = ps_jv_fail(&v, err, PS_ERR_INVALID, "stage %zu has index %lld", i,
+                                (long long)x);
+                goto out;
+            }
+        }
         PS_TRY(read_stage(&sv, p, err));
     }
     if (ps_jv_has(&root, "profile_db"))

@@ -8,6 +8,7 @@
 #include "planner/cost_model.h"
 #include "planner/cross_mesh.h"
 #include "planner/intra_pass.h"
+#include "planner/plan_intra.h"
 #include "planner/strategy.h"
 
 ps_lower_options ps_lower_options_default(void)
@@ -1126,6 +1127,17 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
     snprintf(L.set->schedule, sizeof L.set->schedule, "%s", p->schedule);
     L.set->flops_per_step = p->flops_per_step;
     L.set->mfu_peak_flops_per_s = p->mfu > 0 ? p->tflops_per_device * 1e12 / p->mfu : 0;
+    if (!(p->flops_per_step > 0) || !(p->mfu > 0)) {
+        /* a plan without its predictions (edited by hand): the step's own
+         * FLOPs and the devices' peak, as the planner counts them, so that
+         * the runs' throughput and MFU are not 0 */
+        ps_graph_stats gs;
+        PS_TRY(ps_graph_stats_compute(g, &gs));
+        L.set->flops_per_step = (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                                 gs.flops[PS_PASS_RECOMPUTE]) * p->micro_batches +
+                                gs.flops[PS_PASS_UPDATE];
+        L.set->mfu_peak_flops_per_s = 1e12 / ps_plan_mfu(1, g, p->cluster);
+    }
     ps_plan_digest(p, L.set->plan_digest, sizeof L.set->plan_digest);
     snprintf(L.set->model, sizeof L.set->model, "%s", p->model_name ? p->model_name : "");
     snprintf(L.set->cluster, sizeof L.set->cluster, "%s", p->cluster->name);

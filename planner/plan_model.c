@@ -97,6 +97,17 @@ ps_status ps_plan_check(const ps_plan *p, const ps_plan_model *m, ps_error *err)
 {
     const ps_graph *g = m->step;
     const ps_plan_stage *last = &p->stages[p->n_stages - 1];
+    /* the model's graph is built for one micro-batch: a plan that splits
+     * its batch otherwise would run other micro-batches than it predicts */
+    int64_t built = ps_graph_batch(m->forward);
+    if (built > 0 && built != p->global_batch / p->micro_batches)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "the model is built for micro-batches of %lld (%s), the plan splits "
+                            "its global batch %lld into %d micro-batches of %lld",
+                            (long long)built,
+                            m->from_zoo ? "model.config.batch" : "its graph's first input",
+                            p->global_batch, p->micro_batches,
+                            p->global_batch / p->micro_batches);
     if (last->last_layer != g->n_layers - 1)
         return ps_error_set(err, PS_ERR_INVALID,
                             "the plan's stages cover layers 0-%d, the model has 0-%d",

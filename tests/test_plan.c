@@ -14,6 +14,8 @@
 
 #include "core/json.h"
 #include "planner/plan_intra.h"
+#include "planner/lower.h"
+#include "planner/plan_model.h"
 
 static ps_plan *mlp_plan(ps_intra_method method, const char *cluster, int micro_batches)
 {
@@ -313,6 +315,43 @@ static void invalid_plans_are_rejected(void **state)
     assert_int_equal(ps_plan_validate(p, &err), PS_ERR_INVALID);
     p->stages[0].logical_mesh[0] = 1;
     assert_int_equal(ps_plan_validate(p, NULL), PS_OK);
+    /* valid on its own, but the model is built for micro-batches of 64: 2 of
+     * 32 would run another step than the plan predicts */
+    p->micro_batches = 2;
+    ps_plan_model *m = NULL;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    assert_int_equal(ps_plan_check(p, m, &err), PS_ERR_INVALID);
+    assert_string_equal(err.msg, "the model is built for micro-batches of 64 (model.config.batch), "
+                                 "the plan splits its global batch 64 into 2 micro-batches of 32");
+    p->micro_batches = 1;
+    assert_int_equal(ps_plan_check(p, m, NULL), PS_OK);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
+}
+
+/* A plan without its predictions (edited by hand) is lowered with the
+ * step's FLOPs and the devices' peak counted as the planner counts them, so
+ * that runs still report throughput and MFU: both equal the planner's. */
+static void lowering_recounts_missing_predictions(void **state)
+{
+    (void)state;
+    ps_plan *p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 2);
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    double flops = p->flops_per_step, peak = p->tflops_per_device * 1e12 / p->mfu;
+    assert_true(flops > 0 && peak > 0);
+    p->flops_per_step = p->mfu = p->tflops_per_device = 0;
+    if (ps_plan_lower(p, m, NULL, &set, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    if (!(fabs(set->flops_per_step / flops - 1) < 1e-12 &&
+          fabs(set->mfu_peak_flops_per_s / peak - 1) < 1e-12))
+        fail_msg("recounted %g FLOPs at a peak of %g FLOP/s; the planner's %g and %g",
+                 set->flops_per_step, set->mfu_peak_flops_per_s, flops, peak);
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
     ps_plan_free(p);
 }
 
@@ -352,6 +391,10 @@ static void malformed_plan_files(void **state)
         {"\"device\": \"test-dev\"", "\"device\": 7", "expected a string"},
         {"\"layout_gap\": 0.0", "\"layout_gap\": 1.5", "layout_gap: 1.5 is out of range"},
         {"\"layout_gap\": 0.0", "\"layout_gap\": -0.01", "layout_gap: -0.01 is out of range"},
+        /* derived fields that disagree with what they derive from */
+        {"\"micro_batch_size\": ", "\"micro_batch_size\": 9",
+         ", but the global batch 64 in 1 micro-batches makes 64"},
+        {"\"index\": 0", "\"index\": 3", "stages[0].index: stage 0 has index 3"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         char *at = strstr(good, edits[i].from);
@@ -428,6 +471,7 @@ int main(void)
         cmocka_unit_test(plan_file_round_trip),
         cmocka_unit_test(invalid_plans_are_rejected),
         cmocka_unit_test(malformed_plan_files),
+        cmocka_unit_test(lowering_recounts_missing_predictions),
         cmocka_unit_test(digest_ignores_predictions),
         cmocka_unit_test(committed_runs_name_their_plans),
         cmocka_unit_test(plan_records_its_profile_db),

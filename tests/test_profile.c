@@ -2051,6 +2051,25 @@ static void cli(void **state)
     assert_non_null(strstr(err, "--profile-db is not needed: the plan file carries"));
     free(out);
     free(err);
+    /* a plan whose devices it does not fit: simulated, with a warning */
+    char small[600];
+    snprintf(small, sizeof small, "%s/p0.json", dir);
+    json_t *pj = json_load_file(small, 0, NULL);
+    assert_non_null(pj);
+    json_t *dev = json_object_get(json_object_get(pj, "cluster"), "device");
+    assert_non_null(dev);
+    assert_int_equal(json_object_set_new(dev, "memory_bytes", json_real(1e6)), 0);
+    snprintf(small, sizeof small, "%s/small.json", dir);
+    assert_int_equal(json_dump_file(pj, small, JSON_INDENT(1)), 0);
+    json_decref(pj);
+    snprintf(args, sizeof args, "sim --plan %s", small);
+    assert_int_equal(run_cli(dir, args, &out, &err), 0);
+    if (strstr(err, "8 devices of the cluster would run out of memory: device 0 (stage 0) "
+                    "peaks at ") == NULL)
+        fail_msg("no warning: %s", err);
+    free(out);
+    free(err);
+    unlink(small);
 #endif
 
     /* a malformed DB: exit 1, the file's position in the message */
