@@ -227,6 +227,28 @@ static ps_status download_values(device_state *d, const ps_tile *t, void *host)
     return PS_OK;
 }
 
+/* A parameter's values (or its master copy's) one unit in the last place
+ * of the parameter's storage larger in magnitude (ps_exec_options.
+ * nudge_params): fp32's, or the half type's where the backend holds it so;
+ * a master copy moves with its parameter, by the same amount. */
+static void nudge_param(const runtime *rt, int tensor, float *f, int64_t n)
+{
+    const ps_tensor *x = &rt->g->tensors[tensor];
+    ps_dtype storage = x->kind == PS_TENSOR_PARAM ? x->desc.dtype
+                                                  : rt->g->tensors[x->state_of].desc.dtype;
+    if (!rt->b->half_storage || !ps_half_dtype(storage)) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = ps_half_from_float(storage, fabsf(f[i]));
+        float lo = ps_half_to_float(storage, h), hi = ps_half_to_float(storage, h + 1);
+        if (isfinite(hi) && isfinite(lo))
+            f[i] += copysignf(hi - lo, f[i]);
+    }
+}
+
 static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile *t)
 {
     runtime *rt = d->rt;
@@ -237,11 +259,8 @@ static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile 
     int tensor = rt->set->buffers[buffer].tensor;
     ps_status st = ps_exec_fill(rt->g, tensor, mb, rt->opt->seed, t, host, &d->err);
     if (st == PS_OK && rt->opt->nudge_params && !t->is_int &&
-        ps_exec_holds_param(&rt->g->tensors[tensor])) {
-        float *f = host;
-        for (int64_t i = 0; i < n; i++)
-            f[i] = nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY);
-    }
+        ps_exec_holds_param(&rt->g->tensors[tensor]))
+        nudge_param(rt, tensor, host, n);
     if (st == PS_OK)
         st = upload_values(d, t, host);
     free(host);

@@ -67,9 +67,10 @@ typedef struct ps_exec_options {
     const struct ps_exec_result *align_relus;
     const ps_graph *align_graph;
     double align_tol;
-    /* Every fp32 parameter element (and its master copy) starts one unit in
-     * the last place larger in magnitude: --check's measure of how far
-     * rounding alone moves the model's gradients. */
+    /* Every parameter element (and its master copy) starts one unit in the
+     * last place of the parameter's storage (fp32, or fp16/bf16 where the
+     * backend holds them so) larger in magnitude: --check's measure of how
+     * far rounding alone moves the model's gradients. */
     bool nudge_params;
     /* Run without first asking the backend whether the devices' tiles fit
      * (exec/memory_need.h): a plan that does not fit then fails at an
