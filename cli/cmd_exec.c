@@ -83,7 +83,9 @@ static void help(void)
            "                         exceed the memory available for them (host memory\n"
            "                         for the CPU backend, each GPU's free memory for CUDA);\n"
            "                         by default such a plan is refused before it starts\n"
-           "  --json                 print the summary as JSON instead of a table\n"
+           "  --json                 print the summary as JSON instead of a table, with\n"
+           "                         each step's loss (\"steps\") and --check's comparison\n"
+           "                         (\"check\"); --summary writes the summary alone\n"
            "  -h, --help             this help\n");
 }
 
@@ -425,6 +427,7 @@ int ps_cmd_exec(int argc, char **argv)
     check_run runs[CHECK_RUNS];
     memset(runs, 0, sizeof runs);
     bool mismatch = false;
+    json_t *check_json = NULL; /* --json with --check: the comparison */
     ps_hosts *hosts = NULL;
     int rank = 0;
     bool stopped_together = false; /* every host refused the run at once */
@@ -471,14 +474,7 @@ int ps_cmd_exec(int argc, char **argv)
         goto out;
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(r->summary, summary_path, &err));
-    if (json) {
-        json_t *j = NULL;
-        PS_TRY(ps_summary_to_json(r->summary, &j));
-        st = ps_json_save(j, "-", &err);
-        json_decref(j);
-        if (st != PS_OK)
-            goto out;
-    } else {
+    if (!json) {
         ps_summary_print(r->summary, stdout);
         printf("\nplanner       iteration %.4g s; measured / predicted = %.3f\n",
                plan->iteration_s,
@@ -582,8 +578,62 @@ int ps_cmd_exec(int argc, char **argv)
             fprintf(f, "  (the reference rounds to %s as this run does, so what both lose "
                        "cancels; --check-fp32 shows what %s loses)\n",
                     ps_dtype_name(storage), ps_dtype_name(storage));
+        if (json) {
+            check_json = json_pack("{s:b, s:f, s:f, s:s, s:f, s:s, s:f, s:f, s:f, s:i}", "ok",
+                                   !mismatch, "loss_rel", cmp.loss_rel, "grad_rel",
+                                   cmp.grad_rel, "grad_worst", cmp.grad_worst, "param_abs",
+                                   cmp.param_abs, "param_worst", cmp.param_worst,
+                                   "tolerance_rel", t.rel, "param_atol", t.param_abs,
+                                   "reference_loss", ref->loss[r->steps - 1], "parameters",
+                                   cmp.params);
+            if (check_json == NULL) {
+                st = ps_error_set(&err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            if (co.rounding_pass)
+                PS_TRY(ps_json_set(check_json, "rounding",
+                                   json_pack("{s:f, s:f}", "loss_rel", co.noise.loss_rel,
+                                             "grad_rel", co.noise.grad_rel)));
+            if (ref->relu_flips > 0)
+                PS_TRY(ps_json_set(check_json, "relu_aligned",
+                                   json_integer(ref->relu_flips)));
+        }
+    }
+    if (json) {
+        /* the summary's keys, then each step's loss and the check: --summary
+         * writes the summary alone */
+        json_t *j = NULL, *steps = json_array();
+        PS_TRY(ps_summary_to_json(r->summary, &j));
+        for (int k = 0; steps != NULL && k < r->steps; k++) {
+            json_t *o = json_pack("{s:i, s:f}", "step", k + 1, "loss", r->loss[k]);
+            if (o != NULL && set->loss_scale_window > 0) {
+                json_object_set_new(o, "loss_scale", json_real(r->loss_scale[k]));
+                json_object_set_new(o, "skipped", json_boolean(r->skipped[k]));
+            }
+            if (o != NULL && r->step_s[k] > 0)
+                json_object_set_new(o, "step_s", json_real(r->step_s[k]));
+            if (o == NULL || json_array_append_new(steps, o) != 0) {
+                json_decref(steps);
+                steps = NULL;
+            }
+        }
+        if (steps == NULL) {
+            json_decref(j);
+            st = ps_error_set(&err, PS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        json_object_set_new(j, "steps", steps);
+        if (check_json != NULL) {
+            json_object_set_new(j, "check", check_json);
+            check_json = NULL;
+        }
+        st = ps_json_save(j, "-", &err);
+        json_decref(j);
+        if (st != PS_OK)
+            goto out;
     }
 out:
+    json_decref(check_json);
     ps_exec_result_free(r);
     ps_program_set_free(set);
     ps_plan_model_free(m);

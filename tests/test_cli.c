@@ -1002,6 +1002,22 @@ static void test_check_rounding(void **state)
     expect_in(&r, true, "is within what rounding alone does");
     expect_in(&r, true, "\n  ok\n");
     run_result_free(&r);
+    /* --json: the summary's keys, each step's loss and the check */
+    const char *ej[] = {"exec", "--plan", plan, "--steps", "2", "--check", "--json", NULL};
+    run_ok(fx, ej, &r);
+    expect_exit(&r, 0);
+    json_t *j = json_loads(r.out, 0, NULL);
+    assert_non_null(j);
+    assert_true(json_number_value(json_object_get(j, "iteration_s")) > 0);
+    json_t *steps = json_object_get(j, "steps");
+    assert_int_equal(json_array_size(steps), 2);
+    assert_true(json_number_value(json_object_get(json_array_get(steps, 1), "loss")) > 0);
+    json_t *chk = json_object_get(j, "check");
+    assert_true(json_is_true(json_object_get(chk, "ok")));
+    assert_true(json_number_value(json_object_get(chk, "grad_rel")) <
+                json_number_value(json_object_get(chk, "tolerance_rel")));
+    json_decref(j);
+    run_result_free(&r);
 }
 
 /* --loss-scale: refused outside [2^-24, 2^40]; recorded in the plan; exec's
