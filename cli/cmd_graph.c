@@ -315,6 +315,7 @@ int ps_cmd_graph(int argc, char **argv)
     ps_status st = PS_OK;
     ps_graph *fwd = NULL, *step = NULL, *step_remat = NULL, *step_selected = NULL;
     bool *remat_flags = NULL;
+    bool bad_usage = false;
     layer_row *rows = NULL;
     json_t *out_json = NULL;
     const ps_model_config *cfgp = NULL;
@@ -343,7 +344,10 @@ int ps_cmd_graph(int argc, char **argv)
     if (remat_list != NULL) {
         remat_flags = calloc((size_t)fwd->n_layers, sizeof *remat_flags);
         PS_TRY_ALLOC(remat_flags, &err);
-        PS_TRY(parse_layer_list(remat_list, fwd->n_layers, remat_flags, &err));
+        if ((st = parse_layer_list(remat_list, fwd->n_layers, remat_flags, &err)) != PS_OK) {
+            bad_usage = true; /* a value typed on the command line */
+            goto out;
+        }
         ps_train_options selected = opt;
         selected.remat_layers = remat_flags;
         PS_TRY(ps_train_step_build(fwd, &selected, &step_selected, &err));
@@ -371,5 +375,7 @@ out:
     ps_graph_free(step_remat);
     ps_graph_free(step);
     ps_graph_free(fwd);
+    if (bad_usage)
+        return ps_cli_usage_error("graph", "%s", err.msg);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

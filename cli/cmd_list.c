@@ -148,6 +148,7 @@ int ps_cmd_clusters(int argc, char **argv)
         return ps_cli_usage_error("clusters", "give --show or --cluster-file, not both");
     ps_error err = {0};
     ps_status st = PS_OK;
+    bool bad_cluster = false;
     ps_cluster *cl = NULL;
     json_t *j = NULL;
     if (spec == NULL && file == NULL) {
@@ -172,10 +173,14 @@ int ps_cmd_clusters(int argc, char **argv)
             PS_TRY(ps_json_save(j, "-", &err));
         goto out;
     }
-    if (spec != NULL)
-        PS_TRY(ps_cluster_from_preset(spec, &cl, &err));
-    else
+    if (spec != NULL) {
+        if ((st = ps_cluster_from_preset(spec, &cl, &err)) != PS_OK) {
+            bad_cluster = true; /* typed on the command line: a usage error */
+            goto out;
+        }
+    } else {
         PS_TRY(ps_cluster_load(file, &cl, &err));
+    }
     if (json) {
         PS_TRY(ps_cluster_to_json(cl, &j));
         PS_TRY(ps_json_save(j, "-", &err));
@@ -185,5 +190,7 @@ int ps_cmd_clusters(int argc, char **argv)
 out:
     json_decref(j);
     ps_cluster_free(cl);
+    if (bad_cluster)
+        return ps_cli_usage_error("clusters", "--show: %s", err.msg);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

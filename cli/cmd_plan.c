@@ -452,6 +452,7 @@ int ps_cmd_plan(int argc, char **argv)
 
     ps_error err = {0};
     ps_status st = PS_OK;
+    bool bad_cluster = false;
     ps_cluster *cluster = NULL;
     ps_profile_db *profile = NULL;
     ps_graph *fwd = NULL;
@@ -462,10 +463,14 @@ int ps_cmd_plan(int argc, char **argv)
     ps_plan_fit fit = {0};
     ps_plan_fit_options fit_opt = ps_plan_fit_options_default();
     char pa[32], pb[32];
-    if (cluster_spec != NULL)
-        PS_TRY(ps_cluster_from_preset(cluster_spec, &cluster, &err));
-    else
+    if (cluster_spec != NULL) {
+        if ((st = ps_cluster_from_preset(cluster_spec, &cluster, &err)) != PS_OK) {
+            bad_cluster = true; /* typed on the command line: a usage error */
+            goto out;
+        }
+    } else {
         PS_TRY(ps_cluster_load(cluster_file, &cluster, &err));
+    }
     if (profile_path != NULL)
         PS_TRY(ps_cli_attach_profile(profile_path, cluster, &profile, &err));
     if (auto_micro && (!pipeshard || uniform || stages_file != NULL)) {
@@ -584,5 +589,7 @@ out:
     ps_graph_free(fwd);
     ps_cluster_free(cluster);
     ps_profile_db_free(profile);
+    if (bad_cluster)
+        return ps_cli_usage_error("plan", "--cluster: %s", err.msg);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

@@ -121,15 +121,21 @@ static ps_status parse_node_count(const char *spec, const char *digits, long lon
             err, PS_ERR_INVALID,
             "cluster \"%s\": missing node count after ':' (expected NAME:N, N >= 1)", spec);
     long long n = 0;
+    bool huge = false;
     for (const char *p = digits; *p != '\0'; p++) {
         if (*p < '0' || *p > '9')
             return ps_error_set(
                 err, PS_ERR_INVALID,
                 "cluster \"%s\": invalid node count \"%s\" (expected NAME:N, N >= 1)", spec,
                 digits);
-        if (n <= INT32_MAX)
-            n = n * 10 + (*p - '0');
+        huge = huge || n > INT32_MAX / 10;
+        n = huge ? n : n * 10 + (*p - '0');
     }
+    if (huge)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cluster \"%s\": too many devices (%s nodes; at most %d devices "
+                            "are supported)",
+                            spec, digits, PS_CLUSTER_MAX_DEVICES);
     if (n < 1)
         return ps_error_set(err, PS_ERR_INVALID, "cluster \"%s\": node count must be >= 1", spec);
     *out = n;

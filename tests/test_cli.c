@@ -920,7 +920,7 @@ static void test_remat_layers(void **state)
     assert_true(act > number_at(j, "activation_bytes_per_microbatch_remat"));
     json_decref(j);
     const char *bad[] = {"graph", "--model", "gpt-350m", "--remat-layers", "3-99", NULL};
-    expect_failure(fx, bad, "layer 99 does not exist");
+    expect_usage_error(fx, bad, "layer 99 does not exist");
 }
 
 /* exec --check where a correct plan's gradients differ from one device's by
