@@ -61,8 +61,8 @@ static void help(void)
            "                         the other side there follows the run, and fp32\n"
            "                         loss and gradients within what one ulp of the parameters\n"
            "                         moves them pass (docs/executors.md)\n"
-           "  --check-fp32           --check against a step that holds fp16/bf16 tensors in\n"
-           "                         fp32: what the dtype loses shows, not only what the\n"
+           "  --check-fp32           as --check, against a step that holds fp16/bf16 tensors\n"
+           "                         in fp32: what the dtype loses shows, not only what the\n"
            "                         sharding changes (not with dynamic loss scaling)\n"
            "  --tolerance T          relative tolerance of the loss and gradients (1e-4;\n"
            "                         fp16/bf16 held in half precision: 32 unit roundoffs)\n"
@@ -418,6 +418,15 @@ int ps_cmd_exec(int argc, char **argv)
         return ps_cli_usage_error("exec", "--plan PLAN.json is required");
     if (strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0)
         return ps_cli_usage_error("exec", "--backend is cpu or cuda, not \"%s\"", backend);
+    /* options that would change nothing are refused, not ignored */
+    if ((share_gpu || tf32) && strcmp(backend, "cuda") != 0)
+        return ps_cli_usage_error("exec", "%s applies to --backend cuda",
+                                  share_gpu ? "--share-gpu" : "--tf32");
+    if (eo.trace_ops && eo.trace_path == NULL)
+        return ps_cli_usage_error("exec", "--trace-ops needs --trace T.json");
+    if ((tol >= 0 || param_atol >= 0) && !check)
+        return ps_cli_usage_error("exec", "%s applies to --check",
+                                  tol >= 0 ? "--tolerance" : "--param-atol");
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL, *ref_plan = NULL;

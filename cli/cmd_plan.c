@@ -444,6 +444,9 @@ int ps_cmd_plan(int argc, char **argv)
         return usage;
     if ((cluster_spec == NULL) == (cluster_file == NULL))
         return ps_cli_usage_error("plan", "give exactly one of --cluster and --cluster-file");
+    if ((dp > 0 || op_degree > 0 || pp > 0) && !uniform && !stages_uniform)
+        return ps_cli_usage_error("plan", "--dp, --op and --pp apply to --method uniform (or "
+                                          "--stages uniform)");
     if (output == NULL)
         return ps_cli_usage_error("plan", "-o PLAN.json is required");
     if (mo.graph_path != NULL && global_batch > 0)

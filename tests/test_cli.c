@@ -528,6 +528,29 @@ static void test_usage_errors(void **state)
         const char *a[] = {"models", "--no-such-option", NULL};
         expect_usage_error(fx, a, "--no-such-option");
     }
+    /* options that would change nothing are refused, not ignored */
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "data", "--dp", "2", "-o", "x.json", NULL};
+        expect_usage_error(fx, a, "--dp, --op and --pp apply to --method uniform");
+    }
+    {
+        const char *a[] = {"exec", "--plan", "x.json", "--share-gpu", NULL};
+        expect_usage_error(fx, a, "--share-gpu applies to --backend cuda");
+    }
+    {
+        const char *a[] = {"exec", "--plan", "x.json", "--trace-ops", NULL};
+        expect_usage_error(fx, a, "--trace-ops needs --trace T.json");
+    }
+    {
+        const char *a[] = {"exec", "--plan", "x.json", "--tolerance", "0.1", NULL};
+        expect_usage_error(fx, a, "--tolerance applies to --check");
+    }
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:0", "-o", "x.json",
+                           NULL};
+        expect_usage_error(fx, a, "--cluster: cluster \"dgx-a100:0\": node count must be >= 1");
+    }
 }
 
 /* A missing graph file is a failure (1) that names the file, not a usage error. */
