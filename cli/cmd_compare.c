@@ -119,9 +119,15 @@ int ps_cmd_compare(int argc, char **argv)
     for (int i = 0; i < n; i++)
         PS_TRY(ps_summary_load(files[i], &runs[i], &err));
     PS_TRY(ps_compare_create((const ps_summary *const *)runs, files, n, ref, &cmp, &err));
-    /* a missing gnuplot is said before any output */
+    /* a missing gnuplot, or a chart directory that is a file, is said
+     * before any output */
     if (plot_dir != NULL)
         PS_TRY(ps_plot_find_gnuplot(&po, gnuplot, sizeof gnuplot, &err));
+    struct stat dir_stat;
+    if (plot_dir != NULL && stat(plot_dir, &dir_stat) == 0 && !S_ISDIR(dir_stat.st_mode)) {
+        st = ps_error_set(&err, PS_ERR_IO, "--plot %s: a file, not a directory", plot_dir);
+        goto out;
+    }
     if (csv != NULL)
         PS_TRY(ps_compare_save_csv(cmp, csv, &err));
     if (json) {

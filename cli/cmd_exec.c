@@ -557,8 +557,8 @@ int ps_cmd_exec(int argc, char **argv)
                 "  parameters  abs. diff %.3g, worst %s (tolerance %s)\n",
                 ref->loss[r->steps - 1], cmp.params, ps_dtype_name(storage),
                 check_fp32 && storage != PS_DTYPE_F32 ? " (the reference in fp32)" : "", scaled,
-                cmp.loss_rel,
-                t.rel, cmp.grad_rel, cmp.grad_worst, t.rel, cmp.param_abs, cmp.param_worst, ptol);
+                cmp.loss_rel, t.rel, cmp.grad_rel, cmp.grad_worst[0] ? cmp.grad_worst : "-",
+                t.rel, cmp.param_abs, cmp.param_worst[0] ? cmp.param_worst : "-", ptol);
         if (ref->relu_flips > 0)
             fprintf(f,
                     "  relu        %lld output%s of the reference across zero from the run's "

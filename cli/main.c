@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/log.h"
 #include "core/malloc_tune.h"
 
 static const struct {
@@ -42,6 +43,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     ps_malloc_tune(argv);
+    (void)ps_log_enabled(PS_LOG_LEVEL_ERROR); /* reads PIPESHARD_LOG: a bad value is said now */
     if (argc < 2) {
         usage(stderr);
         return 2;

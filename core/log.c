@@ -27,6 +27,9 @@ static void threshold_init(void)
         threshold = PS_LOG_LEVEL_WARN;
     else if (strcasecmp(env, "error") == 0)
         threshold = PS_LOG_LEVEL_ERROR;
+    else /* said once, at the first message; the default level stays */
+        fprintf(stderr, "pipeshard: PIPESHARD_LOG=%s is not a level (debug, info, warn, "
+                        "error); using warn\n", env);
 }
 
 bool ps_log_enabled(ps_log_level level)
