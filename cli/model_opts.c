@@ -128,6 +128,32 @@ int ps_model_opts_check(ps_model_opts *o, bool batch_given, const char *command)
         return ps_cli_usage_error(command,
                                   "--batch, --dtype and size overrides apply to --model only "
                                   "(a graph file fixes its shapes)");
+    /* a size the model's family does not have would be ignored: refused
+     * (an unknown model is said when it is built) */
+    ps_model_config cfg;
+    if (o->model != NULL && ps_zoo_lookup(o->model, &cfg, NULL) == PS_OK) {
+        static const unsigned applies[PS_MODEL_FAMILY_COUNT] = {
+            [PS_MODEL_MLP] = 0x3,      /* hidden, layers */
+            [PS_MODEL_GPT] = 0x3f,     /* hidden .. ffn */
+            [PS_MODEL_MOE] = 0x1ff,    /* and experts, expert-group, top-k */
+            [PS_MODEL_WRESNET] = 0x1e02, /* layers, image-size .. classes */
+        };
+        unsigned mask = (unsigned)cfg.family < PS_MODEL_FAMILY_COUNT ? applies[cfg.family] : 0;
+        char have[160] = "";
+        for (int i = 0, n = 0; i < 13; i++)
+            if (mask & (1u << i))
+                n += snprintf(have + n, sizeof have - (size_t)n, "%s--%s", n ? ", " : "",
+                              size_names[i]);
+        for (int i = 0; i < 13; i++)
+            if (o->size_set[i] && !(mask & (1u << i)))
+                return ps_cli_usage_error(command, "--%s does not apply to %s (family %s: %s)",
+                                          size_names[i], o->model,
+                                          ps_model_family_names[cfg.family], have);
+        if (o->capacity_set && cfg.family != PS_MODEL_MOE)
+            return ps_cli_usage_error(command, "--capacity-factor applies to MoE models, not "
+                                               "%s (family %s)",
+                                      o->model, ps_model_family_names[cfg.family]);
+    }
     return 0;
 }
 
