@@ -69,6 +69,11 @@ typedef struct stage_ctx {
     int *step_of;         /* [slice tensors] step tensor id */
     ps_logical_mesh *mesh;
     ps_strategy *strat;   /* [n_ops] */
+    /* [n_ops * PS_MAX_OP_IO] per output, the mesh axes whose in-op reduction
+     * makes it (an output that the strategy's split label itself divides
+     * over an axis is not reduced there: a MoE combine's expert gradient
+     * beside its slot weights' reduce-scattered one) */
+    uint8_t *out_reduced;
     int *home;            /* [slice tensors] buffer of the layout as produced/stored */
     int *last_use;        /* [slice tensors] stage op index of the last consumer, -1 */
     int *first_use;       /* [slice tensors] of the first consumer, -1 */
@@ -217,7 +222,8 @@ static bool strategy_reduces(const ps_strategy *s, char *how)
     return plus[1] == 'a' || plus[1] == 'r';
 }
 
-static ps_sharding_spec raw_output(const ps_strategy *s, const ps_sharding_spec *out)
+static ps_sharding_spec raw_output(const ps_strategy *s, const ps_sharding_spec *out,
+                                   unsigned reduced)
 {
     ps_sharding_spec raw = *out;
     char how = 0;
@@ -225,7 +231,7 @@ static ps_sharding_spec raw_output(const ps_strategy *s, const ps_sharding_spec 
         return raw;
     for (int a = 0; a < PS_MESH_AXES; a++) {
         unsigned bit = 1u << a;
-        if (!(s->comm_axes & bit))
+        if (!(s->comm_axes & reduced & bit))
             continue;
         if (how == 'r') /* reduce-scatter: the split came from the reduction */
             for (int d = 0; d < raw.rank; d++)
@@ -244,6 +250,38 @@ static double local_share(const ps_strategy *s, const ps_logical_mesh *m)
         if (s->assign[a] != PS_LABEL_NONE)
             parts *= m->shape[a];
     return 1.0 / parts;
+}
+
+/* The layout an op's kernel reads or writes an operand in. An expert-
+ * parallel strategy (a2a@a) holds the expert rows [e, g, c, m] split by
+ * expert over axis a and the tokens split by group; a kernel computes with
+ * both split by group, so the expert operand's split moves to its groups
+ * there, and the all-to-all around the op is an ordinary resharding
+ * (ps_reshard_plan: a split that moves to another dimension). */
+static ps_sharding_spec kernel_layout(const ps_strategy *sg, const ps_op *op,
+                                      const ps_sharding_spec *spec)
+{
+    ps_sharding_spec k = *spec;
+    bool moves = op->kind == PS_OP_MOE_DISPATCH || op->kind == PS_OP_MOE_COMBINE ||
+                 op->kind == PS_OP_MOE_DISPATCH_GRAD || op->kind == PS_OP_MOE_COMBINE_GRAD;
+    if (!moves || spec->rank != 4)
+        return k;
+    for (int a = 0; a < PS_MESH_AXES; a++) {
+        uint8_t bit = (uint8_t)(1u << a);
+        if (sg->assign[a] == PS_LABEL_A2A && (k.dim_axes[0] & bit)) {
+            k.dim_axes[0] &= (uint8_t)~bit;
+            k.dim_axes[1] |= bit;
+        }
+    }
+    return k;
+}
+
+static bool expert_parallel(const ps_strategy *sg)
+{
+    for (int a = 0; a < PS_MESH_AXES; a++)
+        if (sg->assign[a] == PS_LABEL_A2A)
+            return true;
+    return false;
 }
 
 /* ---- per stage: slice, strategies, classes ---- */
@@ -340,6 +378,8 @@ static ps_status stage_setup(lower_ctx *L, int k)
     s->cls = calloc((size_t)n_t + 1, 1);
     s->program_free = calloc((size_t)n_t + 1, 1);
     s->strat = calloc((size_t)ps->n_ops + 1, sizeof *s->strat);
+    s->out_reduced = calloc((size_t)ps->n_ops * PS_MAX_OP_IO + 1, 1);
+    PS_TRY_ALLOC(s->out_reduced, err);
     PS_TRY_ALLOC(s->step_of, err);
     PS_TRY_ALLOC(s->home, err);
     PS_TRY_ALLOC(s->last_use, err);
@@ -411,8 +451,18 @@ static ps_status stage_setup(lower_ctx *L, int k)
             if (same)
                 found = c;
         }
-        if (found >= 0)
+        if (found >= 0) {
             s->strat[j] = list[found];
+            for (int q = 0; q < sig.n_out && q < PS_MAX_OP_IO; q++)
+                for (int a = 0; a < PS_MESH_AXES; a++) {
+                    int label = list[found].assign[a];
+                    bool own = false;
+                    for (int d = 0; d < sig.out_rank[q] && label >= 0; d++)
+                        own = own || sig.out[q][d] == label;
+                    if (!own && (list[found].comm_axes & (1u << a)))
+                        s->out_reduced[(size_t)j * PS_MAX_OP_IO + q] |= (uint8_t)(1u << a);
+                }
+        }
         free(list);
         if (found < 0)
             PS_TRY(ps_error_set(err, PS_ERR_INVALID,
@@ -585,7 +635,8 @@ static ps_status stage_kernels(lower_ctx *L, int k)
             if (s->home[t] < 0)
                 return ps_error_set(err, PS_ERR_INTERNAL, "stage %d: %s read before written", k,
                                     g->tensors[s->step_of[t]].name);
-            PS_TRY(emit_reshard(L, k, kern, s->home[t], &po->in[q], per_mb, -1, 0, &operand[q]));
+            ps_sharding_spec in_layout = kernel_layout(sg, sop, &po->in[q]);
+            PS_TRY(emit_reshard(L, k, kern, s->home[t], &in_layout, per_mb, -1, 0, &operand[q]));
         }
         for (int q = 0; q < op->n_out; q++) {
             int t = op->out[q];
@@ -593,7 +644,9 @@ static ps_status stage_kernels(lower_ctx *L, int k)
                 PS_TRY(new_buffer(L, k, s->step_of[t], &po->out[q], per_mb, &s->home[t]));
                 PS_TRY(emit_simple(L, kern, PS_INSTR_ALLOC, s->home[t]));
             }
-            ps_sharding_spec r = raw_output(sg, &po->out[q]);
+            ps_sharding_spec r = raw_output(sg, &po->out[q],
+                                            s->out_reduced[(size_t)j * PS_MAX_OP_IO + q]);
+            r = kernel_layout(sg, sop, &r);
             raw[q] = -1;
             if (!ps_spec_equal(&r, &po->out[q])) {
                 PS_TRY(new_buffer(L, k, s->step_of[t], &r, per_mb, &raw[q]));
@@ -623,8 +676,9 @@ static ps_status stage_kernels(lower_ctx *L, int k)
             PS_TRY(emit_reshard(L, k, kern, raw[q], &po->out[q], per_mb, s->home[t], flags, &got));
             PS_TRY(emit_simple(L, kern, PS_INSTR_FREE, raw[q]));
         }
-        if (!reduces && sg->comm_s > 0) {
-            /* the op's own exchange (loss statistics, MoE all-to-all) */
+        if (!reduces && sg->comm_s > 0 && !expert_parallel(sg)) {
+            /* the op's own exchange (loss statistics); an expert-parallel
+             * op's all-to-all is the resharding around it (kernel_layout) */
             ps_instr x = ps_instr_init(PS_INSTR_COLLECTIVE);
             x.op = s->ops[j];
             x.coll = (uint8_t)sg->comm_kind;
@@ -1030,6 +1084,7 @@ static void lower_ctx_clear(lower_ctx *L)
         free(s->step_of);
         ps_mesh_free(s->mesh);
         free(s->strat);
+        free(s->out_reduced);
         free(s->home);
         free(s->last_use);
         free(s->first_use);

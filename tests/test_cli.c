@@ -1423,6 +1423,56 @@ static void expect_planned_again_to_fit(const fixture *fx, const char *const *ar
  * that plans with twice the memory, a planner whose estimates were half
  * the truth) is planned again with less and fits; the plan keeps the
  * cluster's memory; where no plan fits the message says what was tried. */
+/* Expert parallelism (a2a@axis: expert rows split by expert, tokens by
+ * group): the lowering moves the expert operand's split to its groups
+ * around the kernels, so the all-to-all is a resharding in the programs,
+ * and the plan runs and agrees with the single-device step. Before, the
+ * CPU kernels refused such a plan ("the expert tile and the token tile
+ * hold different groups"), which plan and sim had accepted. */
+static void test_moe_expert_parallel(void **state)
+{
+    const fixture *fx = *state;
+    char cluster[512], plan[512], dump[512], kernels[600];
+    snprintf(cluster, sizeof cluster, "%s/moe-host.json", fx->dir);
+    snprintf(plan, sizeof plan, "%s/moe-a2a.json", fx->dir);
+    snprintf(dump, sizeof dump, "%s/moe-a2a-programs", fx->dir);
+    FILE *f = fopen(cluster, "w");
+    assert_non_null(f);
+    fputs("{\"name\": \"cpu-host\", \"nodes\": 1, \"devices_per_node\": 2, \"device\": "
+          "{\"name\": \"cpu\", \"peak_flops\": {\"fp32\": 1.13e11, \"fp16\": 1.13e11, "
+          "\"bf16\": 1.13e11}, \"memory_bytes\": 12638251008, "
+          "\"memory_bandwidth_bytes_per_s\": 4.12e10}, \"intra_node\": {\"topology\": "
+          "\"nvswitch\", \"bandwidth_bytes_per_s\": 2.0e10, \"latency_s\": 4.7e-06}, "
+          "\"inter_node\": {\"topology\": \"fat-tree\", \"nics_per_node\": 1, "
+          "\"nic_bandwidth_bytes_per_s\": 2.0e10, \"latency_s\": 4.7e-06}, "
+          "\"shared_cores_per_node\": 2}\n",
+          f);
+    fclose(f);
+    const char *a[] = {"plan", "--model", "moe-380m", "--hidden", "64", "--layers", "2",
+                       "--heads", "4", "--seq", "32", "--vocab", "256", "--experts", "4",
+                       "--expert-group", "32", "--dtype", "fp32", "--method", "shard", "--mesh",
+                       "1x2", "--global-batch", "16", "--cluster-file", cluster,
+                       "--dump-programs", dump, "-o", plan, NULL};
+    expect_success(fx, a, "predicted     iteration");
+    snprintf(kernels, sizeof kernels, "%s/kernels.txt", dump);
+    size_t len = 0;
+    char *text = read_file(kernels, &len);
+    assert_non_null(text);
+    if (strstr(text, "collective all-to-all axis 1 block1.dispatch") == NULL)
+        fail_msg("the plan's dispatch is not expert-parallel (no all-to-all around it): the "
+                 "test no longer covers it");
+    free(text);
+    char rm[700]; /* the fixture's teardown removes files, not directories */
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dump);
+    assert_int_equal(system(rm), 0);
+    const char *e[] = {"exec", "--plan", plan, "--check", NULL};
+    run_result r;
+    run_ok(fx, e, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "\n  ok\n");
+    run_result_free(&r);
+}
+
 static void test_plan_memory_check(void **state)
 {
     const fixture *fx = *state;
@@ -1526,6 +1576,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_memory_check),
+        cmocka_unit_test(test_moe_expert_parallel),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
