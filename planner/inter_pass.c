@@ -958,7 +958,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         }
         if ((st = ps_plan_fill_stage(ps, slice, m, r, err)) != PS_OK)
             break;
-        ps->force_batch_axis0 = ch->cfg.force;
+        ps->force_batch_axis0 = ch->cfg.force && m->shape[0] > 1; /* as applied */
         ps->first_layer = ch->first;
         ps->last_layer = ch->last;
         double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;

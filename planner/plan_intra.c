@@ -202,7 +202,8 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     s->first_layer = 0;
     s->last_layer = step->n_layers - 1;
     PS_TRY(ps_plan_fill_stage(s, step, m, r, err));
-    s->force_batch_axis0 = req->force_batch_axis0;
+    /* recorded as applied: a mesh of one row has no axis 0 to keep it on */
+    s->force_batch_axis0 = req->force_batch_axis0 && m->shape[0] > 1;
 
     /* predictions: micro-batches run back to back, the update once */
     ps_graph_stats gs;

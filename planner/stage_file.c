@@ -90,6 +90,15 @@ static ps_status stages_from_doc(const ps_json_doc *doc, ps_inter_options *o,
                             list[i].submesh[0] * list[i].submesh[1]);
             goto out;
         }
+        if (list[i].force_batch_axis0 && list[i].logical_mesh[0] == 1) {
+            ps_jv f;
+            PS_TRY(ps_jv_member(&e, "force_batch_axis0", &f, err));
+            st = ps_jv_fail(&f, err, PS_ERR_INVALID,
+                            "a logical mesh of one row (1x%d) has no axis 0 to keep the batch "
+                            "on",
+                            list[i].logical_mesh[1]);
+            goto out;
+        }
     }
     *stages = list;
     *n_stages = (int)n;
