@@ -503,6 +503,26 @@ int ps_cmd_plan(int argc, char **argv)
     req.config = from_zoo ? &cfg : NULL;
     req.train = mo.train;
     req.cluster = cluster;
+    {
+        /* a device kind without a rate for the model's dtype (a V100 and
+         * bf16): the cost model takes its fp32 rate, which the user should
+         * know */
+        ps_dtype dt = PS_DTYPE_F32;
+        for (int t = 0; t < fwd->n_tensors; t++)
+            if (fwd->tensors[t].kind == PS_TENSOR_PARAM) {
+                dt = fwd->tensors[t].desc.dtype;
+                break;
+            }
+        for (int i = 0; i < cluster->n_kinds && dt != PS_DTYPE_F32 &&
+                        dt < PS_FLOAT_DTYPE_COUNT;
+             i++)
+            if (!(cluster->kinds[i].peak_flops[dt] > 0))
+                PS_LOG_WARN("device kind \"%s\" of %s has no %s rate (not supported there): "
+                            "the cost model times %s work at its fp32 rate, and MFU is "
+                            "against that peak",
+                            cluster->kinds[i].name, cluster->name, ps_dtype_name(dt),
+                            ps_dtype_name(dt));
+    }
     if (stages_given && !pipeshard) {
         st = ps_error_set(&err, PS_ERR_INVALID, "--stages applies to --method pipeshard");
         goto out;
