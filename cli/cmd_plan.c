@@ -449,6 +449,13 @@ int ps_cmd_plan(int argc, char **argv)
                                           "--stages uniform)");
     if (output == NULL)
         return ps_cli_usage_error("plan", "-o PLAN.json is required");
+    if (auto_micro && (!pipeshard || uniform || stages_file != NULL || stages_uniform))
+        return ps_cli_usage_error("plan", "--micro-batches auto goes with --method pipeshard "
+                                          "(the stage DP)");
+    if (auto_micro && mo.graph_path != NULL)
+        return ps_cli_usage_error("plan", "--micro-batches auto chooses the micro-batch size: "
+                                          "it needs a built-in model (--model), not a graph "
+                                          "file, whose shapes fix it");
     if (mo.graph_path != NULL && global_batch > 0)
         return ps_cli_usage_error("plan", "--global-batch applies to --model only (a graph "
                                           "file fixes the micro-batch; use --micro-batches)");
@@ -476,11 +483,6 @@ int ps_cmd_plan(int argc, char **argv)
     }
     if (profile_path != NULL)
         PS_TRY(ps_cli_attach_profile(profile_path, cluster, &profile, &err));
-    if (auto_micro && (!pipeshard || uniform || stages_file != NULL)) {
-        st = ps_error_set(&err, PS_ERR_INVALID,
-                          "--micro-batches auto goes with --method pipeshard (the stage DP)");
-        goto out;
-    }
     if (auto_micro)
         req.micro_batches = 1; /* the search rebuilds the model per count */
     if (mo.model != NULL) {

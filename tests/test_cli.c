@@ -547,6 +547,11 @@ static void test_usage_errors(void **state)
         expect_usage_error(fx, a, "--tolerance applies to --check");
     }
     {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "data", "--micro-batches", "auto", "-o", "x.json", NULL};
+        expect_usage_error(fx, a, "--micro-batches auto goes with --method pipeshard");
+    }
+    {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:0", "-o", "x.json",
                            NULL};
         expect_usage_error(fx, a, "--cluster: cluster \"dgx-a100:0\": node count must be >= 1");
