@@ -769,6 +769,22 @@ static void test_plot_errors(void **state)
            "bad.csv:1: the header must name the columns series, devices and "
            "throughput");
     run_result_free(&r);
+    /* two points of one series at one device count; a row short of the header */
+    static const char *const more[][2] = {
+        {"series,devices,throughput\nA,1,1\nB,1,1\nA,1,2\n",
+         "bad.csv:4: series \"A\" has 1 devices already (line 2)"},
+        {"series,devices,throughput,model\nA,1,1,m\nA,2,1\n",
+         "bad.csv:3: 3 fields, the header has 4"},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
+        f = fopen(csv, "w");
+        assert_non_null(f);
+        fputs(more[i][0], f);
+        fclose(f);
+        run_bin(a, NULL, &r);
+        expect(&r, 1, NULL, more[i][1]);
+        run_result_free(&r);
+    }
     unlink(csv);
 
     /* a script that gnuplot rejects: its message comes through */

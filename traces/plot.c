@@ -708,6 +708,7 @@ static int csv_split(char *line, char **fields, int max)
 typedef struct scaling_point {
     int series; /* index into the names */
     double devices, throughput;
+    int line;   /* in the CSV, for messages */
 } scaling_point;
 
 static int point_cmp(const void *a, const void *b)
@@ -715,7 +716,9 @@ static int point_cmp(const void *a, const void *b)
     const scaling_point *x = a, *y = b;
     if (x->series != y->series)
         return x->series < y->series ? -1 : 1;
-    return (x->devices > y->devices) - (x->devices < y->devices);
+    if (x->devices != y->devices)
+        return (x->devices > y->devices) - (x->devices < y->devices);
+    return (x->line > y->line) - (x->line < y->line);
 }
 
 ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_options *o,
@@ -728,7 +731,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
     int n_names = 0, n_points = 0, cap_points = 0;
     scaling_point *pts = NULL;
     gp_vars v = {0};
-    int col_series = -1, col_devices = -1, col_tp = -1, lineno = 0;
+    int col_series = -1, col_devices = -1, col_tp = -1, lineno = 0, n_header = 0;
     PS_TRY(ps_plot_find_gnuplot(o, gnuplot, sizeof gnuplot, err));
     in = fopen(csv_path, "r");
     if (in == NULL) {
@@ -771,6 +774,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
                     snprintf(ylabel, sizeof ylabel, "%s", fields[i]);
                 }
             }
+            n_header = n;
             if (col_series < 0 || col_devices < 0 || col_tp < 0) {
                 st = ps_error_set(err, PS_ERR_PARSE,
                                   "%s:%d: the header must name the columns series, devices and "
@@ -780,11 +784,9 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
             }
             continue;
         }
-        int need = col_series > col_devices ? col_series : col_devices;
-        need = need > col_tp ? need : col_tp;
-        if (n <= need) {
-            st = ps_error_set(err, PS_ERR_PARSE, "%s:%d: %d field%s, the header has at least %d",
-                              csv_path, lineno, n, n == 1 ? "" : "s", need + 1);
+        if (n != n_header) {
+            st = ps_error_set(err, PS_ERR_PARSE, "%s:%d: %d field%s, the header has %d",
+                              csv_path, lineno, n, n == 1 ? "" : "s", n_header);
             goto out;
         }
         char *end;
@@ -823,7 +825,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
             pts = bigger;
             cap_points = cap;
         }
-        pts[n_points++] = (scaling_point){s, devices, tp};
+        pts[n_points++] = (scaling_point){s, devices, tp, lineno};
     }
     if (ferror(in)) {
         st = ps_error_set(err, PS_ERR_IO, "%s: cannot read", csv_path);
@@ -835,6 +837,15 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
         goto out;
     }
     qsort(pts, (size_t)n_points, sizeof *pts, point_cmp);
+    for (int i = 1; i < n_points; i++)
+        if (pts[i].series == pts[i - 1].series && pts[i].devices == pts[i - 1].devices) {
+            /* a curve has one point per device count */
+            st = ps_error_set(err, PS_ERR_PARSE,
+                              "%s:%d: series \"%s\" has %.0f devices already (line %d)",
+                              csv_path, pts[i].line, names[pts[i].series], pts[i].devices,
+                              pts[i - 1].line);
+            goto out;
+        }
     PS_TRY(make_dir(dir, err));
     PS_TRY(open_data(dir, "scaling", path, sizeof path, &f, err));
     fprintf(f,
