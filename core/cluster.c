@@ -378,8 +378,10 @@ static const char *const kind_keys[] = {"name", "peak_flops", "memory_bytes",
                                         "memory_bandwidth_bytes_per_s", NULL};
 static const char *const flops_keys[] = {"fp32", "fp16", "bf16", NULL};
 
-/* An inline device kind; its name must not be one of c's kinds yet. */
-static ps_status parse_kind(const ps_cluster *c, const ps_jv *obj, ps_device_kind *k, ps_error *err)
+/* An inline device kind; its name must not be one of c's kinds yet, but
+ * for kind `may_shadow` (>= 0: a preset's built-in default kind). */
+static ps_status parse_kind(const ps_cluster *c, const ps_jv *obj, int may_shadow,
+                            ps_device_kind *k, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_jv name, flops;
@@ -387,7 +389,8 @@ static ps_status parse_kind(const ps_cluster *c, const ps_jv *obj, ps_device_kin
     PS_TRY(ps_jv_check_keys(obj, kind_keys, err));
     PS_TRY(ps_jv_member(obj, "name", &name, err));
     PS_TRY(read_name(&name, k->name, err));
-    if (ps_cluster_find_kind(c, k->name) >= 0) {
+    int found = ps_cluster_find_kind(c, k->name);
+    if (found >= 0 && found != may_shadow) {
         st = ps_jv_fail(&name, err, PS_ERR_INVALID, "duplicate device kind name \"%s\"", k->name);
         goto out;
     }
@@ -424,7 +427,7 @@ static ps_status resolve_kind(ps_cluster *c, const ps_jv *v, int *index_out, ps_
 {
     if (json_is_object(v->v)) {
         ps_device_kind k;
-        ps_status st = parse_kind(c, v, &k, err);
+        ps_status st = parse_kind(c, v, -1, &k, err);
         return st != PS_OK ? st : append_kind(c, &k, index_out, err);
     }
     if (!json_is_string(v->v))
@@ -442,11 +445,15 @@ static ps_status resolve_kind(ps_cluster *c, const ps_jv *v, int *index_out, ps_
     return append_kind(c, builtin, index_out, err);
 }
 
-static ps_status read_device_kinds(ps_cluster *c, const ps_jv *root, ps_error *err)
+/* `preset`: the cluster is a preset's, whose default kind (kinds[0]) is a
+ * built-in; a kind of the file with its name shadows it, as a kind of the
+ * file shadows any built-in, and becomes every device's kind. */
+static ps_status read_device_kinds(ps_cluster *c, const ps_jv *root, bool preset, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_jv arr;
     size_t n;
+    bool shadowed = false;
     if (!ps_jv_has(root, "device_kinds"))
         return PS_OK;
     PS_TRY(ps_jv_member(root, "device_kinds", &arr, err));
@@ -455,7 +462,12 @@ static ps_status read_device_kinds(ps_cluster *c, const ps_jv *root, ps_error *e
         ps_jv e = ps_jv_element(&arr, i);
         ps_device_kind k;
         PS_TRY(ps_jv_object(&e, err));
-        PS_TRY(parse_kind(c, &e, &k, err));
+        PS_TRY(parse_kind(c, &e, preset && !shadowed ? 0 : -1, &k, err));
+        if (preset && !shadowed && strcmp(k.name, c->kinds[0].name) == 0) {
+            c->kinds[0] = k;
+            shadowed = true;
+            continue;
+        }
         PS_TRY(append_kind(c, &k, NULL, err));
     }
 out:
@@ -561,7 +573,7 @@ static ps_status read_default_device(ps_cluster *c, const ps_jv *root, ps_error 
     PS_TRY(ps_jv_member(root, "device", &dev, err));
     if (json_is_object(dev.v)) {
         ps_device_kind k; /* parsed aside: kinds[0] must not match itself */
-        PS_TRY(parse_kind(c, &dev, &k, err));
+        PS_TRY(parse_kind(c, &dev, -1, &k, err));
         c->kinds[0] = k;
     } else if (json_is_string(dev.v)) {
         const char *name = json_string_value(dev.v);
@@ -612,7 +624,7 @@ static ps_status from_preset_json(const ps_jv *root, ps_cluster **out, ps_error 
         PS_TRY(ps_jv_member(root, "name", &name, err));
         PS_TRY(read_name(&name, c->name, err));
     }
-    PS_TRY(read_device_kinds(c, root, err));
+    PS_TRY(read_device_kinds(c, root, true, err));
     PS_TRY(read_overrides(c, root, err));
     *out = c;
     c = NULL;
@@ -645,7 +657,7 @@ static ps_status from_full_json(const ps_jv *root, ps_cluster **out, ps_error *e
     PS_TRY(cluster_alloc(name_buf, nodes, dpn, &c, err));
     /* kinds[0] is filled by read_default_device; "" never matches a name. */
     PS_TRY(append_kind(c, &placeholder, NULL, err));
-    PS_TRY(read_device_kinds(c, root, err));
+    PS_TRY(read_device_kinds(c, root, false, err));
     PS_TRY(read_default_device(c, root, err));
     PS_TRY(read_overrides(c, root, err));
     PS_TRY(read_links(c, root, err));

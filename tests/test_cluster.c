@@ -354,6 +354,17 @@ static void test_preset_with_overrides(void **state)
     check_file_round_trip(c);
     ps_cluster_free(c);
 
+    /* A kind of the file named as the preset's own shadows it on every
+     * device, as it shadows any other built-in; a second one is a duplicate */
+    c = from_text_ok("{\"preset\": \"dgx-a100:1\", \"device_kinds\": [{\"name\": "
+                     "\"a100-sxm4-80gb\", \"peak_flops\": {\"fp32\": 1e9}, \"memory_bytes\": "
+                     "1e6, \"memory_bandwidth_bytes_per_s\": 1e9}]}");
+    assert_int_equal(c->n_kinds, 1);
+    assert_true(ps_cluster_device(c, 7)->peak_flops[PS_DTYPE_F32] == 1e9);
+    assert_true(ps_cluster_min_memory_bytes(c) == 1e6);
+    check_file_round_trip(c);
+    ps_cluster_free(c);
+
     /* Without overrides the preset form equals the preset. */
     c = from_text_ok("{\"preset\": \"dgx-h100:3\"}");
     ps_cluster *p = preset_ok("dgx-h100:3");
@@ -412,11 +423,15 @@ static void test_json_errors_in_memory(void **state)
 {
     (void)state;
     expect_text_error("{\"preset\": 3}", "preset: expected a string");
+    /* the first shadows the preset's kind (test_preset_with_overrides), the
+     * second is a duplicate */
     expect_text_error(
         "{\"preset\": \"dgx-a100\", \"device_kinds\": [{\"name\": \"a100-sxm4-80gb\", "
         "\"peak_flops\": {\"fp32\": 1}, \"memory_bytes\": 1, "
+        "\"memory_bandwidth_bytes_per_s\": 1}, {\"name\": \"a100-sxm4-80gb\", "
+        "\"peak_flops\": {\"fp32\": 2}, \"memory_bytes\": 1, "
         "\"memory_bandwidth_bytes_per_s\": 1}]}",
-        "device_kinds[0].name: duplicate device kind name \"a100-sxm4-80gb\"");
+        "device_kinds[1].name: duplicate device kind name \"a100-sxm4-80gb\"");
     expect_text_error("{\"preset\": \"dgx-a100\", \"overrides\": [3]}",
                       "overrides[0]: expected an object, found an integer");
     expect_text_error("{\"preset\": \"dgx-a100\", \"overrides\": [{\"nodes\": 0, \"device\": "
