@@ -585,6 +585,12 @@ int ps_cmd_plan(int argc, char **argv)
     how.pp = pp;
     PS_TRY(ps_plan_fitting(&req, &fit_opt, plan_once, &how, &plan, &fit, &err));
     PS_TRY(ps_plan_record_profile(plan, profile, &err));
+    if (plan->mfu > 1)
+        /* faster than the devices can compute: the times are not the cluster's */
+        PS_LOG_WARN("the plan predicts %.0f%% of the devices' peak FLOP/s: %s", plan->mfu * 100,
+                    profile != NULL ? "the profile DB's times are faster than the cluster's "
+                                      "peak allows (a DB of other devices, or edited?)"
+                                    : "the cluster's rates disagree with each other");
     PS_TRY(ps_plan_save(plan, output, &err));
     if (dump_dir != NULL)
         PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));

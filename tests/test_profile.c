@@ -2054,6 +2054,33 @@ static void cli(void **state)
     assert_non_null(strstr(err, "--profile-db is not needed: the plan file carries"));
     free(out);
     free(err);
+    /* a DB faster than the devices' peak: planned, with a warning */
+    char tiny[600];
+    snprintf(tiny, sizeof tiny, "%s/tiny.json", dir);
+    json_t *dbj = json_load_file(db_path, 0, NULL);
+    assert_non_null(dbj);
+    size_t gi;
+    json_t *ge;
+    json_array_foreach(json_object_get(dbj, "gemm"), gi, ge) {
+        json_object_set_new(ge, "seconds", json_real(1e-30));
+        json_object_del(ge, "flops_per_s"); /* derived */
+    }
+    json_object_del(dbj, "ops");
+    json_object_del(dbj, "collectives");
+    assert_int_equal(json_dump_file(dbj, tiny, JSON_INDENT(1)), 0);
+    json_decref(dbj);
+    snprintf(args, sizeof args,
+             "plan --model mlp --cluster dgx-a100:1 --method data --profile-db %s -o %s/p3.json",
+             tiny, dir);
+    rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    if (strstr(err, "of the devices' peak FLOP/s: the profile DB's times are faster") == NULL)
+        fail_msg("no warning: %s", err);
+    free(out);
+    free(err);
+    unlink(tiny);
+
     /* a plan whose devices it does not fit: simulated, with a warning */
     char small[600];
     snprintf(small, sizeof small, "%s/p0.json", dir);
