@@ -510,10 +510,21 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
     }
     PS_TRY(topo_order(&ops_v, ops, (int)n_ops, ts, order, err));
 
-    /* Build: sources in file order, then ops in topological order. */
+    /* Build: sources in file order, then ops in topological order. A
+     * source's layer is one some op has: a tag beyond them all would make
+     * a layer of its own, holding it and no op */
+    int last_layer = 0;
+    for (size_t k = 0; k < n_ops; k++)
+        last_layer = ops[k].def.layer > last_layer ? ops[k].def.layer : last_layer;
     for (size_t i = 0; i < n_ts; i++) {
         if (ts[i].kind == PS_TENSOR_ACTIVATION)
             continue;
+        if (ts[i].layer > last_layer) {
+            ps_jv tv = ps_jv_element(&tensors_v, i);
+            st = ps_jv_fail(&tv, err, PS_ERR_INVALID,
+                            "layer %d, but the ops' layers end at %d", ts[i].layer, last_layer);
+            goto out;
+        }
         ps_error inner = {0};
         if ((st = ps_graph_add_source(g, ts[i].name, ts[i].kind, &ts[i].desc, ts[i].layer,
                                       &ts[i].graph_id, &inner)) != PS_OK) {
