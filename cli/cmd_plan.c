@@ -260,6 +260,7 @@ typedef struct plan_how {
     int dp, op, pp;             /* uniform */
     ps_manual_stage *stages;    /* --stages FILE, owned; NULL: none */
     int n_stages;
+    const char *stages_path;    /* that file, for messages */
     const ps_inter_options *inter;
     /* one-stage methods: the last plan's intra-op result and step, owned */
     ps_intra_result *r;
@@ -278,8 +279,15 @@ static ps_status plan_once(const ps_plan_request *req, void *ctx, ps_plan **plan
         return ps_plan_one_stage(req, plan, &how->r, &how->step, err);
     if (how->uniform)
         return ps_plan_uniform(req, how->inter, how->dp, how->op, how->pp, plan, err);
-    if (how->stages != NULL)
-        return ps_plan_manual(req, how->inter, how->stages, how->n_stages, plan, err);
+    if (how->stages != NULL) {
+        ps_error inner = {0};
+        ps_status st = ps_plan_manual(req, how->inter, how->stages, how->n_stages, plan, &inner);
+        if (st != PS_OK && inner.status == PS_ERR_INVALID) /* the file's stages: say which file */
+            return ps_error_set(err, st, "%s: %s", how->stages_path, inner.msg);
+        if (st != PS_OK)
+            *err = inner;
+        return st;
+    }
     if (how->auto_micro)
         return ps_plan_pipeshard_search(req, how->inter, plan, err);
     return ps_plan_pipeshard(req, how->inter, plan, err);
@@ -562,6 +570,7 @@ int ps_cmd_plan(int argc, char **argv)
             }
         } else if (stages_file != NULL) {
             PS_TRY(ps_stage_file_load(stages_file, &inter, &how.stages, &how.n_stages, &err));
+            how.stages_path = stages_file;
         } else if (dp || op_degree || pp) {
             st = ps_error_set(&err, PS_ERR_INVALID, "--dp, --op and --pp go with --method "
                                                     "uniform");

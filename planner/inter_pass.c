@@ -1582,12 +1582,21 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
     for (int k = 0; k < n; k++) {
         const ps_manual_stage *m = &stages[k];
         int h = m->submesh[0], d = m->submesh[1];
-        if (m->first_layer != (k == 0 ? 0 : stages[k - 1].last_layer + 1) ||
-            m->last_layer < m->first_layer || m->last_layer >= lay.n_layers) {
+        int want_first = k == 0 ? 0 : stages[k - 1].last_layer + 1;
+        if (m->first_layer != want_first || m->last_layer < m->first_layer ||
+            m->last_layer >= lay.n_layers) {
+            char why[96] = "";
+            if (k > 0 && m->first_layer < want_first)
+                snprintf(why, sizeof why, " (it overlaps stage %d, which ends at layer %d)",
+                         k - 1, stages[k - 1].last_layer);
+            else if (m->first_layer != want_first)
+                snprintf(why, sizeof why, " (layer %d is in no stage)", want_first);
+            else if (m->last_layer >= lay.n_layers)
+                snprintf(why, sizeof why, " (the model's layers end at %d)", lay.n_layers - 1);
             st = ps_error_set(err, PS_ERR_INVALID,
-                              "stage %d covers layers %d-%d; stages must cover layers 0-%d in "
+                              "stage %d covers layers %d-%d%s; stages must cover layers 0-%d in "
                               "order",
-                              k, m->first_layer, m->last_layer, lay.n_layers - 1);
+                              k, m->first_layer, m->last_layer, why, lay.n_layers - 1);
             goto out;
         }
         if (h < 1 || d < 1 || d > M || (h > 1 && d != M) ||
