@@ -517,12 +517,7 @@ int ps_cmd_plan(int argc, char **argv)
         /* a device kind without a rate for the model's dtype (a V100 and
          * bf16): the cost model takes its fp32 rate, which the user should
          * know */
-        ps_dtype dt = PS_DTYPE_F32;
-        for (int t = 0; t < fwd->n_tensors; t++)
-            if (fwd->tensors[t].kind == PS_TENSOR_PARAM) {
-                dt = fwd->tensors[t].desc.dtype;
-                break;
-            }
+        ps_dtype dt = ps_graph_param_dtype(fwd, PS_DTYPE_F32);
         for (int i = 0; i < cluster->n_kinds && dt != PS_DTYPE_F32 &&
                         dt < PS_FLOAT_DTYPE_COUNT;
              i++)
@@ -571,10 +566,6 @@ int ps_cmd_plan(int argc, char **argv)
         } else if (stages_file != NULL) {
             PS_TRY(ps_stage_file_load(stages_file, &inter, &how.stages, &how.n_stages, &err));
             how.stages_path = stages_file;
-        } else if (dp || op_degree || pp) {
-            st = ps_error_set(&err, PS_ERR_INVALID, "--dp, --op and --pp go with --method "
-                                                    "uniform");
-            goto out;
         }
     } else if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
                inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||

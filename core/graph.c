@@ -278,6 +278,14 @@ int64_t ps_graph_batch(const ps_graph *g)
     return 0;
 }
 
+ps_dtype ps_graph_param_dtype(const ps_graph *g, ps_dtype fallback)
+{
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].kind == PS_TENSOR_PARAM)
+            return g->tensors[t].desc.dtype;
+    return fallback;
+}
+
 #define BROKEN(...) return ps_error_set(err, PS_ERR_INTERNAL, __VA_ARGS__)
 
 ps_status ps_graph_check(const ps_graph *g, ps_error *err)

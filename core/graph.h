@@ -133,6 +133,9 @@ int64_t ps_tensor_numel(const ps_tensor *t);
 /* The micro-batch a graph was built for, as a graph file says it: the
  * leading dimension of its first input of rank > 0; 0 when it has none. */
 int64_t ps_graph_batch(const ps_graph *g);
+/* The model's compute dtype: its first parameter's; `fallback` when it has
+ * none. */
+ps_dtype ps_graph_param_dtype(const ps_graph *g, ps_dtype fallback);
 
 /* Aggregates that `pipeshard graph` reports. */
 typedef struct ps_graph_stats {

@@ -27,7 +27,7 @@ static void threshold_init(void)
         threshold = PS_LOG_LEVEL_WARN;
     else if (strcasecmp(env, "error") == 0)
         threshold = PS_LOG_LEVEL_ERROR;
-    else /* said once, at the first message; the default level stays */
+    else /* said once, when the level is first read (cli/main.c: at start); the default stays */
         fprintf(stderr, "pipeshard: PIPESHARD_LOG=%s is not a level (debug, info, warn, "
                         "error); using warn\n", env);
 }

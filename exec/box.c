@@ -42,10 +42,11 @@ typedef struct box {
 
 int ps_boxes_cover(const ps_tile *dst, int n, const ps_tile *members)
 {
+    /* what no member has covered yet; on the stack while it fits (every
+     * gather of the CPU backend asks, and grid-aligned tiles leave few) */
+    box stack[16];
+    box *left = stack;
     int rank = dst->rank, cap = 16, used = 1;
-    box *left = malloc((size_t)cap * sizeof *left); /* what no member has covered yet */
-    if (left == NULL)
-        return -1;
     ps_tile_box(dst, left[0].off, left[0].size);
     if (ps_box_numel(rank, left[0].size) == 0)
         used = 0;
@@ -67,11 +68,15 @@ int ps_boxes_cover(const ps_tile *dst, int n, const ps_tile *members)
                     if (z <= a)
                         continue;
                     if (used == cap) {
-                        box *grown = realloc(left, (size_t)cap * 2 * sizeof *left);
+                        box *grown = left == stack ? malloc((size_t)cap * 2 * sizeof *left)
+                                                   : realloc(left, (size_t)cap * 2 * sizeof *left);
                         if (grown == NULL) {
-                            free(left);
+                            if (left != stack)
+                                free(left);
                             return -1;
                         }
+                        if (left == stack)
+                            memcpy(grown, stack, sizeof stack);
                         left = grown;
                         cap *= 2;
                     }
@@ -85,7 +90,8 @@ int ps_boxes_cover(const ps_tile *dst, int n, const ps_tile *members)
             }
         }
     }
-    free(left);
+    if (left != stack)
+        free(left);
     return used == 0;
 }
 

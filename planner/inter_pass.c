@@ -968,11 +968,9 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         slowest = fmax(slowest, ps->time_s);
         update = fmax(update, ps->update_s);
         peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
-        ps_graph_stats gs;
-        if (ps_graph_stats_compute(slice, &gs) == PS_OK)
-            flops += (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                      gs.flops[PS_PASS_RECOMPUTE]) * B +
-                     gs.flops[PS_PASS_UPDATE];
+        double slice_flops = 0;
+        if (ps_plan_step_flops(slice, B, &slice_flops) == PS_OK)
+            flops += slice_flops;
         if (ps->peak_memory_bytes > m->memory_bytes)
             PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
                         ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);

@@ -1186,11 +1186,7 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
         /* a plan without its predictions (edited by hand): the step's own
          * FLOPs and the devices' peak, as the planner counts them, so that
          * the runs' throughput and MFU are not 0 */
-        ps_graph_stats gs;
-        PS_TRY(ps_graph_stats_compute(g, &gs));
-        L.set->flops_per_step = (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                                 gs.flops[PS_PASS_RECOMPUTE]) * p->micro_batches +
-                                gs.flops[PS_PASS_UPDATE];
+        PS_TRY(ps_plan_step_flops(g, p->micro_batches, &L.set->flops_per_step));
         L.set->mfu_peak_flops_per_s = 1e12 / ps_plan_mfu(1, g, p->cluster);
     }
     ps_plan_digest(p, L.set->plan_digest, sizeof L.set->plan_digest);
@@ -1211,12 +1207,8 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
          * every backend measures devices by (ps_device_kind_speed_flops_per_s:
          * fp16 peak), so that it runs the seconds exactly whatever the dtype
          * (an fp32 model on A100s once ran 16x fast: fp32 reference, fp16 host) */
-        ps_dtype dt = g->n_tensors > 0 ? g->tensors[0].desc.dtype : PS_DTYPE_F32;
-        for (int t = 0; t < g->n_tensors; t++)
-            if (g->tensors[t].kind == PS_TENSOR_PARAM) {
-                dt = g->tensors[t].desc.dtype;
-                break;
-            }
+        ps_dtype dt = ps_graph_param_dtype(g, g->n_tensors > 0 ? g->tensors[0].desc.dtype
+                                                               : PS_DTYPE_F32);
         int di = dt < PS_FLOAT_DTYPE_COUNT ? (int)dt : PS_DTYPE_F32;
         double slowest = INFINITY;
         ps->reference_flops_per_s = 0;

@@ -82,19 +82,24 @@ out:
 
 double ps_plan_mfu(double tflops_per_device, const ps_graph *step, const ps_cluster *c)
 {
-    /* the model's compute dtype is its parameters' */
-    ps_dtype dt = PS_DTYPE_F32;
-    for (int t = 0; t < step->n_tensors; t++)
-        if (step->tensors[t].kind == PS_TENSOR_PARAM) {
-            dt = step->tensors[t].desc.dtype;
-            break;
-        }
+    ps_dtype dt = ps_graph_param_dtype(step, PS_DTYPE_F32);
     double peak = INFINITY;
     for (int d = 0; d < ps_cluster_device_count(c); d++) {
         const ps_device_kind *k = ps_cluster_device(c, d);
         peak = fmin(peak, k->peak_flops[dt] > 0 ? k->peak_flops[dt] : k->peak_flops[PS_DTYPE_F32]);
     }
     return tflops_per_device * 1e12 / peak;
+}
+
+ps_status ps_plan_step_flops(const ps_graph *step, int micro_batches, double *out)
+{
+    ps_graph_stats gs;
+    *out = 0;
+    PS_TRY_RET(ps_graph_stats_compute(step, &gs));
+    *out = (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+            gs.flops[PS_PASS_RECOMPUTE]) * micro_batches +
+           gs.flops[PS_PASS_UPDATE];
+    return PS_OK;
 }
 
 ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
@@ -206,11 +211,7 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     s->force_batch_axis0 = req->force_batch_axis0 && m->shape[0] > 1;
 
     /* predictions: micro-batches run back to back, the update once */
-    ps_graph_stats gs;
-    PS_TRY(ps_graph_stats_compute(step, &gs));
-    double per_mb = gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                    gs.flops[PS_PASS_RECOMPUTE];
-    plan->flops_per_step = per_mb * req->micro_batches + gs.flops[PS_PASS_UPDATE];
+    PS_TRY(ps_plan_step_flops(step, req->micro_batches, &plan->flops_per_step));
     plan->iteration_s = s->time_s * req->micro_batches + s->update_s;
     plan->tflops_per_device = plan->flops_per_step / plan->iteration_s / m->n_devices / 1e12;
     plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);

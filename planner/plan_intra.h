@@ -42,6 +42,10 @@ ps_status ps_plan_record_request(ps_plan *plan, const ps_plan_request *req, ps_e
  * for the model's dtype. */
 double ps_plan_mfu(double tflops_per_device, const ps_graph *step, const ps_cluster *c);
 
+/* The FLOPs of a step of `micro_batches` micro-batches: forward, backward
+ * and recomputation per micro-batch, the update once. */
+ps_status ps_plan_step_flops(const ps_graph *step, int micro_batches, double *out);
+
 /* Writes a solved stage into s: ops, tensors, predictions. */
 ps_status ps_plan_fill_stage(ps_plan_stage *s, const ps_graph *step, const ps_logical_mesh *m,
                              const ps_intra_result *r, ps_error *err);
