@@ -2,13 +2,14 @@
 # builds by itself, so it works on a fresh Debian machine.
 BUILD ?= build
 SAN_BUILD ?= build-sanitize
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build demo test test-sanitize fuzz bench bench-check bench-baseline clean
+.PHONY: all deps build demo test test-sanitize test-tsan fuzz bench bench-check bench-baseline clean
 
 all: build
 
@@ -32,6 +33,19 @@ test-sanitize: deps
 	@cmake --build $(SAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory test-tsan
+
+# The tests whose devices are threads (ctest label `threads`) under
+# ThreadSanitizer, without the simulator and CUDA (SimGrid switches its own
+# contexts, which ThreadSanitizer cannot follow). tests/tsan.supp: races
+# inside Open MPI, which is not instrumented.
+test-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -DPS_TSAN=ON -DPS_WITH_SIMGRID=OFF -DPS_WITH_CUDA=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) \
+	  >$(TSAN_BUILD).configure.log 2>&1 || { cat $(TSAN_BUILD).configure.log; exit 1; }
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp:halt_on_error=1:exitcode=66:second_deadlock_stack=1 \
+	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L threads
 
 # Fuzzing (FUZZ_SECONDS per target, 10 targets): every parser of the project's
 # files and command-line texts, under libFuzzer with ASan and UBSan (clang),

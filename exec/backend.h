@@ -116,6 +116,11 @@ typedef struct ps_backend_ops {
      * for devices of other processes). Fails with PS_ERR_NOMEM and a message
      * that names the need, the memory and what is available there. */
     ps_status (*check_memory)(ps_backend *b, const int64_t *need, ps_error *err);
+    /* The host clock (ps_monotonic_s, seconds) that stamped `slot`, where a
+     * backend's stamps are readings of it (NULL: they are device events,
+     * placed on the host's clock by a reading beside the mark). */
+    ps_status (*stamp_host_s)(ps_backend *b, int device, int slot, double *host_s,
+                              ps_error *err);
 } ps_backend_ops;
 
 struct ps_backend {

@@ -1,5 +1,6 @@
 #include "exec/half.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 bool ps_half_dtype(ps_dtype t) { return t == PS_DTYPE_F16 || t == PS_DTYPE_BF16; }
@@ -194,24 +195,28 @@ static bool vec_supported(void)
 static bool vec_supported(void) { return false; }
 #endif
 
-/* -1: not yet asked; then whether the vector kernels run. Written before
- * any thread converts (ps_half_vector_kernels at start-up, or the first
- * call's racy but idempotent store of the same value). */
-static int use_vec = -1;
+/* -1: not yet asked; then whether the vector kernels run. Set by
+ * ps_half_vector_kernels at start-up, or by the first conversion: device
+ * threads may each store the same answer, hence relaxed atomics. */
+static _Atomic int use_vec = -1;
 
 #ifdef PS_HALF_VEC
 static bool vec_on(void)
 {
-    if (use_vec < 0)
-        use_vec = vec_supported();
-    return use_vec == 1;
+    int v = atomic_load_explicit(&use_vec, memory_order_relaxed);
+    if (v < 0) {
+        v = vec_supported();
+        atomic_store_explicit(&use_vec, v, memory_order_relaxed);
+    }
+    return v == 1;
 }
 #endif
 
 bool ps_half_vector_kernels(bool on)
 {
-    use_vec = on && vec_supported();
-    return use_vec == 1;
+    int v = on && vec_supported();
+    atomic_store_explicit(&use_vec, v, memory_order_relaxed);
+    return v == 1;
 }
 
 void ps_half_narrow(ps_dtype t, const float *src, uint16_t *dst, int64_t n)

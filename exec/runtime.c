@@ -93,12 +93,17 @@ struct runtime {
     device_state *dev;
     exec_barrier barrier;
     pthread_mutex_t mu; /* first error, parameter assembly */
-    bool failed;
+    bool failed;       /* under barrier.mu: everybody leaves */
+    bool have_first;   /* under mu: first_status/first_err hold the first error */
     ps_error first_err;
     ps_status first_status;
     ps_exec_result *result;
     ps_hosts *hosts;   /* NULL: every device is in this process */
     float **param_cover, **grad_cover; /* [n_tensors], several hosts and keep_params */
+    /* [step * n_devices + device]: the loss a representative of the loss's
+     * replicas summed over its micro-batches, added up in device order after
+     * the run (in the order devices came, the sum would vary by rounding) */
+    double *loss_part;
 };
 
 static void barrier_init(exec_barrier *b, int n)
@@ -130,8 +135,11 @@ static bool barrier_wait(runtime *rt, double *released_s)
             if (ps_hosts_barrier(rt->hosts, &e) != PS_OK) {
                 rt->failed = true;
                 pthread_mutex_lock(&rt->mu);
-                rt->first_status = PS_ERR_DEVICE;
-                rt->first_err = e;
+                if (!rt->have_first) {
+                    rt->have_first = true;
+                    rt->first_status = PS_ERR_DEVICE;
+                    rt->first_err = e;
+                }
                 pthread_mutex_unlock(&rt->mu);
             }
         }
@@ -153,8 +161,11 @@ static bool barrier_wait(runtime *rt, double *released_s)
 static void fail(runtime *rt, device_state *d)
 {
     bool first = false;
+    /* Two devices can fail at once: the first error is decided under mu
+     * (failed is set under the barrier's lock, later). */
     pthread_mutex_lock(&rt->mu);
-    if (!rt->failed) {
+    if (!rt->have_first) {
+        rt->have_first = true;
         first = true;
         rt->first_status = d->status;
         rt->first_err = d->err;
@@ -988,9 +999,17 @@ static ps_status run_step(device_state *d, double origin_s)
     d->voted = d->overflow = false;
     int first = 0, last = 0;
     PS_TRY_RET(mark(d, &first));
-    /* the stream was idle (the last step finished): a GPU stamps the mark
-     * within microseconds of this reading of the host's clock */
-    d->start_s = fmax(0.0, ps_monotonic_s() - origin_s);
+    /* Where the stamps are host-clock readings, the mark's own; otherwise
+     * the stream was idle (the last step finished) and a GPU stamps the mark
+     * within microseconds of this reading. (A second reading on the host
+     * would shift the device's whole timeline by a preemption between the
+     * two.) */
+    double first_host_s = 0;
+    if (rt->b->ops->stamp_host_s != NULL)
+        PS_TRY_RET(rt->b->ops->stamp_host_s(rt->b, d->device, first, &first_host_s, &d->err));
+    else
+        first_host_s = ps_monotonic_s();
+    d->start_s = fmax(0.0, first_host_s - origin_s);
     for (int i = 0; i < d->prog->n_instrs; i++)
         PS_TRY_RET(exec_program_instr(d, &d->prog->instrs[i]));
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
@@ -1084,9 +1103,8 @@ static void *device_main(void *arg)
                 double sum = 0;
                 for (int m = 0; m < rt->M; m++)
                     sum += d->loss_mb[m];
-                pthread_mutex_lock(&rt->mu);
-                rt->result->loss[s - 1] += sum;
-                pthread_mutex_unlock(&rt->mu);
+                rt->loss_part[(size_t)(s - 1) * (size_t)rt->set->n_devices + (size_t)d->device] =
+                    sum;
             }
         }
     }
@@ -1468,6 +1486,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
     rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
     threads = calloc((size_t)s->n_devices, sizeof *threads);
+    rt.loss_part = calloc((size_t)o->steps * (size_t)s->n_devices, sizeof *rt.loss_part);
     if (o->keep_relus && rt.hosts == NULL) {
         r->relu_micro_batches = rt.M;
         r->relus = calloc((size_t)o->steps * (size_t)rt.M * (size_t)rt.g->n_tensors,
@@ -1487,7 +1506,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     }
     if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->step_s == NULL ||
         r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
-        threads == NULL) {
+        threads == NULL || rt.loss_part == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -1541,6 +1560,9 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         st = rt.first_status != PS_OK ? rt.first_status : PS_ERR_DEVICE;
         *err = rt.first_err;
     } else {
+        for (int k = 0; k < o->steps; k++)
+            for (int i = 0; i < s->n_devices; i++)
+                r->loss[k] += rt.loss_part[(size_t)k * (size_t)s->n_devices + (size_t)i];
         /* the loss of every host's devices; whole parameters and gradients
          * and the summary on rank 0 */
         st = ps_hosts_sum(rt.hosts, r->loss, o->steps, err);
@@ -1582,6 +1604,7 @@ out:
             free(d->runs);
         }
     free(rt.dev);
+    free(rt.loss_part);
     free(rt.op_reduce_axis);
     for (int t = 0; t < rt.g->n_tensors; t++) {
         if (rt.param_cover != NULL)

@@ -599,6 +599,17 @@ static ps_status cpu_elapsed(ps_backend *b, int device, int a, int z, double *se
     return PS_OK;
 }
 
+static ps_status cpu_stamp_host_s(ps_backend *b, int device, int slot, double *host_s,
+                                  ps_error *err)
+{
+    cpu_device *d = &cb(b)->dev[device];
+    if (slot < 0 || slot >= d->n_slots)
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: timing slot %d of %d", device,
+                            slot, d->n_slots);
+    *host_s = d->stamp[slot];
+    return PS_OK;
+}
+
 static int64_t cpu_peak(ps_backend *b, int device) { return cb(b)->dev[device].peak; }
 
 /* Every device of this process is host memory: their needs add up. */
@@ -706,6 +717,7 @@ static const ps_backend_ops cpu_ops = {
     .find_nonfinite = cpu_find_nonfinite,
     .op_accumulates = cpu_op_accumulates,
     .check_memory = cpu_check_memory,
+    .stamp_host_s = cpu_stamp_host_s,
 };
 
 ps_status ps_cpu_backend_create(int n_devices, const int *slots, ps_hosts *hosts,

@@ -1396,6 +1396,7 @@ static const ps_backend_ops cuda_ops = {
     be_find_nonfinite,
     be_op_accumulates,
     be_check_memory,
+    NULL, /* stamp_host_s: stamps are CUDA events */
 };
 
 /* ---- create ---------------------------------------------------------------------------- */
