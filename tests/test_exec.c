@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "core/clock.h"
 #include "core/program.h"
 #include "exec/box.h"
 #include "exec/check.h"
@@ -607,12 +609,30 @@ static ps_backend_ops failing_ops;
 static const ps_backend_ops *real_ops;
 static int fail_device = 3;
 
+static int fail_device_2 = -1; /* >= 0: this device fails too, at the same moment */
+static atomic_int failures_met;  /* the two failing devices, meeting */
+static atomic_int failure_reports;
+
 static ps_status failing_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
                             ps_tile *out, const ps_op_context *ctx, ps_error *err)
 {
-    if (device == fail_device && op->pass == PS_PASS_BACKWARD)
+    if ((device == fail_device || device == fail_device_2) && op->pass == PS_PASS_BACKWARD) {
+        if (fail_device_2 >= 0) {
+            /* both fail together (bounded: 5 s, should the other never come) */
+            atomic_fetch_add(&failures_met, 1);
+            double until_s = ps_monotonic_s() + 5;
+            while (atomic_load(&failures_met) < 2 && ps_monotonic_s() < until_s)
+                ;
+        }
         return ps_error_set(err, PS_ERR_DEVICE, "injected failure");
+    }
     return real_ops->op(b, device, op, in, out, ctx, err);
+}
+
+static void count_failure(void *arg, ps_status st, const ps_error *err)
+{
+    (void)arg, (void)st, (void)err;
+    atomic_fetch_add(&failure_reports, 1);
 }
 
 static void test_failure_stops_all(void **state)
@@ -650,6 +670,34 @@ static void test_failure_stops_all(void **state)
         b->ops = real_ops;
         b->ops->destroy(b);
     }
+    /* Two devices of stage 0 failing at the same moment: one first error,
+     * reported once (two reports, one overwriting the other, before the
+     * first error was decided under one lock) */
+    assert_int_equal(set->programs[0].stage, set->programs[1].stage);
+    for (int k = 0; k < 10; k++) {
+        fail_device = 0;
+        fail_device_2 = 1;
+        atomic_store(&failures_met, 0);
+        atomic_store(&failure_reports, 0);
+        ps_backend *b = NULL;
+        assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
+        real_ops = b->ops;
+        failing_ops = *b->ops;
+        failing_ops.op = failing_op;
+        b->ops = &failing_ops;
+        ps_exec_options o = ps_exec_options_default();
+        o.on_failure = count_failure;
+        ps_exec_result *r = NULL;
+        assert_int_equal(ps_exec_run(set, b, &o, &r, &err), PS_ERR_DEVICE);
+        assert_null(r);
+        assert_int_equal(atomic_load(&failure_reports), 1);
+        if ((strstr(err.msg, "device 0") == NULL && strstr(err.msg, "device 1") == NULL) ||
+            strstr(err.msg, "injected failure") == NULL)
+            fail_msg("not one of the two failures: %s", err.msg);
+        b->ops = real_ops;
+        b->ops->destroy(b);
+    }
+    fail_device_2 = -1;
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(p);
