@@ -955,6 +955,13 @@ static ps_status reduce_through_backend(void *arg, float *data, int64_t n, ps_re
     return r->b->ops->reduce(r->b, r->device, &r->g, data, n, op, err);
 }
 
+static ps_status reduce64_through_backend(void *arg, double *data, int64_t n, ps_reduce_op op,
+                                          ps_error *err)
+{
+    reduce_arg *r = arg;
+    return r->b->ops->reduce64(r->b, r->device, &r->g, data, n, op, err);
+}
+
 static void *xent_thread(void *p)
 {
     xent_dev *x = p;
@@ -1060,6 +1067,7 @@ typedef struct bn_dev {
     ps_backend *b;
     int device;
     bool grad;
+    bool in_double; /* the totals cross devices through reduce64 (else in float) */
     ps_tile in[3], out[3]; /* host: the device's inputs and results */
     ps_status st;
     char msg[PS_ERROR_MSG_MAX];
@@ -1072,7 +1080,9 @@ static void *bn_thread(void *p)
     ps_error err = {0};
     static const int members[2] = {0, 1};
     reduce_arg ra = {b, x->device, {8, 2, members, x->device}};
-    ps_op_context ctx = {.step = 1, .reduce = {2, &ra, reduce_through_backend, NULL}};
+    ps_op_context ctx = {.step = 1,
+                         .reduce = {2, &ra, reduce_through_backend,
+                                    x->in_double ? reduce64_through_backend : NULL}};
     ps_op op = mkop(x->grad ? PS_OP_BATCHNORM_GRAD : PS_OP_BATCHNORM, 3);
     op.attrs.eps = 1e-5;
     ps_tile din[3], dout[3];
@@ -1114,8 +1124,11 @@ static void ops_batchnorm_split_batch(void **state)
     const int64_t *xs = SH(N, C, H, W), *hs = SH(N / 2, C, H, W);
     ps_tile x = hrand(4, xs, NULL, NULL), gamma = hrand(1, SH(C), NULL, NULL),
             third = hrand(4, xs, NULL, NULL), beta = hrand(1, SH(C), NULL, NULL);
-    for (int grad = 0; grad < 2; grad++) {
+    for (int run = 0; run < 4; run++) {
+        int grad = run & 1;
+        bool in_double = run >= 2; /* totals in float, then through reduce64 */
         ps_backend *b = backend(2, true);
+        assert_non_null(b->ops->reduce64);
         ps_op op = mkop(grad ? PS_OP_BATCHNORM_GRAD : PS_OP_BATCHNORM, 3);
         op.attrs.eps = 1e-5;
         ps_op_context ctx = {.step = 1, .reduce = {.group_size = 1}};
@@ -1131,6 +1144,7 @@ static void ops_batchnorm_split_batch(void **state)
             bd[d].b = b;
             bd[d].device = d;
             bd[d].grad = grad;
+            bd[d].in_double = in_double;
             const int64_t *off = SH(d * N / 2, 0, 0, 0);
             bd[d].in[0] = htile(false, 4, hs, xs, off);
             memcpy(bd[d].in[0].data, (float *)x.data + d * (N / 2) * plane,
@@ -1156,12 +1170,13 @@ static void ops_batchnorm_split_batch(void **state)
             double e = nmse(bd[d].out[0].data, (float *)want[0].data + d * (N / 2) * plane,
                             N / 2 * plane);
             if (!(e <= NMSE_TOL))
-                fail_msg("split-batch %s on device %d: nmse %g", grad ? "dx" : "y", d, e);
+                fail_msg("split-batch %s on device %d (totals in %s): nmse %g", grad ? "dx" : "y",
+                         d, in_double ? "double" : "float", e);
             for (int k = 1; grad && k < 3; k++) {
                 e = nmse(bd[d].out[k].data, want[k].data, C);
                 if (!(e <= NMSE_TOL))
-                    fail_msg("split-batch %s on device %d: nmse %g", k == 1 ? "dgamma" : "dbeta",
-                             d, e);
+                    fail_msg("split-batch %s on device %d (totals in %s): nmse %g",
+                             k == 1 ? "dgamma" : "dbeta", d, in_double ? "double" : "float", e);
             }
             for (int i = 0; i < 3; i++) {
                 free(bd[d].in[i].data);
@@ -2109,6 +2124,8 @@ typedef struct red_dev {
     ps_backend *b;
     int device;
     float host[100];
+    double host64[100]; /* dbl: reduce64's values */
+    bool dbl;
     ps_reduce_op op;
     ps_status st;
     char msg[PS_ERROR_MSG_MAX];
@@ -2120,14 +2137,16 @@ static void *reduce_thread(void *p)
     ps_backend *b = r->b;
     ps_error err = {0};
     ps_exec_group g = {5, NDEV, all_devices, r->device};
-    void *dp = NULL;
-    r->st = b->ops->alloc(b, r->device, sizeof r->host, &dp, &err);
+    void *dp = NULL, *host = r->dbl ? (void *)r->host64 : (void *)r->host;
+    size_t bytes = r->dbl ? sizeof r->host64 : sizeof r->host;
+    r->st = b->ops->alloc(b, r->device, bytes, &dp, &err);
     if (r->st == PS_OK)
-        r->st = b->ops->upload(b, r->device, dp, r->host, sizeof r->host, &err);
+        r->st = b->ops->upload(b, r->device, dp, host, bytes, &err);
     if (r->st == PS_OK)
-        r->st = b->ops->reduce(b, r->device, &g, dp, 100, r->op, &err);
+        r->st = r->dbl ? b->ops->reduce64(b, r->device, &g, dp, 100, r->op, &err)
+                       : b->ops->reduce(b, r->device, &g, dp, 100, r->op, &err);
     if (r->st == PS_OK)
-        r->st = b->ops->download(b, r->device, r->host, dp, sizeof r->host, &err);
+        r->st = b->ops->download(b, r->device, host, dp, bytes, &err);
     if (r->st != PS_OK)
         b->ops->abort(b);
     snprintf(r->msg, sizeof r->msg, "%s", err.msg);
@@ -2135,32 +2154,51 @@ static void *reduce_thread(void *p)
     return NULL;
 }
 
+/* The in-place all-reduce in float (reduce) and in double (reduce64, whose
+ * values keep what a float would round away: 1 + k 2^-40). */
 static void backend_reduce(void **state)
 {
     (void)state;
-    for (int mx = 0; mx < 2; mx++) {
+    for (int run = 0; run < 4; run++) {
+        bool mx = run & 1, dbl = run >= 2;
         ps_backend *b = backend(NDEV, !on_gpus);
+        assert_non_null(b->ops->reduce64);
         red_dev r[NDEV];
         float want[100];
-        for (int i = 0; i < 100; i++)
+        double want64[100];
+        for (int i = 0; i < 100; i++) {
             want[i] = mx ? -INFINITY : 0;
+            want64[i] = mx ? -INFINITY : 0;
+        }
         for (int d = 0; d < NDEV; d++) {
             memset(&r[d], 0, sizeof r[d]);
             r[d].b = b;
             r[d].device = d;
+            r[d].dbl = dbl;
             r[d].op = mx ? PS_REDUCE_OP_MAX : PS_REDUCE_OP_SUM;
             for (int i = 0; i < 100; i++) {
                 r[d].host[i] = (float)(2 * uniform() - 1);
+                r[d].host64[i] = 1 + (double)(i + d) * 0x1p-40;
                 want[i] = mx ? fmaxf(want[i], r[d].host[i]) : want[i] + r[d].host[i];
+                want64[i] = mx ? fmax(want64[i], r[d].host64[i]) : want64[i] + r[d].host64[i];
             }
         }
         run_threads(reduce_thread, r, sizeof r[0]);
         for (int d = 0; d < NDEV; d++) {
             if (r[d].st != PS_OK)
-                fail_msg("reduce, device %d: %s", d, r[d].msg);
-            assert_true(nmse(r[d].host, want, 100) <= 1e-12);
-            /* members combine in one order: identical everywhere */
-            assert_memory_equal(r[d].host, r[0].host, sizeof want);
+                fail_msg("reduce%s, device %d: %s", dbl ? "64" : "", d, r[d].msg);
+            if (dbl) {
+                /* the sums are exact in double (small integers times 2^-40
+                 * and NDEV), whatever the order */
+                for (int i = 0; i < 100; i++)
+                    if (r[d].host64[i] != want64[i])
+                        fail_msg("reduce64 (%s), device %d, element %d: %.17g, want %.17g",
+                                 mx ? "max" : "sum", d, i, r[d].host64[i], want64[i]);
+            } else {
+                assert_true(nmse(r[d].host, want, 100) <= 1e-12);
+                /* members combine in one order: identical everywhere */
+                assert_memory_equal(r[d].host, r[0].host, sizeof want);
+            }
         }
         b->ops->destroy(b);
     }

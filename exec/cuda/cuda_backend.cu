@@ -55,7 +55,7 @@ typedef struct dev_state {
 /* What a member publishes at a collective's rendezvous. */
 typedef struct rv_slot {
     ps_tile src, dst;
-    float *data;
+    void *data; /* reduce: n floats, or doubles (reduce64) */
     int64_t n;
 } rv_slot;
 
@@ -594,7 +594,7 @@ static ps_status group_wait(cuda_backend *cb, group_state *gs, int device, const
 /* Publishes this member's part of its next collective on the group and
  * returns that collective's set of slots (read after group_wait). */
 static rv_slot *publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
-                        const ps_tile *dst, float *data, int64_t n)
+                        const ps_tile *dst, void *data, int64_t n)
 {
     pthread_mutex_lock(&cb->mu);
     rv_slot *set = gs->slot + (size_t)(gs->seq[rank] & 1u) * (size_t)gs->n;
@@ -699,32 +699,35 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
 }
 
 static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
-                              float *data, int64_t n, ps_reduce_op op, const char *what,
+                              void *data, int64_t n, ps_reduce_op op, bool dbl, const char *what,
                               ps_error *err)
 {
     ps_cuda_stream *s = d->s;
+    size_t size = dbl ? sizeof(double) : sizeof(float);
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++)
         if (slot[m].n != n)
             return ps_error_set(err, PS_ERR_INVALID,
-                                "device %d: %s of %lld floats, member %d reduces %lld",
+                                "device %d: %s of %lld values, member %d reduces %lld",
                                 d->device, what, (long long)n, m, (long long)slot[m].n);
     void *tmp;
-    PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
+    PS_RET(scratch(d, 0, (size_t)n * size, &tmp, err));
     if (n > 0) {
         /* members combine in rank order: identical results everywhere */
-        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, slot[0].data, (size_t)n * 4,
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(tmp, slot[0].data, (size_t)n * size,
                                             cudaMemcpyDeviceToDevice, s->stream));
         for (int m = 1; m < gs->n; m++)
-            PS_RET(ps_cuda_combine(s, (float *)tmp, slot[m].data, n,
-                                   op == PS_REDUCE_OP_MAX, err));
+            PS_RET(dbl ? ps_cuda_combine64(s, (double *)tmp, (const double *)slot[m].data, n,
+                                           op == PS_REDUCE_OP_MAX, err)
+                       : ps_cuda_combine(s, (float *)tmp, (const float *)slot[m].data, n,
+                                         op == PS_REDUCE_OP_MAX, err));
     }
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     PS_RET(group_wait(cb, gs, d->device, what, err));
     if (n > 0) {
-        PS_CUDA_RET(d->loc, cudaMemcpyAsync(data, tmp, (size_t)n * 4, cudaMemcpyDeviceToDevice,
+        PS_CUDA_RET(d->loc, cudaMemcpyAsync(data, tmp, (size_t)n * size, cudaMemcpyDeviceToDevice,
                                             s->stream));
         PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
     }
@@ -1003,8 +1006,8 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
 }
 
 static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
-                             const ps_exec_group *g, float *data, int64_t n, ps_reduce_op op,
-                             const char *what, ps_error *err)
+                             const ps_exec_group *g, void *data, int64_t n, ps_reduce_op op,
+                             bool dbl, const char *what, ps_error *err)
 {
     ncclComm_t comm;
     PS_RET(group_comm(cb, d, gs, g, &comm, err));
@@ -1025,14 +1028,14 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
     for (int m = 0; m < gs->n && st == PS_OK; m++)
         if (counts[m] != n)
             st = ps_error_set(err, PS_ERR_INVALID,
-                              "device %d: %s of %lld floats, member %d reduces %lld", d->device,
+                              "device %d: %s of %lld values, member %d reduces %lld", d->device,
                               what, (long long)n, m, (long long)counts[m]);
     free(counts);
     PS_RET(st);
     if (n == 0)
         return PS_OK;
     PS_NCCL_RET(d->loc, comm,
-                ncclAllReduce(data, data, (size_t)n, ncclFloat,
+                ncclAllReduce(data, data, (size_t)n, dbl ? ncclDouble : ncclFloat,
                               op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm, d->s->stream));
     return nccl_wait(cb, d, d->s->stream, comm, what, err);
 }
@@ -1093,13 +1096,14 @@ static ps_status be_collective(ps_backend *b, int device, const ps_exec_group *g
     return PS_OK;
 }
 
-static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
-                           int64_t n, ps_reduce_op op, ps_error *err)
+/* The in-place all-reduce of n floats, or doubles (dbl), in device memory. */
+static ps_status reduce_values(ps_backend *b, int device, const ps_exec_group *g, void *data,
+                               int64_t n, ps_reduce_op op, bool dbl, ps_error *err)
 {
     DEV(b, device);
     cuda_backend *cb = cb_of(b);
     char what[96];
-    snprintf(what, sizeof what, "reduce (%s) on group %d",
+    snprintf(what, sizeof what, "reduce%s (%s) on group %d", dbl ? "64" : "",
              op == PS_REDUCE_OP_MAX ? "max" : "sum", g != NULL ? g->id : -1);
     PS_RET(check_injected(cb, device, what, err));
     group_state *gs;
@@ -1107,10 +1111,23 @@ static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, fl
     if (g->n == 1)
         return PS_OK;
     if (cb->nccl)
-        return nccl_reduce(cb, d, gs, g, data, n, op, what, err);
+        return nccl_reduce(cb, d, gs, g, data, n, op, dbl, what, err);
     if (!ps_group_is_local(cb->mail, g))
-        return ps_cuda_remote_reduce(cb->mail, d->s, g, data, n, op, err);
-    return share_reduce(cb, d, gs, g->rank, data, n, op, what, err);
+        return ps_cuda_remote_reduce(cb->mail, d->s, g, data, n, op, dbl, err);
+    return share_reduce(cb, d, gs, g->rank, data, n, op, dbl, what, err);
+}
+
+static ps_status be_reduce(ps_backend *b, int device, const ps_exec_group *g, float *data,
+                           int64_t n, ps_reduce_op op, ps_error *err)
+{
+    return reduce_values(b, device, g, data, n, op, false, err);
+}
+
+/* batchnorm's totals across devices, in double as on the CPU */
+static ps_status be_reduce64(ps_backend *b, int device, const ps_exec_group *g, double *data,
+                             int64_t n, ps_reduce_op op, ps_error *err)
+{
+    return reduce_values(b, device, g, data, n, op, true, err);
 }
 
 /* ---- point to point ------------------------------------------------------------------- */
@@ -1392,7 +1409,7 @@ static const ps_backend_ops cuda_ops = {
     be_accumulate, be_zero,    be_copy_box,   be_collective, be_reduce, be_send,
     be_recv,     be_mark,      be_finish,     be_elapsed, be_peak_bytes, be_abort,
     be_destroy,
-    NULL, /* reduce64: none; batchnorm takes its totals across devices in float */
+    be_reduce64,
     be_find_nonfinite,
     be_op_accumulates,
     be_check_memory,

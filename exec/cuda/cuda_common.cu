@@ -514,14 +514,15 @@ ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *b
     return PS_OK;
 }
 
-static __global__ void ps_k_combine(float *dst, const float *src, int64_t n, bool max)
+template <typename T>
+static __global__ void ps_k_combine(T *dst, const T *src, int64_t n, bool max)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
     {
         /* max as the host combines (host_collective.c): a NaN held stays,
          * one arriving does not replace a number (fmaxf would drop both) */
-        float v = dst[i], x = src[i];
+        T v = dst[i], x = src[i];
         dst[i] = max ? (x > v ? x : v) : v + x;
     }
 }
@@ -532,7 +533,18 @@ ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64
     if (n <= 0)
         return PS_OK;
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    ps_k_combine<<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
+    ps_k_combine<float><<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
     PS_CUDA_LAUNCHED(s->loc, "ps_k_combine");
+    return PS_OK;
+}
+
+ps_status ps_cuda_combine64(ps_cuda_stream *s, double *dst, const double *src, int64_t n,
+                            bool max, ps_error *err)
+{
+    if (n <= 0)
+        return PS_OK;
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    ps_k_combine<double><<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
+    PS_CUDA_LAUNCHED(s->loc, "ps_k_combine<double>");
     return PS_OK;
 }

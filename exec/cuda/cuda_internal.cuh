@@ -242,6 +242,9 @@ ps_status ps_cuda_box_pack(ps_cuda_stream *s, const ps_tile *t, const int64_t *b
 /* dst[i] = dst[i] + src[i] (or max) over n floats, on s's stream. */
 ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,
                           ps_error *err);
+/* The same over n doubles (reduce64). */
+ps_status ps_cuda_combine64(ps_cuda_stream *s, double *dst, const double *src, int64_t n,
+                            bool max, ps_error *err);
 
 /* Launch geometry: blocks of 256 threads covering n elements with grid-stride
  * loops (at most 65535 * 16 blocks). */

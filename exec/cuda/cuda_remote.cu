@@ -15,6 +15,7 @@ extern "C" {
 enum {
     KIND_COLLECTIVE = 100,
     KIND_REDUCE = 10,
+    KIND_REDUCE64 = 20, /* doubles (reduce64) */
     KIND_BOXES = 200,
     KIND_COUNTS = 210,
     KIND_ID = 300,
@@ -109,29 +110,46 @@ ps_status ps_cuda_remote_recv(ps_mailbox *mb, ps_cuda_stream *s, int peer, ps_ti
 }
 
 /* n floats from the device into a new host buffer. */
-static ps_status to_host(ps_cuda_stream *s, const void *src, int64_t n, float **out,
-                         ps_error *err)
+/* n elements of `size` bytes (4: float, 8: double) between device and a
+ * malloc'd host copy. */
+static ps_status to_host_sized(ps_cuda_stream *s, const void *src, int64_t n, size_t size,
+                               void **out, ps_error *err)
 {
-    *out = (float *)malloc((size_t)(n > 0 ? n : 1) * 4);
+    *out = malloc((size_t)(n > 0 ? n : 1) * size);
     if (*out == NULL)
         return host_nomem(s->loc.device, err);
     if (n > 0) {
-        PS_CUDA_RET(s->loc, cudaMemcpyAsync(*out, src, (size_t)n * 4, cudaMemcpyDeviceToHost,
+        PS_CUDA_RET(s->loc, cudaMemcpyAsync(*out, src, (size_t)n * size, cudaMemcpyDeviceToHost,
                                             s->stream));
         PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
     }
     return PS_OK;
 }
 
-static ps_status to_device(ps_cuda_stream *s, void *dst, const float *host, int64_t n,
-                           ps_error *err)
+static ps_status to_device_sized(ps_cuda_stream *s, void *dst, const void *host, int64_t n,
+                                 size_t size, ps_error *err)
 {
     if (n > 0) {
-        PS_CUDA_RET(s->loc, cudaMemcpyAsync(dst, host, (size_t)n * 4, cudaMemcpyHostToDevice,
+        PS_CUDA_RET(s->loc, cudaMemcpyAsync(dst, host, (size_t)n * size, cudaMemcpyHostToDevice,
                                             s->stream));
         PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
     }
     return PS_OK;
+}
+
+static ps_status to_host(ps_cuda_stream *s, const void *src, int64_t n, float **out,
+                         ps_error *err)
+{
+    void *p = NULL;
+    ps_status st = to_host_sized(s, src, n, 4, &p, err);
+    *out = (float *)p;
+    return st;
+}
+
+static ps_status to_device(ps_cuda_stream *s, void *dst, const float *host, int64_t n,
+                           ps_error *err)
+{
+    return to_device_sized(s, dst, host, n, 4, err);
 }
 
 ps_status ps_cuda_remote_collective(ps_mailbox *mb, ps_cuda_stream *s, const ps_exec_group *g,
@@ -167,21 +185,23 @@ ps_status ps_cuda_remote_collective(ps_mailbox *mb, ps_cuda_stream *s, const ps_
 }
 
 ps_status ps_cuda_remote_reduce(ps_mailbox *mb, ps_cuda_stream *s, const ps_exec_group *g,
-                                float *data, int64_t n, ps_reduce_op op, ps_error *err)
+                                void *data, int64_t n, ps_reduce_op op, bool dbl, ps_error *err)
 {
     int device = s->loc.device;
-    float *mine = NULL, *out = NULL;
+    size_t size = dbl ? sizeof(double) : sizeof(float);
+    void *mine = NULL, *out = NULL;
     ps_exchange x;
     memset(&x, 0, sizeof x);
-    ps_status st = to_host(s, data, n, &mine, err);
+    ps_status st = to_host_sized(s, data, n, size, &mine, err);
     if (st == PS_OK)
-        st = ps_exchange_run(mb, device, g, KIND_REDUCE + (int)op, mine, 4, n, NULL, &x, err);
-    if (st == PS_OK && (out = (float *)malloc((size_t)(n > 0 ? n : 1) * 4)) == NULL)
+        st = ps_exchange_run(mb, device, g, (dbl ? KIND_REDUCE64 : KIND_REDUCE) + (int)op, mine,
+                             size, n, NULL, &x, err);
+    if (st == PS_OK && (out = malloc((size_t)(n > 0 ? n : 1) * size)) == NULL)
         st = host_nomem(device, err);
     if (st == PS_OK)
-        st = ps_combine_values(device, g->n, x.copy, x.count, out, n, op, false, err);
+        st = ps_combine_values(device, g->n, x.copy, x.count, out, n, op, dbl, err);
     if (st == PS_OK)
-        st = to_device(s, data, out, n, err);
+        st = to_device_sized(s, data, out, n, size, err);
     ps_exchange_free(&x);
     free(mine);
     free(out);

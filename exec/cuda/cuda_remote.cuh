@@ -37,10 +37,10 @@ ps_status ps_cuda_remote_recv(ps_mailbox *mb, ps_cuda_stream *s, int peer, ps_ti
 ps_status ps_cuda_remote_collective(ps_mailbox *mb, ps_cuda_stream *s, const ps_exec_group *g,
                                     ps_collective kind, const ps_tile *src, ps_tile *dst,
                                     ps_error *err);
-/* The in-place all-reduce (sum or max) of n floats in device memory over
- * such a group, combined on the host in member order. */
+/* The in-place all-reduce (sum or max) of n floats (dbl: doubles) in device
+ * memory over such a group, combined on the host in member order. */
 ps_status ps_cuda_remote_reduce(ps_mailbox *mb, ps_cuda_stream *s, const ps_exec_group *g,
-                                float *data, int64_t n, ps_reduce_op op, ps_error *err);
+                                void *data, int64_t n, ps_reduce_op op, bool dbl, ps_error *err);
 
 /* NCCL across processes. Every member's src and dst geometry (srcs[m],
  * dsts[m], data pointers NULL), for the boxes a collective moves; `kind`
