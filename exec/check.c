@@ -12,6 +12,15 @@ ps_dtype ps_exec_storage(const ps_graph *step, bool half_storage)
     return PS_DTYPE_F32;
 }
 
+bool ps_exec_has_half(const ps_graph *step)
+{
+    for (int t = 0; t < step->n_tensors; t++)
+        if (step->tensors[t].desc.dtype == PS_DTYPE_F16 ||
+            step->tensors[t].desc.dtype == PS_DTYPE_BF16)
+            return true;
+    return false;
+}
+
 ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps)
 {
     ps_exec_tolerance t = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 5e-3, .param_rel = 0};

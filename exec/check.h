@@ -65,6 +65,11 @@ ps_exec_tolerance ps_exec_tolerance_default(ps_dtype storage, int steps);
  * parameters' dtype where the backend holds half precision, else fp32. */
 ps_dtype ps_exec_storage(const ps_graph *step, bool half_storage);
 
+/* Whether any tensor of the step is fp16/bf16 (held in 2 bytes where the
+ * backend holds half precision): the parameters, or only the optimizer's
+ * state (fp32 parameters with --optimizer-dtype bf16). */
+bool ps_exec_has_half(const ps_graph *step);
+
 /* g/r: the run (keep_params); rg/ref: the reference. A parameter missing
  * from either side makes the comparison fail with its name. */
 void ps_exec_compare(const ps_graph *g, const ps_exec_result *r, const ps_graph *rg,

@@ -346,7 +346,11 @@ static ps_status add_adam(builder *b, const ps_train_options *opt, int p, int bl
     d.dtype = opt->optimizer_dtype;
     int layer = g->tensors[p].layer;
     const char *suffix[3] = {".adam_m", ".adam_v", ".master"};
-    bool master = opt->master_weights && g->tensors[p].desc.dtype != opt->optimizer_dtype;
+    /* a master copy only keeps what the parameter's own dtype rounds away:
+     * never a copy as narrow as the parameter (an fp32 parameter with bf16
+     * Adam state updates itself in fp32) */
+    bool master = opt->master_weights &&
+                  ps_dtype_size(g->tensors[p].desc.dtype) < ps_dtype_size(opt->optimizer_dtype);
     for (int i = 0; i < (master ? 3 : 2); i++) {
         snprintf(name, sizeof name, "%s%s", g->tensors[p].name, suffix[i]);
         int id;

@@ -29,8 +29,9 @@ typedef struct ps_train_options {
      * once, instead of once per micro-batch (the sum of sums is the same). */
     const int *layer_stage;
     ps_dtype optimizer_dtype; /* Adam m and v (fp32 by default) */
-    /* When parameters are not in optimizer_dtype (fp16/bf16 training), keep
-     * an optimizer_dtype master copy too (mixed precision). Default true. */
+    /* When parameters are narrower than optimizer_dtype (fp16/bf16 training
+     * with fp32 Adam state), keep an optimizer_dtype master copy too (mixed
+     * precision). Default true. */
     bool master_weights;
     ps_op_attrs adam; /* lr, beta1, beta2, adam_eps, weight_decay */
     /* Static loss scaling (1 = none): the loss gradient ops seed the backward

@@ -1048,6 +1048,87 @@ static void test_check_rounding(void **state)
     run_result_free(&r);
 }
 
+/* A CPU cluster file of `devices` devices in the fixture's directory. */
+static void write_cpu_cluster(const fixture *fx, const char *devices, char *path, size_t size)
+{
+    snprintf(path, size, "%s/cpu-held-%s.json", fx->dir, devices);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"name\": \"cpu-host\", \"nodes\": 1, \"devices_per_node\": %s, "
+            "\"device\": {\"name\": \"cpu\", \"peak_flops\": {\"fp32\": 1.1e11, "
+            "\"fp16\": 1.1e11, \"bf16\": 1.1e11}, \"memory_bytes\": 3000000000, "
+            "\"memory_bandwidth_bytes_per_s\": 4e10}, \"intra_node\": {\"topology\": "
+            "\"nvswitch\", \"bandwidth_bytes_per_s\": 1.2e10, \"latency_s\": 2e-05}, "
+            "\"inter_node\": {\"topology\": \"fat-tree\", \"nics_per_node\": 1, "
+            "\"nic_bandwidth_bytes_per_s\": 1.2e10, \"latency_s\": 2e-05}, "
+            "\"shared_cores_per_node\": 2}\n",
+            devices);
+    fclose(f);
+}
+
+/* --check holds the reference as the run held it, and judges it by what the
+ * run held:
+ * - fp32 parameters with Adam's state in bf16 or fp16: a one-device plan is
+ *   the reference itself (the reference once held that state in fp32, and
+ *   the parameters had a bf16 "master" copy: MISMATCH);
+ * - dynamic loss scaling keeps the rounding measure (it once skipped it and
+ *   said MISMATCH where the same numbers with a static scale passed);
+ * - --check-fp32 of a bf16 run aligns no ReLU (it once aligned them at
+ *   bf16's tolerance, turning a MISMATCH into ok). */
+static void test_check_held_dtypes(void **state)
+{
+    const fixture *fx = *state;
+    char one[512], two[512], plan[512];
+    write_cpu_cluster(fx, "1", one, sizeof one);
+    write_cpu_cluster(fx, "2", two, sizeof two);
+    snprintf(plan, sizeof plan, "%s/held.json", fx->dir);
+    static const char *const state_dtypes[] = {"bf16", "fp16"};
+    for (int k = 0; k < 2; k++) {
+        const char *a[] = {"plan", "--model", "mlp", "--hidden", "16", "--layers", "1",
+                           "--dtype", "fp32", "--optimizer-dtype", state_dtypes[k],
+                           "--cluster-file", one, "--method", "data", "--global-batch", "2",
+                           "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        const char *e[] = {"exec", "--plan", plan, "--steps", "3", "--check", NULL};
+        run_result r;
+        run_ok(fx, e, &r);
+        expect_exit(&r, 0);
+        char held[96];
+        snprintf(held, sizeof held, "held in fp32, Adam's state in %s:", state_dtypes[k]);
+        expect_in(&r, true, held);
+        expect_in(&r, true, "  parameters  abs. diff 0, worst -");
+        expect_in(&r, true, "\n  ok\n");
+        run_result_free(&r);
+    }
+    const char *d[] = {"plan", "--model", "wresnet-250m", "--image-size", "32", "--channels",
+                       "4", "--width-factor", "1", "--classes", "10", "--dtype", "fp32",
+                       "--cluster-file", two, "--global-batch", "16", "--micro-batches", "2",
+                       "--method", "data", "--dynamic-loss-scale", "-o", plan, NULL};
+    expect_success(fx, d, "predicted     iteration");
+    const char *de[] = {"exec", "--plan", plan, "--steps", "3", "--seed", "6", "--check", NULL};
+    run_result r;
+    run_ok(fx, de, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "  rounding    from parameters one ulp larger");
+    expect_in(&r, true, "  loss scale  0 of 3 steps skipped, the reference 0\n  ok\n");
+    run_result_free(&r);
+    const char *h[] = {"plan", "--model", "mlp", "--hidden", "16", "--layers", "2", "--dtype",
+                       "bf16", "--cluster-file", one, "--method", "data", "--global-batch", "8",
+                       "-o", plan, NULL};
+    expect_success(fx, h, "predicted     iteration");
+    const char *he[] = {"exec", "--plan", plan, "--steps", "2", "--seed", "2", "--check-fp32",
+                        NULL};
+    run_ok(fx, he, &r);
+    expect_in(&r, true, "held in bf16 (the reference in fp32)");
+    if (contains(r.out, r.out_len, "  relu        ")) {
+        print_error("--check-fp32 of a bf16 run aligned ReLUs\n");
+        dump(&r);
+        fail();
+    }
+    run_result_free(&r);
+}
+
 /* --loss-scale: refused outside [2^-24, 2^40]; recorded in the plan; exec's
  * check names it; a scale that overflows fp16 stops exec (exit 1) with a
  * message that says so. */
@@ -1578,6 +1659,7 @@ int main(void)
         cmocka_unit_test(test_graph_json_gpt175b),
         cmocka_unit_test(test_remat_layers),
         cmocka_unit_test(test_check_rounding),
+        cmocka_unit_test(test_check_held_dtypes),
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_export_stdout),

@@ -92,7 +92,8 @@ static void every_parameter_gets_a_gradient_and_two_fp32_states(void **state)
     }
 }
 
-/* fp16 parameters with fp32 Adam also keep an fp32 master copy. */
+/* fp16 parameters with fp32 Adam also keep an fp32 master copy; a master
+ * copy is only ever wider than its parameter. */
 static void mixed_precision_master_weights(void **state)
 {
     (void)state;
@@ -109,6 +110,16 @@ static void mixed_precision_master_weights(void **state)
     ps_graph *mlp = zoo_graph("mlp", 4);
     step = step_of(mlp, &o);
     check_update(step, 2, PS_DTYPE_F32);
+    ps_graph_free(step);
+    /* nor with Adam's state narrower than its parameters: a "master" in bf16
+     * would hold less than the fp32 parameter it is copied into */
+    o.optimizer_dtype = PS_DTYPE_BF16;
+    step = step_of(mlp, &o);
+    check_update(step, 2, PS_DTYPE_BF16);
+    ps_graph_free(step);
+    /* fp16 parameters with bf16 state: as wide, no master either */
+    step = step_of(fwd, &o);
+    check_update(step, 2, PS_DTYPE_BF16);
     ps_graph_free(step);
     ps_graph_free(mlp);
     ps_graph_free(fwd);
