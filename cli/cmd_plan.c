@@ -65,8 +65,9 @@ static void help(void)
         "  --method uniform --dp D --op O --pp P\n"
         "                       Alpa's uniform 3-D plan: P stages of equal FLOPs, each on a\n"
         "                       D x O mesh with the batch on D\n"
-        "  --mesh D0xD1         the logical mesh (default: devices x 1 for data/zero,\n"
-        "                       nodes x devices-per-node for shard)\n"
+        "  --mesh D0xD1         the logical mesh of the one-stage methods (default:\n"
+        "                       devices x 1 for data/zero, nodes x devices-per-node for\n"
+        "                       shard)\n"
         "  --global-batch B     samples per step (default: the model's benchmark batch)\n"
         "  --micro-batches N    gradient accumulation steps (default 1); 'auto' (pipeshard\n"
         "                       with --model) chooses among the divisors of the global\n"
@@ -299,6 +300,7 @@ int ps_cmd_plan(int argc, char **argv)
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
     const char *stages_file = NULL, *dump_dir = NULL, *profile_path = NULL;
     bool stages_uniform = false, stages_given = false; /* --stages uniform, any --stages */
+    bool mesh_given = false;
     bool no_memory_check = false;
     int dp = 0, op_degree = 0, pp = 0;
     ps_inter_options inter = ps_inter_options_default();
@@ -344,6 +346,7 @@ int ps_cmd_plan(int argc, char **argv)
             if (!parse_mesh(optarg, &req.mesh[0], &req.mesh[1]))
                 return ps_cli_usage_error("plan", "--mesh wants D0xD1, e.g. 2x4, not \"%s\"",
                                           optarg);
+            mesh_given = true;
             break;
         case OPT_GLOBAL_BATCH:
             if (!ps_cli_parse_int(optarg, 1, INT64_C(1) << 31, &global_batch))
@@ -457,9 +460,20 @@ int ps_cmd_plan(int argc, char **argv)
                                           "--stages uniform)");
     if (output == NULL)
         return ps_cli_usage_error("plan", "-o PLAN.json is required");
-    if (auto_micro && (!pipeshard || uniform || stages_file != NULL || stages_uniform))
+    if (auto_micro && (!pipeshard || uniform))
         return ps_cli_usage_error("plan", "--micro-batches auto goes with --method pipeshard "
                                           "(the stage DP)");
+    if (auto_micro && (stages_file != NULL || stages_uniform))
+        return ps_cli_usage_error("plan", "--micro-batches auto needs the stage DP (--stages "
+                                          "auto): with --stages %s the stages are given; give "
+                                          "a count",
+                                  stages_file != NULL ? "FILE" : "uniform");
+    if (mesh_given && (pipeshard || uniform))
+        return ps_cli_usage_error("plan", "--mesh applies to --method shard, data, zero2 and "
+                                          "zero3 (the one-stage methods): %s",
+                                  uniform || stages_uniform ? "a uniform plan's mesh is --dp x --op"
+                                          : "the stage DP chooses each stage's logical mesh "
+                                            "(a stage file can set them)");
     if (auto_micro && mo.graph_path != NULL)
         return ps_cli_usage_error("plan", "--micro-batches auto chooses the micro-batch size: "
                                           "it needs a built-in model (--model), not a graph "

@@ -939,7 +939,12 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         !ps_parallel_for(n, stage_item, &ss, ps_ilp_thread_done, NULL)) {
         for (int k = 0; k < n; k++)
             if (ss.status[k] != PS_OK) {
-                st = ps_error_set(err, ss.status[k], "%s", ss.errors[k].msg);
+                const stage_spec *f = &stages[k];
+                st = ps_error_set(err, ss.status[k],
+                                  "%s plan of %s, stage %d (layers %d-%d on %dx%d devices, "
+                                  "logical mesh %dx%d): %s",
+                                  method, req->forward->name, k, f->first, f->last, f->sub.hosts,
+                                  f->sub.devices, f->cfg.d0, f->cfg.d1, ss.errors[k].msg);
                 break;
             }
         goto out_stages;

@@ -37,7 +37,7 @@
 extern char **environ;
 
 #define BAD_DIR PS_TEST_DATA_DIR "/bad"
-#define MAX_ARGS 32
+#define MAX_ARGS 48
 /* A child that runs longer is killed (a hang is a failure, not a stall). */
 #define CHILD_TIMEOUT_S 120.0
 
@@ -552,6 +552,24 @@ static void test_usage_errors(void **state)
         expect_usage_error(fx, a, "--micro-batches auto goes with --method pipeshard");
     }
     {
+        /* the method is pipeshard: the stage file is what fixes the stages */
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
+                           "s.json", "--micro-batches", "auto", "-o", "x.json", NULL};
+        expect_usage_error(fx, a, "--micro-batches auto needs the stage DP (--stages auto): "
+                                  "with --stages FILE");
+    }
+    {
+        /* --mesh once changed nothing outside the one-stage methods, even 3x5
+         * on 8 devices */
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--mesh", "3x5",
+                           "-o", "x.json", NULL};
+        expect_usage_error(fx, a, "--mesh applies to --method shard, data, zero2 and zero3");
+        const char *u[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "uniform", "--dp", "2", "--op", "2", "--pp", "2", "--mesh", "1x4",
+                           "-o", "x.json", NULL};
+        expect_usage_error(fx, u, "a uniform plan's mesh is --dp x --op");
+    }
+    {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:0", "-o", "x.json",
                            NULL};
         expect_usage_error(fx, a, "--cluster: cluster \"dgx-a100:0\": node count must be >= 1");
@@ -1048,22 +1066,24 @@ static void test_check_rounding(void **state)
     run_result_free(&r);
 }
 
-/* A CPU cluster file of `devices` devices in the fixture's directory. */
-static void write_cpu_cluster(const fixture *fx, const char *devices, char *path, size_t size)
+/* A CPU cluster file of `devices` devices of `memory` bytes in the
+ * fixture's directory. */
+static void write_cpu_cluster(const fixture *fx, const char *devices, const char *memory,
+                              char *path, size_t size)
 {
-    snprintf(path, size, "%s/cpu-held-%s.json", fx->dir, devices);
+    snprintf(path, size, "%s/cpu-%s-%s.json", fx->dir, devices, memory);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fprintf(f,
             "{\"name\": \"cpu-host\", \"nodes\": 1, \"devices_per_node\": %s, "
             "\"device\": {\"name\": \"cpu\", \"peak_flops\": {\"fp32\": 1.1e11, "
-            "\"fp16\": 1.1e11, \"bf16\": 1.1e11}, \"memory_bytes\": 3000000000, "
+            "\"fp16\": 1.1e11, \"bf16\": 1.1e11}, \"memory_bytes\": %s, "
             "\"memory_bandwidth_bytes_per_s\": 4e10}, \"intra_node\": {\"topology\": "
             "\"nvswitch\", \"bandwidth_bytes_per_s\": 1.2e10, \"latency_s\": 2e-05}, "
             "\"inter_node\": {\"topology\": \"fat-tree\", \"nics_per_node\": 1, "
             "\"nic_bandwidth_bytes_per_s\": 1.2e10, \"latency_s\": 2e-05}, "
             "\"shared_cores_per_node\": 2}\n",
-            devices);
+            devices, memory);
     fclose(f);
 }
 
@@ -1080,8 +1100,8 @@ static void test_check_held_dtypes(void **state)
 {
     const fixture *fx = *state;
     char one[512], two[512], plan[512];
-    write_cpu_cluster(fx, "1", one, sizeof one);
-    write_cpu_cluster(fx, "2", two, sizeof two);
+    write_cpu_cluster(fx, "1", "3000000000", one, sizeof one);
+    write_cpu_cluster(fx, "2", "3000000000", two, sizeof two);
     snprintf(plan, sizeof plan, "%s/held.json", fx->dir);
     static const char *const state_dtypes[] = {"bf16", "fp16"};
     for (int k = 0; k < 2; k++) {
@@ -1126,6 +1146,42 @@ static void test_check_held_dtypes(void **state)
         dump(&r);
         fail();
     }
+    run_result_free(&r);
+}
+
+/* Memory refusals say where: a uniform plan's stage that fits no layout
+ * names the plan, the stage, its layers and meshes (it once said only "no
+ * strategy choice fits in memory"); a one-stage plan whose working set
+ * alone fills the devices says so (it once reported a negative room). */
+static void test_memory_refusals_say_where(void **state)
+{
+    const fixture *fx = *state;
+    char eight[512], four[512], plan[512];
+    write_cpu_cluster(fx, "8", "700000", eight, sizeof eight);
+    write_cpu_cluster(fx, "4", "700000", four, sizeof four);
+    snprintf(plan, sizeof plan, "%s/refused.json", fx->dir);
+    const char *u[] = {"plan", "--model", "wresnet-250m", "--image-size", "32", "--channels",
+                       "4", "--width-factor", "1", "--classes", "10", "--cluster-file", eight,
+                       "--method", "uniform", "--dp", "2", "--op", "1", "--pp", "4",
+                       "--global-batch", "16", "-o", plan, NULL};
+    run_result r;
+    run_ok(fx, u, &r);
+    expect_exit(&r, 1);
+    expect_in(&r, false, "uniform plan of wresnet-250m, stage ");
+    expect_in(&r, false, "on 1x2 devices, logical mesh 2x1): no strategy choice fits in memory");
+    run_result_free(&r);
+    const char *d[] = {"plan", "--model", "moe-380m", "--hidden", "16", "--layers", "1",
+                       "--heads", "4", "--seq", "16", "--vocab", "100", "--ffn", "64",
+                       "--experts", "1", "--expert-group", "32", "--top-k", "1",
+                       "--capacity-factor", "1.25", "--dtype", "fp32", "--cluster-file", four,
+                       "--global-batch", "32", "--method",
+                       "data", "--mesh", "1x4", "--remat", "-o", plan, NULL};
+    run_ok(fx, d, &r);
+    expect_exit(&r, 1);
+    expect_in(&r, false, "moe-380m does not fit in memory with method data on 1x4 (0.0007 GB "
+                         "per device): no room is left beside a micro-batch's working set");
+    if (contains(r.err, r.err_len, "GB left beside"))
+        fail_msg("a room reported: %s", r.err);
     run_result_free(&r);
 }
 
@@ -1660,6 +1716,7 @@ int main(void)
         cmocka_unit_test(test_remat_layers),
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
+        cmocka_unit_test(test_memory_refusals_say_where),
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_export_stdout),
