@@ -17,6 +17,7 @@
 #ifdef PS_HAVE_CUDA
 #include "exec/cuda/cuda_backend.h"
 #endif
+#include "exec/half.h"
 #include "exec/memory_need.h"
 #include "exec/runtime.h"
 #include "planner/lower.h"
@@ -316,6 +317,7 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
     /* not where the run held half precision (--check-fp32 included: its
      * reference is fp32, the run's ReLUs were not): at half precision's
      * tolerance the rule would move outputs wholesale, not a few at zero */
+    bool run_half = !bc->fp32 && ps_exec_has_half(set->step);
     if (!out->cmp.ok && one_process && has_relu(set->step) && storage == PS_DTYPE_F32) {
         ps_exec_options eo2 = *eo, ro2 = *ro;
         eo2.trace_path = NULL;
@@ -337,7 +339,7 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
     /* the reference holds what the run held (not --check-fp32's fp32 against
      * a half run: what half precision loses is what that check shows) */
     out->rounding_pass = !out->cmp.ok && one_process &&
-                         (storage == PS_DTYPE_F32 || !check_fp32) &&
+                         (!run_half || !check_fp32) &&
                          out->cmp.param_excess <= 1;
     if (!out->rounding_pass)
         return PS_OK;
@@ -564,7 +566,8 @@ int ps_cmd_exec(int argc, char **argv)
         }
         /* fp32 parameters with Adam's state in half precision */
         char state[64] = "";
-        bool half_state = storage == PS_DTYPE_F32 && !bc.fp32 && ps_exec_has_half(set->step);
+        bool half_state = storage == PS_DTYPE_F32 && !bc.fp32 &&
+                          ps_half_dtype(m->train.optimizer_dtype) && ps_exec_has_half(set->step);
         if (half_state)
             snprintf(state, sizeof state, ", Adam's state in %s",
                      ps_dtype_name(m->train.optimizer_dtype));

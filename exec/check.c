@@ -1,4 +1,5 @@
 #include "exec/check.h"
+#include "exec/half.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,8 +16,7 @@ ps_dtype ps_exec_storage(const ps_graph *step, bool half_storage)
 bool ps_exec_has_half(const ps_graph *step)
 {
     for (int t = 0; t < step->n_tensors; t++)
-        if (step->tensors[t].desc.dtype == PS_DTYPE_F16 ||
-            step->tensors[t].desc.dtype == PS_DTYPE_BF16)
+        if (ps_half_dtype(step->tensors[t].desc.dtype))
             return true;
     return false;
 }

@@ -171,12 +171,16 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
             if (session != NULL)
                 st = ps_intra_session_solve(session, &io, &fit, &inner);
         } else {
+            /* attempt 0: the working set alone fills the devices; later,
+             * the refits' overshoots have used up what was left */
             st = ps_error_set(err, PS_ERR_INFEASIBLE,
                               "%s does not fit in memory with method %s on %dx%d (%.4g GB per "
-                              "device): no room is left beside a micro-batch's working set "
+                              "device):%s no room is left beside a micro-batch's working set "
                               "(%.4g GB in the best layout found)",
                               req->forward->name, ps_intra_method_names[req->method], d0, d1,
-                              m->memory_bytes / 1e9, transient / 1e9);
+                              m->memory_bytes / 1e9,
+                              attempt == 0 ? "" : " refitted to a smaller budget,",
+                              transient / 1e9);
             goto out;
         }
         if (st != PS_OK) {

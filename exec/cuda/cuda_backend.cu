@@ -55,8 +55,9 @@ typedef struct dev_state {
 /* What a member publishes at a collective's rendezvous. */
 typedef struct rv_slot {
     ps_tile src, dst;
-    void *data; /* reduce: n floats, or doubles (reduce64) */
+    void *data; /* reduce: n floats, or doubles (dbl: reduce64) */
     int64_t n;
+    bool dbl;
 } rv_slot;
 
 typedef struct group_state {
@@ -594,7 +595,7 @@ static ps_status group_wait(cuda_backend *cb, group_state *gs, int device, const
 /* Publishes this member's part of its next collective on the group and
  * returns that collective's set of slots (read after group_wait). */
 static rv_slot *publish(cuda_backend *cb, group_state *gs, int rank, const ps_tile *src,
-                        const ps_tile *dst, void *data, int64_t n)
+                        const ps_tile *dst, void *data, int64_t n, bool dbl)
 {
     pthread_mutex_lock(&cb->mu);
     rv_slot *set = gs->slot + (size_t)(gs->seq[rank] & 1u) * (size_t)gs->n;
@@ -607,6 +608,7 @@ static rv_slot *publish(cuda_backend *cb, group_state *gs, int rank, const ps_ti
         s->dst = *dst;
     s->data = data;
     s->n = n;
+    s->dbl = dbl;
     pthread_mutex_unlock(&cb->mu);
     return set;
 }
@@ -671,7 +673,7 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
     ps_cuda_stream *s = d->s;
     /* what this device issued (its src) is complete before others read it */
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0);
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0, false);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     int64_t n = ps_tile_numel(dst);
     void *tmp;
@@ -705,13 +707,14 @@ static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, i
     ps_cuda_stream *s = d->s;
     size_t size = dbl ? sizeof(double) : sizeof(float);
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n);
+    const rv_slot *slot = publish(cb, gs, rank, NULL, NULL, data, n, dbl);
     PS_RET(group_wait(cb, gs, d->device, what, err));
     for (int m = 0; m < gs->n; m++)
-        if (slot[m].n != n)
+        if (slot[m].n != n || slot[m].dbl != dbl)
             return ps_error_set(err, PS_ERR_INVALID,
-                                "device %d: %s of %lld values, member %d reduces %lld",
-                                d->device, what, (long long)n, m, (long long)slot[m].n);
+                                "device %d: %s of %lld %s, member %d reduces %lld %s",
+                                d->device, what, (long long)n, dbl ? "doubles" : "floats", m,
+                                (long long)slot[m].n, slot[m].dbl ? "doubles" : "floats");
     void *tmp;
     PS_RET(scratch(d, 0, (size_t)n * size, &tmp, err));
     if (n > 0) {
@@ -825,7 +828,7 @@ static ps_status member_boxes(cuda_backend *cb, dev_state *d, group_state *gs,
             m[i].dst = dsts[i];
         }
     } else {
-        const rv_slot *slot = publish(cb, gs, g->rank, src, dst, NULL, 0);
+        const rv_slot *slot = publish(cb, gs, g->rank, src, dst, NULL, 0, false);
         st = group_wait(cb, gs, d->device, what, err);
         if (st == PS_OK) {
             pthread_mutex_lock(&cb->mu);
@@ -1016,13 +1019,21 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
         return ps_error_set(err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     ps_status st = PS_OK;
     if (!ps_group_is_local(cb->mail, g)) {
-        st = ps_cuda_remote_counts(cb->mail, d->device, g, (int)op, n, counts, err);
+        /* the kind tells floats from doubles: a member reducing the other
+         * type fails the exchange (different kinds) */
+        st = ps_cuda_remote_counts(cb->mail, d->device, g, (int)op + (dbl ? 2 : 0), n, counts,
+                                   err);
     } else {
-        const rv_slot *slot = publish(cb, gs, g->rank, NULL, NULL, data, n);
+        const rv_slot *slot = publish(cb, gs, g->rank, NULL, NULL, data, n, dbl);
         st = group_wait(cb, gs, d->device, what, err);
         pthread_mutex_lock(&cb->mu);
-        for (int m = 0; m < gs->n && st == PS_OK; m++)
+        for (int m = 0; m < gs->n && st == PS_OK; m++) {
             counts[m] = slot[m].n;
+            if (slot[m].dbl != dbl)
+                st = ps_error_set(err, PS_ERR_INVALID,
+                                  "device %d: %s of %s, member %d reduces %s", d->device, what,
+                                  dbl ? "doubles" : "floats", m, dbl ? "floats" : "doubles");
+        }
         pthread_mutex_unlock(&cb->mu);
     }
     for (int m = 0; m < gs->n && st == PS_OK; m++)

@@ -109,7 +109,6 @@ ps_status ps_cuda_remote_recv(ps_mailbox *mb, ps_cuda_stream *s, int peer, ps_ti
     return st;
 }
 
-/* n floats from the device into a new host buffer. */
 /* n elements of `size` bytes (4: float, 8: double) between device and a
  * malloc'd host copy. */
 static ps_status to_host_sized(ps_cuda_stream *s, const void *src, int64_t n, size_t size,
