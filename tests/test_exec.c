@@ -635,6 +635,26 @@ static void count_failure(void *arg, ps_status st, const ps_error *err)
     atomic_fetch_add(&failure_reports, 1);
 }
 
+/* An 8-device CPU backend whose ops fail as failing_op says. */
+static ps_backend *failing_backend(const int *slots)
+{
+    ps_backend *b = NULL;
+    ps_error err = {0};
+    if (ps_cpu_backend_create(8, slots, NULL, &b, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    real_ops = b->ops;
+    failing_ops = *b->ops;
+    failing_ops.op = failing_op;
+    b->ops = &failing_ops;
+    return b;
+}
+
+static void destroy_failing(ps_backend *b)
+{
+    b->ops = real_ops;
+    b->ops->destroy(b);
+}
+
 static void test_failure_stops_all(void **state)
 {
     (void)state;
@@ -652,12 +672,7 @@ static void test_failure_stops_all(void **state)
     for (int d = 0; d < 8; d++)
         slots[d] = ps_exec_timing_slots(set, d);
     for (fail_device = 0; fail_device < 8; fail_device += 3) {
-        ps_backend *b = NULL;
-        assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
-        real_ops = b->ops;
-        failing_ops = *b->ops;
-        failing_ops.op = failing_op;
-        b->ops = &failing_ops;
+        ps_backend *b = failing_backend(slots);
         ps_exec_options o = ps_exec_options_default();
         ps_exec_result *r = NULL;
         ps_status st = ps_exec_run(set, b, &o, &r, &err);
@@ -667,8 +682,7 @@ static void test_failure_stops_all(void **state)
         snprintf(want, sizeof want, "device %d", fail_device);
         if (strstr(err.msg, want) == NULL || strstr(err.msg, "injected failure") == NULL)
             fail_msg("message does not name the device: %s", err.msg);
-        b->ops = real_ops;
-        b->ops->destroy(b);
+        destroy_failing(b);
     }
     /* Two devices of stage 0 failing at the same moment: one first error,
      * reported once (two reports, one overwriting the other, before the
@@ -679,12 +693,7 @@ static void test_failure_stops_all(void **state)
         fail_device_2 = 1;
         atomic_store(&failures_met, 0);
         atomic_store(&failure_reports, 0);
-        ps_backend *b = NULL;
-        assert_int_equal(ps_cpu_backend_create(8, slots, NULL, &b, &err), PS_OK);
-        real_ops = b->ops;
-        failing_ops = *b->ops;
-        failing_ops.op = failing_op;
-        b->ops = &failing_ops;
+        ps_backend *b = failing_backend(slots);
         ps_exec_options o = ps_exec_options_default();
         o.on_failure = count_failure;
         ps_exec_result *r = NULL;
@@ -694,8 +703,7 @@ static void test_failure_stops_all(void **state)
         if ((strstr(err.msg, "device 0") == NULL && strstr(err.msg, "device 1") == NULL) ||
             strstr(err.msg, "injected failure") == NULL)
             fail_msg("not one of the two failures: %s", err.msg);
-        b->ops = real_ops;
-        b->ops->destroy(b);
+        destroy_failing(b);
     }
     fail_device_2 = -1;
     ps_program_set_free(set);
