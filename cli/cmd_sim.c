@@ -174,7 +174,7 @@ int ps_cmd_sim(int argc, char **argv)
     so.progress = ps_log_progress_enabled();
     PS_TRY(ps_sim_run(set, plan->cluster, &so, &sum, &stats, &err));
     warn_over_memory(plan_path, plan->cluster, sum);
-    PS_TRY(ps_summary_from_plan(plan, &pred));
+    PS_TRY(ps_summary_from_plan(plan, set, &pred));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(sum, summary_path, &err));
     if (pred_path != NULL)

@@ -1288,18 +1288,34 @@ static ps_status summarize(runtime *rt, ps_error *err)
         rt->result->step_s[first + k] = vals[k] = t;
     }
     sum->iteration_s = ps_median(vals, steps);
+    /* the median step (the two middle ones when their number is even), by
+     * time: each device's compute, communication and idle are that step's,
+     * so that they add up to the iteration as in the other summaries (the
+     * medians of each apart did not: up to 6% more) */
+    const double *step_t = rt->result->step_s + first;
+    int mid_lo = -1, mid_hi = -1;
+    for (int k = 0; k < steps; k++) {
+        int below = 0, equal_before = 0; /* rank of step k: by time, then index */
+        for (int j = 0; j < steps; j++) {
+            below += step_t[j] < step_t[k];
+            equal_before += j < k && step_t[j] == step_t[k];
+        }
+        int rank = below + equal_before;
+        if (rank == (steps - 1) / 2)
+            mid_lo = k;
+        if (rank == steps / 2)
+            mid_hi = k;
+    }
     for (int i = 0; i < s->n_devices; i++) {
         const report_head *h = head[i];
         ps_summary_device *sd = &sum->devices[i];
         int stage = sd->stage;
         sd->peak_memory_bytes = h->peak_bytes;
-        for (int k = 0; k < steps; k++)
-            vals[k] = TIMES(i)[k].compute_s;
-        sd->compute_s = ps_median(vals, steps);
-        for (int k = 0; k < steps; k++)
-            vals[k] = TIMES(i)[k].comm_s;
-        sd->comm_s = ps_median(vals, steps);
-        sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
+        const step_times *lo = &TIMES(i)[mid_lo], *hi = &TIMES(i)[mid_hi];
+        sd->compute_s = 0.5 * (lo->compute_s + hi->compute_s);
+        sd->comm_s = 0.5 * (lo->comm_s + hi->comm_s);
+        sd->idle_s = fmax(0.0, 0.5 * ((step_t[mid_lo] - lo->compute_s - lo->comm_s) +
+                                      (step_t[mid_hi] - hi->compute_s - hi->comm_s)));
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
         if (tw != NULL && stage >= 0) {
             char name[64];

@@ -896,6 +896,52 @@ static void test_sim_node_collectives(void **state)
                                   "not \"fast\"");
     }
 }
+
+/* sim --predicted: the planner's summary splits each device's time into
+ * compute and communication by its phases' kernels. Compute is what the
+ * simulator replays without contention, so the two agree to rounding; the
+ * split by the plan's ops once counted the update's gradient all-reduce once
+ * per micro-batch, and with data parallelism gave half to a sixth of the
+ * compute. Each device's times add up to the iteration. */
+static void test_sim_predicted_split(void **state)
+{
+    const fixture *fx = *state;
+    char plan[512], sim[512], pred[512];
+    snprintf(plan, sizeof plan, "%s/split-plan.json", fx->dir);
+    snprintf(sim, sizeof sim, "%s/split-sim.json", fx->dir);
+    snprintf(pred, sizeof pred, "%s/split-pred.json", fx->dir);
+    static const char *const dp[] = {"1", "2", "4"}, *const op[] = {"8", "4", "2"};
+    for (int k = 0; k < 3; k++) {
+        const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
+                           "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
+                           "dgx-a100:2", "--method", "uniform", "--dp", dp[k], "--op", op[k],
+                           "--pp", "2", "--global-batch", "32", "--micro-batches", "4", "-o",
+                           plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        const char *b[] = {"sim", "--plan", plan, "--summary", sim, "--predicted", pred, NULL};
+        expect_success(fx, b, "simulated / predicted");
+        json_t *js = json_load_file(sim, 0, NULL), *jp = json_load_file(pred, 0, NULL);
+        assert_non_null(js);
+        assert_non_null(jp);
+        double it = json_number_value(json_object_get(jp, "iteration_s"));
+        json_t *ds = json_object_get(js, "devices"), *dq = json_object_get(jp, "devices");
+        assert_int_equal(json_array_size(ds), 16);
+        assert_int_equal(json_array_size(dq), 16);
+        for (size_t d = 0; d < 16; d++) {
+            json_t *x = json_array_get(dq, d), *y = json_array_get(ds, d);
+            double pc = json_number_value(json_object_get(x, "compute_s"));
+            double sc = json_number_value(json_object_get(y, "compute_s"));
+            double sum = pc + json_number_value(json_object_get(x, "comm_s")) +
+                         json_number_value(json_object_get(x, "idle_s"));
+            if (!(fabs(pc - sc) <= 1e-9 * sc) || !(fabs(sum - it) <= 1e-12 + 1e-9 * it))
+                fail_msg("dp %s, device %zu: predicted compute %.9g s, simulated %.9g s; "
+                         "compute + comm + idle %.9g s, iteration %.9g s",
+                         dp[k], d, pc, sc, sum, it);
+        }
+        json_decref(js);
+        json_decref(jp);
+    }
+}
 #endif
 
 /* ---- fixture ------------------------------------------------------------------ */
@@ -1754,6 +1800,7 @@ int main(void)
         cmocka_unit_test(test_sim_without_simgrid),
 #else
         cmocka_unit_test(test_sim_node_collectives),
+        cmocka_unit_test(test_sim_predicted_split),
 #endif
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_memory_check),

@@ -1099,6 +1099,20 @@ static void run_stalled(const ps_plan *p, int warmup, int steps, unsigned stalls
         fail_msg("%s", err.msg);
 }
 
+/* Each device's compute, communication and idle add up to the iteration
+ * (they are the median step's; the medians of each apart did not). */
+static void check_device_times_add_up(const ps_summary *sum)
+{
+    for (int d = 0; d < sum->n_devices; d++) {
+        const ps_summary_device *x = &sum->devices[d];
+        double total = x->compute_s + x->comm_s + x->idle_s;
+        if (!(fabs(total - sum->iteration_s) <= 1e-12 + 1e-9 * sum->iteration_s))
+            fail_msg("device %d: compute %.9g + comm %.9g + idle %.9g = %.9g s, iteration "
+                     "%.9g s",
+                     d, x->compute_s, x->comm_s, x->idle_s, total, sum->iteration_s);
+    }
+}
+
 /* Warm-up steps leave the run's numbers alone: two of them (the first
  * stalled) and then 3 steps give the losses, parameters and gradients of 3
  * steps without warm-up, bit for bit. The summary takes each time's median
@@ -1144,6 +1158,8 @@ static void test_warmup_and_medians(void **state)
                  r->step_s[2] * 1e3, hi_s * 1e3);
     assert_true(r->summary->iteration_s == hi_s); /* the median of the three */
     assert_true(r->summary->iteration_s >= lo_s);
+    check_device_times_add_up(r->summary);
+    check_device_times_add_up(quiet->summary);
     /* a stalled step's stage-0 forward (the mean over its runs) grows by the
      * stall over their number */
     int runs = 0;
@@ -1162,6 +1178,11 @@ static void test_warmup_and_medians(void **state)
     run_stalled(p, 0, 1, 1u, &ra);
     assert_true(ra.r->step_s[0] >= STALL_S);
     assert_true(ra.r->summary->iteration_s == ra.r->step_s[0]);
+    check_device_times_add_up(ra.r->summary);
+    run_free(&ra);
+    /* an even count: the two middle steps' mean */
+    run_stalled(p, 0, 2, 0, &ra);
+    check_device_times_add_up(ra.r->summary);
     run_free(&ra);
     /* a negative warm-up is refused */
     ps_exec_options o = ps_exec_options_default();

@@ -3,11 +3,41 @@
 #include <stdio.h>
 #include <string.h>
 
-ps_status ps_summary_from_plan(const ps_plan *p, ps_summary **out)
+/* Predicted compute and communication seconds of stage k's kernels of
+ * phases [from, to]: COMPUTE and SLICE are compute, COLLECTIVE
+ * communication (as the simulator counts them). */
+static void kernel_split(const ps_program_set *set, int k, int from, int to, double *compute,
+                         double *comm)
+{
+    *compute = *comm = 0;
+    for (int ph = from; ph <= to; ph++) {
+        int ki = set->stages[k].kernel[ph];
+        if (ki < 0 || ki >= set->n_kernels) /* an empty phase */
+            continue;
+        const ps_kernel *kn = &set->kernels[ki];
+        for (int i = 0; i < kn->n_instrs; i++) {
+            const ps_instr *in = &kn->instrs[i];
+            if (in->kind == PS_INSTR_COMPUTE || in->kind == PS_INSTR_SLICE)
+                *compute += in->seconds;
+            else if (in->kind == PS_INSTR_COLLECTIVE)
+                *comm += in->seconds;
+        }
+    }
+}
+
+/* The compute share of a phase's time: 1 where it has no communication. */
+static double compute_share(double compute, double comm)
+{
+    return compute + comm > 0 ? compute / (compute + comm) : 1;
+}
+
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_summary **out)
 {
     int n_dev = ps_cluster_device_count(p->cluster);
     ps_summary *s = NULL;
     *out = NULL;
+    if (set->n_stages != p->n_stages)
+        return PS_ERR_INVALID;
     ps_status st = ps_summary_create(n_dev, p->n_stages, &s);
     if (st != PS_OK)
         return st;
@@ -36,19 +66,17 @@ ps_status ps_summary_from_plan(const ps_plan *p, ps_summary **out)
         ss->update_s = ps->update_s;
         ss->time_s = ps->time_s;
         ss->peak_memory_bytes = ps->peak_memory_bytes;
-        /* the plan splits time into compute and communication per op */
-        double compute = 0, comm = 0;
-        for (int j = 0; j < ps->n_ops; j++) {
-            compute += ps->ops[j].compute_s;
-            comm += ps->ops[j].comm_s;
-        }
         double per_step = ps->time_s * p->micro_batches + ps->update_s;
-        double busy = compute + comm > 0 ? compute / (compute + comm) : 1;
+        double c, m;
+        kernel_split(set, k, PS_PHASE_FORWARD, PS_PHASE_BACKWARD, &c, &m);
+        double compute_s = ps->time_s * p->micro_batches * compute_share(c, m);
+        kernel_split(set, k, PS_PHASE_UPDATE, PS_PHASE_UPDATE, &c, &m);
+        compute_s += ps->update_s * compute_share(c, m);
         for (int i = 0; i < ps->n_devices; i++) {
             ps_summary_device *d = &s->devices[ps->devices[i]];
             d->stage = k;
-            d->compute_s = per_step * busy;
-            d->comm_s = per_step * (1 - busy);
+            d->compute_s = compute_s;
+            d->comm_s = per_step - compute_s;
             d->idle_s = p->iteration_s > per_step ? p->iteration_s - per_step : 0;
             d->peak_memory_bytes = ps->peak_memory_bytes;
         }

@@ -4,12 +4,19 @@
 #define PS_TRACES_PLAN_SUMMARY_H
 
 #include "core/plan.h"
+#include "core/program.h"
 #include "traces/summary.h"
 
 /* Per stage: the plan's forward/backward/update times and peak memory; per
  * device: its stage's compute and communication over one iteration as the
  * pipeline formula counts them (micro-batches x time, plus the update), idle
- * the rest. */
-ps_status ps_summary_from_plan(const ps_plan *p, ps_summary **out);
+ * the rest. Each part is split into compute and communication by the
+ * predicted seconds of its phase's kernels in `set` (the plan lowered):
+ * micro-batches x (forward + backward) by the forward and backward kernels',
+ * the update by the update kernel's (its gradient synchronization, once a
+ * step; the plan's ops, summed, cannot tell the phases apart and counted
+ * that synchronization once per micro-batch). PS_ERR_INVALID: set is not
+ * this plan's (another stage count). */
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_summary **out);
 
 #endif
