@@ -74,9 +74,13 @@ ps_status ps_json_doc_load(const char *path, ps_json_doc **out, ps_error *err)
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (f == NULL)
         return ps_error_set(err, PS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    errno = 0;
     text = read_stream(f, &len);
     if (text == NULL) {
-        st = ps_error_set(err, PS_ERR_IO, "%s: cannot read", path);
+        /* a directory opens but does not read (EISDIR) */
+        int e = errno;
+        st = ps_error_set(err, e == ENOMEM || e == 0 ? PS_ERR_NOMEM : PS_ERR_IO,
+                          "%s: cannot read: %s", path, strerror(e != 0 ? e : ENOMEM));
         goto out;
     }
     /* binary data gets a plain answer instead of a parser message quoting

@@ -590,6 +590,18 @@ static void test_missing_graph_file(void **state)
     expect_in(&r, false, path);
     expect_in(&r, false, "cannot open");
     run_result_free(&r);
+    /* a directory opens but does not read: the reason is said */
+    const char *readers[][5] = {{"graph", "--graph", fx->dir, NULL},
+                                {"exec", "--plan", fx->dir, NULL},
+                                {"plot", "--scaling", fx->dir, "-o", fx->dir}};
+    for (int k = 0; k < 3; k++) {
+        const char *args[6] = {readers[k][0], readers[k][1], readers[k][2], readers[k][3],
+                               readers[k][4], NULL};
+        run_ok(fx, args, &r);
+        expect_exit(&r, 1);
+        expect_in(&r, false, ": cannot read: Is a directory");
+        run_result_free(&r);
+    }
 }
 
 static void test_help(void **state)

@@ -828,7 +828,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
         pts[n_points++] = (scaling_point){s, devices, tp, lineno};
     }
     if (ferror(in)) {
-        st = ps_error_set(err, PS_ERR_IO, "%s: cannot read", csv_path);
+        st = ps_error_set(err, PS_ERR_IO, "%s: cannot read: %s", csv_path, strerror(errno));
         goto out;
     }
     if (n_points == 0) {
