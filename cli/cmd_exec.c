@@ -270,6 +270,7 @@ enum { CHECK_REF, CHECK_RUN_KEPT, CHECK_REF_ALIGNED, CHECK_REF_NUDGED, CHECK_RUN
 typedef struct check_outcome {
     ps_exec_comparison cmp;     /* the comparison reported */
     const ps_exec_result *ref;  /* the reference reported */
+    bool run_half;              /* the run held fp16/bf16 tensors in 2 bytes */
     bool rounding_pass;         /* noise below was measured */
     /* dynamic loss scaling: the first step the nudged reference skipped and
      * the reference did not, or the other way (0: none); its noise then
@@ -298,13 +299,15 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
     /* the reference holds what the run held, so both round alike (fp32
      * parameters with half Adam state included), or (--check-fp32) fp32, so
      * that what the half dtype loses shows */
+    bool run_half = !bc->fp32 && ps_exec_has_half(set->step);
     backend_choice cpu = {.kind = "cpu",
-                          .fp32 = check_fp32 || bc->fp32 || !ps_exec_has_half(set->step),
+                          .fp32 = check_fp32 || !run_half,
                           .fail_device = -1,
                           .host_memory = bc->host_memory};
     check_run *ref = &runs[CHECK_REF], *kept = &runs[CHECK_RUN_KEPT],
               *aligned = &runs[CHECK_REF_ALIGNED], *nudged = &runs[CHECK_REF_NUDGED];
     memset(out, 0, sizeof *out);
+    out->run_half = run_half;
     ps_status st = run_plan(ref_plan, &cpu, lo, ro, &ref->set, &ref->m, &ref->r, NULL, err);
     if (st == PS_ERR_NOMEM && !ro->skip_memory_check) { /* the whole model on one device */
         char msg[PS_ERROR_MSG_MAX];
@@ -317,7 +320,6 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
     /* not where the run held half precision (--check-fp32 included: its
      * reference is fp32, the run's ReLUs were not): at half precision's
      * tolerance the rule would move outputs wholesale, not a few at zero */
-    bool run_half = !bc->fp32 && ps_exec_has_half(set->step);
     if (!out->cmp.ok && one_process && has_relu(set->step) && storage == PS_DTYPE_F32) {
         ps_exec_options eo2 = *eo, ro2 = *ro;
         eo2.trace_path = NULL;
@@ -566,8 +568,8 @@ int ps_cmd_exec(int argc, char **argv)
         }
         /* fp32 parameters with Adam's state in half precision */
         char state[64] = "";
-        bool half_state = storage == PS_DTYPE_F32 && !bc.fp32 &&
-                          ps_half_dtype(m->train.optimizer_dtype) && ps_exec_has_half(set->step);
+        bool half_state =
+            storage == PS_DTYPE_F32 && co.run_half && ps_half_dtype(m->train.optimizer_dtype);
         if (half_state)
             snprintf(state, sizeof state, ", Adam's state in %s",
                      ps_dtype_name(m->train.optimizer_dtype));
