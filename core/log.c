@@ -52,10 +52,15 @@ void ps_log_write(ps_log_level level, const char *file, int line, const char *fm
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    const char *base = strrchr(file, '/');
-    base = base ? base + 1 : file;
+    /* The source location is for developers: shown only at PIPESHARD_LOG=debug. */
+    char where[96] = "";
+    if (ps_log_enabled(PS_LOG_LEVEL_DEBUG)) {
+        const char *base = strrchr(file, '/');
+        base = base ? base + 1 : file;
+        snprintf(where, sizeof where, " %s:%d", base, line);
+    }
     if (thread_rank >= 0)
-        fprintf(stderr, "pipeshard[%d] %s %s:%d: %s\n", thread_rank, names[level], base, line, text);
+        fprintf(stderr, "pipeshard[%d] %s%s: %s\n", thread_rank, names[level], where, text);
     else
-        fprintf(stderr, "pipeshard %s %s:%d: %s\n", names[level], base, line, text);
+        fprintf(stderr, "pipeshard %s%s: %s\n", names[level], where, text);
 }

@@ -252,6 +252,33 @@ static void test_refuse_plans(void **state)
                                     "(plan 0123456789abcdef, tiny on p3.16xlarge:1; plan "
                                     "fedcba9876543210, other on p3.16xlarge:1)"));
     free_runs(runs, 2);
+
+    /* one digest under two models' or clusters' names: one summary was edited */
+    ps_summary *a = NULL, *b = NULL;
+    assert_int_equal(ps_summary_create(1, 1, &a), PS_OK);
+    assert_int_equal(ps_summary_create(1, 1, &b), PS_OK);
+    snprintf(a->plan, sizeof a->plan, "0123456789abcdef");
+    snprintf(b->plan, sizeof b->plan, "0123456789abcdef");
+    snprintf(a->model, sizeof a->model, "gpt-350m");
+    snprintf(b->model, sizeof b->model, "gpt-1.3b");
+    snprintf(a->cluster, sizeof a->cluster, "h100x1");
+    snprintf(b->cluster, sizeof b->cluster, "h100x1");
+    const ps_summary *both[2] = {a, b};
+    const char *files[2] = {"a.json", "b.json"};
+    ps_error_clear(&err);
+    assert_int_equal(ps_compare_create(both, files, 2, -1, &c, &err), PS_ERR_INVALID);
+    assert_string_equal(err.msg, "cannot compare a.json and b.json: both name plan "
+                                 "0123456789abcdef, but as gpt-350m on h100x1 in a.json and "
+                                 "gpt-1.3b on h100x1 in b.json; a plan's digest covers its "
+                                 "model and cluster, so one of the two summaries was edited");
+    snprintf(b->model, sizeof b->model, "gpt-350m");
+    snprintf(b->cluster, sizeof b->cluster, "h200x1");
+    ps_error_clear(&err);
+    assert_int_equal(ps_compare_create(both, files, 2, -1, &c, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "gpt-350m on h100x1 in a.json and gpt-350m on h200x1 in "
+                                    "b.json"));
+    ps_summary_free(a);
+    ps_summary_free(b);
 }
 
 static void test_refuse_layouts(void **state)
@@ -775,6 +802,11 @@ static void test_plot_errors(void **state)
          "bad.csv:4: series \"A\" has 1 devices already (line 2)"},
         {"series,devices,throughput,model\nA,1,1,m\nA,2,1\n",
          "bad.csv:3: 3 fields, the header has 4"},
+        /* a column named twice: neither is picked silently */
+        {"series,devices,throughput (PFLOP/s),throughput (TFLOP/s)\nA,1,1,1000\n",
+         "bad.csv:1: the header names \"throughput (TFLOP/s)\" in columns 3 and 4"},
+        {"series,devices,series,throughput\nA,1,B,1\n",
+         "bad.csv:1: the header names \"series\" in columns 1 and 3"},
     };
     for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
         f = fopen(csv, "w");

@@ -76,9 +76,11 @@ static ps_summary *sample_summary(int extra_idle_devices)
         ps_summary_device *dev = &s->devices[d];
         dev->id = d < 16 ? d : 16 + 3 * (d - 16); /* ids may have gaps */
         dev->stage = d < 16 ? stage_of[d] : -1;
-        dev->compute_s = varied(1.0);
+        /* device 4 computes for longer than the step (overlapped
+         * communication): its idle time is 0, written as a subnormal */
+        dev->compute_s = d == 4 ? 3.0 : varied(1.0);
         dev->comm_s = d == 3 ? 0.0 : varied(0.1);
-        dev->idle_s = d == 4 ? 1e-300 : varied(0.5);
+        dev->idle_s = d == 4 ? 1e-300 : fmax(0.0, s->iteration_s - dev->compute_s - dev->comm_s);
         dev->peak_memory_bytes = dev->stage < 0 ? 0 : varied(16e9);
         if (dev->peak_memory_bytes > s->peak_memory_bytes)
             s->peak_memory_bytes = dev->peak_memory_bytes;
@@ -101,7 +103,10 @@ static ps_summary *sample_summary(int extra_idle_devices)
         g->backward_s = varied(0.02);
         g->time_s = g->forward_s + g->backward_s;
         g->update_s = varied(0.005);
-        g->peak_memory_bytes = varied(16e9);
+        g->peak_memory_bytes = 0; /* the largest of its devices' */
+        for (int d = 0; d < s->n_devices; d++)
+            if (s->devices[d].stage == i)
+                g->peak_memory_bytes = fmax(g->peak_memory_bytes, s->devices[d].peak_memory_bytes);
     }
     return s;
 }
@@ -222,6 +227,7 @@ static void invalid_summaries_are_not_written(void **state)
     ps_error err = {0};
     json_t *j = NULL;
 
+    double iteration_s = s->iteration_s;
     s->iteration_s = NAN;
     assert_int_equal(ps_summary_save(s, t.path, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, t.path));
@@ -229,7 +235,7 @@ static void invalid_summaries_are_not_written(void **state)
     assert_int_equal(access(t.path, F_OK), -1);
     assert_int_equal(ps_summary_to_json(s, &j), PS_ERR_INVALID);
     assert_null(j);
-    s->iteration_s = 1.0;
+    s->iteration_s = iteration_s;
 
     snprintf(s->source, sizeof s->source, "guess");
     ps_error_clear(&err);
@@ -352,6 +358,19 @@ static void malformed_summary_files(void **state)
          "smallest device id of stage 2 in devices[] is 8",
          PS_ERR_INVALID},
         {"stages", 1, "time_s", "null", "stages[1].time_s: expected a number, found null",
+         PS_ERR_INVALID},
+        /* numbers that contradict each other */
+        {"stages", 1, "time_s", "1", "stages[1].time_s: 1 is not forward_s + backward_s",
+         PS_ERR_INVALID},
+        {"stages", 0, "peak_memory_bytes", "1",
+         "stages[0].peak_memory_bytes: 1 is not the largest of stage 0's devices' peaks",
+         PS_ERR_INVALID},
+        {NULL, 0, "peak_memory_bytes", "1",
+         "peak_memory_bytes: 1 is not the largest of the devices' peaks", PS_ERR_INVALID},
+        {"devices", 0, "idle_s", "0",
+         "devices[0].idle_s: 0 is not the rest of the step, iteration_s - compute_s - comm_s",
+         PS_ERR_INVALID},
+        {"devices", 4, "idle_s", "0.5", "devices[4].idle_s: 0.5 is not the rest of the step",
          PS_ERR_INVALID},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {

@@ -66,6 +66,14 @@ static ps_status check_joinable(const ps_summary *a, const char *fa, const ps_su
                             "cannot compare %s and %s: they are runs of different plans "
                             "(plan %s, %s on %s; plan %s, %s on %s)",
                             fa, fb, a->plan, a->model, a->cluster, b->plan, b->model, b->cluster);
+    /* the digest covers the model's and the cluster's names: equal digests
+     * with other names mean a summary was edited, or is of another plan */
+    if (strcmp(a->model, b->model) != 0 || strcmp(a->cluster, b->cluster) != 0)
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "cannot compare %s and %s: both name plan %s, but as %s on %s in %s "
+                            "and %s on %s in %s; a plan's digest covers its model and cluster, "
+                            "so one of the two summaries was edited",
+                            fa, fb, a->plan, a->model, a->cluster, fa, b->model, b->cluster, fb);
     if (a->n_stages != b->n_stages)
         return ps_error_set(err, PS_ERR_INVALID,
                             "cannot compare %s and %s: their stage layouts differ (%d stage%s "

@@ -1,5 +1,6 @@
 #include "traces/plan_summary.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,7 +50,6 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_s
     s->iteration_s = p->iteration_s;
     s->tflops_per_device = p->tflops_per_device;
     s->mfu = p->mfu;
-    s->peak_memory_bytes = p->peak_memory_bytes;
     for (int k = 0; k < p->n_stages; k++) {
         const ps_plan_stage *ps = &p->stages[k];
         ps_summary_stage *ss = &s->stages[k];
@@ -64,12 +64,14 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_s
         ss->forward_s = ps->forward_s;
         ss->backward_s = ps->backward_s;
         ss->update_s = ps->update_s;
-        ss->time_s = ps->time_s;
+        /* as a summary states them (a plan file read back may disagree) */
+        ss->time_s = ps->forward_s + ps->backward_s;
         ss->peak_memory_bytes = ps->peak_memory_bytes;
-        double per_step = ps->time_s * p->micro_batches + ps->update_s;
+        s->peak_memory_bytes = fmax(s->peak_memory_bytes, ps->peak_memory_bytes);
+        double per_step = ss->time_s * p->micro_batches + ps->update_s;
         double c, m;
         kernel_split(set, k, PS_PHASE_FORWARD, PS_PHASE_BACKWARD, &c, &m);
-        double compute_s = ps->time_s * p->micro_batches * compute_share(c, m);
+        double compute_s = ss->time_s * p->micro_batches * compute_share(c, m);
         kernel_split(set, k, PS_PHASE_UPDATE, PS_PHASE_UPDATE, &c, &m);
         compute_s += ps->update_s * compute_share(c, m);
         for (int i = 0; i < ps->n_devices; i++) {

@@ -765,14 +765,23 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
         }
         if (col_series < 0) { /* the header */
             for (int i = 0; i < n; i++) {
-                if (strcmp(fields[i], "series") == 0 && col_series < 0)
-                    col_series = i;
-                else if (strcmp(fields[i], "devices") == 0 && col_devices < 0)
-                    col_devices = i;
-                else if (strncmp(fields[i], "throughput", 10) == 0 && col_tp < 0) {
-                    col_tp = i;
-                    snprintf(ylabel, sizeof ylabel, "%s", fields[i]);
+                /* a column named twice would leave which one is plotted to chance */
+                int *col = strcmp(fields[i], "series") == 0    ? &col_series
+                           : strcmp(fields[i], "devices") == 0 ? &col_devices
+                           : strncmp(fields[i], "throughput", 10) == 0 ? &col_tp
+                                                                      : NULL;
+                if (col == NULL)
+                    continue;
+                if (*col >= 0) {
+                    st = ps_error_set(err, PS_ERR_PARSE,
+                                      "%s:%d: the header names \"%s\" in columns %d and %d; "
+                                      "one column each for series, devices and throughput",
+                                      csv_path, lineno, fields[i], *col + 1, i + 1);
+                    goto out;
                 }
+                *col = i;
+                if (col == &col_tp)
+                    snprintf(ylabel, sizeof ylabel, "%s", fields[i]);
             }
             n_header = n;
             if (col_series < 0 || col_devices < 0 || col_tp < 0) {

@@ -63,7 +63,7 @@ typedef struct finding {
     const char *array; /* NULL (top level), "devices" or "stages" */
     int index;
     const char *key; /* NULL: the element (or the array) itself */
-    char what[256];
+    char what[384];
 } finding;
 
 static bool found(finding *f, const char *array, int index, const char *key, const char *fmt, ...)
@@ -111,6 +111,51 @@ int ps_summary_source_index(const char *source)
             return found(f, arr, i, #field, "%g is not a number from 0 to %g", (obj)->field,       \
                          SUMMARY_MAX_VALUE);                                                       \
     } while (0)
+
+/* Equal but for the rounding of a sum written by another producer: the
+ * writers compute these identities exactly, and 17 digits load back exactly. */
+static bool same_value(double a, double b)
+{
+    return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)) + 1e-300;
+}
+
+/* What a summary's numbers say of each other (docs/trace-format.md, Checks):
+ * a stage's time is its forward plus its backward; each peak is the max
+ * over the devices it covers; a device's idle time is the rest of the step. */
+static bool identities_check(const ps_summary *s, finding *f)
+{
+    double top_peak = 0;
+    for (int i = 0; i < s->n_devices; i++) {
+        const ps_summary_device *d = &s->devices[i];
+        top_peak = fmax(top_peak, d->peak_memory_bytes);
+        double rest = fmax(0.0, s->iteration_s - d->compute_s - d->comm_s);
+        if (!same_value(d->idle_s, rest))
+            return found(f, "devices", i, "idle_s",
+                         "%.17g is not the rest of the step, iteration_s - compute_s - comm_s "
+                         "(%.17g - %.17g - %.17g, and 0 where that is negative)",
+                         d->idle_s, s->iteration_s, d->compute_s, d->comm_s);
+    }
+    if (!same_value(s->peak_memory_bytes, top_peak))
+        return found(f, NULL, 0, "peak_memory_bytes",
+                     "%.17g is not the largest of the devices' peaks (%.17g)",
+                     s->peak_memory_bytes, top_peak);
+    for (int i = 0; i < s->n_stages; i++) {
+        const ps_summary_stage *g = &s->stages[i];
+        if (!same_value(g->time_s, g->forward_s + g->backward_s))
+            return found(f, "stages", i, "time_s",
+                         "%.17g is not forward_s + backward_s (%.17g + %.17g)", g->time_s,
+                         g->forward_s, g->backward_s);
+        double peak = 0;
+        for (int d = 0; d < s->n_devices; d++)
+            if (s->devices[d].stage == i)
+                peak = fmax(peak, s->devices[d].peak_memory_bytes);
+        if (!same_value(g->peak_memory_bytes, peak))
+            return found(f, "stages", i, "peak_memory_bytes",
+                         "%.17g is not the largest of stage %d's devices' peaks (%.17g)",
+                         g->peak_memory_bytes, i, peak);
+    }
+    return true;
+}
 
 static bool summary_check(const ps_summary *s, finding *f)
 {
@@ -217,7 +262,7 @@ static bool summary_check(const ps_summary *s, finding *f)
                          "device id of stage %d in devices[] is %d",
                          g->first_device, i, first);
     }
-    return true;
+    return identities_check(s, f);
 }
 
 ps_status ps_summary_validate(const ps_summary *s, ps_error *err)
