@@ -239,24 +239,29 @@ static ps_status download_values(device_state *d, const ps_tile *t, void *host)
 }
 
 /* A parameter's values (or its master copy's) one unit in the last place
- * of the parameter's storage larger in magnitude (ps_exec_options.
- * nudge_params): fp32's, or the half type's where the backend holds it so;
- * a master copy moves with its parameter, by the same amount. */
+ * of the parameter's storage larger or smaller in magnitude
+ * (ps_exec_options.nudge_params): fp32's, or the half type's where the
+ * backend holds it so; a master copy moves with its parameter, by the same
+ * amount. A zero moved down stays zero. */
 static void nudge_param(const runtime *rt, int tensor, float *f, int64_t n)
 {
     const ps_tensor *x = &rt->g->tensors[tensor];
     ps_dtype storage = x->kind == PS_TENSOR_PARAM ? x->desc.dtype
                                                   : rt->g->tensors[x->state_of].desc.dtype;
+    bool up = rt->opt->nudge_params == PS_NUDGE_UP;
     if (!rt->b->half_storage || !ps_half_dtype(storage)) {
         for (int64_t i = 0; i < n; i++)
-            f[i] = nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY);
+            f[i] = up ? nextafterf(f[i], f[i] < 0 ? -INFINITY : INFINITY) : nextafterf(f[i], 0);
         return;
     }
     for (int64_t i = 0; i < n; i++) {
         uint16_t h = ps_half_from_float(storage, fabsf(f[i]));
-        float lo = ps_half_to_float(storage, h), hi = ps_half_to_float(storage, h + 1);
-        if (isfinite(hi) && isfinite(lo))
-            f[i] += copysignf(hi - lo, f[i]);
+        if (!up && h == 0)
+            continue;
+        float at = ps_half_to_float(storage, h);
+        float next = ps_half_to_float(storage, up ? h + 1 : h - 1);
+        if (isfinite(next) && isfinite(at))
+            f[i] += copysignf(next - at, f[i]);
     }
 }
 
@@ -269,7 +274,7 @@ static ps_status upload_fill(device_state *d, int buffer, int mb, const ps_tile 
         return ps_error_set(&d->err, PS_ERR_NOMEM, "device %d: out of host memory", d->device);
     int tensor = rt->set->buffers[buffer].tensor;
     ps_status st = ps_exec_fill(rt->g, tensor, mb, rt->opt->seed, t, host, &d->err);
-    if (st == PS_OK && rt->opt->nudge_params && !t->is_int &&
+    if (st == PS_OK && rt->opt->nudge_params != PS_NUDGE_NONE && !t->is_int &&
         ps_exec_holds_param(&rt->g->tensors[tensor]))
         nudge_param(rt, tensor, host, n);
     if (st == PS_OK)

@@ -27,6 +27,13 @@
  * runs. */
 #define PS_EXEC_TIMES_KEPT 1000
 
+/* ps_exec_options.nudge_params: which way the parameters start one ulp off. */
+typedef enum ps_exec_nudge {
+    PS_NUDGE_NONE = 0,
+    PS_NUDGE_UP,   /* larger in magnitude */
+    PS_NUDGE_DOWN, /* smaller in magnitude (a zero stays zero) */
+} ps_exec_nudge;
+
 typedef struct ps_exec_options {
     uint64_t seed;           /* parameters and data */
     int steps;               /* training steps (>= 1); the summary: medians over them
@@ -69,9 +76,10 @@ typedef struct ps_exec_options {
     double align_tol;
     /* Every parameter element (and its master copy) starts one unit in the
      * last place of the parameter's storage (fp32, or fp16/bf16 where the
-     * backend holds them so) larger in magnitude: --check's measure of how
-     * far rounding alone moves the model's gradients. */
-    bool nudge_params;
+     * backend holds them so) larger (PS_NUDGE_UP) or smaller (PS_NUDGE_DOWN)
+     * in magnitude: --check's two samples of how far rounding alone moves
+     * the model's gradients. */
+    ps_exec_nudge nudge_params;
     /* Run without first asking the backend whether the devices' tiles fit
      * (exec/memory_need.h): a plan that does not fit then fails at an
      * allocation, or, in host memory, may be killed by the system. */

@@ -343,7 +343,7 @@ static void skew_backend(ps_backend *b)
 }
 
 /* --check's rounding measure (nudge_params): the reference started from
- * parameters one ulp larger moves its loss and gradients by rounding's
+ * parameters one ulp larger (or smaller) moves its loss and gradients by rounding's
  * amount only (a Wide-ResNet of batchnorm layers amplifies it to about
  * 1e-4); the same plan with a 1% error in one gradient is far beyond it, and
  * the unnudged reference run twice is exactly itself. */
@@ -363,7 +363,7 @@ static void test_rounding_measure(void **state)
     ps_plan *rp = NULL;
     assert_int_equal(ps_plan_reference(p, pm, &rp, &err), PS_OK);
     ps_plan_model_free(pm);
-    run ref, again, nudged, skewed;
+    run ref, again, nudged, nudged_down, skewed;
     ps_exec_options ok = o;
     ok.keep_relus = true;
     assert_int_equal(run_plan(rp, &ok, &ref, &err), PS_OK);
@@ -371,18 +371,24 @@ static void test_rounding_measure(void **state)
     /* its ReLU inputs at zero following the reference's, as in --check:
      * one that flipped moved a weight gradient by 28% */
     ps_exec_options on = o;
-    on.nudge_params = true;
+    on.nudge_params = PS_NUDGE_UP;
     on.align_relus = ref.r;
     on.align_graph = ref.set->step;
     on.align_tol = 1e-4;
     assert_int_equal(run_plan(rp, &on, &nudged, &err), PS_OK);
+    on.nudge_params = PS_NUDGE_DOWN; /* --check's second sample */
+    assert_int_equal(run_plan(rp, &on, &nudged_down, &err), PS_OK);
     if (run_plan_adjusted(p, &o, false, skew_backend, &skewed, &err) != PS_OK)
         fail_msg("%s", err.msg);
     ps_exec_tolerance tol = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 5e-3};
-    ps_exec_comparison same, noise, bug;
+    ps_exec_comparison same, noise, noise_down, apart, bug;
     ps_exec_compare(again.set->step, again.r, ref.set->step, ref.r, &tol, &same);
     ps_exec_compare(nudged.set->step, nudged.r, ref.set->step, ref.r, &tol, &noise);
     ps_exec_compare(skewed.set->step, skewed.r, ref.set->step, ref.r, &tol, &bug);
+    ps_exec_compare(nudged_down.set->step, nudged_down.r, ref.set->step, ref.r, &tol,
+                    &noise_down);
+    ps_exec_compare(nudged_down.set->step, nudged_down.r, nudged.set->step, nudged.r, &tol,
+                    &apart);
     printf("  rounding: loss %.2g, gradients %.2g (%s), %lld ReLU flips; 1%% error: gradients "
            "%.2g (%s)\n",
            noise.loss_rel, noise.grad_rel, noise.grad_worst, (long long)nudged.r->relu_flips,
@@ -390,11 +396,19 @@ static void test_rounding_measure(void **state)
     assert_true(same.loss_rel == 0 && same.grad_rel == 0 && same.param_abs == 0);
     assert_true(noise.loss_rel > 0 && noise.loss_rel < 1e-5);
     assert_true(noise.grad_rel > 0 && noise.grad_rel < 1e-2);
-    assert_true(bug.grad_rel > 10 * noise.grad_rel);
+    /* the two samples: of one size, from parameters two ulps apart */
+    printf("  one ulp smaller: loss %.2g, gradients %.2g\n", noise_down.loss_rel,
+           noise_down.grad_rel);
+    assert_true(noise_down.loss_rel > 0 && noise_down.loss_rel < 1e-5);
+    assert_true(noise_down.grad_rel > 0 && noise_down.grad_rel < 1e-2);
+    assert_true(apart.loss_rel > 0 && apart.grad_rel > 0);
+    /* --check's bound is twice the larger sample: the error is beyond it */
+    assert_true(bug.grad_rel > 10 * fmax(noise.grad_rel, noise_down.grad_rel));
     assert_non_null(strstr(bug.grad_worst, "stem."));
     run_free(&ref);
     run_free(&again);
     run_free(&nudged);
+    run_free(&nudged_down);
     run_free(&skewed);
     ps_plan_free(rp);
     ps_plan_free(p);
