@@ -328,8 +328,10 @@ static int usable_cores(void)
 }
 
 /* The cluster file of the machine measured (--cluster-out). */
+/* gpu_free_bytes: GPU 0's free memory once the backend's context and
+ * handles existed, before the profile allocated anything (CUDA only). */
 static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool cuda,
-                              const char *path, ps_error *err)
+                              double gpu_free_bytes, const char *path, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_cluster *c = NULL;
@@ -338,9 +340,9 @@ static ps_status host_cluster(const ps_profile_db *db, const ps_backend *b, bool
     snprintf(name, sizeof name, "%.58s-host", db->device);
     h.name = name;
     if (cuda) {
-#ifdef PS_HAVE_CUDA
-        h.memory_bytes = ps_cuda_device_memory_bytes(0);
-#endif
+        /* what a run can allocate, not the whole GPU: the planner fills
+         * memory_bytes, and exec's check compares with free memory */
+        h.memory_bytes = gpu_free_bytes;
     } else {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         h.shared_cores = usable_cores();
@@ -492,10 +494,15 @@ int ps_cmd_profile(int argc, char **argv)
         o.n_op_graphs = n_graphs;
     }
     PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
+    double gpu_free_bytes = 0;
+#ifdef PS_HAVE_CUDA
+    if (cuda)
+        gpu_free_bytes = ps_cuda_device_free_bytes(0);
+#endif
     PS_TRY(ps_profile_measure(b, &o, &db, &err));
     PS_TRY(ps_profile_db_save(db, output, &err));
     if (cluster_out != NULL)
-        PS_TRY(host_cluster(db, b, cuda, cluster_out, &err));
+        PS_TRY(host_cluster(db, b, cuda, gpu_free_bytes, cluster_out, &err));
     print_tables(db);
 out:
     if (b != NULL)

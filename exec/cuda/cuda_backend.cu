@@ -32,7 +32,10 @@ typedef struct blk {
     size_t cap;
 } blk;
 
+struct cuda_backend;
+
 typedef struct dev_state {
+    struct cuda_backend *cb; /* the backend it belongs to (for the stream's reclaim) */
     bool here; /* runs in this process (else the rest is unset) */
     int device, gpu;
     ps_cuda_loc loc;
@@ -121,23 +124,40 @@ static ps_status bad_device(const ps_backend *b, int device, ps_error *err)
     dev_state *d = &cb_of(b)->dev[(device)];                                                  \
     PS_CUDA_RET(d->loc, cudaSetDevice(d->gpu))
 
+/* "device D (GPU G): CALL failed (WHAT): NCCL's message": `call` is the
+ * call's source text, of which the function name is kept; `what` (NULL:
+ * none) says which collective, on which group, as which member. */
 static ps_status nccl_fail(ps_cuda_loc loc, ncclResult_t r, ncclComm_t comm, const char *call,
-                           ps_error *err)
+                           const char *what, ps_error *err)
 {
     int n = 0;
     while (call[n] != '\0' && call[n] != '(' && call[n] != ' ')
         n++;
     const char *last = comm != NULL ? ncclGetLastError(comm) : NULL;
-    return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed: %s%s%s",
-                        loc.device, loc.gpu, n, call, ncclGetErrorString(r),
-                        last != NULL && last[0] != '\0' ? ": " : "", last != NULL ? last : "");
+    return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed%s%s%s: %s%s%s",
+                        loc.device, loc.gpu, n, call, what != NULL ? " (" : "",
+                        what != NULL ? what : "", what != NULL ? ")" : "",
+                        ncclGetErrorString(r), last != NULL && last[0] != '\0' ? ": " : "",
+                        last != NULL ? last : "");
 }
 
 #define PS_NCCL_RET(loc, comm, call)                                                          \
     do {                                                                                      \
         ncclResult_t ps_nccl_r_ = (call);                                                     \
         if (ps_nccl_r_ != ncclSuccess)                                                        \
-            return nccl_fail((loc), ps_nccl_r_, (comm), #call, err);                          \
+            return nccl_fail((loc), ps_nccl_r_, (comm), #call, NULL, err);                    \
+    } while (0)
+
+/* The same, naming the collective (`what`) and this member's rank in it. */
+#define PS_NCCL_RET_WHAT(loc, comm, call, what, rank)                                         \
+    do {                                                                                      \
+        ncclResult_t ps_nccl_r_ = (call);                                                     \
+        if (ps_nccl_r_ != ncclSuccess) {                                                      \
+            char ps_nccl_what_[256];                                                          \
+            snprintf(ps_nccl_what_, sizeof ps_nccl_what_, "%s, as its member %d", (what),     \
+                     (rank));                                                                 \
+            return nccl_fail((loc), ps_nccl_r_, (comm), #call, ps_nccl_what_, err);           \
+        }                                                                                     \
     } while (0)
 
 /* ---- memory ------------------------------------------------------------------------ */
@@ -214,6 +234,33 @@ static void cache_flush(dev_state *d)
     d->n_cache = 0;
 }
 
+/* Frees the cached blocks on d's GPU: d's own, then those of the devices
+ * sharing its GPU (--share-gpu); true when there were any. Called without
+ * any device's mutex held; leaves d's GPU current. */
+static bool reclaim_cached(cuda_backend *cb, dev_state *d)
+{
+    int had = 0;
+    for (int j = -1; j < cb->base.n_devices; j++) {
+        dev_state *o = j < 0 ? d : &cb->dev[j];
+        if (j >= 0 && (o == d || !o->here || o->gpu != d->gpu))
+            continue;
+        pthread_mutex_lock(&o->mu);
+        had += o->n_cache;
+        cache_flush(o);
+        pthread_mutex_unlock(&o->mu);
+    }
+    (void)cudaSetDevice(d->gpu);
+    return had > 0;
+}
+
+/* ps_cuda_stream.reclaim: what the pool caches is given back to the GPU
+ * before a workspace, staging or check buffer is refused. */
+static bool stream_reclaim(void *arg)
+{
+    dev_state *d = (dev_state *)arg;
+    return reclaim_cached(d->cb, d);
+}
+
 static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, ps_error *err)
 {
     *out = NULL;
@@ -233,23 +280,8 @@ static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, 
         }
     pthread_mutex_unlock(&d->mu);
     if (p == NULL) {
-        cudaError_t e = cudaMalloc(&p, cap);
-        /* the cached blocks may be what is missing: this device's, then
-         * those of the devices sharing its GPU (--share-gpu) */
-        cuda_backend *cb = cb_of(b);
-        for (int j = -1; e == cudaErrorMemoryAllocation && j < b->n_devices; j++) {
-            dev_state *o = j < 0 ? d : &cb->dev[j];
-            if (j >= 0 && (o == d || !o->here || o->gpu != d->gpu))
-                continue;
-            (void)cudaGetLastError();
-            pthread_mutex_lock(&o->mu);
-            int had = o->n_cache;
-            cache_flush(o);
-            pthread_mutex_unlock(&o->mu);
-            (void)cudaSetDevice(d->gpu);
-            if (had > 0)
-                e = cudaMalloc(&p, cap);
-        }
+        /* the cached blocks may be what is missing (reclaim_cached) */
+        cudaError_t e = ps_cuda_malloc(d->s, &p, cap);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return ps_error_set(err, PS_ERR_DEVICE,
@@ -345,7 +377,7 @@ static ps_status scratch(dev_state *d, int which, size_t bytes, void **out, ps_e
             d->scratch_bytes[which] = 0;
         }
         size_t cap = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-        PS_CUDA_RET(d->loc, cudaMalloc(&d->scratch[which], cap));
+        PS_CUDA_RET(d->loc, ps_cuda_malloc(d->s, &d->scratch[which], cap));
         d->scratch_bytes[which] = cap;
     }
     *out = d->scratch[which];
@@ -741,8 +773,10 @@ static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, i
 
 /* Waits for the stream while watching for an abort and for NCCL errors. */
 static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, ncclComm_t comm,
-                           const char *what, ps_error *err)
+                           const char *what, int rank, ps_error *err)
 {
+    char context[256];
+    snprintf(context, sizeof context, "%s, as its member %d", what, rank);
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess)
@@ -753,9 +787,9 @@ static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, 
         if (comm != NULL) {
             ncclResult_t r = ncclCommGetAsyncError(comm, &ar);
             if (r != ncclSuccess)
-                return nccl_fail(d->loc, r, comm, "ncclCommGetAsyncError", err);
+                return nccl_fail(d->loc, r, comm, "ncclCommGetAsyncError", context, err);
             if (ar != ncclSuccess && ar != ncclInProgress)
-                return nccl_fail(d->loc, ar, comm, what, err);
+                return nccl_fail(d->loc, ar, comm, "NCCL", context, err);
         }
         pthread_mutex_lock(&cb->mu);
         bool ab = cb->aborted;
@@ -792,8 +826,15 @@ static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs,
         uid = gs->uid;
         pthread_mutex_unlock(&cb->mu);
     }
+    /* NCCL allocates its buffers here, once per group, and a failure
+     * cannot be retried (the peers are inside the same call): what the
+     * pool caches goes back to the GPU first */
+    (void)reclaim_cached(cb, d);
     ncclComm_t c = NULL;
-    PS_NCCL_RET(d->loc, (ncclComm_t)NULL, ncclCommInitRank(&c, gs->n, uid, rank));
+    char setup[64];
+    snprintf(setup, sizeof setup, "communicator of group %d", gs->id);
+    PS_NCCL_RET_WHAT(d->loc, (ncclComm_t)NULL, ncclCommInitRank(&c, gs->n, uid, rank), setup,
+                     rank);
     gs->comm[rank] = c;
     *out = c;
     return PS_OK;
@@ -1003,9 +1044,12 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     free(m);
     if (st != PS_OK)
         return st;
-    if (nr != ncclSuccess)
-        return nccl_fail(d->loc, nr, comm, call, err);
-    return nccl_wait(cb, d, s->stream, comm, what, err);
+    if (nr != ncclSuccess) {
+        char context[256];
+        snprintf(context, sizeof context, "%s, as its member %d", what, g->rank);
+        return nccl_fail(d->loc, nr, comm, call, context, err);
+    }
+    return nccl_wait(cb, d, s->stream, comm, what, g->rank, err);
 }
 
 static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
@@ -1045,10 +1089,12 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
     PS_RET(st);
     if (n == 0)
         return PS_OK;
-    PS_NCCL_RET(d->loc, comm,
-                ncclAllReduce(data, data, (size_t)n, dbl ? ncclDouble : ncclFloat,
-                              op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm, d->s->stream));
-    return nccl_wait(cb, d, d->s->stream, comm, what, err);
+    PS_NCCL_RET_WHAT(d->loc, comm,
+                     ncclAllReduce(data, data, (size_t)n, dbl ? ncclDouble : ncclFloat,
+                                   op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm,
+                                   d->s->stream),
+                     what, g->rank);
+    return nccl_wait(cb, d, d->s->stream, comm, what, g->rank, err);
 }
 
 /* ---- collectives ---------------------------------------------------------------------- */
@@ -1180,18 +1226,22 @@ static ps_status be_send(ps_backend *b, int device, int peer, const ps_tile *src
     chan *c = &cb->chans[device * b->n_devices + peer];
     msg *mm = NULL;
     pthread_mutex_lock(&cb->mu);
+    /* the smallest spare that holds the message, so that a small message
+     * does not take the buffer a large one will need */
+    msg **best = NULL;
     for (msg **pp = &c->spare; *pp != NULL; pp = &(*pp)->next)
-        if ((*pp)->cap >= bytes) {
-            mm = *pp;
-            *pp = mm->next;
-            break;
-        }
+        if ((*pp)->cap >= bytes && (best == NULL || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best != NULL) {
+        mm = *best;
+        *best = mm->next;
+    }
     pthread_mutex_unlock(&cb->mu);
     if (mm == NULL) {
         mm = (msg *)calloc(1, sizeof *mm);
         if (mm == NULL)
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-        cudaError_t e = cudaMalloc(&mm->buf, bytes);
+        cudaError_t e = ps_cuda_malloc(d->s, &mm->buf, bytes);
         if (e != cudaSuccess) {
             free(mm);
             return ps_cuda_fail(d->loc, e, "cudaMalloc", err);
@@ -1449,6 +1499,9 @@ static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, p
     d->mu_init = true;
     ps_cuda_stream_options so = {cb->opt.allow_tf32};
     PS_RET(ps_cuda_stream_create(device, gpu, &so, &d->s, err));
+    d->cb = cb;
+    d->s->reclaim = stream_reclaim;
+    d->s->reclaim_arg = d;
     d->ev = (cudaEvent_t *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev);
     d->ev_set = (bool *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev_set);
     if (d->ev == NULL || d->ev_set == NULL)

@@ -25,7 +25,9 @@
  * of share mode in one process.
  *
  * Memory: a caching allocator per device (cudaMalloc once per block size,
- * freed blocks kept for reuse); peak_bytes counts the bytes requested by
+ * freed blocks kept for reuse, and given back to the GPU when any device
+ * allocation, in the pool or outside it, finds it full); peak_bytes counts
+ * the bytes requested by
  * `alloc`, exactly, not the rounded blocks. Timing: one CUDA event per slot
  * and device, recorded on the device's stream. */
 #ifndef PS_EXEC_CUDA_CUDA_BACKEND_H

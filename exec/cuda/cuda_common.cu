@@ -92,6 +92,16 @@ double ps_cuda_device_memory_bytes(int gpu)
     return (double)prop.totalGlobalMem;
 }
 
+double ps_cuda_device_free_bytes(int gpu)
+{
+    size_t free_bytes = 0, total = 0;
+    if (cudaSetDevice(gpu) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (double)free_bytes;
+}
+
 /* ---- streams ---------------------------------------------------------------- */
 
 /* Full fp32 or TF32 tensor cores; half GEMMs accumulate in fp32 and round
@@ -259,7 +269,8 @@ ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **s
             s->checks = (ps_cuda_pending_check *)calloc(PS_CUDA_CHECK_SLOTS, sizeof *s->checks);
         if (s->checks_host == NULL || s->checks == NULL)
             return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
-        PS_CUDA_RET(s->loc, cudaMalloc((void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
+        PS_CUDA_RET(s->loc,
+                    ps_cuda_malloc(s, (void **)&s->checks_dev, PS_CUDA_CHECK_SLOTS * slot_bytes));
         cudaError_t e = cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
                                         s->stream);
         if (e != cudaSuccess) { /* never hand out slots that were not zeroed */
@@ -299,6 +310,18 @@ ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
     return ps_error_set(err, s->failure.status, "%s", s->failure.msg);
 }
 
+cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaErrorMemoryAllocation || s->reclaim == NULL)
+        return e;
+    (void)cudaGetLastError();
+    if (!s->reclaim(s->reclaim_arg))
+        return e;
+    (void)cudaSetDevice(s->loc.gpu);
+    return cudaMalloc(p, bytes);
+}
+
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
                                  void **out, ps_error *err)
 {
@@ -320,13 +343,13 @@ ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, siz
         *buf = NULL;
         *cap = 0;
     }
-    cudaError_t e = cudaMalloc(buf, want);
+    cudaError_t e = ps_cuda_malloc(s, buf, want);
     size_t exact = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (e == cudaErrorMemoryAllocation && exact < want) {
         /* the growth by half did not fit; what is asked for may */
         (void)cudaGetLastError();
         want = exact;
-        e = cudaMalloc(buf, want);
+        e = ps_cuda_malloc(s, buf, want);
     }
     if (e != cudaSuccess) {
         *buf = NULL;

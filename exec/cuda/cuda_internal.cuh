@@ -45,7 +45,17 @@ struct ps_cuda_stream {
 #if PS_HAVE_CUDNN
     cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
 #endif
+    /* Frees device memory its owner keeps cached on this stream's GPU (the
+     * backend's pool), so that an allocation that found none may try again;
+     * true when something was freed. NULL: nothing cached (the profiler). */
+    bool (*reclaim)(void *arg);
+    void *reclaim_arg;
 };
+
+/* cudaMalloc on s's GPU, once more after s->reclaim where the first found
+ * the GPU full: every device allocation outside the pool goes through it,
+ * so that blocks the pool caches never make it fail. */
+cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes);
 
 /* Formats "device D (GPU G): CALL failed: WHAT (NAME)" into err. `call` is
  * the call's source text; only the function name is kept. */

@@ -34,6 +34,10 @@ int ps_cuda_device_count(void);
 /* Memory of CUDA device `gpu` in bytes (cudaGetDeviceProperties'
  * totalGlobalMem); 0 when it cannot be read. */
 double ps_cuda_device_memory_bytes(int gpu);
+/* Free memory of CUDA device `gpu` now, in bytes (cudaMemGetInfo: what this
+ * process's context, its handles and every other process leave); 0 when it
+ * cannot be read. */
+double ps_cuda_device_free_bytes(int gpu);
 
 /* A per-device execution context: a CUDA stream, a cuBLAS handle bound to
  * it and a growable workspace. `device` is the plan's device (for messages),
