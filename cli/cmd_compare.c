@@ -92,7 +92,19 @@ int ps_cmd_compare(int argc, char **argv)
     if (json && csv != NULL && strcmp(csv, "-") == 0)
         return ps_cli_usage_error("compare", "--json and --csv - both want stdout; give "
                                              "--csv a file");
+    if (po.scripts_dir != NULL && plot_dir == NULL)
+        return ps_cli_usage_error("compare", "--scripts applies to --plot DIR (the charts' "
+                                             "scripts); give both, or use pipeshard plot");
     const char *const *files = (const char *const *)&argv[optind];
+    /* one run given twice would weigh double in every error and MAPE */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            struct stat a, b;
+            if (stat(files[i], &a) == 0 && stat(files[j], &b) == 0 && a.st_dev == b.st_dev &&
+                a.st_ino == b.st_ino)
+                return ps_cli_usage_error("compare", "\"%s\" and \"%s\" are the same file",
+                                          files[j], files[i]);
+        }
     int ref = -1;
     if (reference != NULL) {
         for (int i = 0; i < n && ref < 0; i++)

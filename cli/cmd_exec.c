@@ -434,8 +434,14 @@ int ps_cmd_exec(int argc, char **argv)
                                           optarg);
             eo.seed = (uint64_t)v;
             break;
-        case OPT_CHECK: check = true; break;
-        case OPT_CHECK_FP32: check = check_fp32 = true; break;
+        case OPT_CHECK:
+        case OPT_CHECK_FP32:
+            if (check)
+                return ps_cli_usage_error("exec", "give one of --check and --check-fp32 (the "
+                                                  "second holds the reference in fp32)");
+            check = true;
+            check_fp32 = c == OPT_CHECK_FP32;
+            break;
         case OPT_TOL:
             if (!ps_cli_parse_double(optarg, 0, 1, &tol))
                 return ps_cli_usage_error("exec", "--tolerance needs a number in [0, 1], not "
@@ -555,8 +561,8 @@ int ps_cmd_exec(int argc, char **argv)
             printf("\n");
         }
         int nh = ps_hosts_count(hosts);
-        printf("run           %.3g s wall, %d steps on the %s backend", r->wall_s, r->steps,
-               backend);
+        printf("run           %.3g s wall, %d step%s on the %s backend", r->wall_s, r->steps,
+               r->steps == 1 ? "" : "s", backend);
         if (nh > 1)
             printf(", %d hosts (MPI)", nh);
         printf("\n");

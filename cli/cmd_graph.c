@@ -92,6 +92,9 @@ typedef struct report {
 static ps_status parse_layer_list(const char *text, int n, bool *flags, ps_error *err)
 {
     const char *p = text;
+    if (*p == '\0')
+        return ps_error_set(err, PS_ERR_INVALID,
+                            "--remat-layers: expected a list like 1-16,20, not an empty one");
     while (*p != '\0') {
         char *end;
         long lo = strtol(p, &end, 10), hi;
@@ -113,7 +116,7 @@ static ps_status parse_layer_list(const char *text, int n, bool *flags, ps_error
                                 hi, n - 1);
         for (long l = lo; l <= hi; l++)
             flags[l] = true;
-        if (*p == ',')
+        if (*p == ',' && p[1] != '\0')
             p++;
         else if (*p != '\0')
             return ps_error_set(err, PS_ERR_INVALID,

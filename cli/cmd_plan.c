@@ -205,7 +205,8 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
                    "micro-batch\n",
                    s->send_forward_s * 1e3, s->send_backward_s * 1e3);
         else if (s->send_forward_s > 0)
-            printf("              sends %.4g ms of activations on per micro-batch\n",
+            printf("              sends %.4g ms of activations on to the next stage per "
+                   "micro-batch\n",
                    s->send_forward_s * 1e3);
         else if (s->send_backward_s > 0)
             printf("              sends %.4g ms of gradients back per micro-batch\n",
@@ -366,7 +367,8 @@ int ps_cmd_plan(int argc, char **argv)
         case OPT_FORCE: req.force_batch_axis0 = true; break;
         case OPT_TIME_LIMIT:
             if (!ps_cli_parse_double(optarg, 0.01, 1e6, &x))
-                return ps_cli_usage_error("plan", "--time-limit wants seconds");
+                return ps_cli_usage_error("plan", "--time-limit wants seconds from 0.01 to "
+                                                  "1e6, not \"%s\"", optarg);
             req.ilp.time_limit_s = x;
             break;
         case OPT_EXPLAIN: do_explain = true; break;
@@ -484,7 +486,7 @@ int ps_cmd_plan(int argc, char **argv)
 
     ps_error err = {0};
     ps_status st = PS_OK;
-    bool bad_cluster = false;
+    bool bad_usage = false; /* err.msg is about the command line: exit status 2 */
     ps_cluster *cluster = NULL;
     ps_profile_db *profile = NULL;
     ps_graph *fwd = NULL;
@@ -497,7 +499,11 @@ int ps_cmd_plan(int argc, char **argv)
     char pa[32], pb[32];
     if (cluster_spec != NULL) {
         if ((st = ps_cluster_from_preset(cluster_spec, &cluster, &err)) != PS_OK) {
-            bad_cluster = true; /* typed on the command line: a usage error */
+            bad_usage = true; /* typed on the command line */
+            char msg[PS_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", err.msg);
+            ps_error_clear(&err);
+            ps_error_set(&err, st, "--cluster: %s", msg);
             goto out;
         }
     } else {
@@ -508,7 +514,7 @@ int ps_cmd_plan(int argc, char **argv)
     if (auto_micro)
         req.micro_batches = 1; /* the search rebuilds the model per count */
     if (mo.model != NULL) {
-        PS_TRY(ps_zoo_lookup(mo.model, &cfg, &err));
+        PS_TRY(ps_zoo_lookup(mo.model, &cfg, &err)); /* known: ps_model_opts_check */
         long long gb = global_batch > 0 ? global_batch : cfg.global_batch;
         if (gb % req.micro_batches != 0) {
             st = ps_error_set(&err, PS_ERR_INVALID,
@@ -544,6 +550,7 @@ int ps_cmd_plan(int argc, char **argv)
     }
     if (stages_given && !pipeshard) {
         st = ps_error_set(&err, PS_ERR_INVALID, "--stages applies to --method pipeshard");
+        bad_usage = true;
         goto out;
     }
     if (stages_uniform)
@@ -568,6 +575,7 @@ int ps_cmd_plan(int argc, char **argv)
                               "--explain prints one stage's strategies; use it with "
                               "--method shard|data|zero2|zero3 (pipeshard plans list every "
                               "op's strategy in the plan file)");
+            bad_usage = true;
             goto out;
         }
         if (uniform) {
@@ -575,6 +583,7 @@ int ps_cmd_plan(int argc, char **argv)
                 st = ps_error_set(&err, PS_ERR_INVALID,
                                   "uniform stages (--method uniform or --stages uniform) need "
                                   "--dp, --op and --pp, and no stage file");
+                bad_usage = true;
                 goto out;
             }
         } else if (stages_file != NULL) {
@@ -589,6 +598,7 @@ int ps_cmd_plan(int argc, char **argv)
                           "--layer-num, --schedule, --rows, --exact-ranges, "
                           "--submesh-choices, --stage-imbalance-tolerance and "
                           "--stage-candidates apply to --method pipeshard");
+        bad_usage = true;
         goto out;
     }
     how.pipeshard = pipeshard;
@@ -605,9 +615,10 @@ int ps_cmd_plan(int argc, char **argv)
                     profile != NULL ? "the profile DB's times are faster than the cluster's "
                                       "peak allows (a DB of other devices, or edited?)"
                                     : "the cluster's rates disagree with each other");
-    PS_TRY(ps_plan_save(plan, output, &err));
+    /* the programs first: a failed dump leaves no plan behind */
     if (dump_dir != NULL)
         PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));
+    PS_TRY(ps_plan_save(plan, output, &err));
     if (json) {
         json_t *j = NULL;
         PS_TRY(ps_plan_to_json(plan, &j));
@@ -634,7 +645,7 @@ out:
     ps_graph_free(fwd);
     ps_cluster_free(cluster);
     ps_profile_db_free(profile);
-    if (bad_cluster)
-        return ps_cli_usage_error("plan", "--cluster: %s", err.msg);
+    if (bad_usage)
+        return ps_cli_usage_error("plan", "%s", err.msg);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

@@ -128,10 +128,13 @@ int ps_model_opts_check(ps_model_opts *o, bool batch_given, const char *command)
         return ps_cli_usage_error(command,
                                   "--batch, --dtype and size overrides apply to --model only "
                                   "(a graph file fixes its shapes)");
-    /* a size the model's family does not have would be ignored: refused
-     * (an unknown model is said when it is built) */
+    /* an unknown name is a usage error; a size the model's family does not
+     * have would be ignored: refused */
     ps_model_config cfg;
-    if (o->model != NULL && ps_zoo_lookup(o->model, &cfg, NULL) == PS_OK) {
+    ps_error lookup_err = {0};
+    if (o->model != NULL && ps_zoo_lookup(o->model, &cfg, &lookup_err) != PS_OK)
+        return ps_cli_usage_error(command, "%s", lookup_err.msg);
+    if (o->model != NULL) {
         static const unsigned applies[PS_MODEL_FAMILY_COUNT] = {
             [PS_MODEL_MLP] = 0x3,      /* hidden, layers */
             [PS_MODEL_GPT] = 0x3f,     /* hidden .. ffn */

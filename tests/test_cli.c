@@ -679,7 +679,7 @@ static void test_unknown_model(void **state)
     const char *a[] = {"graph", "--model", "gpt-9000t", NULL};
     run_result r;
     run_ok(fx, a, &r);
-    expect_exit(&r, 1);
+    expect_exit(&r, 2); /* a name typed on the command line: a usage error */
     expect_empty(&r, true);
     expect_in(&r, false, "pipeshard: ");
     expect_in(&r, false, "gpt-9000t");
@@ -690,6 +690,25 @@ static void test_unknown_model(void **state)
         expect_in(&r, false, json_string_value(json_object_get(m, "name")));
     json_decref(list);
     run_result_free(&r);
+    const char *p[] = {"plan", "--model", "gpt-9000t", "--cluster", "p3.16xlarge:1", "-o",
+                       "x.json", NULL};
+    expect_usage_error(fx, p, "unknown model \"gpt-9000t\"");
+}
+
+/* Command lines that say two contradicting or empty things: usage errors
+ * (exit status 2), each naming what is wrong. */
+static void test_contradicting_options(void **state)
+{
+    const fixture *fx = *state;
+    const char *e[] = {"exec", "--plan", "p.json", "--check", "--check-fp32", NULL};
+    expect_usage_error(fx, e, "give one of --check and --check-fp32");
+    const char *g[] = {"graph", "--model", "gpt-350m", "--remat-layers", "", NULL};
+    expect_usage_error(fx, g, "--remat-layers: expected a list like 1-16,20, not an empty one");
+    const char *g2[] = {"graph", "--model", "gpt-350m", "--remat-layers", "1,", NULL};
+    expect_usage_error(fx, g2, "not \"1,\"");
+    const char *t[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1", "--time-limit",
+                       "1e9", "-o", "x.json", NULL};
+    expect_usage_error(fx, t, "--time-limit wants seconds from 0.01 to 1e6, not \"1e9\"");
 }
 
 static double number_at(const json_t *j, const char *key)
@@ -1497,7 +1516,7 @@ static void test_plan(void **state)
         expect_usage_error(fx, d, "--stage-imbalance-tolerance wants a number >= 0");
         const char *e[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                            "data", "--exact-ranges", "-o", out, NULL};
-        expect_failure(fx, e, "apply to --method pipeshard");
+        expect_usage_error(fx, e, "apply to --method pipeshard");
         /* stage-count candidates: Alpa's single answer, more, and bad counts */
         const char *f1[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                             "2", "--micro-batches", "16", "--stage-candidates", "1", "-o", out,
@@ -1515,7 +1534,7 @@ static void test_plan(void **state)
         }
         const char *f4[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                             "data", "--stage-candidates", "3", "-o", out, NULL};
-        expect_failure(fx, f4, "apply to --method pipeshard");
+        expect_usage_error(fx, f4, "apply to --method pipeshard");
         /* --stages auto|uniform|FILE */
         const char *k[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "uniform", "--dp", "2", "--op", "2", "--pp", "2", "-o", out, NULL};
@@ -1536,10 +1555,10 @@ static void test_plan(void **state)
         expect_success(fx, l, "predicted     iteration");
         const char *m[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--stages",
                            "uniform", "-o", out, NULL};
-        expect_failure(fx, m, "need --dp, --op and --pp");
+        expect_usage_error(fx, m, "need --dp, --op and --pp");
         const char *n[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
                            "zero2", "--stages", "auto", "-o", out, NULL};
-        expect_failure(fx, n, "--stages applies to --method pipeshard");
+        expect_usage_error(fx, n, "--stages applies to --method pipeshard");
         /* Alpa's manual submesh choices: a list, checked against the cluster */
         const char *f[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--layer-num",
                            "2", "--micro-batches", "16", "--submesh-choices", "1x4,2x8", "-o",
@@ -1560,7 +1579,7 @@ static void test_plan(void **state)
         expect_failure(fx, i, "submesh 2x4 does not fit dgx-a100:2");
         const char *j[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:2", "--method",
                            "data", "--submesh-choices", "all", "-o", out, NULL};
-        expect_failure(fx, j, "apply to --method pipeshard");
+        expect_usage_error(fx, j, "apply to --method pipeshard");
     }
     {
         /* a stage file with a malformed stage: positioned error */
@@ -1599,19 +1618,19 @@ static void test_plan(void **state)
         expect_in(&r, true, "stage 1       layers 1-1 on devices 4-7");
         /* two stages: each prints what it sends the other per micro-batch */
         expect_in(&r, true, "sends ");
-        expect_in(&r, true, "of activations on per micro-batch");
+        expect_in(&r, true, "of activations on to the next stage per micro-batch");
         expect_in(&r, true, "of gradients back per micro-batch");
         run_result_free(&r);
     }
     {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--explain",
                            "-o", out, NULL};
-        expect_failure(fx, a, "--explain prints one stage's strategies");
+        expect_usage_error(fx, a, "--explain prints one stage's strategies");
     }
     {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--method",
                            "data", "--layer-num", "2", "-o", out, NULL};
-        expect_failure(fx, a, "apply to --method pipeshard");
+        expect_usage_error(fx, a, "apply to --method pipeshard");
     }
 }
 
@@ -1800,6 +1819,7 @@ int main(void)
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_graph_json_gpt175b),
         cmocka_unit_test(test_remat_layers),
+        cmocka_unit_test(test_contradicting_options),
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
         cmocka_unit_test(test_memory_refusals_say_where),

@@ -2134,6 +2134,25 @@ static void cli(void **state)
                      2);
     free(out);
     free(err);
+    /* sizes out of order: a usage error; collectives larger than the host
+     * can hold: refused before anything is allocated (they once got the
+     * process killed by the system with no message) */
+    assert_int_equal(
+        run_cli(dir, "profile --backend cpu --min-bytes 4M --max-bytes 1K -o x.json", &out, &err),
+        2);
+    assert_non_null(strstr(err, "want 4 <= min <= max, not 4194304 to 1024 bytes"));
+    free(out);
+    free(err);
+    assert_int_equal(run_cli(dir,
+                             "profile --backend cpu --devices 2 --no-ops --no-gemm --min-bytes "
+                             "1T --max-bytes 1T -o x.json",
+                             &out, &err),
+                     1);
+    assert_non_null(strstr(err, "profile: collectives of up to 1.00 TiB over 2 CPU devices need "
+                                "about 10.00 TiB of host memory"));
+    assert_non_null(strstr(err, "lower --max-bytes or --max-group"));
+    free(out);
+    free(err);
     assert_int_equal(run_cli(dir, "profile --help", &out, &err), 0);
     assert_non_null(strstr(out, "--profile-db"));
     free(out);
