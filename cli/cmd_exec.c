@@ -300,9 +300,9 @@ typedef struct check_outcome {
  * run: the copies would be timed) and the reference following them where a
  * ReLU input within rounding of zero fell on the other side. Where then the
  * fp32 loss or gradients miss (the parameters within theirs), the reference
- * once more from parameters one ulp larger: a run no farther from the
- * reference than that is as close as the model's own rounding allows. One
- * process only for the second and third. */
+ * twice more, from parameters one ulp larger and one smaller: a run within
+ * twice the larger sample is as close as the model's own rounding allows.
+ * One process only for the second and third. */
 static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
                               const backend_choice *bc, const ps_lower_options *lo,
                               const ps_exec_options *eo, const ps_exec_options *ro,
@@ -380,6 +380,9 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
             }
         ps_exec_comparison sample;
         ps_exec_compare(nudged->set->step, nudged->r, base->set->step, base->r, t, &sample);
+        /* compared: its result is not needed again (a whole model's worth) */
+        ps_exec_result_free(nudged->r);
+        nudged->r = NULL;
         PS_LOG_DEBUG("--check: from parameters one ulp %s, the reference's loss moves by "
                      "%.3g, its gradients by %.3g (worst %s)",
                      w == 0 ? "larger" : "smaller", sample.loss_rel, sample.grad_rel,
@@ -436,7 +439,7 @@ int ps_cmd_exec(int argc, char **argv)
             break;
         case OPT_CHECK:
         case OPT_CHECK_FP32:
-            if (check)
+            if (check && check_fp32 != (c == OPT_CHECK_FP32))
                 return ps_cli_usage_error("exec", "give one of --check and --check-fp32 (the "
                                                   "second holds the reference in fp32)");
             check = true;

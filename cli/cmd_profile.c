@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "core/bytes_text.h"
+#include "core/log.h"
 #include "core/profile_cluster.h"
 #include "core/profile_db.h"
 #include "exec/cpu/cpu_backend.h"
@@ -491,7 +492,7 @@ int ps_cmd_profile(int argc, char **argv)
         int64_t group_max = o.max_group > 0 && o.max_group < devices ? o.max_group : devices;
         double need = (4.0 * (double)group_max + 2.0) * (double)o.max_bytes;
         int64_t have = ps_host_memory_available();
-        if (have > 0 && need > (double)have) {
+        if (have >= 0 && need > (double)have) {
             char t[32], h[32], m[32];
             fprintf(stderr,
                     "pipeshard: profile: collectives of up to %s over %lld CPU devices need "
@@ -527,8 +528,18 @@ int ps_cmd_profile(int argc, char **argv)
     PS_TRY(create_backend(backend, (int)devices, tf32, &b, &err));
     double gpu_free_bytes = 0;
 #ifdef PS_HAVE_CUDA
-    if (cuda)
+    if (cuda && cluster_out != NULL) {
         gpu_free_bytes = ps_cuda_device_free_bytes(0);
+        double total = ps_cuda_device_memory_bytes(0);
+        if (gpu_free_bytes < 0.9 * total) { /* a context and handles take far less */
+            char f[32], t[32];
+            PS_LOG_WARN("GPU 0 has %s free of its %s: another process holds memory, and %s "
+                        "records the %s free as the devices' memory",
+                        ps_bytes_text(gpu_free_bytes, f, sizeof f),
+                        ps_bytes_text(total, t, sizeof t), cluster_out,
+                        ps_bytes_text(gpu_free_bytes, f, sizeof f));
+        }
+    }
 #endif
     PS_TRY(ps_profile_measure(b, &o, &db, &err));
     PS_TRY(ps_profile_db_save(db, output, &err));

@@ -1319,8 +1319,8 @@ static ps_status summarize(runtime *rt, ps_error *err)
         const step_times *lo = &TIMES(i)[mid_lo], *hi = &TIMES(i)[mid_hi];
         sd->compute_s = 0.5 * (lo->compute_s + hi->compute_s);
         sd->comm_s = 0.5 * (lo->comm_s + hi->comm_s);
-        sd->idle_s = fmax(0.0, 0.5 * ((step_t[mid_lo] - lo->compute_s - lo->comm_s) +
-                                      (step_t[mid_hi] - hi->compute_s - hi->comm_s)));
+        /* the summary's identity, as its reader checks it */
+        sd->idle_s = fmax(0.0, sum->iteration_s - sd->compute_s - sd->comm_s);
         sum->peak_memory_bytes = fmax(sum->peak_memory_bytes, sd->peak_memory_bytes);
         if (tw != NULL && stage >= 0) {
             char name[64];

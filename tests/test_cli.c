@@ -972,6 +972,31 @@ static void test_sim_predicted_split(void **state)
         json_decref(js);
         json_decref(jp);
     }
+    /* a stage file on 8 of the 16 devices: the planner's summary has the
+     * other 8 idle the whole step (they once kept idle 0, which the
+     * summary's reader refuses, so sim --predicted failed after the run) */
+    char stages[512];
+    snprintf(stages, sizeof stages, "%s/split-one.json", fx->dir);
+    FILE *f = fopen(stages, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": 2, \"stages\": "
+          "[{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [2, 4]}]}\n",
+          f);
+    fclose(f);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
+                       "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
+                       "dgx-a100:2", "--stages", stages, "--global-batch", "32",
+                       "--micro-batches", "4", "-o", plan, NULL};
+    expect_success(fx, a, "predicted     iteration");
+    const char *b[] = {"sim", "--plan", plan, "--summary", sim, "--predicted", pred, NULL};
+    expect_success(fx, b, "simulated / predicted");
+    json_t *jp = json_load_file(pred, 0, NULL);
+    assert_non_null(jp);
+    double it = json_number_value(json_object_get(jp, "iteration_s"));
+    json_t *last = json_array_get(json_object_get(jp, "devices"), 15);
+    assert_int_equal(json_integer_value(json_object_get(last, "stage")), -1);
+    assert_true(json_number_value(json_object_get(last, "idle_s")) == it);
+    json_decref(jp);
 }
 #endif
 

@@ -810,9 +810,10 @@ static void test_plot_errors(void **state)
          "bad.csv:3: 3 fields, the header has 4"},
         /* a column named twice: neither is picked silently */
         {"series,devices,throughput (PFLOP/s),throughput (TFLOP/s)\nA,1,1,1000\n",
-         "bad.csv:1: the header names \"throughput (TFLOP/s)\" in columns 3 and 4"},
+         "bad.csv:1: columns 3 (\"throughput (PFLOP/s)\") and 4 (\"throughput (TFLOP/s)\") "
+         "are both a throughput column"},
         {"series,devices,series,throughput\nA,1,B,1\n",
-         "bad.csv:1: the header names \"series\" in columns 1 and 3"},
+         "bad.csv:1: columns 1 (\"series\") and 3 (\"series\") are both a series column"},
     };
     for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
         f = fopen(csv, "w");

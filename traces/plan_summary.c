@@ -79,9 +79,14 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_s
             d->stage = k;
             d->compute_s = compute_s;
             d->comm_s = per_step - compute_s;
-            d->idle_s = p->iteration_s > per_step ? p->iteration_s - per_step : 0;
             d->peak_memory_bytes = ps->peak_memory_bytes;
         }
+    }
+    /* the summary's identity, as its reader checks it: a device of no
+     * stage (a stage file may use fewer devices) idles the whole step */
+    for (int i = 0; i < n_dev; i++) {
+        ps_summary_device *d = &s->devices[i];
+        d->idle_s = fmax(0.0, s->iteration_s - d->compute_s - d->comm_s);
     }
     *out = s;
     return PS_OK;

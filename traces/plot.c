@@ -774,9 +774,13 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
                     continue;
                 if (*col >= 0) {
                     st = ps_error_set(err, PS_ERR_PARSE,
-                                      "%s:%d: the header names \"%s\" in columns %d and %d; "
-                                      "one column each for series, devices and throughput",
-                                      csv_path, lineno, fields[i], *col + 1, i + 1);
+                                      "%s:%d: columns %d (\"%s\") and %d (\"%s\") are both "
+                                      "a %s column; one column each for series, devices and "
+                                      "throughput",
+                                      csv_path, lineno, *col + 1, fields[*col], i + 1, fields[i],
+                                      col == &col_series    ? "series"
+                                      : col == &col_devices ? "devices"
+                                                            : "throughput");
                     goto out;
                 }
                 *col = i;

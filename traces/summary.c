@@ -128,8 +128,10 @@ static bool identities_check(const ps_summary *s, finding *f)
     for (int i = 0; i < s->n_devices; i++) {
         const ps_summary_device *d = &s->devices[i];
         top_peak = fmax(top_peak, d->peak_memory_bytes);
+        /* the rounding of a difference is of its operands' size */
         double rest = fmax(0.0, s->iteration_s - d->compute_s - d->comm_s);
-        if (!same_value(d->idle_s, rest))
+        double scale = fmax(s->iteration_s, d->compute_s + d->comm_s);
+        if (!(fabs(d->idle_s - rest) <= 1e-9 * scale + 1e-300))
             return found(f, "devices", i, "idle_s",
                          "%.17g is not the rest of the step, iteration_s - compute_s - comm_s "
                          "(%.17g - %.17g - %.17g, and 0 where that is negative)",

@@ -239,6 +239,14 @@ static void cache_flush(dev_state *d)
  * any device's mutex held; leaves d's GPU current. */
 static bool reclaim_cached(cuda_backend *cb, dev_state *d)
 {
+    /* after an abort a stream may hold an NCCL kernel waiting for a stopped
+     * peer: syncing it (cache_flush) would hang; the blocks wait for
+     * destroy */
+    pthread_mutex_lock(&cb->mu);
+    bool aborted = cb->aborted;
+    pthread_mutex_unlock(&cb->mu);
+    if (aborted)
+        return false;
     int had = 0;
     for (int j = -1; j < cb->base.n_devices; j++) {
         dev_state *o = j < 0 ? d : &cb->dev[j];
@@ -826,9 +834,10 @@ static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs,
         uid = gs->uid;
         pthread_mutex_unlock(&cb->mu);
     }
-    /* NCCL allocates its buffers here, once per group, and a failure
-     * cannot be retried (the peers are inside the same call): what the
-     * pool caches goes back to the GPU first */
+    /* NCCL allocates buffers here, once per group (and may allocate more
+     * at the first collective), and a failure cannot be retried (the peers
+     * are inside the same call): what the pool caches goes back to the GPU
+     * first. Communicators are made in the first step (the warm-up). */
     (void)reclaim_cached(cb, d);
     ncclComm_t c = NULL;
     char setup[64];

@@ -223,9 +223,16 @@ static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found, cons
         e = ws_size(s->dnn, d, perf[i].algo, ws_bytes);
         if (e != CUDNN_STATUS_SUCCESS)
             return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
-        ps_status st = *ws_bytes > 0 ? ps_cuda_ws_reserve(s, *ws_bytes, ws, err) : PS_OK;
+        /* a faster algorithm's workspace is a preference: the pool's
+         * cached blocks are given back (a stream sync and their cudaFree,
+         * at every convolution of every step) only for the last candidate */
         cudnnMathType_t next_math = CUDNN_FMA_MATH;
-        int next = st == PS_ERR_NOMEM ? pick_algo(s, perf, i + 1, found, &next_math) : -1;
+        int next = pick_algo(s, perf, i + 1, found, &next_math);
+        s->reclaim_off = next >= 0;
+        ps_status st = *ws_bytes > 0 ? ps_cuda_ws_reserve(s, *ws_bytes, ws, err) : PS_OK;
+        s->reclaim_off = false;
+        if (st != PS_ERR_NOMEM)
+            next = -1;
         if (next < 0) {
             *at = st == PS_OK ? i : -1;
             return st;

@@ -313,7 +313,7 @@ ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
 cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes)
 {
     cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaErrorMemoryAllocation || s->reclaim == NULL)
+    if (e != cudaErrorMemoryAllocation || s->reclaim == NULL || s->reclaim_off)
         return e;
     (void)cudaGetLastError();
     if (!s->reclaim(s->reclaim_arg))
@@ -343,10 +343,11 @@ ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, siz
         *buf = NULL;
         *cap = 0;
     }
-    cudaError_t e = ps_cuda_malloc(s, buf, want);
+    /* the growth by half, then what is asked for, before the pool's
+     * cached blocks are given back for it (ps_cuda_malloc) */
     size_t exact = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    if (e == cudaErrorMemoryAllocation && exact < want) {
-        /* the growth by half did not fit; what is asked for may */
+    cudaError_t e = exact < want ? cudaMalloc(buf, want) : cudaErrorMemoryAllocation;
+    if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         want = exact;
         e = ps_cuda_malloc(s, buf, want);

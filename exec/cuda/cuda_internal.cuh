@@ -50,6 +50,7 @@ struct ps_cuda_stream {
      * true when something was freed. NULL: nothing cached (the profiler). */
     bool (*reclaim)(void *arg);
     void *reclaim_arg;
+    bool reclaim_off; /* set around an allocation that may fail (a preference) */
 };
 
 /* cudaMalloc on s's GPU, once more after s->reclaim where the first found
