@@ -1371,10 +1371,17 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                                        (o->transfer_costs ? receive_s : 0)
                                                  : INFINITY;
                         table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
-                        if (o->print_rows && e->ok && way == 0)
+                        if (o->print_rows && e->ok && way == 0) {
+                            /* what the same receive costs from another node's
+                             * neighbour: only where there are other nodes */
+                            char across[64] = "";
+                            if (c->nodes > 1)
+                                snprintf(across, sizeof across, " (%.4g ms from other nodes)",
+                                         stage_receive_s(c, &lay, l, i, subs[s].hosts,
+                                                         subs[s].devices, true) * 1e3);
                             printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g "
                                    "ms (forward %.4g, backward %.4g), update %.4g ms per step, "
-                                   "receives %.4g ms (%.4g ms from other nodes), "
+                                   "receives %.4g ms%s, "
                                    "weights+state %.4g GB, activations %.4g GB per "
                                    "micro-batch, temporaries %.4g GB, later stages "
                                    "allowed %d)\n",
@@ -1382,11 +1389,10 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                    cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
                                    cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
                                    e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
-                                   e->update_s * 1e3, receive_s * 1e3,
-                                   stage_receive_s(c, &lay, l, i, subs[s].hosts,
-                                                   subs[s].devices, true) * 1e3,
+                                   e->update_s * 1e3, receive_s * 1e3, across,
                                    e->static_bytes / 1e9, e->act_bytes / 1e9,
                                    e->transient_bytes / 1e9, table->max_succ[idx]);
+                        }
                     }
                 }
         ps_error inner = {0};
