@@ -2,6 +2,7 @@
  * of each against the reference; pipeshard plot: the charts that need no
  * comparison (a trace's timeline, a scaling CSV). docs/compare.md. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,48 @@ static const struct option compare_options[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* The files compared, each looked up once: one run given twice (by any
+ * path) would weigh double in every error and MAPE; *ref: the position of
+ * `reference` (NULL: none) among them, by name or as the same file written
+ * another way (./x.json, an absolute path). 0, or a usage error's status. */
+static int check_files(const char *const *files, int n, const char *reference, int *ref)
+{
+    struct stat *id = calloc((size_t)n, sizeof *id);
+    bool *known = calloc((size_t)n, sizeof *known);
+    int status = 0;
+    if (id == NULL || known == NULL) {
+        fprintf(stderr, "pipeshard: compare: out of memory\n");
+        status = 1;
+        goto out;
+    }
+    for (int i = 0; i < n && status == 0; i++) {
+        known[i] = stat(files[i], &id[i]) == 0;
+        for (int j = 0; j < i && status == 0 && known[i]; j++)
+            if (known[j] && id[j].st_dev == id[i].st_dev && id[j].st_ino == id[i].st_ino)
+                status = ps_cli_usage_error("compare", "\"%s\" and \"%s\" are the same file",
+                                            files[j], files[i]);
+    }
+    *ref = -1;
+    if (status != 0 || reference == NULL)
+        goto out;
+    for (int i = 0; i < n && *ref < 0; i++)
+        if (strcmp(files[i], reference) == 0)
+            *ref = i;
+    struct stat want;
+    if (*ref < 0 && stat(reference, &want) == 0)
+        for (int i = 0; i < n && *ref < 0; i++)
+            if (known[i] && id[i].st_dev == want.st_dev && id[i].st_ino == want.st_ino)
+                *ref = i;
+    if (*ref < 0)
+        status = ps_cli_usage_error("compare", "--reference \"%s\" is not one of the files "
+                                               "compared",
+                                    reference);
+out:
+    free(id);
+    free(known);
+    return status;
+}
+
 int ps_cmd_compare(int argc, char **argv)
 {
     const char *reference = NULL, *csv = NULL, *plot_dir = NULL;
@@ -96,32 +139,10 @@ int ps_cmd_compare(int argc, char **argv)
         return ps_cli_usage_error("compare", "--scripts applies to --plot DIR (the charts' "
                                              "scripts); give both, or use pipeshard plot");
     const char *const *files = (const char *const *)&argv[optind];
-    /* one run given twice would weigh double in every error and MAPE */
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++) {
-            struct stat a, b;
-            if (stat(files[i], &a) == 0 && stat(files[j], &b) == 0 && a.st_dev == b.st_dev &&
-                a.st_ino == b.st_ino)
-                return ps_cli_usage_error("compare", "\"%s\" and \"%s\" are the same file",
-                                          files[j], files[i]);
-        }
     int ref = -1;
-    if (reference != NULL) {
-        for (int i = 0; i < n && ref < 0; i++)
-            if (strcmp(files[i], reference) == 0)
-                ref = i;
-        /* the same file written another way (./x.json, an absolute path) */
-        struct stat want, have;
-        for (int i = 0; i < n && ref < 0 && stat(reference, &want) == 0; i++)
-            if (stat(files[i], &have) == 0 && have.st_dev == want.st_dev &&
-                have.st_ino == want.st_ino)
-                ref = i;
-        if (ref < 0)
-            return ps_cli_usage_error("compare",
-                                      "--reference \"%s\" is not one of the files "
-                                      "compared",
-                                      reference);
-    }
+    int usage = check_files(files, n, reference, &ref);
+    if (usage != 0)
+        return usage;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_summary **runs = calloc((size_t)n, sizeof *runs);

@@ -387,13 +387,10 @@ static ps_status check_passes(const ps_plan *plan, const ps_plan *ref_plan,
                      "%.3g, its gradients by %.3g (worst %s)",
                      w == 0 ? "larger" : "smaller", sample.loss_rel, sample.grad_rel,
                      sample.grad_worst);
-        if (w == 0 || sample.grad_rel > out->noise.grad_rel) {
-            double loss_rel = fmax(out->noise.loss_rel, sample.loss_rel);
+        double loss_rel = w == 0 ? sample.loss_rel : fmax(out->noise.loss_rel, sample.loss_rel);
+        if (w == 0 || sample.grad_rel > out->noise.grad_rel)
             out->noise = sample;
-            out->noise.loss_rel = loss_rel;
-        } else {
-            out->noise.loss_rel = fmax(out->noise.loss_rel, sample.loss_rel);
-        }
+        out->noise.loss_rel = loss_rel;
     }
     if (out->cmp.loss_rel <= fmax(t->rel, ROUNDING_MARGIN * out->noise.loss_rel) &&
         out->cmp.grad_rel <= fmax(t->rel, ROUNDING_MARGIN * out->noise.grad_rel))

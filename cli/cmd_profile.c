@@ -533,11 +533,10 @@ int ps_cmd_profile(int argc, char **argv)
         double total = ps_cuda_device_memory_bytes(0);
         if (gpu_free_bytes < 0.9 * total) { /* a context and handles take far less */
             char f[32], t[32];
+            ps_bytes_text(gpu_free_bytes, f, sizeof f);
             PS_LOG_WARN("GPU 0 has %s free of its %s: another process holds memory, and %s "
                         "records the %s free as the devices' memory",
-                        ps_bytes_text(gpu_free_bytes, f, sizeof f),
-                        ps_bytes_text(total, t, sizeof t), cluster_out,
-                        ps_bytes_text(gpu_free_bytes, f, sizeof f));
+                        f, ps_bytes_text(total, t, sizeof t), cluster_out, f);
         }
     }
 #endif

@@ -124,40 +124,38 @@ static ps_status bad_device(const ps_backend *b, int device, ps_error *err)
     dev_state *d = &cb_of(b)->dev[(device)];                                                  \
     PS_CUDA_RET(d->loc, cudaSetDevice(d->gpu))
 
-/* "device D (GPU G): CALL failed (WHAT): NCCL's message": `call` is the
- * call's source text, of which the function name is kept; `what` (NULL:
- * none) says which collective, on which group, as which member. */
+/* "device D (GPU G): CALL failed (WHAT, as its member RANK): NCCL's
+ * message": `call` is the call's source text, of which the function name is
+ * kept; `what` (NULL: none) says which collective on which group, and
+ * `rank` is this device's rank in it. */
 static ps_status nccl_fail(ps_cuda_loc loc, ncclResult_t r, ncclComm_t comm, const char *call,
-                           const char *what, ps_error *err)
+                           const char *what, int rank, ps_error *err)
 {
     int n = 0;
     while (call[n] != '\0' && call[n] != '(' && call[n] != ' ')
         n++;
+    char context[288] = "";
+    if (what != NULL)
+        snprintf(context, sizeof context, " (%s, as its member %d)", what, rank);
     const char *last = comm != NULL ? ncclGetLastError(comm) : NULL;
-    return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed%s%s%s: %s%s%s",
-                        loc.device, loc.gpu, n, call, what != NULL ? " (" : "",
-                        what != NULL ? what : "", what != NULL ? ")" : "",
-                        ncclGetErrorString(r), last != NULL && last[0] != '\0' ? ": " : "",
-                        last != NULL ? last : "");
+    return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed%s: %s%s%s",
+                        loc.device, loc.gpu, n, call, context, ncclGetErrorString(r),
+                        last != NULL && last[0] != '\0' ? ": " : "", last != NULL ? last : "");
 }
 
 #define PS_NCCL_RET(loc, comm, call)                                                          \
     do {                                                                                      \
         ncclResult_t ps_nccl_r_ = (call);                                                     \
         if (ps_nccl_r_ != ncclSuccess)                                                        \
-            return nccl_fail((loc), ps_nccl_r_, (comm), #call, NULL, err);                    \
+            return nccl_fail((loc), ps_nccl_r_, (comm), #call, NULL, 0, err);                 \
     } while (0)
 
 /* The same, naming the collective (`what`) and this member's rank in it. */
 #define PS_NCCL_RET_WHAT(loc, comm, call, what, rank)                                         \
     do {                                                                                      \
         ncclResult_t ps_nccl_r_ = (call);                                                     \
-        if (ps_nccl_r_ != ncclSuccess) {                                                      \
-            char ps_nccl_what_[256];                                                          \
-            snprintf(ps_nccl_what_, sizeof ps_nccl_what_, "%s, as its member %d", (what),     \
-                     (rank));                                                                 \
-            return nccl_fail((loc), ps_nccl_r_, (comm), #call, ps_nccl_what_, err);           \
-        }                                                                                     \
+        if (ps_nccl_r_ != ncclSuccess)                                                        \
+            return nccl_fail((loc), ps_nccl_r_, (comm), #call, (what), (rank), err);          \
     } while (0)
 
 /* ---- memory ------------------------------------------------------------------------ */
@@ -783,8 +781,6 @@ static ps_status share_reduce(cuda_backend *cb, dev_state *d, group_state *gs, i
 static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, ncclComm_t comm,
                            const char *what, int rank, ps_error *err)
 {
-    char context[256];
-    snprintf(context, sizeof context, "%s, as its member %d", what, rank);
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess)
@@ -795,9 +791,9 @@ static ps_status nccl_wait(cuda_backend *cb, dev_state *d, cudaStream_t stream, 
         if (comm != NULL) {
             ncclResult_t r = ncclCommGetAsyncError(comm, &ar);
             if (r != ncclSuccess)
-                return nccl_fail(d->loc, r, comm, "ncclCommGetAsyncError", context, err);
+                return nccl_fail(d->loc, r, comm, "ncclCommGetAsyncError", what, rank, err);
             if (ar != ncclSuccess && ar != ncclInProgress)
-                return nccl_fail(d->loc, ar, comm, "NCCL", context, err);
+                return nccl_fail(d->loc, ar, comm, "NCCL", what, rank, err);
         }
         pthread_mutex_lock(&cb->mu);
         bool ab = cb->aborted;
@@ -1053,11 +1049,8 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
     free(m);
     if (st != PS_OK)
         return st;
-    if (nr != ncclSuccess) {
-        char context[256];
-        snprintf(context, sizeof context, "%s, as its member %d", what, g->rank);
-        return nccl_fail(d->loc, nr, comm, call, context, err);
-    }
+    if (nr != ncclSuccess)
+        return nccl_fail(d->loc, nr, comm, call, what, g->rank, err);
     return nccl_wait(cb, d, s->stream, comm, what, g->rank, err);
 }
 

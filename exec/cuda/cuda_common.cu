@@ -551,24 +551,26 @@ static __global__ void ps_k_combine(T *dst, const T *src, int64_t n, bool max)
     }
 }
 
-ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,
-                          ps_error *err)
+template <typename T>
+static ps_status combine(ps_cuda_stream *s, T *dst, const T *src, int64_t n, bool max,
+                         ps_error *err)
 {
     if (n <= 0)
         return PS_OK;
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    ps_k_combine<float><<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
+    ps_k_combine<T><<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
     PS_CUDA_LAUNCHED(s->loc, "ps_k_combine");
     return PS_OK;
+}
+
+ps_status ps_cuda_combine(ps_cuda_stream *s, float *dst, const float *src, int64_t n, bool max,
+                          ps_error *err)
+{
+    return combine(s, dst, src, n, max, err);
 }
 
 ps_status ps_cuda_combine64(ps_cuda_stream *s, double *dst, const double *src, int64_t n,
                             bool max, ps_error *err)
 {
-    if (n <= 0)
-        return PS_OK;
-    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    ps_k_combine<double><<<ps_cuda_blocks(n, 256), 256, 0, s->stream>>>(dst, src, n, max);
-    PS_CUDA_LAUNCHED(s->loc, "ps_k_combine<double>");
-    return PS_OK;
+    return combine(s, dst, src, n, max, err);
 }
