@@ -1453,11 +1453,12 @@ static void ops_moe(void **state)
  * round once, so they differ only where fp32 summation order moves a value
  * across a rounding boundary; nmse <= u^2 (u: the type's unit roundoff).
  * Frees in[] and out[]. */
-static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_tile *in,
-                          ps_tile *out, unsigned half_in, unsigned half_out, ps_dtype t)
+static void check_op_half_adding(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_tile *in,
+                                 ps_tile *out, unsigned half_in, unsigned half_out, ps_dtype t,
+                                 unsigned accumulate)
 {
     ps_error err = {0};
-    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}};
+    ps_op_context ctx = {.step = 3, .reduce = {.group_size = 1}, .accumulate = accumulate};
     ps_tile cin[PS_MAX_OP_IO], cout[PS_MAX_OP_IO], din[PS_MAX_OP_IO], dout[PS_MAX_OP_IO];
     for (int i = 0; i < op->n_in; i++) {
         cin[i] = host_as(&in[i], (half_in >> i) & 1u, t);
@@ -1503,6 +1504,12 @@ static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_ti
     }
 }
 
+static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_tile *in,
+                          ps_tile *out, unsigned half_in, unsigned half_out, ps_dtype t)
+{
+    check_op_half_adding(b, cpu, op, in, out, half_in, half_out, t, 0);
+}
+
 /* Every GEMM form (half inputs straight into cuBLAS, or widened where an
  * operand is permuted first), elementwise, normalization, the loss
  * gradient and Adam on half tiles, in bf16 and fp16. */
@@ -1534,6 +1541,16 @@ static void ops_half_storage(void **state)
             ps_op op = mkop(PS_OP_MATMUL, 2);
             snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", einsum_specs[i]);
             check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
+            /* half operands added into an fp32 output (an accumulated
+             * gradient kept in fp32): the widened product, cuBLAS's beta 1 */
+            for (int o = 0; o < 3; o++) {
+                int64_t shape[PS_MAX_RANK];
+                for (int k = 0; k < e.rank[o]; k++)
+                    shape[k] = size[e.labels[o][k] - 'a'];
+                x[o] = hrand(e.rank[o], shape, NULL, NULL);
+            }
+            assert_true(b->ops->op_accumulates(b, &op, 0, &x[2]));
+            check_op_half_adding(b, cpu, &op, x, &x[2], 3u, 0u, t, 1u);
         }
         {
             /* a long contraction (a weight gradient over many tokens): cuBLAS
@@ -1977,6 +1994,7 @@ typedef struct coll_dev {
     ps_tile src, dst; /* host: inputs, then dst gets the result */
     bool in_place;    /* src and dst are one buffer (same box) */
     ps_dtype half;    /* PS_DTYPE_F32, or held in 2 bytes as this type */
+    bool lone;        /* each device a group of one (id -1, as the runtime's) */
     ps_status st;
     char msg[PS_ERROR_MSG_MAX];
 } coll_dev;
@@ -1989,6 +2007,8 @@ static void *coll_thread(void *p)
     ps_backend *b = c->b;
     ps_error err = {0};
     ps_exec_group g = {3, NDEV, all_devices, c->device};
+    if (c->lone)
+        g = (ps_exec_group){-1, 1, &all_devices[c->device], 0};
     /* the host values as the device holds them (2 bytes for a half type) */
     bool half = c->half != PS_DTYPE_F32;
     ps_tile hsrc = host_as(&c->src, half, c->half), hdst = host_as(&c->dst, half, c->half);
@@ -2047,6 +2067,8 @@ static ps_tile expected(const coll_dev *c, int me)
         float acc = 0;
         bool any = false;
         for (int m = 0; m < NDEV; m++) {
+            if (c[me].lone && m != me)
+                continue;
             float v = host_at(&c[m].src, coord);
             if (isnan(v))
                 continue;
@@ -2079,9 +2101,11 @@ static void round_to(ps_tile *f, ps_dtype t)
  * box semantics over the members' values, sums in fp32 in member order and,
  * for a half type, rounded once (the CPU backend's semantics); nmse <= 1e-12
  * in fp32, <= u^2 in a half type (NCCL's ring adds in its own order). */
+/* lone: every device runs it as a group of one, all at once. */
 static void check_collective_in(ps_dtype t, ps_collective kind,
                                 int64_t (*src_box)(int, int, int64_t *),
-                                int64_t (*dst_box)(int, int, int64_t *), bool in_place)
+                                int64_t (*dst_box)(int, int, int64_t *), bool in_place,
+                                bool lone)
 {
     ps_backend *b = backend(NDEV, !on_gpus);
     const int64_t g[2] = {8, 12};
@@ -2096,6 +2120,7 @@ static void check_collective_in(ps_dtype t, ps_collective kind,
         c[d].kind = kind;
         c[d].in_place = in_place;
         c[d].half = t;
+        c[d].lone = lone;
         c[d].src = hrand(2, size, g, lo);
         round_to(&c[d].src, t);
         for (int k = 0; k < 2; k++)
@@ -2129,7 +2154,7 @@ static void check_collective_in(ps_dtype t, ps_collective kind,
 static void check_collective(ps_collective kind, int64_t (*src_box)(int, int, int64_t *),
                              int64_t (*dst_box)(int, int, int64_t *), bool in_place)
 {
-    check_collective_in(PS_DTYPE_F32, kind, src_box, dst_box, in_place);
+    check_collective_in(PS_DTYPE_F32, kind, src_box, dst_box, in_place, false);
 }
 
 /* Boxes of the [8, 12] tensor: whole, row blocks, column blocks. */
@@ -2164,14 +2189,19 @@ static void backend_collectives(void **state)
     check_collective(PS_COLL_ALL_GATHER, box_cols, box_whole, false);
     check_collective(PS_COLL_ALL_TO_ALL, box_rows, box_cols, false);
     check_collective(PS_COLL_ALL_TO_ALL, box_cols, box_rows, false);
+    /* groups of one on every device at once (an axis of size one): each
+     * its own src, no rendezvous shared through the group id -1 */
+    check_collective_in(PS_DTYPE_F32, PS_COLL_ALL_REDUCE, box_whole, box_whole, false, true);
+    check_collective_in(PS_DTYPE_F32, PS_COLL_ALL_GATHER, box_rows, box_rows, false, true);
+    check_collective_in(PS_DTYPE_BF16, PS_COLL_ALL_REDUCE, box_whole, box_whole, true, true);
     /* held in 2 bytes: widened, combined in fp32, rounded once */
     const ps_dtype half[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
     for (int k = 0; k < 2; k++) {
-        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_whole, true);
-        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_rows, false);
-        check_collective_in(half[k], PS_COLL_REDUCE_SCATTER, box_whole, box_cols, false);
-        check_collective_in(half[k], PS_COLL_ALL_GATHER, box_rows, box_whole, false);
-        check_collective_in(half[k], PS_COLL_ALL_TO_ALL, box_rows, box_cols, false);
+        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_whole, true, false);
+        check_collective_in(half[k], PS_COLL_ALL_REDUCE, box_whole, box_rows, false, false);
+        check_collective_in(half[k], PS_COLL_REDUCE_SCATTER, box_whole, box_cols, false, false);
+        check_collective_in(half[k], PS_COLL_ALL_GATHER, box_rows, box_whole, false, false);
+        check_collective_in(half[k], PS_COLL_ALL_TO_ALL, box_rows, box_cols, false, false);
     }
 }
 

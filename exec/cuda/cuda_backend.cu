@@ -1,6 +1,7 @@
 /* The CUDA backend: exec/backend.h's function table on GPUs (see
  * exec/cuda/cuda_backend.h for the device mapping and the two modes). */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,26 +175,34 @@ static size_t ptr_hash(const void *p, int cap)
 static bool live_insert(dev_state *d, blk b)
 {
     if ((d->live_used + 1) * 2 > d->live_cap) {
-        int cap = d->live_cap ? d->live_cap * 2 : 256;
-        blk *t = (blk *)calloc((size_t)cap, sizeof *t);
+        /* used counts the deleted slots too: rehashed at the same size
+         * while live blocks fill under a quarter, so that a long run of
+         * allocations and releases does not grow the table */
+        int n_live = 0;
+        for (int i = 0; i < d->live_cap; i++)
+            n_live += d->live[i].ptr != NULL && d->live[i].ptr != DELETED;
+        size_t old_cap = d->live_cap > 0 ? (size_t)d->live_cap : 0;
+        size_t cap = old_cap == 0                            ? 256
+                     : ((size_t)n_live + 1) * 4 <= old_cap ? old_cap
+                                                             : old_cap * 2;
+        if (cap > INT_MAX)
+            return false;
+        blk *t = (blk *)calloc(cap, sizeof *t);
         if (t == NULL)
             return false;
         for (int i = 0; i < d->live_cap; i++) {
             void *p = d->live[i].ptr;
             if (p == NULL || p == DELETED)
                 continue;
-            size_t h = ptr_hash(p, cap);
+            size_t h = ptr_hash(p, (int)cap);
             while (t[h].ptr != NULL)
-                h = (h + 1) & (size_t)(cap - 1);
+                h = (h + 1) & (cap - 1);
             t[h] = d->live[i];
         }
         free(d->live);
         d->live = t;
-        d->live_cap = cap;
-        int used = 0;
-        for (int i = 0; i < cap; i++)
-            used += t[i].ptr != NULL;
-        d->live_used = used;
+        d->live_cap = (int)cap;
+        d->live_used = n_live;
     }
     size_t h = ptr_hash(b.ptr, d->live_cap);
     while (d->live[h].ptr != NULL && d->live[h].ptr != DELETED)
@@ -350,6 +359,10 @@ static void be_release(ps_backend *b, int device, void *ptr)
          * readers of the block: reuse is safe without a sync */
         d->cache[d->n_cache++] = freed;
         cached = true;
+    } else if (aborted) {
+        /* no room to cache it and no free after an abort: the slot keeps
+         * it, so that dev_free frees it with the live blocks */
+        e->ptr = freed.ptr;
     }
     pthread_mutex_unlock(&d->mu);
     if (!cached && !aborted) {
@@ -704,15 +717,14 @@ static ps_status check_cover(int device, const group_state *gs, ps_collective ki
 
 /* ---- share mode: collectives by device copies --------------------------------------- */
 
-static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
-                                  ps_collective kind, const ps_tile *src, ps_tile *dst,
-                                  const char *what, ps_error *err)
+/* The members' srcs (slot[0..gs->n)) combined as kind does, into scratch 0
+ * (*out): sums from zero, gathers over what dst holds. Returns once the
+ * stream has read them all. */
+static ps_status combine_members(dev_state *d, const group_state *gs, const rv_slot *slot,
+                                 ps_collective kind, const ps_tile *dst, void **out,
+                                 ps_error *err)
 {
     ps_cuda_stream *s = d->s;
-    /* what this device issued (its src) is complete before others read it */
-    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
-    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0, false);
-    PS_RET(group_wait(cb, gs, d->device, what, err));
     int64_t n = ps_tile_numel(dst);
     void *tmp;
     PS_RET(scratch(d, 0, (size_t)n * 4, &tmp, err));
@@ -730,11 +742,45 @@ static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *g
     for (int m = 0; m < gs->n; m++)
         PS_RET(ps_cuda_box_copy(s, &slot[m].src, &t, sum, err));
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    *out = tmp;
+    return PS_OK;
+}
+
+static ps_status share_collective(cuda_backend *cb, dev_state *d, group_state *gs, int rank,
+                                  ps_collective kind, const ps_tile *src, ps_tile *dst,
+                                  const char *what, ps_error *err)
+{
+    ps_cuda_stream *s = d->s;
+    /* what this device issued (its src) is complete before others read it */
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    const rv_slot *slot = publish(cb, gs, rank, src, dst, NULL, 0, false);
+    PS_RET(group_wait(cb, gs, d->device, what, err));
+    void *tmp;
+    PS_RET(combine_members(d, gs, slot, kind, dst, &tmp, err));
     /* every member has read every src before anyone overwrites its dst */
     PS_RET(group_wait(cb, gs, d->device, what, err));
-    PS_CUDA_RET(d->loc, cudaMemcpyAsync(dst->data, tmp, (size_t)n * 4, cudaMemcpyDeviceToDevice,
-                                        s->stream));
+    PS_CUDA_RET(d->loc, cudaMemcpyAsync(dst->data, tmp, (size_t)ps_tile_numel(dst) * 4,
+                                        cudaMemcpyDeviceToDevice, s->stream));
     PS_CUDA_RET(d->loc, cudaStreamSynchronize(s->stream));
+    return PS_OK;
+}
+
+/* A collective of a group of one device: no rendezvous (the groups of one
+ * share the id -1 across devices, so no group state either). */
+static ps_status lone_collective(dev_state *d, int group_id, ps_collective kind,
+                                 const ps_tile *src, ps_tile *dst, ps_error *err)
+{
+    group_state lone = {};
+    lone.id = group_id;
+    lone.n = 1;
+    rv_slot slot = {};
+    slot.src = *src;
+    slot.dst = *dst;
+    void *tmp;
+    PS_RET(combine_members(d, &lone, &slot, kind, dst, &tmp, err));
+    PS_CUDA_RET(d->loc, cudaMemcpyAsync(dst->data, tmp, (size_t)ps_tile_numel(dst) * 4,
+                                        cudaMemcpyDeviceToDevice, d->s->stream));
+    PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
     return PS_OK;
 }
 
@@ -1105,7 +1151,9 @@ static ps_status run_collective(cuda_backend *cb, dev_state *d, group_state *gs,
                                 const ps_exec_group *g, ps_collective kind, const ps_tile *src,
                                 ps_tile *dst, const char *what, ps_error *err)
 {
-    if (cb->nccl && g->n > 1)
+    if (g->n == 1)
+        return lone_collective(d, g->id, kind, src, dst, err);
+    if (cb->nccl)
         return nccl_collective(cb, d, gs, g, kind, src, dst, what, err);
     if (!ps_group_is_local(cb->mail, g))
         return ps_cuda_remote_collective(cb->mail, d->s, g, kind, src, dst, err);
@@ -1602,7 +1650,10 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
                 cudaError_t e = cudaSetDevice(cb->dev[i].gpu);
                 if (e == cudaSuccess)
                     e = cudaDeviceEnablePeerAccess(cb->dev[j].gpu, 0);
-                if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+                /* a GPU has at most 8 peers (cudaErrorTooManyPeers beyond):
+                 * copies to the others go through the host */
+                if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled &&
+                    e != cudaErrorTooManyPeers && e != cudaErrorPeerAccessUnsupported) {
                     st = ps_cuda_fail(cb->dev[i].loc, e, "cudaDeviceEnablePeerAccess", err);
                     goto out;
                 }

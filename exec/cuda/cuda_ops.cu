@@ -1124,12 +1124,11 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     unsigned add = ctx != NULL ? ctx->accumulate : 0;
     if (add != 0 && (add != 1u || !ps_cuda_op_accumulates(op->kind, 0, &out[0])))
         BAD("cannot add into its outputs 0x%x (only a MATMUL's fp32 output 0x1)", add);
+    /* half operands are widened into scratch; an fp32 output (the only one
+     * added into) keeps its own data there, so the add reaches it */
     for (int i = 0; i < op->n_in + op->n_out; i++)
-        if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in])) {
-            if (add != 0) /* the half path writes its outputs whole */
-                BAD("cannot add into its output from half-precision operands");
+        if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in]))
             return ps_cuda_half_op(s, op, in, out, ctx, err);
-        }
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
     const float *x = (const float *)in[0].data;
     float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
