@@ -74,6 +74,7 @@ typedef struct group_state {
     rv_slot *slot;
     unsigned *seq; /* per rank: collectives published on the group */
     ncclComm_t *comm; /* NCCL mode: per rank, created at the first collective */
+    ps_launch_window win; /* NCCL mode: its launches (members: those here) */
     ncclUniqueId uid;
     struct group_state *next;
 } group_state;
@@ -106,6 +107,9 @@ typedef struct cuda_backend {
     group_state *groups;
     chan *chans; /* [from * n + to] */
     ps_mailbox *mail; /* to and from devices of other processes */
+    /* NCCL mode: collective launches against memory operations
+     * (exec/launch_gate.h); NULL otherwise */
+    ps_launch_gate *gate;
 } cuda_backend;
 
 static cuda_backend *cb_of(ps_backend *b) { return (cuda_backend *)b; }
@@ -236,8 +240,10 @@ static void cache_flush(dev_state *d)
     (void)cudaSetDevice(d->gpu);
     if (d->s != NULL)
         (void)cudaStreamSynchronize(d->s->stream);
+    ps_launch_gate_mem_enter(d->cb->gate);
     for (int i = 0; i < d->n_cache; i++)
         (void)cudaFree(d->cache[i].ptr);
+    ps_launch_gate_mem_exit(d->cb->gate);
     d->n_cache = 0;
 }
 
@@ -315,7 +321,7 @@ static ps_status be_alloc(ps_backend *b, int device, int64_t bytes, void **out, 
     }
     pthread_mutex_unlock(&d->mu);
     if (!ok) {
-        (void)cudaFree(p);
+        (void)ps_cuda_free(d->s, p);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     }
     *out = p;
@@ -369,7 +375,7 @@ static void be_release(ps_backend *b, int device, void *ptr)
         /* the cache is full: freed once earlier readers are done */
         (void)cudaSetDevice(d->gpu);
         (void)cudaStreamSynchronize(d->s->stream);
-        (void)cudaFree(freed.ptr);
+        (void)ps_cuda_free(d->s, freed.ptr);
     }
 }
 
@@ -391,7 +397,7 @@ static ps_status scratch(dev_state *d, int which, size_t bytes, void **out, ps_e
     if (d->scratch_bytes[which] < bytes) {
         if (d->scratch[which] != NULL) {
             PS_CUDA_RET(d->loc, cudaStreamSynchronize(d->s->stream));
-            PS_CUDA_RET(d->loc, cudaFree(d->scratch[which]));
+            PS_CUDA_RET(d->loc, ps_cuda_free(d->s, d->scratch[which]));
             d->scratch[which] = NULL;
             d->scratch_bytes[which] = 0;
         }
@@ -608,6 +614,8 @@ static ps_status group_get(cuda_backend *cb, const ps_exec_group *g, int device,
         gs->slot = slot;
         gs->seq = seq;
         gs->comm = comm;
+        for (int i = 0; i < g->n; i++)
+            gs->win.members += !ps_mailbox_is_remote(cb->mail, g->devices[i]);
         gs->next = cb->groups;
         cb->groups = gs;
     }
@@ -884,8 +892,13 @@ static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs,
     ncclComm_t c = NULL;
     char setup[64];
     snprintf(setup, sizeof setup, "communicator of group %d", gs->id);
-    PS_NCCL_RET_WHAT(d->loc, (ncclComm_t)NULL, ncclCommInitRank(&c, gs->n, uid, rank), setup,
-                     rank);
+    /* it allocates on the GPU: a memory operation (the members make theirs
+     * at once; memory operations do not exclude each other) */
+    ps_launch_gate_mem_enter(cb->gate);
+    ncclResult_t made = ncclCommInitRank(&c, gs->n, uid, rank);
+    ps_launch_gate_mem_exit(cb->gate);
+    if (made != ncclSuccess)
+        return nccl_fail(d->loc, made, NULL, "ncclCommInitRank", setup, rank, err);
     gs->comm[rank] = c;
     *out = c;
     return PS_OK;
@@ -938,6 +951,22 @@ static ps_status member_boxes(cuda_backend *cb, dev_state *d, group_state *gs,
     return st;
 }
 
+/* Opens the group's launch window (exec/launch_gate.h): the NCCL calls of
+ * this collective follow at once, then launch_leave; nothing in between
+ * allocates or frees. */
+static ps_status launch_enter(cuda_backend *cb, dev_state *d, group_state *gs, const char *what,
+                              ps_error *err)
+{
+    if (!ps_launch_gate_window_enter(cb->gate, &gs->win))
+        return aborted_error(d->device, what, err);
+    return PS_OK;
+}
+
+static void launch_leave(cuda_backend *cb, group_state *gs)
+{
+    ps_launch_gate_window_leave(cb->gate, &gs->win);
+}
+
 static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs,
                                  const ps_exec_group *g, ps_collective kind, const ps_tile *src,
                                  ps_tile *dst, const char *what, ps_error *err)
@@ -982,8 +1011,12 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
         int64_t count = box_numel(size, r);
         if (same) {
             call = "ncclAllReduce";
-            nr = ncclAllReduce(src->data, dst->data, (size_t)count, ncclFloat, ncclSum, comm,
-                               s->stream);
+            st = launch_enter(cb, d, gs, what, err);
+            if (st == PS_OK) {
+                nr = ncclAllReduce(src->data, dst->data, (size_t)count, ncclFloat, ncclSum,
+                                   comm, s->stream);
+                launch_leave(cb, gs);
+            }
         } else {
             st = scratch(d, 0, (size_t)count * 4, &a, err);
             ps_tile u = box_view(dst, lo, size, a);
@@ -991,9 +1024,12 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
                 st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemsetAsync", err);
             if (st == PS_OK)
                 st = ps_cuda_box_copy(s, src, &u, false, err);
+            if (st == PS_OK)
+                st = launch_enter(cb, d, gs, what, err);
             if (st == PS_OK) {
                 call = "ncclAllReduce";
                 nr = ncclAllReduce(a, a, (size_t)count, ncclFloat, ncclSum, comm, s->stream);
+                launch_leave(cb, gs);
                 if (nr == ncclSuccess)
                     st = ps_cuda_box_copy(s, &u, dst, false, err);
             }
@@ -1014,9 +1050,12 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
             ps_tile v = box_view(dst, m[i].dst.offset, m[i].dst.shape, (float *)a + i * count);
             st = ps_cuda_box_copy(s, src, &v, false, err);
         }
+        if (st == PS_OK)
+            st = launch_enter(cb, d, gs, what, err);
         if (st == PS_OK) {
             call = "ncclReduceScatter";
             nr = ncclReduceScatter(a, b, (size_t)count, ncclFloat, ncclSum, comm, s->stream);
+            launch_leave(cb, gs);
             if (nr == ncclSuccess &&
                 cudaMemcpyAsync(dst->data, b, (size_t)ps_tile_numel(dst) * 4,
                                 cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
@@ -1035,9 +1074,12 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
             cudaMemcpyAsync(a, src->data, (size_t)ps_tile_numel(src) * 4,
                             cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
             st = ps_cuda_fail(d->loc, cudaGetLastError(), "cudaMemcpyAsync", err);
+        if (st == PS_OK)
+            st = launch_enter(cb, d, gs, what, err);
         if (st == PS_OK) {
             call = "ncclAllGather";
             nr = ncclAllGather(a, b, (size_t)count, ncclFloat, comm, s->stream);
+            launch_leave(cb, gs);
         }
         for (int i = 0; i < n && st == PS_OK && nr == ncclSuccess; i++) {
             ps_tile v = box_view(dst, m[i].src.offset, m[i].src.shape, (float *)b + i * count);
@@ -1067,6 +1109,8 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
                 ps_tile v = box_view(dst, lo, size, (float *)a + so[i]);
                 st = ps_cuda_box_copy(s, src, &v, false, err);
             }
+        if (st == PS_OK)
+            st = launch_enter(cb, d, gs, what, err);
         if (st == PS_OK) {
             call = "ncclSend/ncclRecv";
             nr = ncclGroupStart();
@@ -1079,6 +1123,7 @@ static ps_status nccl_collective(cuda_backend *cb, dev_state *d, group_state *gs
                                   s->stream);
             }
             ncclResult_t ge = ncclGroupEnd();
+            launch_leave(cb, gs);
             if (nr == ncclSuccess)
                 nr = ge;
         }
@@ -1137,11 +1182,13 @@ static ps_status nccl_reduce(cuda_backend *cb, dev_state *d, group_state *gs,
     PS_RET(st);
     if (n == 0)
         return PS_OK;
-    PS_NCCL_RET_WHAT(d->loc, comm,
-                     ncclAllReduce(data, data, (size_t)n, dbl ? ncclDouble : ncclFloat,
-                                   op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm,
-                                   d->s->stream),
-                     what, g->rank);
+    PS_RET(launch_enter(cb, d, gs, what, err));
+    ncclResult_t nr = ncclAllReduce(data, data, (size_t)n, dbl ? ncclDouble : ncclFloat,
+                                    op == PS_REDUCE_OP_MAX ? ncclMax : ncclSum, comm,
+                                    d->s->stream);
+    launch_leave(cb, gs);
+    if (nr != ncclSuccess)
+        return nccl_fail(d->loc, nr, comm, "ncclAllReduce", what, g->rank, err);
     return nccl_wait(cb, d, d->s->stream, comm, what, g->rank, err);
 }
 
@@ -1415,6 +1462,7 @@ static void be_abort(ps_backend *b)
     pthread_mutex_unlock(&cb->mu);
     if (cb->mail != NULL)
         ps_mailbox_abort(cb->mail);
+    ps_launch_gate_abort(cb->gate);
     /* NCCL: a device thread waiting on a collective sees the flag and
      * returns (nccl_wait); kernels left waiting for peers stay on the
      * streams until destroy aborts every communicator, before anything
@@ -1510,6 +1558,7 @@ static void be_destroy(ps_backend *b)
     (void)cudaGetLastError();
     free(cb->dev);
     ps_mailbox_destroy(cb->mail);
+    ps_launch_gate_destroy(cb->gate);
     pthread_cond_destroy(&cb->cv);
     pthread_mutex_destroy(&cb->mu);
     free(cb);
@@ -1552,6 +1601,7 @@ static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, p
     d->cb = cb;
     d->s->reclaim = stream_reclaim;
     d->s->reclaim_arg = d;
+    d->s->gate = cb->gate;
     d->ev = (cudaEvent_t *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev);
     d->ev_set = (bool *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev_set);
     if (d->ev == NULL || d->ev_set == NULL)
@@ -1619,6 +1669,8 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
         goto out;
     }
     cb->nccl = !cb->opt.share_gpu && n_devices > 1;
+    if (cb->nccl && (st = ps_launch_gate_create(&cb->gate, err)) != PS_OK)
+        goto out;
     cb->dev = (dev_state *)calloc((size_t)n_devices, sizeof *cb->dev);
     if (cb->dev == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");

@@ -134,7 +134,14 @@ static ps_status conv_desc_make(ps_cuda_stream *s, const conv_geom *g, conv_desc
     ps_status st = PS_OK;
     if (s->dnn == NULL) {
         cudnnHandle_t h = NULL;
-        DNN_TRY(cudnnCreate(&h));
+        /* it allocates on the GPU: a memory operation (launch_gate.h) */
+        ps_launch_gate_mem_enter(s->gate);
+        cudnnStatus_t made = cudnnCreate(&h);
+        ps_launch_gate_mem_exit(s->gate);
+        if (made != CUDNN_STATUS_SUCCESS) {
+            st = dnn_fail(s, made, "cudnnCreate", err);
+            goto out;
+        }
         cudnnStatus_t e = cudnnSetStream(h, s->stream);
         if (e != CUDNN_STATUS_SUCCESS) {
             (void)cudnnDestroy(h); /* a handle on the default stream would race */
@@ -206,44 +213,65 @@ static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d,
                                                           bytes);
 }
 
-/* Picks the algorithm (*at, -1 when none qualifies), sets its math type on
- * the descriptor and reserves its workspace. The heuristics rank by speed,
- * not memory: a candidate whose workspace the GPU cannot give (an FFT one
- * can ask for gigabytes) gives way to the next, and only the last
- * qualifying one's shortage is an error. */
-template <typename Perf>
-static ps_status ready_algo(ps_cuda_stream *s, const Perf *perf, int found, const conv_desc *d,
-                            int *at, void **ws, size_t *ws_bytes, ps_error *err)
+/* Runs the first qualifying candidate of cuDNN's ranking that works: sets
+ * its math type on the descriptor, reserves its workspace and calls
+ * run(algo, workspace, bytes), which returns cuDNN's status (`call` names
+ * it). *at: the candidate run, -1 when none qualifies. The heuristics rank
+ * by speed, not memory: a candidate whose workspace the GPU cannot give (an
+ * FFT one can ask for gigabytes) gives way to the next; so does one that
+ * cuDNN then says it does not support for this shape (the heuristics list
+ * some as working that are not); only the last qualifying one's failure is
+ * an error. */
+template <typename Perf, typename Run>
+static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const conv_desc *d,
+                          const char *call, Run run, int *at, ps_error *err)
 {
+    *at = -1;
     cudnnMathType_t math = CUDNN_FMA_MATH;
     for (int i = pick_algo(s, perf, 0, found, &math); i >= 0;) {
+        cudnnMathType_t next_math = CUDNN_FMA_MATH;
+        int next = pick_algo(s, perf, i + 1, found, &next_math);
+        const char *why = NULL;
         cudnnStatus_t e = cudnnSetConvolutionMathType(d->conv, math);
         if (e != CUDNN_STATUS_SUCCESS)
             return dnn_fail(s, e, "cudnnSetConvolutionMathType", err);
-        e = ws_size(s->dnn, d, perf[i].algo, ws_bytes);
-        if (e != CUDNN_STATUS_SUCCESS)
+        size_t bytes = 0;
+        void *ws = NULL;
+        e = ws_size(s->dnn, d, perf[i].algo, &bytes);
+        if (e == CUDNN_STATUS_NOT_SUPPORTED && next >= 0) {
+            why = "has no workspace size for this shape";
+        } else if (e != CUDNN_STATUS_SUCCESS) {
             return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
-        /* a faster algorithm's workspace is a preference: the pool's
-         * cached blocks are given back (a stream sync and their cudaFree,
-         * at every convolution of every step) only for the last candidate */
-        cudnnMathType_t next_math = CUDNN_FMA_MATH;
-        int next = pick_algo(s, perf, i + 1, found, &next_math);
-        s->reclaim_off = next >= 0;
-        ps_status st = *ws_bytes > 0 ? ps_cuda_ws_reserve(s, *ws_bytes, ws, err) : PS_OK;
-        s->reclaim_off = false;
-        if (st != PS_ERR_NOMEM)
-            next = -1;
-        if (next < 0) {
-            *at = st == PS_OK ? i : -1;
-            return st;
+        } else {
+            /* a faster algorithm's workspace is a preference: the pool's
+             * cached blocks are given back (a stream sync and their
+             * cudaFree, at every convolution of every step) only for the
+             * last candidate */
+            s->reclaim_off = next >= 0;
+            ps_status st = bytes > 0 ? ps_cuda_ws_reserve(s, bytes, &ws, err) : PS_OK;
+            s->reclaim_off = false;
+            if (st == PS_ERR_NOMEM && next >= 0) {
+                why = "needs a workspace the GPU has not";
+                ps_error_clear(err);
+            } else if (st != PS_OK) {
+                return st;
+            } else {
+                e = run(perf[i].algo, ws, bytes);
+                if (e == CUDNN_STATUS_SUCCESS) {
+                    *at = i;
+                    return PS_OK;
+                }
+                if (e != CUDNN_STATUS_NOT_SUPPORTED || next < 0)
+                    return dnn_fail(s, e, call, err);
+                why = "is not supported for this shape after all";
+            }
         }
-        PS_LOG_DEBUG("pipeshard: cuDNN algorithm %d needs a %zu-byte workspace the GPU has "
-                     "not; trying the next",
-                     (int)perf[i].algo, *ws_bytes);
+        PS_LOG_DEBUG("pipeshard: device %d: cuDNN algorithm %d (%zu-byte workspace) %s; "
+                     "trying the next",
+                     s->loc.device, (int)perf[i].algo, bytes, why);
         i = next;
         math = next_math;
     }
-    *at = -1;
     return PS_OK;
 }
 
@@ -253,8 +281,6 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
     ps_status st = PS_OK;
     conv_desc d = {};
     const float one = 1.0f, zero = 0.0f;
-    size_t ws_bytes = 0;
-    void *ws = NULL;
     int found = 0, at = -1;
     PS_TRY(conv_desc_make(s, g, &d, err));
     switch (op->kind) {
@@ -263,22 +289,23 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, d.x, d.w, d.conv, d.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                        &found, perf));
-        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
-        if (at < 0)
-            break;
-        DNN_TRY(cudnnConvolutionForward(s->dnn, &one, d.x, x->data, d.w, w->data, d.conv,
-                                        perf[at].algo, ws, ws_bytes, &zero, d.y, y->data));
+        auto fwd = [&](cudnnConvolutionFwdAlgo_t a, void *ws, size_t bytes) {
+            return cudnnConvolutionForward(s->dnn, &one, d.x, x->data, d.w, w->data, d.conv, a,
+                                           ws, bytes, &zero, d.y, y->data);
+        };
+        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionForward", fwd, &at, err));
         break;
     }
     case PS_OP_CONV2D_GRAD_INPUT: {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             s->dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
-        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
-        if (at < 0)
-            break;
-        DNN_TRY(cudnnConvolutionBackwardData(s->dnn, &one, d.w, w->data, d.y, y->data, d.conv,
-                                             perf[at].algo, ws, ws_bytes, &zero, d.x, x->data));
+        auto bwd_data = [&](cudnnConvolutionBwdDataAlgo_t a, void *ws, size_t bytes) {
+            return cudnnConvolutionBackwardData(s->dnn, &one, d.w, w->data, d.y, y->data,
+                                                d.conv, a, ws, bytes, &zero, d.x, x->data);
+        };
+        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionBackwardData", bwd_data, &at,
+                        err));
         break;
     }
     default: {
@@ -286,12 +313,12 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
         DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             s->dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
             perf));
-        PS_TRY(ready_algo(s, perf, found, &d, &at, &ws, &ws_bytes, err));
-        if (at < 0)
-            break;
-        DNN_TRY(cudnnConvolutionBackwardFilter(s->dnn, &one, d.x, x->data, d.y, y->data,
-                                               d.conv, perf[at].algo, ws, ws_bytes, &zero, d.w,
-                                               w->data));
+        auto bwd_filter = [&](cudnnConvolutionBwdFilterAlgo_t a, void *ws, size_t bytes) {
+            return cudnnConvolutionBackwardFilter(s->dnn, &one, d.x, x->data, d.y, y->data,
+                                                  d.conv, a, ws, bytes, &zero, d.w, w->data);
+        };
+        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionBackwardFilter", bwd_filter, &at,
+                        err));
         break;
     }
     }

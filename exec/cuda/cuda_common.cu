@@ -153,12 +153,12 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
         (void)cudnnDestroy(s->dnn);
 #endif
     if (s->ws != NULL)
-        (void)cudaFree(s->ws);
+        (void)ps_cuda_free(s, s->ws);
     if (s->half_ws != NULL)
-        (void)cudaFree(s->half_ws);
+        (void)ps_cuda_free(s, s->half_ws);
     checks_forget(s);
     if (s->checks_dev != NULL)
-        (void)cudaFree(s->checks_dev);
+        (void)ps_cuda_free(s, s->checks_dev);
     free(s->checks_host);
     free(s->checks);
     if (s->stream != NULL)
@@ -242,7 +242,7 @@ static ps_status checks_answer(ps_cuda_stream *s, ps_error *err)
     if (e != cudaSuccess) {
         /* the slots' contents are unknown: the next check starts a fresh array */
         checks_forget(s);
-        (void)cudaFree(s->checks_dev);
+        (void)ps_cuda_free(s, s->checks_dev);
         s->checks_dev = NULL;
         return ps_cuda_fail(s->loc, e, call, err);
     }
@@ -274,7 +274,7 @@ ps_status ps_cuda_check_defer(ps_cuda_stream *s, const ps_cuda_check *c, int **s
         cudaError_t e = cudaMemsetAsync(s->checks_dev, 0, PS_CUDA_CHECK_SLOTS * slot_bytes,
                                         s->stream);
         if (e != cudaSuccess) { /* never hand out slots that were not zeroed */
-            (void)cudaFree(s->checks_dev);
+            (void)ps_cuda_free(s, s->checks_dev);
             s->checks_dev = NULL;
             return ps_cuda_fail(s->loc, e, "cudaMemsetAsync", err);
         }
@@ -310,16 +310,33 @@ ps_status ps_cuda_stream_sync(ps_cuda_stream *s, ps_error *err)
     return ps_error_set(err, s->failure.status, "%s", s->failure.msg);
 }
 
+/* cudaMalloc through the launch gate (cuda_internal.cuh). */
+static cudaError_t gated_malloc(ps_cuda_stream *s, void **p, size_t bytes)
+{
+    ps_launch_gate_mem_enter(s->gate);
+    cudaError_t e = cudaMalloc(p, bytes);
+    ps_launch_gate_mem_exit(s->gate);
+    return e;
+}
+
 cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes)
 {
-    cudaError_t e = cudaMalloc(p, bytes);
+    cudaError_t e = gated_malloc(s, p, bytes);
     if (e != cudaErrorMemoryAllocation || s->reclaim == NULL || s->reclaim_off)
         return e;
     (void)cudaGetLastError();
     if (!s->reclaim(s->reclaim_arg))
         return e;
     (void)cudaSetDevice(s->loc.gpu);
-    return cudaMalloc(p, bytes);
+    return gated_malloc(s, p, bytes);
+}
+
+cudaError_t ps_cuda_free(ps_cuda_stream *s, void *p)
+{
+    ps_launch_gate_mem_enter(s->gate);
+    cudaError_t e = cudaFree(p);
+    ps_launch_gate_mem_exit(s->gate);
+    return e;
 }
 
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
@@ -336,17 +353,44 @@ ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, siz
     want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (want == 0)
         want = (size_t)1 << 20;
+    if (*buf != NULL && s->reclaim_off) {
+        /* a preference (a faster cuDNN algorithm's workspace): the larger
+         * buffer beside the one held, which stays when the GPU has no room,
+         * rather than a free and a new allocation at every call */
+        void *grown = NULL;
+        cudaError_t e = gated_malloc(s, &grown, bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return ps_error_set(err, PS_ERR_NOMEM,
+                                "device %d (GPU %d): no room for a %zu-byte buffer", s->loc.device,
+                                s->loc.gpu, bytes);
+        }
+        if (e != cudaSuccess)
+            return ps_cuda_fail(s->loc, e, "cudaMalloc", err);
+        const char *call = "cudaStreamSynchronize";
+        cudaError_t f = cudaStreamSynchronize(s->stream); /* earlier work may read the old */
+        if (f == cudaSuccess) {
+            call = "cudaFree";
+            f = ps_cuda_free(s, *buf);
+        }
+        *buf = grown;
+        *cap = bytes;
+        if (f != cudaSuccess)
+            return ps_cuda_fail(s->loc, f, call, err);
+        *out = grown;
+        return PS_OK;
+    }
     if (*buf != NULL) {
         /* work issued earlier may still read the old buffer */
         PS_CUDA_RET(s->loc, cudaStreamSynchronize(s->stream));
-        PS_CUDA_RET(s->loc, cudaFree(*buf));
+        PS_CUDA_RET(s->loc, ps_cuda_free(s, *buf));
         *buf = NULL;
         *cap = 0;
     }
     /* the growth by half, then what is asked for, before the pool's
      * cached blocks are given back for it (ps_cuda_malloc) */
     size_t exact = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    cudaError_t e = exact < want ? cudaMalloc(buf, want) : cudaErrorMemoryAllocation;
+    cudaError_t e = exact < want ? gated_malloc(s, buf, want) : cudaErrorMemoryAllocation;
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         want = exact;

@@ -16,6 +16,7 @@ extern "C" {
 #include "core/graph.h"
 #include "core/status.h"
 #include "exec/cuda/cuda_ops.h"
+#include "exec/launch_gate.h"
 #include "exec/tile.h"
 }
 
@@ -51,12 +52,17 @@ struct ps_cuda_stream {
     bool (*reclaim)(void *arg);
     void *reclaim_arg;
     bool reclaim_off; /* set around an allocation that may fail (a preference) */
+    /* The backend's gate between collective launches and memory operations
+     * (exec/launch_gate.h), borrowed; NULL without NCCL (no peer access). */
+    ps_launch_gate *gate;
 };
 
 /* cudaMalloc on s's GPU, once more after s->reclaim where the first found
  * the GPU full: every device allocation outside the pool goes through it,
  * so that blocks the pool caches never make it fail. */
 cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes);
+/* cudaFree on s's GPU (current), through s->gate as every allocation. */
+cudaError_t ps_cuda_free(ps_cuda_stream *s, void *p);
 
 /* Formats "device D (GPU G): CALL failed: WHAT (NAME)" into err. `call` is
  * the call's source text; only the function name is kept. */
@@ -214,8 +220,10 @@ static inline bool ps_cuda_same_shape(const ps_tile *a, const ps_tile *b)
 
 /* A stream's device buffer *buf of *cap bytes, grown (never shrunk) to at
  * least `bytes`, after the stream's work; the previous contents are lost
- * when it grows. PS_ERR_NOMEM (the buffer then freed) when the GPU has not
- * that much free; other CUDA failures are PS_ERR_DEVICE. */
+ * when it grows. PS_ERR_NOMEM when the GPU has not that much free: the
+ * buffer is then freed, except under s->reclaim_off (a preference), where
+ * the larger one is sought first and the buffer kept as it was; other CUDA
+ * failures are PS_ERR_DEVICE. */
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,
                                  void **out, ps_error *err);
 

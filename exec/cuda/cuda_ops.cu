@@ -826,6 +826,8 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
             (long long)numel(x));
     if (numel(&out[1]) != n || numel(&out[2]) != n)
         BAD("dgamma and dbeta must have %lld elements", (long long)n);
+    if (n == 0) /* nothing to write (and no grid of zero blocks) */
+        return PS_OK;
     int64_t chunks = rows < 64 ? rows : 64;
     if (chunks < 1)
         chunks = 1;
