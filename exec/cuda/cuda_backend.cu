@@ -892,11 +892,18 @@ static ps_status group_comm(cuda_backend *cb, dev_state *d, group_state *gs,
     ncclComm_t c = NULL;
     char setup[64];
     snprintf(setup, sizeof setup, "communicator of group %d", gs->id);
-    /* it allocates on the GPU: a memory operation (the members make theirs
-     * at once; memory operations do not exclude each other) */
-    ps_launch_gate_mem_enter(cb->gate);
+    /* it allocates on the GPU: a memory operation where the group's members
+     * are all here (they met just above and make theirs at once; memory
+     * operations do not exclude each other). With members elsewhere it waits
+     * for them inside, unbounded: as a memory operation it would keep every
+     * window of this process shut meanwhile, windows a member here may have
+     * to pass before it reaches this group */
+    bool gated = ps_group_is_local(cb->mail, g);
+    if (gated)
+        ps_launch_gate_mem_enter(cb->gate);
     ncclResult_t made = ncclCommInitRank(&c, gs->n, uid, rank);
-    ps_launch_gate_mem_exit(cb->gate);
+    if (gated)
+        ps_launch_gate_mem_exit(cb->gate);
     if (made != ncclSuccess)
         return nccl_fail(d->loc, made, NULL, "ncclCommInitRank", setup, rank, err);
     gs->comm[rank] = c;
@@ -1671,6 +1678,12 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     cb->nccl = !cb->opt.share_gpu && n_devices > 1;
     if (cb->nccl && (st = ps_launch_gate_create(&cb->gate, err)) != PS_OK)
         goto out;
+    /* NCCL connects a communicator's peers (allocating their buffers) at its
+     * first collective unless told to at its setup: there, inside a launch
+     * window, the gate could not keep that apart from the launches. A value
+     * the user set stays. */
+    if (cb->nccl)
+        (void)setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     cb->dev = (dev_state *)calloc((size_t)n_devices, sizeof *cb->dev);
     if (cb->dev == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");

@@ -238,7 +238,7 @@ static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const 
         size_t bytes = 0;
         void *ws = NULL;
         e = ws_size(s->dnn, d, perf[i].algo, &bytes);
-        if (e == CUDNN_STATUS_NOT_SUPPORTED && next >= 0) {
+        if (e == CUDNN_STATUS_NOT_SUPPORTED) {
             why = "has no workspace size for this shape";
         } else if (e != CUDNN_STATUS_SUCCESS) {
             return dnn_fail(s, e, "cudnnGetConvolutionWorkspaceSize", err);
@@ -261,14 +261,15 @@ static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const 
                     *at = i;
                     return PS_OK;
                 }
-                if (e != CUDNN_STATUS_NOT_SUPPORTED || next < 0)
+                if (e != CUDNN_STATUS_NOT_SUPPORTED)
                     return dnn_fail(s, e, call, err);
                 why = "is not supported for this shape after all";
             }
         }
-        PS_LOG_DEBUG("pipeshard: device %d: cuDNN algorithm %d (%zu-byte workspace) %s; "
-                     "trying the next",
-                     s->loc.device, (int)perf[i].algo, bytes, why);
+        /* none left: *at stays -1, the op's "no algorithm" refusal */
+        PS_LOG_DEBUG("pipeshard: device %d: cuDNN algorithm %d (%zu-byte workspace) %s%s",
+                     s->loc.device, (int)perf[i].algo, bytes, why,
+                     next >= 0 ? "; trying the next" : "");
         i = next;
         math = next_math;
     }
@@ -324,8 +325,8 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
     }
     if (at < 0)
         st = ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
-                              "cuDNN offers no deterministic %s algorithm for this shape "
-                              "(%d candidates)",
+                              "cuDNN offers no deterministic %s algorithm that runs this "
+                              "shape (%d candidates)",
                               s->allow_tf32 ? "" : "full-fp32 ", found);
 out:
     conv_desc_free(&d);

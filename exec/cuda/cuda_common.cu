@@ -367,16 +367,16 @@ ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, siz
         }
         if (e != cudaSuccess)
             return ps_cuda_fail(s->loc, e, "cudaMalloc", err);
-        const char *call = "cudaStreamSynchronize";
         cudaError_t f = cudaStreamSynchronize(s->stream); /* earlier work may read the old */
-        if (f == cudaSuccess) {
-            call = "cudaFree";
-            f = ps_cuda_free(s, *buf);
+        if (f != cudaSuccess) { /* the old one stays, as a failed growth leaves it */
+            (void)ps_cuda_free(s, grown);
+            return ps_cuda_fail(s->loc, f, "cudaStreamSynchronize", err);
         }
+        f = ps_cuda_free(s, *buf);
         *buf = grown;
         *cap = bytes;
         if (f != cudaSuccess)
-            return ps_cuda_fail(s->loc, f, call, err);
+            return ps_cuda_fail(s->loc, f, "cudaFree", err);
         *out = grown;
         return PS_OK;
     }
