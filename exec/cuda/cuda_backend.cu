@@ -1609,6 +1609,8 @@ static ps_status dev_init(cuda_backend *cb, dev_state *d, int device, int gpu, p
     d->s->reclaim = stream_reclaim;
     d->s->reclaim_arg = d;
     d->s->gate = cb->gate;
+    if (cb->gate != NULL) /* no allocation of cuBLAS's own inside a launch window */
+        PS_RET(ps_cuda_stream_own_blas_workspace(d->s, err));
     d->ev = (cudaEvent_t *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev);
     d->ev_set = (bool *)calloc((size_t)(cb->slots > 0 ? cb->slots : 1), sizeof *d->ev_set);
     if (d->ev == NULL || d->ev_set == NULL)

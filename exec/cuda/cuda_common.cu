@@ -156,6 +156,8 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
         (void)ps_cuda_free(s, s->ws);
     if (s->half_ws != NULL)
         (void)ps_cuda_free(s, s->half_ws);
+    if (s->blas_ws != NULL) /* after cublasDestroy, its only user */
+        (void)ps_cuda_free(s, s->blas_ws);
     checks_forget(s);
     if (s->checks_dev != NULL)
         (void)ps_cuda_free(s, s->checks_dev);
@@ -337,6 +339,25 @@ cudaError_t ps_cuda_free(ps_cuda_stream *s, void *p)
     cudaError_t e = cudaFree(p);
     ps_launch_gate_mem_exit(s->gate);
     return e;
+}
+
+ps_status ps_cuda_stream_own_blas_workspace(ps_cuda_stream *s, ps_error *err)
+{
+    if (s->blas_ws != NULL)
+        return PS_OK;
+    PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    int major = 0;
+    PS_CUDA_RET(s->loc,
+                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->loc.gpu));
+    size_t bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    PS_CUDA_RET(s->loc, ps_cuda_malloc(s, &s->blas_ws, bytes));
+    cublasStatus_t e = cublasSetWorkspace(s->blas, s->blas_ws, bytes);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+        (void)ps_cuda_free(s, s->blas_ws);
+        s->blas_ws = NULL;
+        return ps_cublas_fail(s->loc, e, "cublasSetWorkspace", err);
+    }
+    return PS_OK;
 }
 
 ps_status ps_cuda_buffer_reserve(ps_cuda_stream *s, void **buf, size_t *cap, size_t bytes,

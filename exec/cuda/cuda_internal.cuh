@@ -35,6 +35,7 @@ struct ps_cuda_stream {
     size_t ws_bytes;
     void *half_ws; /* fp32 copies of an op's half tiles (cuda_half.cu) */
     size_t half_ws_bytes;
+    void *blas_ws; /* cuBLAS's workspace where the stream gives it one; else NULL */
     /* deferred checks (ps_cuda_check_defer): PS_CUDA_CHECK_INTS ints per
      * slot on the device, their host copy, and what each will say */
     int *checks_dev;
@@ -63,6 +64,11 @@ struct ps_cuda_stream {
 cudaError_t ps_cuda_malloc(ps_cuda_stream *s, void **p, size_t bytes);
 /* cudaFree on s's GPU (current), through s->gate as every allocation. */
 cudaError_t ps_cuda_free(ps_cuda_stream *s, void *p);
+/* Gives s's cuBLAS handle a workspace of its own (32 MiB on Hopper and
+ * later, 4 MiB before, as cuBLAS recommends), allocated now through s->gate:
+ * otherwise cuBLAS allocates one inside the first GEMM, out of the gate's
+ * sight. Freed with the stream. */
+ps_status ps_cuda_stream_own_blas_workspace(ps_cuda_stream *s, ps_error *err);
 
 /* Formats "device D (GPU G): CALL failed: WHAT (NAME)" into err. `call` is
  * the call's source text; only the function name is kept. */
