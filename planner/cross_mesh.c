@@ -62,10 +62,14 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
     ps_region *src_box = malloc((size_t)(na > 0 ? na : 1) * sizeof *src_box);
     int *first_of = malloc((size_t)(na > 0 ? na : 1) * sizeof *first_of);
     int *replicas = malloc((size_t)(na > 0 ? na : 1) * sizeof *replicas);
+    /* pieces handed out per source tile so far: its replicas take them in
+     * turn, so that each sends its share */
+    int *handed = calloc((size_t)(na > 0 ? na : 1), sizeof *handed);
     out->group_start = malloc(((size_t)nb + 1) * sizeof *out->group_start);
     PS_TRY_ALLOC(src_box, err);
     PS_TRY_ALLOC(first_of, err);
     PS_TRY_ALLOC(replicas, err);
+    PS_TRY_ALLOC(handed, err);
     PS_TRY_ALLOC(out->group_start, err);
     out->group_start[0] = 0;
     for (int i = 0; i < na; i++)
@@ -124,7 +128,10 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             ps_cross_xfer t = {.dst = to_mesh->devices[r], .region = part,
                                .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks,
                                .group = group};
-            t.src = replicas[(r + t.chunk) % n_rep];
+            /* round robin over the tile's pieces, not by receiver and chunk:
+             * with local all-gather the chunk moves with the receiver, and
+             * (r + chunk) % n_rep left every other replica idle */
+            t.src = replicas[handed[i]++ % n_rep];
             t.bytes = (double)len * elem;
             t.seconds = ps_p2p_s(c, t.src, t.dst, t.bytes);
             if (use_chunks > 1) {
@@ -144,6 +151,7 @@ out:
     free(src_box);
     free(first_of);
     free(replicas);
+    free(handed);
     return st;
 }
 
