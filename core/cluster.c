@@ -39,6 +39,12 @@ double ps_device_kind_speed_flops_per_s(const ps_device_kind *k)
     return fp16 > 0 ? fp16 : k->peak_flops[PS_DTYPE_F32];
 }
 
+double ps_device_kind_peak_flops_per_s(const ps_device_kind *k, ps_dtype t)
+{
+    int i = t < PS_FLOAT_DTYPE_COUNT ? (int)t : PS_DTYPE_F32;
+    return k->peak_flops[i] > 0 ? k->peak_flops[i] : k->peak_flops[PS_DTYPE_F32];
+}
+
 /* ---- construction ------------------------------------------------------ */
 
 static bool name_ok(const char *name, size_t cap)

@@ -102,6 +102,9 @@ double ps_cluster_min_memory_bytes(const ps_cluster *c);
 /* One speed per device kind, for simulators (a SimGrid host's speed, the
  * programs' reference speed): its fp16 peak FLOP/s, or fp32 without fp16. */
 double ps_device_kind_speed_flops_per_s(const ps_device_kind *k);
+/* Its peak FLOP/s at dtype t: fp32's where it lacks t (it computes in fp32),
+ * as the cost model charges it. */
+double ps_device_kind_peak_flops_per_s(const ps_device_kind *k, ps_dtype t);
 
 /* "NAME" or "NAME:N" (N nodes, default 1) of a built-in preset. */
 ps_status ps_cluster_from_preset(const char *spec, ps_cluster **out, ps_error *err);

@@ -135,10 +135,11 @@ typedef struct ps_program_stage {
     int *devices;                  /* row-major over the logical mesh */
     int mesh[PS_MESH_AXES];
     int kernel[PS_PHASE_COUNT];    /* kernel index per phase, -1 if empty */
-    double reference_flops_per_s;  /* speed of the device the kernels' seconds are for (the
-                                    * slowest at the model's dtype), as
-                                    * ps_device_kind_speed_flops_per_s measures it: a
-                                    * device of speed v runs them in seconds * ref / v */
+    double reference_flops_per_s;  /* peak FLOP/s at compute_dtype of the device the
+                                    * kernels' seconds are for (the stage's slowest): a
+                                    * device of peak v at that dtype runs them in
+                                    * seconds * ref / v (0: as they are) */
+    ps_dtype compute_dtype;        /* the model's dtype, at which speeds compare */
     double compute_share;          /* the slowdown the seconds include for devices sharing
                                     * cores (ps_cluster_compute_share): alone, a device
                                     * runs them in seconds / compute_share; 0 or 1: none */

@@ -1203,23 +1203,20 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
         memcpy(ps->devices, s->devices, (size_t)s->n_devices * sizeof *ps->devices);
         PS_TRY(stage_setup(&L, k));
         /* the predicted seconds are for the mesh's slowest device at the
-         * model's dtype; the reference is that device's speed in the unit
-         * every backend measures devices by (ps_device_kind_speed_flops_per_s:
-         * fp16 peak), so that it runs the seconds exactly whatever the dtype
-         * (an fp32 model on A100s once ran 16x fast: fp32 reference, fp16 host) */
+         * model's dtype; a backend compares every device with it at that
+         * dtype (by the fp16 peak, a device faster in fp32 but slower in
+         * fp16 ran an fp32 model slower than the slowest) */
         ps_dtype dt = ps_graph_param_dtype(g, g->n_tensors > 0 ? g->tensors[0].desc.dtype
                                                                : PS_DTYPE_F32);
-        int di = dt < PS_FLOAT_DTYPE_COUNT ? (int)dt : PS_DTYPE_F32;
-        double slowest = INFINITY;
-        ps->reference_flops_per_s = 0;
-        for (int i = 0; i < s->n_devices; i++) {
-            const ps_device_kind *kd = ps_cluster_device(p->cluster, s->devices[i]);
-            double peak = kd->peak_flops[di] > 0 ? kd->peak_flops[di] : kd->peak_flops[PS_DTYPE_F32];
-            if (peak < slowest) {
-                slowest = peak;
-                ps->reference_flops_per_s = ps_device_kind_speed_flops_per_s(kd);
-            }
-        }
+        ps->compute_dtype = dt < PS_FLOAT_DTYPE_COUNT ? dt : PS_DTYPE_F32;
+        ps->reference_flops_per_s = INFINITY;
+        for (int i = 0; i < s->n_devices; i++)
+            ps->reference_flops_per_s = fmin(
+                ps->reference_flops_per_s,
+                ps_device_kind_peak_flops_per_s(ps_cluster_device(p->cluster, s->devices[i]),
+                                                ps->compute_dtype));
+        if (!(ps->reference_flops_per_s > 0) || isinf(ps->reference_flops_per_s))
+            ps->reference_flops_per_s = 0;
         /* the cost model multiplied every compute time by it (cost_model.h) */
         ps->compute_share = ps_cluster_compute_share(p->cluster);
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++)

@@ -943,17 +943,21 @@ static bool step(sim_actor *a, const ps_instr *in, int mb, double scale)
 }
 
 /* Predicted seconds of stage `stage` to this device's seconds alone. They
- * are for a device of speed ref (else this one's), which runs them in
- * seconds * ref / speed; with shared cores they include the node's compute
- * share, which the shared host models instead. */
+ * are for a device of peak ref at the stage's dtype (else this one), which
+ * runs them in seconds * ref / its own peak at that dtype; with shared cores
+ * they include the node's compute share, which the shared host models
+ * instead. (The host's speed only converts seconds into its work.) */
 static double compute_scale(const sim_actor *a, int stage)
 {
     const ps_program_set *set = a->ctx->set;
     const ps_program_stage *st = stage >= 0 && stage < set->n_stages ? &set->stages[stage] : NULL;
-    double ref = st != NULL ? st->reference_flops_per_s : 0;
-    if (!(ref > 0))
-        ref = a->speed_flops_per_s;
-    double scale = ref / a->speed_flops_per_s;
+    double ref = st != NULL ? st->reference_flops_per_s : 0, scale = 1;
+    if (ref > 0) {
+        double own = ps_device_kind_peak_flops_per_s(ps_cluster_device(a->ctx->c, a->device),
+                                                     st->compute_dtype);
+        if (own > 0)
+            scale = ref / own;
+    }
     if (a->cpu != NULL && st != NULL && st->compute_share > 1)
         scale /= st->compute_share;
     return scale;

@@ -67,6 +67,7 @@ static void stage_set(ps_program_set *s, int stage, const int *devices, int d0, 
     st->mesh[0] = d0;
     st->mesh[1] = d1;
     st->reference_flops_per_s = ref_flops;
+    st->compute_dtype = PS_DTYPE_F16; /* ref_flops: the fp16 peak of cluster_make's kind */
     int *col = malloc((size_t)d0 * sizeof *col), g0, g1, g2;
     assert_non_null(col);
     assert_int_equal(ps_program_add_group(s, devices, n, &g2), PS_OK);
@@ -1099,6 +1100,56 @@ static void lowered_plans_run(void **state)
     ps_cluster_free(c);
 }
 
+/* A lowered fp32 plan on two kinds of device: one twice as fast in fp32
+ * but half as fast in fp16 computes its share in half the time (compared at
+ * the fp16 peaks, it once took twice as long). */
+static void heterogeneous_at_model_dtype(void **state)
+{
+    (void)state;
+    const double R = 10e12;
+    ps_cluster *c = cluster_make(1, 2, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 8 * R);
+    ps_device_kind b = c->kinds[0]; /* fp32 R, fp16 8R */
+    snprintf(b.name, sizeof b.name, "fp32-gpu");
+    b.peak_flops[PS_DTYPE_F32] = 2 * R;
+    b.peak_flops[PS_DTYPE_F16] = b.peak_flops[PS_DTYPE_BF16] = 4 * R;
+    int k = -1;
+    assert_int_equal(ps_cluster_add_kind(c, &b, &k, NULL), PS_OK);
+    c->device_kind[1] = k;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("mlp", &cfg, NULL), PS_OK);
+    cfg.hidden = 1024;
+    cfg.dtype = PS_DTYPE_F32;
+    cfg.batch = 8;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 32, .micro_batches = 4,
+                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_DATA};
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_one_stage(&req, &p, NULL, NULL, &err) != PS_OK)
+        fail_msg("plan: %s", err.msg);
+    ps_plan_model *pm = NULL;
+    assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
+    ps_lower_options lo = ps_lower_options_default();
+    ps_program_set *set = NULL;
+    if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
+        fail_msg("lower: %s", err.msg);
+    assert_int_equal(set->stages[0].compute_dtype, PS_DTYPE_F32);
+    assert_close(set->stages[0].reference_flops_per_s, R, 1e-12, "reference: the slower fp32");
+    ps_summary *sum = simulate(set, c, NULL, NULL);
+    assert_true(sum->devices[0].compute_s > 0);
+    assert_close(sum->devices[1].compute_s, sum->devices[0].compute_s / 2, 1e-6,
+                 "the fp32-fast device's compute");
+    ps_summary_free(sum);
+    ps_program_set_free(set);
+    ps_plan_model_free(pm);
+    ps_plan_free(p);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+    report_worst("heterogeneous_at_model_dtype");
+}
+
 /* ---- the planner's own prediction, uncontended ---- */
 
 /* Zoo plans on one DGX-A100 node (every device its own NVSwitch port) and
@@ -1561,6 +1612,7 @@ int main(void)
         cmocka_unit_test(child_crash_is_reported),
         cmocka_unit_test(platform_of_two_nodes),
         cmocka_unit_test(heterogeneous_speeds),
+        cmocka_unit_test(heterogeneous_at_model_dtype),
         cmocka_unit_test(trace_is_valid_json),
         cmocka_unit_test(lowered_plans_run),
         cmocka_unit_test(planner_prediction_uncontended),
