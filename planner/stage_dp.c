@@ -115,12 +115,17 @@ static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int 
 #define AI(s, l, d) arg_i[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
 #define ASC(s, l, d) arg_sc[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
     F(0, L, 0) = 0;
-    for (int s = 1; s <= L; s++) {
-        for (int l = L - 1; l >= 0; l--) {
-            for (int d = 1; d <= D; d++) {
+    /* s stages hold at least a layer and a device each: at most min(L, D)
+     * stages, on layers l <= L - s and d >= s devices, the first ending at
+     * i <= L - s (with L in the hundreds, the states past D were most of
+     * the work and all infinite) */
+    int s_max = L < D ? L : D;
+    for (int s = 1; s <= s_max; s++) {
+        for (int l = L - s; l >= 0; l--) {
+            for (int d = s; d <= D; d++) {
                 double best = INFINITY;
                 int bi = -1, bsc = -1;
-                for (int i = l; i < L; i++) {
+                for (int i = l; i <= L - s; i++) {
                     for (int sub = 0; sub < S; sub++) {
                         int nd = t->sub_devices[sub];
                         if (nd > d)
