@@ -136,11 +136,22 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
         for (int t = 0; t < req->forward->n_tensors; t++) {
             const ps_tensor *x = &req->forward->tensors[t];
             if (x->kind == PS_TENSOR_INPUT && x->desc.rank > 0 && x->desc.shape[0] % d0 != 0) {
-                st = ps_error_set(err, PS_ERR_INVALID,
-                                  "method %s: a micro-batch of %lld samples does not split over "
-                                  "%d devices; use fewer micro-batches or a larger batch",
-                                  ps_intra_method_names[req->method],
-                                  (long long)x->desc.shape[0], d0);
+                /* a graph file's micro-batch is what its inputs say, and its
+                 * inputs need not agree on one batch size: name the input */
+                if (req->config != NULL)
+                    st = ps_error_set(err, PS_ERR_INVALID,
+                                      "method %s: a micro-batch of %lld samples does not split "
+                                      "over %d devices; use fewer micro-batches or a larger batch",
+                                      ps_intra_method_names[req->method],
+                                      (long long)x->desc.shape[0], d0);
+                else
+                    st = ps_error_set(err, PS_ERR_INVALID,
+                                      "method %s splits every input's leading dimension over the "
+                                      "%d devices, and input \"%s\" has %lld; give the graph's "
+                                      "inputs leading dimensions divisible by %d, or plan with "
+                                      "--method shard or pipeshard",
+                                      ps_intra_method_names[req->method], d0, x->name,
+                                      (long long)x->desc.shape[0], d0);
                 goto out;
             }
         }

@@ -460,6 +460,13 @@ static void out_of_memory_is_explained(void **state)
     ps_error_clear(&err);
     assert_int_equal(ps_plan_one_stage(&req, &p, NULL, NULL, &err), PS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "micro-batch of 4 samples does not split over 8"));
+    /* from a graph file (no zoo config) the message names the input, whose
+     * leading dimension is the file's to change */
+    req.config = NULL;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_one_stage(&req, &p, NULL, NULL, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "splits every input's leading dimension over the 8 devices"));
+    assert_non_null(strstr(err.msg, "has 4; give the graph's inputs leading dimensions"));
     ps_cluster_free(c);
     ps_graph_free(fwd);
 }
