@@ -657,6 +657,41 @@ static ps_status prepare(const ps_plan_request *req, int layer_num, bool manual_
     return st;
 }
 
+/* Reads of a later layer's output by an earlier layer's op: no stage may
+ * end between the two layers, since a stage runs its forward pass whole
+ * (one kernel per micro-batch, its inputs received first) and the stages
+ * would wait for each other. Manual layer tags allow them; clustered
+ * layers, which follow the graph's order, have none. For the k-th such
+ * read from op index *op on: *op and *input (the input's slot) of the next
+ * one, false when there is none. */
+static bool next_later_read(const ps_graph *fwd, int *op, int *input)
+{
+    for (; *op < fwd->n_ops; (*op)++, *input = -1) {
+        const ps_op *o = &fwd->ops[*op];
+        for ((*input)++; *input < o->n_in; (*input)++) {
+            int p = fwd->tensors[o->in[*input]].producer;
+            if (p >= 0 && fwd->ops[p].layer > o->layer)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* The layers after which no stage may end (ps_stage_table.no_cut_after);
+ * NULL when every cut is allowed. */
+static ps_status no_cuts(const ps_graph *fwd, int L, unsigned char **out, ps_error *err)
+{
+    *out = NULL;
+    for (int op = 0, in = -1; next_later_read(fwd, &op, &in);) {
+        if (*out == NULL && (*out = calloc((size_t)L, 1)) == NULL)
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        const ps_op *o = &fwd->ops[op];
+        for (int b = o->layer; b < fwd->ops[fwd->tensors[o->in[in]].producer].layer && b < L; b++)
+            (*out)[b] = 1;
+    }
+    return PS_OK;
+}
+
 typedef struct stage_spec {
     int first, last;
     submesh sub;
@@ -1192,6 +1227,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
     for (int s = 0; s < n_sub; s++)
         table->sub_devices[s] = subs[s].hosts * subs[s].devices;
+    PS_TRY(no_cuts(fwd, L, &table->no_cut_after, err));
 
     /* 3. the stage cost table; identical layer ranges share entries */
     double memory = ps_cluster_min_memory_bytes(c);
@@ -1628,6 +1664,26 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",
                           stages[n - 1].last_layer, lay.n_layers - 1);
         goto out;
+    }
+    for (int op = 0, in = -1; next_later_read(fwd, &op, &in);) {
+        const ps_op *reader = &fwd->ops[op];
+        const ps_tensor *t = &fwd->tensors[reader->in[in]];
+        const ps_op *p = &fwd->ops[t->producer];
+        int ko = 0, kp = 0;
+        while (ko < n - 1 && stages[ko].last_layer < reader->layer)
+            ko++;
+        while (kp < n - 1 && stages[kp].last_layer < p->layer)
+            kp++;
+        if (kp != ko) {
+            st = ps_error_set(err, PS_ERR_INVALID,
+                              "op \"%s\" of layer %d (stage %d) reads \"%s\", which op \"%s\" "
+                              "of layer %d makes in the later stage %d: a stage runs its forward "
+                              "pass whole, so the two would wait for each other; put layers %d-%d "
+                              "in one stage",
+                              reader->name, reader->layer, ko, t->name, p->name, p->layer, kp, reader->layer,
+                              p->layer);
+            goto out;
+        }
     }
     if (used > ps_cluster_device_count(c)) {
         st = ps_error_set(err, PS_ERR_INVALID, "the stages use %d devices; %s has %d", used,

@@ -38,6 +38,7 @@ void ps_stage_table_free(ps_stage_table *t)
         return;
     free(t->sub_devices);
     free(t->recv_s);
+    free(t->no_cut_after);
     free(t->cost);
     free(t->max_succ);
     free(t);
@@ -126,6 +127,8 @@ static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int 
                 double best = INFINITY;
                 int bi = -1, bsc = -1;
                 for (int i = l; i <= L - s; i++) {
+                    if (i < L - 1 && t->no_cut_after != NULL && t->no_cut_after[i])
+                        continue;
                     for (int sub = 0; sub < S; sub++) {
                         int nd = t->sub_devices[sub];
                         if (nd > d)
@@ -343,7 +346,9 @@ static void brute_rec(brute *b, int l, int n, int d_used)
         }
         return;
     }
-    for (int i = l; i < t->n_layers; i++)
+    for (int i = l; i < t->n_layers; i++) {
+        if (i < t->n_layers - 1 && t->no_cut_after != NULL && t->no_cut_after[i])
+            continue;
         for (int s = 0; s < t->n_submeshes; s++) {
             if (d_used + t->sub_devices[s] > b->D)
                 continue;
@@ -356,6 +361,7 @@ static void brute_rec(brute *b, int l, int n, int d_used)
                 brute_rec(b, i + 1, n + 1, d_used + t->sub_devices[s]);
             }
         }
+    }
 }
 
 ps_status ps_stage_brute_force(const ps_stage_table *t, int D, int B, int n_stages,

@@ -43,6 +43,10 @@ typedef struct ps_stage_table {
      * the one after its last), across: from another node. Owned. */
     int devices_per_node;
     double *recv_s;
+    /* [n_layers] or NULL: no_cut_after[b] != 0 where no stage may end after
+     * layer b, as a later layer feeds one up to b (a stage's forward pass
+     * runs whole, so the stages would wait for each other). Owned. */
+    unsigned char *no_cut_after;
 } ps_stage_table;
 
 ps_status ps_stage_table_create(int n_layers, int n_submeshes, int n_configs,

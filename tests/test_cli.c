@@ -1189,6 +1189,77 @@ static void write_cpu_cluster(const fixture *fx, const char *devices, const char
     fclose(f);
 }
 
+/* A graph whose layer 0 reads a tensor that layer 1 makes (manual tags allow
+ * it): a pipeline that puts layer 1 in a later stage would wait for itself.
+ * A stage file that does is refused, naming the tensor;
+ * the stage DP keeps both layers in one stage (it once wrote such a plan,
+ * which exec and sim then refused as a deadlock). */
+static void test_later_layer_read(void **state)
+{
+    const fixture *fx = *state;
+    char two[512], graph[512], stages[512], plan[512];
+    write_cpu_cluster(fx, "2", "3000000000", two, sizeof two);
+    snprintf(graph, sizeof graph, "%s/later-read.json", fx->dir);
+    snprintf(stages, sizeof stages, "%s/later-read-stages.json", fx->dir);
+    snprintf(plan, sizeof plan, "%s/later-read-plan.json", fx->dir);
+    FILE *f = fopen(graph, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pipeshard-graph\", \"version\": 1, \"name\": \"inv\", \"loss\": "
+          "\"loss\", \"boundaries\": [0],\n \"tensors\": [\n"
+          "  {\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"fp32\", \"shape\": [4, 6]},\n"
+          "  {\"name\": \"y\", \"kind\": \"input\", \"dtype\": \"fp32\", \"shape\": [4, 6]},\n"
+          "  {\"name\": \"w\", \"kind\": \"param\", \"dtype\": \"fp32\", \"shape\": [6, 6], "
+          "\"layer\": 0},\n"
+          "  {\"name\": \"w2\", \"kind\": \"param\", \"dtype\": \"fp32\", \"shape\": [6, 6], "
+          "\"layer\": 1},\n"
+          "  {\"name\": \"h\", \"kind\": \"activation\", \"dtype\": \"fp32\", \"shape\": [4, 6]},\n"
+          "  {\"name\": \"r\", \"kind\": \"activation\", \"dtype\": \"fp32\", \"shape\": [4, 6]},\n"
+          "  {\"name\": \"o\", \"kind\": \"activation\", \"dtype\": \"fp32\", \"shape\": [4, 6]},\n"
+          "  {\"name\": \"loss\", \"kind\": \"activation\", \"dtype\": \"fp32\", \"shape\": []}],\n"
+          " \"ops\": [\n"
+          "  {\"name\": \"mm\", \"op\": \"matmul\", \"layer\": 1, \"in\": [\"x\", \"w2\"], "
+          "\"out\": [\"h\"], \"einsum\": \"bk,kn->bn\"},\n"
+          "  {\"name\": \"gelu\", \"op\": \"gelu\", \"layer\": 0, \"in\": [\"h\"], \"out\": [\"r\"]},\n"
+          "  {\"name\": \"mm2\", \"op\": \"matmul\", \"layer\": 1, \"in\": [\"r\", \"w\"], "
+          "\"out\": [\"o\"], \"einsum\": \"bk,kn->bn\"},\n"
+          "  {\"name\": \"loss\", \"op\": \"mse_loss\", \"layer\": 1, \"in\": [\"o\", \"y\"], "
+          "\"out\": [\"loss\"]}]}\n",
+          f);
+    fclose(f);
+    f = fopen(stages, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
+          " \"stages\": [{\"layers\": [0, 0], \"submesh\": [1, 1], \"logical_mesh\": [1, 1]},\n"
+          "  {\"layers\": [1, 1], \"submesh\": [1, 1], \"logical_mesh\": [1, 1]}]}\n",
+          f);
+    fclose(f);
+    const char *a[] = {"plan", "--graph", graph, "--cluster-file", two, "--stages", stages,
+                       "--micro-batches", "2", "-o", plan, NULL};
+    expect_failure(fx, a,
+                   "later-read-stages.json: op \"gelu\" of layer 0 (stage 0) reads \"h\", which "
+                   "op \"mm\" of layer 1 makes in the later stage 1: a stage runs its forward "
+                   "pass whole, so the two would wait for each other; put layers 0-1 in one "
+                   "stage");
+    const char *u[] = {"plan", "--graph", graph, "--cluster-file", two, "--method", "uniform",
+                       "--dp", "1", "--op", "1", "--pp", "2", "--micro-batches", "2", "-o", plan,
+                       NULL};
+    /* a uniform plan clusters the ops into its stages' layers in the graph's
+     * order, which flow forward: it runs */
+    expect_success(fx, u, "stage 1       layers 1-1 on devices 1-1");
+    const char *ue[] = {"exec", "--plan", plan, "--steps", "1", "--check", NULL};
+    expect_success(fx, ue, "\n  ok\n");
+    const char *p[] = {"plan", "--graph", graph, "--cluster-file", two, "--micro-batches", "2",
+                       "-o", plan, NULL};
+    run_result r;
+    run_ok(fx, p, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "stage 0       layers 0-1 on devices 0-1");
+    assert_false(contains(r.err, r.err_len, "wait for each other"));
+    run_result_free(&r);
+    const char *e[] = {"exec", "--plan", plan, "--steps", "1", "--check", NULL};
+    expect_success(fx, e, "\n  ok\n");
+}
+
 /* --check holds the reference as the run held it, and judges it by what the
  * run held:
  * - fp32 parameters with Adam's state in bf16 or fp16: a one-device plan is
@@ -1847,6 +1918,7 @@ int main(void)
         cmocka_unit_test(test_contradicting_options),
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
+        cmocka_unit_test(test_later_layer_read),
         cmocka_unit_test(test_memory_refusals_say_where),
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),

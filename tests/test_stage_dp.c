@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -95,6 +96,9 @@ static void check_stages(const ps_stage_table *t, const ps_stage_plan *dp, int D
             fail_msg("trial %d: stage %d cannot sit at device %d", trial, k,
                      devices - t->sub_devices[c->sub]);
         assert_true(fabs(cost - c->cost_s) <= 1e-12 * cost);
+        if (k + 1 < dp->n_stages && t->no_cut_after != NULL && t->no_cut_after[c->last])
+            fail_msg("trial %d: stage %d ends after layer %d, where no stage may end", trial, k,
+                     c->last);
         sum += cost;
         mx = fmax(mx, cost);
     }
@@ -125,6 +129,14 @@ static void dp_matches_brute_force(void **state)
                     t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = on_node;
                     t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = on_node + uniform();
                 }
+        }
+        /* every fourth trial: layers after which no stage may end (a later
+         * layer feeds an earlier one) */
+        if (trial % 4 == 3 && L > 1) {
+            t->no_cut_after = calloc((size_t)L, 1);
+            assert_non_null(t->no_cut_after);
+            for (int b = 0; b < L - 1; b++)
+                t->no_cut_after[b] = uniform() < 0.4;
         }
         ps_stage_plan dp = {0}, bf = {0};
         ps_status s1 = ps_stage_dp(t, D, B, &dp, NULL);
