@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <simgrid/actor.h>
+#include <simgrid/barrier.h>
 #include <simgrid/comm.h>
 #include <simgrid/engine.h>
 #include <simgrid/exec.h>
@@ -46,6 +47,7 @@ typedef enum sim_wait {
     WAIT_RECV,
     WAIT_COLLECTIVE,
     WAIT_SENDS, /* at its end, for its last sends to be received */
+    WAIT_RING_END, /* after its transfer of a ring across nodes, for the others' (ring_end) */
 } sim_wait;
 
 /* Sends by traffic: point-to-point and the transfers of node rings
@@ -65,13 +67,24 @@ typedef struct sim_ctx sim_ctx;
 
 /* A member of a group's node ring: its arrivals, by instance parity
  * (members are at most one instance apart while a neighbour still needs
- * the older one; node_ring). */
+ * the older one; node_ring). A group across nodes uses `entered` and
+ * `arr_s` alike for its coalesced rings (ring_end). */
 typedef struct sim_ring_member {
     int entered;         /* instances it arrived at */
     double arr_s[2];     /* virtual arrival time */
     double out_end_s[2]; /* end of its transfer to its successor, once received; -1 */
     bool out_transfer[2]; /* moved as a SimGrid transfer (else timed) */
 } sim_ring_member;
+
+/* A group's coalesced rings across nodes, by instance parity: the members
+ * wait for each other at the barrier, so that they are at most one
+ * instance apart (ring_end). */
+typedef struct sim_ring_end {
+    sg_bar_t bar;         /* NULL until the group's first such ring */
+    int arrived[2];       /* members at the barrier */
+    double last_arr_s[2]; /* the last member's arrival */
+    double longest_s[2];  /* the longest member transfer, from when its ends were there */
+} sim_ring_end;
 
 /* A send the device started and has not yet released (post_send). */
 typedef struct sim_send {
@@ -149,6 +162,7 @@ struct sim_ctx {
     /* node rings: per group, its members' arrivals (node_ring) */
     int *ring_first;          /* [set->n_groups]: the group's first entry in ring_members */
     sim_ring_member *ring_members;
+    sim_ring_end *ring_ends; /* [set->n_groups] (ring_end) */
 };
 
 
@@ -627,6 +641,59 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
     return true;
 }
 
+/* The end of a coalesced ring whose group spans nodes: member `rank` of
+ * group g (neighbours `to`, `from`) arrived at arr_s and its transfer has
+ * ended; comm0_s and delay0_s were its communication and deferred time
+ * before it. Step by step every step needs the previous one's data from
+ * the predecessor, so all members go at the pace of the slowest hop and
+ * end together; coalesced, a member whose own hops are fast would leave
+ * long before the slow hop's bytes could have reached it. So each member
+ * waits at the group's barrier for the others' transfers and then ends
+ * where the ring does: the last arrival plus the longest transfer, each
+ * from when its member and both neighbours were there (uncontended, the
+ * slowest hop's closed form; a late member holds every later step). Waiting
+ * for the last arrival is idle, the rest communication, for every member.
+ * The barrier costs no event; what lies beyond SimGrid's clock is deferred
+ * like the coalesced latencies (slept with a trace). */
+static void ring_end(sim_actor *a, int g, int rank, int to, int from, double arr_s,
+                     double comm0_s, double delay0_s)
+{
+    sim_ctx *ctx = a->ctx;
+    sim_ring_end *e = &ctx->ring_ends[g];
+    const sim_ring_member *m = &ctx->ring_members[ctx->ring_first[g]];
+    int n = ctx->set->groups[g].n, s = (m[rank].entered - 1) & 1;
+    if (e->bar == NULL)
+        e->bar = sg_barrier_init((unsigned)n);
+    /* both neighbours have arrived at this instance: its transfer ended, at
+     * v_s with the latencies it deferred */
+    double took_s = a->v_s - delay0_s - fmax(arr_s, fmax(m[to].arr_s[s], m[from].arr_s[s]));
+    if (e->arrived[s]++ == 0) {
+        e->last_arr_s[s] = arr_s;
+        e->longest_s[s] = took_s;
+    } else {
+        e->last_arr_s[s] = fmax(e->last_arr_s[s], arr_s);
+        e->longest_s[s] = fmax(e->longest_s[s], took_s);
+    }
+    if (e->arrived[s] == n)
+        e->arrived[s] = 0; /* the next instance of this parity starts afresh */
+    a->waiting = WAIT_RING_END;
+    a->wait_peer = g;
+    sg_barrier_wait(e->bar);
+    a->waiting = WAIT_NONE;
+    double now = simgrid_get_clock(), last = e->last_arr_s[s];
+    double end_s = fmax(now, last + e->longest_s[s]);
+    a->comm_s = comm0_s + (now - last); /* the rest with the delay, at its flush */
+    a->pend_delay_s = delay0_s;
+    if (end_s > now && ctx->trace != NULL) {
+        sg_actor_sleep_for(end_s - now);
+        a->events++;
+        a->comm_s += simgrid_get_clock() - now;
+    } else {
+        a->pend_delay_s += end_s - now;
+    }
+    sync_clock(a);
+}
+
 /* ---- node rings without transfers ----
  *
  * A coalesced ring step inside a node moves each member's bytes from its
@@ -808,8 +875,19 @@ static bool ring_of(sim_actor *a, ps_collective kind, int g, double bytes, doubl
                 break;
             k++;
         }
+        /* merged steps across nodes end with the whole ring (ring_end);
+         * inside a node the hops are alike, and the timed rings (node_ring)
+         * must keep the transfers' times */
+        bool together = k > 1 && !one_node;
+        double arr_s = simgrid_get_clock(), comm0_s = a->comm_s, delay0_s = a->pend_delay_s;
+        if (together) {
+            sim_ring_member *me = &a->ctx->ring_members[a->ctx->ring_first[g] + rank];
+            me->arr_s[me->entered++ & 1] = arr_s;
+        }
         if (!transfer(a, gr->devices[s.send_to], gr->devices[s.recv_from], k * chunk, k - 1))
             return false;
+        if (together)
+            ring_end(a, g, rank, s.send_to, s.recv_from, arr_s, comm0_s, delay0_s);
         j += k;
     }
     return true;
@@ -1049,6 +1127,7 @@ static const char *wait_name(sim_wait w)
     case WAIT_RECV: return "a receive from device";
     case WAIT_COLLECTIVE: return "a collective step with device";
     case WAIT_SENDS: return "its send to be received by device";
+    case WAIT_RING_END: return "the other members of its ring across nodes, group";
     case WAIT_NONE: break;
     }
     return "nothing";
@@ -1212,7 +1291,8 @@ ps_status ps_sim_replay(const ps_program_set *s, const ps_cluster *c, const ps_s
         members += s->groups[g].n > 0 ? s->groups[g].n : 0;
     ctx.ring_first = calloc((size_t)(s->n_groups > 0 ? s->n_groups : 1), sizeof *ctx.ring_first);
     ctx.ring_members = calloc((size_t)(members > 0 ? members : 1), sizeof *ctx.ring_members);
-    if (ctx.ring_first == NULL || ctx.ring_members == NULL) {
+    ctx.ring_ends = calloc((size_t)(s->n_groups > 0 ? s->n_groups : 1), sizeof *ctx.ring_ends);
+    if (ctx.ring_first == NULL || ctx.ring_members == NULL || ctx.ring_ends == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory for %lld ring members", members);
         goto out;
     }
@@ -1302,8 +1382,12 @@ out:
     free(ctx.actors);
     free(ctx.hosts);
     free(ctx.node_cpus);
+    for (int g = 0; ctx.ring_ends != NULL && g < s->n_groups; g++)
+        if (ctx.ring_ends[g].bar != NULL)
+            sg_barrier_destroy(ctx.ring_ends[g].bar);
     free(ctx.ring_first);
     free(ctx.ring_members);
+    free(ctx.ring_ends);
     res->wall_s = ps_monotonic_s() - ctx.wall_start_s;
     return st;
 }

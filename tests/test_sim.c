@@ -348,6 +348,158 @@ static void timed_node_rings_equal_transfers(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- a coalesced ring across nodes ends with the ring ---- */
+
+/* Per device, the end of its first collective span in the trace at path
+ * (the trace writes microseconds to 1 ns). */
+static void trace_collective_ends(const char *path, int n, double *end_s)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (root == NULL)
+        fail_msg("%s:%d: %s", path, jerr.line, jerr.text);
+    for (int d = 0; d < n; d++)
+        end_s[d] = -1;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(root, "traceEvents"), i, e)
+    {
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        int d = (int)json_integer_value(json_object_get(e, "tid"));
+        if (cat == NULL || strcmp(cat, "collective") != 0 || d < 0 || d >= n || end_s[d] >= 0)
+            continue;
+        end_s[d] = (json_number_value(json_object_get(e, "ts")) +
+                    json_number_value(json_object_get(e, "dur"))) * 1e-6;
+    }
+    json_decref(root);
+    for (int d = 0; d < n; d++)
+        assert_true(end_s[d] >= 0);
+}
+
+/* Ring order 0..7 on two nodes of four: only the hops 3 -> 4 and 7 -> 0
+ * cross a NIC (one flow per direction, 10 GB/s against ports of 300), so
+ * step by step every step of the ring takes a + S/n/B of that hop and the
+ * ring k(a + S/n/B) (k = 2(n-1) for an all-reduce, n-1 otherwise), for
+ * every member: a member's step needs its predecessor's previous one. The
+ * members whose own hops are fast (1, 2, 5, 6) must not leave the
+ * coalesced ring early. Device `late` (-1: none) computes late_s first;
+ * every device then computes 1 ms after the collective. */
+static ps_program_set *ring_across_make(ps_collective kind, double S, int late, double late_s)
+{
+    enum { N = 8 };
+    ps_program_set *s = set_make(N, 1);
+    int all[N] = {0, 1, 2, 3, 4, 5, 6, 7}, g = -1;
+    stage_set(s, 0, all, 2, 4, 312e12);
+    assert_int_equal(ps_program_add_group(s, all, N, &g), PS_OK);
+    for (int d = 0; d < N; d++) {
+        ps_instr in = ps_instr_init(PS_INSTR_COMPUTE);
+        if (d == late) {
+            in.seconds = late_s;
+            emit(s, d, in);
+        }
+        emit(s, d, coll_group(kind, g, S));
+        in.seconds = 1e-3;
+        emit(s, d, in);
+    }
+    return s;
+}
+
+static void cross_node_ring_ends_together(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    const double port = 300 * GB, a_intra = 2e-6, nic = 10 * GB, a_inter = 5e-6, S = 1 * GB;
+    const double C = 1e-3, tiny_s = 1e-8; /* SimGrid rounds each event's time to 1 ns */
+    ps_cluster *c = cluster_make(2, 4, port, a_intra, 1, nic, a_inter, 312e12);
+    char path[] = "/tmp/ps-test-sim-ring-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    const ps_collective kinds[] = {PS_COLL_ALL_REDUCE, PS_COLL_ALL_GATHER,
+                                   PS_COLL_REDUCE_SCATTER};
+    /* steps a member is from the nearest end of a NIC hop (0, 3, 4, 7) */
+    const int from_nic[N] = {0, 1, 1, 0, 0, 1, 1, 0};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
+        ps_collective kind = kinds[ki];
+        double k = kind == PS_COLL_ALL_REDUCE ? 2.0 * (N - 1) : N - 1.0;
+        double step_s = a_inter + S / N / nic, want = k * step_s;
+        char what[96];
+        /* no member late, then one with fast hops, then an end of a NIC hop */
+        for (int li = 0; li < 3; li++) {
+            int late = li == 0 ? -1 : li == 1 ? 2 : 3;
+            double late_s = late < 0 ? 0 : 2.5 * step_s;
+            ps_program_set *s = ring_across_make(kind, S, late, late_s);
+            snprintf(what, sizeof what, "%s across two nodes, device %d late",
+                     ps_collective_names[kind], late);
+            /* coalesced: every member in the ring until it ends, i.e. the
+             * last arrival plus the slowest hop's closed form; waiting for
+             * the late one is idle */
+            ps_sim_options o = ps_sim_options_default();
+            ps_summary *sum = simulate(s, c, &o, NULL);
+            assert_close(sum->iteration_s, late_s + want + C, 1e-9, what);
+            for (int d = 0; d < N; d++) {
+                double idle = late < 0 || d == late ? 0 : late_s;
+                if (!(fabs(sum->devices[d].comm_s - want) <= 1e-9 * want + tiny_s &&
+                      fabs(sum->devices[d].idle_s - idle) <= tiny_s))
+                    fail_msg("%s: device %d comm %.9g s idle %.9g s, want %.9g and %.9g", what, d,
+                             sum->devices[d].comm_s, sum->devices[d].idle_s, want, idle);
+            }
+            /* the node-collective modes leave a ring across nodes as it is */
+            for (int mode = 0; mode < 2; mode++) {
+                o.node_collectives_transfers = mode == 0;
+                o.node_collectives_closed_form = mode == 1;
+                ps_summary *other = simulate(s, c, &o, NULL);
+                assert_same_run(other, sum, what);
+                ps_summary_free(other);
+            }
+            /* with a trace (the latencies slept): every collective span ends
+             * at the ring's end */
+            o = ps_sim_options_default();
+            o.trace_path = path;
+            ps_summary *traced = simulate(s, c, &o, NULL);
+            assert_same_run(traced, sum, what);
+            double end[N], steps_end[N];
+            trace_collective_ends(path, N, end);
+            for (int d = 0; d < N; d++)
+                if (!(fabs(end[d] - (late_s + want)) <= tiny_s))
+                    fail_msg("%s: device %d's collective ends at %.9g s, the ring at %.9g s", what,
+                             d, end[d], late_s + want);
+            /* Step by step the ring ends as late: to rounding when nobody is
+             * late or the late one is an end of a NIC hop; up to a step of
+             * the NIC hop earlier when it is a member with fast hops (its
+             * successors' NIC hop moved its first step without it). A member
+             * d steps from a NIC hop ends up to d of those steps before the
+             * ring (its last steps wait on fast hops only). */
+            o.collective_steps = true;
+            ps_summary *steps = simulate(s, c, &o, NULL);
+            trace_collective_ends(path, N, steps_end);
+            double gap_s = sum->iteration_s - steps->iteration_s;
+            print_message("%s: ring %.6f ms coalesced, %.6f ms step by step\n", what,
+                          (sum->iteration_s - C) * 1e3, (steps->iteration_s - C) * 1e3);
+            if (late < 0 || from_nic[late] == 0)
+                assert_close(steps->iteration_s, sum->iteration_s, 1e-9, what);
+            else if (!(gap_s >= -tiny_s && gap_s <= step_s))
+                fail_msg("%s: step by step %.9g s, coalesced %.9g s", what, steps->iteration_s,
+                         sum->iteration_s);
+            for (int d = 0; d < N && late < 0; d++) {
+                double early = end[d] - steps_end[d];
+                if (!(early >= -tiny_s && early <= from_nic[d] * step_s + tiny_s))
+                    fail_msg("%s: device %d ends step by step at %.9g s, coalesced at %.9g s", what,
+                             d, steps_end[d], end[d]);
+                if (from_nic[d] == 0) /* never waits for a fast hop */
+                    assert_close(steps->devices[d].comm_s, want, 1e-9, what);
+            }
+            ps_summary_free(steps);
+            ps_summary_free(traced);
+            ps_summary_free(sum);
+            ps_program_set_free(s);
+        }
+    }
+    unlink(path);
+    ps_cluster_free(c);
+    report_worst("cross_node_ring_ends_together");
+}
+
 /* ---- (b) pipelines: the bubble ---- */
 
 /* p stages of one device each, m micro-batches, zero-byte transfers
@@ -774,6 +926,29 @@ static void deadlock_is_reported(void **state)
     assert_null(sum);
     print_message("%s\n", err.msg);
     assert_string_equal(err.msg, direct.msg);
+    ps_program_set_free(s);
+    ps_cluster_free(c);
+    /* a coalesced ring across nodes whose member 4 never comes (it waits for
+     * a message nobody sends): device 0's transfer ends, and it waits at
+     * the ring's end */
+    c = cluster_make(2, 4, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
+    s = set_make(8, 1);
+    int all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, g = -1;
+    stage_set(s, 0, all, 2, 4, 312e12);
+    assert_int_equal(ps_program_add_group(s, all, 8, &g), PS_OK);
+    emit(s, 4, xfer(PS_INSTR_RECV, -1, -1, 5, 1e6));
+    for (int d = 0; d < 8; d++)
+        emit(s, d, coll_group(PS_COLL_ALL_REDUCE, g, 1e6));
+    err = (ps_error){0};
+    assert_int_equal(ps_sim_run(s, c, NULL, &sum, NULL, &err), PS_ERR_INTERNAL);
+    assert_null(sum);
+    print_message("%s\n", err.msg);
+    char want_msg[128];
+    snprintf(want_msg, sizeof want_msg,
+             "device 0 waits at program instruction 0 for the other members of its ring across "
+             "nodes, group %d",
+             g);
+    assert_non_null(strstr(err.msg, want_msg));
     ps_program_set_free(s);
     ps_cluster_free(c);
 }
@@ -1601,6 +1776,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ring_collectives_match_closed_form),
         cmocka_unit_test(timed_node_rings_equal_transfers),
+        cmocka_unit_test(cross_node_ring_ends_together),
         cmocka_unit_test(pipeline_bubble),
         cmocka_unit_test(nic_is_shared),
         cmocka_unit_test(mesh_collectives_match_cost_model),
