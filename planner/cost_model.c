@@ -41,6 +41,56 @@ double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double byte
     return c->inter.latency_s + bytes / bw;
 }
 
+/* The flows through a node's NIC (each way) when every group of mesh axis
+ * `axis` runs a ring at once: a group spanning nodes enters and leaves each
+ * of its nodes once (its members there are consecutive in ring order), so
+ * a node carries one flow per such group with members on it. Returns the
+ * most on any node; 0 when no group of the axis leaves its node. */
+/* Bytes through a node's NICs (each way) per byte of an all-to-all's
+ * input when every group of axis `axis` runs one at once: a member sends
+ * 1/n of its input to each of the n - 1 others, so (n - here)/n of it to the
+ * members on other nodes. The most on any node. */
+static double axis_nic_a2a_share(int first_device, int dpn, int d0, int d1, int axis)
+{
+    int n_groups = axis == 0 ? d1 : d0, members = axis == 0 ? d0 : d1;
+    int first_node = first_device / dpn, last_node = (first_device + d0 * d1 - 1) / dpn;
+    double most = 0;
+    for (int node = first_node; node <= last_node; node++) {
+        double share = 0;
+        for (int g = 0; g < n_groups; g++) {
+            int here = 0;
+            for (int j = 0; j < members; j++) {
+                int i = axis == 0 ? j * d1 + g : g * d1 + j;
+                here += (first_device + i) / dpn == node;
+            }
+            share += (double)here * (members - here) / members;
+        }
+        most = share > most ? share : most;
+    }
+    return most;
+}
+
+static int axis_nic_flows(int first_device, int dpn, int d0, int d1, int axis)
+{
+    int n_groups = axis == 0 ? d1 : d0, members = axis == 0 ? d0 : d1, most = 0;
+    int first_node = first_device / dpn, last_node = (first_device + d0 * d1 - 1) / dpn;
+    for (int node = first_node; node <= last_node; node++) {
+        int flows = 0;
+        for (int g = 0; g < n_groups; g++) {
+            bool here = false, elsewhere = false;
+            for (int j = 0; j < members; j++) {
+                int i = axis == 0 ? j * d1 + g : g * d1 + j; /* row-major index */
+                bool on = (first_device + i) / dpn == node;
+                here |= on;
+                elsewhere |= !on;
+            }
+            flows += here && elsewhere;
+        }
+        most = flows > most ? flows : most;
+    }
+    return most;
+}
+
 ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
                          int d0, int d1, ps_logical_mesh **out, ps_error *err)
 {
@@ -95,19 +145,28 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
         m->memory_bytes = fmin(m->memory_bytes, k->memory_bytes);
     }
     /* Axis 1 groups are d1 consecutive devices; axis 0 groups are strided by
-     * d1. A group stays in a node when all its members share one. */
-    int span[PS_MESH_AXES] = {(d0 - 1) * d1 + 1, d1};
-    int active_per_node = devices_per_host; /* devices of a node in this mesh */
-    double nic_share = nic_share_bytes_per_s(c, active_per_node);
+     * d1. An axis crosses nodes when one of its groups does; its rings then
+     * share each NIC with the others' that cross it (a flat ring of a whole
+     * node's devices crosses it once, not once per device). */
     for (int a = 0; a < PS_MESH_AXES; a++) {
-        bool inside = hosts == 1 || (span[a] <= dpn && (a == 1 ? dpn % d1 == 0 : d0 * d1 <= dpn));
-        m->crosses_nodes[a] = !inside && m->shape[a] > 1;
+        int flows = hosts == 1 ? 0 : axis_nic_flows(first_device, dpn, d0, d1, a);
+        m->crosses_nodes[a] = flows > 0 && m->shape[a] > 1;
         if (m->crosses_nodes[a]) {
             m->alpha_s[a] = c->inter.latency_s;
-            m->beta_s_per_byte[a] = 1.0 / fmin(nic_share, c->intra.bandwidth_bytes_per_s);
+            m->beta_s_per_byte[a] =
+                1.0 / fmin(nic_share_bytes_per_s(c, flows), c->intra.bandwidth_bytes_per_s);
+            /* the slower of the node's NICs and the member's own port, per
+             * byte of the (n - 1)/n the ring formula moves */
+            double n = m->shape[a], frac = (n - 1) / n;
+            double nic_bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s;
+            m->a2a_beta_s_per_byte[a] =
+                fmax(axis_nic_a2a_share(first_device, dpn, d0, d1, a) / nic_bw,
+                     frac / c->intra.bandwidth_bytes_per_s) /
+                frac;
         } else {
             m->alpha_s[a] = c->intra.latency_s;
             m->beta_s_per_byte[a] = 1.0 / c->intra.bandwidth_bytes_per_s;
+            m->a2a_beta_s_per_byte[a] = m->beta_s_per_byte[a];
         }
     }
     *out = m;
@@ -135,6 +194,7 @@ bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b)
     for (int x = 0; x < PS_MESH_AXES; x++)
         if (a->shape[x] != b->shape[x] || a->alpha_s[x] != b->alpha_s[x] ||
             a->beta_s_per_byte[x] != b->beta_s_per_byte[x] ||
+            a->a2a_beta_s_per_byte[x] != b->a2a_beta_s_per_byte[x] ||
             a->crosses_nodes[x] != b->crosses_nodes[x])
             return false;
     for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++)
@@ -153,7 +213,8 @@ static double ring_s(const ps_logical_mesh *m, ps_collective kind, int axis, dou
         if (s >= 0)
             return s;
     }
-    double a = m->alpha_s[axis], b = m->beta_s_per_byte[axis];
+    double a = m->alpha_s[axis];
+    double b = kind == PS_COLL_ALL_TO_ALL ? m->a2a_beta_s_per_byte[axis] : m->beta_s_per_byte[axis];
     double steps = n - 1, frac = (double)(n - 1) / n;
     if (kind == PS_COLL_ALL_REDUCE)
         return 2 * steps * a + 2 * frac * bytes * b;

@@ -51,7 +51,11 @@ typedef struct ps_logical_mesh {
     int n_devices;
     int *devices;            /* [d0 * d1] global device ids, row-major */
     double alpha_s[PS_MESH_AXES];
-    double beta_s_per_byte[PS_MESH_AXES];
+    double beta_s_per_byte[PS_MESH_AXES];     /* a ring's */
+    double a2a_beta_s_per_byte[PS_MESH_AXES]; /* an all-to-all's: every member sends to
+                                               * every other at once, so across nodes
+                                               * a node's NICs carry each member's
+                                               * bytes for the members elsewhere */
     bool crosses_nodes[PS_MESH_AXES];
     double peak_flops[PS_FLOAT_DTYPE_COUNT]; /* slowest device */
     double memory_bandwidth_bytes_per_s;     /* slowest device */

@@ -102,8 +102,9 @@ static ps_cluster *preset(const char *name)
     return c;
 }
 
-/* Axes inside a node use NVLink; an axis across nodes gets each device's
- * share of its node's NICs. */
+/* Axes inside a node use NVLink; an axis across nodes gets its ring's share
+ * of each node's NICs: one flow per ring that crosses the node. An
+ * all-to-all's NICs carry what each member sends to members elsewhere. */
 static void mesh_link_parameters(void **state)
 {
     (void)state;
@@ -120,12 +121,24 @@ static void mesh_link_parameters(void **state)
     assert_int_equal(ps_mesh_create(c, 0, 2, 8, 2, 8, &m, NULL), PS_OK);
     assert_true(m->crosses_nodes[0]);
     assert_false(m->crosses_nodes[1]);
-    assert_true(close_to(m->beta_s_per_byte[0], 1 / 25e9)); /* 8 NICs x 25e9 / 8 devices */
+    assert_true(close_to(m->beta_s_per_byte[0], 1 / 25e9)); /* 8 NICs x 25e9 / 8 rings */
+    /* 8 pairs a node, each member sending half its input across */
+    assert_true(close_to(m->a2a_beta_s_per_byte[0], 1 / 25e9));
     assert_true(close_to(m->alpha_s[0], 5e-6));
     assert_true(close_to(m->peak_flops[PS_DTYPE_F16], 312e12));
     ps_mesh_free(m);
+    /* one flat ring: it crosses each node once, at the NICs' whole 200e9 */
     assert_int_equal(ps_mesh_create(c, 0, 2, 8, 16, 1, &m, NULL), PS_OK);
     assert_true(m->crosses_nodes[0]);
+    assert_true(close_to(m->beta_s_per_byte[0], 1 / 200e9));
+    /* its all-to-all: 8 members a node, each sending 8/16 of its input
+     * across, per byte of the 15/16 the ring formula moves */
+    assert_true(close_to(m->a2a_beta_s_per_byte[0], 8 * 0.5 / 200e9 / (15.0 / 16)));
+    ps_mesh_free(m);
+    /* 4 x 4: four rings of four on axis 0, two members on each node */
+    assert_int_equal(ps_mesh_create(c, 0, 2, 8, 4, 4, &m, NULL), PS_OK);
+    assert_true(m->crosses_nodes[0] && !m->crosses_nodes[1]);
+    assert_true(close_to(m->beta_s_per_byte[0], 1 / 50e9));
     ps_mesh_free(m);
     /* a sub-node slice of 4 devices at device 8 lies on node 1 */
     assert_int_equal(ps_mesh_create(c, 8, 1, 4, 1, 4, &m, NULL), PS_OK);
