@@ -213,7 +213,9 @@ static const char *fmt_error(double e, char *buf, size_t cap)
         /* far below: enough decimals that it does not read as -100% (zero) */
         int d = (int)ceil(-log10(1 + e)) - 1;
         snprintf(buf, cap, "%+.*f%%", d < 1 ? 1 : d > 4 ? 4 : d, e * 100);
-    } else if (fabs(e) < 10)
+    } else if (fabs(e) < 0.0005)
+        snprintf(buf, cap, "+0.0%%"); /* rounds to zero: not -0.0% */
+    else if (fabs(e) < 10)
         snprintf(buf, cap, "%+.1f%%", e * 100);
     else if (fabs(e) < 1e4)
         snprintf(buf, cap, "%+.0f%%", e * 100);

@@ -631,6 +631,14 @@ ps_status ps_summary_parse(const char *name, const char *text, ps_summary **out,
 #define MS(x) ((x)*1e3)
 #define GB(x) ((x) / 1e9)
 
+/* Two decimals, or three digits below 1, where two decimals would read as
+ * zero (a CPU run's 0.0012 TFLOP/s, a small model's 3.4 MB). */
+static const char *short_num(double v, char *buf, size_t cap)
+{
+    snprintf(buf, cap, v == 0 || fabs(v) >= 1 ? "%.2f" : "%.3g", v);
+    return buf;
+}
+
 static void print_device_digest(const ps_summary *s, FILE *f)
 {
     const char *names[3] = {"compute", "comm", "idle"};
@@ -652,7 +660,9 @@ static void print_device_digest(const ps_summary *s, FILE *f)
         fprintf(f, "  %-12s %10.3f %10.3f %10.3f\n", names[k], MS(lo[k]), MS(sum[k] / s->n_devices),
                 MS(hi[k]));
     const ps_summary_device *d = &s->devices[peak];
-    fprintf(f, "  peak memory  %.2f GB on device %d", GB(d->peak_memory_bytes), d->id);
+    char gb[32];
+    fprintf(f, "  peak memory  %s GB on device %d", short_num(GB(d->peak_memory_bytes), gb, sizeof gb),
+            d->id);
     if (d->stage >= 0)
         fprintf(f, " (stage %d)", d->stage);
     fputc('\n', f);
@@ -662,11 +672,12 @@ void ps_summary_print(const ps_summary *s, FILE *f)
 {
     fprintf(f, "%s run of %s on %s, plan %s\n", s->source, s->model[0] ? s->model : "?",
             s->cluster[0] ? s->cluster : "?", s->plan[0] ? s->plan : "?");
+    char tf[32], gb[32];
     fprintf(f,
-            "%d micro-batches, iteration %.3f ms, %.2f TFLOP/s per device, MFU %.1f%%, "
-            "peak memory %.2f GB",
-            s->micro_batches, MS(s->iteration_s), s->tflops_per_device, s->mfu * 100,
-            GB(s->peak_memory_bytes));
+            "%d micro-batches, iteration %.3f ms, %s TFLOP/s per device, MFU %.3g%%, "
+            "peak memory %s GB",
+            s->micro_batches, MS(s->iteration_s), short_num(s->tflops_per_device, tf, sizeof tf),
+            s->mfu * 100, short_num(GB(s->peak_memory_bytes), gb, sizeof gb));
     if (s->wall_s > 0)
         fprintf(f, " (took %.3f s)", s->wall_s);
     fprintf(f, "\n\n");
@@ -677,9 +688,10 @@ void ps_summary_print(const ps_summary *s, FILE *f)
         char sub[32], logical[32];
         snprintf(sub, sizeof sub, "%dx%d", g->submesh[0], g->submesh[1]);
         snprintf(logical, sizeof logical, "%dx%d", g->logical_mesh[0], g->logical_mesh[1]);
-        fprintf(f, "%5d %7d %8s %13s %10.3f %10.3f %10.3f %10.3f %8.2f\n", g->index, g->n_devices,
+        char row_gb[32];
+        fprintf(f, "%5d %7d %8s %13s %10.3f %10.3f %10.3f %10.3f %8s\n", g->index, g->n_devices,
                 sub, logical, MS(g->forward_s), MS(g->backward_s), MS(g->update_s), MS(g->time_s),
-                GB(g->peak_memory_bytes));
+                short_num(GB(g->peak_memory_bytes), row_gb, sizeof row_gb));
     }
     fputc('\n', f);
     if (s->n_devices == 0)
@@ -695,7 +707,9 @@ void ps_summary_print(const ps_summary *s, FILE *f)
         char stage[16] = "-";
         if (d->stage >= 0)
             snprintf(stage, sizeof stage, "%d", d->stage);
-        fprintf(f, "%6d %5s %10.3f %10.3f %10.3f %8.2f\n", d->id, stage, MS(d->compute_s),
-                MS(d->comm_s), MS(d->idle_s), GB(d->peak_memory_bytes));
+        char row_gb[32];
+        fprintf(f, "%6d %5s %10.3f %10.3f %10.3f %8s\n", d->id, stage, MS(d->compute_s),
+                MS(d->comm_s), MS(d->idle_s),
+                short_num(GB(d->peak_memory_bytes), row_gb, sizeof row_gb));
     }
 }
