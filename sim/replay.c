@@ -591,9 +591,16 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     account_wait(a, t0, t1, posted);
     lockstep_delay(a, NULL, in->peer, -1, 2);
     if (a->ctx->trace) {
+        /* waiting for the sender to post (a bubble) shows as idle, as
+         * account_wait counts it; the transfer after it as the receive */
         char name[48];
+        double ready = fmin(fmax(t0, posted), t1);
+        if (ready > t0) {
+            snprintf(name, sizeof name, "wait for %d", in->peer);
+            trace_span(a, a->device, PS_TRACE_IDLE, name, t0, ready, mb, in->peer, 0, 0);
+        }
         snprintf(name, sizeof name, "recv from %d", in->peer);
-        trace_span(a, a->device, PS_TRACE_RECV, name, t0, t1, mb, in->peer, in->bytes, 0);
+        trace_span(a, a->device, PS_TRACE_RECV, name, ready, t1, mb, in->peer, in->bytes, 0);
         /* the sender learns of the completion late or never: its span is
          * written here, where the completion time is known */
         snprintf(name, sizeof name, "send to %d", a->device);

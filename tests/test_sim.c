@@ -1192,7 +1192,7 @@ static void trace_is_valid_json(void **state)
         fail_msg("%s:%d: %s", path, jerr.line, jerr.text);
     json_t *events = json_object_get(root, "traceEvents");
     assert_true(json_is_array(events));
-    int spans = 0, compute = 0, recv = 0, send = 0, coll = 0, named = 0;
+    int spans = 0, compute = 0, recv = 0, send = 0, coll = 0, idle = 0, named = 0;
     char coll_name[48];
     snprintf(coll_name, sizeof coll_name, "all-reduce group %d", g);
     size_t i;
@@ -1225,6 +1225,9 @@ static void trace_is_valid_json(void **state)
         } else if (strcmp(cat, "collective") == 0) {
             coll++;
             assert_string_equal(name, coll_name);
+        } else if (strcmp(cat, "idle") == 0) {
+            idle++; /* a receive's wait for its sender to post */
+            assert_true(strncmp(name, "wait for ", 9) == 0);
         }
     }
     /* a compute per RUN, a recv and a send per transfer, a collective each */
@@ -1232,7 +1235,9 @@ static void trace_is_valid_json(void **state)
     assert_int_equal(recv, (p - 1) * 2 * m);
     assert_int_equal(send, (p - 1) * 2 * m);
     assert_int_equal(coll, p);
-    assert_int_equal(spans, compute + recv + send + coll);
+    /* the later stages wait for the first forward at least (the bubble) */
+    assert_true(idle >= p - 1 && idle <= recv);
+    assert_int_equal(spans, compute + recv + send + coll + idle);
     assert_int_equal(named, 1);
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(root, "otherData"), "source")), "sim");
