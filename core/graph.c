@@ -142,6 +142,33 @@ ps_status ps_graph_add_source(ps_graph *g, const char *name, ps_tensor_kind kind
     return st != PS_OK ? ps_error_set(err, st, "out of memory") : PS_OK;
 }
 
+/* A dispatch or combine whose slots a gate makes reads them as that gate
+ * fills them: its experts and capacity (slot = expert * capacity + place).
+ * Shapes alone do not show a mismatch, which the run would find mid-step or,
+ * a smaller capacity, reinterpret silently. */
+static ps_status check_moe_routing(const ps_graph *g, const ps_op_def *def,
+                                   const ps_tensor_desc *in, ps_error *err)
+{
+    if ((def->kind != PS_OP_MOE_DISPATCH && def->kind != PS_OP_MOE_COMBINE) || def->n_in < 2)
+        return PS_OK;
+    int p = g->tensors[def->in[1]].producer;
+    if (p < 0 || g->ops[p].kind != PS_OP_MOE_GATE)
+        return PS_OK;
+    const ps_op *gate = &g->ops[p];
+    bool dispatch = def->kind == PS_OP_MOE_DISPATCH;
+    int64_t e = dispatch ? def->attrs.experts : in[0].shape[0];
+    int64_t cap = dispatch ? def->attrs.capacity : in[0].shape[2];
+    if (e == gate->attrs.experts && cap == gate->attrs.capacity)
+        return PS_OK;
+    return ps_error_set(err, PS_ERR_INVALID,
+                        "op \"%s\" (%s): %s %lld experts of capacity %lld, but gate \"%s\", "
+                        "which makes its slots, routes to %lld experts of capacity %lld",
+                        def->name, ps_op_kind_get(def->kind)->name,
+                        dispatch ? "dispatches to" : "combines from", (long long)e,
+                        (long long)cap, gate->name, (long long)gate->attrs.experts,
+                        (long long)gate->attrs.capacity);
+}
+
 ps_status ps_graph_add_op(ps_graph *g, const ps_op_def *def, int *op_id_out, ps_error *err)
 {
     ps_status st = PS_OK;
@@ -167,6 +194,8 @@ ps_status ps_graph_add_op(ps_graph *g, const ps_op_def *def, int *op_id_out, ps_
     st = ps_op_infer(def->kind, &def->attrs, in, def->n_in, outs, &n_out, &inner);
     if (st != PS_OK)
         return ps_error_set(err, st, "op \"%s\" (%s): %s", def->name, info->name, inner.msg);
+    if ((st = check_moe_routing(g, def, in, err)) != PS_OK)
+        return st;
     for (int i = 0; i < n_out; i++) {
         char what[300];
         snprintf(what, sizeof what, "output %d of op \"%s\"", i, def->name);
