@@ -418,13 +418,15 @@ int ps_cmd_exec(int argc, char **argv)
         case OPT_BACKEND: backend = optarg; break;
         case OPT_STEPS:
             if (!ps_cli_parse_int(optarg, 1, 1000000, &v))
-                return ps_cli_usage_error("exec", "--steps needs a count >= 1, not \"%s\"",
+                return ps_cli_usage_error("exec",
+                                          "--steps needs a count from 1 to 1000000, not \"%s\"",
                                           optarg);
             eo.steps = (int)v;
             break;
         case OPT_WARMUP:
             if (!ps_cli_parse_int(optarg, 0, 1000000, &v))
-                return ps_cli_usage_error("exec", "--warmup needs a count >= 0, not \"%s\"",
+                return ps_cli_usage_error("exec",
+                                          "--warmup needs a count from 0 to 1000000, not \"%s\"",
                                           optarg);
             eo.warmup_steps = (int)v;
             break;
