@@ -41,54 +41,55 @@ double ps_p2p_s(const ps_cluster *c, int from_device, int to_device, double byte
     return c->inter.latency_s + bytes / bw;
 }
 
-/* The flows through a node's NIC (each way) when every group of mesh axis
- * `axis` runs a ring at once: a group spanning nodes enters and leaves each
- * of its nodes once (its members there are consecutive in ring order), so
- * a node carries one flow per such group with members on it. Returns the
- * most on any node; 0 when no group of the axis leaves its node. */
-/* Bytes through a node's NICs (each way) per byte of an all-to-all's
- * input when every group of axis `axis` runs one at once: a member sends
- * 1/n of its input to each of the n - 1 others, so (n - here)/n of it to the
- * members on other nodes. The most on any node. */
-static double axis_nic_a2a_share(int first_device, int dpn, int d0, int d1, int axis)
+/* What a mesh axis's collectives put through each node's NICs (each way)
+ * when every group of the axis runs one at once, the most on any node:
+ * - *flows: rings. A group spanning nodes enters and leaves each of its
+ *   nodes once (its members there are consecutive in ring order), so a node
+ *   carries one flow per such group with members on it; 0 when no group of
+ *   the axis leaves its node.
+ * - *a2a_share: all-to-alls, bytes per byte of a member's input. A member
+ *   sends 1/n of it to each of the n - 1 others, so (n - here)/n of it to
+ *   the members on other nodes.
+ * One pass over the mesh's devices (planning calls this for every stage
+ * mesh of clusters of thousands of devices). */
+static ps_status axis_nic_load(int first_device, int dpn, int d0, int d1, int axis, int *flows,
+                               double *a2a_share)
 {
     int n_groups = axis == 0 ? d1 : d0, members = axis == 0 ? d0 : d1;
     int first_node = first_device / dpn, last_node = (first_device + d0 * d1 - 1) / dpn;
-    double most = 0;
-    for (int node = first_node; node <= last_node; node++) {
-        double share = 0;
-        for (int g = 0; g < n_groups; g++) {
-            int here = 0;
-            for (int j = 0; j < members; j++) {
-                int i = axis == 0 ? j * d1 + g : g * d1 + j;
-                here += (first_device + i) / dpn == node;
-            }
-            share += (double)here * (members - here) / members;
-        }
-        most = share > most ? share : most;
+    int n_nodes = last_node - first_node + 1;
+    int *node_flows = calloc((size_t)n_nodes, sizeof *node_flows);
+    double *node_share = calloc((size_t)n_nodes, sizeof *node_share);
+    if (node_flows == NULL || node_share == NULL) {
+        free(node_flows);
+        free(node_share);
+        return PS_ERR_NOMEM;
     }
-    return most;
-}
-
-static int axis_nic_flows(int first_device, int dpn, int d0, int d1, int axis)
-{
-    int n_groups = axis == 0 ? d1 : d0, members = axis == 0 ? d0 : d1, most = 0;
-    int first_node = first_device / dpn, last_node = (first_device + d0 * d1 - 1) / dpn;
-    for (int node = first_node; node <= last_node; node++) {
-        int flows = 0;
-        for (int g = 0; g < n_groups; g++) {
-            bool here = false, elsewhere = false;
-            for (int j = 0; j < members; j++) {
-                int i = axis == 0 ? j * d1 + g : g * d1 + j; /* row-major index */
-                bool on = (first_device + i) / dpn == node;
-                here |= on;
-                elsewhere |= !on;
-            }
-            flows += here && elsewhere;
+    for (int g = 0; g < n_groups; g++) {
+        /* a group's members run in device order, so its nodes too: one run
+         * of members per node */
+        int first = axis == 0 ? g : g * d1, stride = axis == 0 ? d1 : 1;
+        bool spans = (first_device + first) / dpn !=
+                     (first_device + first + (members - 1) * stride) / dpn;
+        if (!spans)
+            continue;
+        for (int j = 0; j < members;) {
+            int node = (first_device + first + j * stride) / dpn, here = 0;
+            for (; j < members && (first_device + first + j * stride) / dpn == node; j++)
+                here++;
+            node_flows[node - first_node]++;
+            node_share[node - first_node] += (double)here * (members - here) / members;
         }
-        most = flows > most ? flows : most;
     }
-    return most;
+    *flows = 0;
+    *a2a_share = 0;
+    for (int k = 0; k < n_nodes; k++) {
+        *flows = node_flows[k] > *flows ? node_flows[k] : *flows;
+        *a2a_share = fmax(*a2a_share, node_share[k]);
+    }
+    free(node_flows);
+    free(node_share);
+    return PS_OK;
 }
 
 ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int devices_per_host,
@@ -149,7 +150,13 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
      * share each NIC with the others' that cross it (a flat ring of a whole
      * node's devices crosses it once, not once per device). */
     for (int a = 0; a < PS_MESH_AXES; a++) {
-        int flows = hosts == 1 ? 0 : axis_nic_flows(first_device, dpn, d0, d1, a);
+        int flows = 0;
+        double a2a_share = 0;
+        if (hosts > 1 &&
+            axis_nic_load(first_device, dpn, d0, d1, a, &flows, &a2a_share) != PS_OK) {
+            ps_mesh_free(m);
+            return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+        }
         m->crosses_nodes[a] = flows > 0 && m->shape[a] > 1;
         if (m->crosses_nodes[a]) {
             m->alpha_s[a] = c->inter.latency_s;
@@ -160,7 +167,7 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
             double n = m->shape[a], frac = (n - 1) / n;
             double nic_bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s;
             m->a2a_beta_s_per_byte[a] =
-                fmax(axis_nic_a2a_share(first_device, dpn, d0, d1, a) / nic_bw,
+                fmax(a2a_share / nic_bw,
                      frac / c->intra.bandwidth_bytes_per_s) /
                 frac;
         } else {

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "planner/cost_model.h"
+#include "test_util.h"
 
 static bool close_to(double a, double b) { return fabs(a - b) <= 1e-12 + 1e-9 * fabs(b); }
 
@@ -263,11 +264,65 @@ static void resharding_rules(void **state)
     ps_cluster_free(c);
 }
 
+/* Every whole-node mesh of random clusters against the NIC loads counted
+ * by their definition, node by node: a ring flow per group with members on
+ * the node and elsewhere; an all-to-all's here * (n - here) / n per group. */
+static void nic_loads_by_definition(void **state)
+{
+    (void)state;
+    test_rng_seed(11);
+    for (int trial = 0; trial < 60; trial++) {
+        int nodes = 2 + below(5), dpn = 1 + below(8), n = nodes * dpn;
+        ps_device_kind k = {.name = "gpu", .peak_flops = {1e14, 1e14, 1e14},
+                            .memory_bytes = 1e10, .memory_bandwidth_bytes_per_s = 1e12};
+        ps_intra_link in = {PS_INTRA_NVSWITCH, 1e11 * (0.5 + uniform()), 1e-6};
+        ps_inter_link out = {PS_INTER_FAT_TREE, 1 + below(4), 1e10 * (0.5 + uniform()), 5e-6};
+        ps_cluster *c = NULL;
+        assert_int_equal(ps_cluster_create("t", nodes, dpn, &k, &in, &out, &c, NULL), PS_OK);
+        double nic = out.nics_per_node * out.nic_bandwidth_bytes_per_s;
+        for (int d0 = 1; d0 <= n; d0++) {
+            if (n % d0 != 0)
+                continue;
+            int d1 = n / d0;
+            ps_logical_mesh *m = NULL;
+            assert_int_equal(ps_mesh_create(c, 0, nodes, dpn, d0, d1, &m, NULL), PS_OK);
+            for (int a = 0; a < 2; a++) {
+                int groups = a == 0 ? d1 : d0, size = a == 0 ? d0 : d1, flows = 0;
+                double share = 0;
+                for (int node = 0; node < nodes; node++) {
+                    int f = 0;
+                    double s = 0;
+                    for (int g = 0; g < groups; g++) {
+                        int here = 0;
+                        for (int j = 0; j < size; j++)
+                            here += (a == 0 ? j * d1 + g : g * d1 + j) / dpn == node;
+                        if (here > 0 && here < size) {
+                            f++;
+                            s += (double)here * (size - here) / size;
+                        }
+                    }
+                    flows = f > flows ? f : flows;
+                    share = fmax(share, s);
+                }
+                assert_true(m->crosses_nodes[a] == (flows > 0 && size > 1));
+                if (!m->crosses_nodes[a])
+                    continue;
+                assert_true(close_to(m->beta_s_per_byte[a], 1 / fmin(nic / flows, in.bandwidth_bytes_per_s)));
+                double frac = (size - 1.0) / size;
+                assert_true(close_to(m->a2a_beta_s_per_byte[a],
+                                     fmax(share / nic, frac / in.bandwidth_bytes_per_s) / frac));
+            }
+            ps_mesh_free(m);
+        }
+        ps_cluster_free(c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spec_text_round_trip),  cmocka_unit_test(tiles_cover_the_tensor),
-        cmocka_unit_test(mesh_link_parameters),
+        cmocka_unit_test(mesh_link_parameters), cmocka_unit_test(nic_loads_by_definition),
         cmocka_unit_test(mesh_costs_equal),  cmocka_unit_test(collective_closed_forms),
         cmocka_unit_test(resharding_rules),
     };
