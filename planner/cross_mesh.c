@@ -62,14 +62,15 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
     ps_region *src_box = malloc((size_t)(na > 0 ? na : 1) * sizeof *src_box);
     int *first_of = malloc((size_t)(na > 0 ? na : 1) * sizeof *first_of);
     int *replicas = malloc((size_t)(na > 0 ? na : 1) * sizeof *replicas);
-    /* pieces handed out per source tile so far: its replicas take them in
-     * turn, so that each sends its share */
-    int *handed = calloc((size_t)(na > 0 ? na : 1), sizeof *handed);
+    /* bytes each source device was given to send so far: a tile's next
+     * piece goes to its replica with the fewest, so that each sends its
+     * share */
+    double *sent = calloc((size_t)(na > 0 ? na : 1), sizeof *sent);
     out->group_start = malloc(((size_t)nb + 1) * sizeof *out->group_start);
     PS_TRY_ALLOC(src_box, err);
     PS_TRY_ALLOC(first_of, err);
     PS_TRY_ALLOC(replicas, err);
-    PS_TRY_ALLOC(handed, err);
+    PS_TRY_ALLOC(sent, err);
     PS_TRY_ALLOC(out->group_start, err);
     out->group_start[0] = 0;
     for (int i = 0; i < na; i++)
@@ -116,10 +117,10 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             ps_region part;
             if (first_of[i] != i || !region_intersect(&box, &src_box[i], &part))
                 continue;
-            int n_rep = 0;
+            int n_rep = 0; /* the tile's holders, by index in the source mesh */
             for (int j = i; j < na; j++)
                 if (first_of[j] == i)
-                    replicas[n_rep++] = from_devices[j];
+                    replicas[n_rep++] = j;
             int64_t numel = region_numel(&part);
             int use_chunks = chunks > 1 && numel >= chunks ? chunks : 1;
             int64_t start, len = numel;
@@ -128,11 +129,16 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             ps_cross_xfer t = {.dst = to_mesh->devices[r], .region = part,
                                .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks,
                                .group = group};
-            /* round robin over the tile's pieces, not by receiver and chunk:
-             * with local all-gather the chunk moves with the receiver, and
+            /* the least loaded replica, not one by receiver and chunk: with
+             * local all-gather the chunk moves with the receiver, and
              * (r + chunk) % n_rep left every other replica idle */
-            t.src = replicas[handed[i]++ % n_rep];
+            int pick = replicas[0];
+            for (int q = 1; q < n_rep; q++)
+                if (sent[replicas[q]] < sent[pick])
+                    pick = replicas[q];
+            t.src = from_devices[pick];
             t.bytes = (double)len * elem;
+            sent[pick] += t.bytes;
             t.seconds = ps_p2p_s(c, t.src, t.dst, t.bytes);
             if (use_chunks > 1) {
                 t.gather_bytes = (double)numel * elem;
@@ -151,7 +157,7 @@ out:
     free(src_box);
     free(first_of);
     free(replicas);
-    free(handed);
+    free(sent);
     return st;
 }
 

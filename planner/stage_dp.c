@@ -119,8 +119,11 @@ static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int 
     /* s stages hold at least a layer and a device each: at most min(L, D)
      * stages, on layers l <= L - s and d >= s devices, the first ending at
      * i <= L - s (with L in the hundreds, the states past D were most of
-     * the work and all infinite) */
+     * the work and all infinite); and a plan has at most 64 stages (the
+     * planner refuses more, so the DP's best must be among them) */
     int s_max = L < D ? L : D;
+    if (s_max > 64)
+        s_max = 64;
     for (int s = 1; s <= s_max; s++) {
         for (int l = L - s; l >= 0; l--) {
             for (int d = s; d <= D; d++) {
