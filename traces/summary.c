@@ -672,12 +672,13 @@ void ps_summary_print(const ps_summary *s, FILE *f)
 {
     fprintf(f, "%s run of %s on %s, plan %s\n", s->source, s->model[0] ? s->model : "?",
             s->cluster[0] ? s->cluster : "?", s->plan[0] ? s->plan : "?");
-    char tf[32], gb[32];
+    char tf[32], gb[32], mfu[32];
+    snprintf(mfu, sizeof mfu, s->mfu * 100 >= 1 || s->mfu == 0 ? "%.1f" : "%.2g", s->mfu * 100);
     fprintf(f,
-            "%d micro-batches, iteration %.3f ms, %s TFLOP/s per device, MFU %.3g%%, "
+            "%d micro-batches, iteration %.3f ms, %s TFLOP/s per device, MFU %s%%, "
             "peak memory %s GB",
             s->micro_batches, MS(s->iteration_s), short_num(s->tflops_per_device, tf, sizeof tf),
-            s->mfu * 100, short_num(GB(s->peak_memory_bytes), gb, sizeof gb));
+            mfu, short_num(GB(s->peak_memory_bytes), gb, sizeof gb));
     if (s->wall_s > 0)
         fprintf(f, " (took %.3f s)", s->wall_s);
     fprintf(f, "\n\n");
