@@ -1066,7 +1066,8 @@ out:
 static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options *o,
                               const entry *whole, const submesh *subs, int n_sub,
                               const int *n_cfgs, int max_cfg, double memory,
-                              const ps_error *inner, ps_error *err)
+                              const unsigned char *no_cut, int L, const ps_error *inner,
+                              ps_error *err)
 {
     const ps_cluster *c = req->cluster;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
@@ -1092,10 +1093,23 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                         "; the whole model needs at least %.4g GB per device (on a %dx%d "
                         "submesh, the candidate where it needs least)",
                         need / 1e9, subs[at].hosts, subs[at].devices);
-    if (o->stage_imbalance_tolerance < INFINITY)
+    if (o->stage_imbalance_tolerance < INFINITY && used < (int)sizeof extra)
+        used += snprintf(extra + used, sizeof extra - (size_t)used,
+                         "; only stages within the imbalance tolerance %g were candidates",
+                         o->stage_imbalance_tolerance);
+    /* the first run of layers that must share a stage, which may be why */
+    for (int b = 0; no_cut != NULL && b < L - 1 && used < (int)sizeof extra; b++) {
+        if (!no_cut[b])
+            continue;
+        int e = b;
+        while (e < L - 1 && no_cut[e])
+            e++;
         snprintf(extra + used, sizeof extra - (size_t)used,
-                 "; only stages within the imbalance tolerance %g were candidates",
-                 o->stage_imbalance_tolerance);
+                 "; layers %d-%d must share a stage (a layer among them reads what a later one "
+                 "makes)",
+                 b, e);
+        break;
+    }
     return ps_error_set(err, PS_ERR_INFEASIBLE,
                         "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
                         "(devices have %.4g GB); try --remat, more micro-batches or more devices",
@@ -1447,7 +1461,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                   f0->name, c->name, c->devices_per_node);
             else if (st == PS_ERR_INFEASIBLE)
                 st = no_plan_fits(req, o, entries_of[L - 1], subs, n_sub, n_cfgs, max_cfg,
-                                  memory, &inner, err);
+                                  memory, table->no_cut_after, L, &inner, err);
             else
                 st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
             goto out;
