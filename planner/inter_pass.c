@@ -174,7 +174,9 @@ static int list_submeshes(const ps_cluster *c, const ps_inter_options *o, submes
     }
     for (int h = 2; h <= N && n < MAX_SUBMESHES; h++) {
         bool pow2 = (h & (h - 1)) == 0;
-        if (ch == PS_SUBMESH_POWER_OF_TWO && !pow2)
+        /* the whole cluster is always a candidate, as a whole node is: on
+         * 3 nodes the one-stage plan over all 24 devices was none */
+        if (ch == PS_SUBMESH_POWER_OF_TWO && !pow2 && h != N)
             continue;
         if (ch == PS_SUBMESH_SMALL_POWER_OF_TWO && (!pow2 || h > 4))
             continue;

@@ -1189,6 +1189,20 @@ static void write_cpu_cluster(const fixture *fx, const char *devices, const char
     fclose(f);
 }
 
+/* The whole cluster is a stage candidate whatever its node count: on 3
+ * nodes, power_of_two's (1,m), (2,M) once left out (3,M). */
+static void test_whole_cluster_submesh(void **state)
+{
+    const fixture *fx = *state;
+    char out[512];
+    snprintf(out, sizeof out, "%s/three-nodes.json", fx->dir);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--layers", "2", "--hidden", "256",
+                       "--heads", "4", "--seq", "128", "--cluster", "dgx-a100:3",
+                       "--global-batch", "48", "--micro-batches", "2", "--rows", "-o", out,
+                       NULL};
+    expect_success(fx, a, "result[(0, 3, (3, 8), (3, 8) forced)]");
+}
+
 /* A graph whose layer 0 reads a tensor that layer 1 makes (manual tags allow
  * it): a pipeline that puts layer 1 in a later stage would wait for itself.
  * A stage file that does is refused, naming the tensor;
@@ -1919,6 +1933,7 @@ int main(void)
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
         cmocka_unit_test(test_later_layer_read),
+        cmocka_unit_test(test_whole_cluster_submesh),
         cmocka_unit_test(test_memory_refusals_say_where),
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),
