@@ -9,6 +9,7 @@ void ps_layering_clear(ps_layering *l)
     free(l->op_layer);
     free(l->flops);
     free(l->boundary_bytes);
+    free(l->cut_bytes);
     memset(l, 0, sizeof *l);
 }
 
@@ -16,11 +17,20 @@ static ps_status fill_stats(const ps_graph *g, ps_layering *l, ps_error *err)
 {
     l->flops = calloc((size_t)l->n_layers, sizeof *l->flops);
     l->boundary_bytes = calloc((size_t)l->n_layers, sizeof *l->boundary_bytes);
-    if (l->flops == NULL || l->boundary_bytes == NULL)
+    l->cut_bytes = calloc((size_t)l->n_layers, sizeof *l->cut_bytes);
+    int *last_reader = malloc(((size_t)g->n_tensors + 1) * sizeof *last_reader);
+    if (l->flops == NULL || l->boundary_bytes == NULL || l->cut_bytes == NULL ||
+        last_reader == NULL) {
+        free(last_reader);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        last_reader[t] = -1;
     unsigned char *seen = calloc((size_t)g->n_tensors * (size_t)l->n_layers + 1, 1);
-    if (seen == NULL)
+    if (seen == NULL) {
+        free(last_reader);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
         int q = l->op_layer[i];
@@ -29,6 +39,8 @@ static ps_status fill_stats(const ps_graph *g, ps_layering *l, ps_error *err)
             const ps_tensor *t = &g->tensors[op->in[k]];
             if (t->producer < 0 || l->op_layer[t->producer] >= q)
                 continue;
+            if (q > last_reader[op->in[k]])
+                last_reader[op->in[k]] = q;
             unsigned char *s = &seen[(size_t)op->in[k] * l->n_layers + q];
             if (!*s) {
                 *s = 1;
@@ -37,6 +49,13 @@ static ps_status fill_stats(const ps_graph *g, ps_layering *l, ps_error *err)
         }
     }
     free(seen);
+    /* a tensor crosses every cut between its producer's layer and its last
+     * reader's */
+    for (int t = 0; t < g->n_tensors; t++)
+        if (last_reader[t] >= 0)
+            for (int b = l->op_layer[g->tensors[t].producer] + 1; b <= last_reader[t]; b++)
+                l->cut_bytes[b] += ps_tensor_bytes(&g->tensors[t]);
+    free(last_reader);
     return PS_OK;
 }
 

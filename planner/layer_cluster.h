@@ -16,6 +16,9 @@ typedef struct ps_layering {
     int *op_layer;          /* [forward graph's n_ops] new layer of each op */
     double *flops;          /* [n_layers] forward FLOPs per layer */
     double *boundary_bytes; /* [n_layers] activation bytes the layer receives from earlier ones */
+    double *cut_bytes;      /* [n_layers] b >= 1: activation bytes made before layer b and read
+                             * at or after it, each tensor once (what a stage starting at b
+                             * receives, a shortcut past its first layer included) */
     double eps_used;        /* the balance tolerance that was needed */
 } ps_layering;
 

@@ -149,6 +149,24 @@ static void dp_matches_brute_force(void **state)
         for (int q = 0; q < L; q++)
             max_in = fmax(max_in, l.boundary_bytes[q]);
         assert_true(max_in == got.max_in);
+        /* what crosses each cut: every tensor made before it and read at or
+         * after it, once (a skip past the next layer included) */
+        for (int b = 1; b < L; b++) {
+            double want = 0;
+            for (int t = 0; t < g->n_tensors; t++) {
+                int p = g->tensors[t].producer;
+                if (p < 0 || l.op_layer[p] >= b)
+                    continue;
+                bool after = false;
+                for (int i = 0; i < K && !after; i++)
+                    for (int k = 0; k < g->ops[i].n_in; k++)
+                        after |= g->ops[i].in[k] == t && l.op_layer[i] >= b;
+                if (after)
+                    want += ps_tensor_bytes(&g->tensors[t]);
+            }
+            assert_true(l.cut_bytes[b] == want);
+            assert_true(l.cut_bytes[b] >= l.boundary_bytes[b]);
+        }
         ps_layering_clear(&l);
         ps_graph_free(g);
         checked++;
