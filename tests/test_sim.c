@@ -1249,6 +1249,19 @@ static void trace_is_valid_json(void **state)
 
 /* ---- lowered plans: memory against the program checker ---- */
 
+/* Plan p lowered with the default options; its model in *pm (owned by the
+ * caller, as the set). */
+static ps_program_set *lower_default(const ps_plan *p, ps_plan_model **pm)
+{
+    ps_error err = {0};
+    assert_int_equal(ps_plan_model_build(p, pm, &err), PS_OK);
+    ps_lower_options lo = ps_lower_options_default();
+    ps_program_set *set = NULL;
+    if (ps_plan_lower(p, *pm, &lo, &set, &err) != PS_OK)
+        fail_msg("lower: %s", err.msg);
+    return set;
+}
+
 static void lowered_plans_run(void **state)
 {
     (void)state;
@@ -1286,11 +1299,7 @@ static void lowered_plans_run(void **state)
         if (st != PS_OK)
             fail_msg("plan: %s", err.msg);
         ps_plan_model *pm = NULL;
-        assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
-        ps_lower_options lo = ps_lower_options_default();
-        ps_program_set *set = NULL;
-        if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
-            fail_msg("lower: %s", err.msg);
+        ps_program_set *set = lower_default(p, &pm);
         double *peak = calloc((size_t)set->n_devices, sizeof *peak);
         assert_int_equal(ps_program_set_check(set, peak, &err), PS_OK);
         ps_sim_stats stats;
@@ -1342,11 +1351,7 @@ static void heterogeneous_at_model_dtype(void **state)
     if (ps_plan_one_stage(&req, &p, NULL, NULL, &err) != PS_OK)
         fail_msg("plan: %s", err.msg);
     ps_plan_model *pm = NULL;
-    assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
-    ps_lower_options lo = ps_lower_options_default();
-    ps_program_set *set = NULL;
-    if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
-        fail_msg("lower: %s", err.msg);
+    ps_program_set *set = lower_default(p, &pm);
     assert_int_equal(set->stages[0].compute_dtype, PS_DTYPE_F32);
     assert_close(set->stages[0].reference_flops_per_s, R, 1e-12, "reference: the slower fp32");
     ps_summary *sum = simulate(set, c, NULL, NULL);
@@ -1419,12 +1424,7 @@ static void check_prediction(const zoo_plan *z, ps_cluster *c)
     ps_graph *fwd = NULL;
     ps_plan *p = zoo_plan_make(z, c, &fwd);
     ps_plan_model *pm = NULL;
-    ps_error err = {0};
-    assert_int_equal(ps_plan_model_build(p, &pm, &err), PS_OK);
-    ps_lower_options lo = ps_lower_options_default();
-    ps_program_set *set = NULL;
-    if (ps_plan_lower(p, pm, &lo, &set, &err) != PS_OK)
-        fail_msg("lower: %s", err.msg);
+    ps_program_set *set = lower_default(p, &pm);
     char what[96];
     if (z->method >= 0)
         snprintf(what, sizeof what, "%s %s %s", z->model, p->method, c->name);
