@@ -165,11 +165,9 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
             /* the slower of the node's NICs and the member's own port, per
              * byte of the (n - 1)/n the ring formula moves */
             double n = m->shape[a], frac = (n - 1) / n;
-            double nic_bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s;
-            m->a2a_beta_s_per_byte[a] =
-                fmax(a2a_share / nic_bw,
-                     frac / c->intra.bandwidth_bytes_per_s) /
-                frac;
+            m->a2a_beta_s_per_byte[a] = fmax(a2a_share / nic_share_bytes_per_s(c, 1),
+                                             frac / c->intra.bandwidth_bytes_per_s) /
+                                        frac;
         } else {
             m->alpha_s[a] = c->intra.latency_s;
             m->beta_s_per_byte[a] = 1.0 / c->intra.bandwidth_bytes_per_s;

@@ -666,9 +666,9 @@ static ps_status prepare(const ps_plan_request *req, int layer_num, bool manual_
  * end between the two layers, since a stage runs its forward pass whole
  * (one kernel per micro-batch, its inputs received first) and the stages
  * would wait for each other. Manual layer tags allow them; clustered
- * layers, which follow the graph's order, have none. For the k-th such
- * read from op index *op on: *op and *input (the input's slot) of the next
- * one, false when there is none. */
+ * layers, which follow the graph's order, have none. Iterates over them:
+ * start with *op = 0, *input = -1; each call moves to the next such read
+ * (the op and its input slot) and returns false when there is none. */
 static bool next_later_read(const ps_graph *fwd, int *op, int *input)
 {
     for (; *op < fwd->n_ops; (*op)++, *input = -1) {
@@ -1699,8 +1699,8 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
                               "of layer %d makes in the later stage %d: a stage runs its forward "
                               "pass whole, so the two would wait for each other; put layers %d-%d "
                               "in one stage",
-                              reader->name, reader->layer, ko, t->name, p->name, p->layer, kp, reader->layer,
-                              p->layer);
+                              reader->name, reader->layer, ko, t->name, p->name, p->layer, kp,
+                              reader->layer, p->layer);
             goto out;
         }
     }
