@@ -52,9 +52,47 @@ static const ps_plan_tensor *plan_tensor_named(const ps_plan_stage *s, const cha
 /* Seconds to move tensor x of `step` from stage a's layout to stage b's:
  * the sender's reduction of a partial sum, then the transfers and the
  * receivers' all-gathers. */
+/* The bytes one link moves through each node's NIC, each direction. */
+typedef struct nic_load {
+    double *bytes; /* [node * 2 + side]: side 0 sends, 1 receives */
+    int lo[2], hi[2]; /* the nodes it touched so far, each side; lo > hi: none */
+} nic_load;
+
+static void nic_load_reset(nic_load *v, int nodes)
+{
+    for (int side = 0; side < 2; side++) {
+        for (int k = v->lo[side]; k <= v->hi[side]; k++)
+            v->bytes[k * 2 + side] = 0;
+        v->lo[side] = nodes;
+        v->hi[side] = -1;
+    }
+}
+
+static void nic_load_add(nic_load *v, int node, int side, double bytes)
+{
+    v->bytes[node * 2 + side] += bytes;
+    v->lo[side] = node < v->lo[side] ? node : v->lo[side];
+    v->hi[side] = node > v->hi[side] ? node : v->hi[side];
+}
+
+/* Link l's NICs from what its tensors moved through them (v). */
+static void link_nics(ps_stage_link *l, const nic_load *v, const ps_cluster *c)
+{
+    double bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s, most = 0;
+    for (int side = 0; side < 2; side++) {
+        l->nic_node[side] = v->hi[side] >= 0 ? v->lo[side] : 0;
+        l->nic_nodes[side] = v->hi[side] >= 0 ? v->hi[side] - v->lo[side] + 1 : 0;
+        for (int k = v->lo[side]; k <= v->hi[side]; k++)
+            most = v->bytes[k * 2 + side] > most ? v->bytes[k * 2 + side] : most;
+    }
+    l->nic_s = most > 0 && bw > 0 ? c->inter.latency_s + most / bw : 0;
+    if (l->nic_s > l->seconds)
+        l->nic_s = l->seconds; /* the link's own time bounds its NIC time */
+}
+
 static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh **mesh,
-                       const crossing *x, bool local_allgather, double *reduce_s,
-                       double *seconds, ps_error *err)
+                       const crossing *x, bool local_allgather, nic_load *nics,
+                       double *reduce_s, double *seconds, ps_error *err)
 {
     ps_status st = PS_OK;
     const ps_tensor *t = &step->tensors[x->tensor];
@@ -81,6 +119,13 @@ static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh *
     PS_TRY(ps_cross_mesh_plan(p->cluster, &t->desc, &sa, A->devices, A->logical_mesh, &sb,
                               mesh[x->to], local_allgather, &cp, err));
     *seconds += ps_cross_plan_seconds(&cp, p->cluster);
+    for (int i = 0, dpn = p->cluster->devices_per_node; i < cp.n_xfers; i++) {
+        const ps_cross_xfer *xf = &cp.xfers[i];
+        if (xf->src / dpn != xf->dst / dpn) {
+            nic_load_add(nics, xf->src / dpn, 0, xf->bytes);
+            nic_load_add(nics, xf->dst / dpn, 1, xf->bytes);
+        }
+    }
 out:
     ps_cross_plan_clear(&cp);
     return st;
@@ -107,9 +152,12 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
     int n_cross = 0, cap_cross = 0, n_links = 0;
     ps_stage_link *links = NULL;
     ps_logical_mesh **mesh = calloc((size_t)(n > 0 ? n : 1), sizeof *mesh);
+    nic_load nics = {.bytes = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.bytes)};
     *out = NULL;
     *n_out = 0;
     PS_TRY_ALLOC(mesh, err);
+    PS_TRY_ALLOC(nics.bytes, err);
+    nic_load_reset(&nics, p->cluster->nodes);
     for (int k = 0; k < n; k++)
         if (p->stages[k].last_layer > max_layer)
             max_layer = p->stages[k].last_layer;
@@ -180,17 +228,22 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
         const crossing *x = &cross[i];
         ps_stage_link *l = n_links > 0 ? &links[n_links - 1] : NULL;
         if (l == NULL || l->from != x->from || l->to != x->to || l->kind != x->kind) {
+            if (l != NULL)
+                link_nics(l, &nics, p->cluster);
+            nic_load_reset(&nics, p->cluster->nodes);
             l = &links[n_links++];
             *l = (ps_stage_link){.from = x->from, .to = x->to, .kind = x->kind};
         }
         double reduce_s, seconds;
-        PS_TRY(price(p, step, mesh, x, local_allgather, &reduce_s, &seconds, err));
+        PS_TRY(price(p, step, mesh, x, local_allgather, &nics, &reduce_s, &seconds, err));
         l->reduce_s += reduce_s;
         l->tensors++;
         const ps_tensor *t = &step->tensors[x->tensor];
         l->bytes += (double)ps_tensor_numel(t) * ps_dtype_size(t->desc.dtype);
         l->seconds += seconds;
     }
+    if (n_links > 0)
+        link_nics(&links[n_links - 1], &nics, p->cluster);
     *out = links;
     *n_out = n_links;
     links = NULL;
@@ -198,6 +251,7 @@ out:
     for (int k = 0; k < n && mesh; k++)
         ps_mesh_free(mesh[k]);
     free(mesh);
+    free(nics.bytes);
     free(links);
     free(cross);
     free(reads);
@@ -225,10 +279,122 @@ static int order_at(int k, int n, int m, bool gpipe, int i, bool *backward)
     return m - warm + (j - 2 * (m - warm));
 }
 
-/* Stage k's kernel of micro-batch mb (phase bwd) starts when its stage is
- * free and, one link after the other (receives block, and a transfer starts
- * when its receiver asks for it), each link's data is ready and has come;
- * after the kernel the stage reduces the partial sums it sends. */
+/* One step of a stage's part of the schedule: a kernel (or the update, or
+ * reductions) computing for dur, or the receive of a link once the sender's
+ * op `after` has ended. */
+typedef struct sched_op {
+    int link; /* -1: computes */
+    int after;
+    double dur;
+} sched_op;
+
+/* The ops of every stage in the lowering's order, stage k's from at[k]:
+ * each micro-batch kernel's receives (its links in link order), then the
+ * kernel and the reductions of the partial sums it sends; after the last,
+ * the reductions of what it accumulated for others, the receives of the
+ * contributions and updated values its update reads, the update with the
+ * reductions of what it sends, and the receives of the parameter copies.
+ * *ops and *at malloc'ed (at: n + 1 entries). */
+static bool schedule_ops(int n, const double *forward_s, const double *backward_s,
+                         const double *update_s, const ps_stage_link *links, int n_links,
+                         int m, bool gpipe, sched_op **ops_out, int **at_out)
+{
+    /* per stage: its micro-batch links in per phase, its reductions after a
+     * kernel per phase, after the kernels and after the update */
+    int *in_count = calloc(2 * (size_t)n, sizeof *in_count), *at = calloc((size_t)n + 1, sizeof *at);
+    double *reduce = calloc(4 * (size_t)n, sizeof *reduce); /* [k * 4 + 0|1|2 acc|3 update] */
+    /* the op each kernel's output, accumulated reductions and update end at */
+    int *kernel_op = malloc(((size_t)n * m * 2 + 2 * (size_t)n) * sizeof *kernel_op);
+    sched_op *ops = NULL;
+    bool ok = false;
+    if (in_count == NULL || at == NULL || reduce == NULL || kernel_op == NULL)
+        goto out;
+    int *acc_op = kernel_op + (size_t)n * m * 2, *upd_op = acc_op + n;
+    for (int l = 0; l < n_links; l++) {
+        const ps_stage_link *x = &links[l];
+        if (x->kind == PS_LINK_FORWARD || x->kind == PS_LINK_BACKWARD) {
+            int bwd = x->kind == PS_LINK_BACKWARD;
+            in_count[x->to * 2 + bwd]++;
+            reduce[x->from * 4 + bwd] += x->reduce_s;
+        } else {
+            reduce[x->from * 4 + (x->kind == PS_LINK_ACCUMULATED ? 2 : 3)] += x->reduce_s;
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        int count = 2 * m + m * (in_count[k * 2] + in_count[k * 2 + 1]) + 2;
+        for (int l = 0; l < n_links; l++)
+            count += links[l].to == k && links[l].kind >= PS_LINK_ACCUMULATED;
+        at[k + 1] = at[k] + count;
+    }
+    ops = malloc((size_t)(at[n] > 0 ? at[n] : 1) * sizeof *ops);
+    if (ops == NULL)
+        goto out;
+    /* where each kernel ends, before the receives that wait for it */
+    for (int k = 0; k < n; k++) {
+        int o = at[k];
+        for (int i = 0; i < 2 * m; i++) {
+            bool bwd;
+            int mb = order_at(k, n, m, gpipe, i, &bwd);
+            o += in_count[k * 2 + bwd];
+            kernel_op[((size_t)k * m + mb) * 2 + bwd] = o++;
+        }
+        acc_op[k] = o++;
+        for (int l = 0; l < n_links; l++)
+            o += links[l].to == k &&
+                 (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE);
+        upd_op[k] = o;
+    }
+    for (int k = 0; k < n; k++) {
+        int o = at[k];
+        for (int i = 0; i < 2 * m; i++) {
+            bool bwd;
+            int mb = order_at(k, n, m, gpipe, i, &bwd);
+            ps_link_kind want = bwd ? PS_LINK_BACKWARD : PS_LINK_FORWARD;
+            for (int l = 0; l < n_links; l++)
+                if (links[l].to == k && links[l].kind == want)
+                    ops[o++] = (sched_op){
+                        .link = l, .after = kernel_op[((size_t)links[l].from * m + mb) * 2 + bwd]};
+            ops[o++] = (sched_op){.link = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
+                                                     reduce[k * 4 + bwd]};
+        }
+        ops[o++] = (sched_op){.link = -1, .dur = reduce[k * 4 + 2]};
+        for (int l = 0; l < n_links; l++)
+            if (links[l].to == k &&
+                (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE))
+                ops[o++] = (sched_op){.link = l,
+                                      .after = links[l].kind == PS_LINK_ACCUMULATED
+                                                   ? acc_op[links[l].from]
+                                                   : upd_op[links[l].from]};
+        ops[o++] = (sched_op){.link = -1, .dur = update_s[k] + reduce[k * 4 + 3]};
+        for (int l = 0; l < n_links; l++)
+            if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY)
+                ops[o++] = (sched_op){.link = l, .after = upd_op[links[l].from]};
+    }
+    *ops_out = ops;
+    *at_out = at;
+    ops = NULL;
+    at = NULL;
+    ok = true;
+out:
+    free(in_count);
+    free(at);
+    free(reduce);
+    free(kernel_op);
+    free(ops);
+    return ok;
+}
+
+/* Link x's share of the NIC it crosses when it moves at full speed. */
+static double nic_use(const ps_stage_link *x)
+{
+    return x->nic_s > 0 && x->seconds > 0 ? x->nic_s / x->seconds : 0;
+}
+
+/* The stages' ops run as events in time: a stage runs its ops in turn; a
+ * receive starts once its sender's op has ended (the receiver asks first,
+ * as receives block). A transfer through NICs moves at the speed its
+ * busiest NIC leaves it: on a NIC whose transfers would use more than all
+ * of it, each gets its use over their total. */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
                                const double *update_s, const ps_stage_link *links,
                                int n_links, int micro_batches, bool gpipe)
@@ -236,99 +402,111 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
     int m = micro_batches;
     if (n <= 0 || m <= 0)
         return NAN;
-    /* ready[(k * m + i) * 2 + backward]: when what stage k's kernel for
-     * micro-batch i sends is ready to go */
-    double *ready = malloc((size_t)n * (size_t)m * 2 * sizeof *ready);
-    double *clock = calloc((size_t)n, sizeof *clock);
-    double *ustart = malloc(2 * (size_t)n * sizeof *ustart), *uend = ustart ? ustart + n : NULL;
-    int *pos = calloc((size_t)n, sizeof *pos);
-    double result = NAN;
-    if (ready == NULL || clock == NULL || ustart == NULL || pos == NULL)
+    sched_op *ops = NULL;
+    int *at = NULL;
+    if (!schedule_ops(n, forward_s, backward_s, update_s, links, n_links, m, gpipe, &ops, &at))
+        return NAN;
+    int nodes = 0; /* the NICs the links cross: load[node * 2 + side] */
+    for (int l = 0; l < n_links; l++)
+        for (int side = 0; side < 2 && links[l].nic_s > 0; side++)
+            if (links[l].nic_node[side] + links[l].nic_nodes[side] > nodes)
+                nodes = links[l].nic_node[side] + links[l].nic_nodes[side];
+    double *end = malloc((size_t)at[n] * sizeof *end); /* each op's end; NAN: not yet */
+    int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
+    /* an op under way: when a fixed one ends (finish), or what a transfer
+     * through NICs has left at full speed (left, moving at rate) */
+    double *finish = malloc(3 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
+    unsigned char *state = calloc((size_t)n, 1); /* 0 not started, 1 fixed, 2 through NICs */
+    double *load = calloc(2 * (size_t)nodes + 1, sizeof *load);
+    double result = NAN, now = 0;
+    if (end == NULL || cur == NULL || finish == NULL || state == NULL || load == NULL)
         goto out;
-    for (size_t i = 0; i < (size_t)n * (size_t)m * 2; i++)
-        ready[i] = NAN;
-    for (int left = n; left > 0;) {
-        bool progress = false;
-        for (int k = 0; k < n; k++) {
-            while (pos[k] < 2 * m) {
-                bool bwd;
-                int mb = order_at(k, n, m, gpipe, pos[k], &bwd);
-                ps_link_kind want = bwd ? PS_LINK_BACKWARD : PS_LINK_FORWARD;
-                bool ok = true;
-                for (int l = 0; l < n_links && ok; l++)
-                    if (links[l].to == k && links[l].kind == want)
-                        ok = !isnan(ready[((size_t)links[l].from * m + mb) * 2 + bwd]);
-                if (!ok)
-                    break;
-                double t = clock[k];
-                for (int l = 0; l < n_links; l++)
-                    if (links[l].to == k && links[l].kind == want)
-                        t = fmax(t, ready[((size_t)links[l].from * m + mb) * 2 + bwd]) +
-                            links[l].seconds;
-                t += bwd ? backward_s[k] : forward_s[k];
-                for (int l = 0; l < n_links; l++)
-                    if (links[l].from == k && links[l].kind == want)
-                        t += links[l].reduce_s;
-                clock[k] = t;
-                ready[((size_t)k * m + mb) * 2 + bwd] = t;
-                progress = true;
-                if (++pos[k] == 2 * m)
-                    left--;
-            }
+    for (int i = 0; i < at[n]; i++)
+        end[i] = NAN;
+    for (int k = 0; k < n; k++)
+        cur[k] = at[k];
+    for (;;) {
+        /* start what may start now; what takes no time ends now */
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (int k = 0; k < n; k++)
+                while (cur[k] < at[k + 1] && state[k] == 0) {
+                    const sched_op *op = &ops[cur[k]];
+                    double d = op->dur;
+                    if (op->link >= 0) {
+                        if (isnan(end[op->after]))
+                            break; /* its data is not ready */
+                        d = links[op->link].seconds;
+                        if (nic_use(&links[op->link]) > 0) {
+                            state[k] = 2;
+                            left[k] = d;
+                            changed = true;
+                            break;
+                        }
+                    }
+                    if (d > 0) {
+                        state[k] = 1;
+                        finish[k] = now + d;
+                        break;
+                    }
+                    end[cur[k]++] = now;
+                    changed = true;
+                }
         }
-        if (!progress)
-            goto out; /* the links wait for each other */
-    }
-    /* the update: a stage first reduces what it accumulated for others,
-     * then receives the contributions and updated values its update reads */
-    for (int k = 0; k < n; k++) {
-        for (int l = 0; l < n_links; l++)
-            if (links[l].from == k && links[l].kind == PS_LINK_ACCUMULATED)
-                clock[k] += links[l].reduce_s;
-        uend[k] = NAN;
-    }
-    for (int round = 0, done = 0; done < n; round++) {
-        if (round > n)
-            goto out; /* update links in a cycle */
-        done = 0;
+        /* the transfers' speeds: each NIC's load, then each transfer's
+         * share of its busiest */
+        bool busy = false;
         for (int k = 0; k < n; k++) {
-            double t = clock[k];
-            bool ok = true;
-            for (int l = 0; l < n_links && ok; l++) {
-                if (links[l].to != k)
-                    continue;
-                if (links[l].kind == PS_LINK_ACCUMULATED)
-                    t = fmax(t, clock[links[l].from]) + links[l].seconds;
-                else if (links[l].kind == PS_LINK_UPDATE && isnan(uend[links[l].from]))
-                    ok = false;
-                else if (links[l].kind == PS_LINK_UPDATE)
-                    t = fmax(t, uend[links[l].from]) + links[l].seconds;
-            }
-            if (!ok)
+            busy |= state[k] != 0;
+            if (state[k] != 2)
                 continue;
-            ustart[k] = t;
-            t += update_s[k];
-            for (int l = 0; l < n_links; l++)
-                if (links[l].from == k &&
-                    (links[l].kind == PS_LINK_UPDATE || links[l].kind == PS_LINK_PARAM_COPY))
-                    t += links[l].reduce_s;
-            uend[k] = t;
-            done++;
+            const ps_stage_link *x = &links[ops[cur[k]].link];
+            for (int side = 0; side < 2; side++)
+                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
+                    load[j * 2 + side] += nic_use(x);
         }
+        if (!busy)
+            break; /* everything ended, or the links wait for each other */
+        double next = INFINITY;
+        for (int k = 0; k < n; k++) {
+            if (state[k] == 1)
+                next = fmin(next, finish[k]);
+            if (state[k] != 2)
+                continue;
+            const ps_stage_link *x = &links[ops[cur[k]].link];
+            double most = 1;
+            for (int side = 0; side < 2; side++)
+                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
+                    most = fmax(most, load[j * 2 + side]);
+            rate[k] = 1 / most;
+            next = fmin(next, now + left[k] / rate[k]);
+        }
+        for (int j = 0; j < 2 * nodes; j++)
+            load[j] = 0;
+        /* on to the next end */
+        for (int k = 0; k < n; k++) {
+            if (state[k] == 1 && finish[k] <= next) {
+                end[cur[k]++] = finish[k];
+                state[k] = 0;
+            } else if (state[k] == 2 && now + left[k] / rate[k] <= next) {
+                end[cur[k]++] = next; /* (the same sum that made next) */
+                state[k] = 0;
+            } else if (state[k] == 2) {
+                left[k] -= (next - now) * rate[k];
+            }
+        }
+        now = next;
     }
-    /* the step ends with the updated values received after the update */
     result = 0;
-    for (int k = 0; k < n; k++) {
-        double t = uend[k];
-        for (int l = 0; l < n_links; l++)
-            if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY)
-                t = fmax(t, uend[links[l].from]) + links[l].seconds;
-        result = fmax(result, t);
-    }
+    for (int k = 0; k < n && !isnan(result); k++)
+        result = cur[k] < at[k + 1] ? NAN : fmax(result, end[at[k + 1] - 1]);
 out:
-    free(ready);
-    free(clock);
-    free(ustart);
-    free(pos);
+    free(ops);
+    free(at);
+    free(end);
+    free(cur);
+    free(finish);
+    free(state);
+    free(load);
     return result;
 }

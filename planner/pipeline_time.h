@@ -7,8 +7,8 @@
  * stage time t and transfer c each way, one micro-batch per t + c instead of
  * per t. This module prices the transfers (with the lowering's own
  * cross-mesh plan, planner/cross_mesh.h) and times the exact schedule the
- * lowering emits, instruction order and dependencies, when nothing else
- * shares the links. */
+ * lowering emits, instruction order and dependencies, with the transfers
+ * sharing the NICs they cross. */
 #ifndef PS_PLANNER_PIPELINE_TIME_H
 #define PS_PLANNER_PIPELINE_TIME_H
 
@@ -36,6 +36,11 @@ typedef struct ps_stage_link {
     double reduce_s; /* the sender's reductions of partial sums first (its time) */
     double seconds;  /* then the transfers and local all-gathers: the receiver's time, as
                       * a transfer starts when its receiver asks for it */
+    /* The node NICs it crosses: nodes [nic_node[0], + nic_nodes[0]) send
+     * through theirs, [nic_node[1], + nic_nodes[1]) receive; nic_s: how long
+     * the busiest of them carries its bytes (0: it stays within nodes). */
+    int nic_node[2], nic_nodes[2];
+    double nic_s;
 } ps_stage_link;
 
 /* The links between the stages of plan p, whose training step is `step` (built
@@ -54,6 +59,12 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
  * the partial sums it sends. An update waits for the stage's last backward
  * and its accumulated and update links; the step ends when every update has
  * and every parameter copy is received.
+ * The transfers of neighbouring stages through one node's NIC share it: a
+ * link through NICs (nic_s > 0) uses nic_s / seconds of each NIC it crosses
+ * (one direction) while it moves at full speed; where the transfers under
+ * way would use more than a whole NIC, each moves at its use over their
+ * total, the busiest of its NICs deciding (the simulator's fair sharing,
+ * when the transfers use whole NICs).
  * Times are per micro-batch (forward, backward) and per step (update).
  * NAN if the links make the schedule wait for itself. */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,

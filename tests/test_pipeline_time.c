@@ -187,8 +187,9 @@ static double reference(int n, const double *f, const double *b, const double *u
 }
 
 /* Random pipelines (1-5 stages, 1-9 micro-batches, both schedules) with
- * neighbour links, skips, and per-step links: the schedule's time equals the
- * longest path through the explicit graph of its kernels and receives. */
+ * neighbour links, skips, and per-step links, half of them through NICs of
+ * their own: the schedule's time equals the longest path through the
+ * explicit graph of its kernels and receives. */
 static void schedule_is_the_longest_path(void **state)
 {
     (void)state;
@@ -229,6 +230,14 @@ static void schedule_is_the_longest_path(void **state)
         if (n > 2 && uniform() < 0.3)
             links[n_links++] = (ps_stage_link){.from = 0, .to = 1, .kind = PS_LINK_UPDATE,
                                                .seconds = uniform()};
+        /* links through NICs no other link crosses wait for nothing */
+        if (uniform() < 0.5)
+            for (int l = 0; l < n_links; l++) {
+                links[l].nic_node[0] = 2 * l;
+                links[l].nic_node[1] = 2 * l + 1;
+                links[l].nic_nodes[0] = links[l].nic_nodes[1] = 1;
+                links[l].nic_s = links[l].seconds * uniform();
+            }
         double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
         double want = reference(n, f, b, u, links, n_links, m, gpipe);
         assert_false(isnan(got));
@@ -281,6 +290,92 @@ static void equal_stages_closed_form(void **state)
         if (m == 1)
             want = f[0] + c + f[1] + b[1] + c + b[0];
         assert_true(fabs(got - want) < 1e-12);
+    }
+}
+
+/* Two stages on one node receive from a stage on another at the same time:
+ * its NIC serves one transfer, then the other (derived by hand: stage 0's
+ * forward ends at f, stage 1 receives for c, stage 2 then for c, and runs
+ * its forward and backward), whichever link comes first. */
+static void shared_nic_takes_turns(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 20; trial++) {
+        double f = 1 + trial % 3, b = 1 + trial % 2, c = 5 + 3 * trial;
+        double fs[3] = {f, f, f}, bs[3] = {b, b, b}, us[3] = {0, 0, 0};
+        ps_stage_link links[4] = {
+            {.from = 0, .to = 1, .kind = PS_LINK_FORWARD, .seconds = c, .nic_s = c,
+             .nic_node = {0, 1}, .nic_nodes = {1, 1}},
+            {.from = 0, .to = 2, .kind = PS_LINK_FORWARD, .seconds = c, .nic_s = c,
+             .nic_node = {0, 1}, .nic_nodes = {1, 1}},
+            {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD},
+            {.from = 2, .to = 0, .kind = PS_LINK_BACKWARD},
+        };
+        if (trial % 2) /* the other stage asks first in link order */
+            links[0].to = 2, links[1].to = 1, links[2].from = 2, links[3].from = 1;
+        double got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, 1, false);
+        assert_true(fabs(got - (f + 2 * c + f + b + b)) < 1e-12);
+        /* on NICs of their own, both receive at once */
+        links[1].nic_node[0] = 2, links[1].nic_node[1] = 3;
+        got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, 1, false);
+        assert_true(fabs(got - (f + c + f + b + b)) < 1e-12);
+    }
+}
+
+/* Random pipelines whose links cross random NICs of three nodes: never
+ * faster than with the NICs unshared (each time is a max and sum of earlier
+ * ones, and waiting for a NIC only delays), and never faster than the
+ * busiest NIC's transfers one after the other. */
+static void shared_nics_bound_the_step(void **state)
+{
+    (void)state;
+    test_rng_seed(11);
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 2 + (int)(uniform() * 6), m = 1 + (int)(uniform() * 24);
+        bool gpipe = uniform() < 0.3;
+        double f[8], b[8], u[8], load[3][2] = {{0}};
+        ps_stage_link links[32], alone[32];
+        int n_links = 0;
+        for (int k = 0; k < n; k++) {
+            f[k] = 0.1 + uniform();
+            b[k] = 0.1 + 2 * uniform();
+            u[k] = uniform();
+        }
+        for (int k = 0; k + 1 < n; k++) {
+            links[n_links++] = (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD,
+                                               .seconds = 2 * uniform()};
+            links[n_links++] = (ps_stage_link){.from = k + 1, .to = k, .kind = PS_LINK_BACKWARD,
+                                               .seconds = 2 * uniform()};
+        }
+        if (uniform() < 0.5)
+            links[n_links++] = (ps_stage_link){.from = n - 1, .to = 0,
+                                               .kind = PS_LINK_ACCUMULATED,
+                                               .seconds = uniform()};
+        for (int l = 0; l < n_links; l++) {
+            alone[l] = links[l];
+            if (uniform() < 0.3)
+                continue;
+            ps_stage_link *x = &links[l];
+            for (int side = 0; side < 2; side++) {
+                x->nic_node[side] = (int)(uniform() * 3);
+                x->nic_nodes[side] = 1 + (int)(uniform() * (3 - x->nic_node[side]));
+            }
+            x->nic_s = x->seconds * (0.5 + 0.5 * uniform());
+            int times = x->kind == PS_LINK_ACCUMULATED ? 1 : m;
+            for (int side = 0; side < 2; side++)
+                for (int k = x->nic_node[side]; k < x->nic_node[side] + x->nic_nodes[side]; k++)
+                    load[k][side] += times * x->nic_s;
+        }
+        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
+        double unshared = ps_pipeline_iteration_s(n, f, b, u, alone, n_links, m, gpipe);
+        assert_false(isnan(got));
+        if (got < unshared * (1 - 1e-12))
+            fail_msg("trial %d: %.17g with shared NICs, %.17g without", trial, got, unshared);
+        for (int k = 0; k < 3; k++)
+            for (int side = 0; side < 2; side++)
+                if (got < load[k][side] * (1 - 1e-12))
+                    fail_msg("trial %d: %.17g, but NIC %d/%d carries %.17g", trial, got, k, side,
+                             load[k][side]);
     }
 }
 
@@ -341,7 +436,8 @@ static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int
 /* Every micro-batch link carries whole tensors once (local all-gather
  * splits each part among the receivers that share it): the bytes the
  * programs send from one stage to another for micro-batch 0 are the links'
- * bytes, and their predicted seconds never exceed the link's time. */
+ * bytes, and their predicted seconds never exceed the link's time. A link
+ * holds the NICs its sends cross for what the busiest of them carries. */
 static void links_match_the_programs(void **state)
 {
     (void)state;
@@ -351,8 +447,10 @@ static void links_match_the_programs(void **state)
     } cases[] = {
         {"gpt-350m", "dgx-a100:1", 2, 2, 2}, {"gpt-350m", "dgx-a100:1", 1, 2, 4},
         {"gpt-350m", "p3.16xlarge:2", 1, 8, 2}, {"mlp", "p3.16xlarge:2", 2, 4, 2},
-        {"mlp", "dgx-a100:1", 2, 1, 4},
+        {"mlp", "dgx-a100:1", 2, 1, 4}, {"gpt-350m", "p3.16xlarge:4", 2, 4, 4},
+        {"gpt-350m", "p3.16xlarge:4", 1, 16, 2},
     };
+    int crossed = 0; /* links through NICs */
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ps_plan *p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
                                   cases[i].pp);
@@ -372,12 +470,47 @@ static void links_match_the_programs(void **state)
         int *stage = malloc((size_t)set->n_devices * sizeof *stage);
         for (int d = 0; d < set->n_devices; d++)
             stage[d] = set->programs[d].stage;
+        /* nic[((a * n + b) * nodes + node) * 2 + side]: what stage a sends b
+         * through a node's NIC, side 0 out, 1 in */
+        int nodes = p->cluster->nodes, dpn = p->cluster->devices_per_node;
+        double *nic = calloc((size_t)n * n * nodes * 2, sizeof *nic);
         for (int d = 0; d < set->n_devices; d++)
             for (int j = 0; j < set->programs[d].n_instrs; j++) {
                 const ps_instr *in = &set->programs[d].instrs[j];
-                if (in->kind == PS_INSTR_SEND && in->mb == 0)
-                    sent[stage[d] * n + stage[in->peer]] += in->bytes;
+                if (in->kind != PS_INSTR_SEND || in->mb != 0)
+                    continue;
+                int ab = stage[d] * n + stage[in->peer];
+                sent[ab] += in->bytes;
+                if (d / dpn != in->peer / dpn) {
+                    nic[(ab * nodes + d / dpn) * 2] += in->bytes;
+                    nic[(ab * nodes + in->peer / dpn) * 2 + 1] += in->bytes;
+                }
             }
+        /* a link's NIC time: its busiest NIC's bytes, after a latency */
+        double bw = p->cluster->inter.nics_per_node * p->cluster->inter.nic_bandwidth_bytes_per_s;
+        for (int l = 0; l < n_links; l++) {
+            const ps_stage_link *x = &links[l];
+            if (x->kind != PS_LINK_FORWARD && x->kind != PS_LINK_BACKWARD)
+                continue;
+            double most = 0;
+            for (int k = 0; k < nodes; k++)
+                for (int side = 0; side < 2; side++) {
+                    double v = nic[((x->from * n + x->to) * nodes + k) * 2 + side];
+                    most = fmax(most, v);
+                    if (v > 0)
+                        assert_true(k >= x->nic_node[side] &&
+                                    k < x->nic_node[side] + x->nic_nodes[side]);
+                }
+            double want = most > 0 ? fmin(p->cluster->inter.latency_s + most / bw, x->seconds) : 0;
+            if (fabs(x->nic_s - want) > 1e-9 * want)
+                fail_msg("%s %s %dx%dx%d: link %d -> %d holds its NICs %.9g s, its busiest NIC "
+                         "carries %.0f bytes (%.9g s)",
+                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op, cases[i].pp,
+                         x->from, x->to, x->nic_s, most, want);
+            if (nodes > 1 && most > 0)
+                crossed++;
+        }
+        free(nic);
         for (int l = 0; l < n_links; l++)
             if (links[l].kind == PS_LINK_FORWARD || links[l].kind == PS_LINK_BACKWARD) {
                 assert_true(links[l].kind == PS_LINK_FORWARD ? links[l].to > links[l].from
@@ -402,6 +535,7 @@ static void links_match_the_programs(void **state)
         ps_plan_model_free(m);
         ps_plan_free(p);
     }
+    assert_true(crossed >= 8);
 }
 
 int main(void)
@@ -409,6 +543,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(schedule_is_the_longest_path),
         cmocka_unit_test(equal_stages_closed_form),
+        cmocka_unit_test(shared_nic_takes_turns),
+        cmocka_unit_test(shared_nics_bound_the_step),
         cmocka_unit_test(cyclic_links_are_nan),
         cmocka_unit_test(links_match_the_programs),
     };

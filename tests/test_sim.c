@@ -1379,6 +1379,7 @@ typedef struct zoo_plan {
     const char *model;
     int method; /* ps_intra_method for one-stage plans; -1: uniform dp x op x pp */
     int dp, op, pp;
+    int layers, micro_batches; /* of a GPT; 0: 4 layers, 8 micro-batches */
 } zoo_plan;
 
 static ps_plan *zoo_plan_make(const zoo_plan *z, const ps_cluster *c, ps_graph **fwd_out)
@@ -1386,7 +1387,7 @@ static ps_plan *zoo_plan_make(const zoo_plan *z, const ps_cluster *c, ps_graph *
     ps_model_config cfg;
     assert_int_equal(ps_zoo_lookup(z->model, &cfg, NULL), PS_OK);
     if (cfg.family == PS_MODEL_GPT) {
-        cfg.layers = 4;
+        cfg.layers = z->layers > 0 ? z->layers : 4;
         cfg.hidden = 1024;
         cfg.ffn = 4096;
         cfg.heads = 16;
@@ -1395,8 +1396,8 @@ static ps_plan *zoo_plan_make(const zoo_plan *z, const ps_cluster *c, ps_graph *
     } else {
         cfg.hidden = 4096;
     }
-    long long global = 64;
-    int micro = 8;
+    int micro = z->micro_batches > 0 ? z->micro_batches : 8;
+    long long global = 8 * (long long)micro;
     cfg.batch = global / micro;
     assert_int_equal(ps_model_build(&cfg, fwd_out, NULL), PS_OK);
     ps_plan_request req = {.forward = *fwd_out,
@@ -1481,13 +1482,13 @@ static void planner_prediction_uncontended(void **state)
 {
     (void)state;
     const zoo_plan node[] = {
-        {"gpt-350m", PS_METHOD_DATA, 0, 0, 0}, {"gpt-350m", PS_METHOD_SHARD, 0, 0, 0},
-        {"gpt-350m", -1, 2, 2, 2},             {"gpt-350m", -1, 1, 2, 4},
-        {"mlp", PS_METHOD_DATA, 0, 0, 0},      {"mlp", PS_METHOD_SHARD, 0, 0, 0},
-        {"mlp", -1, 2, 2, 2},
+        {"gpt-350m", PS_METHOD_DATA, 0, 0, 0, 0, 0}, {"gpt-350m", PS_METHOD_SHARD, 0, 0, 0, 0, 0},
+        {"gpt-350m", -1, 2, 2, 2, 0, 0},             {"gpt-350m", -1, 1, 2, 4, 0, 0},
+        {"mlp", PS_METHOD_DATA, 0, 0, 0, 0, 0},      {"mlp", PS_METHOD_SHARD, 0, 0, 0, 0, 0},
+        {"mlp", -1, 2, 2, 2, 0, 0},
     };
     /* a pipeline over two nodes: its transfers cross the NICs */
-    const zoo_plan two_nodes[] = {{"gpt-350m", -1, 1, 8, 2}, {"mlp", -1, 2, 4, 2}};
+    const zoo_plan two_nodes[] = {{"gpt-350m", -1, 1, 8, 2, 0, 0}, {"mlp", -1, 2, 4, 2, 0, 0}};
     ps_cluster *c = NULL;
     assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, NULL), PS_OK);
     for (size_t i = 0; i < sizeof node / sizeof *node; i++)
@@ -1498,6 +1499,24 @@ static void planner_prediction_uncontended(void **state)
         check_prediction(&two_nodes[i], c);
     ps_cluster_free(c);
     report_worst("planner_prediction_uncontended");
+}
+
+/* Pipelines of several stages per node over four nodes: the transfers of
+ * neighbouring stages share their node's NIC (pipeline_time.h), which the
+ * simulator shares fairly. */
+static void planner_prediction_shared_nics(void **state)
+{
+    (void)state;
+    const zoo_plan shared[] = {
+        {"gpt-350m", -1, 1, 4, 8, 8, 32}, {"gpt-350m", -1, 2, 2, 8, 8, 32},
+        {"gpt-350m", -1, 2, 4, 4, 4, 32}, {"gpt-350m", -1, 1, 2, 16, 16, 16},
+    };
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:4", &c, NULL), PS_OK);
+    for (size_t i = 0; i < sizeof shared / sizeof *shared; i++)
+        check_prediction(&shared[i], c);
+    ps_cluster_free(c);
+    report_worst("planner_prediction_shared_nics");
 }
 
 /* ---- devices sharing cores ---- */
@@ -1829,6 +1848,7 @@ int main(void)
         cmocka_unit_test(trace_is_valid_json),
         cmocka_unit_test(lowered_plans_run),
         cmocka_unit_test(planner_prediction_uncontended),
+        cmocka_unit_test(planner_prediction_shared_nics),
         cmocka_unit_test(shared_cores_are_processor_sharing),
         cmocka_unit_test(shared_cores_lockstep_delay),
         cmocka_unit_test(shared_core_pipeline),
