@@ -728,9 +728,12 @@ static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gp
     }
     for (int l = 0; l < n_links; l++) {
         PS_LOG_DEBUG("pipeshard: link %d -> %d (kind %d): %d tensors, %.4g MB, reduce %.4g ms, "
-                     "transfer %.4g ms",
+                     "transfer %.4g ms, of which %.4g ms on the NICs of nodes %d-%d out, %d-%d in",
                      links[l].from, links[l].to, (int)links[l].kind, links[l].tensors,
-                     links[l].bytes / 1e6, links[l].reduce_s * 1e3, links[l].seconds * 1e3);
+                     links[l].bytes / 1e6, links[l].reduce_s * 1e3, links[l].seconds * 1e3,
+                     links[l].nic_s * 1e3, links[l].nic_node[0],
+                     links[l].nic_node[0] + links[l].nic_nodes[0] - 1, links[l].nic_node[1],
+                     links[l].nic_node[1] + links[l].nic_nodes[1] - 1);
         ps_plan_stage *s = &plan->stages[links[l].from];
         if (links[l].kind == PS_LINK_FORWARD)
             s->send_forward_s += links[l].reduce_s + links[l].seconds;
