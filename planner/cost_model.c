@@ -434,14 +434,25 @@ int ps_reshard_plan(const ps_logical_mesh *m, const ps_tensor_desc *t,
         return -1;
     if (ps_spec_equal(from, to))
         return 0;
-    /* both axis orders; the cheaper realizable one */
-    static const int orders[2][2] = {{0, 1}, {1, 0}};
-    ps_reshard_step trial[2][PS_RESHARD_MAX_STEPS];
+    /* both axis orders, and for a sum partial over both axes of a 2-D mesh
+     * that neither keeps, one all-reduce over the whole mesh first (the
+     * cost model's hierarchical one: axis by axis, the second all-reduce
+     * moves the whole tensor on every ring of the first's axis); the
+     * cheapest realizable one */
+    static const int orders[3][2] = {{0, 1}, {1, 0}, {0, 1}};
+    ps_reshard_step trial[3][PS_RESHARD_MAX_STEPS];
     int best = -1;
     double best_s = INFINITY;
-    reshard_walk w[2];
-    for (int o = 0; o < 2; o++) {
+    reshard_walk w[3];
+    bool whole = from->partial == 3 && !(to->partial & 3u) && m->shape[0] > 1 && m->shape[1] > 1;
+    for (int o = 0; o < (whole ? 3 : 2); o++) {
         w[o] = (reshard_walk){.steps = trial[o], .ok = true, .cur = *from, .m = m, .t = t};
+        if (o == 2) {
+            ps_sharding_spec summed = *from;
+            summed.partial = 0;
+            walk_step(&w[o], PS_COLL_ALL_REDUCE, 2, &summed,
+                      ps_spec_tile_bytes(from, t, m->shape));
+        }
         walk_axes(&w[o], to, orders[o]);
         if (!w[o].ok)
             continue;
