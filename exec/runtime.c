@@ -414,7 +414,8 @@ static ps_status open_event(device_state *d, ps_trace_category cat, const ps_ins
     e->phase = (int8_t)d->cur_phase;
     e->mb = mb;
     e->peer = in->peer;
-    e->group = in->group;
+    e->group =
+        in->kind == PS_INSTR_COLLECTIVE ? ps_instr_group(d->rt->set, d->prog, in) : in->group;
     e->coll = in->coll;
     e->flops = in->flops;
     e->bytes = in->bytes;
@@ -936,7 +937,7 @@ static ps_status exec_program_instr(device_state *d, const ps_instr *in)
         if (in->coll == PS_COLL_ALL_GATHER && in->region >= 0 && in->src_buffer < 0)
             PS_TRY_RET(exec_chunk_gather(d, in));
         else
-            PS_TRY_RET(exec_collective(d, in, in->mb, in->group));
+            PS_TRY_RET(exec_collective(d, in, in->mb, ps_instr_group(d->rt->set, d->prog, in)));
         return end_event(d, e);
     default:
         return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: %s in a program", d->device,

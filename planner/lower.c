@@ -969,7 +969,7 @@ static ps_status program_send(lower_ctx *L, ps_program *p, int a, ps_phase ph, i
             PS_TRY(append_simple(L, p, PS_INSTR_ALLOC, dst, mb));
             ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
             in.coll = (uint8_t)c->reduce[r].kind;
-            in.group = p->axis_group[c->reduce[r].axis];
+            in.axis = (int8_t)c->reduce[r].axis; /* 2: the whole mesh, hierarchically */
             in.src_buffer = src;
             in.buffer = dst;
             in.mb = mb;

@@ -448,7 +448,7 @@ static void links_match_the_programs(void **state)
         {"gpt-350m", "dgx-a100:1", 2, 2, 2}, {"gpt-350m", "dgx-a100:1", 1, 2, 4},
         {"gpt-350m", "p3.16xlarge:2", 1, 8, 2}, {"mlp", "p3.16xlarge:2", 2, 4, 2},
         {"mlp", "dgx-a100:1", 2, 1, 4}, {"gpt-350m", "p3.16xlarge:4", 2, 4, 4},
-        {"gpt-350m", "p3.16xlarge:4", 1, 16, 2},
+        {"gpt-350m", "p3.16xlarge:4", 1, 16, 2}, {"gpt-350m", "p3.16xlarge:4", 2, 8, 2},
     };
     int crossed = 0; /* links through NICs */
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -485,6 +485,21 @@ static void links_match_the_programs(void **state)
                     nic[(ab * nodes + d / dpn) * 2] += in->bytes;
                     nic[(ab * nodes + in->peer / dpn) * 2 + 1] += in->bytes;
                 }
+            }
+        /* a reduction over the whole mesh (a sender's partial sums) says so:
+         * the simulator runs it hierarchically, as it is priced, where a
+         * flat ring over the whole mesh's group crossed the NICs with the
+         * whole tensor (local all-gathers name their receivers' group) */
+        for (int d = 0; d < set->n_devices; d++)
+            for (int j = 0; j < set->programs[d].n_instrs; j++) {
+                const ps_program *pr = &set->programs[d];
+                const ps_instr *in = &pr->instrs[j];
+                if (in->kind == PS_INSTR_COLLECTIVE && in->axis < 0 &&
+                    in->coll != PS_COLL_ALL_GATHER && in->group == pr->axis_group[PS_MESH_AXES])
+                    fail_msg("%s %s %dx%dx%d: device %d's %s over the whole mesh names its "
+                             "group, not the mesh",
+                             cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
+                             cases[i].pp, d, ps_collective_names[in->coll]);
             }
         /* a link's NIC time: its busiest NIC's bytes, after a latency */
         double bw = p->cluster->inter.nics_per_node * p->cluster->inter.nic_bandwidth_bytes_per_s;
