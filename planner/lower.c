@@ -941,6 +941,11 @@ static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph
             ps_instr in = ps_instr_init(PS_INSTR_COLLECTIVE);
             in.coll = PS_COLL_ALL_GATHER;
             in.group = gt->group;
+            /* receivers sharing their tile over the whole mesh gather as
+             * it is priced, hierarchically (a flat ring over both axes
+             * crossed the NICs with twice the bytes) */
+            if (gt->group == p->axis_group[PS_MESH_AXES])
+                in.axis = PS_MESH_AXES;
             in.buffer = c->dst_buffer;
             in.mb = mb;
             in.region = gt->region;

@@ -486,16 +486,16 @@ static void links_match_the_programs(void **state)
                     nic[(ab * nodes + in->peer / dpn) * 2 + 1] += in->bytes;
                 }
             }
-        /* a reduction over the whole mesh (a sender's partial sums) says so:
-         * the simulator runs it hierarchically, as it is priced, where a
-         * flat ring over the whole mesh's group crossed the NICs with the
-         * whole tensor (local all-gathers name their receivers' group) */
+        /* a collective over the whole mesh (a sender's reduction of partial
+         * sums, the receivers' local all-gather) says so: the simulator
+         * runs it hierarchically, as it is priced, where a flat ring over
+         * the whole mesh's group crossed the NICs with the whole tensor */
         for (int d = 0; d < set->n_devices; d++)
             for (int j = 0; j < set->programs[d].n_instrs; j++) {
                 const ps_program *pr = &set->programs[d];
                 const ps_instr *in = &pr->instrs[j];
                 if (in->kind == PS_INSTR_COLLECTIVE && in->axis < 0 &&
-                    in->coll != PS_COLL_ALL_GATHER && in->group == pr->axis_group[PS_MESH_AXES])
+                    in->group == pr->axis_group[PS_MESH_AXES])
                     fail_msg("%s %s %dx%dx%d: device %d's %s over the whole mesh names its "
                              "group, not the mesh",
                              cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
