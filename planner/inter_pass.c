@@ -294,7 +294,9 @@ typedef struct cache_item {
 #define STAGE_GAP 0.01
 
 /* The one-stage plan is solved too when the stage DP's cost of it is within
- * this factor of the DP's best pipeline (step 6 of ps_plan_pipeshard). */
+ * this factor of the DP's best pipeline, or below the best pipeline's
+ * schedule: one stage's cost is its schedule, a pipeline's objective leaves
+ * out its transfers and shared parameters (step 6 of ps_plan_pipeshard). */
 #define ONE_STAGE_WITHIN 2.0
 
 /* Besides the stage DP's best pipeline, the best of each other stage count
@@ -1545,9 +1547,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     }
 
     /* 6. The whole model on the whole cluster, when the DP pipelined it and
-     * its cost is near: the DP's objective (sum + (B - 1) max of the stage
-     * costs) leaves out how transfers between stages stretch the 1F1B cycle
-     * (planner/pipeline_time.h), which one stage does not have. */
+     * its cost is near, or below the chosen pipeline's schedule: the DP's
+     * objective (sum + (B - 1) max of the stage costs) leaves out how
+     * transfers between stages stretch the 1F1B cycle and what shared
+     * parameters move once per step (planner/pipeline_time.h), which one
+     * stage does not have. */
     int full = -1;
     for (int s = 0; s < n_sub; s++)
         if (table->sub_devices[s] == D)
@@ -1566,7 +1570,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_choice whole = {0, L - 1, full, best_k, best_cost};
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
         if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
-            B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
+            B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, (*out)->iteration_s)) {
             stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_limit_s};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
