@@ -186,6 +186,17 @@ static double reference(int n, const double *f, const double *b, const double *u
     return longest(&g, sink);
 }
 
+/* Stage times of n random stages: forward, backward (per micro-batch) and
+ * update (per step), in seconds. */
+static void random_stage_times(int n, double *f, double *b, double *u)
+{
+    for (int k = 0; k < n; k++) {
+        f[k] = 0.1 + uniform();
+        b[k] = 0.1 + 2 * uniform();
+        u[k] = uniform();
+    }
+}
+
 /* Random pipelines (1-5 stages, 1-9 micro-batches, both schedules) with
  * neighbour links, skips, and per-step links, half of them through NICs of
  * their own: the schedule's time equals the longest path through the
@@ -201,11 +212,7 @@ static void schedule_is_the_longest_path(void **state)
         double f[8], b[8], u[8];
         ps_stage_link links[32];
         int n_links = 0;
-        for (int k = 0; k < n; k++) {
-            f[k] = 0.1 + uniform();
-            b[k] = 0.1 + 2 * uniform();
-            u[k] = uniform();
-        }
+        random_stage_times(n, f, b, u);
         for (int k = 0; k + 1 < n; k++) {
             links[n_links++] = (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD,
                                                .reduce_s = 0.1 * uniform(),
@@ -336,11 +343,7 @@ static void shared_nics_bound_the_step(void **state)
         double f[8], b[8], u[8], load[3][2] = {{0}};
         ps_stage_link links[32], alone[32];
         int n_links = 0;
-        for (int k = 0; k < n; k++) {
-            f[k] = 0.1 + uniform();
-            b[k] = 0.1 + 2 * uniform();
-            u[k] = uniform();
-        }
+        random_stage_times(n, f, b, u);
         for (int k = 0; k + 1 < n; k++) {
             links[n_links++] = (ps_stage_link){.from = k, .to = k + 1, .kind = PS_LINK_FORWARD,
                                                .seconds = 2 * uniform()};
