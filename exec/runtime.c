@@ -937,7 +937,7 @@ static ps_status exec_program_instr(device_state *d, const ps_instr *in)
         if (in->coll == PS_COLL_ALL_GATHER && in->region >= 0 && in->src_buffer < 0)
             PS_TRY_RET(exec_chunk_gather(d, in));
         else
-            PS_TRY_RET(exec_collective(d, in, in->mb, ps_instr_group(d->rt->set, d->prog, in)));
+            PS_TRY_RET(exec_collective(d, in, in->mb, e->group)); /* open_event resolved it */
         return end_event(d, e);
     default:
         return ps_error_set(&d->err, PS_ERR_INTERNAL, "device %d: %s in a program", d->device,

@@ -303,13 +303,13 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
      * kernel per phase, after the kernels and after the update */
     int *in_count = calloc(2 * (size_t)n, sizeof *in_count), *at = calloc((size_t)n + 1, sizeof *at);
     double *reduce = calloc(4 * (size_t)n, sizeof *reduce); /* [k * 4 + 0|1|2 acc|3 update] */
-    /* the op each kernel's output, accumulated reductions and update end at */
+    /* the op of each kernel ([(k * m + mb) * 2 + backward]), then of each
+     * stage's accumulated reductions and of its update */
     int *kernel_op = malloc(((size_t)n * m * 2 + 2 * (size_t)n) * sizeof *kernel_op);
     sched_op *ops = NULL;
     bool ok = false;
     if (in_count == NULL || at == NULL || reduce == NULL || kernel_op == NULL)
         goto out;
-    int *acc_op = kernel_op + (size_t)n * m * 2, *upd_op = acc_op + n;
     for (int l = 0; l < n_links; l++) {
         const ps_stage_link *x = &links[l];
         if (x->kind == PS_LINK_FORWARD || x->kind == PS_LINK_BACKWARD) {
@@ -329,21 +329,10 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
     ops = malloc((size_t)(at[n] > 0 ? at[n] : 1) * sizeof *ops);
     if (ops == NULL)
         goto out;
-    /* where each kernel ends, before the receives that wait for it */
-    for (int k = 0; k < n; k++) {
-        int o = at[k];
-        for (int i = 0; i < 2 * m; i++) {
-            bool bwd;
-            int mb = order_at(k, n, m, gpipe, i, &bwd);
-            o += in_count[k * 2 + bwd];
-            kernel_op[((size_t)k * m + mb) * 2 + bwd] = o++;
-        }
-        acc_op[k] = o++;
-        for (int l = 0; l < n_links; l++)
-            o += links[l].to == k &&
-                 (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE);
-        upd_op[k] = o;
-    }
+    /* a receive's `after` is first the key of what it waits for (the
+     * sender's kernel of its micro-batch, its accumulated reductions or its
+     * update: index into kernel_op), made an op once every op has its place */
+    size_t acc_key = (size_t)n * m * 2, upd_key = acc_key + (size_t)n;
     for (int k = 0; k < n; k++) {
         int o = at[k];
         for (int i = 0; i < 2 * m; i++) {
@@ -353,23 +342,29 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
             for (int l = 0; l < n_links; l++)
                 if (links[l].to == k && links[l].kind == want)
                     ops[o++] = (sched_op){
-                        .link = l, .after = kernel_op[((size_t)links[l].from * m + mb) * 2 + bwd]};
+                        .link = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd)};
+            kernel_op[((size_t)k * m + mb) * 2 + bwd] = o;
             ops[o++] = (sched_op){.link = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
                                                      reduce[k * 4 + bwd]};
         }
+        kernel_op[acc_key + k] = o;
         ops[o++] = (sched_op){.link = -1, .dur = reduce[k * 4 + 2]};
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k &&
                 (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE))
-                ops[o++] = (sched_op){.link = l,
-                                      .after = links[l].kind == PS_LINK_ACCUMULATED
-                                                   ? acc_op[links[l].from]
-                                                   : upd_op[links[l].from]};
+                ops[o++] = (sched_op){
+                    .link = l,
+                    .after = (int)((links[l].kind == PS_LINK_ACCUMULATED ? acc_key : upd_key) +
+                                   (size_t)links[l].from)};
+        kernel_op[upd_key + k] = o;
         ops[o++] = (sched_op){.link = -1, .dur = update_s[k] + reduce[k * 4 + 3]};
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY)
-                ops[o++] = (sched_op){.link = l, .after = upd_op[links[l].from]};
+                ops[o++] = (sched_op){.link = l, .after = (int)(upd_key + (size_t)links[l].from)};
     }
+    for (int i = 0; i < at[n]; i++)
+        if (ops[i].link >= 0)
+            ops[i].after = kernel_op[ops[i].after];
     *ops_out = ops;
     *at_out = at;
     ops = NULL;
@@ -481,8 +476,12 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
             rate[k] = 1 / most;
             next = fmin(next, now + left[k] / rate[k]);
         }
-        for (int j = 0; j < 2 * nodes; j++)
-            load[j] = 0;
+        for (int k = 0; k < n; k++) /* the loads back to 0: only where they were added */
+            for (int side = 0; side < 2 && state[k] == 2; side++) {
+                const ps_stage_link *x = &links[ops[cur[k]].link];
+                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
+                    load[j * 2 + side] = 0;
+            }
         /* on to the next end */
         for (int k = 0; k < n; k++) {
             if (state[k] == 1 && finish[k] <= next) {
