@@ -339,6 +339,8 @@ static void dump_instr(const ps_program_set *s, const ps_instr *in, FILE *f)
         fprintf(f, " %s", ps_spec_format(&s->buffers[in->buffer].spec, spec, sizeof spec));
         if (in->mb != -1 || in->region >= 0)
             fprintf(f, " mb %d region %d", in->mb, in->region);
+        if (in->region >= 0 && in->chunks > 1)
+            fprintf(f, "..%d", in->region + in->chunks - 1);
         break;
     case PS_INSTR_SEND:
     case PS_INSTR_RECV:

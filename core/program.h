@@ -95,7 +95,12 @@ typedef struct ps_instr {
     int src_buffer; /* COLLECTIVE in a kernel: the layout it reads (buffer: what it writes) */
     int peer;      /* SEND, RECV: the other device */
     int region;    /* SEND, RECV, program COLLECTIVE: index into regions; -1 = whole tile */
-    int chunk, chunks; /* SEND, RECV: flat chunk `chunk` of `chunks` of the region */
+    int chunk, chunks; /* SEND, RECV: flat chunk `chunk` of `chunks` of the region.
+                        * Program COLLECTIVE all-gather of a received region
+                        * (src_buffer -1): chunks <= 1, member r of the group
+                        * holds flat chunk r of it; chunks = m > 1, the regions
+                        * region .. region + m - 1, member k % n holding region k
+                        * whole (m a multiple of the n members) */
     int operands;  /* COMPUTE: index into operands: the op's n_in input buffers, then
                     * its n_out output buffers; a FINITE_VOTE's checked buffers */
     double flops, bytes, seconds; /* predicted; bytes moved per device for communication */

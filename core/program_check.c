@@ -242,8 +242,15 @@ static bool same_region(const ps_program_set *s, int a, int b)
 
 static bool same_collective(const ps_program_set *s, const ps_instr *a, const ps_instr *b)
 {
-    return a->coll == b->coll && a->bytes == b->bytes && same_region(s, a->region, b->region) &&
-           (a->flags & PS_INSTR_FINITE_VOTE) == (b->flags & PS_INSTR_FINITE_VOTE);
+    int regions = a->region >= 0 && a->chunks > 1 ? a->chunks : 1; /* a gather of whole parts */
+    if (a->coll != b->coll || a->bytes != b->bytes || (a->chunks > 1) != (b->chunks > 1) ||
+        (regions > 1 && a->chunks != b->chunks) ||
+        (a->flags & PS_INSTR_FINITE_VOTE) != (b->flags & PS_INSTR_FINITE_VOTE))
+        return false;
+    for (int k = 0; k < regions; k++)
+        if (!same_region(s, a->region + k, b->region + k))
+            return false;
+    return true;
 }
 
 /* Executes one instruction of device `device` (mb: the micro-batch of the

@@ -836,6 +836,32 @@ static ps_status exec_p2p(device_state *d, const ps_instr *in)
     return PS_OK;
 }
 
+/* The all-gather after a local-all-gather transfer of whole parts: member
+ * k % n of the group received region region + k whole; each sends its
+ * regions to the others and receives theirs, in region order (the pairs'
+ * messages match in order). */
+static ps_status exec_parts_gather(device_state *d, const ps_instr *in, const ps_exec_group *g,
+                                   ps_tile *t)
+{
+    runtime *rt = d->rt;
+    int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
+    for (int k = g->rank; k < in->chunks; k += g->n) {
+        box_of(rt, t, in->region + k, off, size);
+        for (int i = 0; i < g->n; i++)
+            if (i != g->rank)
+                PS_TRY_RET(rt->b->ops->send(rt->b, d->device, g->devices[i], t, off, size, 0, 1,
+                                            &d->err));
+    }
+    for (int k = 0; k < in->chunks; k++) {
+        if (k % g->n == g->rank)
+            continue;
+        box_of(rt, t, in->region + k, off, size);
+        PS_TRY_RET(rt->b->ops->recv(rt->b, d->device, g->devices[k % g->n], t, off, size, 0, 1,
+                                    &d->err));
+    }
+    return PS_OK;
+}
+
 /* The all-gather after a local-all-gather transfer: member r of the group
  * received flat chunk r of the region; every member sends its chunk to
  * the others and receives theirs. */
@@ -845,6 +871,8 @@ static ps_status exec_chunk_gather(device_state *d, const ps_instr *in)
     ps_exec_group g = group_view(rt, d, in->group);
     ps_tile t;
     PS_TRY_RET(instance(d, in->buffer, in->mb, &t));
+    if (in->chunks > 1)
+        return exec_parts_gather(d, in, &g, &t);
     int64_t off[PS_MAX_RANK], size[PS_MAX_RANK];
     box_of(rt, &t, in->region, off, size);
     for (int i = 0; i < g.n; i++)

@@ -46,6 +46,8 @@ void ps_cross_plan_clear(ps_cross_plan *p)
     free(p->xfers);
     free(p->group_start);
     free(p->group_devices);
+    free(p->part_start);
+    free(p->parts);
     memset(p, 0, sizeof *p);
 }
 
@@ -58,7 +60,7 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
     ps_status st = PS_OK;
     int na = from_mesh[0] * from_mesh[1], nb = to_mesh->n_devices;
     const int *mb = to_mesh->shape;
-    int cap_x = 0, cap_gd = 0;
+    int cap_x = 0, cap_gd = 0, cap_p = 0;
     ps_region *src_box = malloc((size_t)(na > 0 ? na : 1) * sizeof *src_box);
     int *first_of = malloc((size_t)(na > 0 ? na : 1) * sizeof *first_of);
     int *replicas = malloc((size_t)(na > 0 ? na : 1) * sizeof *replicas);
@@ -66,13 +68,22 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
      * piece goes to its replica with the fewest, so that each sends its
      * share */
     double *sent = calloc((size_t)(na > 0 ? na : 1), sizeof *sent);
+    /* a receiver's parts: a source tile's index and its intersection */
+    struct {
+        int src;
+        ps_region box;
+    } *parts = malloc((size_t)(na > 0 ? na : 1) * sizeof *parts);
     out->group_start = malloc(((size_t)nb + 1) * sizeof *out->group_start);
+    out->part_start = malloc(((size_t)nb + 1) * sizeof *out->part_start);
     PS_TRY_ALLOC(src_box, err);
     PS_TRY_ALLOC(first_of, err);
     PS_TRY_ALLOC(replicas, err);
     PS_TRY_ALLOC(sent, err);
+    PS_TRY_ALLOC(parts, err);
     PS_TRY_ALLOC(out->group_start, err);
+    PS_TRY_ALLOC(out->part_start, err);
     out->group_start[0] = 0;
+    out->part_start[0] = 0;
     for (int i = 0; i < na; i++)
         tile_region(from, d, from_mesh, i / from_mesh[1], i % from_mesh[1], &src_box[i]);
     /* the first device holding each source tile stands for its replicas */
@@ -113,22 +124,44 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             group = out->n_groups++;
             out->group_start[out->n_groups] = out->group_start[group] + g_n;
         }
-        for (int i = 0; i < na; i++) {
-            ps_region part;
-            if (first_of[i] != i || !region_intersect(&box, &src_box[i], &part))
+        /* the parts of r's tile: what each distinct source tile holds of it */
+        int n_parts = 0;
+        for (int i = 0; i < na; i++)
+            if (first_of[i] == i && region_intersect(&box, &src_box[i], &parts[n_parts].box))
+                parts[n_parts++].src = i;
+        /* whole parts where they split evenly among the group's members */
+        bool whole = chunks > 1 && n_parts >= chunks && n_parts % chunks == 0;
+        for (int k = 1; k < n_parts && whole; k++)
+            whole = region_numel(&parts[k].box) == region_numel(&parts[0].box);
+        if (group >= 0) {
+            int at = out->part_start[group], n_listed = whole ? n_parts : 0;
+            if (ps_array_grow((void **)&out->parts, &cap_p, at + n_listed + 1,
+                              sizeof *out->parts) != PS_OK) {
+                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            for (int k = 0; k < n_listed; k++)
+                out->parts[at + k] = parts[k].box;
+            out->part_start[group + 1] = at + n_listed;
+        }
+        for (int k = 0; k < n_parts; k++) {
+            if (whole && k % chunks != my_rank)
                 continue;
+            int i = parts[k].src;
+            const ps_region *part = &parts[k].box;
             int n_rep = 0; /* the tile's holders, by index in the source mesh */
             for (int j = i; j < na; j++)
                 if (first_of[j] == i)
                     replicas[n_rep++] = j;
-            int64_t numel = region_numel(&part);
-            int use_chunks = chunks > 1 && numel >= chunks ? chunks : 1;
+            int64_t numel = region_numel(part);
+            int use_chunks = !whole && chunks > 1 && numel >= chunks ? chunks : 1;
             int64_t start, len = numel;
             if (use_chunks > 1)
                 ps_coll_chunk(numel, use_chunks, my_rank, &start, &len);
-            ps_cross_xfer t = {.dst = to_mesh->devices[r], .region = part,
+            ps_cross_xfer t = {.dst = to_mesh->devices[r], .region = *part,
                                .chunk = use_chunks > 1 ? my_rank : 0, .chunks = use_chunks,
-                               .group = group};
+                               .group = use_chunks > 1 || whole ? group : -1,
+                               .part = whole ? k : -1};
             /* the least loaded replica, not one by receiver and chunk: with
              * local all-gather the chunk moves with the receiver, and
              * (r + chunk) % n_rep left every other replica idle */
@@ -140,8 +173,8 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
             t.bytes = (double)len * elem;
             sent[pick] += t.bytes;
             t.seconds = ps_p2p_s(c, t.src, t.dst, t.bytes);
-            if (use_chunks > 1) {
-                t.gather_bytes = (double)numel * elem;
+            if (use_chunks > 1 || (whole && k == my_rank)) {
+                t.gather_bytes = (double)(whole ? n_parts : 1) * (double)numel * elem;
                 t.gather_seconds =
                     ps_collective_s(to_mesh, PS_COLL_ALL_GATHER, gather_axes, t.gather_bytes);
             }
@@ -155,6 +188,7 @@ ps_status ps_cross_mesh_plan(const ps_cluster *c, const ps_tensor_desc *d,
     }
 out:
     free(src_box);
+    free(parts);
     free(first_of);
     free(replicas);
     free(sent);

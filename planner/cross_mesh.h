@@ -8,7 +8,12 @@
  * receiver). With local all-gather (Alpa's variant), receivers that hold the
  * same tile (they differ only along the mesh axes the tile is replicated
  * over) split each part into chunks, take one chunk each and all-gather the
- * part among themselves: the slow link carries every byte once. */
+ * part among themselves: the slow link carries every byte once. Where the
+ * group's tile is made of equal parts, as many as its members or a multiple
+ * (a tile every stage replicates, made of the producer's many tiles), member
+ * k takes parts k, k + n, ... whole instead and the group all-gathers all
+ * of them at once: the same bytes on every link, n times fewer transfers
+ * and one all-gather instead of one per part. */
 #ifndef PS_PLANNER_CROSS_MESH_H
 #define PS_PLANNER_CROSS_MESH_H
 
@@ -21,8 +26,12 @@ typedef struct ps_cross_xfer {
     int chunk, chunks;     /* the chunk of the region moved (chunks 1: all of it) */
     int group;             /* the receivers that all-gather the region (index into
                             * ps_cross_plan groups), -1 without local all-gather */
+    int part;              /* whole parts: the region is the group's part `part`
+                            * (chunks 1); else -1 */
     double bytes, seconds; /* this transfer's bytes and predicted time */
-    double gather_bytes;   /* chunks > 1: the region's bytes, all-gathered in group */
+    double gather_bytes;   /* chunks > 1: the region's bytes, all-gathered in group;
+                            * whole parts: on the receiver's first part, the bytes of
+                            * all the group's parts (its tile), gathered at once */
     double gather_seconds;
 } ps_cross_xfer;
 
@@ -32,6 +41,11 @@ typedef struct ps_cross_plan {
     int n_groups;
     int *group_start;     /* [n_groups + 1] into group_devices */
     int *group_devices;   /* global ids */
+    int *part_start;      /* [n_groups + 1] into parts: a group whose members take
+                           * whole parts lists them all, in order; member k (in
+                           * group order) receives parts k, k + n, ...; a chunked
+                           * group lists none */
+    ps_region *parts;
 } ps_cross_plan;
 
 /* The transfers of a tensor described by d from `from` (not a partial sum)

@@ -38,7 +38,8 @@ typedef struct xfer {
 /* The all-gather among receivers that got chunks of one region, as run by
  * one of them (member). */
 typedef struct xgather {
-    int group, region, member;
+    int group, member;
+    int region, regions; /* regions > 1: the whole parts region .. region + regions - 1 */
     double bytes, seconds;
 } xgather;
 
@@ -777,6 +778,7 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
     PS_TRY(ps_cross_mesh_plan(L->plan->cluster, d, &sa, A->ps->devices, A->ps->logical_mesh, &sb,
                               B->mesh, L->opt.local_allgather, &plan, err));
     int group_id = -1, group_of = -1; /* the set's id of the plan's group group_of */
+    int first_part = -1; /* group_of's parts: the set's regions from first_part on */
     for (int i = 0; i < plan.n_xfers; i++) {
         const ps_cross_xfer *px = &plan.xfers[i];
         if (px->group >= 0 && px->group != group_of) {
@@ -785,17 +787,25 @@ static ps_status cross_plan(lower_ctx *L, crossing *x)
             if (ps_program_add_group(L->set, plan.group_devices + start,
                                      plan.group_start[px->group + 1] - start, &group_id) != PS_OK)
                 NOMEM_OUT;
+            /* whole parts: all of them, in order, so that the gather names them */
+            first_part = L->set->n_regions;
+            for (int k = plan.part_start[group_of]; k < plan.part_start[group_of + 1]; k++)
+                if (ps_program_add_region(L->set, &plan.parts[k], NULL) != PS_OK)
+                    NOMEM_OUT;
         }
-        int region_id;
-        if (ps_program_add_region(L->set, &px->region, &region_id) != PS_OK)
+        int region_id = px->part >= 0 ? first_part + px->part : -1;
+        if (px->part < 0 && ps_program_add_region(L->set, &px->region, &region_id) != PS_OK)
             NOMEM_OUT;
         xfer t = {.src = px->src, .dst = px->dst, .region = region_id, .chunk = px->chunk,
                   .chunks = px->chunks, .bytes = px->bytes, .seconds = px->seconds};
         if (ps_array_grow((void **)&x->xfers, &cap_x, x->n_xfers + 1, sizeof *x->xfers) != PS_OK)
             NOMEM_OUT;
         x->xfers[x->n_xfers++] = t;
-        if (px->chunks > 1) {
-            xgather gth = {.group = group_id, .region = region_id, .member = px->dst,
+        if (px->gather_bytes > 0) {
+            bool whole = px->part >= 0;
+            int n_parts = plan.part_start[group_of + 1] - plan.part_start[group_of];
+            xgather gth = {.group = group_id, .region = whole ? first_part : region_id,
+                           .regions = whole ? n_parts : 1, .member = px->dst,
                            .bytes = px->gather_bytes, .seconds = px->gather_seconds};
             if (ps_array_grow((void **)&x->gathers, &cap_g, x->n_gathers + 1,
                               sizeof *x->gathers) != PS_OK)
@@ -949,6 +959,7 @@ static ps_status program_receive(lower_ctx *L, ps_program *p, int b, ps_phase ph
             in.buffer = c->dst_buffer;
             in.mb = mb;
             in.region = gt->region;
+            in.chunks = gt->regions;
             in.bytes = gt->bytes;
             in.seconds = gt->seconds;
             PS_TRY(append(L, p, &in));
