@@ -84,6 +84,8 @@ typedef struct sim_ring_end {
     int arrived[2];       /* members at the barrier */
     double last_arr_s[2]; /* the last member's arrival */
     double longest_s[2];  /* the longest member transfer, from when its ends were there */
+    int a2a_shift;        /* all-to-all across nodes (spread_all_to_all): 0 not known
+                           * yet, -1 step by step, else the partners' distance */
 } sim_ring_end;
 
 /* A send the device started and has not yet released (post_send). */
@@ -617,35 +619,68 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
  * and every member then waits as long), and under contention only when
  * the bytes move shifts, by microseconds. With a trace they are slept
  * first, so that spans show where the time goes. */
-static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_latencies)
+/* k (1 or 2) transfers at once: bytes[i] to device to[i] while receiving
+ * from from[i], after extra_s of latencies (deferred without a trace); the
+ * device goes on once all have ended. Waiting for the last of the `from`
+ * devices to post is idle time. */
+static bool exchange(sim_actor *a, int k, const int *to, const int *from, const double *bytes,
+                     double extra_s)
 {
-    double latency_s;
-    sg_mailbox_t out = peer_box(a, to, BOX_COLL_OUT, &latency_s);
-    sg_mailbox_t in = out ? peer_box(a, from, BOX_COLL_IN, NULL) : NULL;
-    if (in == NULL)
-        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    sg_mailbox_t out[2], in[2];
+    for (int i = 0; i < k; i++) {
+        out[i] = peer_box(a, to[i], BOX_COLL_OUT, NULL);
+        in[i] = out[i] ? peer_box(a, from[i], BOX_COLL_IN, NULL) : NULL;
+        if (in[i] == NULL)
+            return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    }
     double t0 = simgrid_get_clock();
     a->waiting = WAIT_COLLECTIVE;
-    a->wait_peer = from;
-    if (extra_latencies > 0 && a->ctx->trace == NULL) {
-        defer_comm(a, extra_latencies * latency_s);
-    } else if (extra_latencies > 0) {
-        sg_actor_sleep_for(extra_latencies * latency_s);
+    a->wait_peer = from[0];
+    if (extra_s > 0 && a->ctx->trace == NULL) {
+        defer_comm(a, extra_s);
+    } else if (extra_s > 0) {
+        sg_actor_sleep_for(extra_s);
         a->events++;
     }
-    double ready = simgrid_get_clock();
-    sg_comm_t put = sg_mailbox_put_async(out, stamp(ready), bytes_long(bytes));
-    a->events++;
-    void *payload = sg_mailbox_get(in);
-    double posted = unstamp(payload);
-    sg_comm_wait(put);
+    double ready = simgrid_get_clock(), posted = ready;
+    sg_comm_t put[2];
+    for (int i = 0; i < k; i++) {
+        put[i] = sg_mailbox_put_async(out[i], stamp(ready), bytes_long(bytes[i]));
+        a->events++;
+    }
+    if (k == 1) {
+        posted = fmax(posted, unstamp(sg_mailbox_get(in[0])));
+    } else {
+        /* both receives posted before either is waited for: a transfer moves
+         * only once its receive is posted */
+        void *payload[2];
+        sg_comm_t get[2];
+        for (int i = 0; i < k; i++)
+            get[i] = sg_mailbox_get_async(in[i], &payload[i]);
+        for (int i = 0; i < k; i++) {
+            a->wait_peer = from[i];
+            sg_comm_wait(get[i]);
+            posted = fmax(posted, unstamp(payload[i]));
+        }
+    }
+    for (int i = 0; i < k; i++)
+        sg_comm_wait(put[i]);
     a->waiting = WAIT_NONE;
     sync_clock(a);
     double t1 = simgrid_get_clock();
-    /* waiting for `from` to post is idle time */
-    double peer_ready = fmin(fmax(ready, posted), t1);
+    double peer_ready = fmin(posted, t1);
     a->comm_s += (t1 - t0) - (peer_ready - ready);
     return true;
+}
+
+/* One transfer to `to` while receiving from `from`, after extra_latencies
+ * route latencies to `to` (a coalesced ring's merged steps). */
+static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_latencies)
+{
+    double latency_s = 0;
+    if (extra_latencies > 0 && peer_box(a, to, BOX_COLL_OUT, &latency_s) == NULL)
+        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
+    return exchange(a, 1, &to, &from, &bytes, extra_latencies * latency_s);
 }
 
 /* The end of a coalesced ring whose group spans nodes: member `rank` of
@@ -662,8 +697,8 @@ static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_lat
  * for the last arrival is idle, the rest communication, for every member.
  * The barrier costs no event; what lies beyond SimGrid's clock is deferred
  * like the coalesced latencies (slept with a trace). */
-static void ring_end(sim_actor *a, int g, int rank, int to, int from, double arr_s,
-                     double comm0_s, double delay0_s)
+static void ring_end(sim_actor *a, int g, int rank, const int *peers, int n_peers,
+                     double arr_s, double comm0_s, double delay0_s)
 {
     sim_ctx *ctx = a->ctx;
     sim_ring_end *e = &ctx->ring_ends[g];
@@ -671,9 +706,12 @@ static void ring_end(sim_actor *a, int g, int rank, int to, int from, double arr
     int n = ctx->set->groups[g].n, s = (m[rank].entered - 1) & 1;
     if (e->bar == NULL)
         e->bar = sg_barrier_init((unsigned)n);
-    /* both neighbours have arrived at this instance: its transfer ended, at
-     * v_s with the latencies it deferred */
-    double took_s = a->v_s - delay0_s - fmax(arr_s, fmax(m[to].arr_s[s], m[from].arr_s[s]));
+    /* the peers (ranks it sent to and received from) have arrived at this
+     * instance: its transfers ended, at v_s with the latencies it deferred */
+    double start_s = arr_s;
+    for (int i = 0; i < n_peers; i++)
+        start_s = fmax(start_s, m[peers[i]].arr_s[s]);
+    double took_s = a->v_s - delay0_s - start_s;
     if (e->arrived[s]++ == 0) {
         e->last_arr_s[s] = arr_s;
         e->longest_s[s] = took_s;
@@ -824,6 +862,84 @@ static bool node_ring(sim_actor *a, int g, int rank, int to, int from, double by
     return true;
 }
 
+static int node_of(const sim_ctx *ctx, int device)
+{
+    return device / ctx->c->devices_per_node;
+}
+
+/* For an all-to-all on group g across nodes: the distance j such that
+ * every member's j-th successor in the group sits on another node, where
+ * every node of the group holds as many of its members; else -1. Found
+ * once per group (O(n^2)), kept in its ring_end entry. */
+static int a2a_shift(sim_ctx *ctx, int g)
+{
+    sim_ring_end *e = &ctx->ring_ends[g];
+    if (e->a2a_shift != 0)
+        return e->a2a_shift;
+    const ps_group *gr = &ctx->set->groups[g];
+    int n = gr->n, per = -1;
+    e->a2a_shift = -1;
+    for (int r = 0; r < n; r++) {
+        int here = 0, node = node_of(ctx, gr->devices[r]);
+        for (int q = 0; q < n; q++)
+            here += node_of(ctx, gr->devices[q]) == node;
+        if (per >= 0 && here != per)
+            return -1;
+        per = here;
+    }
+    for (int j = 1; j < n; j++) {
+        bool apart = true;
+        for (int r = 0; r < n && apart; r++)
+            apart = node_of(ctx, gr->devices[r]) != node_of(ctx, gr->devices[(r + j) % n]);
+        if (apart) {
+            e->a2a_shift = j;
+            break;
+        }
+    }
+    return e->a2a_shift;
+}
+
+/* An all-to-all across nodes, every node holding p of its n members
+ * (a2a_shift > 0): step by step a member sends a chunk to each of the
+ * n - p members elsewhere and to each of its p - 1 node mates, n - 1
+ * transfers. Here it sends the n - p chunks for other nodes as one
+ * transfer to its partner at distance a2a_shift (on another node) and the
+ * p - 1 for its node to its next node mate, both at once, with the n - 1
+ * route latencies the steps have (deferred): every port and every NIC
+ * carries the same bytes as the steps' (each node sends and receives
+ * p (n - p) chunks through its NIC), in 2 transfers instead of n - 1.
+ * Each member needs every other's chunks, so all end together, where the
+ * last arrival plus the longest exchange puts them (ring_end). */
+static bool spread_all_to_all(sim_actor *a, int g, int rank, double chunk)
+{
+    sim_ctx *ctx = a->ctx;
+    const ps_group *gr = &ctx->set->groups[g];
+    int n = gr->n, shift = ctx->ring_ends[g].a2a_shift, node = node_of(ctx, a->device);
+    int next = rank, prev = rank, mates = 0;
+    for (int q = 0; q < n; q++)
+        mates += q != rank && node_of(ctx, gr->devices[q]) == node;
+    for (int q = 1; q < n && mates > 0 && next == rank; q++)
+        if (node_of(ctx, gr->devices[(rank + q) % n]) == node)
+            next = (rank + q) % n;
+    for (int q = 1; q < n && mates > 0 && prev == rank; q++)
+        if (node_of(ctx, gr->devices[(rank - q + n) % n]) == node)
+            prev = (rank - q + n) % n;
+    int elsewhere = n - 1 - mates;
+    int peers[4] = {(rank + shift) % n, (rank - shift + n) % n, next, prev};
+    int to[2] = {gr->devices[peers[0]], gr->devices[next]};
+    int from[2] = {gr->devices[peers[1]], gr->devices[prev]};
+    double bytes[2] = {elsewhere * chunk, mates * chunk};
+    double extra_s = (elsewhere - 1) * ps_sim_route_latency_s(ctx->c, a->device, to[0]) +
+                     (mates > 0 ? mates * ps_sim_route_latency_s(ctx->c, a->device, to[1]) : 0);
+    double arr_s = simgrid_get_clock(), comm0_s = a->comm_s, delay0_s = a->pend_delay_s;
+    sim_ring_member *me = &ctx->ring_members[ctx->ring_first[g] + rank];
+    me->arr_s[me->entered++ & 1] = arr_s;
+    if (!exchange(a, mates > 0 ? 2 : 1, to, from, bytes, extra_s))
+        return false;
+    ring_end(a, g, rank, peers, mates > 0 ? 4 : 2, arr_s, comm0_s, delay0_s);
+    return true;
+}
+
 /* A collective on group g expanded into ring (or pairwise) steps (or, inside
  * a node with closed-form node collectives and `closed_ok`, added to the
  * pending delay). *t0: when the first transfer of the instruction began, -1
@@ -873,6 +989,9 @@ static bool ring_of(sim_actor *a, ps_collective kind, int g, double bytes, doubl
         return transfer(a, gr->devices[s.send_to], gr->devices[s.recv_from], (n - 1) * chunk,
                         n - 2);
     }
+    if (kind == PS_COLL_ALL_TO_ALL && !a->ctx->o->collective_steps && n > 2 &&
+        a2a_shift(a->ctx, g) > 0)
+        return spread_all_to_all(a, g, rank, chunk);
     for (int j = 0; j < steps;) {
         ps_coll_step s = ps_coll_step_of(kind, n, rank, j);
         int k = 1;
@@ -893,8 +1012,10 @@ static bool ring_of(sim_actor *a, ps_collective kind, int g, double bytes, doubl
         }
         if (!transfer(a, gr->devices[s.send_to], gr->devices[s.recv_from], k * chunk, k - 1))
             return false;
-        if (together)
-            ring_end(a, g, rank, s.send_to, s.recv_from, arr_s, comm0_s, delay0_s);
+        if (together) {
+            int peers[2] = {s.send_to, s.recv_from};
+            ring_end(a, g, rank, peers, 2, arr_s, comm0_s, delay0_s);
+        }
         j += k;
     }
     return true;
