@@ -249,6 +249,37 @@ double ps_program_peak_bytes(const ps_program_set *s, int device)
     return peak;
 }
 
+void ps_kernel_memory(const ps_program_set *s, double *net, double *rise)
+{
+    for (int k = 0; k < s->n_kernels; k++) {
+        double bytes = 0, peak = 0;
+        for (int j = 0; j < s->kernels[k].n_instrs; j++)
+            track(s, &s->kernels[k].instrs[j], &bytes, &peak);
+        net[k] = bytes;
+        rise[k] = peak;
+    }
+}
+
+double ps_program_peak_bytes_of(const ps_program_set *s, int device, const double *net,
+                                const double *rise)
+{
+    if (device < 0 || device >= s->n_devices)
+        return 0;
+    const ps_program *p = &s->programs[device];
+    double bytes = 0, peak = 0;
+    for (int i = 0; i < p->n_instrs; i++) {
+        const ps_instr *in = &p->instrs[i];
+        if (in->kind == PS_INSTR_RUN && in->kernel >= 0 && in->kernel < s->n_kernels) {
+            if (bytes + rise[in->kernel] > peak)
+                peak = bytes + rise[in->kernel];
+            bytes += net[in->kernel];
+        } else {
+            track(s, in, &bytes, &peak);
+        }
+    }
+    return peak;
+}
+
 ps_instr ps_instr_init(ps_instr_kind kind)
 {
     return (ps_instr){.kind = (uint8_t)kind, .axis = -1, .group = -1, .kernel = -1, .mb = -1,

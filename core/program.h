@@ -219,6 +219,18 @@ ps_instr ps_instr_init(ps_instr_kind kind);
  * outside the set. Linear in the device's executed instructions. */
 double ps_program_peak_bytes(const ps_program_set *s, int device);
 
+/* Each kernel's effect on memory when it runs (bytes): net[k], what it
+ * leaves allocated; rise[k] >= 0, its highest point above where it started.
+ * net and rise: s->n_kernels each. */
+void ps_kernel_memory(const ps_program_set *s, double *net, double *rise);
+
+/* ps_program_peak_bytes from the kernels' effects (ps_kernel_memory):
+ * linear in the device's program instead of its executed instructions (a
+ * kernel is walked once per set, not once per run and device). The same
+ * peak: buffer sizes are whole bytes, so their sums are exact in any order. */
+double ps_program_peak_bytes_of(const ps_program_set *s, int device, const double *net,
+                                const double *rise);
+
 /* Group of device `device` for a kernel instruction (axis) or a program one. */
 int ps_instr_group(const ps_program_set *s, const ps_program *p, const ps_instr *in);
 

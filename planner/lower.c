@@ -1173,6 +1173,7 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
 {
     ps_status st = PS_OK;
     lower_ctx L = {.plan = p, .model = m, .step = m->step, .err = err, .n_stages = p->n_stages};
+    double *kernel_net = NULL, *kernel_rise = NULL; /* memory check: ps_kernel_memory */
     L.opt = o ? *o : ps_lower_options_default();
     *out = NULL;
     const ps_graph *g = m->step;
@@ -1250,6 +1251,13 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
     for (int i = 0; i < L.n_cross; i++)
         PS_TRY(cross_plan(&L, &L.cross[i]));
     PS_TRY(device_index_alloc(&L));
+    if (L.opt.peak_bytes != NULL) {
+        kernel_net = malloc(((size_t)L.set->n_kernels + 1) * sizeof *kernel_net);
+        kernel_rise = malloc(((size_t)L.set->n_kernels + 1) * sizeof *kernel_rise);
+        PS_TRY_ALLOC(kernel_net, err);
+        PS_TRY_ALLOC(kernel_rise, err);
+        ps_kernel_memory(L.set, kernel_net, kernel_rise);
+    }
     for (int k = 0; k < p->n_stages; k++)
         for (int r = 0; r < p->stages[k].n_devices; r++) {
             device_index(&L, L.set->stages[k].devices[r]);
@@ -1257,7 +1265,7 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
             if (L.opt.peak_bytes != NULL) {
                 int d = L.set->stages[k].devices[r];
                 ps_program *dp = &L.set->programs[d];
-                L.opt.peak_bytes[d] = ps_program_peak_bytes(L.set, d);
+                L.opt.peak_bytes[d] = ps_program_peak_bytes_of(L.set, d, kernel_net, kernel_rise);
                 free(dp->instrs);
                 dp->instrs = NULL;
                 dp->n_instrs = dp->cap_instrs = 0;
@@ -1266,6 +1274,8 @@ ps_status ps_plan_lower(const ps_plan *p, const ps_plan_model *m, const ps_lower
     *out = L.set;
     L.set = NULL;
 out:
+    free(kernel_net);
+    free(kernel_rise);
     lower_ctx_clear(&L);
     ps_program_set_free(L.set);
     return st;

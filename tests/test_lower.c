@@ -127,6 +127,19 @@ static ps_program_set *lower(const ps_plan *p, ps_plan_model **m, bool local_all
                      p->method, d, ps_program_peak_bytes(set, d), peak[d]);
     assert_true(ps_program_peak_bytes(set, set->n_devices) == 0);
     assert_true(ps_program_peak_bytes(set, -1) == 0);
+    /* and from the kernels' effects, walked once */
+    double *net = malloc(((size_t)set->n_kernels + 1) * sizeof *net);
+    double *rise = malloc(((size_t)set->n_kernels + 1) * sizeof *rise);
+    assert_non_null(net);
+    assert_non_null(rise);
+    ps_kernel_memory(set, net, rise);
+    for (int d = 0; d < set->n_devices; d++)
+        if (ps_program_peak_bytes_of(set, d, net, rise) != peak[d])
+            fail_msg("%s %s device %d: peak %.17g from the kernels' effects, %.17g", p->model_name,
+                     p->method, d, ps_program_peak_bytes_of(set, d, net, rise), peak[d]);
+    assert_true(ps_program_peak_bytes_of(set, -1, net, rise) == 0);
+    free(net);
+    free(rise);
     /* lowered for a memory check only: the same peaks, and no device
      * program kept */
     ps_program_set *measured = NULL;
