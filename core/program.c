@@ -230,7 +230,10 @@ static void track(const ps_program_set *s, const ps_instr *in, double *bytes, do
     }
 }
 
-double ps_program_peak_bytes(const ps_program_set *s, int device)
+/* The device's peak, each kernel run either walked (net NULL) or taken
+ * from its effect (ps_kernel_memory). */
+static double peak_walk(const ps_program_set *s, int device, const double *net,
+                        const double *rise)
 {
     if (device < 0 || device >= s->n_devices)
         return 0;
@@ -238,15 +241,24 @@ double ps_program_peak_bytes(const ps_program_set *s, int device)
     double bytes = 0, peak = 0;
     for (int i = 0; i < p->n_instrs; i++) {
         const ps_instr *in = &p->instrs[i];
-        if (in->kind == PS_INSTR_RUN && in->kernel >= 0 && in->kernel < s->n_kernels) {
+        if (in->kind != PS_INSTR_RUN || in->kernel < 0 || in->kernel >= s->n_kernels) {
+            track(s, in, &bytes, &peak);
+        } else if (net != NULL) {
+            if (bytes + rise[in->kernel] > peak)
+                peak = bytes + rise[in->kernel];
+            bytes += net[in->kernel];
+        } else {
             const ps_kernel *k = &s->kernels[in->kernel];
             for (int j = 0; j < k->n_instrs; j++)
                 track(s, &k->instrs[j], &bytes, &peak);
-        } else {
-            track(s, in, &bytes, &peak);
         }
     }
     return peak;
+}
+
+double ps_program_peak_bytes(const ps_program_set *s, int device)
+{
+    return peak_walk(s, device, NULL, NULL);
 }
 
 void ps_kernel_memory(const ps_program_set *s, double *net, double *rise)
@@ -263,21 +275,7 @@ void ps_kernel_memory(const ps_program_set *s, double *net, double *rise)
 double ps_program_peak_bytes_of(const ps_program_set *s, int device, const double *net,
                                 const double *rise)
 {
-    if (device < 0 || device >= s->n_devices)
-        return 0;
-    const ps_program *p = &s->programs[device];
-    double bytes = 0, peak = 0;
-    for (int i = 0; i < p->n_instrs; i++) {
-        const ps_instr *in = &p->instrs[i];
-        if (in->kind == PS_INSTR_RUN && in->kernel >= 0 && in->kernel < s->n_kernels) {
-            if (bytes + rise[in->kernel] > peak)
-                peak = bytes + rise[in->kernel];
-            bytes += net[in->kernel];
-        } else {
-            track(s, in, &bytes, &peak);
-        }
-    }
-    return peak;
+    return peak_walk(s, device, net, rise);
 }
 
 ps_instr ps_instr_init(ps_instr_kind kind)
