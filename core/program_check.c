@@ -242,9 +242,10 @@ static bool same_region(const ps_program_set *s, int a, int b)
 
 static bool same_collective(const ps_program_set *s, const ps_instr *a, const ps_instr *b)
 {
-    int regions = a->region >= 0 && a->chunks > 1 ? a->chunks : 1; /* a gather of whole parts */
-    if (a->coll != b->coll || a->bytes != b->bytes || (a->chunks > 1) != (b->chunks > 1) ||
-        (regions > 1 && a->chunks != b->chunks) ||
+    /* a gather of whole parts names chunks regions */
+    int regions = a->region >= 0 && a->chunks > 1 ? a->chunks : 1;
+    if (a->coll != b->coll || a->bytes != b->bytes ||
+        regions != (b->region >= 0 && b->chunks > 1 ? b->chunks : 1) ||
         (a->flags & PS_INSTR_FINITE_VOTE) != (b->flags & PS_INSTR_FINITE_VOTE))
         return false;
     for (int k = 0; k < regions; k++)

@@ -35,8 +35,8 @@ typedef struct xfer {
     double bytes, seconds;
 } xfer;
 
-/* The all-gather among receivers that got chunks of one region, as run by
- * one of them (member). */
+/* The all-gather among receivers that got chunks of one region (or whole
+ * parts of their tile), as run by one of them (member). */
 typedef struct xgather {
     int group, member;
     int region, regions; /* regions > 1: the whole parts region .. region + regions - 1 */

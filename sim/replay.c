@@ -86,6 +86,7 @@ typedef struct sim_ring_end {
     double longest_s[2];  /* the longest member transfer, from when its ends were there */
     int a2a_shift;        /* all-to-all across nodes (spread_all_to_all): 0 not known
                            * yet, -1 step by step, else the partners' distance */
+    int a2a_per_node;     /* then: members on each of its nodes */
 } sim_ring_end;
 
 /* A send the device started and has not yet released (post_send). */
@@ -611,18 +612,16 @@ static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
     return true;
 }
 
-/* One coalesced run of ring steps: `bytes` to `to` and from `from`, plus
- * `extra_latencies` route latencies (the steps merged into it). Without a
- * trace the latencies are deferred to the device's next execution (one
- * event instead of a sleep): when nothing contends, a member ends at the
- * same time either way (the ring's last transfer ends that much earlier,
- * and every member then waits as long), and under contention only when
- * the bytes move shifts, by microseconds. With a trace they are slept
- * first, so that spans show where the time goes. */
 /* k (1 or 2) transfers at once: bytes[i] to device to[i] while receiving
- * from from[i], after extra_s of latencies (deferred without a trace); the
- * device goes on once all have ended. Waiting for the last of the `from`
- * devices to post is idle time. */
+ * from from[i], after extra_s of latencies (the steps merged into them);
+ * the device goes on once all have ended, and waiting for the last of the
+ * `from` devices to post is idle time. Without a trace the latencies are
+ * deferred to the device's next execution (one event instead of a sleep):
+ * when nothing contends, a member ends at the same time either way (the
+ * ring's last transfer ends that much earlier, and every member then waits
+ * as long), and under contention only when the bytes move shifts, by
+ * microseconds. With a trace they are slept first, so that spans show where
+ * the time goes. */
 static bool exchange(sim_actor *a, int k, const int *to, const int *from, const double *bytes,
                      double extra_s)
 {
@@ -673,18 +672,18 @@ static bool exchange(sim_actor *a, int k, const int *to, const int *from, const 
     return true;
 }
 
-/* One transfer to `to` while receiving from `from`, after extra_latencies
- * route latencies to `to` (a coalesced ring's merged steps). */
+/* One coalesced run of ring steps: `bytes` to `to` and from `from`, plus
+ * `extra_latencies` route latencies to `to` (the steps merged into it). */
 static bool transfer(sim_actor *a, int to, int from, double bytes, int extra_latencies)
 {
-    double latency_s = 0;
-    if (extra_latencies > 0 && peer_box(a, to, BOX_COLL_OUT, &latency_s) == NULL)
-        return actor_fail(a, PS_ERR_NOMEM, "out of memory");
-    return exchange(a, 1, &to, &from, &bytes, extra_latencies * latency_s);
+    double extra_s =
+        extra_latencies > 0 ? extra_latencies * ps_sim_route_latency_s(a->ctx->c, a->device, to) : 0;
+    return exchange(a, 1, &to, &from, &bytes, extra_s);
 }
 
 /* The end of a coalesced ring whose group spans nodes: member `rank` of
- * group g (neighbours `to`, `from`) arrived at arr_s and its transfer has
+ * group g (`peers`: the ranks it sent to and received from) arrived at
+ * arr_s and its transfer has
  * ended; comm0_s and delay0_s were its communication and deferred time
  * before it. Step by step every step needs the previous one's data from
  * the predecessor, so all members go at the pace of the slowest hop and
@@ -887,6 +886,7 @@ static int a2a_shift(sim_ctx *ctx, int g)
             return -1;
         per = here;
     }
+    e->a2a_per_node = per;
     for (int j = 1; j < n; j++) {
         bool apart = true;
         for (int r = 0; r < n && apart; r++)
@@ -915,9 +915,7 @@ static bool spread_all_to_all(sim_actor *a, int g, int rank, double chunk)
     sim_ctx *ctx = a->ctx;
     const ps_group *gr = &ctx->set->groups[g];
     int n = gr->n, shift = ctx->ring_ends[g].a2a_shift, node = node_of(ctx, a->device);
-    int next = rank, prev = rank, mates = 0;
-    for (int q = 0; q < n; q++)
-        mates += q != rank && node_of(ctx, gr->devices[q]) == node;
+    int next = rank, prev = rank, mates = ctx->ring_ends[g].a2a_per_node - 1;
     for (int q = 1; q < n && mates > 0 && next == rank; q++)
         if (node_of(ctx, gr->devices[(rank + q) % n]) == node)
             next = (rank + q) % n;
