@@ -670,16 +670,33 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
                     st->comm_kind = PS_COLL_ALL_TO_ALL;
                     st->comm_axes |= bit;
                     st->comm_bytes += bytes;
-                } else if (l >= 0 && s->internal_reduce[l] && label_in_inputs(s, l)) {
-                    /* statistics: two fp32 values per row (softmax max and
-                     * sum) or per channel (batch-norm mean and variance) */
-                    double rows = op->kind == PS_OP_BATCHNORM
-                                      ? (double)ins[0].shape[1]
-                                      : (double)ps_tensor_desc_numel(&ins[0]) / (double)s->size[l];
-                    double bytes = 2 * 4 * rows / (parts / m->shape[a]);
-                    st->comm_s += ps_collective_s(m, PS_COLL_ALL_REDUCE, bit, bytes);
+                } else if (l >= 0 && s->internal_reduce[l] && label_in_inputs(s, l) &&
+                           (a == 0 || assign[0] != l)) {
+                    /* statistics, one all-reduce over every axis that splits
+                     * the reduced label, of what the executors exchange: per
+                     * row the softmax max and sum in fp32 (and the label's
+                     * logit in the forward); per channel the batch-norm mean
+                     * and variance in fp64, recomputed in the backward before
+                     * its two totals (dgamma, dbeta). The other axes split
+                     * the rows. */
+                    unsigned axes = 0;
+                    double split = 1;
+                    for (int b = 0; b < PS_MESH_AXES; b++)
+                        if (assign[b] == l) {
+                            axes |= 1u << b;
+                            split *= m->shape[b];
+                        }
+                    bool bn = op->kind == PS_OP_BATCHNORM || op->kind == PS_OP_BATCHNORM_GRAD;
+                    double rows = bn ? (double)ins[0].shape[1]
+                                     : (double)ps_tensor_desc_numel(&ins[0]) / (double)s->size[l];
+                    double per_row = op->kind == PS_OP_SOFTMAX_XENT   ? 3 * 4
+                                     : op->kind == PS_OP_BATCHNORM ? 2 * 8
+                                     : bn                          ? 4 * 8
+                                                                   : 2 * 4;
+                    double bytes = per_row * rows / (parts / split);
+                    st->comm_s += ps_collective_s(m, PS_COLL_ALL_REDUCE, axes, bytes);
                     st->comm_kind = PS_COLL_ALL_REDUCE;
-                    st->comm_axes |= bit;
+                    st->comm_axes |= axes;
                     st->comm_bytes += bytes;
                 }
             }

@@ -46,7 +46,8 @@ static ps_graph *zoo_step(const char *name, int layers, int batch)
 {
     ps_model_config cfg;
     assert_int_equal(ps_zoo_lookup(name, &cfg, NULL), PS_OK);
-    cfg.layers = layers;
+    if (layers > 0) /* else the model's own */
+        cfg.layers = layers;
     cfg.batch = batch;
     ps_graph *fwd = NULL, *g = NULL;
     ps_error err = {0};
@@ -403,6 +404,88 @@ static void moe_expert_parallel(void **state)
     ps_graph_free(g);
 }
 
+/* Statistics inside an op (batch-norm over a split batch, a softmax over a
+ * split vocabulary): one all-reduce over every axis that splits the reduced
+ * dimension, of what the executors exchange (batch norm: per channel the
+ * mean and variance in fp64, the backward recomputing them before dgamma
+ * and dbeta; softmax: per row max and sum in fp32, and the label's logit in
+ * the forward), the rows split by the other axes. On 4 nodes x 8 with the
+ * batch over both axes, a batch norm's backward exchanges 32 bytes per
+ * channel over the whole mesh, whatever its images' size. */
+static void op_statistics_closed_form(void **state)
+{
+    (void)state;
+    const struct {
+        const char *model;
+        int layers, batch;
+        ps_op_kind kind;
+        int reduced; /* the dimension of input 0 reduced; -1: the last */
+        double bytes_per_row;
+    } cases[] = {
+        {"wresnet-250m", 0, 64, PS_OP_BATCHNORM, 0, 2 * 8},
+        {"wresnet-250m", 0, 64, PS_OP_BATCHNORM_GRAD, 0, 4 * 8},
+        {"gpt-350m", 1, 32, PS_OP_SOFTMAX_XENT, -1, 3 * 4},
+        {"gpt-350m", 1, 32, PS_OP_SOFTMAX_XENT_GRAD, -1, 2 * 4},
+    };
+    ps_cluster *c;
+    ps_logical_mesh *m = mesh("p3.16xlarge:4", 4, 8, &c);
+    ps_error err = {0};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ps_graph *g = zoo_step(cases[k].model, cases[k].layers, cases[k].batch);
+        unsigned char *batch = NULL;
+        assert_int_equal(ps_batch_dims(g, &batch, &err), PS_OK);
+        int op = -1;
+        for (int i = 0; i < g->n_ops && op < 0; i++)
+            if (g->ops[i].kind == cases[k].kind)
+                op = i;
+        assert_true(op >= 0);
+        const ps_tensor_desc *x = &g->tensors[g->ops[op].in[0]].desc;
+        int red = cases[k].reduced >= 0 ? cases[k].reduced : x->rank - 1;
+        double rows = cases[k].kind == PS_OP_BATCHNORM || cases[k].kind == PS_OP_BATCHNORM_GRAD
+                          ? (double)x->shape[1]
+                          : (double)ps_tensor_desc_numel(x) / (double)x->shape[red];
+        ps_op_signature sig;
+        assert_int_equal(ps_op_signature_of(g, op, batch, &sig, &err), PS_OK);
+        ps_strategy *list = NULL;
+        int n = 0, whole_mesh = 0;
+        ps_strategy_options so = {0};
+        assert_int_equal(ps_op_strategies(g, op, &sig, m, &so, &list, &n, &err), PS_OK);
+        for (int i = 0; i < n; i++) {
+            if (strchr(list[i].name, '+') != NULL)
+                continue; /* a partial output reduced too (its +ar, +rs variants) */
+            const ps_sharding_spec *in = &list[i].in[0];
+            unsigned axes = in->dim_axes[red];
+            double split = 1; /* of the rows, by the other dimensions' axes */
+            for (int d = 0; d < x->rank; d++)
+                for (int a = 0; a < PS_MESH_AXES && d != red; a++)
+                    if (in->dim_axes[d] & (1u << a))
+                        split *= m->shape[a];
+            double bytes = axes ? cases[k].bytes_per_row * rows / split : 0;
+            double want_s = axes ? ps_collective_s(m, PS_COLL_ALL_REDUCE, axes, bytes) : 0;
+            if (fabs(list[i].comm_bytes - bytes) > 1e-9 * bytes ||
+                fabs(list[i].comm_s - want_s) > 1e-12 + 1e-9 * want_s ||
+                list[i].comm_axes != axes)
+                fail_msg("%s %s: %s moves %.17g bytes over axes %u in %.17g s, want %.17g "
+                         "over %u in %.17g s",
+                         cases[k].model, g->ops[op].name, list[i].name, list[i].comm_bytes,
+                         list[i].comm_axes, list[i].comm_s, bytes, axes, want_s);
+            if (axes == 3) {
+                whole_mesh++;
+                if (cases[k].kind == PS_OP_BATCHNORM_GRAD)
+                    assert_true(bytes == 32 * (double)x->shape[1]);
+            }
+        }
+        assert_true(whole_mesh > 0); /* the batch (vocabulary) over both axes is a choice */
+        printf("# %s %s: %d strategies, %d reduce over the whole mesh\n", cases[k].model,
+               g->ops[op].name, n, whole_mesh);
+        free(list);
+        free(batch);
+        ps_graph_free(g);
+    }
+    ps_mesh_free(m);
+    ps_cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -412,6 +495,7 @@ int main(void)
         cmocka_unit_test(transformer_layer_megatron),
         cmocka_unit_test(tied_layers_match_untied),
         cmocka_unit_test(moe_expert_parallel),
+        cmocka_unit_test(op_statistics_closed_form),
         cmocka_unit_test(session_matches_one_shot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
