@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/bytes_text.h"
 #include "core/cluster.h"
@@ -78,16 +79,6 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
         ps_bytes_text(pm->peak_bytes, need, sizeof need);
         ps_bytes_text(pm->memory_bytes, have, sizeof have);
         ps_bytes_text(p->stages[pm->worst_stage].peak_memory_bytes, est, sizeof est);
-        if (attempt == o->attempts) {
-            st = ps_error_set(err, PS_ERR_INFEASIBLE,
-                              "no plan found that fits in memory: after %d attempts the "
-                              "programs of the best plan still need %s on device %d (stage "
-                              "%d), more than its %s (the planner estimated %s); try --remat, "
-                              "more micro-batches or more devices (--no-memory-check writes "
-                              "the plan anyway)",
-                              attempt, need, pm->worst_device, pm->worst_stage, have, est);
-            break;
-        }
         /* below what the planner thought the failing stage needs, by what it
          * lacked and half as much again (the plan does not change while the
          * memory planned with stays above its estimate); the failing
@@ -96,6 +87,25 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
         double planned_with = real->kinds[kind].memory_bytes * o->memory_scale - cut;
         double next =
             fmin(planned_with, p->stages[pm->worst_stage].peak_memory_bytes) - 1.5 * lack;
+        if (attempt == o->attempts || next <= 0) {
+            /* out of attempts, or no memory left to plan with: a plan that
+             * lacks more than half of what it would keep cannot be helped */
+            bool gpipe = strcmp(p->schedule, "gpipe") == 0;
+            char after[48] = "";
+            if (attempt > 1)
+                snprintf(after, sizeof after, "after %d attempts the best ", attempt);
+            st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                              "no plan found that fits in memory: %s%s plan's programs need "
+                              "%s on device %d (stage %d), more than its %s (the planner "
+                              "estimated %s); try --remat, %s or more devices "
+                              "(--no-memory-check writes the plan anyway)",
+                              after, attempt > 1 ? "" : "the", need, pm->worst_device,
+                              pm->worst_stage, have, est,
+                              gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
+                                      "activations until its backward)"
+                                    : "more micro-batches");
+            break;
+        }
         cut += planned_with - next;
         PS_LOG_WARN("the plan's programs need %s on device %d (stage %d), more than its %s (the "
                     "planner estimated %s): planning again with %s less per device",

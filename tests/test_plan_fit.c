@@ -67,6 +67,8 @@ static void fixture_clear(fixture *f)
 typedef struct recorder {
     int calls, fail_at;
     double memory[8];
+    const ps_cluster *plan_on; /* plans on this cluster instead, if set: a planner that
+                                * writes plans that do not fit (as uniform plans are) */
 } recorder;
 
 static ps_status one_stage(const ps_plan_request *req, void *ctx, ps_plan **out, ps_error *err)
@@ -77,7 +79,10 @@ static ps_status one_stage(const ps_plan_request *req, void *ctx, ps_plan **out,
     rec->calls++;
     if (rec->fail_at > 0 && rec->calls >= rec->fail_at)
         return ps_error_set(err, PS_ERR_INFEASIBLE, "the test's planner gives up");
-    return ps_plan_one_stage(req, out, NULL, NULL, err);
+    ps_plan_request r = *req;
+    if (rec->plan_on != NULL)
+        r.cluster = rec->plan_on;
+    return ps_plan_one_stage(&r, out, NULL, NULL, err);
 }
 
 /* The programs' peak of the plan made with unlimited memory: the memory
@@ -152,7 +157,8 @@ static void planned_again_until_the_programs_fit(void **state)
     assert_int_equal(ps_plan_fitting(&f.req, &o, one_stage, &rec, &p, &fit, &err),
                      PS_ERR_INFEASIBLE);
     assert_null(p);
-    assert_non_null(strstr(err.msg, "no plan found that fits in memory: after 1 attempts"));
+    assert_non_null(strstr(err.msg, "no plan found that fits in memory: the plan's programs "
+                                    "need "));
     char want[64], have[32];
     snprintf(want, sizeof want, "more than its %s",
              ps_bytes_text(memory_mib * MiB, have, sizeof have));
@@ -176,6 +182,34 @@ static void planned_again_until_the_programs_fit(void **state)
                      PS_ERR_INFEASIBLE);
     assert_string_equal(err.msg, "the test's planner gives up");
     fixture_clear(&f);
+}
+
+/* A plan whose programs lack more than half of what they would keep (a
+ * planner that writes plans that do not fit, as uniform plans are): no
+ * memory is left to plan again with, so the first attempt is the last,
+ * with the numbers. */
+static void hopeless_plan_fails_at_once(void **state)
+{
+    (void)state;
+    double peak = unconstrained_peak();
+    fixture big, f;
+    fixture_make(&big, 1e6);
+    fixture_make(&f, peak / MiB / 4);
+    recorder rec = {.plan_on = big.cluster};
+    ps_plan *p = NULL;
+    ps_plan_fit fit;
+    ps_error err = {0};
+    ps_plan_fit_options o = ps_plan_fit_options_default();
+    assert_int_equal(ps_plan_fitting(&f.req, &o, one_stage, &rec, &p, &fit, &err),
+                     PS_ERR_INFEASIBLE);
+    assert_null(p);
+    assert_int_equal(rec.calls, 1);
+    assert_int_equal(fit.attempts, 1);
+    assert_non_null(strstr(err.msg, "no plan found that fits in memory: the plan's programs "
+                                    "need "));
+    assert_non_null(strstr(err.msg, "try --remat, more micro-batches or more devices"));
+    fixture_clear(&f);
+    fixture_clear(&big);
 }
 
 static void bad_options(void **state)
@@ -206,6 +240,7 @@ static void bad_options(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hopeless_plan_fails_at_once),
         cmocka_unit_test(planned_again_until_the_programs_fit),
         cmocka_unit_test(bad_options),
     };
