@@ -88,8 +88,8 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
         double next =
             fmin(planned_with, p->stages[pm->worst_stage].peak_memory_bytes) - 1.5 * lack;
         if (attempt == o->attempts || next <= 0) {
-            /* out of attempts, or no memory left to plan with: a plan that
-             * lacks more than half of what it would keep cannot be helped */
+            /* out of attempts, or no memory left to plan again with (it
+             * lacks two thirds of it or more) */
             bool gpipe = strcmp(p->schedule, "gpipe") == 0;
             char after[48] = "";
             if (attempt > 1)

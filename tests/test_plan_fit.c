@@ -184,10 +184,9 @@ static void planned_again_until_the_programs_fit(void **state)
     fixture_clear(&f);
 }
 
-/* A plan whose programs lack more than half of what they would keep (a
- * planner that writes plans that do not fit, as uniform plans are): no
- * memory is left to plan again with, so the first attempt is the last,
- * with the numbers. */
+/* A plan whose programs need 4 times their devices' memory (a planner that
+ * writes plans that do not fit, as uniform plans are): no memory is left to
+ * plan again with, so the first attempt is the last, with the numbers. */
 static void hopeless_plan_fails_at_once(void **state)
 {
     (void)state;
