@@ -91,16 +91,15 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
             /* out of attempts, or no memory left to plan again with (it
              * lacks two thirds of it or more) */
             bool gpipe = strcmp(p->schedule, "gpipe") == 0;
-            char after[48] = "";
+            char whose[64] = "the plan's";
             if (attempt > 1)
-                snprintf(after, sizeof after, "after %d attempts the best ", attempt);
+                snprintf(whose, sizeof whose, "after %d attempts the best plan's", attempt);
             st = ps_error_set(err, PS_ERR_INFEASIBLE,
-                              "no plan found that fits in memory: %s%s plan's programs need "
-                              "%s on device %d (stage %d), more than its %s (the planner "
-                              "estimated %s); try --remat, %s or more devices "
-                              "(--no-memory-check writes the plan anyway)",
-                              after, attempt > 1 ? "" : "the", need, pm->worst_device,
-                              pm->worst_stage, have, est,
+                              "no plan found that fits in memory: %s programs need %s on "
+                              "device %d (stage %d), more than its %s (the planner estimated "
+                              "%s); try --remat, %s or more devices (--no-memory-check writes "
+                              "the plan anyway)",
+                              whose, need, pm->worst_device, pm->worst_stage, have, est,
                               gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
                                       "activations until its backward)"
                                     : "more micro-batches");
