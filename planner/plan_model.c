@@ -58,8 +58,10 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
         ps_json_doc *tdoc = NULL;
         PS_TRY(ps_json_doc_from_value("plan training", p->training, &tdoc, err));
         ps_jv troot = ps_json_doc_root(tdoc);
+        /* remat_layers name the plan's layers (those its stages cover), which
+         * clustering may make more of than the model has tags */
         st = ps_train_options_from_json(&troot, &m->train, &m->remat_layers,
-                                        m->forward->n_layers, err);
+                                        m->layered->n_layers, err);
         ps_json_doc_free(tdoc);
         if (st != PS_OK)
             goto out;

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "core/json.h"
+#include "planner/inter_pass.h"
 #include "planner/plan_intra.h"
 #include "planner/lower.h"
 #include "planner/plan_model.h"
@@ -330,6 +331,56 @@ static void invalid_plans_are_rejected(void **state)
     ps_plan_free(p);
 }
 
+/* A plan's remat_layers name its own layers: clustering made the 2-tag mlp
+ * into 4, and a recomputed layer 2 (which the model's tags do not have) is
+ * the step's only recomputed one; layer 4 is refused with the range. */
+static void remat_layers_name_the_plans_layers(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("mlp", &cfg, NULL), PS_OK);
+    cfg.hidden = 256;
+    cfg.batch = 32;
+    ps_graph *fwd = NULL;
+    ps_cluster *c = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_model_build(&cfg, &fwd, &err), PS_OK);
+    assert_int_equal(ps_cluster_from_preset("dgx-a100:1", &c, &err), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 64, .micro_batches = 2,
+                           .ilp = ps_ilp_options_default()};
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 4;
+    ps_plan *p = NULL;
+    if (ps_plan_pipeshard(&req, &o, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(fwd->n_layers < 4);
+    json_t *layers = json_array();
+    json_array_append_new(layers, json_integer(2));
+    json_object_set_new(p->training, "remat_layers", layers);
+    ps_plan_model *m = NULL;
+    if (ps_plan_model_build(p, &m, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(m->layered->n_layers, 4);
+    int recomputed = 0;
+    for (int i = 0; i < m->step->n_ops; i++)
+        if (m->step->ops[i].pass == PS_PASS_RECOMPUTE) {
+            assert_int_equal(m->step->ops[i].layer, 2);
+            recomputed++;
+        }
+    assert_true(recomputed > 0);
+    ps_plan_model_free(m);
+    m = NULL;
+    json_array_set_new(layers, 0, json_integer(4));
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "4 is out of range (allowed 0 to 3)"));
+    assert_null(m);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+    ps_graph_free(fwd);
+}
+
 /* A plan without its predictions (edited by hand) is lowered with the
  * step's FLOPs and the devices' peak counted as the planner counts them, so
  * that runs still report throughput and MFU: both equal the planner's. */
@@ -477,6 +528,7 @@ int main(void)
         cmocka_unit_test(one_stage_plan_predictions),
         cmocka_unit_test(plan_file_round_trip),
         cmocka_unit_test(invalid_plans_are_rejected),
+        cmocka_unit_test(remat_layers_name_the_plans_layers),
         cmocka_unit_test(malformed_plan_files),
         cmocka_unit_test(lowering_recounts_missing_predictions),
         cmocka_unit_test(digest_ignores_predictions),
