@@ -306,6 +306,10 @@ int ps_cmd_graph(int argc, char **argv)
     }
     if (optind < argc)
         return ps_cli_usage_error("graph", "unexpected argument \"%s\"", argv[optind]);
+    if (mo.remat_auto)
+        return ps_cli_usage_error("graph", "--remat=auto lets 'pipeshard plan' choose the "
+                                           "recomputed stages; here give --remat or "
+                                           "--remat-layers LIST");
     int usage = ps_model_opts_check(&mo, batch > 0, "graph");
     if (usage != 0)
         return usage;

@@ -450,6 +450,8 @@ int ps_cmd_plan(int argc, char **argv)
         }
         }
     }
+    if (optind < argc && strcmp(argv[optind], "auto") == 0 && mo.train.remat)
+        return ps_cli_usage_error("plan", "write --remat=auto (--remat alone takes no value)");
     if (optind < argc)
         return ps_cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
     int usage = ps_model_opts_check(&mo, false, "plan");
@@ -462,6 +464,11 @@ int ps_cmd_plan(int argc, char **argv)
                                           "--stages uniform)");
     if (output == NULL)
         return ps_cli_usage_error("plan", "-o PLAN.json is required");
+    if (mo.remat_auto && (!pipeshard || uniform || stages_file != NULL || stages_uniform))
+        return ps_cli_usage_error("plan", "--remat=auto has the stage DP choose which stages "
+                                          "recompute: it goes with --method pipeshard and "
+                                          "--stages auto (give --remat otherwise)");
+    inter.remat_by_stage = mo.remat_auto;
     if (auto_micro && (!pipeshard || uniform))
         return ps_cli_usage_error("plan", "--micro-batches auto goes with --method pipeshard "
                                           "(the stage DP)");

@@ -22,7 +22,7 @@ static const struct option model_options[] = {
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"optimizer-dtype", required_argument, NULL, OPT_OPT_DTYPE},
     {"no-master-weights", no_argument, NULL, OPT_NO_MASTER},
-    {"remat", no_argument, NULL, OPT_REMAT},
+    {"remat", optional_argument, NULL, OPT_REMAT},
     {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},
     {"dynamic-loss-scale", no_argument, NULL, OPT_DYNAMIC_LOSS_SCALE},
     {"loss-scale-window", required_argument, NULL, OPT_LOSS_SCALE_WINDOW},
@@ -75,7 +75,17 @@ int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *com
         }
         return 0;
     case OPT_NO_MASTER: o->train.master_weights = false; return 0;
-    case OPT_REMAT: o->train.remat = true; return 0;
+    case OPT_REMAT:
+        if (arg == NULL || strcmp(arg, "all") == 0) {
+            o->train.remat = true;
+        } else if (strcmp(arg, "auto") == 0) {
+            o->remat_auto = true;
+        } else {
+            ps_cli_usage_error(command, "--remat takes =all (the default) or =auto, not \"%s\"",
+                               arg);
+            return 2;
+        }
+        return 0;
     case OPT_LOSS_SCALE:
         if (!ps_cli_parse_double(arg, PS_LOSS_SCALE_MIN, PS_LOSS_SCALE_MAX, &x)) {
             ps_cli_usage_error(command, "--loss-scale wants a number in [2^-24, 2^40], not \"%s\"",
@@ -119,6 +129,9 @@ int ps_model_opts_check(ps_model_opts *o, bool batch_given, const char *command)
                                            "only (a static scale never changes)");
     if (o->train.dynamic_loss_scale && !o->loss_scale_set)
         o->train.loss_scale = PS_LOSS_SCALE_DYNAMIC_DEFAULT;
+    if (o->remat_auto && o->train.remat)
+        return ps_cli_usage_error(command, "--remat (every layer) and --remat=auto (the "
+                                           "planner chooses by stage) exclude each other");
     bool overrides = batch_given || o->capacity_set || o->dtype_set;
     for (int i = 0; i < 13; i++)
         overrides = overrides || o->size_set[i];

@@ -23,7 +23,9 @@
     "  --dtype T            parameters and activations: fp32, fp16 or bf16\n"                    \
     "  --optimizer-dtype T  Adam state (default fp32)\n"                                         \
     "  --no-master-weights  no fp32 master copy for fp16/bf16 parameters\n"                      \
-    "  --remat              recompute every layer's forward (but the loss layer's)\n"          \
+    "  --remat[=all]        recompute every layer's forward (but the loss layer's)\n"          \
+    "  --remat=auto         (pipeshard plans) recompute the layers of the stages the stage\n"   \
+    "                       DP finds faster that way within the memory, no others\n"          \
     "  --loss-scale S       static loss scaling for fp16: the backward pass starts from S,\n"  \
     "                       Adam divides by it (default 1; a power of two is exact)\n"     \
     "  --dynamic-loss-scale a step whose gradients overflow is skipped and halves the\n"     \
@@ -41,6 +43,7 @@ typedef struct ps_model_opts {
     bool dtype_set;
     ps_train_options train;
     bool loss_scale_set, loss_scale_window_set;
+    bool remat_auto; /* --remat=auto: the planner chooses by stage (train.remat stays false) */
 } ps_model_opts;
 
 void ps_model_opts_init(ps_model_opts *o);

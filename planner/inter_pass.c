@@ -71,7 +71,7 @@ ps_inter_options ps_inter_options_default(void)
                               .print_rows = false, .exact_ranges = false,
                               .stage_time_limit_s = 20, .transfer_costs = true,
                               .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2,
-                              .lean_twin_limit_s = 2};
+                              .lean_twin_limit_s = 2, .remat_by_stage = false};
 }
 
 typedef struct submesh {
@@ -131,10 +131,13 @@ typedef struct config {
     int d0, d1;
     bool force;
     bool lean; /* the layout of least time among those near the least memory */
+    bool remat; /* its layers recomputed (ps_inter_options.remat_by_stage) */
 } config;
 
 #define MAX_SUBMESHES 64
-#define MAX_CONFIGS 16
+#define MAX_CONFIGS 16 /* per submesh, from list_configs */
+/* per submesh in the stage table: each configuration also recomputing */
+#define MAX_TABLE_CONFIGS (2 * MAX_CONFIGS)
 
 /* The candidate submeshes, smaller first; a manual list is checked against
  * the cluster (-1 and a message when one does not fit it). */
@@ -220,14 +223,14 @@ static int list_configs(const submesh *s, int devices_per_node, long long batch,
 {
     int n = s->hosts * s->devices, k = 0;
     if (n <= devices_per_node)
-        out[k++] = (config){1, n, false, false};
+        out[k++] = (config){1, n, false, false, false};
     for (int dp = 2; dp <= n && k < MAX_CONFIGS / 2; dp++)
         if (n % dp == 0 && n / dp <= devices_per_node && batch % dp == 0)
-            out[k++] = (config){dp, n / dp, true, false};
+            out[k++] = (config){dp, n / dp, true, false, false};
     if (k == 0)
         for (int dp = 2; dp <= n && k < MAX_CONFIGS / 2; dp++)
             if (n % dp == 0 && n / dp <= devices_per_node)
-                out[k++] = (config){dp, n / dp, false, false};
+                out[k++] = (config){dp, n / dp, false, false, false};
     /* each also as a lean variant: a stage with many later stages in flight
      * (or several layers) may need memory more than speed */
     for (int i = 0, m = k; i < m; i++) {
@@ -278,6 +281,7 @@ typedef ps_stage_entry entry;
 typedef struct cache_item {
     uint64_t hash;
     double budget;  /* bytes per device the slice's entries may use */
+    unsigned variants; /* bit v: a slice of variant v's step (both, where they are equal) */
     entry *entries; /* [n_sub * n_cfg] */
     /* [n_sub * n_cfg] what each entry's layouts make of the slice's tensors,
      * for the ranges composed from single layers (else NULL); one pool */
@@ -590,7 +594,7 @@ typedef struct table_work {
     const work_item *items;
     const ps_cluster *cluster;
     const submesh *subs;
-    config (*cfgs)[MAX_CONFIGS];
+    config (*cfgs)[MAX_TABLE_CONFIGS];
     const ps_plan_request *req;
     double limit_s;
     ps_status *status; /* [item] */
@@ -900,25 +904,44 @@ static bool stage_item(void *ctx, int k)
  * fwd: the layered forward graph. With several stages the step is built
  * again knowing them (ps_train_options.layer_stage: a parameter shared by
  * stages sums its gradient at the update), the step the plan's model and its
- * lowering will have, so that the plan's ops and phase times are its. */
+ * lowering will have, so that the plan's ops and phase times are its; and
+ * so it is when remat_by_stage, with the layers of the stages whose
+ * configuration recomputes recomputed (the plan's training.remat_layers). */
 static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const ps_graph *step,
-                         int L, bool manual, bool gpipe, const char *method,
+                         int L, bool manual, bool gpipe, bool remat_by_stage, const char *method,
                          const stage_spec *stages, int n, ps_plan **out, ps_error *err)
 {
     ps_status st = PS_OK;
     ps_graph *staged = NULL;
     ps_plan *plan = NULL;
     int *layer_stage = NULL;
+    bool *remat_layers = NULL;
+    ps_train_options train = req->train; /* as the plan records it */
     *out = NULL;
-    if (n > 1) {
-        layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
-        PS_TRY_ALLOC(layer_stage, err);
-        for (int l = 0; l < L; l++)
-            layer_stage[l] = -1;
+    if (remat_by_stage) {
+        int loss_layer = fwd->ops[fwd->tensors[fwd->loss].producer].layer, recomputed = 0;
+        remat_layers = calloc((size_t)L + 1, sizeof *remat_layers);
+        PS_TRY_ALLOC(remat_layers, err);
         for (int k = 0; k < n; k++)
             for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
-                layer_stage[l] = k;
-        ps_train_options t = req->train;
+                if (stages[k].cfg.remat && l != loss_layer) {
+                    remat_layers[l] = true;
+                    recomputed++;
+                }
+        if (recomputed > 0)
+            train.remat_layers = remat_layers; /* else the plain step */
+    }
+    if (n > 1 || train.remat_layers != NULL) {
+        if (n > 1) {
+            layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
+            PS_TRY_ALLOC(layer_stage, err);
+            for (int l = 0; l < L; l++)
+                layer_stage[l] = -1;
+            for (int k = 0; k < n; k++)
+                for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
+                    layer_stage[l] = k;
+        }
+        ps_train_options t = train;
         t.layer_stage = layer_stage;
         PS_TRY(ps_train_step_build(fwd, &t, &staged, err));
         step = staged;
@@ -938,7 +961,19 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         st = ps_error_set(err, st, "out of memory");
         goto out;
     }
-    PS_TRY(ps_plan_record_request(plan, req, err));
+    /* recomputed layers are the layered graph's, which the request's
+     * record (the model's layers) does not know */
+    ps_plan_request as_asked = *req;
+    as_asked.train.remat_layers = NULL;
+    PS_TRY(ps_plan_record_request(plan, &as_asked, err));
+    if (train.remat_layers != NULL) {
+        json_decref(plan->training);
+        plan->training = NULL;
+        if ((st = ps_train_options_to_json(&train, L, &plan->training)) != PS_OK) {
+            st = ps_error_set(err, st, "out of memory");
+            goto out;
+        }
+    }
     if (ps_json_set(plan->model, "layer_num", json_integer(L)) != PS_OK ||
         ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto")) != PS_OK) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
@@ -1067,15 +1102,17 @@ out:
     ps_plan_free(plan);
     ps_graph_free(staged);
     free(layer_stage);
+    free(remat_layers);
     return st;
 }
 
 /* "No plan fits in memory", with the closest candidate: the least memory any
- * stage needs for the whole model (`whole`: its entries) with one
- * micro-batch in flight. */
+ * stage needs for the whole model (`whole`: its entries of each variant)
+ * with one micro-batch in flight. */
 static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options *o,
-                              const entry *whole, const submesh *subs, int n_sub,
-                              const int *n_cfgs, int max_cfg, double memory,
+                              const entry *const whole[2], const submesh *subs, int n_sub,
+                              config (*cfgs)[MAX_TABLE_CONFIGS], const int *n_cfgs, int max_cfg,
+                              double memory,
                               const unsigned char *no_cut, int L, const ps_error *inner,
                               ps_error *err)
 {
@@ -1083,9 +1120,9 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
     int D = ps_cluster_device_count(c), B = req->micro_batches;
     double need = INFINITY;
     int at = -1;
-    for (int s = 0; whole != NULL && s < n_sub; s++)
+    for (int s = 0; whole[0] != NULL && s < n_sub; s++)
         for (int k = 0; k < n_cfgs[s]; k++) {
-            const entry *e = &whole[s * max_cfg + k];
+            const entry *e = &whole[cfgs[s][k].remat][s * max_cfg + k];
             double n = e->ok ? e->static_bytes + e->transient_bytes + e->act_bytes : e->need_bytes;
             if (e->need_bytes > 0 && n < need) {
                 need = n;
@@ -1168,27 +1205,35 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     ps_graph *fwd = NULL, *step = NULL;
     ps_stage_table *table = NULL;
     ps_stage_plan sp[2] = {{0}, {0}}; /* the DP's answer each way (step 4) */
+    ps_stage_plan sp_only = {0};      /* its answer on part of the table (remat_by_stage) */
     ps_stage_plan *by_count = NULL;   /* [L + 1]: the DP's best per stage count */
     int *order = NULL;                /* [L]: stage counts by the DP's objective */
-    ps_stage_plan realized[2 * MAX_CANDIDATES] = {{0}}; /* the candidates solved */
+    /* the candidates solved: each way, on the whole table and on its two parts */
+    ps_stage_plan realized[2 * 3 * MAX_CANDIDATES] = {{0}};
     int n_realized = 0;
-    ps_graph *table_step = NULL;      /* the step with each layer a stage */
+    /* The table is costed once per variant: its layers as they are, and
+     * (remat_by_stage) recomputed; a configuration's variant is its remat. */
+    int n_var = 1;
+    ps_graph *table_step[2] = {NULL, NULL}; /* [variant] the step with each layer a stage */
+    ps_graph *whole_step[2] = {NULL, NULL}; /* [variant] the step, when L is 1 */
     int *layer_self = NULL;           /* [layer] = layer */
     double *flops_prefix = NULL;      /* [L + 1] forward FLOPs of layers before each */
     cache_item *cache = NULL;
-    entry **composed = NULL;   /* [first * L + last] composed entries */
+    entry **composed[2] = {NULL, NULL}; /* [variant][first * L + last] composed entries */
     entry **single = NULL;     /* [layer] its entries, for the composition */
     ps_entry_tensors **single_tensors = NULL; /* [layer] what those make of its tensors */
-    ps_layer_crossings *crossings = NULL;     /* tensors passed between layers */
-    entry **entries_of = NULL; /* [first * L + last] solved entries (owned by cache) */
-    int *cache_of = NULL;      /* [first * L + last] their cache index, -1: composed */
+    ps_layer_crossings *crossings[2] = {NULL, NULL}; /* [variant] tensors passed between layers */
+    /* [variant][first * L + last] solved entries (owned by cache) */
+    entry **entries_of[2] = {NULL, NULL};
+    /* [variant][first * L + last] their cache index, -1: composed */
+    int *cache_of[2] = {NULL, NULL};
     bool *needed = NULL;       /* [cache index * n_sub + submesh] entries to solve */
     ps_graph **slices = NULL;  /* [cache index] the slice each cache item solves */
     work_item *items = NULL;
     ps_status *item_status = NULL; /* [item] */
     int n_cache = 0;
     submesh subs[MAX_SUBMESHES];
-    config cfgs[MAX_SUBMESHES][MAX_CONFIGS];
+    config cfgs[MAX_SUBMESHES][MAX_TABLE_CONFIGS];
     int n_cfgs[MAX_SUBMESHES];
     *out = NULL;
     int D = ps_cluster_device_count(c), B = req->micro_batches;
@@ -1217,14 +1262,29 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
      * by several layers (a tied embedding) sums its contributions at the
      * update, once per step, as the plan's step will between stages
      * (realize), not once per micro-batch. */
+    if (o->remat_by_stage && (req->train.remat || req->train.remat_layers != NULL)) {
+        st = ps_error_set(err, PS_ERR_INVALID,
+                          "recomputation chosen by stage (--remat=auto) and recomputation "
+                          "asked for (--remat) exclude each other");
+        goto out;
+    }
+    /* one layer holds the loss, which is never recomputed: nothing to choose */
+    if (o->remat_by_stage && L > 1)
+        n_var = 2;
     if (L > 1) {
         layer_self = malloc((size_t)L * sizeof *layer_self);
         PS_TRY_ALLOC(layer_self, err);
         for (int l = 0; l < L; l++)
             layer_self[l] = l;
-        ps_train_options t = req->train;
-        t.layer_stage = layer_self;
-        PS_TRY(ps_train_step_build(fwd, &t, &table_step, err));
+        for (int v = 0; v < n_var; v++) {
+            ps_train_options t = req->train;
+            t.layer_stage = layer_self;
+            if (v == 1)
+                t.remat = true;
+            PS_TRY(ps_train_step_build(fwd, &t, &table_step[v], err));
+        }
+    } else {
+        whole_step[0] = step;
     }
 
     /* 2. candidate submeshes and logical meshes */
@@ -1241,7 +1301,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         goto out;
     }
     for (int s = 0; s < n_sub; s++) {
-        n_cfgs[s] = list_configs(&subs[s], c->devices_per_node, req->global_batch / B, cfgs[s]);
+        int n = list_configs(&subs[s], c->devices_per_node, req->global_batch / B, cfgs[s]);
+        for (int k = 0; k < n && n_var == 2; k++) {
+            cfgs[s][n + k] = cfgs[s][k];
+            cfgs[s][n + k].remat = true;
+        }
+        n_cfgs[s] = n * n_var;
         if (n_cfgs[s] > max_cfg)
             max_cfg = n_cfgs[s];
     }
@@ -1255,73 +1320,81 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
 
     /* 3. the stage cost table; identical layer ranges share entries */
     double memory = ps_cluster_min_memory_bytes(c);
-    cache = calloc((size_t)L * L + 1, sizeof *cache);
+    cache = calloc((size_t)n_var * L * L + 1, sizeof *cache);
     PS_TRY_ALLOC(cache, err);
-    composed = calloc((size_t)L * L, sizeof *composed);
-    PS_TRY_ALLOC(composed, err);
-    for (int l = 0; l < L && !o->exact_ranges; l++)
-        for (int i = l + 1; i < L; i++) {
-            composed[l * L + i] = calloc((size_t)n_sub * max_cfg, sizeof **composed);
-            PS_TRY_ALLOC(composed[l * L + i], err);
-        }
+    for (int v = 0; v < n_var; v++) {
+        composed[v] = calloc((size_t)L * L, sizeof *composed[v]);
+        PS_TRY_ALLOC(composed[v], err);
+        for (int l = 0; l < L && !o->exact_ranges; l++)
+            for (int i = l + 1; i < L; i++) {
+                composed[v][l * L + i] = calloc((size_t)n_sub * max_cfg, sizeof **composed[v]);
+                PS_TRY_ALLOC(composed[v][l * L + i], err);
+            }
+    }
     /* Single layers (every range with exact_ranges) are solved: identical
      * slices once, all entries on all cores. Longer ranges are composed
      * (Alpa's "profile layers and compose"; planner/range_compose.h): times,
      * weights and state add up, memory as the range's own solve counts it. */
-    slices = calloc((size_t)L * L + 1, sizeof *slices);
-    entries_of = calloc((size_t)L * L + 1, sizeof *entries_of);
-    cache_of = malloc(((size_t)L * L + 1) * sizeof *cache_of);
+    slices = calloc((size_t)n_var * L * L + 1, sizeof *slices);
     PS_TRY_ALLOC(slices, err);
-    PS_TRY_ALLOC(entries_of, err);
-    PS_TRY_ALLOC(cache_of, err);
-    for (int k = 0; k < L * L; k++)
-        cache_of[k] = -1;
-    for (int l = 0; l < L; l++)
-        for (int i = l; i < L; i++) {
-            if (!o->exact_ranges && i > l)
-                continue;
-            ps_graph *slice = NULL;
-            PS_TRY(ps_graph_slice(table_step != NULL ? table_step : step, l, i, &slice, err));
-            uint64_t h = graph_hash(slice);
-            int found = -1;
-            for (int k = 0; k < n_cache && found < 0; k++)
-                if (cache[k].hash == h)
-                    found = k;
-            if (found >= 0) {
-                ps_graph_free(slice);
-            } else {
-                found = n_cache;
-                cache[n_cache].hash = h;
-                /* each entry must fit the device by itself; composed ranges
-                 * that do not are ruled out by their summed memory */
-                cache[n_cache].budget = memory;
-                slices[n_cache] = slice; /* owned by the cache from here */
-                n_cache++;
-                cache[found].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
-                PS_TRY_ALLOC(cache[found].entries, err);
-                if (!o->exact_ranges && L > 1)
-                    PS_TRY(entry_tensors_alloc(&cache[found], n_sub * max_cfg,
-                                               slice->n_tensors, err));
+    for (int v = 0; v < n_var; v++) {
+        entries_of[v] = calloc((size_t)L * L + 1, sizeof *entries_of[v]);
+        cache_of[v] = malloc(((size_t)L * L + 1) * sizeof *cache_of[v]);
+        PS_TRY_ALLOC(entries_of[v], err);
+        PS_TRY_ALLOC(cache_of[v], err);
+        for (int k = 0; k < L * L; k++)
+            cache_of[v][k] = -1;
+    }
+    for (int v = 0; v < n_var; v++)
+        for (int l = 0; l < L; l++)
+            for (int i = l; i < L; i++) {
+                if (!o->exact_ranges && i > l)
+                    continue;
+                ps_graph *slice = NULL;
+                PS_TRY(ps_graph_slice(table_step[v] != NULL ? table_step[v] : whole_step[v], l, i,
+                                      &slice, err));
+                uint64_t h = graph_hash(slice);
+                int found = -1;
+                for (int k = 0; k < n_cache && found < 0; k++)
+                    if (cache[k].hash == h)
+                        found = k;
+                if (found >= 0) {
+                    ps_graph_free(slice);
+                } else {
+                    found = n_cache;
+                    cache[n_cache].hash = h;
+                    /* each entry must fit the device by itself; composed ranges
+                     * that do not are ruled out by their summed memory */
+                    cache[n_cache].budget = memory;
+                    slices[n_cache] = slice; /* owned by the cache from here */
+                    n_cache++;
+                    cache[found].entries = calloc((size_t)n_sub * max_cfg, sizeof(entry));
+                    PS_TRY_ALLOC(cache[found].entries, err);
+                    if (!o->exact_ranges && L > 1)
+                        PS_TRY(entry_tensors_alloc(&cache[found], n_sub * max_cfg, slice->n_tensors,
+                                                   err));
+                }
+                cache[found].variants |= 1u << v;
+                entries_of[v][l * L + i] = cache[found].entries;
+                cache_of[v][l * L + i] = found;
             }
-            entries_of[l * L + i] = cache[found].entries;
-            cache_of[l * L + i] = found;
-        }
     /* the (slice, submesh) pairs some candidate stage needs: its own range
      * solved, or every single layer it is composed of */
     needed = calloc((size_t)n_cache * n_sub + 1, sizeof *needed);
     PS_TRY_ALLOC(needed, err);
-    for (int l = 0; l < L; l++)
-        for (int i = l; i < L; i++)
-            for (int s = 0; s < n_sub; s++) {
-                if (!stage_balanced(flops_prefix, L, l, i, table->sub_devices[s], D,
-                                    o->stage_imbalance_tolerance))
-                    continue;
-                if (cache_of[l * L + i] >= 0)
-                    needed[cache_of[l * L + i] * n_sub + s] = true;
-                else
-                    for (int q = l; q <= i; q++)
-                        needed[cache_of[q * L + q] * n_sub + s] = true;
-            }
+    for (int v = 0; v < n_var; v++)
+        for (int l = 0; l < L; l++)
+            for (int i = l; i < L; i++)
+                for (int s = 0; s < n_sub; s++) {
+                    if (!stage_balanced(flops_prefix, L, l, i, table->sub_devices[s], D,
+                                        o->stage_imbalance_tolerance))
+                        continue;
+                    if (cache_of[v][l * L + i] >= 0)
+                        needed[cache_of[v][l * L + i] * n_sub + s] = true;
+                    else
+                        for (int q = l; q <= i; q++)
+                            needed[cache_of[v][q * L + q] * n_sub + s] = true;
+                }
     items = calloc((size_t)n_cache * n_sub * max_cfg + 1, sizeof *items);
     PS_TRY_ALLOC(items, err);
     int n_items = 0, n_entries = 0;
@@ -1330,17 +1403,25 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             for (int c2 = 0; c2 < n_cfgs[s] && needed[k * n_sub + s]; c2++) {
                 if (cfgs[s][c2].lean)
                     continue; /* solved with its plain configuration */
+                if (!(cache[k].variants & (1u << cfgs[s][c2].remat)))
+                    continue; /* the other variant's slice */
                 int lean = -1;
                 for (int c3 = 0; c3 < n_cfgs[s] && lean < 0; c3++)
                     if (cfgs[s][c3].lean && cfgs[s][c3].d0 == cfgs[s][c2].d0 &&
                         cfgs[s][c3].d1 == cfgs[s][c2].d1 &&
-                        cfgs[s][c3].force == cfgs[s][c2].force)
+                        cfgs[s][c3].force == cfgs[s][c2].force &&
+                        cfgs[s][c3].remat == cfgs[s][c2].remat)
                         lean = c3;
                 entry *e = cache[k].entries + s * max_cfg;
                 ps_entry_tensors *et =
                     cache[k].tensors != NULL ? cache[k].tensors + s * max_cfg : NULL;
                 items[n_items++] = (work_item){
-                    slices[k], k, s, c2, lean, cache[k].budget,
+                    slices[k],
+                    k,
+                    s,
+                    c2,
+                    lean,
+                    cache[k].budget,
                     {&e[c2], lean >= 0 ? &e[lean] : NULL},
                     {et != NULL ? &et[c2] : NULL, et != NULL && lean >= 0 ? &et[lean] : NULL}};
                 n_entries += 1 + (lean >= 0);
@@ -1348,7 +1429,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     item_status = calloc((size_t)n_items + 1, sizeof *item_status);
     PS_TRY_ALLOC(item_status, err);
     double t_table = ps_monotonic_s();
-    table_work w = {.items = items, .cluster = c, .subs = subs, .cfgs = cfgs, .req = req,
+    table_work w = {.items = items,
+                    .cluster = c,
+                    .subs = subs,
+                    .cfgs = cfgs,
+                    .req = req,
                     /* the request's limit caps every solve, table entries too */
                     .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
                                    ? fmin(o->stage_time_limit_s, req->ilp.time_limit_s)
@@ -1361,31 +1446,34 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         st = ps_error_set(err, st, "costing the stages failed (%s)", ps_status_str(st));
         goto out;
     }
-    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
-                n_cache, n_entries, ps_monotonic_s() - t_table);
+    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s", n_cache,
+                n_entries, ps_monotonic_s() - t_table);
     if (!o->exact_ranges && L > 1) {
-        /* longer ranges from their layers, each layer's entries and tensors */
-        PS_TRY(ps_layer_crossings_build(table_step, &crossings, err));
-        if (ps_layer_crossings_layers(crossings) != L)
-            PS_TRY(ps_error_set(err, PS_ERR_INTERNAL,
-                                "composing layers: the table's step has %d layers, the stage "
-                                "table %d",
-                                ps_layer_crossings_layers(crossings), L));
+        /* longer ranges from their layers, each layer's entries and tensors
+         * (a variant's entries hold the other variant's configurations
+         * absent, unless the slices are the same) */
         single = malloc((size_t)L * sizeof *single);
         single_tensors = malloc((size_t)L * sizeof *single_tensors);
         PS_TRY_ALLOC(single, err);
         PS_TRY_ALLOC(single_tensors, err);
-        for (int q = 0; q < L; q++) {
-            single[q] = entries_of[q * L + q];
-            single_tensors[q] = cache[cache_of[q * L + q]].tensors;
-        }
-        for (int l = 0; l < L; l++) {
-            for (int i = l + 1; i < L; i++)
-                entries_of[l * L + i] = composed[l * L + i];
-            PS_TRY(ps_range_compose(crossings, l, n_sub * max_cfg,
-                                    (const entry *const *)single,
-                                    (const ps_entry_tensors *const *)single_tensors,
-                                    entries_of + l * L, err));
+        for (int v = 0; v < n_var; v++) {
+            PS_TRY(ps_layer_crossings_build(table_step[v], &crossings[v], err));
+            if (ps_layer_crossings_layers(crossings[v]) != L)
+                PS_TRY(ps_error_set(err, PS_ERR_INTERNAL,
+                                    "composing layers: the table's step has %d layers, the "
+                                    "stage table %d",
+                                    ps_layer_crossings_layers(crossings[v]), L));
+            for (int q = 0; q < L; q++) {
+                single[q] = entries_of[v][q * L + q];
+                single_tensors[q] = cache[cache_of[v][q * L + q]].tensors;
+            }
+            for (int l = 0; l < L; l++) {
+                for (int i = l + 1; i < L; i++)
+                    entries_of[v][l * L + i] = composed[v][l * L + i];
+                PS_TRY(ps_range_compose(
+                    crossings[v], l, n_sub * max_cfg, (const entry *const *)single,
+                    (const ps_entry_tensors *const *)single_tensors, entries_of[v] + l * L, err));
+            }
         }
     }
 
@@ -1408,142 +1496,172 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 for (int s = 0; s < n_sub; s++)
                     for (int across = 0; across < 2; across++)
                         table->recv_s[((size_t)b * n_sub + s) * 2 + across] =
-                            boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices,
-                                               across);
+                            boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices, across);
         }
-        for (int l = 0; l < L; l++)
-            for (int i = l; i < L; i++)
-                for (int s = 0; s < n_sub; s++) {
-                    bool balanced = stage_balanced(flops_prefix, L, l, i, table->sub_devices[s],
-                                                   D, o->stage_imbalance_tolerance);
-                    double receive_s =
-                        in_order ? 0
-                                 : stage_receive_s(c, &lay, l, i, subs[s].hosts, subs[s].devices,
-                                                   false);
-                    for (int k = 0; k < n_cfgs[s]; k++) {
-                        entry e_pruned = {0};
-                        const entry *e =
-                            balanced ? &entries_of[l * L + i][s * max_cfg + k] : &e_pruned;
-                        size_t idx = ps_stage_table_index(table, l, i, s, k);
-                        /* the update and its gradient reductions, once per step, are
-                         * amortized over the micro-batches as in Alpa's stage costs */
-                        table->cost[idx] = e->ok ? e->time_s + e->update_s / B +
-                                                       (o->transfer_costs ? receive_s : 0)
-                                                 : INFINITY;
-                        table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
-                        if (o->print_rows && e->ok && way == 0) {
-                            /* what the same receive costs from another node's
-                             * neighbour: only where there are other nodes */
-                            char across[64] = "";
-                            if (c->nodes > 1)
-                                snprintf(across, sizeof across, " (%.4g ms from other nodes)",
-                                         stage_receive_s(c, &lay, l, i, subs[s].hosts,
-                                                         subs[s].devices, true) * 1e3);
-                            printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s)] = stage(time %.4g "
-                                   "ms (forward %.4g, backward %.4g), update %.4g ms per step, "
-                                   "receives %.4g ms%s, "
-                                   "weights+state %.4g GB, activations %.4g GB per "
-                                   "micro-batch, temporaries %.4g GB, later stages "
-                                   "allowed %d)\n",
-                                   l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
-                                   cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
-                                   cfgs[s][k].lean ? " lean" : "", e->time_s * 1e3,
-                                   e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
-                                   e->update_s * 1e3, receive_s * 1e3, across,
-                                   e->static_bytes / 1e9, e->act_bytes / 1e9,
-                                   e->transient_bytes / 1e9, table->max_succ[idx]);
+        /* With recomputation chosen by stage, the DP runs on the whole table,
+         * then on its plain and its recomputing configurations alone: the
+         * DP's objective is not the schedule, so its best over more choices
+         * may be slower than either alone, and realizing all three keeps
+         * the plan at least as fast as both --remat and none would be. */
+        for (int only = 0; only < (n_var == 2 ? 3 : 1); only++) {
+            for (int l = 0; l < L; l++)
+                for (int i = l; i < L; i++)
+                    for (int s = 0; s < n_sub; s++) {
+                        bool balanced = stage_balanced(flops_prefix, L, l, i, table->sub_devices[s],
+                                                       D, o->stage_imbalance_tolerance);
+                        double receive_s = in_order ? 0
+                                                    : stage_receive_s(c, &lay, l, i, subs[s].hosts,
+                                                                      subs[s].devices, false);
+                        for (int k = 0; k < n_cfgs[s]; k++) {
+                            entry e_pruned = {0};
+                            bool left_out =
+                                (only == 1 && cfgs[s][k].remat) || (only == 2 && !cfgs[s][k].remat);
+                            const entry *e =
+                                balanced && !left_out
+                                    ? &entries_of[cfgs[s][k].remat][l * L + i][s * max_cfg + k]
+                                    : &e_pruned;
+                            size_t idx = ps_stage_table_index(table, l, i, s, k);
+                            /* the update and its gradient reductions, once per step, are
+                             * amortized over the micro-batches as in Alpa's stage costs */
+                            table->cost[idx] = e->ok ? e->time_s + e->update_s / B +
+                                                           (o->transfer_costs ? receive_s : 0)
+                                                     : INFINITY;
+                            table->max_succ[idx] = max_succ(e, memory, L, B, o->gpipe);
+                            if (o->print_rows && e->ok && way == 0 && only == 0) {
+                                /* what the same receive costs from another node's
+                                 * neighbour: only where there are other nodes */
+                                char across[64] = "";
+                                if (c->nodes > 1)
+                                    snprintf(across, sizeof across, " (%.4g ms from other nodes)",
+                                             stage_receive_s(c, &lay, l, i, subs[s].hosts,
+                                                             subs[s].devices, true) *
+                                                 1e3);
+                                printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s%s)] = stage(time "
+                                       "%.4g ms (forward %.4g, backward %.4g), update %.4g ms per "
+                                       "step, receives %.4g ms%s, "
+                                       "weights+state %.4g GB, activations %.4g GB per "
+                                       "micro-batch, temporaries %.4g GB, later stages "
+                                       "allowed %d)\n",
+                                       l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
+                                       cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
+                                       cfgs[s][k].lean ? " lean" : "",
+                                       cfgs[s][k].remat ? " remat" : "", e->time_s * 1e3,
+                                       e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
+                                       e->update_s * 1e3, receive_s * 1e3, across,
+                                       e->static_bytes / 1e9, e->act_bytes / 1e9,
+                                       e->transient_bytes / 1e9, table->max_succ[idx]);
+                            }
                         }
                     }
-                }
-        ps_error inner = {0};
-        int max_cand = o->stage_candidates < 1                ? 1
-                       : o->stage_candidates > MAX_CANDIDATES ? MAX_CANDIDATES
-                                                              : o->stage_candidates;
-        if ((st = ps_stage_dp_by_count(table, D, B, max_cand > 1 ? CANDIDATES_WITHIN : 1.0,
-                                       by_count, &inner)) != PS_OK) {
-            /* memory alone decides feasibility both ways, unless the first
-             * way's stages did not pack and in-order placement fits none */
-            if (st == PS_ERR_INFEASIBLE && in_order && *out == NULL)
-                st = ps_error_set(err, PS_ERR_INFEASIBLE,
-                                  "%s on %s: the stages on the candidate submeshes do not pack "
-                                  "into the nodes (a submesh within a node may not straddle "
-                                  "two); choose submeshes whose sizes divide %d",
-                                  f0->name, c->name, c->devices_per_node);
-            else if (st == PS_ERR_INFEASIBLE)
-                st = no_plan_fits(req, o, entries_of[L - 1], subs, n_sub, n_cfgs, max_cfg,
-                                  memory, table->no_cut_after, L, &inner, err);
-            else
-                st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
-            goto out;
-        }
-        /* the candidates, best DP objective first: Alpa's answer (sp[way]),
-         * then the best pipeline of each other stage count near it */
-        int n_cand = 0;
-        for (int n = 1; n <= L; n++) {
-            if (by_count[n].n_stages == 0)
+            ps_error inner = {0};
+            int max_cand = o->stage_candidates < 1                ? 1
+                           : o->stage_candidates > MAX_CANDIDATES ? MAX_CANDIDATES
+                                                                  : o->stage_candidates;
+            st = ps_stage_dp_by_count(table, D, B, max_cand > 1 ? CANDIDATES_WITHIN : 1.0, by_count,
+                                      &inner);
+            if (st == PS_ERR_INFEASIBLE && only > 0) {
+                /* nothing fits without recomputing (or, on in-order
+                 * placement, recomputing everywhere packs none): the whole
+                 * table's answer stands */
+                st = PS_OK;
+                for (int n = 0; n <= L; n++)
+                    ps_stage_plan_clear(&by_count[n]);
                 continue;
-            int at = n_cand++;
-            for (; at > 0 && by_count[order[at - 1]].iteration_s > by_count[n].iteration_s; at--)
-                order[at] = order[at - 1];
-            order[at] = n;
-        }
-        if (n_cand > max_cand)
-            n_cand = max_cand;
-        sp[way] = by_count[order[0]];
-        memset(&by_count[order[0]], 0, sizeof by_count[order[0]]);
-        for (int q = 0; q < n_cand; q++) {
-            const ps_stage_plan *cur = q == 0 ? &sp[way] : &by_count[order[q]];
-            if (solved_before(cur, realized, n_realized))
-                continue;
+            }
+            if (st != PS_OK) {
+                /* memory alone decides feasibility both ways, unless the first
+                 * way's stages did not pack and in-order placement fits none */
+                if (st == PS_ERR_INFEASIBLE && in_order && *out == NULL)
+                    st = ps_error_set(err, PS_ERR_INFEASIBLE,
+                                      "%s on %s: the stages on the candidate submeshes do not "
+                                      "pack into the nodes (a submesh within a node may not "
+                                      "straddle two); choose submeshes whose sizes divide %d",
+                                      f0->name, c->name, c->devices_per_node);
+                else if (st == PS_ERR_INFEASIBLE)
+                    st = no_plan_fits(
+                        req, o,
+                        (const entry *const[2]){entries_of[0][L - 1], entries_of[n_var - 1][L - 1]},
+                        subs, n_sub, cfgs, n_cfgs, max_cfg, memory, table->no_cut_after, L, &inner,
+                        err);
+                else
+                    st = ps_error_set(err, st, "%s on %s: %s", f0->name, c->name, inner.msg);
+                goto out;
+            }
+            /* the candidates, best DP objective first: Alpa's answer (sp[way]
+             * on the whole table, sp_only on part of it), then the best
+             * pipeline of each other stage count near it */
+            int n_cand = 0;
+            for (int n = 1; n <= L; n++) {
+                if (by_count[n].n_stages == 0)
+                    continue;
+                int at = n_cand++;
+                for (; at > 0 && by_count[order[at - 1]].iteration_s > by_count[n].iteration_s;
+                     at--)
+                    order[at] = order[at - 1];
+                order[at] = n;
+            }
+            if (n_cand > max_cand)
+                n_cand = max_cand;
+            ps_stage_plan *top = only == 0 ? &sp[way] : &sp_only;
+            ps_stage_plan_clear(top);
+            *top = by_count[order[0]];
+            memset(&by_count[order[0]], 0, sizeof by_count[order[0]]);
+            for (int q = 0; q < n_cand; q++) {
+                const ps_stage_plan *cur = q == 0 ? top : &by_count[order[q]];
+                if (solved_before(cur, realized, n_realized))
+                    continue;
 
-            /* 5. placement and each stage's sharding */
-            stage_spec chosen[64];
-            if (cur->n_stages > 64) {
-                st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
-                goto out;
+                /* 5. placement and each stage's sharding */
+                stage_spec chosen[64];
+                if (cur->n_stages > 64) {
+                    st = ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
+                    goto out;
+                }
+                for (int k = 0; k < cur->n_stages; k++) {
+                    const ps_stage_choice *ch = &cur->stages[k];
+                    chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub],
+                                             cfgs[ch->sub][ch->cfg], o->lean_twin_limit_s};
+                }
+                submesh chosen_subs[64];
+                int chosen_first[64];
+                for (int k = 0; k < cur->n_stages; k++)
+                    chosen_subs[k] = chosen[k].sub;
+                if (!in_order && n_ways > 1 &&
+                    !place(c, chosen_subs, cur->n_stages, chosen_first)) {
+                    /* submeshes that are not powers of two may not pack; the
+                     * in-order DP's always do */
+                    PS_LOG_INFO("pipeshard: the stage DP's %d stages (neighbours charged on their "
+                                "node) do not pack into %s; placing in pipeline order instead",
+                                cur->n_stages, c->name);
+                    continue;
+                }
+                double t_realize = ps_monotonic_s();
+                ps_plan *plan = NULL;
+                PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", chosen,
+                               cur->n_stages, &plan, err));
+                PS_LOG_INFO(
+                    "pipeshard: %d stage(s) solved and timed in %.3g s (neighbours of stages "
+                    "within a node charged %s%s): iteration %.4g s (stage DP: %.4g s)",
+                    cur->n_stages, ps_monotonic_s() - t_realize,
+                    in_order ? "where in-order placement puts them" : "on their node",
+                    q == 0 ? "" : "; the best of this stage count", plan->iteration_s,
+                    cur->iteration_s);
+                if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
+                    ps_plan_free(*out);
+                    *out = plan;
+                } else {
+                    ps_plan_free(plan);
+                }
+                /* kept to recognize it the other way */
+                if (stage_plan_copy(cur, &realized[n_realized]) != PS_OK) {
+                    st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+                    goto out;
+                }
+                n_realized++;
             }
-            for (int k = 0; k < cur->n_stages; k++) {
-                const ps_stage_choice *ch = &cur->stages[k];
-                chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub],
-                                         cfgs[ch->sub][ch->cfg], o->lean_twin_limit_s};
-            }
-            submesh chosen_subs[64];
-            int chosen_first[64];
-            for (int k = 0; k < cur->n_stages; k++)
-                chosen_subs[k] = chosen[k].sub;
-            if (!in_order && n_ways > 1 && !place(c, chosen_subs, cur->n_stages, chosen_first)) {
-                /* submeshes that are not powers of two may not pack; the
-                 * in-order DP's always do */
-                PS_LOG_INFO("pipeshard: the stage DP's %d stages (neighbours charged on their "
-                            "node) do not pack into %s; placing in pipeline order instead",
-                            cur->n_stages, c->name);
-                continue;
-            }
-            double t_realize = ps_monotonic_s();
-            ps_plan *plan = NULL;
-            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", chosen,
-                           cur->n_stages, &plan, err));
-            PS_LOG_INFO("pipeshard: %d stage(s) solved and timed in %.3g s (neighbours of stages "
-                        "within a node charged %s%s): iteration %.4g s (stage DP: %.4g s)",
-                        cur->n_stages, ps_monotonic_s() - t_realize,
-                        in_order ? "where in-order placement puts them" : "on their node",
-                        q == 0 ? "" : "; the best of this stage count", plan->iteration_s,
-                        cur->iteration_s);
-            if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
-                ps_plan_free(*out);
-                *out = plan;
-            } else {
-                ps_plan_free(plan);
-            }
-            /* kept to recognize it the other way */
-            if (stage_plan_copy(cur, &realized[n_realized]) != PS_OK) {
-                st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-                goto out;
-            }
-            n_realized++;
+            for (int n = 0; n <= L; n++)
+                ps_stage_plan_clear(&by_count[n]);
         }
-        for (int n = 0; n <= L; n++)
-            ps_stage_plan_clear(&by_count[n]);
     }
 
     /* 6. The whole model on the whole cluster, when the DP pipelined it and
@@ -1574,8 +1692,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_limit_s};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
-            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, "pipeshard", &one, 1, &plan,
-                           err));
+            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,
+                           &plan, err));
             PS_LOG_INFO("pipeshard: the whole model on all devices solved and timed in %.3g s: "
                         "iteration %.4g s (stage DP: %.4g s, pipelined %.4g s)",
                         ps_monotonic_s() - t_realize, plan->iteration_s, B * best_cost,
@@ -1598,19 +1716,23 @@ out:
     }
     free(cache);
     free(slices);
-    free(entries_of);
-    free(cache_of);
     free(needed);
     free(items);
     free(item_status);
-    for (int k = 0; composed != NULL && k < lay.n_layers * lay.n_layers; k++)
-        free(composed[k]);
-    free(composed);
+    for (int v = 0; v < 2; v++) {
+        free(entries_of[v]);
+        free(cache_of[v]);
+        for (int k = 0; composed[v] != NULL && k < lay.n_layers * lay.n_layers; k++)
+            free(composed[v][k]);
+        free(composed[v]);
+        ps_layer_crossings_free(crossings[v]);
+        ps_graph_free(table_step[v]);
+    }
     free(single);
     free(single_tensors);
-    ps_layer_crossings_free(crossings);
     ps_stage_plan_clear(&sp[0]);
     ps_stage_plan_clear(&sp[1]);
+    ps_stage_plan_clear(&sp_only);
     for (int k = 0; by_count != NULL && k <= lay.n_layers; k++)
         ps_stage_plan_clear(&by_count[k]);
     free(by_count);
@@ -1622,7 +1744,6 @@ out:
         *out = NULL;
     }
     ps_stage_table_free(table);
-    ps_graph_free(table_step);
     free(layer_self);
     free(flops_prefix);
     ps_graph_free(step);
@@ -1683,7 +1804,7 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         used += h * d;
         specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
                                 {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0,
-                                 false},
+                                 false, false},
                                 0};
     }
     if (stages[n - 1].last_layer != lay.n_layers - 1) {
@@ -1716,7 +1837,8 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
                           c->name, ps_cluster_device_count(c));
         goto out;
     }
-    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, method, specs, n, out, err));
+    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, false, method, specs, n, out,
+                   err));
 out:
     ps_graph_free(step);
     ps_graph_free(fwd);

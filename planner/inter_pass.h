@@ -64,6 +64,13 @@ typedef struct ps_inter_options {
      * than the fastest), each of its two solves stopped after this many
      * seconds (default 2; 0: never), and kept when it fits and is faster. */
     double lean_twin_limit_s;
+    /* Choose recomputation stage by stage (--remat=auto): every table entry
+     * is also costed with its layers recomputed, and the stage DP takes
+     * whichever is faster within the memory, so a stage keeping many
+     * micro-batches in flight may recompute while the others do not. The
+     * plan records the recomputed layers (training.remat_layers). Needs a
+     * request without remat of its own. */
+    bool remat_by_stage;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);

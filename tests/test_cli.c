@@ -574,6 +574,27 @@ static void test_usage_errors(void **state)
                            NULL};
         expect_usage_error(fx, a, "--cluster: cluster \"dgx-a100:0\": node count must be >= 1");
     }
+    /* --remat=auto: the stage DP's choice, nowhere else */
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "data", "--remat=auto", "-o", "x.json", NULL};
+        expect_usage_error(fx, a, "--remat=auto has the stage DP choose");
+        const char *u[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--method",
+                           "uniform", "--dp", "2", "--op", "2", "--pp", "2", "--remat=auto",
+                           "-o", "x.json", NULL};
+        expect_usage_error(fx, u, "--remat=auto has the stage DP choose");
+        const char *g[] = {"graph", "--model", "mlp", "--remat=auto", NULL};
+        expect_usage_error(fx, g, "--remat=auto lets 'pipeshard plan' choose");
+        const char *b[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--remat=some",
+                           "-o", "x.json", NULL};
+        expect_usage_error(fx, b, "--remat takes =all (the default) or =auto, not \"some\"");
+        const char *both[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--remat",
+                              "--remat=auto", "-o", "x.json", NULL};
+        expect_usage_error(fx, both, "exclude each other");
+        const char *spaced[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100:1", "--remat",
+                                "auto", "-o", "x.json", NULL};
+        expect_usage_error(fx, spaced, "write --remat=auto");
+    }
 }
 
 /* A missing graph file is a failure (1) that names the file, not a usage error. */

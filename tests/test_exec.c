@@ -175,6 +175,55 @@ static void test_gpt_3d(void **state)
     ps_cluster_free(c);
 }
 
+/* Recomputation in some stages only (a plan's remat_layers, as the planner's
+ * --remat=auto writes them): a 4-block GPT as dp2 x op1 x pp4, layers 0 and
+ * 2 recomputed, 1 and 3 (the loss's) not. Stages 0 and 2 alone run
+ * recomputed ops, and the step equals the single-device one. */
+static void test_remat_some_stages(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    cfg.layers = 4;
+    cfg.batch = 4;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    const bool remat_layers[4] = {true, false, true, false}; /* the 4 stages' layers */
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 16, .micro_batches = 4,
+                           .ilp = ps_ilp_options_default()};
+    req.train.remat_layers = remat_layers;
+    ps_inter_options o = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_uniform(&req, &o, 2, 1, 4, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(p->n_stages, 4);
+    json_t *layers = json_object_get(p->training, "remat_layers");
+    assert_int_equal(json_array_size(layers), 2);
+    assert_int_equal(json_integer_value(json_array_get(layers, 1)), 2);
+    ps_exec_tolerance tol = {.rel = 1e-4, .grad_floor = 1e-3, .param_abs = 1e-3};
+    run kept;
+    check_within(p, 2, &tol, "gpt dp2 op1 pp4, layers 0 and 2 recomputed", &kept);
+    int recomputed[4] = {0};
+    for (int k = 0; k < kept.set->n_kernels; k++) {
+        const ps_kernel *kn = &kept.set->kernels[k];
+        for (int i = 0; i < kn->n_instrs; i++)
+            if (kn->instrs[i].kind == PS_INSTR_COMPUTE &&
+                kept.m->step->ops[kn->instrs[i].op].pass == PS_PASS_RECOMPUTE)
+                recomputed[kn->stage]++;
+    }
+    printf("  recomputed ops by stage: %d %d %d %d\n", recomputed[0], recomputed[1],
+           recomputed[2], recomputed[3]);
+    assert_true(recomputed[0] > 0 && recomputed[2] > 0);
+    assert_true(recomputed[1] == 0 && recomputed[3] == 0);
+    run_free(&kept);
+    ps_plan_free(p);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+}
+
 /* Devices too small for a replicated model: the ILP must shard parameters
  * (tensor parallelism inside the mesh, with its all-reduces). */
 static void test_gpt_tensor_parallel(void **state)
@@ -1982,6 +2031,7 @@ int main(void)
         cmocka_unit_test(test_data_layout_free),
         cmocka_unit_test(test_mlp_methods),
         cmocka_unit_test(test_gpt_3d),
+        cmocka_unit_test(test_remat_some_stages),
         cmocka_unit_test(test_gpt_tensor_parallel),
         cmocka_unit_test(test_wresnet),
         cmocka_unit_test(test_relu_alignment),

@@ -668,6 +668,74 @@ static void micro_batch_search(void **state)
     ps_graph_free(fwd);
 }
 
+/* Recomputation chosen by stage (remat_by_stage). GPT-350M with 8 blocks
+ * in 4 layers on two nodes of 8 V100s cut to 2 GiB, one stage per node (1x8
+ * submeshes), 8 micro-batches of 32: without remat nothing fits; with it
+ * everywhere both stages recompute, though the last keeps one micro-batch
+ * in flight and fits without. The stage DP recomputes only the first
+ * stage's layers, and is faster for it. With the devices' 16 GiB nothing
+ * needs recomputing: the plan is the one planned without remat. */
+static void remat_chosen_by_stage(void **state)
+{
+    (void)state;
+    ps_cluster *c = preset("p3.16xlarge:2");
+    c->kinds[0].memory_bytes = 2.0 * (1 << 30);
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 4;
+    assert_int_equal(ps_inter_parse_submeshes("1x8", &o, NULL), PS_OK);
+    ps_error err = {0};
+    assert_null(plan_on("gpt-350m", 0, 8, 256, 8, c, &o, false, PS_ERR_INFEASIBLE, &err));
+    ps_error_clear(&err);
+    ps_plan *everywhere = plan_on("gpt-350m", 0, 8, 256, 8, c, &o, true, PS_OK, &err);
+    o.remat_by_stage = true;
+    ps_plan *chosen = plan_on("gpt-350m", 0, 8, 256, 8, c, &o, false, PS_OK, &err);
+    check_plan(chosen, 16);
+    assert_int_equal(chosen->n_stages, 2);
+    printf("# 2 GiB: recomputed everywhere %.6g s, by stage %.6g s\n", everywhere->iteration_s,
+           chosen->iteration_s);
+    assert_true(chosen->iteration_s < everywhere->iteration_s);
+    /* the plan names the recomputed layers: the first stage's; its model
+     * recomputes those and no others */
+    json_t *layers = json_object_get(chosen->training, "remat_layers");
+    assert_non_null(layers);
+    assert_false(json_is_true(json_object_get(chosen->training, "remat")));
+    const ps_plan_stage *first = &chosen->stages[0];
+    assert_int_equal(json_array_size(layers), first->last_layer - first->first_layer + 1);
+    for (size_t i = 0; i < json_array_size(layers); i++)
+        assert_int_equal(json_integer_value(json_array_get(layers, i)),
+                         first->first_layer + (int)i);
+    ps_plan_model *m = NULL;
+    if (ps_plan_model_build(chosen, &m, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(ps_plan_check(chosen, m, &err), PS_OK);
+    int recomputed = 0;
+    for (int i = 0; i < m->step->n_ops; i++)
+        if (m->step->ops[i].pass == PS_PASS_RECOMPUTE) {
+            assert_true(m->step->ops[i].layer <= first->last_layer);
+            recomputed++;
+        }
+    assert_true(recomputed > 0);
+    ps_plan_model_free(m);
+    ps_plan_free(chosen);
+    ps_plan_free(everywhere);
+
+    /* room enough: what the plain step plans, exactly */
+    c->kinds[0].memory_bytes = 16.0 * (1 << 30);
+    o.remat_by_stage = false;
+    ps_plan *plain = plan_on("gpt-350m", 0, 8, 256, 8, c, &o, false, PS_OK, &err);
+    o.remat_by_stage = true;
+    chosen = plan_on("gpt-350m", 0, 8, 256, 8, c, &o, false, PS_OK, &err);
+    assert_null(json_object_get(chosen->training, "remat_layers"));
+    assert_true(chosen->iteration_s == plain->iteration_s);
+    ps_plan_free(chosen);
+    ps_plan_free(plain);
+    /* and not with remat asked for */
+    ps_error_clear(&err);
+    assert_null(plan_on("gpt-350m", 0, 8, 256, 8, c, &o, true, PS_ERR_INVALID, &err));
+    assert_non_null(strstr(err.msg, "exclude each other"));
+    ps_cluster_free(c);
+}
+
 /* A saved plan rebuilds its model (zoo config, layers, training options) and
  * its stages match the model's step; an edited plan is refused. */
 static void plans_rebuild_their_model(void **state)
@@ -804,6 +872,7 @@ int main(void)
         cmocka_unit_test(uniform_and_manual_stages),
         cmocka_unit_test(micro_batch_search),
         cmocka_unit_test(plans_rebuild_their_model),
+        cmocka_unit_test(remat_chosen_by_stage),
         cmocka_unit_test(manual_submesh_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
