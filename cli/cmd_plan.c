@@ -184,13 +184,37 @@ static void alpa_lines(const ps_plan *p)
  * within 1% (planner/inter_pass.c), so less is the gap asked for. */
 #define LAYOUT_GAP_SHOWN 0.0101
 
+/* The recomputed layers of a plan's training options, as "0-5, 7"; false
+ * when it names none. */
+static bool remat_layer_ranges(const json_t *training, char *out, size_t cap)
+{
+    const json_t *layers = json_object_get(training, "remat_layers");
+    size_t n = json_array_size(layers), used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < n && used < cap; i++) {
+        json_int_t first = json_integer_value(json_array_get(layers, i)), last = first;
+        while (i + 1 < n && json_integer_value(json_array_get(layers, i + 1)) == last + 1)
+            last = json_integer_value(json_array_get(layers, ++i));
+        int w = last > first ? snprintf(out + used, cap - used, "%s%lld-%lld", used ? ", " : "",
+                                        (long long)first, (long long)last)
+                             : snprintf(out + used, cap - used, "%s%lld", used ? ", " : "",
+                                        (long long)first);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    return n > 0;
+}
+
 static void summary(const ps_plan *p, const ps_intra_result *r)
 {
-    char a[64], b[64], c[64], d[64], e[64];
+    char a[64], b[64], c[64], d[64], e[64], layers[256];
     printf("plan          %s on %s (%d devices), method %s, schedule %s\n", p->model_name,
            p->cluster->name, ps_cluster_device_count(p->cluster), p->method, p->schedule);
     printf("batch         global %lld = %d micro-batch(es) of %lld\n", p->global_batch,
            p->micro_batches, p->global_batch / p->micro_batches);
+    if (remat_layer_ranges(p->training, layers, sizeof layers))
+        printf("recompute     layers %s\n", layers);
+    else if (json_is_true(json_object_get(p->training, "remat")))
+        printf("recompute     every layer but the loss's\n");
     for (int i = 0; i < p->n_stages; i++) {
         const ps_plan_stage *s = &p->stages[i];
         printf("stage %-7d layers %d-%d on devices %d-%d, submesh (%d, %d), logical mesh "

@@ -597,6 +597,27 @@ static void test_usage_errors(void **state)
     }
 }
 
+/* The plan's summary says what it recomputes; --remat=auto with room to
+ * spare recomputes nothing and says nothing of it. */
+static void test_plan_names_recomputed_layers(void **state)
+{
+    const fixture *fx = *state;
+    char plan[512];
+    snprintf(plan, sizeof plan, "%s/remat-plan.json", fx->dir);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
+                       "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
+                       "dgx-a100:1", "--global-batch", "32", "--micro-batches", "4",
+                       "--layer-num", "4", "--remat", "-o", plan, NULL};
+    expect_success(fx, a, "recompute     every layer but the loss's");
+    a[21] = "--remat=auto";
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "predicted     iteration");
+    assert_false(contains(r.out, r.out_len, "recompute"));
+    run_result_free(&r);
+}
+
 /* A missing graph file is a failure (1) that names the file, not a usage error. */
 static void test_missing_graph_file(void **state)
 {
@@ -1944,6 +1965,7 @@ int main(void)
         cmocka_unit_test(test_graph_manifest),
         cmocka_unit_test(test_cluster_manifest),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_plan_names_recomputed_layers),
         cmocka_unit_test(test_missing_graph_file),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_models),
