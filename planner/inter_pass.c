@@ -1498,12 +1498,15 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                         table->recv_s[((size_t)b * n_sub + s) * 2 + across] =
                             boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices, across);
         }
-        /* With recomputation chosen by stage, the DP runs on the whole table,
-         * then on its plain and its recomputing configurations alone: the
+        /* With recomputation chosen by stage, the DP runs on the plain and
+         * on the recomputing configurations alone (only 1, 2), then on the
+         * whole table (only 0, last: step 6 reads the table it leaves): the
          * DP's objective is not the schedule, so its best over more choices
          * may be slower than either alone, and realizing all three keeps
          * the plan at least as fast as both --remat and none would be. */
-        for (int only = 0; only < (n_var == 2 ? 3 : 1); only++) {
+        int n_passes = n_var == 2 ? 3 : 1;
+        for (int pass = 0; pass < n_passes; pass++) {
+            int only = (pass + 1) % n_passes;
             for (int l = 0; l < L; l++)
                 for (int i = l; i < L; i++)
                     for (int s = 0; s < n_sub; s++) {
