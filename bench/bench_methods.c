@@ -6,13 +6,16 @@
  * (p3.16xlarge V100 nodes; the global batch of the case). The automatic
  * plan chooses its micro-batch count as `--micro-batches auto`.
  *
- *   bench_methods [--quick] [--case MODEL@GPUS] [--remat] [--time-limit S]
+ *   bench_methods [--quick] [--case MODEL@GPUS] [--remat[=auto]] [--time-limit S]
  *                 [--csv FILE]
  *
  * Remat is off by default: it recomputes every clustered layer but the last,
  * so a uniform plan of pp stages (clustered into pp layers) recomputes a
  * different share of the model than the automatic plan's 8 layers, and a
  * one-stage uniform plan none at all; --remat compares them anyway.
+ * --remat=auto gives each method its best: the automatic plan chooses by
+ * stage (pipeshard plan --remat=auto), every other plan is tried both with
+ * and without remat.
  * --quick: the cases up to 4 GPUs; --case: one case; --time-limit: the
  * ILP's limit per solve (default 10 s); --csv FILE: one row per plan.
  * Prints one table per case; the last line is the headline: the geometric
@@ -59,15 +62,18 @@ static const char *const kind_names[] = {"auto", "uniform", "data", "zero2", "ze
 typedef struct outcome {
     plan_kind kind;
     int dp, op, pp, micro_batches;
+    bool remat; /* every layer but the loss's recomputed (the automatic plan: see remat_mode) */
     ps_status status;
     char why[PS_ERROR_MSG_MAX];
     double plan_s, planned_s, simulated_s, sim_tflops;
     int stages;
 } outcome;
 
-/* Plans one configuration and simulates it. */
-static bool remat = false;
+typedef enum { REMAT_OFF, REMAT_ON, REMAT_AUTO } remat_choice;
+static const char *const remat_names[] = {"off", "on", "auto"};
+static remat_choice remat_mode = REMAT_OFF;
 
+/* Plans one configuration and simulates it. */
 static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double time_limit_s,
                               outcome *r)
 {
@@ -90,10 +96,11 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
                            .global_batch = b->global_batch,
                            .micro_batches = r->micro_batches,
                            .ilp = ps_ilp_options_default()};
-    req.train.remat = remat;
+    req.train.remat = r->remat;
     req.ilp.time_limit_s = time_limit_s;
     ps_inter_options io = ps_inter_options_default();
     io.layer_num = b->layer_num;
+    io.remat_by_stage = r->kind == KIND_AUTO && remat_mode == REMAT_AUTO;
     switch (r->kind) {
     case KIND_AUTO: /* Alpa's plan, choosing the micro-batches too */
         st = ps_plan_pipeshard_search(&req, &io, &p, &err);
@@ -154,10 +161,21 @@ out:
 
 static void describe(const outcome *r, char *buf, size_t size)
 {
+    const char *remat = r->remat ? " remat" : "";
+    if (r->kind == KIND_AUTO && remat_mode == REMAT_AUTO)
+        remat = " remat=auto";
     if (r->kind == KIND_UNIFORM)
-        snprintf(buf, size, "uniform dp%d op%d pp%d", r->dp, r->op, r->pp);
+        snprintf(buf, size, "uniform dp%d op%d pp%d%s", r->dp, r->op, r->pp, remat);
     else
-        snprintf(buf, size, "%s", kind_names[r->kind]);
+        snprintf(buf, size, "%s%s", kind_names[r->kind], remat);
+}
+
+/* The CSV's remat column: none, all, or by-stage (the automatic plan's choice). */
+static const char *remat_of(const outcome *r)
+{
+    if (r->kind == KIND_AUTO && remat_mode == REMAT_AUTO)
+        return "by-stage";
+    return r->remat ? "all" : "none";
 }
 
 static void print_row(const outcome *r, FILE *csv, const bench_case *b)
@@ -171,8 +189,8 @@ static void print_row(const outcome *r, FILE *csv, const bench_case *b)
         printf("  %-22s %5d  %s\n", name, r->micro_batches,
                r->status == PS_ERR_INFEASIBLE ? "does not fit in memory" : r->why);
     if (csv != NULL)
-        fprintf(csv, "%s,%d,%s,%d,%d,%d,%d,%s,%.6g,%.6g,%.6g,%.3f\n", b->model, b->gpus,
-                kind_names[r->kind], r->dp, r->op, r->pp, r->micro_batches,
+        fprintf(csv, "%s,%d,%s,%d,%d,%d,%d,%s,%s,%.6g,%.6g,%.6g,%.3f\n", b->model, b->gpus,
+                kind_names[r->kind], r->dp, r->op, r->pp, r->micro_batches, remat_of(r),
                 r->status == PS_OK ? "ok" : r->status == PS_ERR_INFEASIBLE ? "oom" : "failed",
                 r->planned_s, r->simulated_s, r->sim_tflops, r->plan_s);
     fflush(stdout);
@@ -189,7 +207,9 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
         } else if (strcmp(argv[i], "--remat") == 0) {
-            remat = true;
+            remat_mode = REMAT_ON;
+        } else if (strcmp(argv[i], "--remat=auto") == 0) {
+            remat_mode = REMAT_AUTO;
         } else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
             only = argv[++i];
         } else if (strcmp(argv[i], "--time-limit") == 0 && i + 1 < argc) {
@@ -205,8 +225,8 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: bench_methods [--quick] [--case MODEL@GPUS] [--remat] "
-                            "[--time-limit S] [--csv FILE]\n");
+            fprintf(stderr, "usage: bench_methods [--quick] [--case MODEL@GPUS] "
+                            "[--remat[=auto]] [--time-limit S] [--csv FILE]\n");
             return 2;
         }
     }
@@ -214,8 +234,8 @@ int main(int argc, char **argv)
         char machine[600];
         machine_describe(machine, sizeof machine);
         fprintf(csv, "# bench_methods, simulated on SimGrid, p3.16xlarge, remat %s; machine: %s\n",
-                remat ? "on" : "off", machine);
-        fprintf(csv, "model,gpus,method,dp,op,pp,micro_batches,status,planned_iteration_s,"
+                remat_names[remat_mode], machine);
+        fprintf(csv, "model,gpus,method,dp,op,pp,micro_batches,remat,status,planned_iteration_s,"
                      "simulated_iteration_s,simulated_tflops_per_device,plan_s\n");
     }
     int n_cases = (int)(sizeof cases / sizeof cases[0]), done = 0;
@@ -233,7 +253,7 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("%s on %s, global batch %d, remat %s\n", b->model, c->name, b->global_batch,
-               remat ? "on" : "off");
+               remat_names[remat_mode]);
         printf("  %-22s %5s %6s %10s %10s %9s %8s\n", "plan", "mb", "stages", "planned_s",
                "simulated", "TFLOP/s", "plan_s");
         outcome best_uniform = {.kind = KIND_UNIFORM, .status = PS_ERR_INFEASIBLE},
@@ -242,21 +262,26 @@ int main(int argc, char **argv)
         /* the automatic plan, then the one-stage plans at every micro-batch count */
         automatic.kind = KIND_AUTO;
         automatic.micro_batches = grid_micro_batches[0];
+        automatic.remat = remat_mode == REMAT_ON;
+        /* the other plans: remat as asked, or (auto) both ways */
+        int remat_first = remat_mode == REMAT_ON, remat_last = remat_mode != REMAT_OFF;
         plan_and_simulate(b, c, time_limit_s, &automatic);
         print_row(&automatic, csv, b);
         for (int k = KIND_DATA; k <= KIND_ZERO3; k++) {
             best_one[k] = (outcome){.kind = (plan_kind)k, .status = PS_ERR_INFEASIBLE};
-            for (int q = 0; q < N_GRID_MB; q++) {
-                outcome r = {.kind = (plan_kind)k, .micro_batches = grid_micro_batches[q]};
-                if (b->global_batch % r.micro_batches != 0 ||
-                    (b->global_batch / r.micro_batches) % b->gpus != 0)
-                    continue;
-                plan_and_simulate(b, c, time_limit_s, &r);
-                print_row(&r, csv, b);
-                if (r.status == PS_OK &&
-                    (best_one[k].status != PS_OK || r.simulated_s < best_one[k].simulated_s))
-                    best_one[k] = r;
-            }
+            for (int q = 0; q < N_GRID_MB; q++)
+                for (int rm = remat_first; rm <= remat_last; rm++) {
+                    outcome r = {
+                        .kind = (plan_kind)k, .micro_batches = grid_micro_batches[q], .remat = rm};
+                    if (b->global_batch % r.micro_batches != 0 ||
+                        (b->global_batch / r.micro_batches) % b->gpus != 0)
+                        continue;
+                    plan_and_simulate(b, c, time_limit_s, &r);
+                    print_row(&r, csv, b);
+                    if (r.status == PS_OK &&
+                        (best_one[k].status != PS_OK || r.simulated_s < best_one[k].simulated_s))
+                        best_one[k] = r;
+                }
         }
         /* the uniform grid: every dp x op x pp = gpus, every micro-batch count
          * whose micro-batch splits over dp */
@@ -266,22 +291,28 @@ int main(int argc, char **argv)
                 if (b->gpus % (op * pp) != 0)
                     continue;
                 int dp = b->gpus / (op * pp);
-                for (int q = 0; q < N_GRID_MB; q++) {
-                    int mb = grid_micro_batches[q];
-                    if (b->global_batch % mb != 0 || (b->global_batch / mb) % dp != 0 ||
-                        mb < pp)
-                        continue;
-                    outcome r = {.kind = KIND_UNIFORM, .dp = dp, .op = op, .pp = pp,
-                                 .micro_batches = mb};
-                    plan_and_simulate(b, c, time_limit_s, &r);
-                    print_row(&r, csv, b);
-                    tried++;
-                    if (r.status != PS_OK)
-                        continue;
-                    fit++;
-                    if (best_uniform.status != PS_OK || r.simulated_s < best_uniform.simulated_s)
-                        best_uniform = r;
-                }
+                for (int q = 0; q < N_GRID_MB; q++)
+                    for (int rm = remat_first; rm <= remat_last; rm++) {
+                        int mb = grid_micro_batches[q];
+                        if (b->global_batch % mb != 0 || (b->global_batch / mb) % dp != 0 ||
+                            mb < pp)
+                            continue;
+                        outcome r = {.kind = KIND_UNIFORM,
+                                     .dp = dp,
+                                     .op = op,
+                                     .pp = pp,
+                                     .micro_batches = mb,
+                                     .remat = rm};
+                        plan_and_simulate(b, c, time_limit_s, &r);
+                        print_row(&r, csv, b);
+                        tried++;
+                        if (r.status != PS_OK)
+                            continue;
+                        fit++;
+                        if (best_uniform.status != PS_OK ||
+                            r.simulated_s < best_uniform.simulated_s)
+                            best_uniform = r;
+                    }
             }
         printf("  best of each, simulated iteration (s):");
         const outcome *bests[] = {&automatic, &best_uniform, &best_one[KIND_DATA],
@@ -290,8 +321,8 @@ int main(int argc, char **argv)
             char name[48];
             describe(bests[k], name, sizeof name);
             if (bests[k]->status == PS_OK)
-                printf(" %s %.4g (%d mb)%s", k == KIND_UNIFORM ? name : kind_names[k],
-                       bests[k]->simulated_s, bests[k]->micro_batches, k < 4 ? ";" : "");
+                printf(" %s %.4g (%d mb)%s", name, bests[k]->simulated_s, bests[k]->micro_batches,
+                       k < 4 ? ";" : "");
             else
                 printf(" %s does not fit%s", kind_names[k], k < 4 ? ";" : "");
         }
@@ -299,9 +330,10 @@ int main(int argc, char **argv)
         if (csv != NULL)
             for (int k = 0; k < 5; k++)
                 if (bests[k]->status == PS_OK)
-                    fprintf(csv, "%s,%d,best-%s,%d,%d,%d,%d,ok,%.6g,%.6g,%.6g,%.3f\n", b->model,
-                            b->gpus, kind_names[k], bests[k]->dp, bests[k]->op, bests[k]->pp,
-                            bests[k]->micro_batches, bests[k]->planned_s,
+                    fprintf(csv, "%s,%d,best-%s,%d,%d,%d,%d,%s,ok,%.6g,%.6g,%.6g,%.3f\n",
+                            b->model, b->gpus, kind_names[k], bests[k]->dp, bests[k]->op,
+                            bests[k]->pp, bests[k]->micro_batches, remat_of(bests[k]),
+                            bests[k]->planned_s,
                             bests[k]->simulated_s, bests[k]->sim_tflops, bests[k]->plan_s);
         if (automatic.status == PS_OK && best_uniform.status == PS_OK) {
             double ratio = best_uniform.simulated_s / automatic.simulated_s;
