@@ -1157,11 +1157,16 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                  b, e);
         break;
     }
+    /* what is left to try: not what the request already does */
+    bool recomputes = req->train.remat || o->remat_by_stage;
     return ps_error_set(err, PS_ERR_INFEASIBLE,
                         "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
-                        "(devices have %.4g GB); try --remat, more micro-batches or more devices",
+                        "(devices have %.4g GB); try %s%s or more devices",
                         req->forward->name, c->name, B, req->global_batch / B, inner->msg, extra,
-                        memory / 1e9);
+                        memory / 1e9, recomputes ? "" : "--remat, ",
+                        o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
+                                   "activations until its backward)"
+                                 : "more micro-batches");
 }
 
 static ps_status stage_plan_copy(const ps_stage_plan *a, ps_stage_plan *out)

@@ -91,16 +91,19 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
             /* out of attempts, or no memory left to plan again with (it
              * lacks two thirds of it or more) */
             bool gpipe = strcmp(p->schedule, "gpipe") == 0;
+            /* what is left to try: not what the plan already does */
+            bool recomputes = json_is_true(json_object_get(p->training, "remat")) ||
+                              json_array_size(json_object_get(p->training, "remat_layers")) > 0;
             char whose[64] = "the plan's";
             if (attempt > 1)
                 snprintf(whose, sizeof whose, "after %d attempts the best plan's", attempt);
             st = ps_error_set(err, PS_ERR_INFEASIBLE,
                               "no plan found that fits in memory: %s programs need %s on "
                               "device %d (stage %d), more than its %s (the planner estimated "
-                              "%s); try --remat, %s or more devices (--no-memory-check writes "
-                              "the plan anyway)",
+                              "%s); try %s%s or more devices (--no-memory-check writes the "
+                              "plan anyway)",
                               whose, need, pm->worst_device, pm->worst_stage, have, est,
-                              gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
+                              recomputes ? "" : "--remat, ", gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
                                       "activations until its backward)"
                                     : "more micro-batches");
             break;

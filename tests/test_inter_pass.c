@@ -356,7 +356,14 @@ static void nothing_fits(void **state)
     assert_null(p);
     assert_non_null(strstr(err.msg, "no plan fits in memory"));
     assert_non_null(strstr(err.msg, "the whole model needs"));
-    assert_non_null(strstr(err.msg, "try --remat"));
+    assert_non_null(strstr(err.msg, "try --remat, more micro-batches or more devices"));
+    /* what it already does is not suggested */
+    ps_error_clear(&err);
+    o.gpipe = true;
+    assert_null(
+        plan_for("mlp", 32768, 0, 64, 1, "p3.16xlarge:1", &o, true, PS_ERR_INFEASIBLE, &err));
+    assert_non_null(strstr(err.msg, "; try --schedule 1f1b (GPipe keeps every micro-batch's "
+                                    "activations until its backward) or more devices"));
 }
 
 /* Stages' logical meshes put the batch on an axis that divides it: with

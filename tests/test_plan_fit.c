@@ -207,6 +207,13 @@ static void hopeless_plan_fails_at_once(void **state)
     assert_non_null(strstr(err.msg, "no plan found that fits in memory: the plan's programs "
                                     "need "));
     assert_non_null(strstr(err.msg, "try --remat, more micro-batches or more devices"));
+    /* a plan that recomputes already is not told to */
+    f.req.train.remat = true;
+    rec.calls = 0;
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_fitting(&f.req, &o, one_stage, &rec, &p, &fit, &err),
+                     PS_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.msg, "; try more micro-batches or more devices"));
     fixture_clear(&f);
     fixture_clear(&big);
 }
