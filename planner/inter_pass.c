@@ -919,6 +919,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     ps_train_options train = req->train; /* as the plan records it */
     *out = NULL;
     if (remat_by_stage) {
+        train.remat = false; /* the stages' own choice (else the plain step) */
         int loss_layer = fwd->ops[fwd->tensors[fwd->loss].producer].layer, recomputed = 0;
         remat_layers = calloc((size_t)L + 1, sizeof *remat_layers);
         PS_TRY_ALLOC(remat_layers, err);
@@ -931,7 +932,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
         if (recomputed > 0)
             train.remat_layers = remat_layers; /* else the plain step */
     }
-    if (n > 1 || train.remat_layers != NULL) {
+    if (n > 1 || remat_by_stage) {
         if (n > 1) {
             layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
             PS_TRY_ALLOC(layer_stage, err);
@@ -966,7 +967,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
     ps_plan_request as_asked = *req;
     as_asked.train.remat_layers = NULL;
     PS_TRY(ps_plan_record_request(plan, &as_asked, err));
-    if (train.remat_layers != NULL) {
+    if (train.remat_layers != NULL || remat_by_stage) {
         json_decref(plan->training);
         plan->training = NULL;
         if ((st = ps_train_options_to_json(&train, L, &plan->training)) != PS_OK) {
@@ -1769,6 +1770,7 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
     ps_graph *fwd = NULL, *step = NULL;
     stage_spec specs[64];
     bool manual = false;
+    bool by_stage = false; /* some stage says whether it recomputes */
     const ps_cluster *c = req->cluster;
     int M = c->devices_per_node, used = 0;
     *out = NULL;
@@ -1812,8 +1814,9 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
         used += h * d;
         specs[k] = (stage_spec){m->first_layer, m->last_layer, {h, d},
                                 {m->logical_mesh[0], m->logical_mesh[1], m->force_batch_axis0,
-                                 false, false},
+                                 false, m->remat_given ? m->remat : req->train.remat},
                                 0};
+        by_stage = by_stage || m->remat_given;
     }
     if (stages[n - 1].last_layer != lay.n_layers - 1) {
         st = ps_error_set(err, PS_ERR_INVALID, "the stages cover layers 0-%d of 0-%d",
@@ -1845,8 +1848,8 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
                           c->name, ps_cluster_device_count(c));
         goto out;
     }
-    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, false, method, specs, n, out,
-                   err));
+    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, by_stage, method, specs, n,
+                   out, err));
 out:
     ps_graph_free(step);
     ps_graph_free(fwd);
@@ -1887,7 +1890,7 @@ ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o,
         return ps_error_set(err, PS_ERR_INVALID, "uniform plan: at most 64 stages");
     ps_manual_stage stages[64];
     for (int k = 0; k < pp; k++)
-        stages[k] = (ps_manual_stage){k, k, {hosts, per_host}, {dp, op}, dp > 1};
+        stages[k] = (ps_manual_stage){k, k, {hosts, per_host}, {dp, op}, dp > 1, false, false};
     return plan_stages(req, o, stages, pp, "uniform", pp, false, out, err);
 }
 

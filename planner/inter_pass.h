@@ -101,6 +101,9 @@ typedef struct ps_manual_stage {
     int submesh[2];              /* hosts, devices per host */
     int logical_mesh[2];         /* d0, d1 with d0 * d1 = hosts * devices */
     bool force_batch_axis0;
+    /* remat_given: this stage's layers are recomputed (remat) or not,
+     * whatever the request's remat says (a stage file's "remat") */
+    bool remat_given, remat;
 } ps_manual_stage;
 
 /* Plans the given stages: layers built as o says (layer_num / manual),

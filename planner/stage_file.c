@@ -31,7 +31,7 @@ static ps_status stages_from_doc(const ps_json_doc *doc, ps_inter_options *o,
 {
     static const char *const keys[] = {"format", "version", "layer_num", "stages", NULL};
     static const char *const stage_keys[] = {"layers", "submesh", "logical_mesh",
-                                             "force_batch_axis0", NULL};
+                                             "force_batch_axis0", "remat", NULL};
     ps_status st = PS_OK;
     ps_manual_stage *list = NULL;
     ps_jv v, sv;
@@ -80,6 +80,8 @@ static ps_status stages_from_doc(const ps_json_doc *doc, ps_inter_options *o,
         PS_TRY(read_pair(&e, "logical_mesh", list[i].logical_mesh, 1, err));
         PS_TRY(ps_jv_opt_bool(&e, "force_batch_axis0", list[i].logical_mesh[0] > 1,
                               &list[i].force_batch_axis0, err));
+        list[i].remat_given = ps_jv_has(&e, "remat");
+        PS_TRY(ps_jv_opt_bool(&e, "remat", false, &list[i].remat, err));
         list[i].first_layer = layers[0];
         list[i].last_layer = layers[1];
         if (list[i].logical_mesh[0] * list[i].logical_mesh[1] !=

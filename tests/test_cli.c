@@ -1773,6 +1773,37 @@ static void test_plan(void **state)
         expect_in(&r, true, "of activations on to the next stage per micro-batch");
         expect_in(&r, true, "of gradients back per micro-batch");
         run_result_free(&r);
+        /* a stage says whether it recomputes; the loss's layer never does */
+        f = fopen(stages, "w");
+        fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
+              " \"stages\": [{\"layers\": [0, 0], \"submesh\": [1, 4], \"logical_mesh\": [4, 1],\n"
+              "   \"remat\": true},\n"
+              "  {\"layers\": [1, 1], \"submesh\": [1, 4], \"logical_mesh\": [1, 4]}]}\n",
+              f);
+        fclose(f);
+        expect_success(fx, a, "recompute     layers 0\n");
+        const char *all[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--stages",
+                             stages, "--remat", "-o", out, NULL};
+        expect_success(fx, all, "recompute     layers 0\n");
+        f = fopen(stages, "w");
+        fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
+              " \"stages\": [{\"layers\": [0, 0], \"submesh\": [1, 4], \"logical_mesh\": [4, 1],\n"
+              "   \"remat\": false},\n"
+              "  {\"layers\": [1, 1], \"submesh\": [1, 4], \"logical_mesh\": [1, 4]}]}\n",
+              f);
+        fclose(f);
+        /* --remat for the other stages: the loss's, which it leaves alone */
+        run_ok(fx, all, &r);
+        expect_exit(&r, 0);
+        assert_false(contains(r.out, r.out_len, "recompute"));
+        run_result_free(&r);
+        f = fopen(stages, "w");
+        fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": \"manual\",\n"
+              " \"stages\": [{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [8, 1],\n"
+              "   \"remat\": 1}]}\n",
+              f);
+        fclose(f);
+        expect_failure(fx, a, "stages.json:3:13: stages[0].remat: expected true or false");
     }
     {
         const char *a[] = {"plan", "--model", "mlp", "--cluster", "dgx-a100", "--explain",

@@ -493,7 +493,7 @@ static void beats_one_stage_across_nodes(void **state)
     double one_stage = INFINITY;
     const int meshes[][2] = {{2, 8}, {4, 4}, {8, 2}, {16, 1}};
     for (size_t k = 0; k < sizeof meshes / sizeof *meshes; k++) {
-        ps_manual_stage ms = {0, 2, {2, 8}, {meshes[k][0], meshes[k][1]}, true};
+        ps_manual_stage ms = {0, 2, {2, 8}, {meshes[k][0], meshes[k][1]}, true, false, false};
         ps_plan *q = NULL;
         if (ps_plan_manual(&req, &o, &ms, 1, &q, &err) != PS_OK)
             fail_msg("%s", err.msg);
@@ -534,7 +534,7 @@ static void one_stage_when_pipelines_lose(void **state)
     const int meshes[][2] = {{4, 8}, {8, 4}, {16, 2}};
     for (size_t k = 0; k < sizeof meshes / sizeof *meshes; k++) {
         ps_manual_stage ms = {0, p->stages[p->n_stages - 1].last_layer, {4, 8},
-                              {meshes[k][0], meshes[k][1]}, true};
+                              {meshes[k][0], meshes[k][1]}, true, false, false};
         ps_plan *q = NULL;
         if (ps_plan_manual(&req, &o, &ms, 1, &q, &err) != PS_OK)
             fail_msg("%s", err.msg);
@@ -576,7 +576,8 @@ static void uniform_and_manual_stages(void **state)
     assert_non_null(strstr(err.msg, "must be the 8 devices"));
 
     o.layer_num = 3;
-    ps_manual_stage ms[2] = {{0, 0, {1, 4}, {2, 2}, true}, {1, 2, {1, 4}, {1, 4}, false}};
+    ps_manual_stage ms[2] = {{0, 0, {1, 4}, {2, 2}, true, false, false},
+                             {1, 2, {1, 4}, {1, 4}, false, false, false}};
     ps_error_clear(&err);
     if (ps_plan_manual(&req, &o, ms, 2, &p, &err) != PS_OK)
         fail_msg("%s", err.msg);
@@ -723,6 +724,28 @@ static void remat_chosen_by_stage(void **state)
         }
     assert_true(recomputed > 0);
     ps_plan_model_free(m);
+    /* the same stages from a stage file, each saying whether it recomputes:
+     * the same plan */
+    ps_manual_stage ms[2];
+    for (int k = 0; k < 2; k++) {
+        const ps_plan_stage *s = &chosen->stages[k];
+        ms[k] = (ps_manual_stage){s->first_layer, s->last_layer,
+                                  {s->submesh[0], s->submesh[1]},
+                                  {s->logical_mesh[0], s->logical_mesh[1]},
+                                  s->force_batch_axis0, true, k == 0};
+    }
+    ps_model_config cfg = gpt350m(8);
+    ps_graph *fwd = NULL;
+    ps_plan_request req = request(&cfg, &fwd, c, 256, 8);
+    ps_inter_options mo = ps_inter_options_default();
+    mo.layer_num = 4;
+    ps_plan *manual = NULL;
+    if (ps_plan_manual(&req, &mo, ms, 2, &manual, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(fabs(manual->iteration_s - chosen->iteration_s) <= 1e-9 * chosen->iteration_s);
+    assert_true(json_equal(json_object_get(manual->training, "remat_layers"), layers));
+    ps_plan_free(manual);
+    ps_graph_free(fwd);
     ps_plan_free(chosen);
     ps_plan_free(everywhere);
 
