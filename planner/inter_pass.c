@@ -1422,12 +1422,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 ps_entry_tensors *et =
                     cache[k].tensors != NULL ? cache[k].tensors + s * max_cfg : NULL;
                 items[n_items++] = (work_item){
-                    slices[k],
-                    k,
-                    s,
-                    c2,
-                    lean,
-                    cache[k].budget,
+                    slices[k], k, s, c2, lean, cache[k].budget,
                     {&e[c2], lean >= 0 ? &e[lean] : NULL},
                     {et != NULL ? &et[c2] : NULL, et != NULL && lean >= 0 ? &et[lean] : NULL}};
                 n_entries += 1 + (lean >= 0);
@@ -1435,11 +1430,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     item_status = calloc((size_t)n_items + 1, sizeof *item_status);
     PS_TRY_ALLOC(item_status, err);
     double t_table = ps_monotonic_s();
-    table_work w = {.items = items,
-                    .cluster = c,
-                    .subs = subs,
-                    .cfgs = cfgs,
-                    .req = req,
+    table_work w = {.items = items, .cluster = c, .subs = subs, .cfgs = cfgs, .req = req,
                     /* the request's limit caps every solve, table entries too */
                     .limit_s = o->stage_time_limit_s > 0 && req->ilp.time_limit_s > 0
                                    ? fmin(o->stage_time_limit_s, req->ilp.time_limit_s)
@@ -1452,8 +1443,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         st = ps_error_set(err, st, "costing the stages failed (%s)", ps_status_str(st));
         goto out;
     }
-    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s", n_cache,
-                n_entries, ps_monotonic_s() - t_table);
+    PS_LOG_INFO("pipeshard: %d distinct layer slices, %d table entries solved in %.3g s",
+                n_cache, n_entries, ps_monotonic_s() - t_table);
     if (!o->exact_ranges && L > 1) {
         /* longer ranges from their layers, each layer's entries and tensors
          * (a variant's entries hold the other variant's configurations
@@ -1502,7 +1493,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 for (int s = 0; s < n_sub; s++)
                     for (int across = 0; across < 2; across++)
                         table->recv_s[((size_t)b * n_sub + s) * 2 + across] =
-                            boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices, across);
+                            boundary_receive_s(c, &lay, b, subs[s].hosts, subs[s].devices,
+                                               across);
         }
         /* With recomputation chosen by stage, the DP runs on the plain and
          * on the recomputing configurations alone (only 1, 2), then on the

@@ -103,7 +103,8 @@ ps_status ps_plan_fitting(const ps_plan_request *req, const ps_plan_fit_options 
                               "%s); try %s%s or more devices (--no-memory-check writes the "
                               "plan anyway)",
                               whose, need, pm->worst_device, pm->worst_stage, have, est,
-                              recomputes ? "" : "--remat, ", gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
+                              recomputes ? "" : "--remat, ",
+                              gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
                                       "activations until its backward)"
                                     : "more micro-batches");
             break;
