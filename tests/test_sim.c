@@ -1638,6 +1638,55 @@ static void planner_prediction_across_nodes(void **state)
     report_worst("planner_prediction_across_nodes");
 }
 
+/* A plan recomputing some stages only (--remat=auto): GPT-350M, 8 blocks in
+ * 4 layers, on two nodes of 2 GiB V100s, one stage per node, 8 micro-batches
+ * of 32. The DP recomputes the first stage's layers alone; its lowered
+ * programs simulate at the planner's iteration and stage times. */
+static void planner_prediction_remat_by_stage(void **state)
+{
+    (void)state;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:2", &c, NULL), PS_OK);
+    c->kinds[0].memory_bytes = 2.0 * (1 << 30);
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 8;
+    cfg.batch = 32;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 256, .micro_batches = 8,
+                           .ilp = ps_ilp_options_default()};
+    ps_inter_options io = ps_inter_options_default();
+    io.layer_num = 4;
+    io.remat_by_stage = true;
+    ps_error err = {0};
+    assert_int_equal(ps_inter_parse_submeshes("1x8", &io, &err), PS_OK);
+    ps_plan *p = NULL;
+    if (ps_plan_pipeshard(&req, &io, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    const json_t *layers = json_object_get(p->training, "remat_layers");
+    assert_int_equal(p->n_stages, 2);
+    assert_int_equal(json_array_size(layers), p->stages[0].last_layer + 1);
+    ps_plan_model *pm = NULL;
+    ps_program_set *set = lower_default(p, &pm);
+    ps_summary *sum = simulate(set, c, NULL, NULL);
+    print_message("gpt-350m, stage 0 recomputing: planner %.6g s, simulated %.6g s\n",
+                  p->iteration_s, sum->iteration_s);
+    assert_close(sum->iteration_s, p->iteration_s, 0.01, "remat by stage");
+    for (int k = 0; k < p->n_stages; k++) {
+        assert_close(sum->stages[k].forward_s, p->stages[k].forward_s, 0.01, "forward");
+        assert_close(sum->stages[k].backward_s, p->stages[k].backward_s, 0.01, "backward");
+    }
+    assert_true(sum->peak_memory_bytes <= c->kinds[0].memory_bytes);
+    ps_summary_free(sum);
+    ps_program_set_free(set);
+    ps_plan_model_free(pm);
+    ps_plan_free(p);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+}
+
 /* ---- devices sharing cores ---- */
 
 static ps_cluster *shared_cluster(int dpn, int cores, double flops)
@@ -1970,6 +2019,7 @@ int main(void)
         cmocka_unit_test(planner_prediction_uncontended),
         cmocka_unit_test(planner_prediction_shared_nics),
         cmocka_unit_test(planner_prediction_across_nodes),
+        cmocka_unit_test(planner_prediction_remat_by_stage),
         cmocka_unit_test(shared_cores_are_processor_sharing),
         cmocka_unit_test(shared_cores_lockstep_delay),
         cmocka_unit_test(shared_core_pipeline),
