@@ -1221,7 +1221,6 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
      * (remat_by_stage) recomputed; a configuration's variant is its remat. */
     int n_var = 1;
     ps_graph *table_step[2] = {NULL, NULL}; /* [variant] the step with each layer a stage */
-    ps_graph *whole_step[2] = {NULL, NULL}; /* [variant] the step, when L is 1 */
     int *layer_self = NULL;           /* [layer] = layer */
     double *flops_prefix = NULL;      /* [L + 1] forward FLOPs of layers before each */
     cache_item *cache = NULL;
@@ -1289,8 +1288,6 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 t.remat = true;
             PS_TRY(ps_train_step_build(fwd, &t, &table_step[v], err));
         }
-    } else {
-        whole_step[0] = step;
     }
 
     /* 2. candidate submeshes and logical meshes */
@@ -1357,7 +1354,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 if (!o->exact_ranges && i > l)
                     continue;
                 ps_graph *slice = NULL;
-                PS_TRY(ps_graph_slice(table_step[v] != NULL ? table_step[v] : whole_step[v], l, i,
+                PS_TRY(ps_graph_slice(table_step[v] != NULL ? table_step[v] : step, l, i,
                                       &slice, err));
                 uint64_t h = graph_hash(slice);
                 int found = -1;
