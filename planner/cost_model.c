@@ -226,31 +226,47 @@ static double ring_s(const ps_logical_mesh *m, ps_collective kind, int axis, dou
     return steps * a + frac * bytes * b;
 }
 
-double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes)
+/* ps_collective_s counting only the rings on the axes in `counted` (a bit
+ * mask). */
+static double collective_on(const ps_logical_mesh *m, ps_collective kind, unsigned axes,
+                            double bytes, unsigned counted)
 {
-    if (axes == 1)
-        return ring_s(m, kind, 0, bytes);
-    if (axes == 2)
-        return ring_s(m, kind, 1, bytes);
+    if (axes == 1 || axes == 2) {
+        int axis = axes == 1 ? 0 : 1;
+        return counted & axes ? ring_s(m, kind, axis, bytes) : 0;
+    }
     if (axes != 3)
         return 0;
     /* hierarchical over both axes: inner axis 1 on the full size, then axis 0
-     * on what is left per device */
+     * on what is left per device (summed in this order) */
     double d1 = m->shape[1];
+    bool c0 = counted & 1u, c1 = counted & 2u;
     switch (kind) {
     case PS_COLL_ALL_REDUCE:
-        return ring_s(m, PS_COLL_REDUCE_SCATTER, 1, bytes) +
-               ring_s(m, PS_COLL_ALL_REDUCE, 0, bytes / d1) +
-               ring_s(m, PS_COLL_ALL_GATHER, 1, bytes);
+        return (c1 ? ring_s(m, PS_COLL_REDUCE_SCATTER, 1, bytes) : 0) +
+               (c0 ? ring_s(m, PS_COLL_ALL_REDUCE, 0, bytes / d1) : 0) +
+               (c1 ? ring_s(m, PS_COLL_ALL_GATHER, 1, bytes) : 0);
     case PS_COLL_ALL_GATHER: /* bytes: the gathered size */
-        return ring_s(m, kind, 0, bytes / d1) + ring_s(m, kind, 1, bytes);
+        return (c0 ? ring_s(m, kind, 0, bytes / d1) : 0) + (c1 ? ring_s(m, kind, 1, bytes) : 0);
     case PS_COLL_REDUCE_SCATTER: /* bytes: the input size */
-        return ring_s(m, kind, 1, bytes) + ring_s(m, kind, 0, bytes / d1);
+        return (c1 ? ring_s(m, kind, 1, bytes) : 0) + (c0 ? ring_s(m, kind, 0, bytes / d1) : 0);
     case PS_COLL_ALL_TO_ALL:
-        return ring_s(m, kind, 1, bytes) + ring_s(m, kind, 0, bytes);
+        return (c1 ? ring_s(m, kind, 1, bytes) : 0) + (c0 ? ring_s(m, kind, 0, bytes) : 0);
     case PS_COLL_COUNT: break;
     }
     return 0;
+}
+
+double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes)
+{
+    return collective_on(m, kind, axes, bytes, 3u);
+}
+
+double ps_collective_nic_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes,
+                           double bytes)
+{
+    unsigned crossing = (m->crosses_nodes[0] ? 1u : 0) | (m->crosses_nodes[1] ? 2u : 0);
+    return crossing ? collective_on(m, kind, axes, bytes, crossing) : 0;
 }
 
 /* The roofline of ps_compute_s; a GEMM's time from the DB when it has one:

@@ -83,6 +83,10 @@ bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b);
 /* Time of a collective over the mesh axes in `axes` (bit mask; both axes =
  * hierarchical: axis 1 first, then axis 0 on the reduced share). */
 double ps_collective_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes, double bytes);
+/* Of that time, the rings on axes that cross nodes: the part that holds the
+ * NICs of the mesh's nodes (0 when no axis in `axes` crosses nodes). */
+double ps_collective_nic_s(const ps_logical_mesh *m, ps_collective kind, unsigned axes,
+                           double bytes);
 
 /* Time of one point-to-point transfer between two devices of cluster c:
  * the intra-node link inside a node (or the profile DB's send-recv time,

@@ -722,9 +722,11 @@ static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gp
     ps_stage_link *links = NULL;
     int n_links = 0;
     double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
+    ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
     PS_TRY_ALLOC(t, err);
+    PS_TRY_ALLOC(nics, err);
     PS_TRY(ps_plan_stage_links(plan, step, ps_lower_options_default().local_allgather, &links,
-                               &n_links, err));
+                               &n_links, nics, err));
     for (int k = 0; k < n; k++) {
         ps_plan_stage *s = &plan->stages[k];
         t[k] = s->forward_s;
@@ -746,7 +748,13 @@ static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gp
         else if (links[l].kind == PS_LINK_BACKWARD)
             s->send_backward_s += links[l].reduce_s + links[l].seconds;
     }
-    double it = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links,
+    for (int k = 0; k < n; k++)
+        if (nics[k].update_nic_s > 0)
+            PS_LOG_DEBUG("pipeshard: stage %d's update: %.4g ms of %.4g ms on the NICs of nodes "
+                         "%d-%d",
+                         k, nics[k].update_nic_s * 1e3, plan->stages[k].update_s * 1e3,
+                         nics[k].node, nics[k].node + nics[k].nodes - 1);
+    double it = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links, nics,
                                         plan->micro_batches, gpipe);
     if (isnan(it)) {
         PS_LOG_WARN("the stages' transfers wait for each other: Alpa's pipeline formula "
@@ -756,6 +764,7 @@ static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gp
     plan->iteration_s = it;
 out:
     free(links);
+    free(nics);
     free(t);
     return st;
 }

@@ -49,6 +49,28 @@ static const ps_plan_tensor *plan_tensor_named(const ps_plan_stage *s, const cha
     return NULL;
 }
 
+/* Of a resharding step's time, its rings on mesh axes across nodes. */
+static double step_nic_s(const ps_logical_mesh *m, const ps_reshard_step *s)
+{
+    if (s->kind < 0)
+        return 0; /* a local slice */
+    return ps_collective_nic_s(m, (ps_collective)s->kind, s->axis == 2 ? 3u : 1u << s->axis,
+                               s->bytes);
+}
+
+/* Of resharding a tensor from one layout to another on mesh m, the rings on
+ * axes across nodes. */
+static double reshard_nic_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
+                            const ps_sharding_spec *from, const ps_sharding_spec *to)
+{
+    ps_reshard_step steps[PS_RESHARD_MAX_STEPS];
+    int n = ps_reshard_plan(m, t, from, to, steps);
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += step_nic_s(m, &steps[i]);
+    return s;
+}
+
 /* Seconds to move tensor x of `step` from stage a's layout to stage b's:
  * the sender's reduction of a partial sum, then the transfers and the
  * receivers' all-gathers. */
@@ -92,14 +114,14 @@ static void link_nics(ps_stage_link *l, const nic_load *v, const ps_cluster *c)
 
 static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh **mesh,
                        const crossing *x, bool local_allgather, nic_load *nics,
-                       double *reduce_s, double *seconds, ps_error *err)
+                       double *reduce_s, double *reduce_nic_s, double *seconds, ps_error *err)
 {
     ps_status st = PS_OK;
     const ps_tensor *t = &step->tensors[x->tensor];
     const ps_plan_stage *A = &p->stages[x->from], *B = &p->stages[x->to];
     const ps_plan_tensor *ta = plan_tensor_named(A, t->name), *tb = plan_tensor_named(B, t->name);
     ps_cross_plan cp = {0};
-    *seconds = *reduce_s = 0;
+    *seconds = *reduce_s = *reduce_nic_s = 0;
     if (ta == NULL || tb == NULL)
         return ps_error_set(err, PS_ERR_INVALID, "stage %d has no layout for %s",
                             ta == NULL ? x->from : x->to, t->name);
@@ -109,8 +131,10 @@ static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh *
         ps_reshard_step steps[PS_RESHARD_MAX_STEPS];
         full.partial = 0;
         int n = ps_reshard_plan(mesh[x->from], &t->desc, &sa, &full, steps);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             *reduce_s += steps[i].seconds;
+            *reduce_nic_s += step_nic_s(mesh[x->from], &steps[i]);
+        }
         sa = full;
     }
     if (sb.partial)
@@ -141,8 +165,91 @@ static ps_status add_crossing(crossing **v, int *n, int *cap, int tensor, int a,
     return PS_OK;
 }
 
+static int by_op_name(const void *a, const void *b)
+{
+    return strcmp((*(const ps_plan_op *const *)a)->name, (*(const ps_plan_op *const *)b)->name);
+}
+
+static int by_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(const ps_plan_tensor *const *)a)->name,
+                  (*(const ps_plan_tensor *const *)b)->name);
+}
+
+/* Each stage's nodes, and of its update the reshardings' rings across them:
+ * the update-pass ops' input reshardings as the ILP priced them
+ * (planner/intra_pass.c), ADAM's state written back to its layout too. */
+static ps_status stage_update_nics(const ps_plan *p, const ps_graph *step,
+                                   const int *stage_of_layer, ps_logical_mesh **mesh,
+                                   ps_stage_nics *nics, ps_error *err)
+{
+    ps_status st = PS_OK;
+    int n = p->n_stages, dpn = p->cluster->devices_per_node, most_ops = 1, most_tensors = 1;
+    for (int k = 0; k < n; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        int lo = s->devices[0] / dpn, hi = lo;
+        for (int i = 1; i < s->n_devices; i++) {
+            lo = s->devices[i] / dpn < lo ? s->devices[i] / dpn : lo;
+            hi = s->devices[i] / dpn > hi ? s->devices[i] / dpn : hi;
+        }
+        nics[k] = (ps_stage_nics){.node = lo, .nodes = hi - lo + 1};
+        most_ops = s->n_ops > most_ops ? s->n_ops : most_ops;
+        most_tensors = s->n_tensors > most_tensors ? s->n_tensors : most_tensors;
+    }
+    /* one stage at a time: its ops and tensors by name */
+    const ps_plan_op **ops = malloc((size_t)most_ops * sizeof *ops);
+    const ps_plan_tensor **tensors = malloc((size_t)most_tensors * sizeof *tensors);
+    PS_TRY_ALLOC(ops, err);
+    PS_TRY_ALLOC(tensors, err);
+    for (int k = 0; k < n; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        if (nics[k].nodes < 2)
+            continue;
+        for (int i = 0; i < s->n_ops; i++)
+            ops[i] = &s->ops[i];
+        for (int i = 0; i < s->n_tensors; i++)
+            tensors[i] = &s->tensors[i];
+        qsort(ops, (size_t)s->n_ops, sizeof *ops, by_op_name);
+        qsort(tensors, (size_t)s->n_tensors, sizeof *tensors, by_tensor_name);
+        for (int i = 0; i < step->n_ops; i++) {
+            const ps_op *op = &step->ops[i];
+            if (op->pass != PS_PASS_UPDATE || stage_of_layer[op->layer] != k)
+                continue;
+            ps_plan_op key_op = {.name = op->name};
+            const ps_plan_op *kp = &key_op, **po = bsearch(&kp, ops, (size_t)s->n_ops,
+                                                           sizeof *ops, by_op_name);
+            if (po == NULL) {
+                st = ps_error_set(err, PS_ERR_INVALID, "stage %d has no strategy for %s", k,
+                                  op->name);
+                goto out;
+            }
+            for (int q = 0; q < op->n_in && q < (*po)->n_in; q++) {
+                const ps_tensor *t = &step->tensors[op->in[q]];
+                ps_plan_tensor key_t = {.name = t->name};
+                const ps_plan_tensor *kt = &key_t, **pt = bsearch(
+                    &kt, tensors, (size_t)s->n_tensors, sizeof *tensors, by_tensor_name);
+                if (pt == NULL) {
+                    st = ps_error_set(err, PS_ERR_INVALID, "stage %d has no layout for %s", k,
+                                      t->name);
+                    goto out;
+                }
+                nics[k].update_nic_s += reshard_nic_s(mesh[k], &t->desc, &(*pt)->spec,
+                                                      &(*po)->in[q]);
+                if (op->kind == PS_OP_ADAM && q != 1)
+                    nics[k].update_nic_s += reshard_nic_s(mesh[k], &t->desc, &(*po)->in[q],
+                                                          &(*pt)->spec);
+            }
+        }
+    }
+out:
+    free(ops);
+    free(tensors);
+    return st;
+}
+
 ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local_allgather,
-                              ps_stage_link **out, int *n_out, ps_error *err)
+                              ps_stage_link **out, int *n_out, ps_stage_nics *stage_nics,
+                              ps_error *err)
 {
     ps_status st = PS_OK;
     int n = p->n_stages, max_layer = 0;
@@ -213,7 +320,7 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
                                         err));
         }
     }
-    for (int k = 0; k < n && n_cross > 0; k++) {
+    for (int k = 0; k < n && (n_cross > 0 || stage_nics != NULL); k++) {
         const ps_plan_stage *s = &p->stages[k];
         PS_TRY(ps_mesh_create(p->cluster, s->devices[0], s->submesh[0], s->submesh[1],
                               s->logical_mesh[0], s->logical_mesh[1], &mesh[k], err));
@@ -234,9 +341,11 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
             l = &links[n_links++];
             *l = (ps_stage_link){.from = x->from, .to = x->to, .kind = x->kind};
         }
-        double reduce_s, seconds;
-        PS_TRY(price(p, step, mesh, x, local_allgather, &nics, &reduce_s, &seconds, err));
+        double reduce_s, reduce_nic_s, seconds;
+        PS_TRY(price(p, step, mesh, x, local_allgather, &nics, &reduce_s, &reduce_nic_s, &seconds,
+                     err));
         l->reduce_s += reduce_s;
+        l->reduce_nic_s += reduce_nic_s;
         l->tensors++;
         const ps_tensor *t = &step->tensors[x->tensor];
         l->bytes += (double)ps_tensor_numel(t) * ps_dtype_size(t->desc.dtype);
@@ -244,6 +353,8 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
     }
     if (n_links > 0)
         link_nics(&links[n_links - 1], &nics, p->cluster);
+    if (stage_nics != NULL)
+        PS_TRY(stage_update_nics(p, step, stage_of_layer, mesh, stage_nics, err));
     *out = links;
     *n_out = n_links;
     links = NULL;
@@ -279,14 +390,71 @@ static int order_at(int k, int n, int m, bool gpipe, int i, bool *backward)
     return m - warm + (j - 2 * (m - warm));
 }
 
-/* One step of a stage's part of the schedule: a kernel (or the update, or
- * reductions) computing for dur, or the receive of a link once the sender's
- * op `after` has ended. */
+/* What holds NICs while it runs: a link's transfer (moving at full speed,
+ * it uses `use` of each NIC it crosses, one direction) or a stage's own
+ * collective (all the NICs of its nodes, both ways). */
+typedef struct flow {
+    double seconds, use;
+    int node[2], nodes[2]; /* side 0 sends, 1 receives */
+} flow;
+
+/* One step of a stage's part of the schedule: computing for dur (flow -1),
+ * or flow `flow` once op `after` has ended (-1: nothing to wait for). */
 typedef struct sched_op {
-    int link; /* -1: computes */
+    int flow;
     int after;
     double dur;
 } sched_op;
+
+/* Link x's share of the NIC it crosses when it moves at full speed. */
+static double nic_use(const ps_stage_link *x)
+{
+    return x->nic_s > 0 && x->seconds > 0 ? x->nic_s / x->seconds : 0;
+}
+
+/* The phases in which a stage reduces what it sends (schedule_ops), and
+ * its update's own collectives: a stage's flows after the links'. */
+enum { PH_FORWARD, PH_BACKWARD, PH_ACCUMULATED, PH_UPDATE_SENDS, PH_UPDATE, PH_COUNT };
+
+/* The flows: the links', then per stage per phase its collective across
+ * its nodes (seconds 0: none). *out malloc'ed. */
+static flow *make_flows(int n, const ps_stage_link *links, int n_links,
+                        const ps_stage_nics *nics)
+{
+    flow *f = calloc((size_t)n_links + (size_t)n * PH_COUNT + 1, sizeof *f);
+    if (f == NULL)
+        return NULL;
+    for (int l = 0; l < n_links; l++) {
+        const ps_stage_link *x = &links[l];
+        f[l] = (flow){.seconds = x->seconds, .use = nic_use(x)};
+        for (int side = 0; side < 2; side++) {
+            f[l].node[side] = x->nic_node[side];
+            f[l].nodes[side] = x->nic_nodes[side];
+        }
+    }
+    for (int l = 0; l < n_links && nics != NULL; l++) {
+        const ps_stage_link *x = &links[l];
+        int ph = x->kind == PS_LINK_FORWARD    ? PH_FORWARD
+                 : x->kind == PS_LINK_BACKWARD ? PH_BACKWARD
+                 : x->kind == PS_LINK_ACCUMULATED ? PH_ACCUMULATED
+                                                  : PH_UPDATE_SENDS;
+        f[n_links + x->from * PH_COUNT + ph].seconds += x->reduce_nic_s;
+    }
+    for (int k = 0; k < n && nics != NULL; k++)
+        f[n_links + k * PH_COUNT + PH_UPDATE].seconds = nics[k].update_nic_s;
+    for (int k = 0; k < n && nics != NULL; k++)
+        for (int ph = 0; ph < PH_COUNT; ph++) {
+            flow *x = &f[n_links + k * PH_COUNT + ph];
+            if (nics[k].nodes < 2 || x->seconds <= 0) {
+                x->seconds = 0; /* within a node: computes */
+                continue;
+            }
+            x->use = 1;
+            x->node[0] = x->node[1] = nics[k].node;
+            x->nodes[0] = x->nodes[1] = nics[k].nodes;
+        }
+    return f;
+}
 
 /* The ops of every stage in the lowering's order, stage k's from at[k]:
  * each micro-batch kernel's receives (its links in link order), then the
@@ -294,17 +462,20 @@ typedef struct sched_op {
  * the reductions of what it accumulated for others, the receives of the
  * contributions and updated values its update reads, the update with the
  * reductions of what it sends, and the receives of the parameter copies.
+ * A reduction's or the update's collectives across the stage's nodes are
+ * ops of their own (flows n_links + k * PH_COUNT + phase): a reduction's
+ * after its other steps, the update's before its compute.
  * *ops and *at malloc'ed (at: n + 1 entries). */
 static bool schedule_ops(int n, const double *forward_s, const double *backward_s,
                          const double *update_s, const ps_stage_link *links, int n_links,
-                         int m, bool gpipe, sched_op **ops_out, int **at_out)
+                         const flow *flows, int m, bool gpipe, sched_op **ops_out, int **at_out)
 {
     /* per stage: its micro-batch links in per phase, its reductions after a
      * kernel per phase, after the kernels and after the update */
     int *in_count = calloc(2 * (size_t)n, sizeof *in_count), *at = calloc((size_t)n + 1, sizeof *at);
-    double *reduce = calloc(4 * (size_t)n, sizeof *reduce); /* [k * 4 + 0|1|2 acc|3 update] */
-    /* the op of each kernel ([(k * m + mb) * 2 + backward]), then of each
-     * stage's accumulated reductions and of its update */
+    double *reduce = calloc(PH_COUNT * (size_t)n, sizeof *reduce); /* [k * PH_COUNT + phase] */
+    /* the last op of each kernel ([(k * m + mb) * 2 + backward]), then of
+     * each stage's accumulated reductions and of its update */
     int *kernel_op = malloc(((size_t)n * m * 2 + 2 * (size_t)n) * sizeof *kernel_op);
     sched_op *ops = NULL;
     bool ok = false;
@@ -312,16 +483,24 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
         goto out;
     for (int l = 0; l < n_links; l++) {
         const ps_stage_link *x = &links[l];
-        if (x->kind == PS_LINK_FORWARD || x->kind == PS_LINK_BACKWARD) {
-            int bwd = x->kind == PS_LINK_BACKWARD;
-            in_count[x->to * 2 + bwd]++;
-            reduce[x->from * 4 + bwd] += x->reduce_s;
-        } else {
-            reduce[x->from * 4 + (x->kind == PS_LINK_ACCUMULATED ? 2 : 3)] += x->reduce_s;
-        }
+        int ph = x->kind == PS_LINK_FORWARD    ? PH_FORWARD
+                 : x->kind == PS_LINK_BACKWARD ? PH_BACKWARD
+                 : x->kind == PS_LINK_ACCUMULATED ? PH_ACCUMULATED
+                                                  : PH_UPDATE_SENDS;
+        if (ph <= PH_BACKWARD)
+            in_count[x->to * 2 + ph]++;
+        reduce[x->from * PH_COUNT + ph] += x->reduce_s;
     }
+    /* what runs across nodes is an op of its own; the rest computes */
+    for (int k = 0; k < n; k++)
+        for (int ph = 0; ph < PH_UPDATE; ph++)
+            reduce[k * PH_COUNT + ph] -= flows[n_links + k * PH_COUNT + ph].seconds;
     for (int k = 0; k < n; k++) {
         int count = 2 * m + m * (in_count[k * 2] + in_count[k * 2 + 1]) + 2;
+        for (int ph = 0; ph < PH_COUNT; ph++) {
+            int times = ph <= PH_BACKWARD ? m : 1;
+            count += times * (flows[n_links + k * PH_COUNT + ph].seconds > 0);
+        }
         for (int l = 0; l < n_links; l++)
             count += links[l].to == k && links[l].kind >= PS_LINK_ACCUMULATED;
         at[k + 1] = at[k] + count;
@@ -333,6 +512,12 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
      * sender's kernel of its micro-batch, its accumulated reductions or its
      * update: index into kernel_op), made an op once every op has its place */
     size_t acc_key = (size_t)n * m * 2, upd_key = acc_key + (size_t)n;
+#define STAGE_FLOW(k, ph)                                                                       \
+    do {                                                                                        \
+        int f_ = n_links + (k) * PH_COUNT + (ph);                                               \
+        if (flows[f_].seconds > 0)                                                              \
+            ops[o++] = (sched_op){.flow = f_, .after = -1};                                     \
+    } while (0)
     for (int k = 0; k < n; k++) {
         int o = at[k];
         for (int i = 0; i < 2 * m; i++) {
@@ -342,28 +527,37 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
             for (int l = 0; l < n_links; l++)
                 if (links[l].to == k && links[l].kind == want)
                     ops[o++] = (sched_op){
-                        .link = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd)};
-            kernel_op[((size_t)k * m + mb) * 2 + bwd] = o;
-            ops[o++] = (sched_op){.link = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
-                                                     reduce[k * 4 + bwd]};
+                        .flow = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd)};
+            int ph = bwd ? PH_BACKWARD : PH_FORWARD;
+            ops[o++] = (sched_op){.flow = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
+                                                     fmax(0, reduce[k * PH_COUNT + ph])};
+            STAGE_FLOW(k, ph);
+            kernel_op[((size_t)k * m + mb) * 2 + bwd] = o - 1;
         }
-        kernel_op[acc_key + k] = o;
-        ops[o++] = (sched_op){.link = -1, .dur = reduce[k * 4 + 2]};
+        ops[o++] = (sched_op){.flow = -1, .dur = fmax(0, reduce[k * PH_COUNT + PH_ACCUMULATED])};
+        STAGE_FLOW(k, PH_ACCUMULATED);
+        kernel_op[acc_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k &&
                 (links[l].kind == PS_LINK_ACCUMULATED || links[l].kind == PS_LINK_UPDATE))
                 ops[o++] = (sched_op){
-                    .link = l,
+                    .flow = l,
                     .after = (int)((links[l].kind == PS_LINK_ACCUMULATED ? acc_key : upd_key) +
                                    (size_t)links[l].from)};
-        kernel_op[upd_key + k] = o;
-        ops[o++] = (sched_op){.link = -1, .dur = update_s[k] + reduce[k * 4 + 3]};
+        STAGE_FLOW(k, PH_UPDATE);
+        double upd = update_s[k] - flows[n_links + k * PH_COUNT + PH_UPDATE].seconds;
+        ops[o++] = (sched_op){.flow = -1,
+                              .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS])};
+        STAGE_FLOW(k, PH_UPDATE_SENDS);
+        kernel_op[upd_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY)
-                ops[o++] = (sched_op){.link = l, .after = (int)(upd_key + (size_t)links[l].from)};
+                ops[o++] = (sched_op){.flow = l,
+                                      .after = (int)(upd_key + (size_t)links[l].from)};
     }
+#undef STAGE_FLOW
     for (int i = 0; i < at[n]; i++)
-        if (ops[i].link >= 0)
+        if (ops[i].flow >= 0 && ops[i].flow < n_links)
             ops[i].after = kernel_op[ops[i].after];
     *ops_out = ops;
     *at_out = at;
@@ -379,36 +573,37 @@ out:
     return ok;
 }
 
-/* Link x's share of the NIC it crosses when it moves at full speed. */
-static double nic_use(const ps_stage_link *x)
-{
-    return x->nic_s > 0 && x->seconds > 0 ? x->nic_s / x->seconds : 0;
-}
-
 /* The stages' ops run as events in time: a stage runs its ops in turn; a
  * receive starts once its sender's op has ended (the receiver asks first,
- * as receives block). A transfer through NICs moves at the speed its
- * busiest NIC leaves it: on a NIC whose transfers would use more than all
- * of it, each gets its use over their total. */
+ * as receives block). A flow through NICs moves at the speed its busiest
+ * NIC leaves it: on a NIC whose flows would use more than all of it, each
+ * gets its use over their total. */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
                                const double *update_s, const ps_stage_link *links,
-                               int n_links, int micro_batches, bool gpipe)
+                               int n_links, const ps_stage_nics *nics, int micro_batches,
+                               bool gpipe)
 {
     int m = micro_batches;
     if (n <= 0 || m <= 0)
         return NAN;
     sched_op *ops = NULL;
     int *at = NULL;
-    if (!schedule_ops(n, forward_s, backward_s, update_s, links, n_links, m, gpipe, &ops, &at))
+    flow *flows = make_flows(n, links, n_links, nics);
+    if (flows == NULL ||
+        !schedule_ops(n, forward_s, backward_s, update_s, links, n_links, flows, m, gpipe, &ops,
+                      &at)) {
+        free(flows);
         return NAN;
-    int nodes = 0; /* the NICs the links cross: load[node * 2 + side] */
-    for (int l = 0; l < n_links; l++)
-        for (int side = 0; side < 2 && links[l].nic_s > 0; side++)
-            if (links[l].nic_node[side] + links[l].nic_nodes[side] > nodes)
-                nodes = links[l].nic_node[side] + links[l].nic_nodes[side];
+    }
+    int n_flows = n_links + n * PH_COUNT;
+    int nodes = 0; /* the NICs the flows cross: load[node * 2 + side] */
+    for (int i = 0; i < n_flows; i++)
+        for (int side = 0; side < 2 && flows[i].use > 0; side++)
+            if (flows[i].node[side] + flows[i].nodes[side] > nodes)
+                nodes = flows[i].node[side] + flows[i].nodes[side];
     double *end = malloc((size_t)at[n] * sizeof *end); /* each op's end; NAN: not yet */
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
-    /* an op under way: when a fixed one ends (finish), or what a transfer
+    /* an op under way: when a fixed one ends (finish), or what a flow
      * through NICs has left at full speed (left, moving at rate) */
     double *finish = malloc(3 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
     unsigned char *state = calloc((size_t)n, 1); /* 0 not started, 1 fixed, 2 through NICs */
@@ -428,11 +623,11 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                 while (cur[k] < at[k + 1] && state[k] == 0) {
                     const sched_op *op = &ops[cur[k]];
                     double d = op->dur;
-                    if (op->link >= 0) {
-                        if (isnan(end[op->after]))
+                    if (op->flow >= 0) {
+                        if (op->after >= 0 && isnan(end[op->after]))
                             break; /* its data is not ready */
-                        d = links[op->link].seconds;
-                        if (nic_use(&links[op->link]) > 0) {
+                        d = flows[op->flow].seconds;
+                        if (flows[op->flow].use > 0) {
                             state[k] = 2;
                             left[k] = d;
                             changed = true;
@@ -448,17 +643,17 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                     changed = true;
                 }
         }
-        /* the transfers' speeds: each NIC's load, then each transfer's
-         * share of its busiest */
+        /* the flows' speeds: each NIC's load, then each flow's share of
+         * its busiest */
         bool busy = false;
         for (int k = 0; k < n; k++) {
             busy |= state[k] != 0;
             if (state[k] != 2)
                 continue;
-            const ps_stage_link *x = &links[ops[cur[k]].link];
+            const flow *x = &flows[ops[cur[k]].flow];
             for (int side = 0; side < 2; side++)
-                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
-                    load[j * 2 + side] += nic_use(x);
+                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
+                    load[j * 2 + side] += x->use;
         }
         if (!busy)
             break; /* everything ended, or the links wait for each other */
@@ -468,18 +663,18 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                 next = fmin(next, finish[k]);
             if (state[k] != 2)
                 continue;
-            const ps_stage_link *x = &links[ops[cur[k]].link];
+            const flow *x = &flows[ops[cur[k]].flow];
             double most = 1;
             for (int side = 0; side < 2; side++)
-                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
+                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
                     most = fmax(most, load[j * 2 + side]);
             rate[k] = 1 / most;
             next = fmin(next, now + left[k] / rate[k]);
         }
         for (int k = 0; k < n; k++) /* the loads back to 0: only where they were added */
             for (int side = 0; side < 2 && state[k] == 2; side++) {
-                const ps_stage_link *x = &links[ops[cur[k]].link];
-                for (int j = x->nic_node[side]; j < x->nic_node[side] + x->nic_nodes[side]; j++)
+                const flow *x = &flows[ops[cur[k]].flow];
+                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
                     load[j * 2 + side] = 0;
             }
         /* on to the next end */
@@ -500,6 +695,7 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
     for (int k = 0; k < n && !isnan(result); k++)
         result = cur[k] < at[k + 1] ? NAN : fmax(result, end[at[k + 1] - 1]);
 out:
+    free(flows);
     free(ops);
     free(at);
     free(end);

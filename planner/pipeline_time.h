@@ -34,6 +34,8 @@ typedef struct ps_stage_link {
     int tensors;
     double bytes;    /* whole tensors */
     double reduce_s; /* the sender's reductions of partial sums first (its time) */
+    double reduce_nic_s; /* of which on mesh axes across the sender's nodes: it holds
+                          * their NICs both ways (ps_stage_nics) */
     double seconds;  /* then the transfers and local all-gathers: the receiver's time, as
                       * a transfer starts when its receiver asks for it */
     /* The node NICs it crosses: nodes [nic_node[0], + nic_nodes[0]) send
@@ -43,11 +45,24 @@ typedef struct ps_stage_link {
     double nic_s;
 } ps_stage_link;
 
+/* A stage's own collectives across nodes. Its update reshards the
+ * gradients (and the optimizer's layouts) as its ILP priced them; the rings
+ * of those reshardings on mesh axes that cross nodes hold every NIC of the
+ * stage's nodes, both ways, while they run, as do its reductions over such
+ * axes before it sends (ps_stage_link.reduce_nic_s). The kernels' own
+ * collectives are not counted: they run between the kernel's compute. */
+typedef struct ps_stage_nics {
+    int node, nodes;     /* the stage's nodes */
+    double update_nic_s; /* of its update_s: the reshardings' rings across nodes */
+} ps_stage_nics;
+
 /* The links between the stages of plan p, whose training step is `step` (built
  * knowing the stages; planner/plan_model.h), priced with or without local
- * all-gather. *out: malloc'ed, one entry per (from, to, kind). */
+ * all-gather. *out: malloc'ed, one entry per (from, to, kind). nics: NULL,
+ * or p->n_stages entries to fill. */
 ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local_allgather,
-                              ps_stage_link **out, int *n_out, ps_error *err);
+                              ps_stage_link **out, int *n_out, ps_stage_nics *nics,
+                              ps_error *err);
 
 /* Iteration time of n stages running `micro_batches` micro-batches in the
  * lowering's order (1F1B: stage k runs min(n - k - 1, B) forwards, then a
@@ -64,11 +79,15 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
  * (one direction) while it moves at full speed; where the transfers under
  * way would use more than a whole NIC, each moves at its use over their
  * total, the busiest of its NICs deciding (the simulator's fair sharing,
- * when the transfers use whole NICs).
+ * when the transfers use whole NICs). With nics (n entries, else NULL), a
+ * stage's collectives across its nodes take part: its update first runs
+ * update_nic_s on all its NICs both ways, and a reduction's reduce_nic_s
+ * runs after the rest of it the same way, each using whole NICs.
  * Times are per micro-batch (forward, backward) and per step (update).
  * NAN if the links make the schedule wait for itself. */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
                                const double *update_s, const ps_stage_link *links,
-                               int n_links, int micro_batches, bool gpipe);
+                               int n_links, const ps_stage_nics *nics, int micro_batches,
+                               bool gpipe);
 
 #endif

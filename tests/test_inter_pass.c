@@ -136,7 +136,14 @@ static void check_plan(const ps_plan *p, int n_devices)
         fail_msg("plan model: %s", err.msg);
     ps_stage_link *links = NULL;
     int n_links = 0;
-    assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, &err), PS_OK);
+    ps_stage_nics *nics = calloc((size_t)n, sizeof *nics);
+    assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, nics, &err), PS_OK);
+    for (int k = 0; k < n; k++) {
+        assert_true(nics[k].update_nic_s >= 0);
+        assert_true(nics[k].update_nic_s <= p->stages[k].update_s * (1 + 1e-12));
+        if (nics[k].nodes < 2)
+            assert_true(nics[k].update_nic_s == 0);
+    }
     double sends[2] = {0, 0};
     for (int l = 0; l < n_links; l++) {
         assert_true(links[l].from != links[l].to);
@@ -152,9 +159,10 @@ static void check_plan(const ps_plan *p, int n_devices)
         assert_true(fabs(recorded[i] - sends[i]) <= 1e-9 * (sends[i] + 1e-12));
     if (n > 1)
         assert_true(n_links > 0);
-    double want = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links, B,
+    double want = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links, nics, B,
                                           strcmp(p->schedule, "gpipe") == 0);
     assert_true(fabs(p->iteration_s - want) <= 1e-9 * want);
+    free(nics);
     free(links);
     free(t);
     ps_plan_model_free(m);

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "planner/cost_model.h"
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
@@ -237,15 +238,25 @@ static void schedule_is_the_longest_path(void **state)
         if (n > 2 && uniform() < 0.3)
             links[n_links++] = (ps_stage_link){.from = 0, .to = 1, .kind = PS_LINK_UPDATE,
                                                .seconds = uniform()};
-        /* links through NICs no other link crosses wait for nothing */
-        if (uniform() < 0.5)
+        /* links through NICs no other link crosses wait for nothing, nor
+         * do stages' collectives across nodes of their own: part of each
+         * reduction and update, split off, takes the same time */
+        ps_stage_nics nics[8];
+        bool own = uniform() < 0.5;
+        if (own) {
             for (int l = 0; l < n_links; l++) {
                 links[l].nic_node[0] = 2 * l;
                 links[l].nic_node[1] = 2 * l + 1;
                 links[l].nic_nodes[0] = links[l].nic_nodes[1] = 1;
                 links[l].nic_s = links[l].seconds * uniform();
+                links[l].reduce_nic_s = links[l].reduce_s * uniform();
             }
-        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
+            for (int k = 0; k < n; k++)
+                nics[k] = (ps_stage_nics){.node = 100 + 2 * k, .nodes = 2,
+                                          .update_nic_s = u[k] * uniform()};
+        }
+        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, own ? nics : NULL, m,
+                                             gpipe);
         double want = reference(n, f, b, u, links, n_links, m, gpipe);
         assert_false(isnan(got));
         double rel = fabs(got - want) / want;
@@ -276,7 +287,7 @@ static void equal_stages_closed_form(void **state)
                     links[n_links++] =
                         (ps_stage_link){.from = k + 1, .to = k, .kind = PS_LINK_BACKWARD};
                 }
-                double got = ps_pipeline_iteration_s(p, f, b, u, links, n_links, m, gpipe);
+                double got = ps_pipeline_iteration_s(p, f, b, u, links, n_links, NULL, m, gpipe);
                 assert_true(fabs(got - ((m + p - 1) * 3.0 + 0.5)) < 1e-12);
             }
     /* two stages, transfers of c each way, 1F1B: each stage receives c
@@ -288,7 +299,7 @@ static void equal_stages_closed_form(void **state)
         {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD, .seconds = c},
     };
     for (int m = 1; m <= 10; m++) {
-        double got = ps_pipeline_iteration_s(2, f, b, u, links, 2, m, false);
+        double got = ps_pipeline_iteration_s(2, f, b, u, links, 2, NULL, m, false);
         /* stage 0's first backward starts at 2f + b + 2c (after F0 crossed,
          * ran forward and backward on stage 1 and came back); from there
          * every micro-batch takes c + b + f on stage 0 (it receives, runs
@@ -320,12 +331,50 @@ static void shared_nic_takes_turns(void **state)
         };
         if (trial % 2) /* the other stage asks first in link order */
             links[0].to = 2, links[1].to = 1, links[2].from = 2, links[3].from = 1;
-        double got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, 1, false);
+        double got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, NULL, 1, false);
         assert_true(fabs(got - (f + 2 * c + f + b + b)) < 1e-12);
         /* on NICs of their own, both receive at once */
         links[1].nic_node[0] = 2, links[1].nic_node[1] = 3;
-        got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, 1, false);
+        got = ps_pipeline_iteration_s(3, fs, bs, us, links, 4, NULL, 1, false);
         assert_true(fabs(got - (f + c + f + b + b)) < 1e-12);
+    }
+}
+
+/* A last stage across nodes 1-2 updates through their NICs while the first
+ * stage, on node 0, receives its accumulated link through them (derived by
+ * hand: with f = b = 1 and one micro-batch, stage 1's backward ends at 3 and
+ * its update starts; stage 0's backward ends at 4 and the link starts; both
+ * move at half speed until the link's c has moved, at 4 + 2c, then the
+ * update's rest at full speed: it ends at 3 + U + c). Apart, 3 + U. */
+static void stage_collectives_share_nics(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 10; trial++) {
+        double c = 1 + trial, U = 2 * c + 3 + trial % 3;
+        double f[2] = {1, 1}, b[2] = {1, 1}, u[2] = {0, U};
+        ps_stage_link links[3] = {
+            {.from = 0, .to = 1, .kind = PS_LINK_FORWARD},
+            {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD},
+            {.from = 1, .to = 0, .kind = PS_LINK_ACCUMULATED, .seconds = c, .nic_s = c,
+             .nic_node = {1, 0}, .nic_nodes = {2, 1}},
+        };
+        ps_stage_nics nics[2] = {{.node = 0, .nodes = 1},
+                                 {.node = 1, .nodes = 2, .update_nic_s = U}};
+        double got = ps_pipeline_iteration_s(2, f, b, u, links, 3, nics, 1, false);
+        if (fabs(got - (3 + U + c)) > 1e-12)
+            fail_msg("c %g, U %g: %.17g, want %.17g", c, U, got, 3 + U + c);
+        assert_true(fabs(ps_pipeline_iteration_s(2, f, b, u, links, 3, NULL, 1, false) -
+                         (3 + U)) < 1e-12);
+        /* the update on a node of its own: the link waits for nothing */
+        nics[1].node = 3;
+        nics[1].nodes = 2;
+        assert_true(fabs(ps_pipeline_iteration_s(2, f, b, u, links, 3, nics, 1, false) -
+                         (3 + U)) < 1e-12);
+        /* a stage within one node has no collectives across nodes */
+        nics[1].node = 1;
+        nics[1].nodes = 1;
+        assert_true(fabs(ps_pipeline_iteration_s(2, f, b, u, links, 3, nics, 1, false) -
+                         (3 + U)) < 1e-12);
     }
 }
 
@@ -369,8 +418,29 @@ static void shared_nics_bound_the_step(void **state)
                 for (int k = x->nic_node[side]; k < x->nic_node[side] + x->nic_nodes[side]; k++)
                     load[k][side] += times * x->nic_s;
         }
-        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links, m, gpipe);
-        double unshared = ps_pipeline_iteration_s(n, f, b, u, alone, n_links, m, gpipe);
+        /* half the time, stages across nodes whose reductions and updates
+         * hold their NICs, both ways */
+        ps_stage_nics nics[8];
+        bool collectives = uniform() < 0.5;
+        for (int k = 0; k < n && collectives; k++) {
+            nics[k].node = (int)(uniform() * 3);
+            nics[k].nodes = 1 + (int)(uniform() * (3 - nics[k].node));
+            nics[k].update_nic_s = u[k] * uniform();
+            double held = nics[k].nodes > 1 ? nics[k].update_nic_s : 0;
+            for (int l = 0; l < n_links; l++)
+                if (links[l].from == k && uniform() < 0.5) {
+                    links[l].reduce_s = alone[l].reduce_s = uniform();
+                    links[l].reduce_nic_s = links[l].reduce_s * uniform();
+                    int times = links[l].kind <= PS_LINK_BACKWARD ? m : 1;
+                    held += nics[k].nodes > 1 ? times * links[l].reduce_nic_s : 0;
+                }
+            for (int side = 0; side < 2; side++)
+                for (int j = nics[k].node; j < nics[k].node + nics[k].nodes; j++)
+                    load[j][side] += held;
+        }
+        double got = ps_pipeline_iteration_s(n, f, b, u, links, n_links,
+                                             collectives ? nics : NULL, m, gpipe);
+        double unshared = ps_pipeline_iteration_s(n, f, b, u, alone, n_links, NULL, m, gpipe);
         assert_false(isnan(got));
         if (got < unshared * (1 - 1e-12))
             fail_msg("trial %d: %.17g with shared NICs, %.17g without", trial, got, unshared);
@@ -391,13 +461,13 @@ static void cyclic_links_are_nan(void **state)
         {.from = 0, .to = 1, .kind = PS_LINK_FORWARD},
         {.from = 1, .to = 0, .kind = PS_LINK_FORWARD},
     };
-    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, links, 2, 4, false)));
+    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, links, 2, NULL, 4, false)));
     ps_stage_link upd[2] = {
         {.from = 0, .to = 1, .kind = PS_LINK_UPDATE},
         {.from = 1, .to = 0, .kind = PS_LINK_UPDATE},
     };
-    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, upd, 2, 4, false)));
-    assert_true(isnan(ps_pipeline_iteration_s(0, f, b, u, NULL, 0, 4, false)));
+    assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, upd, 2, NULL, 4, false)));
+    assert_true(isnan(ps_pipeline_iteration_s(0, f, b, u, NULL, 0, NULL, 4, false)));
 }
 
 /* ---- links against the lowered programs ---- */
@@ -440,7 +510,9 @@ static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int
  * splits each part among the receivers that share it): the bytes the
  * programs send from one stage to another for micro-batch 0 are the links'
  * bytes, and their predicted seconds never exceed the link's time. A link
- * holds the NICs its sends cross for what the busiest of them carries. */
+ * holds the NICs its sends cross for what the busiest of them carries; a
+ * stage's update holds its nodes' NICs for its update kernel's rings across
+ * them. */
 static void links_match_the_programs(void **state)
 {
     (void)state;
@@ -453,7 +525,8 @@ static void links_match_the_programs(void **state)
         {"mlp", "dgx-a100:1", 2, 1, 4}, {"gpt-350m", "p3.16xlarge:4", 2, 4, 4},
         {"gpt-350m", "p3.16xlarge:4", 1, 16, 2}, {"gpt-350m", "p3.16xlarge:4", 2, 8, 2},
     };
-    int crossed = 0; /* links through NICs */
+    int crossed = 0;        /* links through NICs */
+    int updates_across = 0; /* stages whose updates cross nodes */
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ps_plan *p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
                                   cases[i].pp);
@@ -466,8 +539,42 @@ static void links_match_the_programs(void **state)
             fail_msg("lower: %s", err.msg);
         ps_stage_link *links = NULL;
         int n_links = 0;
-        assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, &err), PS_OK);
+        ps_stage_nics nics[16];
+        assert_true(p->n_stages <= 16);
+        assert_int_equal(ps_plan_stage_links(p, m->step, true, &links, &n_links, nics, &err),
+                         PS_OK);
         int n = p->n_stages;
+        /* a stage's update kernel runs the collectives its update_nic_s
+         * counts: their rings across nodes add up to it */
+        for (int k = 0; k < n; k++) {
+            const ps_plan_stage *s = &p->stages[k];
+            const ps_program_stage *ps = &set->stages[k];
+            ps_logical_mesh *mesh = NULL;
+            assert_int_equal(ps_mesh_create(p->cluster, s->devices[0], s->submesh[0],
+                                            s->submesh[1], s->logical_mesh[0],
+                                            s->logical_mesh[1], &mesh, &err),
+                             PS_OK);
+            double across = 0, all = 0;
+            if (ps->kernel[PS_PHASE_UPDATE] >= 0) {
+                const ps_kernel *kn = &set->kernels[ps->kernel[PS_PHASE_UPDATE]];
+                for (int j = 0; j < kn->n_instrs; j++) {
+                    const ps_instr *in = &kn->instrs[j];
+                    if (in->kind != PS_INSTR_COLLECTIVE || (in->flags & PS_INSTR_FINITE_VOTE))
+                        continue;
+                    unsigned axes = in->axis == 2 ? 3u : 1u << in->axis;
+                    across += ps_collective_nic_s(mesh, (ps_collective)in->coll, axes, in->bytes);
+                    all += in->seconds;
+                }
+            }
+            if (fabs(across - nics[k].update_nic_s) > 1e-9 * across ||
+                all > s->update_s * (1 + 1e-12))
+                fail_msg("%s %s %dx%dx%d stage %d: update %.9g s, its kernel's collectives "
+                         "%.9g s, %.9g s of them across nodes; update_nic_s %.9g s",
+                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
+                         cases[i].pp, k, s->update_s, all, across, nics[k].update_nic_s);
+            updates_across += across > 0;
+            ps_mesh_free(mesh);
+        }
         double *sent = calloc((size_t)n * n, sizeof *sent), *linked = calloc((size_t)n * n,
                                                                              sizeof *linked);
         int *stage = malloc((size_t)set->n_devices * sizeof *stage);
@@ -554,6 +661,7 @@ static void links_match_the_programs(void **state)
         ps_plan_free(p);
     }
     assert_true(crossed >= 8);
+    assert_true(updates_across >= 2);
 }
 
 int main(void)
@@ -563,6 +671,7 @@ int main(void)
         cmocka_unit_test(equal_stages_closed_form),
         cmocka_unit_test(shared_nic_takes_turns),
         cmocka_unit_test(shared_nics_bound_the_step),
+        cmocka_unit_test(stage_collectives_share_nics),
         cmocka_unit_test(cyclic_links_are_nan),
         cmocka_unit_test(links_match_the_programs),
     };
