@@ -158,6 +158,7 @@ ps_status ps_mesh_create(const ps_cluster *c, int first_device, int hosts, int d
             return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         }
         m->crosses_nodes[a] = flows > 0 && m->shape[a] > 1;
+        m->nic_flows[a] = m->crosses_nodes[a] ? flows : 0;
         if (m->crosses_nodes[a]) {
             m->alpha_s[a] = c->inter.latency_s;
             m->beta_s_per_byte[a] =
@@ -200,7 +201,7 @@ bool ps_mesh_costs_equal(const ps_logical_mesh *a, const ps_logical_mesh *b)
         if (a->shape[x] != b->shape[x] || a->alpha_s[x] != b->alpha_s[x] ||
             a->beta_s_per_byte[x] != b->beta_s_per_byte[x] ||
             a->a2a_beta_s_per_byte[x] != b->a2a_beta_s_per_byte[x] ||
-            a->crosses_nodes[x] != b->crosses_nodes[x])
+            a->crosses_nodes[x] != b->crosses_nodes[x] || a->nic_flows[x] != b->nic_flows[x])
             return false;
     for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++)
         if (a->peak_flops[t] != b->peak_flops[t])

@@ -57,6 +57,8 @@ typedef struct ps_logical_mesh {
                                                * a node's NICs carry each member's
                                                * bytes for the members elsewhere */
     bool crosses_nodes[PS_MESH_AXES];
+    int nic_flows[PS_MESH_AXES]; /* an axis across nodes: its rings through the busiest
+                                  * NIC, each way, when all its groups run at once */
     double peak_flops[PS_FLOAT_DTYPE_COUNT]; /* slowest device */
     double memory_bandwidth_bytes_per_s;     /* slowest device */
     double memory_bytes;                     /* smallest device */

@@ -77,22 +77,31 @@ static double reshard_nic_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
 /* The bytes one link moves through each node's NIC, each direction. */
 typedef struct nic_load {
     double *bytes; /* [node * 2 + side]: side 0 sends, 1 receives */
+    int *devices;  /* [node * 2 + side]: its devices that do */
+    int *stamp;    /* [device * 2 + side]: the link that counted it last (link + 1) */
+    int link;      /* the link counted now, from 1 */
     int lo[2], hi[2]; /* the nodes it touched so far, each side; lo > hi: none */
 } nic_load;
 
+/* On to the next link. */
 static void nic_load_reset(nic_load *v, int nodes)
 {
     for (int side = 0; side < 2; side++) {
         for (int k = v->lo[side]; k <= v->hi[side]; k++)
-            v->bytes[k * 2 + side] = 0;
+            v->bytes[k * 2 + side] = 0, v->devices[k * 2 + side] = 0;
         v->lo[side] = nodes;
         v->hi[side] = -1;
     }
+    v->link++;
 }
 
-static void nic_load_add(nic_load *v, int node, int side, double bytes)
+static void nic_load_add(nic_load *v, int node, int side, int device, double bytes)
 {
     v->bytes[node * 2 + side] += bytes;
+    if (v->stamp[device * 2 + side] != v->link) {
+        v->stamp[device * 2 + side] = v->link;
+        v->devices[node * 2 + side]++;
+    }
     v->lo[side] = node < v->lo[side] ? node : v->lo[side];
     v->hi[side] = node > v->hi[side] ? node : v->hi[side];
 }
@@ -101,11 +110,17 @@ static void nic_load_add(nic_load *v, int node, int side, double bytes)
 static void link_nics(ps_stage_link *l, const nic_load *v, const ps_cluster *c)
 {
     double bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s, most = 0;
+    l->nic_flows = 0;
     for (int side = 0; side < 2; side++) {
         l->nic_node[side] = v->hi[side] >= 0 ? v->lo[side] : 0;
         l->nic_nodes[side] = v->hi[side] >= 0 ? v->hi[side] - v->lo[side] + 1 : 0;
-        for (int k = v->lo[side]; k <= v->hi[side]; k++)
-            most = v->bytes[k * 2 + side] > most ? v->bytes[k * 2 + side] : most;
+        for (int k = v->lo[side]; k <= v->hi[side]; k++) {
+            double b = v->bytes[k * 2 + side];
+            int d = v->devices[k * 2 + side];
+            if (b > most || (b == most && d > l->nic_flows))
+                l->nic_flows = d;
+            most = b > most ? b : most;
+        }
     }
     l->nic_s = most > 0 && bw > 0 ? c->inter.latency_s + most / bw : 0;
     if (l->nic_s > l->seconds)
@@ -146,8 +161,8 @@ static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh *
     for (int i = 0, dpn = p->cluster->devices_per_node; i < cp.n_xfers; i++) {
         const ps_cross_xfer *xf = &cp.xfers[i];
         if (xf->src / dpn != xf->dst / dpn) {
-            nic_load_add(nics, xf->src / dpn, 0, xf->bytes);
-            nic_load_add(nics, xf->dst / dpn, 1, xf->bytes);
+            nic_load_add(nics, xf->src / dpn, 0, xf->src, xf->bytes);
+            nic_load_add(nics, xf->dst / dpn, 1, xf->dst, xf->bytes);
         }
     }
 out:
@@ -193,6 +208,9 @@ static ps_status stage_update_nics(const ps_plan *p, const ps_graph *step,
             hi = s->devices[i] / dpn > hi ? s->devices[i] / dpn : hi;
         }
         nics[k] = (ps_stage_nics){.node = lo, .nodes = hi - lo + 1};
+        for (int a = 0; a < PS_MESH_AXES; a++)
+            if (mesh[k]->nic_flows[a] > nics[k].nic_flows)
+                nics[k].nic_flows = mesh[k]->nic_flows[a];
         most_ops = s->n_ops > most_ops ? s->n_ops : most_ops;
         most_tensors = s->n_tensors > most_tensors ? s->n_tensors : most_tensors;
     }
@@ -259,11 +277,16 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
     int n_cross = 0, cap_cross = 0, n_links = 0;
     ps_stage_link *links = NULL;
     ps_logical_mesh **mesh = calloc((size_t)(n > 0 ? n : 1), sizeof *mesh);
-    nic_load nics = {.bytes = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.bytes)};
+    nic_load nics = {.bytes = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.bytes),
+                     .devices = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.devices),
+                     .stamp = calloc(2 * (size_t)ps_cluster_device_count(p->cluster),
+                                     sizeof *nics.stamp)};
     *out = NULL;
     *n_out = 0;
     PS_TRY_ALLOC(mesh, err);
     PS_TRY_ALLOC(nics.bytes, err);
+    PS_TRY_ALLOC(nics.devices, err);
+    PS_TRY_ALLOC(nics.stamp, err);
     nic_load_reset(&nics, p->cluster->nodes);
     for (int k = 0; k < n; k++)
         if (p->stages[k].last_layer > max_layer)
@@ -363,6 +386,8 @@ out:
         ps_mesh_free(mesh[k]);
     free(mesh);
     free(nics.bytes);
+    free(nics.devices);
+    free(nics.stamp);
     free(links);
     free(cross);
     free(reads);
@@ -395,6 +420,7 @@ static int order_at(int k, int n, int m, bool gpipe, int i, bool *backward)
  * collective (all the NICs of its nodes, both ways). */
 typedef struct flow {
     double seconds, use;
+    double weight;         /* its flows at once through a NIC (at least 1) */
     int node[2], nodes[2]; /* side 0 sends, 1 receives */
 } flow;
 
@@ -426,7 +452,8 @@ static flow *make_flows(int n, const ps_stage_link *links, int n_links,
         return NULL;
     for (int l = 0; l < n_links; l++) {
         const ps_stage_link *x = &links[l];
-        f[l] = (flow){.seconds = x->seconds, .use = nic_use(x)};
+        f[l] = (flow){.seconds = x->seconds, .use = nic_use(x),
+                      .weight = x->nic_flows > 1 ? x->nic_flows : 1};
         for (int side = 0; side < 2; side++) {
             f[l].node[side] = x->nic_node[side];
             f[l].nodes[side] = x->nic_nodes[side];
@@ -450,6 +477,7 @@ static flow *make_flows(int n, const ps_stage_link *links, int n_links,
                 continue;
             }
             x->use = 1;
+            x->weight = nics[k].nic_flows > 1 ? nics[k].nic_flows : 1;
             x->node[0] = x->node[1] = nics[k].node;
             x->nodes[0] = x->nodes[1] = nics[k].nodes;
         }
@@ -573,6 +601,58 @@ out:
     return ok;
 }
 
+/* The speeds of the flows under way (act: n of them), each a fraction of
+ * its speed alone (rate): water-filling over the NICs, every flow's share
+ * of a NIC min(level * weight, use), the level raised for all until a NIC
+ * fills (the flows through it stop there) or a flow reaches full speed.
+ * used and weights: [node * 2 + side] scratch, zero on entry and on
+ * return; share and frozen: n entries. */
+static void share_nics(const flow *const *act, int n, double *used, double *weights,
+                       double *share, unsigned char *frozen, double *rate)
+{
+    for (int i = 0; i < n; i++)
+        frozen[i] = 0;
+    for (int left = n; left > 0;) {
+        for (int i = 0; i < n; i++)
+            for (int side = 0; side < 2 && !frozen[i]; side++)
+                for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
+                    weights[j * 2 + side] += act[i]->weight;
+        /* each flow's bound: its full speed, or the level at which the
+         * first of its NICs fills; the lowest bounds stop at it */
+        double level = INFINITY;
+        for (int i = 0; i < n; i++) {
+            if (frozen[i])
+                continue;
+            double b = act[i]->use / act[i]->weight;
+            for (int side = 0; side < 2; side++)
+                for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
+                    b = fmin(b, fmax(0, 1 - used[j * 2 + side]) / weights[j * 2 + side]);
+            share[i] = b; /* (its bound, for now) */
+            level = fmin(level, b);
+        }
+        for (int i = 0; i < n; i++)
+            for (int side = 0; side < 2 && !frozen[i]; side++)
+                for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
+                    weights[j * 2 + side] = 0;
+        for (int i = 0; i < n; i++) {
+            if (frozen[i] || share[i] > level)
+                continue;
+            frozen[i] = 1;
+            left--;
+            share[i] = fmin(level * act[i]->weight, act[i]->use);
+            for (int side = 0; side < 2; side++)
+                for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
+                    used[j * 2 + side] += share[i];
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        rate[i] = act[i]->use > 0 ? share[i] / act[i]->use : 1;
+        for (int side = 0; side < 2; side++)
+            for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
+                used[j * 2 + side] = 0;
+    }
+}
+
 /* The stages' ops run as events in time: a stage runs its ops in turn; a
  * receive starts once its sender's op has ended (the receiver asks first,
  * as receives block). A flow through NICs moves at the speed its busiest
@@ -605,11 +685,16 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
     /* an op under way: when a fixed one ends (finish), or what a flow
      * through NICs has left at full speed (left, moving at rate) */
-    double *finish = malloc(3 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
+    double *finish = malloc(5 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
+    double *share = rate + n, *act_rate = share + n; /* share_nics' */
+    const flow **act = malloc((size_t)n * sizeof *act);
+    int *act_stage = malloc((size_t)n * sizeof *act_stage);
     unsigned char *state = calloc((size_t)n, 1); /* 0 not started, 1 fixed, 2 through NICs */
-    double *load = calloc(2 * (size_t)nodes + 1, sizeof *load);
+    unsigned char *frozen = calloc((size_t)n, 1);
+    double *load = calloc(4 * (size_t)nodes + 1, sizeof *load); /* used, then weights */
     double result = NAN, now = 0;
-    if (end == NULL || cur == NULL || finish == NULL || state == NULL || load == NULL)
+    if (end == NULL || cur == NULL || finish == NULL || state == NULL || load == NULL ||
+        act == NULL || act_stage == NULL || frozen == NULL)
         goto out;
     for (int i = 0; i < at[n]; i++)
         end[i] = NAN;
@@ -643,40 +728,28 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                     changed = true;
                 }
         }
-        /* the flows' speeds: each NIC's load, then each flow's share of
-         * its busiest */
+        /* the flows' speeds: the NICs shared among them */
         bool busy = false;
+        int n_act = 0;
         for (int k = 0; k < n; k++) {
             busy |= state[k] != 0;
-            if (state[k] != 2)
-                continue;
-            const flow *x = &flows[ops[cur[k]].flow];
-            for (int side = 0; side < 2; side++)
-                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
-                    load[j * 2 + side] += x->use;
+            if (state[k] == 2) {
+                act_stage[n_act] = k;
+                act[n_act++] = &flows[ops[cur[k]].flow];
+            }
         }
         if (!busy)
             break; /* everything ended, or the links wait for each other */
+        share_nics(act, n_act, load, load + 2 * (size_t)nodes, share, frozen, act_rate);
         double next = INFINITY;
+        for (int i = 0; i < n_act; i++)
+            rate[act_stage[i]] = act_rate[i];
         for (int k = 0; k < n; k++) {
             if (state[k] == 1)
                 next = fmin(next, finish[k]);
-            if (state[k] != 2)
-                continue;
-            const flow *x = &flows[ops[cur[k]].flow];
-            double most = 1;
-            for (int side = 0; side < 2; side++)
-                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
-                    most = fmax(most, load[j * 2 + side]);
-            rate[k] = 1 / most;
-            next = fmin(next, now + left[k] / rate[k]);
+            if (state[k] == 2)
+                next = fmin(next, now + left[k] / rate[k]);
         }
-        for (int k = 0; k < n; k++) /* the loads back to 0: only where they were added */
-            for (int side = 0; side < 2 && state[k] == 2; side++) {
-                const flow *x = &flows[ops[cur[k]].flow];
-                for (int j = x->node[side]; j < x->node[side] + x->nodes[side]; j++)
-                    load[j * 2 + side] = 0;
-            }
         /* on to the next end */
         for (int k = 0; k < n; k++) {
             if (state[k] == 1 && finish[k] <= next) {
@@ -702,6 +775,9 @@ out:
     free(cur);
     free(finish);
     free(state);
+    free(frozen);
+    free(act);
+    free(act_stage);
     free(load);
     return result;
 }

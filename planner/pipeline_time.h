@@ -43,6 +43,8 @@ typedef struct ps_stage_link {
      * the busiest of them carries its bytes (0: it stays within nodes). */
     int nic_node[2], nic_nodes[2];
     double nic_s;
+    int nic_flows; /* the transfers at once through the busiest of them (its devices
+                    * there; each device moves its transfers in turn) */
 } ps_stage_link;
 
 /* A stage's own collectives across nodes. Its update reshards the
@@ -54,6 +56,8 @@ typedef struct ps_stage_link {
 typedef struct ps_stage_nics {
     int node, nodes;     /* the stage's nodes */
     double update_nic_s; /* of its update_s: the reshardings' rings across nodes */
+    int nic_flows;       /* its mesh's rings through each NIC (the most of its axes
+                          * across nodes) */
 } ps_stage_nics;
 
 /* The links between the stages of plan p, whose training step is `step` (built
@@ -76,13 +80,15 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
  * and every parameter copy is received.
  * The transfers of neighbouring stages through one node's NIC share it: a
  * link through NICs (nic_s > 0) uses nic_s / seconds of each NIC it crosses
- * (one direction) while it moves at full speed; where the transfers under
- * way would use more than a whole NIC, each moves at its use over their
- * total, the busiest of its NICs deciding (the simulator's fair sharing,
- * when the transfers use whole NICs). With nics (n entries, else NULL), a
- * stage's collectives across its nodes take part: its update first runs
- * update_nic_s on all its NICs both ways, and a reduction's reduce_nic_s
- * runs after the rest of it the same way, each using whole NICs.
+ * (one direction) while it moves at full speed, in nic_flows flows; where
+ * the flows under way would use more than a whole NIC, the NICs are shared
+ * max-min fairly among the flows (water-filling: every flow the same
+ * bandwidth, none faster than its link alone, the NIC that fills first
+ * deciding for those through it), as the simulator shares its links. With
+ * nics (n entries, else NULL), a stage's collectives across its nodes take
+ * part: its update first runs update_nic_s on all its NICs both ways, and a
+ * reduction's reduce_nic_s runs after the rest of it the same way, each
+ * using whole NICs in the stage's nic_flows rings.
  * Times are per micro-batch (forward, backward) and per step (update).
  * NAN if the links make the schedule wait for itself. */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,

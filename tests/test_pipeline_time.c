@@ -378,6 +378,54 @@ static void stage_collectives_share_nics(void **state)
     }
 }
 
+/* The NICs shared among flows, not links (the simulator's max-min
+ * fairness), by hand: the update of stage 1 (rings: w_u) and the link to
+ * stage 0 (transfers at once: w_l) share the NICs of nodes 1-2, the link
+ * moving at w_l / (w_u + w_l) of its speed: it ends at 4 + c (w_u + w_l) /
+ * w_l, and stage 0's update of V after it. */
+static void nics_shared_by_flows(void **state)
+{
+    (void)state;
+    for (int w_u = 1; w_u <= 8; w_u *= 2)
+        for (int w_l = 1; w_l <= 8; w_l *= 2) {
+            double c = 2, U = 30, V = 100;
+            double f[2] = {1, 1}, b[2] = {1, 1}, u[2] = {V, U};
+            ps_stage_link links[3] = {
+                {.from = 0, .to = 1, .kind = PS_LINK_FORWARD},
+                {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD},
+                {.from = 1, .to = 0, .kind = PS_LINK_ACCUMULATED, .seconds = c, .nic_s = c,
+                 .nic_node = {1, 0}, .nic_nodes = {2, 1}, .nic_flows = w_l},
+            };
+            ps_stage_nics nics[2] = {{.node = 0, .nodes = 1},
+                                     {.node = 1, .nodes = 2, .update_nic_s = U, .nic_flows = w_u}};
+            double got = ps_pipeline_iteration_s(2, f, b, u, links, 3, nics, 1, false);
+            double want = 4 + c * (w_u + w_l) / w_l + V;
+            if (fabs(got - want) > 1e-12 * want)
+                fail_msg("w_u %d, w_l %d: %.17g, want %.17g", w_u, w_l, got, want);
+        }
+    /* a flow slower than its share alone leaves the rest to the others:
+     * stage 0 sends to stages 1 and 2 through its NIC at once, link A
+     * using a quarter of it, link B all; A moves at full speed, B at 3/4
+     * until A has moved (cA), then at full: stage 2 receives until f + cB
+     * + cA / 4, and the step ends 2f + 2b after that */
+    for (int trial = 0; trial < 10; trial++) {
+        double fk = 1 + trial % 3, bk = 1 + trial % 2, cA = 2 + trial, cB = 3 * cA;
+        double f[3] = {fk, fk, fk}, b[3] = {bk, bk, bk}, u[3] = {0, 0, 0};
+        ps_stage_link links[4] = {
+            {.from = 0, .to = 1, .kind = PS_LINK_FORWARD, .seconds = cA, .nic_s = cA / 4,
+             .nic_node = {0, 1}, .nic_nodes = {1, 1}},
+            {.from = 0, .to = 2, .kind = PS_LINK_FORWARD, .seconds = cB, .nic_s = cB,
+             .nic_node = {0, 2}, .nic_nodes = {1, 1}},
+            {.from = 1, .to = 0, .kind = PS_LINK_BACKWARD},
+            {.from = 2, .to = 0, .kind = PS_LINK_BACKWARD},
+        };
+        double got = ps_pipeline_iteration_s(3, f, b, u, links, 4, NULL, 1, false);
+        double want = 2 * fk + 2 * bk + cB + cA / 4;
+        if (fabs(got - want) > 1e-12 * want)
+            fail_msg("trial %d: %.17g, want %.17g", trial, got, want);
+    }
+}
+
 /* Random pipelines whose links cross random NICs of three nodes: never
  * faster than with the NICs unshared (each time is a max and sum of earlier
  * ones, and waiting for a NIC only delays), and never faster than the
@@ -527,6 +575,7 @@ static void links_match_the_programs(void **state)
     };
     int crossed = 0;        /* links through NICs */
     int updates_across = 0; /* stages whose updates cross nodes */
+    int several_flows = 0;  /* links of more than one transfer through a NIC at once */
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ps_plan *p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
                                   cases[i].pp);
@@ -584,6 +633,8 @@ static void links_match_the_programs(void **state)
          * through a node's NIC, side 0 out, 1 in */
         int nodes = p->cluster->nodes, dpn = p->cluster->devices_per_node;
         double *nic = calloc((size_t)n * n * nodes * 2, sizeof *nic);
+        /* and the devices that send (receive) through it: [(ab * devices + d) * 2 + side] */
+        unsigned char *through = calloc((size_t)n * n * set->n_devices * 2, 1);
         for (int d = 0; d < set->n_devices; d++)
             for (int j = 0; j < set->programs[d].n_instrs; j++) {
                 const ps_instr *in = &set->programs[d].instrs[j];
@@ -594,6 +645,8 @@ static void links_match_the_programs(void **state)
                 if (d / dpn != in->peer / dpn) {
                     nic[(ab * nodes + d / dpn) * 2] += in->bytes;
                     nic[(ab * nodes + in->peer / dpn) * 2 + 1] += in->bytes;
+                    through[((size_t)ab * set->n_devices + d) * 2] = 1;
+                    through[((size_t)ab * set->n_devices + in->peer) * 2 + 1] = 1;
                 }
             }
         /* a collective over the whole mesh (a sender's reduction of partial
@@ -618,14 +671,27 @@ static void links_match_the_programs(void **state)
             if (x->kind != PS_LINK_FORWARD && x->kind != PS_LINK_BACKWARD)
                 continue;
             double most = 0;
+            int flows = 0; /* the devices through the busiest NIC */
             for (int k = 0; k < nodes; k++)
                 for (int side = 0; side < 2; side++) {
-                    double v = nic[((x->from * n + x->to) * nodes + k) * 2 + side];
+                    int ab = x->from * n + x->to, here = 0;
+                    double v = nic[(ab * nodes + k) * 2 + side];
+                    for (int d = k * dpn; d < (k + 1) * dpn; d++)
+                        here += through[((size_t)ab * set->n_devices + d) * 2 + side];
+                    if (v > most || (v == most && here > flows))
+                        flows = here;
                     most = fmax(most, v);
                     if (v > 0)
                         assert_true(k >= x->nic_node[side] &&
                                     k < x->nic_node[side] + x->nic_nodes[side]);
                 }
+            if (x->nic_flows != flows)
+                fail_msg("%s %s %dx%dx%d: link %d -> %d: %d flows through its busiest NIC, the "
+                         "programs %d",
+                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op, cases[i].pp,
+                         x->from, x->to, x->nic_flows, flows);
+            if (flows > 1)
+                several_flows++;
             double want = most > 0 ? fmin(p->cluster->inter.latency_s + most / bw, x->seconds) : 0;
             if (fabs(x->nic_s - want) > 1e-9 * want)
                 fail_msg("%s %s %dx%dx%d: link %d -> %d holds its NICs %.9g s, its busiest NIC "
@@ -636,6 +702,7 @@ static void links_match_the_programs(void **state)
                 crossed++;
         }
         free(nic);
+        free(through);
         for (int l = 0; l < n_links; l++)
             if (links[l].kind == PS_LINK_FORWARD || links[l].kind == PS_LINK_BACKWARD) {
                 assert_true(links[l].kind == PS_LINK_FORWARD ? links[l].to > links[l].from
@@ -662,6 +729,7 @@ static void links_match_the_programs(void **state)
     }
     assert_true(crossed >= 8);
     assert_true(updates_across >= 2);
+    assert_true(several_flows >= 4);
 }
 
 int main(void)
@@ -672,6 +740,7 @@ int main(void)
         cmocka_unit_test(shared_nic_takes_turns),
         cmocka_unit_test(shared_nics_bound_the_step),
         cmocka_unit_test(stage_collectives_share_nics),
+        cmocka_unit_test(nics_shared_by_flows),
         cmocka_unit_test(cyclic_links_are_nan),
         cmocka_unit_test(links_match_the_programs),
     };
