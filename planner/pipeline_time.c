@@ -442,6 +442,17 @@ static double nic_use(const ps_stage_link *x)
  * its update's own collectives: a stage's flows after the links'. */
 enum { PH_FORWARD, PH_BACKWARD, PH_ACCUMULATED, PH_UPDATE_SENDS, PH_UPDATE, PH_COUNT };
 
+/* When the sender of a link of that kind reduces what it sends. */
+static int reduce_phase(ps_link_kind kind)
+{
+    switch (kind) {
+    case PS_LINK_FORWARD: return PH_FORWARD;
+    case PS_LINK_BACKWARD: return PH_BACKWARD;
+    case PS_LINK_ACCUMULATED: return PH_ACCUMULATED;
+    default: return PH_UPDATE_SENDS; /* after its update */
+    }
+}
+
 /* The flows: the links', then per stage per phase its collective across
  * its nodes (seconds 0: none). *out malloc'ed. */
 static flow *make_flows(int n, const ps_stage_link *links, int n_links,
@@ -461,10 +472,7 @@ static flow *make_flows(int n, const ps_stage_link *links, int n_links,
     }
     for (int l = 0; l < n_links && nics != NULL; l++) {
         const ps_stage_link *x = &links[l];
-        int ph = x->kind == PS_LINK_FORWARD    ? PH_FORWARD
-                 : x->kind == PS_LINK_BACKWARD ? PH_BACKWARD
-                 : x->kind == PS_LINK_ACCUMULATED ? PH_ACCUMULATED
-                                                  : PH_UPDATE_SENDS;
+        int ph = reduce_phase(x->kind);
         f[n_links + x->from * PH_COUNT + ph].seconds += x->reduce_nic_s;
     }
     for (int k = 0; k < n && nics != NULL; k++)
@@ -511,10 +519,7 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
         goto out;
     for (int l = 0; l < n_links; l++) {
         const ps_stage_link *x = &links[l];
-        int ph = x->kind == PS_LINK_FORWARD    ? PH_FORWARD
-                 : x->kind == PS_LINK_BACKWARD ? PH_BACKWARD
-                 : x->kind == PS_LINK_ACCUMULATED ? PH_ACCUMULATED
-                                                  : PH_UPDATE_SENDS;
+        int ph = reduce_phase(x->kind);
         if (ph <= PH_BACKWARD)
             in_count[x->to * 2 + ph]++;
         reduce[x->from * PH_COUNT + ph] += x->reduce_s;
