@@ -465,33 +465,35 @@ static ps_status layer_ties(const ps_graph *g, const candidates *c, int n_nodes,
             goto out;
         }
     }
+    /* a unit ties to the first earlier one of the same signature whose
+     * candidates agree position by position (local sources in order of
+     * use too); else it stands for itself. Units that read alike may be
+     * offered different strategies (with recomputation, a block whose
+     * output leaves its clustered layer is kept, the next one's is not):
+     * each such kind gets a representative of its own */
     for (int l = 0; l < L; l++) {
         rep_layer[l] = l;
-        for (int r = 0; r < l; r++) {
-            if (rep_layer[r] == r && sig[r].s != NULL && sig[l].s != NULL &&
-                sig[r].len == sig[l].len && memcmp(sig[r].s, sig[l].s, sig[l].len) == 0) {
-                rep_layer[l] = r;
-                break;
+        for (int r = 0; r < l && rep_layer[l] == l; r++) {
+            if (rep_layer[r] != r || sig[r].s == NULL || sig[l].s == NULL ||
+                sig[r].len != sig[l].len || memcmp(sig[r].s, sig[l].s, sig[l].len) != 0)
+                continue;
+            bool same = n_srcs[l] == n_srcs[r];
+            for (int j = 0; j < first[l + 1] - first[l] && same; j++) {
+                int a = order[first[l] + j], b = order[first[r] + j];
+                same = c->n_op[a] == c->n_op[b];
+                for (int s = 0; s < c->n_op[a] && same; s++)
+                    same = c->op[a][s].compute_s == c->op[b][s].compute_s &&
+                           c->op[a][s].comm_s == c->op[b][s].comm_s &&
+                           memcmp(c->op[a][s].in, c->op[b][s].in, sizeof c->op[a][s].in) == 0 &&
+                           memcmp(c->op[a][s].out, c->op[b][s].out, sizeof c->op[a][s].out) == 0;
             }
+            for (int k = 0; k < n_srcs[l] && same; k++)
+                same = c->n_src[srcs[l][k]] == c->n_src[srcs[r][k]];
+            if (same)
+                rep_layer[l] = r;
         }
         int r = rep_layer[l];
         if (r == l)
-            continue;
-        /* tie ops position by position, and local sources in order of use,
-         * when their candidate lists agree */
-        bool same = n_srcs[l] == n_srcs[r];
-        for (int j = 0; j < first[l + 1] - first[l] && same; j++) {
-            int a = order[first[l] + j], b = order[first[r] + j];
-            same = c->n_op[a] == c->n_op[b];
-            for (int s = 0; s < c->n_op[a] && same; s++)
-                same = c->op[a][s].compute_s == c->op[b][s].compute_s &&
-                       c->op[a][s].comm_s == c->op[b][s].comm_s &&
-                       memcmp(c->op[a][s].in, c->op[b][s].in, sizeof c->op[a][s].in) == 0 &&
-                       memcmp(c->op[a][s].out, c->op[b][s].out, sizeof c->op[a][s].out) == 0;
-        }
-        for (int k = 0; k < n_srcs[l] && same; k++)
-            same = c->n_src[srcs[l][k]] == c->n_src[srcs[r][k]];
-        if (!same)
             continue;
         for (int j = 0; j < first[l + 1] - first[l]; j++)
             tie[order[first[l] + j]] = order[first[r] + j];
