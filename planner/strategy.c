@@ -658,18 +658,24 @@ ps_status ps_op_strategies(const ps_graph *g, int op_id, const ps_op_signature *
                 int l = assign[a];
                 unsigned bit = 1u << a;
                 if (l == PS_LABEL_A2A) {
-                    /* tokens travel to their experts' devices (or back) */
-                    double bytes = 0;
-                    for (int k = 0; k < op->n_out; k++)
-                        if (outs[k].rank == 4)
-                            bytes = ps_spec_tile_bytes(&st->out[k], &outs[k], m->shape);
-                    for (int i = 0; i < op->n_in && bytes == 0; i++)
-                        if (ins[i].rank == 4)
-                            bytes = ps_spec_tile_bytes(&st->in[i], &ins[i], m->shape);
-                    st->comm_s += ps_collective_s(m, PS_COLL_ALL_TO_ALL, bit, bytes);
+                    /* tokens travel to their experts' devices (or back):
+                     * every expert-split operand [e, g, c, m] moves to the
+                     * group split the kernel computes with, one all-to-all
+                     * each (planner/lower.c, kernel_layout): one for a
+                     * dispatch or a combine, two for a combine's gradient,
+                     * which reads the experts' outputs too */
+                    for (int q = 0; q < op->n_in + op->n_out; q++) {
+                        bool in = q < op->n_in;
+                        const ps_tensor_desc *d = in ? &ins[q] : &outs[q - op->n_in];
+                        const ps_sharding_spec *sp = in ? &st->in[q] : &st->out[q - op->n_in];
+                        if (d->rank != 4 || !(sp->dim_axes[0] & bit))
+                            continue;
+                        double bytes = ps_spec_tile_bytes(sp, d, m->shape);
+                        st->comm_s += ps_collective_s(m, PS_COLL_ALL_TO_ALL, bit, bytes);
+                        st->comm_bytes += bytes;
+                    }
                     st->comm_kind = PS_COLL_ALL_TO_ALL;
                     st->comm_axes |= bit;
-                    st->comm_bytes += bytes;
                 } else if (l >= 0 && s->internal_reduce[l] && label_in_inputs(s, l) &&
                            (a == 0 || assign[0] != l)) {
                     /* statistics, one all-reduce over every axis that splits

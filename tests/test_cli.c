@@ -1894,7 +1894,9 @@ static void test_moe_expert_parallel(void **state)
           "\"shared_cores_per_node\": 2}\n",
           f);
     fclose(f);
-    const char *a[] = {"plan", "--model", "moe-380m", "--hidden", "64", "--layers", "2",
+    /* hidden 128: at 64, since a combine's gradient is charged its second
+     * all-to-all, the ILP keeps the experts replicated */
+    const char *a[] = {"plan", "--model", "moe-380m", "--hidden", "128", "--layers", "2",
                        "--heads", "4", "--seq", "32", "--vocab", "256", "--experts", "4",
                        "--expert-group", "32", "--dtype", "fp32", "--method", "shard", "--mesh",
                        "1x2", "--global-batch", "16", "--cluster-file", cluster,
