@@ -579,8 +579,8 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
                                    (size_t)links[l].from)};
         STAGE_FLOW(k, PH_UPDATE);
         double upd = update_s[k] - flows[n_links + k * PH_COUNT + PH_UPDATE].seconds;
-        ops[o++] = (sched_op){.flow = -1,
-                              .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS])};
+        ops[o++] = (sched_op){
+            .flow = -1, .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS])};
         STAGE_FLOW(k, PH_UPDATE_SENDS);
         kernel_op[upd_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
