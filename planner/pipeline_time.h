@@ -7,8 +7,9 @@
  * stage time t and transfer c each way, one micro-batch per t + c instead of
  * per t. This module prices the transfers (with the lowering's own
  * cross-mesh plan, planner/cross_mesh.h) and times the exact schedule the
- * lowering emits, instruction order and dependencies, with the transfers
- * sharing the NICs they cross. */
+ * lowering emits, instruction order and dependencies, with the transfers and
+ * the stages' own collectives across nodes sharing the NICs they cross, flow
+ * by flow. */
 #ifndef PS_PLANNER_PIPELINE_TIME_H
 #define PS_PLANNER_PIPELINE_TIME_H
 
