@@ -651,7 +651,7 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
         }
     }
     for (int i = 0; i < n; i++) {
-        rate[i] = act[i]->use > 0 ? share[i] / act[i]->use : 1;
+        rate[i] = share[i] / act[i]->use; /* (a flow under way uses its NICs) */
         for (int side = 0; side < 2; side++)
             for (int j = act[i]->node[side]; j < act[i]->node[side] + act[i]->nodes[side]; j++)
                 used[j * 2 + side] = 0;
@@ -660,9 +660,8 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
 
 /* The stages' ops run as events in time: a stage runs its ops in turn; a
  * receive starts once its sender's op has ended (the receiver asks first,
- * as receives block). A flow through NICs moves at the speed its busiest
- * NIC leaves it: on a NIC whose flows would use more than all of it, each
- * gets its use over their total. */
+ * as receives block). A flow through NICs moves at the speed the NICs'
+ * max-min fair sharing leaves it (share_nics). */
 double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
                                const double *update_s, const ps_stage_link *links,
                                int n_links, const ps_stage_nics *nics, int micro_batches,

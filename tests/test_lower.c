@@ -47,8 +47,29 @@ static void small_config(const char *name, ps_model_config *cfg)
 }
 
 typedef enum { M_DATA, M_ZERO2, M_ZERO3, M_SHARD, M_UNIFORM, M_AUTO, M_COUNT } method;
+
 static const char *const method_names[M_COUNT] = {"data",  "zero2",   "zero3",
                                                   "shard", "uniform", "auto"};
+
+/* Alpa's uniform dp x op x pp plan of cfg (its batch set from global and
+ * micro) on cluster c. */
+static ps_plan *uniform_plan_of(ps_model_config *cfg, const ps_cluster *c, long long global,
+                                int micro, int dp, int op, int pp)
+{
+    cfg->batch = global / micro;
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(cfg, &fwd, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = global, .micro_batches = micro,
+                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
+    ps_inter_options o = ps_inter_options_default();
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_uniform(&req, &o, dp, op, pp, &p, &err) != PS_OK)
+        fail_msg("uniform %d x %d x %d: %s", dp, op, pp, err.msg);
+    ps_graph_free(fwd);
+    return p;
+}
 
 /* Plans cfg on one 8-device node; NULL (with a note) when the method has
  * no plan for this model (e.g. a batch too small to split 8 ways). */
@@ -256,22 +277,9 @@ static void expert_parallel_kernels_match_plan(void **state)
     (void)state;
     ps_model_config cfg; /* moe-2.4b in 32 micro-batches of 32, as bench_methods plans it */
     assert_int_equal(ps_zoo_lookup("moe-2.4b", &cfg, NULL), PS_OK);
-    long long global = 1024;
-    int micro = 32;
-    cfg.batch = global / micro;
-    ps_graph *fwd = NULL;
-    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
     ps_cluster *c = NULL;
     assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = global, .micro_batches = micro,
-                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
-    ps_inter_options o = ps_inter_options_default();
-    ps_plan *p = NULL;
-    ps_error err = {0};
-    if (ps_plan_uniform(&req, &o, 1, 8, 1, &p, &err) != PS_OK)
-        fail_msg("plan: %s", err.msg);
-    ps_graph_free(fwd);
+    ps_plan *p = uniform_plan_of(&cfg, c, 1024, 32, 1, 8, 1);
     ps_plan_model *m = NULL;
     ps_program_set *set = lower(p, &m, true);
     /* expert-parallel indeed: a combine's gradient moves both of its
@@ -378,20 +386,9 @@ static void mesh_groups_are_shared_by_their_members(void **state)
     cfg.heads = 8;
     cfg.seq = 64;
     cfg.vocab = 512;
-    cfg.batch = 1;
     ps_cluster *c = NULL;
     assert_int_equal(ps_cluster_from_preset("dgx-a100:16", &c, NULL), PS_OK);
-    ps_graph *fwd = NULL;
-    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = 16, .micro_batches = 16,
-                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
-    ps_inter_options o = ps_inter_options_default();
-    ps_plan *p = NULL;
-    ps_error err = {0};
-    if (ps_plan_uniform(&req, &o, 1, 8, 16, &p, &err) != PS_OK)
-        fail_msg("uniform 1 x 8 x 16: %s", err.msg);
-    ps_graph_free(fwd);
+    ps_plan *p = uniform_plan_of(&cfg, c, 16, 16, 1, 8, 16);
     ps_plan_model *m = NULL;
     ps_program_set *set = lower(p, &m, true); /* fails on the checker before the fix */
     int kernel_collectives = 0;
