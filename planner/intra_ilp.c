@@ -187,12 +187,20 @@ typedef struct elim {
     int *best;   /* [k_u] or [k_u * k_w] or [1] */
 } elim;
 
+/* The edges at one node, in the order they were added (ascending ids);
+ * dead ones are dropped when the list is next walked. */
+typedef struct incidence {
+    int *edge;
+    int n, cap;
+} incidence;
+
 typedef struct work {
     ps_ilp_problem *p; /* reduced copy; nodes keep their ids */
     int **orig;        /* [node][reduced strategy] -> original strategy */
     bool *edge_dead;   /* room for one new edge per node (series elimination) */
     bool *node_dead;
     int *degree;       /* live edges per node */
+    incidence *inc;    /* [node]: the reductions visit a node's edges, not all */
     elim *elims;
     int n_elims;
     /* the reductions keep every trade of cost for memory (dominance weighs
@@ -205,8 +213,12 @@ typedef struct work {
 static void work_free(work *w)
 {
     if (w->p != NULL)
-        for (int i = 0; i < w->p->n_nodes; i++)
+        for (int i = 0; i < w->p->n_nodes; i++) {
             free(w->orig[i]);
+            if (w->inc != NULL)
+                free(w->inc[i].edge);
+        }
+    free(w->inc);
     for (int i = 0; i < w->n_elims; i++)
         free(w->elims[i].best);
     free(w->elims);
@@ -215,6 +227,26 @@ static void work_free(work *w)
     free(w->orig);
     free(w->edge_dead);
     ps_ilp_problem_free(w->p);
+}
+
+static ps_status incidence_add(incidence *in, int e)
+{
+    if (ps_array_grow((void **)&in->edge, &in->cap, in->n + 1, sizeof *in->edge) != PS_OK)
+        return PS_ERR_NOMEM;
+    in->edge[in->n++] = e;
+    return PS_OK;
+}
+
+/* Adds an edge to the working copy and to its endpoints' lists. */
+static ps_status work_add_edge(work *w, int u, int v, const double *cost)
+{
+    ps_status st = ps_ilp_add_edge(w->p, u, v, cost);
+    if (st != PS_OK)
+        return st;
+    if (incidence_add(&w->inc[u], w->p->n_edges - 1) != PS_OK ||
+        incidence_add(&w->inc[v], w->p->n_edges - 1) != PS_OK)
+        return PS_ERR_NOMEM;
+    return PS_OK;
 }
 
 /* A working copy of p. The reductions drop strategies over `budget` (0:
@@ -233,8 +265,9 @@ static ps_status work_init(work *w, const ps_ilp_problem *p, double budget, bool
     w->node_dead = calloc((size_t)p->n_nodes + 1, sizeof *w->node_dead);
     w->degree = calloc((size_t)p->n_nodes + 1, sizeof *w->degree);
     w->elims = calloc((size_t)p->n_nodes + 1, sizeof *w->elims);
+    w->inc = calloc((size_t)p->n_nodes + 1, sizeof *w->inc);
     if (w->orig == NULL || w->edge_dead == NULL || w->node_dead == NULL || w->degree == NULL ||
-        w->elims == NULL)
+        w->elims == NULL || w->inc == NULL)
         return PS_ERR_NOMEM;
     for (int i = 0; i < p->n_nodes; i++) {
         const ps_ilp_node *n = &p->nodes[i];
@@ -247,10 +280,22 @@ static ps_status work_init(work *w, const ps_ilp_problem *p, double budget, bool
             w->orig[i][s] = s;
     }
     for (int e = 0; e < p->n_edges; e++)
-        if ((st = ps_ilp_add_edge(w->p, p->edges[e].u, p->edges[e].v, p->edges[e].cost)) !=
-            PS_OK)
+        if ((st = work_add_edge(w, p->edges[e].u, p->edges[e].v, p->edges[e].cost)) != PS_OK)
             return st;
     return PS_OK;
+}
+
+/* Drops the dead edges from node v's list (w->inc[v].edge, ascending ids)
+ * and returns how many live ones it keeps. */
+static int live_edges(work *w, int v)
+{
+    incidence *in = &w->inc[v];
+    int n = 0;
+    for (int i = 0; i < in->n; i++)
+        if (!w->edge_dead[in->edge[i]])
+            in->edge[n++] = in->edge[i];
+    in->n = n;
+    return n;
 }
 
 /* Keeps the strategies of node v with keep[s] set, in order. */
@@ -269,10 +314,9 @@ static void node_keep(work *w, int v, const bool *keep)
         }
     }
     n->k = k;
-    for (int e = 0; e < w->p->n_edges; e++) {
-        ps_ilp_edge *ed = &w->p->edges[e];
-        if (w->edge_dead[e] || (ed->u != v && ed->v != v))
-            continue;
+    int n_at = live_edges(w, v);
+    for (int a = 0; a < n_at; a++) {
+        ps_ilp_edge *ed = &w->p->edges[w->inc[v].edge[a]];
         int ku = ed->u == v ? k_old : w->p->nodes[ed->u].k;
         int kv = ed->v == v ? k_old : w->p->nodes[ed->v].k;
         int idx = 0;
@@ -366,16 +410,16 @@ static void drop_dominated(work *w, int v, bool *changed)
     bool keep[k];
     for (int s = 0; s < k; s++)
         keep[s] = true;
+    int n_at = live_edges(w, v);
+    const int *at = w->inc[v].edge;
     for (int a = 0; a < k; a++) {
         for (int b = 0; b < k && keep[a]; b++) {
             if (a == b || !keep[b] || n->cost[b] > n->cost[a] ||
                 (w->keep_memory && n->mem[b] > n->mem[a]))
                 continue;
             bool dominated = true;
-            for (int e = 0; e < w->p->n_edges && dominated; e++) {
-                ps_ilp_edge *ed = &w->p->edges[e];
-                if (w->edge_dead[e] || (ed->u != v && ed->v != v))
-                    continue;
+            for (int x = 0; x < n_at && dominated; x++) {
+                ps_ilp_edge *ed = &w->p->edges[at[x]];
                 int ku = w->p->nodes[ed->u].k, kv = w->p->nodes[ed->v].k;
                 int other = ed->u == v ? kv : ku;
                 for (int j = 0; j < other && dominated; j++) {
@@ -443,15 +487,8 @@ static double edge_cost_at(const ps_ilp_problem *p, const ps_ilp_edge *ed, int x
 static bool eliminate(work *w, int v, bool *fail)
 {
     ps_ilp_problem *p = w->p;
-    int e1 = -1, e2 = -1;
-    for (int e = 0; e < p->n_edges && e2 < 0; e++) {
-        if (w->edge_dead[e] || (p->edges[e].u != v && p->edges[e].v != v))
-            continue;
-        if (e1 < 0)
-            e1 = e;
-        else
-            e2 = e;
-    }
+    int n_at = live_edges(w, v);
+    int e1 = n_at > 0 ? w->inc[v].edge[0] : -1, e2 = n_at > 1 ? w->inc[v].edge[1] : -1;
     const ps_ilp_node *nv = &p->nodes[v];
     elim *el = &w->elims[w->n_elims];
     el->v = v;
@@ -515,7 +552,7 @@ static bool eliminate(work *w, int v, bool *fail)
         el->u = u;
         el->w = x;
         w->edge_dead[e1] = w->edge_dead[e2] = true;
-        ps_status st = ps_ilp_add_edge(p, u, x, m); /* edge_dead has room for it */
+        ps_status st = work_add_edge(w, u, x, m); /* edge_dead has room for it */
         free(m);
         if (st != PS_OK)
             return *fail = true, false;
@@ -568,33 +605,100 @@ static ps_status reduce(work *w, ps_error *err)
      * byte, and what they add to their neighbours does not depend on a
      * price on memory either (half the nodes of a GPT layer) */
     changed = true;
+    bool full = true;    /* fold and merge over every edge after this round */
+    bool recount = true; /* the degrees are stale */
+    int from = 0;        /* no node before it can be eliminated */
+    int dirty[2], n_dirty = 0; /* edges whose matrix changed since their last fold */
     while (changed) {
         changed = false;
-        for (int v = 0; v < p->n_nodes; v++)
-            w->degree[v] = 0;
-        for (int e = 0; e < p->n_edges; e++)
-            if (!w->edge_dead[e]) {
-                w->degree[p->edges[e].u]++;
-                w->degree[p->edges[e].v]++;
-            }
-        for (int v = 0; v < p->n_nodes; v++) {
+        if (recount) {
+            recount = false;
+            for (int v = 0; v < p->n_nodes; v++)
+                w->degree[v] = 0;
+            for (int e = 0; e < p->n_edges; e++)
+                if (!w->edge_dead[e]) {
+                    w->degree[p->edges[e].u]++;
+                    w->degree[p->edges[e].v]++;
+                }
+        }
+        int eliminated = -1;
+        bool refused = false; /* a node whose two edges are parallel: merged below */
+        for (int v = from; v < p->n_nodes && eliminated < 0; v++) {
             if (w->node_dead[v] || w->degree[v] > 2 || (p->nodes[v].k == 1 && w->degree[v] == 0) ||
                 (w->keep_memory && !memory_fixed(&p->nodes[v])))
                 continue;
             bool fail = false;
             if (eliminate(w, v, &fail))
-                changed = true;
+                eliminated = v;
+            else
+                refused = true;
             if (fail) {
                 free(keys);
                 return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
             }
-            if (changed)
-                break; /* degrees changed: recount */
         }
-        for (int e = 0; e < p->n_edges; e++)
-            if (!w->edge_dead[e] && !w->node_dead[p->edges[e].u] && !w->node_dead[p->edges[e].v])
-                fold_edge(w, e, &changed);
-        merge_parallel(w, keys, &changed);
+        changed = eliminated >= 0;
+        if (full || refused || eliminated < 0) {
+            /* every live edge folded where it can be and merged with its
+             * parallels, in id order */
+            for (int e = 0; e < p->n_edges; e++)
+                if (!w->edge_dead[e] && !w->node_dead[p->edges[e].u] &&
+                    !w->node_dead[p->edges[e].v])
+                    fold_edge(w, e, &changed);
+            bool merged = false;
+            merge_parallel(w, keys, &merged);
+            changed = changed || merged;
+            full = merged; /* the merged matrices may fold now: over every edge again */
+            recount = true;
+            from = 0;
+            n_dirty = 0;
+            continue;
+        }
+        /* Only the edge the elimination added and the one the last merge
+         * changed can fold or have a parallel now (the rest were tried
+         * with the matrices they still have): the same folds and merges,
+         * in the same order, as over every edge. A node whose degree drops
+         * may become eliminable. */
+        from = eliminated;
+        const elim *el = &w->elims[w->n_elims - 1];
+        int added = -1;
+        if (el->u >= 0 && el->w < 0 && el->u < from)
+            from = el->u; /* a leaf: its neighbour lost an edge */
+        if (el->w >= 0) {
+            added = p->n_edges - 1;
+            dirty[n_dirty++] = added;
+        }
+        for (int i = 0; i < n_dirty; i++) {
+            int e = dirty[i];
+            const ps_ilp_edge *ed = &p->edges[e];
+            if (w->edge_dead[e] || w->node_dead[ed->u] || w->node_dead[ed->v])
+                continue;
+            fold_edge(w, e, &changed);
+            if (w->edge_dead[e]) {
+                w->degree[ed->u]--;
+                w->degree[ed->v]--;
+                from = ed->u < from ? ed->u : from;
+                from = ed->v < from ? ed->v : from;
+            }
+        }
+        n_dirty = 0;
+        if (added >= 0 && !w->edge_dead[added]) {
+            int u = p->edges[added].u, x = p->edges[added].v;
+            int n_at = live_edges(w, u);
+            for (int i = 0; i < n_at; i++) {
+                int e = w->inc[u].edge[i];
+                if (e != added && (p->edges[e].u == x || p->edges[e].v == x)) {
+                    merge_edges(w, e, added);
+                    changed = true;
+                    w->degree[u]--;
+                    w->degree[x]--;
+                    from = u < from ? u : from;
+                    from = x < from ? x : from;
+                    dirty[n_dirty++] = e;
+                    break;
+                }
+            }
+        }
     }
     free(keys);
     return PS_OK;

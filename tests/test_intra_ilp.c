@@ -161,6 +161,89 @@ static void matches_brute_force_coarse_costs(void **state)
             check_against_brute_force_of(with_memory, reduce, true);
 }
 
+/* A sparse problem: a cycle through 8..12 nodes in random order, a few
+ * chords and parallel edges. The eliminations then run long chains of
+ * series steps whose new edges meet old ones (merged, then folded). */
+static ps_ilp_problem *sparse_problem(bool with_memory)
+{
+    ps_ilp_problem *p = NULL;
+    assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
+    int n = 8 + below(5), order[12];
+    for (int v = 0; v < n; v++) {
+        int k = 1 + below(3);
+        double cost[3], mem[3];
+        bool fixed = !with_memory || uniform() < 0.7; /* eliminable under a budget */
+        for (int s = 0; s < k; s++) {
+            cost[s] = 10 * uniform();
+            mem[s] = fixed && s > 0 ? mem[0] : 10 * uniform();
+        }
+        assert_int_equal(ps_ilp_add_node(p, k, cost, mem, NULL), PS_OK);
+        order[v] = v;
+    }
+    for (int v = n - 1; v > 0; v--) {
+        int j = below(v + 1), x = order[v];
+        order[v] = order[j];
+        order[j] = x;
+    }
+    int chords = below(3);
+    for (int i = 0; i < n + chords; i++) {
+        int u = i < n ? order[i] : below(n), v = i < n ? order[(i + 1) % n] : below(n);
+        if (u == v)
+            continue;
+        double c[9];
+        int kk = p->nodes[u].k * p->nodes[v].k;
+        for (int j = 0; j < kk; j++)
+            c[j] = uniform() < 0.03 ? INFINITY : 10 * uniform();
+        assert_int_equal(ps_ilp_add_edge(p, u, v, c), PS_OK);
+        if (uniform() < 0.1)
+            assert_int_equal(ps_ilp_add_edge(p, v, u, c), PS_OK);
+    }
+    if (with_memory) {
+        double lo, hi;
+        memory_range(p, &lo, &hi);
+        p->mem_budget = lo + (hi - lo) * uniform() * 0.7 + 1e-9;
+    }
+    return p;
+}
+
+/* The reductions on sparse problems (most of the work is elimination)
+ * keep the optimum; most of them leave GLPK nothing to do. */
+static void sparse_matches_brute_force(void **state)
+{
+    (void)state;
+    for (int with_memory = 0; with_memory < 2; with_memory++) {
+        int solved = 0, by_reductions = 0;
+        for (int t = 0; t < 300; t++) {
+            ps_ilp_problem *p = sparse_problem(with_memory);
+            ps_ilp_result bf = {0}, ilp = {0};
+            ps_error e1 = {0}, e2 = {0};
+            ps_status s1 = ps_ilp_brute_force(p, 1e6, &bf, &e1);
+            ps_ilp_options o = ps_ilp_options_default();
+            o.mip_gap = 0;
+            ps_status s2 = ps_ilp_solve(p, &o, &ilp, &e2);
+            if ((s1 == PS_OK) != (s2 == PS_OK))
+                fail_msg("instance %d: brute force %d (%s), ilp %d (%s)", t, s1, e1.msg, s2,
+                         e2.msg);
+            if (s1 == PS_OK) {
+                if (fabs(bf.objective - ilp.objective) > 1e-9 * (1 + bf.objective))
+                    fail_msg("instance %d%s: brute force %.12g, ilp %.12g (%s)", t,
+                             with_memory ? " (memory)" : "", bf.objective, ilp.objective,
+                             ilp.method);
+                if (with_memory)
+                    assert_true(ilp.memory <= p->mem_budget);
+                by_reductions += ilp.reduced_nodes == 0 && ilp.reduced_edges == 0;
+                solved++;
+            }
+            ps_ilp_result_clear(&bf);
+            ps_ilp_result_clear(&ilp);
+            ps_ilp_problem_free(p);
+        }
+        assert_true(solved >= 200);
+        if (!with_memory)
+            assert_true(by_reductions >= solved / 2);
+    }
+}
+
 /* A memory budget met by pricing memory: with no gap allowed the pricing may
  * stop only where its bound proves its answer optimal; with 5% allowed, its
  * answer is within 5% of the optimum. Answers always fit; without pricing
@@ -517,6 +600,7 @@ int main(void)
         cmocka_unit_test(matches_brute_force_with_memory),
         cmocka_unit_test(matches_brute_force_unreduced),
         cmocka_unit_test(matches_brute_force_coarse_costs),
+        cmocka_unit_test(sparse_matches_brute_force),
         cmocka_unit_test(lagrangian_matches_brute_force),
         cmocka_unit_test(fixed_memory_nodes_eliminated_under_budget),
         cmocka_unit_test(chain_uses_forest_dp),
