@@ -16,6 +16,7 @@
 #include "planner/inter_pass.h"
 #include "planner/lower.h"
 #include "planner/plan_model.h"
+#include "plan_fixture.h"
 
 /* Small members of each family, so that every method plans in well under a
  * second. */
@@ -50,26 +51,6 @@ typedef enum { M_DATA, M_ZERO2, M_ZERO3, M_SHARD, M_UNIFORM, M_AUTO, M_COUNT } m
 
 static const char *const method_names[M_COUNT] = {"data",  "zero2",   "zero3",
                                                   "shard", "uniform", "auto"};
-
-/* Alpa's uniform dp x op x pp plan of cfg (its batch set from global and
- * micro) on cluster c. */
-static ps_plan *uniform_plan_of(ps_model_config *cfg, const ps_cluster *c, long long global,
-                                int micro, int dp, int op, int pp)
-{
-    cfg->batch = global / micro;
-    ps_graph *fwd = NULL;
-    assert_int_equal(ps_model_build(cfg, &fwd, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = global, .micro_batches = micro,
-                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
-    ps_inter_options o = ps_inter_options_default();
-    ps_plan *p = NULL;
-    ps_error err = {0};
-    if (ps_plan_uniform(&req, &o, dp, op, pp, &p, &err) != PS_OK)
-        fail_msg("uniform %d x %d x %d: %s", dp, op, pp, err.msg);
-    ps_graph_free(fwd);
-    return p;
-}
 
 /* Plans cfg on one 8-device node; NULL (with a note) when the method has
  * no plan for this model (e.g. a batch too small to split 8 ways). */

@@ -16,6 +16,7 @@
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
+#include "plan_fixture.h"
 #include "test_util.h"
 
 /* ---- reference: the schedule as an explicit graph, longest path ---- */
@@ -536,20 +537,9 @@ static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int
     }
     long long global = 64;
     int micro = 4;
-    cfg.batch = global / micro;
-    ps_graph *fwd = NULL;
-    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
     ps_cluster *c = NULL;
     assert_int_equal(ps_cluster_from_preset(cluster, &c, NULL), PS_OK);
-    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
-                           .cluster = c, .global_batch = global, .micro_batches = micro,
-                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
-    ps_inter_options io = ps_inter_options_default();
-    ps_plan *p = NULL;
-    ps_error err = {0};
-    if (ps_plan_uniform(&req, &io, dp, op, pp, &p, &err) != PS_OK)
-        fail_msg("plan %s: %s", model, err.msg);
-    ps_graph_free(fwd);
+    ps_plan *p = uniform_plan_of(&cfg, c, global, micro, dp, op, pp);
     ps_cluster_free(c);
     return p;
 }
