@@ -71,7 +71,8 @@ ps_inter_options ps_inter_options_default(void)
                               .print_rows = false, .exact_ranges = false,
                               .stage_time_limit_s = 20, .transfer_costs = true,
                               .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2,
-                              .lean_twin_limit_s = 2, .remat_by_stage = false};
+                              .lean_twin_limit_s = 2, .remat_by_stage = false,
+                              .memory_floor_check = true};
 }
 
 typedef struct submesh {
@@ -1179,6 +1180,42 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                                  : "more micro-batches");
 }
 
+/* PS_ERR_INFEASIBLE when no pipeline can fit (ps_inter_options.
+ * memory_floor_check): in 1F1B every stage keeps at least one micro-batch's
+ * activations, in GPipe all of them; `recomputed` (or NULL) is the step
+ * with every layer recomputed, which --remat=auto may take instead. */
+static ps_status memory_floor(const ps_plan_request *req, const ps_inter_options *o,
+                              const ps_graph *step, const ps_graph *recomputed, ps_error *err)
+{
+    const ps_cluster *c = req->cluster;
+    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    double lasting = 0, act = 0, memory = ps_cluster_min_memory_bytes(c);
+    PS_TRY_RET(ps_intra_step_bytes(step, &lasting, &act, err));
+    if (recomputed != NULL) {
+        /* its gradients are the plain step's; what it keeps, fewer */
+        double unused = 0, act_recomputed = 0;
+        PS_TRY_RET(ps_intra_step_bytes(recomputed, &unused, &act_recomputed, err));
+        act = fmin(act, act_recomputed);
+    }
+    double floor_bytes = lasting + (o->gpipe ? B : 1) * act;
+    if (floor_bytes <= D * memory)
+        return PS_OK;
+    bool recomputes = req->train.remat || o->remat_by_stage;
+    return ps_error_set(
+        err, PS_ERR_INFEASIBLE,
+        "no plan fits in memory: %s on %s with %d micro-batches of %lld: the whole model "
+        "needs at least %.4g GB per device on all %d devices (%.4g GB of weights, optimizer "
+        "state and gradients and %.4g GB of activations kept for %s, were every tensor "
+        "split over every device) (devices have %.4g GB); try %s%s or more devices",
+        req->forward->name, c->name, B, req->global_batch / B, floor_bytes / D / 1e9, D,
+        lasting / 1e9, (o->gpipe ? B : 1) * act / 1e9,
+        o->gpipe ? "every micro-batch" : "one micro-batch", memory / 1e9,
+        recomputes ? "" : "--remat, ",
+        o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's activations until its "
+                   "backward)"
+                 : "more micro-batches");
+}
+
 static ps_status stage_plan_copy(const ps_stage_plan *a, ps_stage_plan *out)
 {
     *out = *a;
@@ -1298,6 +1335,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             PS_TRY(ps_train_step_build(fwd, &t, &table_step[v], err));
         }
     }
+
+    if (o->memory_floor_check)
+        PS_TRY(memory_floor(req, o, step, n_var == 2 ? table_step[1] : NULL, err));
 
     /* 2. candidate submeshes and logical meshes */
     int n_sub = list_submeshes(c, o, subs, err), max_cfg = 1;

@@ -71,6 +71,13 @@ typedef struct ps_inter_options {
      * plan records the recomputed layers (training.remat_layers). Needs a
      * request without remat of its own. */
     bool remat_by_stage;
+    /* Refuse at once, before any stage is costed, a request whose step
+     * cannot fit the devices together (ps_intra_step_bytes: weights,
+     * optimizer state, gradients and the micro-batches' kept activations
+     * at their full size above the devices' memory summed), as solving it
+     * would only end in "no plan fits" (default true; false solves anyway:
+     * the tests check the two agree). */
+    bool memory_floor_check;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);

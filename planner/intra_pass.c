@@ -279,6 +279,28 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
     return PS_OK;
 }
 
+ps_status ps_intra_step_bytes(const ps_graph *step, double *lasting, double *activations,
+                              ps_error *err)
+{
+    unsigned char *kept = NULL;
+    *lasting = *activations = 0;
+    PS_TRY_RET(memory_roles(step, &kept, err));
+    for (int t = 0; t < step->n_tensors; t++) {
+        const ps_tensor *x = &step->tensors[t];
+        double b = ps_tensor_bytes(x);
+        /* as ps_intra_solve counts them; a stage's input that is another
+         * stage's gradient contribution is not the whole step's */
+        if (x->kind == PS_TENSOR_PARAM || x->kind == PS_TENSOR_OPT_STATE)
+            *lasting += b;
+        else if (x->producer >= 0 && (kept[t] & KEPT_ACCUM))
+            *lasting += b;
+        else if ((x->producer >= 0 || x->kind == PS_TENSOR_INPUT) && (kept[t] & KEPT_ACT))
+            *activations += b;
+    }
+    free(kept);
+    return PS_OK;
+}
+
 static int output_index(const ps_op *op, int t)
 {
     for (int k = 0; k < op->n_out; k++)

@@ -63,6 +63,17 @@ typedef struct ps_intra_result {
  * producer need not reduce: the strategy option of that name. */
 ps_status ps_intra_keep_partial(const ps_graph *g, unsigned char **out, ps_error *err);
 
+/* What a step keeps whole, summed over its tensors at their full size
+ * (bytes): `lasting`, its weights, optimizer state and the gradients
+ * accumulated for the update; `activations`, one micro-batch's kept
+ * activations (the forward tensors its backward or recomputation reads).
+ * The same roles ps_intra_solve's memory counts, per device, in the tiles
+ * of a layout: a tile is at least its tensor over the devices, so on any
+ * layout over any split into stages the devices together hold at least
+ * lasting + activations (a floor the stage DP's search refuses early by). */
+ps_status ps_intra_step_bytes(const ps_graph *step, double *lasting, double *activations,
+                              ps_error *err);
+
 ps_status ps_intra_solve(const ps_graph *step, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err);
 void ps_intra_result_free(ps_intra_result *r);

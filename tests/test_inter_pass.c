@@ -351,8 +351,9 @@ static void gpt_two_nodes(void **state)
 }
 
 /* A model that fits nowhere (an MLP of width 32768: 17 B parameters, 275 GB of
- * weights and Adam state for 8 x 16 GB) says so, with what the closest
- * candidate needs. */
+ * weights and Adam state for 8 x 16 GB) says so before costing any stage,
+ * with what the step needs over all devices; solved anyway, with what the
+ * closest candidate needs. */
 static void nothing_fits(void **state)
 {
     (void)state;
@@ -363,15 +364,26 @@ static void nothing_fits(void **state)
         plan_for("mlp", 32768, 0, 64, 1, "p3.16xlarge:1", &o, false, PS_ERR_INFEASIBLE, &err);
     assert_null(p);
     assert_non_null(strstr(err.msg, "no plan fits in memory"));
+    assert_non_null(strstr(err.msg, "the whole model needs at least"));
+    assert_non_null(strstr(err.msg, "were every tensor split over every device"));
+    assert_non_null(strstr(err.msg, "try --remat, more micro-batches or more devices"));
+    ps_error_clear(&err);
+    o.memory_floor_check = false;
+    assert_null(
+        plan_for("mlp", 32768, 0, 64, 1, "p3.16xlarge:1", &o, false, PS_ERR_INFEASIBLE, &err));
+    assert_non_null(strstr(err.msg, "no pipeline fits"));
     assert_non_null(strstr(err.msg, "the whole model needs"));
     assert_non_null(strstr(err.msg, "try --remat, more micro-batches or more devices"));
-    /* what it already does is not suggested */
-    ps_error_clear(&err);
-    o.gpipe = true;
-    assert_null(
-        plan_for("mlp", 32768, 0, 64, 1, "p3.16xlarge:1", &o, true, PS_ERR_INFEASIBLE, &err));
-    assert_non_null(strstr(err.msg, "; try --schedule 1f1b (GPipe keeps every micro-batch's "
-                                    "activations until its backward) or more devices"));
+    /* what it already does is not suggested, either way */
+    for (int check = 0; check < 2; check++) {
+        ps_error_clear(&err);
+        o.memory_floor_check = check;
+        o.gpipe = true;
+        assert_null(plan_for("mlp", 32768, 0, 64, 1, "p3.16xlarge:1", &o, true,
+                             PS_ERR_INFEASIBLE, &err));
+        assert_non_null(strstr(err.msg, "; try --schedule 1f1b (GPipe keeps every micro-batch's "
+                                        "activations until its backward) or more devices"));
+    }
 }
 
 /* Stages' logical meshes put the batch on an axis that divides it: with
@@ -604,6 +616,61 @@ static void uniform_and_manual_stages(void **state)
     assert_non_null(strstr(err.msg, "does not fit"));
     ps_cluster_free(c);
     ps_graph_free(fwd);
+}
+
+/* The early refusal (memory_floor_check) against solving: whenever the
+ * step's bytes over all the devices together refuse a request, costing
+ * every stage and running the DP finds no plan either. GPT-350M cut to 4 blocks on 8 V100s with less
+ * memory each, over micro-batch counts, remat, GPipe and remat by stage. */
+static void memory_floor_agrees_with_solving(void **state)
+{
+    (void)state;
+    const double gib[] = {1.5, 4};
+    const int counts[] = {1, 2, 4, 8};
+    enum { PLAIN, REMAT, GPIPE, BY_STAGE, N_WAYS };
+    int refused = 0, fitted = 0, unfit_anyway = 0;
+    for (size_t m = 0; m < sizeof gib / sizeof *gib; m++)
+        for (size_t b = 0; b < sizeof counts / sizeof *counts; b++)
+            for (int way = 0; way < N_WAYS; way++) {
+                ps_cluster *c = preset("p3.16xlarge:1");
+                c->kinds[0].memory_bytes = gib[m] * (1 << 30);
+                ps_model_config cfg = gpt350m(4);
+                ps_graph *fwd = NULL;
+                ps_plan_request req = request(&cfg, &fwd, c, 128, counts[b]);
+                req.train.remat = way == REMAT;
+                ps_inter_options o = ps_inter_options_default();
+                o.layer_num = 4;
+                o.gpipe = way == GPIPE;
+                o.remat_by_stage = way == BY_STAGE;
+                ps_plan *on = NULL, *off = NULL;
+                ps_error e_on = {0}, e_off = {0};
+                ps_status s_on = ps_plan_pipeshard(&req, &o, &on, &e_on);
+                bool by_floor = s_on == PS_ERR_INFEASIBLE &&
+                                strstr(e_on.msg, "were every tensor split") != NULL;
+                /* where the floor lets a request through, the planning that
+                 * follows is the one without it: only refusals are solved again */
+                if (by_floor) {
+                    o.memory_floor_check = false;
+                    ps_status s_off = ps_plan_pipeshard(&req, &o, &off, &e_off);
+                    if (s_off != PS_ERR_INFEASIBLE)
+                        fail_msg("%.3g GiB, %d micro-batches, way %d: refused (%s), yet "
+                                 "solving finds a plan (status %d)",
+                                 gib[m], counts[b], way, e_on.msg, s_off);
+                } else {
+                    assert_true(s_on == PS_OK || s_on == PS_ERR_INFEASIBLE);
+                }
+                refused += by_floor;
+                fitted += s_on == PS_OK;
+                unfit_anyway += !by_floor && s_on == PS_ERR_INFEASIBLE;
+                ps_plan_free(on);
+                ps_plan_free(off);
+                ps_graph_free(fwd);
+                ps_cluster_free(c);
+            }
+    printf("# %d requests refused early, %d planned, %d found unfit only by solving\n", refused,
+           fitted, unfit_anyway);
+    /* the grid crosses the boundary: some of each */
+    assert_true(refused > 0 && fitted > 0);
 }
 
 /* --micro-batches auto: the search's plan is at least as fast as the plan of
@@ -908,6 +975,7 @@ int main(void)
         cmocka_unit_test(beats_one_stage_across_nodes),
         cmocka_unit_test(one_stage_when_pipelines_lose),
         cmocka_unit_test(uniform_and_manual_stages),
+        cmocka_unit_test(memory_floor_agrees_with_solving),
         cmocka_unit_test(micro_batch_search),
         cmocka_unit_test(plans_rebuild_their_model),
         cmocka_unit_test(remat_chosen_by_stage),

@@ -538,6 +538,50 @@ static void op_statistics_closed_form(void **state)
     ps_cluster_free(c);
 }
 
+/* ps_intra_step_bytes against a layout's own memory: on one device every
+ * tile is its whole tensor, so the solve counts exactly the step's bytes
+ * (and the MLP block's lasting bytes are its closed form: 8h^2 fp32 weights,
+ * as many gradients and Adam's two moments); on d devices no layout holds
+ * less than 1/d of them per device, whatever the method. */
+static void step_bytes_floor_every_layout(void **state)
+{
+    (void)state;
+    const int64_t h = 256;
+    ps_graph *steps[] = {mlp_block(64, h), zoo_step("gpt-350m", 2, 8), zoo_step("moe-1.3b", 1, 16)};
+    const int meshes[][2] = {{1, 1}, {2, 4}, {8, 1}, {1, 8}, {2, 1}};
+    const ps_intra_method methods[] = {PS_METHOD_SHARD, PS_METHOD_DATA, PS_METHOD_ZERO3};
+    ps_error err = {0};
+    for (size_t g = 0; g < sizeof steps / sizeof *steps; g++) {
+        double lasting = -1, act = -1;
+        assert_int_equal(ps_intra_step_bytes(steps[g], &lasting, &act, &err), PS_OK);
+        assert_true(lasting > 0 && act > 0);
+        if (g == 0)
+            assert_true(lasting == 4.0 * 8 * h * h * 4);
+        for (size_t k = 0; k < sizeof meshes / sizeof *meshes; k++)
+            for (size_t q = 0; q < sizeof methods / sizeof *methods; q++) {
+                ps_cluster *c;
+                ps_logical_mesh *m = mesh("dgx-a100:1", meshes[k][0], meshes[k][1], &c);
+                ps_intra_result *r = solve(steps[g], m, methods[q]);
+                int d = meshes[k][0] * meshes[k][1];
+                double held = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
+                if (d == 1) {
+                    assert_true(close_to(held, lasting));
+                    assert_true(close_to(r->activation_bytes, act));
+                }
+                if (!(held >= lasting / d * (1 - 1e-12) &&
+                      r->activation_bytes >= act / d * (1 - 1e-12)))
+                    fail_msg("step %zu on (%d, %d), method %zu: %.6g + %.6g bytes per device "
+                             "under the floor's %.6g + %.6g",
+                             g, meshes[k][0], meshes[k][1], q, held, r->activation_bytes,
+                             lasting / d, act / d);
+                ps_intra_result_free(r);
+                ps_mesh_free(m);
+                ps_cluster_free(c);
+            }
+        ps_graph_free(steps[g]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -550,6 +594,7 @@ int main(void)
         cmocka_unit_test(moe_expert_parallel),
         cmocka_unit_test(op_statistics_closed_form),
         cmocka_unit_test(session_matches_one_shot),
+        cmocka_unit_test(step_bytes_floor_every_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
