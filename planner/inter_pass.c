@@ -1936,10 +1936,10 @@ ps_status ps_plan_uniform(const ps_plan_request *req, const ps_inter_options *o,
 #define SEARCH_MAX_MICRO_BATCHES 128
 
 /* One candidate of the micro-batch search: the model rebuilt for micro-
- * batches of global / B samples and planned; *best and *last updated. A
- * plan that does not fit is no error; anything else is. */
+ * batches of global / B samples and planned; *best, *n_fit and *last
+ * updated. A plan that does not fit is no error; anything else is. */
 static ps_status search_try(const ps_plan_request *req, const ps_inter_options *o, long long B,
-                            ps_plan **best, ps_error *last, ps_error *err)
+                            ps_plan **best, int *n_fit, ps_error *last, ps_error *err)
 {
     ps_model_config cfg = *req->config;
     cfg.batch = req->global_batch / B;
@@ -1958,6 +1958,7 @@ static ps_status search_try(const ps_plan_request *req, const ps_inter_options *
     if (st == PS_OK) {
         PS_LOG_INFO("pipeshard: %lld micro-batches of %lld: iteration %.4g s", B,
                     req->global_batch / B, p->iteration_s);
+        (*n_fit)++;
         if (*best == NULL || p->iteration_s < (*best)->iteration_s) {
             ps_plan_free(*best);
             *best = p;
@@ -1988,7 +1989,7 @@ ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_op
      * above it), then every divisor between the best's coarse neighbours */
     long long div[SEARCH_MAX_MICRO_BATCHES];
     bool tried[SEARCH_MAX_MICRO_BATCHES] = {false}, coarse[SEARCH_MAX_MICRO_BATCHES] = {false};
-    int n_div = 0, n_tried = 0;
+    int n_div = 0, n_tried = 0, n_fit = 0;
     for (long long B = 1; B <= SEARCH_MAX_MICRO_BATCHES && B <= req->global_batch; B++)
         if (req->global_batch % B == 0)
             div[n_div++] = B;
@@ -2003,7 +2004,7 @@ ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_op
     ps_status st = PS_OK;
     for (int k = 0; k < n_div && st == PS_OK; k++)
         if (coarse[k]) {
-            st = search_try(req, o, div[k], &best, &last, err);
+            st = search_try(req, o, div[k], &best, &n_fit, &last, err);
             tried[k] = true;
             n_tried++;
         }
@@ -2017,7 +2018,7 @@ ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_op
             hi = div[k];
     for (int k = 0; k < n_div && st == PS_OK; k++)
         if (!tried[k] && div[k] > lo && div[k] < hi) {
-            st = search_try(req, o, div[k], &best, &last, err);
+            st = search_try(req, o, div[k], &best, &n_fit, &last, err);
             tried[k] = true;
             n_tried++;
         }
@@ -2028,9 +2029,10 @@ ps_status ps_plan_pipeshard_search(const ps_plan_request *req, const ps_inter_op
     if (best == NULL)
         return ps_error_set(err, PS_ERR_INFEASIBLE, "%s (tried %d micro-batch counts)",
                             last.msg[0] ? last.msg : "no micro-batch count works", n_tried);
-    PS_LOG_INFO("pipeshard: %d of the %d micro-batch counts up to %d that divide %lld planned; "
-                "%d kept",
-                n_tried, n_div, SEARCH_MAX_MICRO_BATCHES, req->global_batch, best->micro_batches);
+    PS_LOG_INFO("pipeshard: tried %d of the %d micro-batch counts up to %d that divide %lld: "
+                "%d fit, %d kept",
+                n_tried, n_div, SEARCH_MAX_MICRO_BATCHES, req->global_batch, n_fit,
+                best->micro_batches);
     *out = best;
     return PS_OK;
 }
