@@ -76,6 +76,9 @@ static void help(void)
         "  --force-batch-axis0  keep the batch dimension on mesh axis 0 (Alpa's 2-D default)\n"
         "  --time-limit S       ILP time limit per solve in seconds (default 60; the\n"
         "                       stage cost table's solves at most 20)\n"
+        "  --iteration-limit N  ILP limit per solve in GLPK simplex iterations (default\n"
+        "                       none): unlike time, it stops a solve at the same point on\n"
+        "                       any machine at any load, so the plan is reproducible\n"
         "  --profile-db DB.json measured GEMM and communication times (pipeshard profile,\n"
         "                       docs/profile-db.md) instead of the analytic cost model\n"
         "  --explain            print every op's strategy and its communication\n"
@@ -90,7 +93,7 @@ static void help(void)
 
 enum {
     OPT_CLUSTER = 256, OPT_CLUSTER_FILE, OPT_METHOD, OPT_MESH, OPT_GLOBAL_BATCH,
-    OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
+    OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_ITERATION_LIMIT, OPT_EXPLAIN, OPT_JSON, OPT_LAYER_NUM,
     OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
     OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES, OPT_CANDIDATES,
     OPT_NO_MEMORY_CHECK
@@ -105,6 +108,7 @@ static const struct option own_options[] = {
     {"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
     {"force-batch-axis0", no_argument, NULL, OPT_FORCE},
     {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
+    {"iteration-limit", required_argument, NULL, OPT_ITERATION_LIMIT},
     {"explain", no_argument, NULL, OPT_EXPLAIN},
     {"layer-num", required_argument, NULL, OPT_LAYER_NUM},
     {"submesh-choices", required_argument, NULL, OPT_SUBMESH},
@@ -244,10 +248,10 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
                ps_cli_bytes(s->activation_bytes, e, sizeof e));
         if (s->layout_gap >= 1)
             printf("              sharding not proven near the best on its mesh (the ILP's "
-                   "time limit ran out; see --time-limit)\n");
+                   "limit ran out; see --time-limit and --iteration-limit)\n");
         else if (s->layout_gap > LAYOUT_GAP_SHOWN)
             printf("              sharding proven within %.3g%% of the best on its mesh (the "
-                   "ILP's time limit ran out; see --time-limit)\n",
+                   "ILP's limit ran out; see --time-limit and --iteration-limit)\n",
                    100 * s->layout_gap);
     }
     if (strcmp(p->method, "pipeshard") == 0 || strcmp(p->method, "uniform") == 0 ||
@@ -262,7 +266,8 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
                "%d rows; %s%s in %.3g s\n",
                r->ilp_nodes, r->ilp_edges, r->tied_layers, r->ilp.glpk_cols, r->ilp.glpk_rows,
                r->ilp.optimal ? "optimal" : "not proven optimal",
-               r->ilp.optimal ? "" : " (the best found; see --time-limit)", r->ilp.solve_s);
+               r->ilp.optimal ? "" : " (the best found; see --time-limit and --iteration-limit)",
+               r->ilp.solve_s);
 }
 
 static bool parse_mesh(const char *text, int *d0, int *d1)
@@ -394,6 +399,13 @@ int ps_cmd_plan(int argc, char **argv)
                 return ps_cli_usage_error("plan", "--time-limit wants seconds from 0.01 to "
                                                   "1e6, not \"%s\"", optarg);
             req.ilp.time_limit_s = x;
+            break;
+        case OPT_ITERATION_LIMIT:
+            if (!ps_cli_parse_double(optarg, 1, 1e9, &x) || x != floor(x))
+                return ps_cli_usage_error("plan", "--iteration-limit wants a whole number of "
+                                                  "iterations from 1 to 1e9, not \"%s\"",
+                                          optarg);
+            req.ilp.iteration_limit = x;
             break;
         case OPT_EXPLAIN: do_explain = true; break;
         case OPT_DUMP: dump_dir = optarg; break;

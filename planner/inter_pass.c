@@ -64,6 +64,11 @@ ps_status ps_inter_parse_submeshes(const char *list, ps_inter_options *o, ps_err
     return PS_OK;
 }
 
+/* ps_inter_options.lean_twin_iterations by default: GPT-15B's plain twins
+ * (17,759 columns) take 0.35-0.45 ms an iteration on the development
+ * machine, so about 4 s each at most there */
+#define LEAN_TWIN_ITERATIONS 10000
+
 ps_inter_options ps_inter_options_default(void)
 {
     return (ps_inter_options){.layer_num = 0, .manual_layers = false,
@@ -71,7 +76,7 @@ ps_inter_options ps_inter_options_default(void)
                               .print_rows = false, .exact_ranges = false,
                               .stage_time_limit_s = 20, .transfer_costs = true,
                               .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2,
-                              .lean_twin_limit_s = 2, .remat_by_stage = false,
+                              .lean_twin_iterations = LEAN_TWIN_ITERATIONS, .remat_by_stage = false,
                               .memory_floor_check = true};
 }
 
@@ -309,29 +314,42 @@ typedef struct cache_item {
  * (ps_inter_options.stage_candidates pipelines each way at most, nearest
  * first, and never more than MAX_CANDIDATES). */
 #define CANDIDATES_WITHIN 1.10
+
 #define MAX_CANDIDATES 16
 
+/* What a stage's solve may take: wall-clock seconds (0: the request's
+ * limit) and GLPK simplex iterations (0: no such limit;
+ * ps_ilp_options.iteration_limit). */
+typedef struct solve_limit {
+    double time_s;
+    double iterations;
+} solve_limit;
+
 static ps_intra_options stage_intra_options(const config *cf, const ps_plan_request *req,
-                                            double limit_s)
+                                            solve_limit lim)
 {
     ps_intra_options io = ps_intra_options_default();
     io.method = PS_METHOD_SHARD;
     io.force_batch_axis0 = cf->force;
     io.micro_batches = req->micro_batches;
     io.ilp = req->ilp;
-    if (limit_s > 0) {
-        io.ilp.time_limit_s = limit_s;
+    if (lim.time_s > 0) {
+        io.ilp.time_limit_s = lim.time_s;
         io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
     }
+    if (lim.iterations > 0)
+        io.ilp.iteration_limit = io.ilp.iteration_limit > 0
+                                     ? fmin(io.ilp.iteration_limit, lim.iterations)
+                                     : lim.iterations;
     return io;
 }
 
 /* A slice's fastest layout on a mesh with one logical configuration. */
 static ps_status solve_fastest(const ps_graph *slice, const ps_logical_mesh *m, const config *cf,
-                               const ps_plan_request *req, double limit_s, ps_intra_result **out,
+                               const ps_plan_request *req, solve_limit lim, ps_intra_result **out,
                                ps_error *err)
 {
-    ps_intra_options io = stage_intra_options(cf, req, limit_s);
+    ps_intra_options io = stage_intra_options(cf, req, lim);
     *out = NULL;
     return ps_intra_solve(slice, m, &io, out, err);
 }
@@ -379,11 +397,11 @@ typedef struct budget_memo {
  * budgets. With a memo, a budgeted solve whose budget is the memo's is
  * skipped (memo->reused). */
 static ps_status solve_within(slice_solver *ls, const config *cf,
-                              const ps_plan_request *req, double limit_s, double budget,
+                              const ps_plan_request *req, solve_limit lim, double budget,
                               double cap, const ps_intra_result *fastest, budget_memo *memo,
                               ps_intra_result **out, ps_error *err)
 {
-    ps_intra_options io = stage_intra_options(cf, req, limit_s);
+    ps_intra_options io = stage_intra_options(cf, req, lim);
     io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
     const ps_intra_result *r = fastest;
     ps_intra_result *own = NULL;
@@ -473,14 +491,15 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
     ps_status st = ps_mesh_create(c, 0, s->hosts, s->devices, cfs[0]->d0, cfs[0]->d1, &m, &inner);
     if (st != PS_OK)
         return PS_OK; /* not a valid view: absent */
-    st = solve_fastest(slice, m, cfs[0], req, limit_s, &fastest, &inner);
+    solve_limit lim = {limit_s, 0};
+    st = solve_fastest(slice, m, cfs[0], req, lim, &fastest, &inner);
     slice_solver ls = {slice, m, NULL}; /* the plain and lean entries' budgeted solves */
     budget_memo memo = {.cap = NAN};
     for (int v = 0; v < n && st == PS_OK; v++) {
         ps_intra_result *r = NULL;
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
-        st = solve_within(&ls, cfs[v], req, limit_s, budget, NAN, fastest, &memo, &r, &inner);
+        st = solve_within(&ls, cfs[v], req, lim, budget, NAN, fastest, &memo, &r, &inner);
         if (st == PS_OK && memo.reused) {
             *es[v] = *es[0];
             if (ts[v] != NULL)
@@ -708,8 +727,9 @@ typedef struct stage_spec {
     int first, last;
     submesh sub;
     config cfg;
-    double twin_limit_s; /* > 0, a lean cfg: also try its plain twin within the memory, each
-                          * solve stopped after this long (stage_item) */
+    double twin_iterations; /* > 0, a lean cfg: also try its plain twin within the memory,
+                             * each solve stopped after this many GLPK simplex
+                             * iterations (stage_item) */
 } stage_spec;
 
 /* The plan's iteration time: its stages in the lowering's schedule, with
@@ -788,7 +808,7 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
  * of activations: while it does not fit them, solved again with less room,
  * `attempts` times at most. *out as solve_within's. */
 static ps_status fit_stage(slice_solver *ls, const config *cf,
-                           const ps_plan_request *req, double limit_s, int attempts,
+                           const ps_plan_request *req, solve_limit lim, int attempts,
                            int in_flight, const ps_intra_result *fastest, ps_intra_result **out,
                            ps_error *err)
 {
@@ -798,7 +818,7 @@ static ps_status fit_stage(slice_solver *ls, const config *cf,
     ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
         ps_intra_result *next = NULL;
-        st = solve_within(ls, cf, req, limit_s, m->memory_bytes, cap, fastest, NULL, &next, err);
+        st = solve_within(ls, cf, req, lim, m->memory_bytes, cap, fastest, NULL, &next, err);
         if (st == PS_ERR_INFEASIBLE && attempt > 0) {
             /* nothing is that lean: the last answer stands (a stage that
              * does not fit is written with a warning, and the plan's
@@ -853,7 +873,8 @@ static bool stage_fastest_item(void *ctx, int k)
     stage_solve *ss = ctx;
     if (ss->leader[k] != k)
         return true;
-    ss->status[k] = solve_fastest(ss->slices[k], ss->meshes[k], &ss->stages[k].cfg, ss->req, 0,
+    ss->status[k] = solve_fastest(ss->slices[k], ss->meshes[k], &ss->stages[k].cfg, ss->req,
+                                  (solve_limit){0, 0},
                                   &ss->fastest[k], &ss->errors[k]);
     return ss->status[k] == PS_OK;
 }
@@ -877,8 +898,9 @@ static bool stage_item(void *ctx, int k)
     int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
     /* the stage's solves within a budget share a session (its plain twin's too) */
     slice_solver ls = {ss->slices[k], m, NULL};
-    ps_status st = fit_stage(&ls, &ch->cfg, ss->req, 0, 6, in_flight, fastest, &r, &ss->errors[k]);
-    if (st == PS_OK && ch->cfg.lean && ch->twin_limit_s > 0) {
+    ps_status st = fit_stage(&ls, &ch->cfg, ss->req, (solve_limit){0, 0}, 6, in_flight, fastest,
+                             &r, &ss->errors[k]);
+    if (st == PS_OK && ch->cfg.lean && ch->twin_iterations > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
          * allows, takes its time or less. Its budgeted solves can be slow:
@@ -892,7 +914,8 @@ static bool stage_item(void *ctx, int k)
         ps_error ignored = {0};
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
-            fit_stage(&ls, &plain, ss->req, ch->twin_limit_s, 2, in_flight, fastest, &within,
+            fit_stage(&ls, &plain, ss->req, (solve_limit){0, ch->twin_iterations}, 2, in_flight,
+                      fastest, &within,
                       &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
@@ -1667,7 +1690,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                 for (int k = 0; k < cur->n_stages; k++) {
                     const ps_stage_choice *ch = &cur->stages[k];
                     chosen[k] = (stage_spec){ch->first, ch->last, subs[ch->sub],
-                                             cfgs[ch->sub][ch->cfg], o->lean_twin_limit_s};
+                                             cfgs[ch->sub][ch->cfg], o->lean_twin_iterations};
                 }
                 submesh chosen_subs[64];
                 int chosen_first[64];
@@ -1736,7 +1759,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
         if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
             B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, (*out)->iteration_s)) {
-            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_limit_s};
+            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_iterations};
             double t_realize = ps_monotonic_s();
             ps_plan *plan = NULL;
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,

@@ -62,8 +62,11 @@ typedef struct ps_inter_options {
     /* A stage the DP took by its lean entry is also solved as the fastest
      * layout within the memory (where the lean layout is 5% or more slower
      * than the fastest), each of its two solves stopped after this many
-     * seconds (default 2; 0: never), and kept when it fits and is faster. */
-    double lean_twin_limit_s;
+     * GLPK simplex iterations (ps_ilp_options.iteration_limit: the same
+     * stop on any machine at any load, so the plan does not depend on
+     * them; default in inter_pass.c; 0: never), and kept when it fits and
+     * is faster. */
+    double lean_twin_iterations;
     /* Choose recomputation stage by stage (--remat=auto): every table entry
      * is also costed with its layers recomputed, and the stage DP takes
      * whichever is faster within the memory, so a stage keeping many

@@ -2,6 +2,7 @@
 
 #include <float.h>
 #include <glpk.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,10 +100,15 @@ ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err)
     return PS_OK;
 }
 
+/* The default stall: simplex iterations of branch and cut without the gap
+ * narrowing by a tenth (ps_ilp_options.stall_iterations). */
+#define STALL_ITERATIONS 20000
+
 ps_ilp_options ps_ilp_options_default(void)
 {
     return (ps_ilp_options){
-        .time_limit_s = 60, .mip_gap = 1e-4, .stall_s = 2, .reduce = true, .lagrangian = true};
+        .time_limit_s = 60, .iteration_limit = 0, .mip_gap = 1e-4,
+        .stall_iterations = STALL_ITERATIONS, .reduce = true, .lagrangian = true};
 }
 
 void ps_ilp_result_clear(ps_ilp_result *r)
@@ -940,11 +946,31 @@ static int glpk_to_log(void *info, const char *s)
 typedef struct glpk_ctx {
     const double *start; /* incumbent column values [1..n], or NULL */
     double gap;          /* the least relative gap seen */
-    double stall_s;      /* stop after this long without the gap narrowing by a
+    /* The search's work: its simplex iterations, and node_work for each node
+     * of its tree (so that a search whose nodes need no pivots still ends):
+     * counts, the same on any machine at any load */
+    int its0;            /* the program's iteration count at the start */
+    int node_work;       /* iterations a node counts as (node_work_of) */
+    int work_limit;      /* stop when the work reaches it (INT_MAX: never) */
+    int stall_work;      /* stop after this much work without the gap narrowing by a
                           * tenth; 0: never */
     double gap_ref;      /* the gap when it last narrowed by a tenth */
-    double narrowed_at;  /* ps_monotonic_s() then */
+    int narrowed_at;     /* the work then */
+    bool out_of_work;    /* stopped at work_limit */
+    int nodes;           /* of the search tree, so far */
 } glpk_ctx;
+
+/* What a node of the search tree counts as: its set-up (GLPK's bound
+ * preprocessing, the basis factorized again) grows faster than the
+ * program. Besides its own pivots a node took as long as about 20
+ * iterations at 1,821 rows, 90 at 4,536, 100-700 at 6,444 and 700-750 at
+ * 8,868 and 10,632 (the stage programs of GPT-15B's and GPT-6.7B's plans):
+ * rows^2 / 150,000 follows them. */
+static int node_work_of(int rows)
+{
+    double w = (double)rows * rows / 150000;
+    return w > 10 ? (int)fmin(w, 1e6) : 10;
+}
 
 static void glpk_callback(glp_tree *tree, void *info)
 {
@@ -953,13 +979,20 @@ static void glpk_callback(glp_tree *tree, void *info)
         glp_ios_heur_sol(tree, ctx->start);
         ctx->start = NULL; /* once is enough */
     }
-    double gap = glp_ios_mip_gap(tree), t = ps_monotonic_s();
+    double gap = glp_ios_mip_gap(tree);
+    glp_ios_tree_size(tree, NULL, NULL, &ctx->nodes);
+    double done = (double)glp_get_it_cnt(glp_ios_get_prob(tree)) - ctx->its0 +
+                  (double)ctx->node_work * ctx->nodes;
     if (gap < ctx->gap)
         ctx->gap = gap;
-    if (gap < 0.9 * ctx->gap_ref) {
+    if (done >= ctx->work_limit) {
+        ctx->out_of_work = true;
+        glp_ios_terminate(tree);
+    } else if (gap < 0.9 * ctx->gap_ref) {
         ctx->gap_ref = gap;
-        ctx->narrowed_at = t;
-    } else if (ctx->stall_s > 0 && isfinite(ctx->gap) && t - ctx->narrowed_at > ctx->stall_s) {
+        ctx->narrowed_at = (int)done;
+    } else if (ctx->stall_work > 0 && isfinite(ctx->gap) &&
+               done - ctx->narrowed_at > ctx->stall_work) {
         /* the gap has not narrowed by a tenth for a while: with a knapsack
          * (memory) row the bound can sit a fraction of a percent under a
          * good incumbent for the whole time limit, creeping up */
@@ -1232,38 +1265,64 @@ out:
     return st;
 }
 
-/* Runs the simplex method on the relaxation, for at most limit_s seconds;
- * GLPK's code. Cold: from Bixby's crash basis with the dual simplex, 4x
- * faster than the primal simplex from GLPK's default basis on the root
- * relaxation of an unforced 2-D GPT layer (1.3 s vs 5.4 s; LP presolve made
- * it slower, 6.7 s). Warm: from the basis the last solve left, by `meth`. */
-static int program_simplex(program *g, bool cold, int meth, double limit_s)
+/* Where a solve, or a part of it, stops: a wall-clock deadline
+ * (ps_monotonic_s()) and a count of GLPK's simplex iterations on the
+ * program (glp_get_it_cnt, which every simplex and branch and cut on it
+ * advances; INT_MAX: no such limit). The count is the same on any machine
+ * at any load: a solve that stops by it gives the same answer everywhere. */
+typedef struct limits {
+    double deadline;
+    int it_end;
+} limits;
+
+static int iterations_done(const program *g) { return g->lp != NULL ? glp_get_it_cnt(g->lp) : 0; }
+
+static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* GLPK's tm_lim: the milliseconds to `deadline`, at least one */
+static int ms_until(double deadline)
+{
+    return (int)fmin(fmax(deadline - ps_monotonic_s(), 0.001) * 1000, INT_MAX / 2);
+}
+
+static bool limits_spent(const program *g, const limits *l)
+{
+    return ps_monotonic_s() >= l->deadline || iterations_done(g) >= l->it_end;
+}
+
+/* Runs the simplex method on the relaxation within `l`; GLPK's code
+ * (GLP_ETMLIM or GLP_EITLIM when a limit stops it). Cold: from Bixby's crash
+ * basis with the dual simplex, 4x faster than the primal simplex from GLPK's
+ * default basis on the root relaxation of an unforced 2-D GPT layer (1.3 s
+ * vs 5.4 s; LP presolve made it slower, 6.7 s). Warm: from the basis the
+ * last solve left, by `meth`. */
+static int program_simplex(program *g, bool cold, int meth, const limits *l)
 {
     glp_smcp smcp;
     glp_init_smcp(&smcp);
     smcp.msg_lev = GLP_MSG_OFF;
-    smcp.tm_lim = (int)(fmax(limit_s, 0.001) * 1000);
     smcp.meth = cold ? GLP_DUALP : meth;
-    double t0 = ps_monotonic_s();
     if (cold)
         glp_cpx_basis(g->lp);
-    int ret = glp_simplex(g->lp, &smcp);
-    if (ret == GLP_EFAIL || ret == GLP_ESING || ret == GLP_ECOND) {
+    for (int attempt = 0;; attempt++) {
+        smcp.tm_lim = ms_until(l->deadline);
+        smcp.it_lim = l->it_end == INT_MAX ? INT_MAX : imax(1, l->it_end - iterations_done(g));
+        int ret = glp_simplex(g->lp, &smcp);
+        if (attempt > 0 || (ret != GLP_EFAIL && ret != GLP_ESING && ret != GLP_ECOND)) {
+            g->warm = ret == 0 && glp_get_status(g->lp) == GLP_OPT;
+            return ret;
+        }
         /* numerical trouble (rare: MoE layers' costs span many orders of
          * magnitude): scale the rows and columns and start the primal
-         * simplex again from the standard basis, in the time left */
-        double spent = ps_monotonic_s() - t0;
-        PS_LOG_DEBUG("ILP: the simplex method failed (code %d) after %.3f s; primal simplex "
-                     "on the scaled program",
-                     ret, spent);
+         * simplex again from the standard basis, within what is left */
+        PS_LOG_DEBUG("ILP: the simplex method failed (code %d); primal simplex on the scaled "
+                     "program",
+                     ret);
         glp_scale_prob(g->lp, GLP_SF_AUTO);
         glp_std_basis(g->lp);
         smcp.meth = GLP_PRIMAL;
-        smcp.tm_lim = (int)(fmax(limit_s - spent, 0.001) * 1000);
-        ret = glp_simplex(g->lp, &smcp);
     }
-    g->warm = ret == 0 && glp_get_status(g->lp) == GLP_OPT;
-    return ret;
 }
 
 /* A basis of g's relaxation, to start a later simplex from: the pricing's
@@ -1329,7 +1388,7 @@ static void program_point(const work *w, const program *g, int *choice)
  * without the row; then branch and cut from the incumbent. On success
  * choice holds GLPK's answer and optimal and gap say how good it is. */
 static ps_status program_solve(const work *w, program *g, const ps_ilp_options *opt,
-                               double deadline, const basis *fit,
+                               const limits *l, const basis *fit,
                                const int *incumbent, int *choice, bool *optimal, double *gap,
                                ps_error *err)
 {
@@ -1350,7 +1409,7 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
     basis root = {0};
     bool keep_root = false;
-    glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .gap_ref = INFINITY, .stall_s = opt->stall_s};
+    glpk_ctx ctx = {.start = NULL, .gap = INFINITY, .gap_ref = INFINITY, .work_limit = INT_MAX};
     if (incumbent != NULL) {
         for (int v = 0; v < n; v++)
             if (g->node_col[v] != 0)
@@ -1364,6 +1423,7 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
         ctx.start = start;
     }
     double t_lp = ps_monotonic_s();
+    int it_lp = iterations_done(g);
     program_price(w, g, 0);
     int ret;
     if (fit != NULL) {
@@ -1372,7 +1432,7 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
         basis_load(g, fit);
         if (g->mem_row != 0)
             glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
-        ret = program_simplex(g, false, GLP_PRIMAL, deadline - ps_monotonic_s());
+        ret = program_simplex(g, false, GLP_PRIMAL, l);
     } else {
         /* the optimum without the memory row first, then the row bounded:
          * from a basis that is optimal without it, the dual simplex has one
@@ -1380,13 +1440,14 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
          * on 8 devices took 2 s with the row from the start, 1.5 s so */
         if (g->mem_row != 0)
             glp_set_row_bnds(g->lp, g->mem_row, GLP_FR, 0, 0);
-        ret = program_simplex(g, !g->warm, GLP_PRIMAL, deadline - ps_monotonic_s());
+        ret = program_simplex(g, !g->warm, GLP_PRIMAL, l);
         if (ret == 0 && w->with_memory) {
             glp_set_row_bnds(g->lp, g->mem_row, GLP_UP, 0, g->mem_bound);
-            ret = program_simplex(g, false, GLP_DUALP, deadline - ps_monotonic_s());
+            ret = program_simplex(g, false, GLP_DUALP, l);
         }
     }
     t_lp = ps_monotonic_s() - t_lp;
+    it_lp = iterations_done(g) - it_lp;
     ps_status st = PS_OK;
     if (ret != 0 || glp_get_status(g->lp) == GLP_NOFEAS) {
         if (ret == 0)
@@ -1395,6 +1456,11 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
             st = ps_error_set(err, PS_ERR_INTERNAL,
                               "GLPK's relaxation was not solved in the %.3g s left of the time limit",
                               t_lp);
+        else if (ret == GLP_EITLIM)
+            st = ps_error_set(err, PS_ERR_INTERNAL,
+                              "GLPK's relaxation was not solved in the %d simplex iterations left "
+                              "of the iteration limit",
+                              it_lp);
         else
             st = ps_error_set(err, PS_ERR_INTERNAL,
                               "GLPK could not solve the relaxation (code %d) in %.3g s", ret, t_lp);
@@ -1406,27 +1472,34 @@ static ps_status program_solve(const work *w, program *g, const ps_ilp_options *
     iocp.presolve = GLP_OFF; /* so that the callback may hand over the incumbent */
     iocp.cb_func = glpk_callback;
     iocp.cb_info = &ctx;
-    /* what is left of the limit, and a tenth of it at least: the incumbent
-     * and the relaxation are in hand, branching from them is what is left */
-    iocp.tm_lim = (int)(fmax(deadline - ps_monotonic_s(), 0.1 * opt->time_limit_s) * 1000);
+    /* what is left of the limits, and a tenth of each at least: the
+     * incumbent and the relaxation are in hand, branching from them is what
+     * is left */
+    iocp.tm_lim = imax(ms_until(l->deadline), (int)fmin(100.0 * opt->time_limit_s, INT_MAX / 2));
+    int its = iterations_done(g);
+    ctx.its0 = its;
+    ctx.node_work = node_work_of(g->rows);
+    if (l->it_end != INT_MAX)
+        ctx.work_limit = (int)fmin(fmax(l->it_end - its, 0.1 * opt->iteration_limit), INT_MAX / 2);
     iocp.mip_gap = opt->mip_gap;
     /* a stall is counted in relaxations: a small program that has not
-     * narrowed its gap in twenty relaxations' worth of branching will not
-     * in a second either */
-    if (ctx.stall_s > 0)
-        ctx.stall_s = fmin(ctx.stall_s, fmax(ctx.stall_s / 8, 20 * t_lp));
+     * narrowed its gap in twenty relaxations' worth of branching will not in
+     * many more either */
+    if (opt->stall_iterations > 0)
+        ctx.stall_work = imax(opt->stall_iterations / 8, imin(opt->stall_iterations, 20 * it_lp));
     double t_mip = ps_monotonic_s();
-    ctx.narrowed_at = t_mip;
     keep_root = basis_alloc(g, &root);
     if (keep_root)
         basis_read(g, &root);
     ret = glp_intopt(g->lp, &iocp);
     t_mip = ps_monotonic_s() - t_mip;
     int status = glp_mip_status(g->lp);
-    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s%s, branch and cut %.3f s "
-                 "(code %d, gap %.3g%%)",
-                 g->cols, g->rows, g->mem_row ? " (one of memory)" : "", t_lp,
-                 fit != NULL ? " (from the priced basis)" : "", t_mip, ret, 100 * ctx.gap);
+    PS_LOG_DEBUG("ILP: %d columns, %d rows%s; relaxation %.3f s, %d iterations%s, branch and "
+                 "cut %.3f s, %d iterations, %d nodes (code %d%s, gap %.3g%%)",
+                 g->cols, g->rows, g->mem_row ? " (one of memory)" : "", t_lp, it_lp,
+                 fit != NULL ? " (from the priced basis)" : "", t_mip, iterations_done(g) - its,
+                 ctx.nodes,
+                 ret, ctx.out_of_work ? ": the iteration limit" : "", 100 * ctx.gap);
     if (status != GLP_OPT && status != GLP_FEAS) {
         st = ps_error_set(err, status == GLP_NOFEAS ? PS_ERR_INFEASIBLE : PS_ERR_INTERNAL,
                           status == GLP_NOFEAS ? "no strategy choice fits the memory budget"
@@ -1520,12 +1593,12 @@ static void pricing_free(pricing *pr)
 
 /* Solves the relaxation at lambda; *fits tells whether its answer fits.
  * PS_ERR_INTERNAL when GLPK did not reach the optimum in time. */
-static ps_status price_at(const work *w, program *g, pricing *pr, double lambda, double limit_s,
+static ps_status price_at(const work *w, program *g, pricing *pr, double lambda, const limits *l,
                           bool *fits)
 {
     const ps_ilp_problem *p = w->p;
     program_price(w, g, lambda);
-    int ret = program_simplex(g, !g->warm, GLP_PRIMAL, limit_s);
+    int ret = program_simplex(g, !g->warm, GLP_PRIMAL, l);
     pr->solves++;
     if (ret != 0 || glp_get_status(g->lp) != GLP_OPT)
         return PS_ERR_INTERNAL;
@@ -1552,9 +1625,10 @@ static bool pricing_closed(const pricing *pr, double gap)
 }
 
 /* Fills pr (best, bound, the basis) by bisecting lambda until the gap is
- * closed to opt->mip_gap, lambda is narrowed to 5% or the deadline passes. */
+ * closed to opt->mip_gap, lambda is narrowed to 5% or `own` limits are
+ * spent (the first relaxation may take up to `whole`). */
 static ps_status price_memory(const work *w, program *g, const ps_ilp_options *opt,
-                              double deadline, double limit_end, pricing *pr, ps_error *err)
+                              const limits *own, const limits *whole, pricing *pr, ps_error *err)
 {
     const ps_ilp_problem *p = w->p;
     pr->best = calloc((size_t)p->n_nodes + 1, sizeof *pr->best);
@@ -1568,7 +1642,7 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     glp_set_row_bnds(g->lp, g->mem_row, GLP_FR, 0, 0);
     /* the first relaxation may take up to the whole limit: the solve with
      * the memory row would start from it anyway */
-    if (price_at(w, g, pr, 0, limit_end - ps_monotonic_s(), &fits) != PS_OK)
+    if (price_at(w, g, pr, 0, whole, &fits) != PS_OK)
         return PS_OK; /* out of time */
     if (fits || pricing_closed(pr, opt->mip_gap))
         return PS_OK;
@@ -1585,7 +1659,7 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     for (int i = 0; i < 40 && !fits; i++) {
         lo = hi;
         hi = hi == 0 ? scale * 1e-3 : hi * 8;
-        if (price_at(w, g, pr, hi, deadline - ps_monotonic_s(), &fits) != PS_OK)
+        if (price_at(w, g, pr, hi, own, &fits) != PS_OK)
             return PS_OK;
     }
     if (!fits)
@@ -1593,10 +1667,10 @@ static ps_status price_memory(const work *w, program *g, const ps_ilp_options *o
     /* the dual's best lambda lies in [lo, hi]: bisected (geometrically)
      * while the gap stays open */
     for (int i = 0; i < 16 && hi > 1.05 * lo && !pricing_closed(pr, opt->mip_gap) &&
-                    ps_monotonic_s() < deadline;
+                    !limits_spent(g, own);
          i++) {
         double mid = lo > 0 ? sqrt(lo * hi) : hi / 8;
-        if (price_at(w, g, pr, mid, deadline - ps_monotonic_s(), &fits) != PS_OK)
+        if (price_at(w, g, pr, mid, own, &fits) != PS_OK)
             return PS_OK;
         if (fits)
             hi = mid;
@@ -1660,6 +1734,7 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
     pricing pr = {0};
     int n = w->p->n_nodes;
     int *choice = NULL, *incumbent = NULL;
+    int it_start = iterations_done(g); /* 0 until the program is built */
     memset(out, 0, sizeof *out);
     w->with_memory = budget > 0;
     w->p->mem_budget = budget;
@@ -1690,13 +1765,24 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
             program_budget(w, g);
         out->glpk_cols = g->cols;
         out->glpk_rows = g->rows;
-        double deadline = t0 + opt->time_limit_s;
+        /* the iteration count runs on across a session's solves (reset
+         * long before it could overflow) */
+        if (iterations_done(g) > INT_MAX / 4) {
+            glp_set_it_cnt(g->lp, 0);
+            it_start = 0;
+        }
+        int it0 = iterations_done(g);
+        int it_limit = opt->iteration_limit > 0 ? (int)fmin(opt->iteration_limit, INT_MAX / 4) : 0;
+        limits whole = {t0 + opt->time_limit_s, it_limit > 0 ? it0 + it_limit : INT_MAX};
         if (w->with_memory && opt->lagrangian && g->lp != NULL) {
-            /* half the time limit at most: GLPK may need the rest */
+            /* half the limits at most: GLPK may need the rest */
             bool warm = g->warm;
-            PS_TRY(price_memory(w, g, opt, t0 + 0.5 * opt->time_limit_s, deadline, &pr, err));
-            PS_LOG_DEBUG("ILP: memory priced in %d solves%s, %.3f s, gap %.3g%%", pr.solves,
-                         warm ? " (from the last solve's basis)" : "", ps_monotonic_s() - t0,
+            limits half = {t0 + 0.5 * opt->time_limit_s,
+                           it_limit > 0 ? it0 + it_limit / 2 : INT_MAX};
+            PS_TRY(price_memory(w, g, opt, &half, &whole, &pr, err));
+            PS_LOG_DEBUG("ILP: memory priced in %d solves%s, %.3f s, %d iterations, gap %.3g%%",
+                         pr.solves, warm ? " (from the last solve's basis)" : "",
+                         ps_monotonic_s() - t0, iterations_done(g) - it0,
                          isfinite(pr.best_cost) && pr.best_cost > 0
                              ? 100 * (pr.best_cost - pr.bound) / pr.best_cost
                              : INFINITY);
@@ -1719,7 +1805,7 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
             bool optimal = false;
             double gap = 1;
             ps_error inner = {0};
-            st = program_solve(w, g, opt, deadline, pr.have_basis ? &pr.fit : NULL,
+            st = program_solve(w, g, opt, &whole, pr.have_basis ? &pr.fit : NULL,
                                have_incumbent ? incumbent : NULL, choice, &optimal, &gap,
                                &inner);
             if (st != PS_OK && have_incumbent && st != PS_ERR_INFEASIBLE) {
@@ -1776,6 +1862,7 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
     }
     out->solve_s = ps_monotonic_s() - t0;
 out:
+    out->iterations = iterations_done(g) - it_start;
     pricing_free(&pr);
     free(choice);
     free(incumbent);

@@ -50,12 +50,19 @@ ps_status ps_ilp_add_edge(ps_ilp_problem *p, int u, int v, const double *cost);
 ps_status ps_ilp_problem_validate(const ps_ilp_problem *p, ps_error *err);
 
 typedef struct ps_ilp_options {
-    double time_limit_s; /* GLPK's limit (default 60) */
+    double time_limit_s; /* GLPK's limit in wall-clock seconds (default 60) */
+    double iteration_limit; /* GLPK's limit in simplex iterations, relaxations and
+                             * branch and cut together (default 0: none). Unlike the
+                             * time limit it stops a solve at the same point on any
+                             * machine under any load, so its answer is reproducible */
     double mip_gap;      /* relative gap at which GLPK may stop (default 1e-4) */
-    double stall_s;      /* GLPK stops with its best answer when the gap between it
-                          * and the bound has not narrowed by a tenth for this long,
-                          * or for 20 root relaxations' time if that is shorter
-                          * (but at least stall_s / 8) (default 2; 0: never) */
+    int stall_iterations; /* GLPK stops with its best answer when the gap between it
+                           * and the bound has not narrowed by a tenth in this much
+                           * branch and cut (its simplex iterations, and a node of its
+                           * tree as rows^2 / 150,000 of them, at least 10), or in 20
+                           * root relaxations' iterations if that is fewer (but at
+                           * least stall_iterations / 8) (default in intra_ilp.c;
+                           * 0: never) */
     bool reduce;         /* apply the exact reductions first (default true) */
     bool lagrangian;     /* with a memory budget, bisect a price on memory first and
                           * stop there when its bound proves the answer within
@@ -71,6 +78,8 @@ typedef struct ps_ilp_result {
     bool optimal;      /* proven optimal (within mip_gap) */
     double gap;        /* relative gap of the answer when not proven (0 when optimal) */
     double solve_s;    /* wall time of the whole solve */
+    long long iterations; /* GLPK's simplex iterations in it (ps_ilp_options.iteration_limit
+                           * counts them; the same on any machine) */
     int reduced_nodes, reduced_edges; /* size after reductions */
     int glpk_cols, glpk_rows;         /* the 0-1 program's size; 0 when none was built
                                        * (the reductions or the forest DP sufficed) */

@@ -801,6 +801,35 @@ static bool same_bytes(const char *a, const char *b)
     return same;
 }
 
+/* --iteration-limit takes whole numbers in range; a plan under it is the
+ * same file twice (the limit stops each solve at the same point). */
+static void test_iteration_limit(void **state)
+{
+    const fixture *fx = *state;
+    const char *bad[] = {"0", "1.5", "2e9", "many", NULL};
+    for (int i = 0; bad[i] != NULL; i++) {
+        const char *a[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1",
+                           "--iteration-limit", bad[i], "-o", "x.json", NULL};
+        char want[128];
+        snprintf(want, sizeof want,
+                 "--iteration-limit wants a whole number of iterations from 1 to 1e9, not "
+                 "\"%s\"",
+                 bad[i]);
+        expect_usage_error(fx, a, want);
+    }
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/limited-1.json", fx->dir);
+    snprintf(p2, sizeof p2, "%s/limited-2.json", fx->dir);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
+                       "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
+                       "p3.16xlarge:1", "--global-batch", "32", "--micro-batches", "4",
+                       "--layer-num", "4", "--iteration-limit", "40", "-o", p1, NULL};
+    expect_success(fx, a, "predicted     iteration");
+    a[24] = p2;
+    expect_success(fx, a, "predicted     iteration");
+    assert_true(same_bytes(p1, p2));
+}
+
 /* --model M --export T1, then --graph T1 --export T2: the files are equal and
  * both runs report the same parameters and FLOPs. */
 static void test_export_round_trip(void **state)
@@ -2013,6 +2042,7 @@ int main(void)
         cmocka_unit_test(test_graph_json_gpt175b),
         cmocka_unit_test(test_remat_layers),
         cmocka_unit_test(test_contradicting_options),
+        cmocka_unit_test(test_iteration_limit),
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
         cmocka_unit_test(test_later_layer_read),

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,10 +397,10 @@ static void infeasible_memory_names_the_numbers(void **state)
     ps_ilp_problem_free(p);
 }
 
-/* Alpa-shaped: a chain with skip edges and one binding memory constraint. */
-static void medium_instance_with_memory(void **state)
+/* Alpa-shaped: a chain with skip edges and one binding memory constraint
+ * (drawn from the test's random numbers). */
+static ps_ilp_problem *medium_problem(void)
 {
-    (void)state;
     ps_ilp_problem *p = NULL;
     assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
     int n = 200, k = 6;
@@ -423,6 +424,13 @@ static void medium_instance_with_memory(void **state)
         }
     }
     p->mem_budget = min_mem + 0.4 * (max_mem - min_mem);
+    return p;
+}
+
+static void medium_instance_with_memory(void **state)
+{
+    (void)state;
+    ps_ilp_problem *p = medium_problem();
     ps_ilp_options o = ps_ilp_options_default();
     o.time_limit_s = 20;
     o.mip_gap = 0.01;
@@ -435,6 +443,73 @@ static void medium_instance_with_memory(void **state)
     printf("# 200 x 6 with memory: %s, %d cols, %d rows, %.3f s, optimal %d, gap %.4f\n",
            r.method, r.glpk_cols, r.glpk_rows, r.solve_s, r.optimal, r.gap);
     ps_ilp_result_clear(&r);
+    ps_ilp_problem_free(p);
+}
+
+static volatile int spin_stop;
+
+static void *spin(void *arg)
+{
+    (void)arg;
+    volatile double x = 0;
+    while (!spin_stop)
+        x += 1;
+    return NULL;
+}
+
+/* A solve stopped by its iteration limit stops at the same point whatever
+ * the machine's load and wall-clock limit: the same answer, the same
+ * iterations, even with two more threads taking the cores. */
+static void iteration_limit_reproducible(void **state)
+{
+    (void)state;
+    test_rng_seed(20261203);
+    ps_ilp_problem *p = medium_problem();
+    ps_ilp_options o = ps_ilp_options_default();
+    o.time_limit_s = 60;
+    o.mip_gap = 0;
+    o.lagrangian = false; /* the relaxation and branch and cut do the work */
+    ps_ilp_result whole = {0}, a = {0}, b = {0};
+    ps_error err = {0};
+    if (ps_ilp_solve(p, &o, &whole, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(whole.iterations > 100);
+    /* a third stops in the relaxation, nine tenths in branch and cut */
+    const double share[2] = {1.0 / 3, 0.9};
+    for (int t = 0; t < 2; t++) {
+        ps_ilp_result_clear(&a);
+        ps_ilp_result_clear(&b);
+        o.iteration_limit = floor(share[t] * (double)whole.iterations);
+        o.time_limit_s = 60;
+        if (ps_ilp_solve(p, &o, &a, &err) != PS_OK)
+            fail_msg("%s", err.msg);
+        pthread_t spinners[2];
+        spin_stop = 0;
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_create(&spinners[i], NULL, spin, NULL), 0);
+        o.time_limit_s = 600;
+        ps_status st = ps_ilp_solve(p, &o, &b, &err);
+        spin_stop = 1;
+        for (int i = 0; i < 2; i++)
+            pthread_join(spinners[i], NULL);
+        if (st != PS_OK)
+            fail_msg("%s", err.msg);
+        printf("# 200 x 6 with memory: %lld iterations (%.3f s, optimal %d); limited to %.0f: "
+               "%lld iterations, %.3f s alone and %.3f s beside 2 busy threads, gap %.4f, "
+               "objective %.6g vs %.6g\n",
+               whole.iterations, whole.solve_s, whole.optimal, o.iteration_limit, a.iterations,
+               a.solve_s, b.solve_s, a.gap, a.objective, whole.objective);
+        assert_true(a.iterations < whole.iterations);
+        assert_true(a.memory <= p->mem_budget);
+        assert_true(a.objective >= whole.objective * (1 - 1e-9));
+        assert_int_equal(a.iterations, b.iterations);
+        assert_memory_equal(a.choice, b.choice, (size_t)p->n_nodes * sizeof *a.choice);
+        assert_true(a.objective == b.objective);
+        assert_true(a.gap == b.gap);
+    }
+    ps_ilp_result_clear(&whole);
+    ps_ilp_result_clear(&a);
+    ps_ilp_result_clear(&b);
     ps_ilp_problem_free(p);
 }
 
@@ -606,6 +681,7 @@ int main(void)
         cmocka_unit_test(chain_uses_forest_dp),
         cmocka_unit_test(infeasible_memory_names_the_numbers),
         cmocka_unit_test(medium_instance_with_memory),
+        cmocka_unit_test(iteration_limit_reproducible),
         cmocka_unit_test(session_matches_brute_force_per_budget),
         cmocka_unit_test(session_tied_matches_one_shot),
         cmocka_unit_test(rejects_bad_input),
