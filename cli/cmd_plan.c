@@ -263,11 +263,11 @@ static void summary(const ps_plan *p, const ps_intra_result *r)
            ps_cli_bytes(p->peak_memory_bytes, a, sizeof a));
     if (r != NULL)
         printf("ILP           %d nodes, %d edges, %d layer(s) reusing a solved one; %d columns, "
-               "%d rows; %s%s in %.3g s\n",
+               "%d rows; %s%s in %.3g s, %lld simplex iterations\n",
                r->ilp_nodes, r->ilp_edges, r->tied_layers, r->ilp.glpk_cols, r->ilp.glpk_rows,
                r->ilp.optimal ? "optimal" : "not proven optimal",
                r->ilp.optimal ? "" : " (the best found; see --time-limit and --iteration-limit)",
-               r->ilp.solve_s);
+               r->ilp.solve_s, r->ilp.iterations);
 }
 
 static bool parse_mesh(const char *text, int *d0, int *d1)
