@@ -955,7 +955,7 @@ typedef struct glpk_ctx {
     int stall_work;      /* stop after this much work without the gap narrowing by a
                           * tenth; 0: never */
     double gap_ref;      /* the gap when it last narrowed by a tenth */
-    int narrowed_at;     /* the work then */
+    double narrowed_at;  /* the work then */
     bool out_of_work;    /* stopped at work_limit */
     int nodes;           /* of the search tree, so far */
 } glpk_ctx;
@@ -990,7 +990,7 @@ static void glpk_callback(glp_tree *tree, void *info)
         glp_ios_terminate(tree);
     } else if (gap < 0.9 * ctx->gap_ref) {
         ctx->gap_ref = gap;
-        ctx->narrowed_at = (int)done;
+        ctx->narrowed_at = done;
     } else if (ctx->stall_work > 0 && isfinite(ctx->gap) &&
                done - ctx->narrowed_at > ctx->stall_work) {
         /* the gap has not narrowed by a tenth for a while: with a knapsack
