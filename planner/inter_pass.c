@@ -314,7 +314,6 @@ typedef struct cache_item {
  * (ps_inter_options.stage_candidates pipelines each way at most, nearest
  * first, and never more than MAX_CANDIDATES). */
 #define CANDIDATES_WITHIN 1.10
-
 #define MAX_CANDIDATES 16
 
 /* What a stage's solve may take: wall-clock seconds (0: the request's
@@ -874,8 +873,7 @@ static bool stage_fastest_item(void *ctx, int k)
     if (ss->leader[k] != k)
         return true;
     ss->status[k] = solve_fastest(ss->slices[k], ss->meshes[k], &ss->stages[k].cfg, ss->req,
-                                  (solve_limit){0, 0},
-                                  &ss->fastest[k], &ss->errors[k]);
+                                  (solve_limit){0, 0}, &ss->fastest[k], &ss->errors[k]);
     return ss->status[k] == PS_OK;
 }
 
@@ -915,8 +913,7 @@ static bool stage_item(void *ctx, int k)
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
             fit_stage(&ls, &plain, ss->req, (solve_limit){0, ch->twin_iterations}, 2, in_flight,
-                      fastest, &within,
-                      &ignored) == PS_OK) {
+                      fastest, &within, &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
                 w->peak_memory_bytes + (in_flight - 1) * w->activation_bytes <= m->memory_bytes) {
@@ -1140,6 +1137,25 @@ out:
     return st;
 }
 
+
+/* PS_ERR_INFEASIBLE: no plan fits devices of `memory` bytes, why (`why`
+ * and `more`), and what is left to try: not what the request already does. */
+static ps_status refuse_unfit(const ps_plan_request *req, const ps_inter_options *o,
+                              double memory, const char *why, const char *more, ps_error *err)
+{
+    const ps_cluster *c = req->cluster;
+    int B = req->micro_batches;
+    bool recomputes = req->train.remat || o->remat_by_stage;
+    return ps_error_set(err, PS_ERR_INFEASIBLE,
+                        "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
+                        "(devices have %.4g GB); try %s%s or more devices",
+                        req->forward->name, c->name, B, req->global_batch / B, why, more,
+                        memory / 1e9, recomputes ? "" : "--remat, ",
+                        o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
+                                   "activations until its backward)"
+                                 : "more micro-batches");
+}
+
 /* "No plan fits in memory", with the closest candidate: the least memory any
  * stage needs for the whole model (`whole`: its entries of each variant)
  * with one micro-batch in flight. */
@@ -1151,7 +1167,7 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                               ps_error *err)
 {
     const ps_cluster *c = req->cluster;
-    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    int D = ps_cluster_device_count(c);
     double need = INFINITY;
     int at = -1;
     for (int s = 0; whole[0] != NULL && s < n_sub; s++)
@@ -1191,16 +1207,7 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
                  b, e);
         break;
     }
-    /* what is left to try: not what the request already does */
-    bool recomputes = req->train.remat || o->remat_by_stage;
-    return ps_error_set(err, PS_ERR_INFEASIBLE,
-                        "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
-                        "(devices have %.4g GB); try %s%s or more devices",
-                        req->forward->name, c->name, B, req->global_batch / B, inner->msg, extra,
-                        memory / 1e9, recomputes ? "" : "--remat, ",
-                        o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
-                                   "activations until its backward)"
-                                 : "more micro-batches");
+    return refuse_unfit(req, o, memory, inner->msg, extra, err);
 }
 
 /* PS_ERR_INFEASIBLE when no pipeline can fit (ps_inter_options.
@@ -1223,20 +1230,14 @@ static ps_status memory_floor(const ps_plan_request *req, const ps_inter_options
     double floor_bytes = lasting + (o->gpipe ? B : 1) * act;
     if (floor_bytes <= D * memory)
         return PS_OK;
-    bool recomputes = req->train.remat || o->remat_by_stage;
-    return ps_error_set(
-        err, PS_ERR_INFEASIBLE,
-        "no plan fits in memory: %s on %s with %d micro-batches of %lld: the whole model "
-        "needs at least %.4g GB per device on all %d devices (%.4g GB of weights, optimizer "
-        "state and gradients and %.4g GB of activations kept for %s, were every tensor "
-        "split over every device) (devices have %.4g GB); try %s%s or more devices",
-        req->forward->name, c->name, B, req->global_batch / B, floor_bytes / D / 1e9, D,
-        lasting / 1e9, (o->gpipe ? B : 1) * act / 1e9,
-        o->gpipe ? "every micro-batch" : "one micro-batch", memory / 1e9,
-        recomputes ? "" : "--remat, ",
-        o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's activations until its "
-                   "backward)"
-                 : "more micro-batches");
+    char why[320];
+    snprintf(why, sizeof why,
+             "the whole model needs at least %.4g GB per device on all %d devices (%.4g GB of "
+             "weights, optimizer state and gradients and %.4g GB of activations kept for %s, "
+             "were every tensor split over every device)",
+             floor_bytes / D / 1e9, D, lasting / 1e9, (o->gpipe ? B : 1) * act / 1e9,
+             o->gpipe ? "every micro-batch" : "one micro-batch");
+    return refuse_unfit(req, o, memory, why, "", err);
 }
 
 static ps_status stage_plan_copy(const ps_stage_plan *a, ps_stage_plan *out)
