@@ -853,11 +853,23 @@ static ps_status fit_stage(slice_solver *ls, const config *cf,
     return st;
 }
 
-typedef struct stage_solve {
-    const stage_spec *stages;
+/* One candidate pipeline being realized: the step built knowing its stages,
+ * each stage's slice and mesh, and their layouts once solved. Several are
+ * solved together (realizations_solve), so that all cores work on the
+ * stages of every candidate at once. */
+typedef struct realization {
     const ps_plan_request *req;
-    bool gpipe;
-    int n;
+    int L;
+    bool manual, gpipe, remat_by_stage;
+    const char *method;
+    const ps_graph *step;      /* the step the stages slice: `staged` or the caller's */
+    ps_graph *staged;          /* owned; NULL: the caller's step */
+    int *layer_stage;          /* owned; [layer] its stage, or NULL */
+    bool *remat_layers;        /* owned; [layer] recomputed, or NULL */
+    ps_train_options train;    /* as the plan records it */
+    int n;                     /* stages */
+    stage_spec *stages;        /* [stage] owned */
+    int *first;                /* [stage] its first device */
     ps_graph **slices;         /* [stage] */
     ps_logical_mesh **meshes;  /* [stage] */
     int *leader;               /* [stage] the stage whose fastest layout it shares */
@@ -865,39 +877,65 @@ typedef struct stage_solve {
     ps_intra_result **results; /* [stage] NULL: the leader's fastest layout */
     ps_status *status;         /* [stage] */
     ps_error *errors;          /* [stage] */
-} stage_solve;
+    bool fastest_failed;       /* some leader's fastest layout failed: no layouts within */
+} realization;
 
-static bool stage_fastest_item(void *ctx, int k)
+static void realization_free(realization *r)
 {
-    stage_solve *ss = ctx;
-    if (ss->leader[k] != k)
-        return true;
-    ss->status[k] = solve_fastest(ss->slices[k], ss->meshes[k], &ss->stages[k].cfg, ss->req,
-                                  (solve_limit){0, 0}, &ss->fastest[k], &ss->errors[k]);
-    return ss->status[k] == PS_OK;
+    for (int k = 0; k < r->n; k++) {
+        if (r->results != NULL)
+            ps_intra_result_free(r->results[k]);
+        if (r->fastest != NULL)
+            ps_intra_result_free(r->fastest[k]);
+        if (r->meshes != NULL)
+            ps_mesh_free(r->meshes[k]);
+        if (r->slices != NULL)
+            ps_graph_free(r->slices[k]);
+    }
+    free(r->results);
+    free(r->fastest);
+    free(r->leader);
+    free(r->meshes);
+    free(r->slices);
+    free(r->status);
+    free(r->errors);
+    free(r->first);
+    free(r->stages);
+    ps_graph_free(r->staged);
+    free(r->layer_stage);
+    free(r->remat_layers);
+    memset(r, 0, sizeof *r);
+}
+
+/* Stage k's fastest layout, where it leads the stages that share it. */
+static void stage_fastest(realization *r, int k)
+{
+    if (r->leader[k] != k)
+        return;
+    r->status[k] = solve_fastest(r->slices[k], r->meshes[k], &r->stages[k].cfg, r->req,
+                                 (solve_limit){0, 0}, &r->fastest[k], &r->errors[k]);
 }
 
 /* The layout stage k uses: its own result or its leader's fastest. */
-static const ps_intra_result *stage_result(const stage_solve *ss, int k)
+static const ps_intra_result *stage_result(const realization *r, int k)
 {
-    return ss->results[k] != NULL ? ss->results[k] : ss->fastest[ss->leader[k]];
+    return r->results[k] != NULL ? r->results[k] : r->fastest[r->leader[k]];
 }
 
 /* Stage k's layout: the stage keeps `in_flight` micro-batches of
  * activations, so while the layout does not fit them, solve again with
  * less room. */
-static bool stage_item(void *ctx, int k)
+static void stage_within(realization *rz, int k)
 {
-    stage_solve *ss = ctx;
-    const stage_spec *ch = &ss->stages[k];
-    const ps_logical_mesh *m = ss->meshes[k];
-    const ps_intra_result *fastest = ss->fastest[ss->leader[k]];
+    const stage_spec *ch = &rz->stages[k];
+    const ps_logical_mesh *m = rz->meshes[k];
+    const ps_intra_result *fastest = rz->fastest[rz->leader[k]];
     ps_intra_result *r = NULL;
-    int in_flight = stage_in_flight(ss->gpipe, ss->req->micro_batches, ss->n, k);
+    int in_flight = stage_in_flight(rz->gpipe, rz->req->micro_batches, rz->n, k);
     /* the stage's solves within a budget share a session (its plain twin's too) */
-    slice_solver ls = {ss->slices[k], m, NULL};
-    ps_status st = fit_stage(&ls, &ch->cfg, ss->req, (solve_limit){0, 0}, 6, in_flight, fastest,
-                             &r, &ss->errors[k]);
+    slice_solver ls = {rz->slices[k], m, NULL};
+    ps_status st = fit_stage(&ls, &ch->cfg, rz->req, (solve_limit){0, 0}, 6, in_flight, fastest,
+                             &r, &rz->errors[k]);
     if (st == PS_OK && ch->cfg.lean && ch->twin_iterations > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
@@ -912,7 +950,7 @@ static bool stage_item(void *ctx, int k)
         ps_error ignored = {0};
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
-            fit_stage(&ls, &plain, ss->req, (solve_limit){0, ch->twin_iterations}, 2, in_flight,
+            fit_stage(&ls, &plain, rz->req, (solve_limit){0, ch->twin_iterations}, 2, in_flight,
                       fastest, &within, &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
@@ -925,146 +963,245 @@ static bool stage_item(void *ctx, int k)
         ps_intra_result_free(within);
     }
     ps_intra_session_free(ls.session);
-    ss->results[k] = r;
-    ss->status[k] = st;
-    return st == PS_OK;
+    rz->results[k] = r;
+    rz->status[k] = st;
 }
 
-/* Places the stages, solves each on its own devices and writes the plan.
- * fwd: the layered forward graph. With several stages the step is built
- * again knowing them (ps_train_options.layer_stage: a parameter shared by
- * stages sums its gradient at the update), the step the plan's model and its
- * lowering will have, so that the plan's ops and phase times are its; and
- * so it is when remat_by_stage, with the layers of the stages whose
- * configuration recomputes recomputed (the plan's training.remat_layers). */
-static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const ps_graph *step,
-                         int L, bool manual, bool gpipe, bool remat_by_stage, const char *method,
-                         const stage_spec *stages, int n, ps_plan **out, ps_error *err)
+/* Prepares the realization of `stages` (copied): places them, builds the
+ * step knowing them and slices it. fwd: the layered forward graph. With
+ * several stages the step is built again knowing them (ps_train_options.
+ * layer_stage: a parameter shared by stages sums its gradient at the update),
+ * the step the plan's model and its lowering will have, so that the plan's
+ * ops and phase times are its; and so it is when remat_by_stage, with the
+ * layers of the stages whose configuration recomputes recomputed (the plan's
+ * training.remat_layers). PS_ERR_INFEASIBLE: the submeshes do not pack. */
+static ps_status realization_prepare(const ps_plan_request *req, const ps_graph *fwd,
+                                     const ps_graph *step, int L, bool manual, bool gpipe,
+                                     bool remat_by_stage, const char *method,
+                                     const stage_spec *stages, int n, realization *r,
+                                     ps_error *err)
 {
     ps_status st = PS_OK;
-    ps_graph *staged = NULL;
-    ps_plan *plan = NULL;
-    int *layer_stage = NULL;
-    bool *remat_layers = NULL;
-    ps_train_options train = req->train; /* as the plan records it */
-    *out = NULL;
+    *r = (realization){.req = req, .L = L, .manual = manual, .gpipe = gpipe,
+                       .remat_by_stage = remat_by_stage, .method = method, .step = step,
+                       .train = req->train};
+    if (n > 64)
+        return ps_error_set(err, PS_ERR_INFEASIBLE, "more than 64 stages");
+    r->stages = malloc((size_t)(n > 0 ? n : 1) * sizeof *r->stages);
+    r->first = calloc((size_t)(n > 0 ? n : 1), sizeof *r->first);
+    PS_TRY_ALLOC(r->stages, err);
+    PS_TRY_ALLOC(r->first, err);
+    memcpy(r->stages, stages, (size_t)n * sizeof *stages);
     if (remat_by_stage) {
-        train.remat = false; /* the stages' own choice (else the plain step) */
+        r->train.remat = false; /* the stages' own choice (else the plain step) */
         int loss_layer = fwd->ops[fwd->tensors[fwd->loss].producer].layer, recomputed = 0;
-        remat_layers = calloc((size_t)L + 1, sizeof *remat_layers);
-        PS_TRY_ALLOC(remat_layers, err);
+        r->remat_layers = calloc((size_t)L + 1, sizeof *r->remat_layers);
+        PS_TRY_ALLOC(r->remat_layers, err);
         for (int k = 0; k < n; k++)
             for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
                 if (stages[k].cfg.remat && l != loss_layer) {
-                    remat_layers[l] = true;
+                    r->remat_layers[l] = true;
                     recomputed++;
                 }
         if (recomputed > 0)
-            train.remat_layers = remat_layers; /* else the plain step */
-    }
-    if (n > 1 || remat_by_stage) {
-        if (n > 1) {
-            layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *layer_stage);
-            PS_TRY_ALLOC(layer_stage, err);
-            for (int l = 0; l < L; l++)
-                layer_stage[l] = -1;
-            for (int k = 0; k < n; k++)
-                for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
-                    layer_stage[l] = k;
-        }
-        ps_train_options t = train;
-        t.layer_stage = layer_stage;
-        PS_TRY(ps_train_step_build(fwd, &t, &staged, err));
-        step = staged;
+            r->train.remat_layers = r->remat_layers; /* else the plain step */
     }
     const ps_cluster *c = req->cluster;
-    int D = ps_cluster_device_count(c), B = req->micro_batches;
-    submesh stage_sub[64];
-    int first[64];
-    for (int k = 0; k < n && k < 64; k++)
+    submesh stage_sub[64] = {{0}};
+    for (int k = 0; k < n; k++)
         stage_sub[k] = stages[k].sub;
-    if (n > 64 || !place(c, stage_sub, n, first)) {
+    if (!place(c, stage_sub, n, r->first)) {
         st = ps_error_set(err, PS_ERR_INFEASIBLE, "the stages' submeshes do not pack into %s",
                           c->name);
         goto out;
     }
-    if ((st = ps_plan_create(&plan)) != PS_OK) {
-        st = ps_error_set(err, st, "out of memory");
+    if (n > 1 || remat_by_stage) {
+        if (n > 1) {
+            r->layer_stage = malloc((size_t)(L > 0 ? L : 1) * sizeof *r->layer_stage);
+            PS_TRY_ALLOC(r->layer_stage, err);
+            for (int l = 0; l < L; l++)
+                r->layer_stage[l] = -1;
+            for (int k = 0; k < n; k++)
+                for (int l = stages[k].first; l <= stages[k].last && l < L; l++)
+                    r->layer_stage[l] = k;
+        }
+        ps_train_options t = r->train;
+        t.layer_stage = r->layer_stage;
+        PS_TRY(ps_train_step_build(fwd, &t, &r->staged, err));
+        r->step = r->staged;
+    }
+    r->slices = calloc((size_t)(n > 0 ? n : 1), sizeof *r->slices);
+    r->meshes = calloc((size_t)(n > 0 ? n : 1), sizeof *r->meshes);
+    r->results = calloc((size_t)(n > 0 ? n : 1), sizeof *r->results);
+    r->fastest = calloc((size_t)(n > 0 ? n : 1), sizeof *r->fastest);
+    r->leader = calloc((size_t)(n > 0 ? n : 1), sizeof *r->leader);
+    r->status = calloc((size_t)(n > 0 ? n : 1), sizeof *r->status);
+    r->errors = calloc((size_t)(n > 0 ? n : 1), sizeof *r->errors);
+    if (r->slices == NULL || r->meshes == NULL || r->results == NULL || r->fastest == NULL ||
+        r->leader == NULL || r->status == NULL || r->errors == NULL) {
+        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
+    r->n = n; /* from here realization_free frees the stages' parts */
+    for (int k = 0; k < n && st == PS_OK; k++) {
+        const stage_spec *ch = &stages[k];
+        st = ps_graph_slice(r->step, ch->first, ch->last, &r->slices[k], err);
+        if (st == PS_OK)
+            st = ps_mesh_create(c, r->first[k], ch->sub.hosts, ch->sub.devices, ch->cfg.d0,
+                                ch->cfg.d1, &r->meshes[k], err);
+    }
+    if (st != PS_OK)
+        goto out;
+    uint64_t hashes[64]; /* [stage]; n <= 64, checked above */
+    for (int k = 0; k < n; k++) {
+        hashes[k] = graph_hash(r->slices[k]);
+        r->leader[k] = k;
+        for (int j = 0; j < k && r->leader[k] == k; j++)
+            if (r->leader[j] == j && hashes[j] == hashes[k] &&
+                stages[j].cfg.force == stages[k].cfg.force &&
+                ps_mesh_costs_equal(r->meshes[j], r->meshes[k]))
+                r->leader[k] = j;
+    }
+out:
+    if (st != PS_OK)
+        realization_free(r);
+    return st;
+}
+
+/* The stages of several realizations as one list of work items, the largest
+ * slices first, so that a long solve does not start last. */
+typedef struct realization_items {
+    realization *rs;
+    int n;
+    int *job, *stage; /* [item] */
+} realization_items;
+
+static bool fastest_item(void *ctx, int i)
+{
+    realization_items *it = ctx;
+    realization *r = &it->rs[it->job[i]];
+    if (r->leader[it->stage[i]] != it->stage[i])
+        return true; /* it shares its leader's */
+    double t0 = ps_monotonic_s();
+    stage_fastest(r, it->stage[i]);
+    PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: fastest layout in %.3g s", it->job[i],
+                 it->stage[i], ps_monotonic_s() - t0);
+    return true; /* the others go on: the first failure in order is reported */
+}
+
+static bool within_item(void *ctx, int i)
+{
+    realization_items *it = ctx;
+    realization *r = &it->rs[it->job[i]];
+    if (r->fastest_failed)
+        return true; /* its realization is refused (realization_plan) */
+    double t0 = ps_monotonic_s();
+    stage_within(r, it->stage[i]);
+    PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory in %.3g s",
+                 it->job[i], it->stage[i], ps_monotonic_s() - t0);
+    return true;
+}
+
+/* The first failure of the realization's stages, as err. */
+static ps_status realization_failure(const realization *r, ps_error *err)
+{
+    for (int k = 0; k < r->n; k++)
+        if (r->status[k] != PS_OK) {
+            const stage_spec *f = &r->stages[k];
+            return ps_error_set(err, r->status[k],
+                                "%s plan of %s, stage %d (layers %d-%d on %dx%d devices, "
+                                "logical mesh %dx%d): %s",
+                                r->method, r->req->forward->name, k, f->first, f->last,
+                                f->sub.hosts, f->sub.devices, f->cfg.d0, f->cfg.d1,
+                                r->errors[k].msg);
+        }
+    return PS_OK;
+}
+
+/* Every stage of the n_rs realizations solved on all cores: first the
+ * fastest layout of each distinct stage (identical layers on meshes of
+ * equal costs, the middle stages of a transformer, share one), then each
+ * stage's within its memory. Each solve stops at counts of GLPK work, not
+ * seconds (unless the user's --time-limit), so solving them side by side
+ * gives the layouts solving them one by one would. A stage's failure is its
+ * realization's (realization_plan reports it). */
+static ps_status realizations_solve(realization *rs, int n_rs, ps_error *err)
+{
+    int n = 0;
+    for (int j = 0; j < n_rs; j++)
+        n += rs[j].n;
+    realization_items it = {rs, n, malloc((size_t)(n > 0 ? n : 1) * sizeof(int)),
+                            malloc((size_t)(n > 0 ? n : 1) * sizeof(int))};
+    if (it.job == NULL || it.stage == NULL) {
+        free(it.job);
+        free(it.stage);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    int i = 0;
+    for (int j = 0; j < n_rs; j++)
+        for (int k = 0; k < rs[j].n; k++, i++) {
+            /* insertion by descending op count, stable */
+            int ops = rs[j].slices[k]->n_ops, at = i;
+            for (; at > 0 && rs[it.job[at - 1]].slices[it.stage[at - 1]]->n_ops < ops; at--) {
+                it.job[at] = it.job[at - 1];
+                it.stage[at] = it.stage[at - 1];
+            }
+            it.job[at] = j;
+            it.stage[at] = k;
+        }
+    ps_parallel_for(n, fastest_item, &it, ps_ilp_thread_done, NULL);
+    for (int j = 0; j < n_rs; j++)
+        for (int k = 0; k < rs[j].n; k++)
+            rs[j].fastest_failed = rs[j].fastest_failed || rs[j].status[k] != PS_OK;
+    ps_parallel_for(n, within_item, &it, ps_ilp_thread_done, NULL);
+    free(it.job);
+    free(it.stage);
+    return PS_OK;
+}
+
+/* The plan of a solved realization: its stages' layouts and predictions,
+ * and the iteration time of their schedule. */
+static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    const ps_plan_request *req = rz->req;
+    const ps_graph *step = rz->step;
+    int n = rz->n, L = rz->L;
+    bool gpipe = rz->gpipe;
+    ps_plan *plan = NULL;
+    *out = NULL;
+    const ps_cluster *c = req->cluster;
+    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    PS_TRY_RET(realization_failure(rz, err));
+    if ((st = ps_plan_create(&plan)) != PS_OK)
+        return ps_error_set(err, st, "out of memory");
     /* recomputed layers are the layered graph's, which the request's
      * record (the model's layers) does not know */
     ps_plan_request as_asked = *req;
     as_asked.train.remat_layers = NULL;
     PS_TRY(ps_plan_record_request(plan, &as_asked, err));
-    if (train.remat_layers != NULL || remat_by_stage) {
+    if (rz->train.remat_layers != NULL || rz->remat_by_stage) {
         json_decref(plan->training);
         plan->training = NULL;
-        if ((st = ps_train_options_to_json(&train, L, &plan->training)) != PS_OK) {
+        if ((st = ps_train_options_to_json(&rz->train, L, &plan->training)) != PS_OK) {
             st = ps_error_set(err, st, "out of memory");
             goto out;
         }
     }
     if (ps_json_set(plan->model, "layer_num", json_integer(L)) != PS_OK ||
-        ps_json_set(plan->model, "layers", json_string(manual ? "manual" : "auto")) != PS_OK) {
+        ps_json_set(plan->model, "layers", json_string(rz->manual ? "manual" : "auto")) !=
+            PS_OK) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    snprintf(plan->method, sizeof plan->method, "%s", method);
+    snprintf(plan->method, sizeof plan->method, "%s", rz->method);
     snprintf(plan->schedule, sizeof plan->schedule, "%s", gpipe ? "gpipe" : "1f1b");
     double sum = 0, slowest = 0, update = 0, flops = 0, peak_dev = 0;
-    /* each stage's slice and mesh, then their layouts solved on all cores */
-    stage_solve ss = {.stages = stages, .req = req, .gpipe = gpipe, .n = n};
-    ss.slices = calloc((size_t)n, sizeof *ss.slices);
-    ss.meshes = calloc((size_t)n, sizeof *ss.meshes);
-    ss.results = calloc((size_t)n, sizeof *ss.results);
-    ss.fastest = calloc((size_t)n, sizeof *ss.fastest);
-    ss.leader = calloc((size_t)n, sizeof *ss.leader);
-    ss.status = calloc((size_t)n, sizeof *ss.status);
-    ss.errors = calloc((size_t)n, sizeof *ss.errors);
-    if (ss.slices == NULL || ss.meshes == NULL || ss.results == NULL || ss.fastest == NULL ||
-        ss.leader == NULL || ss.status == NULL || ss.errors == NULL) {
-        st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-        goto out_stages;
-    }
     for (int k = 0; k < n && st == PS_OK; k++) {
-        const stage_spec *ch = &stages[k];
-        st = ps_graph_slice(step, ch->first, ch->last, &ss.slices[k], err);
-        if (st == PS_OK)
-            st = ps_mesh_create(c, first[k], ch->sub.hosts, ch->sub.devices, ch->cfg.d0,
-                                ch->cfg.d1, &ss.meshes[k], err);
-    }
-    if (st != PS_OK)
-        goto out_stages;
-    uint64_t hashes[64]; /* [stage]; n <= 64, checked above */
-    for (int k = 0; k < n; k++) {
-        hashes[k] = graph_hash(ss.slices[k]);
-        ss.leader[k] = k;
-        for (int j = 0; j < k && ss.leader[k] == k; j++)
-            if (ss.leader[j] == j && hashes[j] == hashes[k] &&
-                stages[j].cfg.force == stages[k].cfg.force &&
-                ps_mesh_costs_equal(ss.meshes[j], ss.meshes[k]))
-                ss.leader[k] = j;
-    }
-    if (!ps_parallel_for(n, stage_fastest_item, &ss, ps_ilp_thread_done, NULL) ||
-        !ps_parallel_for(n, stage_item, &ss, ps_ilp_thread_done, NULL)) {
-        for (int k = 0; k < n; k++)
-            if (ss.status[k] != PS_OK) {
-                const stage_spec *f = &stages[k];
-                st = ps_error_set(err, ss.status[k],
-                                  "%s plan of %s, stage %d (layers %d-%d on %dx%d devices, "
-                                  "logical mesh %dx%d): %s",
-                                  method, req->forward->name, k, f->first, f->last, f->sub.hosts,
-                                  f->sub.devices, f->cfg.d0, f->cfg.d1, ss.errors[k].msg);
-                break;
-            }
-        goto out_stages;
-    }
-    for (int k = 0; k < n && st == PS_OK; k++) {
-        const ps_graph *slice = ss.slices[k];
-        const ps_logical_mesh *m = ss.meshes[k];
-        const ps_intra_result *r = stage_result(&ss, k);
-        const stage_spec *ch = &stages[k];
+        const ps_graph *slice = rz->slices[k];
+        const ps_logical_mesh *m = rz->meshes[k];
+        const ps_intra_result *r = stage_result(rz, k);
+        const stage_spec *ch = &rz->stages[k];
         ps_plan_stage *ps = NULL;
         int in_flight = stage_in_flight(gpipe, B, n, k);
         if ((st = ps_plan_add_stage(plan, m->n_devices, slice->n_ops, slice->n_tensors, &ps)) !=
@@ -1091,24 +1228,6 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
             PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
                         ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
     }
-out_stages:
-    for (int k = 0; k < n; k++) {
-        if (ss.results != NULL)
-            ps_intra_result_free(ss.results[k]);
-        if (ss.fastest != NULL)
-            ps_intra_result_free(ss.fastest[k]);
-        if (ss.meshes != NULL)
-            ps_mesh_free(ss.meshes[k]);
-        if (ss.slices != NULL)
-            ps_graph_free(ss.slices[k]);
-    }
-    free(ss.results);
-    free(ss.fastest);
-    free(ss.leader);
-    free(ss.meshes);
-    free(ss.slices);
-    free(ss.status);
-    free(ss.errors);
     if (st != PS_OK)
         goto out;
     PS_TRY(pipeline_iteration(plan, step, gpipe, sum + (B - 1) * slowest + update, err));
@@ -1131,9 +1250,25 @@ out_stages:
     plan = NULL;
 out:
     ps_plan_free(plan);
-    ps_graph_free(staged);
-    free(layer_stage);
-    free(remat_layers);
+    return st;
+}
+
+/* Places the stages, solves each on its own devices and writes the plan
+ * (realization_prepare says which step it slices). */
+static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const ps_graph *step,
+                         int L, bool manual, bool gpipe, bool remat_by_stage, const char *method,
+                         const stage_spec *stages, int n, ps_plan **out, ps_error *err)
+{
+    realization r;
+    *out = NULL;
+    ps_status st = realization_prepare(req, fwd, step, L, manual, gpipe, remat_by_stage, method,
+                                       stages, n, &r, err);
+    if (st != PS_OK)
+        return st;
+    st = realizations_solve(&r, 1, err);
+    if (st == PS_OK)
+        st = realization_plan(&r, out, err);
+    realization_free(&r);
     return st;
 }
 
@@ -1272,6 +1407,22 @@ static bool solved_before(const ps_stage_plan *p, const ps_stage_plan *solved, i
     return false;
 }
 
+/* What the log says of a candidate realized. */
+typedef struct candidate_label {
+    int n_stages;
+    bool in_order;     /* the DP run with the stages placed in pipeline order */
+    bool of_its_count; /* the DP's best of its stage count, not its answer */
+    double dp_iteration_s;
+} candidate_label;
+
+static int realization_stages(const realization *rs, int n)
+{
+    int stages = 0;
+    for (int j = 0; j < n; j++)
+        stages += rs[j].n;
+    return stages;
+}
+
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
 {
@@ -1287,6 +1438,11 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     /* the candidates solved: each way, on the whole table and on its two parts */
     ps_stage_plan realized[2 * 3 * MAX_CANDIDATES] = {{0}};
     int n_realized = 0;
+    /* their realizations, solved together after the DP (and the whole
+     * model's, step 6) */
+    realization jobs[2 * 3 * MAX_CANDIDATES + 1];
+    candidate_label job_label[2 * 3 * MAX_CANDIDATES];
+    int n_jobs = 0;
     /* The table is costed once per variant: its layers as they are, and
      * (remat_by_stage) recomputed; a configuration's variant is its remat. */
     int n_var = 1;
@@ -1642,7 +1798,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             if (st != PS_OK) {
                 /* memory alone decides feasibility both ways, unless the first
                  * way's stages did not pack and in-order placement fits none */
-                if (st == PS_ERR_INFEASIBLE && in_order && *out == NULL)
+                if (st == PS_ERR_INFEASIBLE && in_order && n_jobs == 0)
                     st = ps_error_set(err, PS_ERR_INFEASIBLE,
                                       "%s on %s: the stages on the candidate submeshes do not "
                                       "pack into the nodes (a submesh within a node may not "
@@ -1706,23 +1862,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                 cur->n_stages, c->name);
                     continue;
                 }
-                double t_realize = ps_monotonic_s();
-                ps_plan *plan = NULL;
-                PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", chosen,
-                               cur->n_stages, &plan, err));
-                PS_LOG_INFO(
-                    "pipeshard: %d stage(s) solved and timed in %.3g s (neighbours of stages "
-                    "within a node charged %s%s): iteration %.4g s (stage DP: %.4g s)",
-                    cur->n_stages, ps_monotonic_s() - t_realize,
-                    in_order ? "where in-order placement puts them" : "on their node",
-                    q == 0 ? "" : "; the best of this stage count", plan->iteration_s,
-                    cur->iteration_s);
-                if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
-                    ps_plan_free(*out);
-                    *out = plan;
-                } else {
-                    ps_plan_free(plan);
-                }
+                PS_TRY(realization_prepare(req, fwd, step, L, manual, o->gpipe, n_var == 2,
+                                           "pipeshard", chosen, cur->n_stages, &jobs[n_jobs],
+                                           err));
+                job_label[n_jobs] = (candidate_label){cur->n_stages, in_order, q > 0,
+                                                      cur->iteration_s};
+                n_jobs++;
                 /* kept to recognize it the other way */
                 if (stage_plan_copy(cur, &realized[n_realized]) != PS_OK) {
                     st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
@@ -1745,36 +1890,75 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     for (int s = 0; s < n_sub; s++)
         if (table->sub_devices[s] == D)
             full = s;
-    if (full >= 0 && (*out)->n_stages > 1) {
-        int best_k = -1;
-        double best_cost = INFINITY;
-        for (int k = 0; k < n_cfgs[full]; k++) {
-            size_t idx = ps_stage_table_index(table, 0, L - 1, full, k);
-            if (table->max_succ[idx] >= 0 && table->cost[idx] < best_cost) {
-                best_cost = table->cost[idx];
-                best_k = k;
-            }
+    int best_k = -1;
+    double best_cost = INFINITY;
+    for (int k = 0; full >= 0 && k < n_cfgs[full]; k++) {
+        size_t idx = ps_stage_table_index(table, 0, L - 1, full, k);
+        if (table->max_succ[idx] >= 0 && table->cost[idx] < best_cost) {
+            best_cost = table->cost[idx];
+            best_k = k;
         }
-        /* not again when it was one of the DP's candidates */
-        ps_stage_choice whole = {0, L - 1, full, best_k, best_cost};
-        ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
-        if (best_k >= 0 && !solved_before(&whole_plan, realized, n_realized) &&
-            B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, (*out)->iteration_s)) {
-            stage_spec one = {0, L - 1, subs[full], cfgs[full][best_k], o->lean_twin_iterations};
-            double t_realize = ps_monotonic_s();
-            ps_plan *plan = NULL;
+    }
+    /* not again when it was one of the DP's candidates */
+    ps_stage_choice whole = {0, L - 1, full, best_k, best_cost};
+    ps_stage_plan whole_plan = {.n_stages = 1, .stages = &whole};
+    bool whole_wanted = best_k >= 0 && !solved_before(&whole_plan, realized, n_realized);
+    stage_spec one = {0, L - 1, full >= 0 ? subs[full] : (submesh){0},
+                      best_k >= 0 ? cfgs[full][best_k] : (config){0}, o->lean_twin_iterations};
+    int whole_job = -1;
+    if (whole_wanted && B * best_cost <= ONE_STAGE_WITHIN * sp[0].iteration_s) {
+        /* solved beside the candidates: whether it is wanted also depends on
+         * their plans (below), but past this bound it nearly always is */
+        PS_TRY(realization_prepare(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard",
+                                   &one, 1, &jobs[n_jobs], err));
+        whole_job = n_jobs++;
+    }
+    double t_realize = ps_monotonic_s();
+    PS_TRY(realizations_solve(jobs, n_jobs, err));
+    PS_LOG_INFO("pipeshard: %d candidate pipeline(s) solved in %.3g s (%d stages on %d threads)",
+                n_jobs, ps_monotonic_s() - t_realize, realization_stages(jobs, n_jobs),
+                ps_parallel_threads());
+    for (int j = 0; j < n_jobs; j++) {
+        if (j == whole_job)
+            continue;
+        ps_plan *plan = NULL;
+        PS_TRY(realization_plan(&jobs[j], &plan, err));
+        const candidate_label *lb = &job_label[j];
+        PS_LOG_INFO("pipeshard: %d stage(s) (neighbours of stages within a node charged %s%s): "
+                    "iteration %.4g s (stage DP: %.4g s)",
+                    lb->n_stages,
+                    lb->in_order ? "where in-order placement puts them" : "on their node",
+                    lb->of_its_count ? "; the best of this stage count" : "", plan->iteration_s,
+                    lb->dp_iteration_s);
+        if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
+            ps_plan_free(*out);
+            *out = plan;
+        } else {
+            ps_plan_free(plan);
+        }
+    }
+    if (*out == NULL) {
+        st = ps_error_set(err, PS_ERR_INTERNAL, "%s on %s: no candidate pipeline was placed",
+                          f0->name, c->name);
+        goto out;
+    }
+    if (whole_wanted && (*out)->n_stages > 1 &&
+        B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, (*out)->iteration_s)) {
+        ps_plan *plan = NULL;
+        if (whole_job < 0) {
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,
                            &plan, err));
-            PS_LOG_INFO("pipeshard: the whole model on all devices solved and timed in %.3g s: "
-                        "iteration %.4g s (stage DP: %.4g s, pipelined %.4g s)",
-                        ps_monotonic_s() - t_realize, plan->iteration_s, B * best_cost,
-                        sp[0].iteration_s);
-            if (plan->iteration_s < (*out)->iteration_s) {
-                ps_plan_free(*out);
-                *out = plan;
-            } else {
-                ps_plan_free(plan);
-            }
+        } else {
+            PS_TRY(realization_plan(&jobs[whole_job], &plan, err));
+        }
+        PS_LOG_INFO("pipeshard: the whole model on all devices: iteration %.4g s (stage DP: "
+                    "%.4g s, pipelined %.4g s)",
+                    plan->iteration_s, B * best_cost, sp[0].iteration_s);
+        if (plan->iteration_s < (*out)->iteration_s) {
+            ps_plan_free(*out);
+            *out = plan;
+        } else {
+            ps_plan_free(plan);
         }
     }
 out:
@@ -1810,6 +1994,8 @@ out:
     free(order);
     for (int k = 0; k < n_realized; k++)
         ps_stage_plan_clear(&realized[k]);
+    for (int j = 0; j < n_jobs; j++)
+        realization_free(&jobs[j]);
     if (st != PS_OK) {
         ps_plan_free(*out);
         *out = NULL;

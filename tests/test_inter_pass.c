@@ -1,4 +1,6 @@
 /* planner/inter_pass: pipeshard plans end to end on small models. */
+#define _GNU_SOURCE /* sched_setaffinity */
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include "planner/layer_cluster.h"
 #include "planner/pipeline_time.h"
 #include "planner/plan_model.h"
+#include "core/parallel.h"
 #include "core/profile_db.h"
 
 /* GPT-350M's configuration with `layers` blocks. */
@@ -961,6 +964,84 @@ static void manual_submesh_choices(void **state)
     ps_cluster_free(c);
 }
 
+/* The file a plan saves, read back as one string (the caller frees it). */
+static char *plan_text(const ps_plan *p)
+{
+    char dir[] = "/tmp/ps-test-inter-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    ps_error err = {0};
+    if (ps_plan_save(p, path, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n > 0);
+    rewind(f);
+    char *text = calloc((size_t)n + 1, 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    unlink(path);
+    rmdir(dir);
+    return text;
+}
+
+/* The planner solves the stages of all its candidate pipelines side by side
+ * on every core (two placements on two nodes, each DP's answer and the best
+ * of another stage count, on the plain, recomputing and whole tables, and
+ * the whole model on all devices: GPT-350M on two nodes of 1 GiB devices,
+ * 6 candidates of 16 stages in all, PIPESHARD_LOG=info lists them, and
+ * PIPESHARD_LOG=debug shows GLPK's 14 solves among them). Every solve stops at a count of GLPK
+ * work, so the plan is the one a single core makes, byte for byte. */
+static void candidates_solved_side_by_side(void **state)
+{
+    (void)state;
+    cpu_set_t all;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (CPU_COUNT(&all) < 2)
+        skip(); /* nothing runs side by side */
+    ps_model_config cfg = gpt350m(8);
+    ps_graph *fwd = NULL;
+    ps_cluster *c = preset("p3.16xlarge:2");
+    c->kinds[0].memory_bytes = 1.0 * (1 << 30); /* solves within the memory */
+    ps_plan_request req = request(&cfg, &fwd, c, 256, 32);
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 4;
+    o.remat_by_stage = true;
+    ps_error err = {0};
+    ps_plan *many = NULL, *single = NULL;
+    if (ps_plan_pipeshard(&req, &o, &many, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &all)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    assert_int_equal(ps_parallel_threads(), 1);
+    ps_status st = ps_plan_pipeshard(&req, &o, &single, &err);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    if (st != PS_OK)
+        fail_msg("%s", err.msg);
+    check_plan(many, 16);
+    char *a = plan_text(many), *b = plan_text(single);
+    printf("# gpt-350m (8 layers) on 16 devices of 1 GiB, recomputing by stage: %d stage(s), "
+           "%.6g s, on %d cores and on one\n",
+           many->n_stages, many->iteration_s, CPU_COUNT(&all));
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    ps_plan_free(many);
+    ps_plan_free(single);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -980,6 +1061,7 @@ int main(void)
         cmocka_unit_test(plans_rebuild_their_model),
         cmocka_unit_test(remat_chosen_by_stage),
         cmocka_unit_test(manual_submesh_choices),
+        cmocka_unit_test(candidates_solved_side_by_side),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
