@@ -57,6 +57,10 @@ static void help(void)
         "                       the best of each other stage count within 10%% of it\n"
         "                       by the DP's objective; the fastest schedule is kept\n"
         "                       (default 2; 1: Alpa's DP answer alone; at most 16)\n"
+        "  --show-candidates    print every candidate pipeline solved and timed: its\n"
+        "                       stages, predicted iteration, the DP's objective, and\n"
+        "                       the one kept (each planning its own: every count of\n"
+        "                       --micro-batches auto, every retry of the memory check)\n"
         "  --stages auto|uniform|FILE\n"
         "                       auto: the stage DP (default); uniform: Alpa's uniform\n"
         "                       plan (as --method uniform, with --dp --op --pp); FILE:\n"
@@ -96,7 +100,7 @@ enum {
     OPT_MICRO_BATCHES, OPT_FORCE, OPT_TIME_LIMIT, OPT_ITERATION_LIMIT, OPT_EXPLAIN, OPT_JSON,
     OPT_LAYER_NUM, OPT_SUBMESH, OPT_SCHEDULE, OPT_ROWS, OPT_STAGES, OPT_DP, OPT_OP, OPT_PP, OPT_DUMP,
     OPT_PROFILE_DB, OPT_NO_TRANSFER_COSTS, OPT_IMBALANCE, OPT_EXACT_RANGES, OPT_CANDIDATES,
-    OPT_NO_MEMORY_CHECK
+    OPT_NO_MEMORY_CHECK, OPT_SHOW_CANDIDATES
 };
 
 static const struct option own_options[] = {
@@ -118,6 +122,7 @@ static const struct option own_options[] = {
     {"no-memory-check", no_argument, NULL, OPT_NO_MEMORY_CHECK},
     {"stage-imbalance-tolerance", required_argument, NULL, OPT_IMBALANCE},
     {"stage-candidates", required_argument, NULL, OPT_CANDIDATES},
+    {"show-candidates", no_argument, NULL, OPT_SHOW_CANDIDATES},
     {"exact-ranges", no_argument, NULL, OPT_EXACT_RANGES},
     {"stages", required_argument, NULL, OPT_STAGES},
     {"dp", required_argument, NULL, OPT_DP},
@@ -206,6 +211,24 @@ static bool remat_layer_ranges(const json_t *training, char *out, size_t cap)
         used += w > 0 ? (size_t)w : 0;
     }
     return n > 0;
+}
+
+/* --show-candidates: a candidate pipeline the planner solved and timed. */
+static void print_candidate(void *ctx, const ps_plan *p, double dp_iteration_s, bool kept)
+{
+    (void)ctx;
+    char layers[256];
+    printf("candidate     %d micro-batch(es), %d stage(s):", p->micro_batches, p->n_stages);
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        printf("%s layers %d-%d on %dx%d as %dx%d", k > 0 ? ";" : "", s->first_layer,
+               s->last_layer, s->submesh[0], s->submesh[1], s->logical_mesh[0],
+               s->logical_mesh[1]);
+    }
+    if (remat_layer_ranges(p->training, layers, sizeof layers))
+        printf("; recomputes layers %s", layers);
+    printf("; iteration %.4g s (stage DP %.4g s)%s\n", p->iteration_s, dp_iteration_s,
+           kept ? ", kept" : "");
 }
 
 static void summary(const ps_plan *p, const ps_intra_result *r)
@@ -447,6 +470,7 @@ int ps_cmd_plan(int argc, char **argv)
         case OPT_NO_TRANSFER_COSTS: inter.transfer_costs = false; break;
         case OPT_NO_MEMORY_CHECK: no_memory_check = true; break;
         case OPT_EXACT_RANGES: inter.exact_ranges = true; break;
+        case OPT_SHOW_CANDIDATES: inter.on_candidate = print_candidate; break;
         case OPT_IMBALANCE:
             if (!ps_cli_parse_double(optarg, 0, 1e9, &x))
                 return ps_cli_usage_error("plan", "--stage-imbalance-tolerance wants a number "
@@ -636,11 +660,13 @@ int ps_cmd_plan(int argc, char **argv)
     } else if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
                inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
                inter.submeshes != PS_SUBMESH_POWER_OF_TWO ||
-               inter.stage_candidates != ps_inter_options_default().stage_candidates) {
+               inter.stage_candidates != ps_inter_options_default().stage_candidates ||
+               inter.on_candidate != NULL) {
         st = ps_error_set(&err, PS_ERR_INVALID,
                           "--layer-num, --schedule, --rows, --exact-ranges, "
-                          "--submesh-choices, --stage-imbalance-tolerance and "
-                          "--stage-candidates apply to --method pipeshard");
+                          "--submesh-choices, --stage-imbalance-tolerance, "
+                          "--stage-candidates and --show-candidates apply to --method "
+                          "pipeshard");
         bad_usage = true;
         goto out;
     }

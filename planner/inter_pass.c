@@ -77,6 +77,7 @@ ps_inter_options ps_inter_options_default(void)
                               .stage_time_limit_s = 20, .transfer_costs = true,
                               .stage_imbalance_tolerance = INFINITY, .stage_candidates = 2,
                               .lean_twin_iterations = LEAN_TWIN_ITERATIONS, .remat_by_stage = false,
+                              .share_layouts = true,
                               .memory_floor_check = true};
 }
 
@@ -875,6 +876,8 @@ typedef struct realization {
     int *leader;               /* [stage] the stage whose fastest layout it shares */
     ps_intra_result **fastest; /* [stage] owned by leaders, NULL elsewhere */
     ps_intra_result **results; /* [stage] NULL: the leader's fastest layout */
+    bool *borrowed;            /* [stage] results[stage] is another realization's */
+    uint64_t *hashes;          /* [stage] graph_hash of its slice */
     ps_status *status;         /* [stage] */
     ps_error *errors;          /* [stage] */
     bool fastest_failed;       /* some leader's fastest layout failed: no layouts within */
@@ -883,7 +886,7 @@ typedef struct realization {
 static void realization_free(realization *r)
 {
     for (int k = 0; k < r->n; k++) {
-        if (r->results != NULL)
+        if (r->results != NULL && !r->borrowed[k])
             ps_intra_result_free(r->results[k]);
         if (r->fastest != NULL)
             ps_intra_result_free(r->fastest[k]);
@@ -893,6 +896,8 @@ static void realization_free(realization *r)
             ps_graph_free(r->slices[k]);
     }
     free(r->results);
+    free(r->borrowed);
+    free(r->hashes);
     free(r->fastest);
     free(r->leader);
     free(r->meshes);
@@ -1035,10 +1040,13 @@ static ps_status realization_prepare(const ps_plan_request *req, const ps_graph 
     r->results = calloc((size_t)(n > 0 ? n : 1), sizeof *r->results);
     r->fastest = calloc((size_t)(n > 0 ? n : 1), sizeof *r->fastest);
     r->leader = calloc((size_t)(n > 0 ? n : 1), sizeof *r->leader);
+    r->borrowed = calloc((size_t)(n > 0 ? n : 1), sizeof *r->borrowed);
+    r->hashes = calloc((size_t)(n > 0 ? n : 1), sizeof *r->hashes);
     r->status = calloc((size_t)(n > 0 ? n : 1), sizeof *r->status);
     r->errors = calloc((size_t)(n > 0 ? n : 1), sizeof *r->errors);
     if (r->slices == NULL || r->meshes == NULL || r->results == NULL || r->fastest == NULL ||
-        r->leader == NULL || r->status == NULL || r->errors == NULL) {
+        r->leader == NULL || r->borrowed == NULL || r->hashes == NULL || r->status == NULL ||
+        r->errors == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -1052,7 +1060,7 @@ static ps_status realization_prepare(const ps_plan_request *req, const ps_graph 
     }
     if (st != PS_OK)
         goto out;
-    uint64_t hashes[64]; /* [stage]; n <= 64, checked above */
+    uint64_t *hashes = r->hashes;
     for (int k = 0; k < n; k++) {
         hashes[k] = graph_hash(r->slices[k]);
         r->leader[k] = k;
@@ -1118,45 +1126,110 @@ static ps_status realization_failure(const realization *r, ps_error *err)
     return PS_OK;
 }
 
+/* Whether stage ka of a and stage kb of b are solved within the memory
+ * alike: the same slice on meshes of equal costs, in the same configuration,
+ * keeping as many micro-batches in flight (stage_within's inputs). */
+static bool same_within(const realization *a, int ka, const realization *b, int kb)
+{
+    const config *x = &a->stages[ka].cfg, *y = &b->stages[kb].cfg;
+    return a->hashes[ka] == b->hashes[kb] && a->req == b->req && x->d0 == y->d0 &&
+           x->d1 == y->d1 && x->force == y->force && x->lean == y->lean &&
+           x->remat == y->remat &&
+           a->stages[ka].twin_iterations == b->stages[kb].twin_iterations &&
+           stage_in_flight(a->gpipe, a->req->micro_batches, a->n, ka) ==
+               stage_in_flight(b->gpipe, b->req->micro_batches, b->n, kb) &&
+           ps_mesh_costs_equal(a->meshes[ka], b->meshes[kb]);
+}
+
 /* Every stage of the n_rs realizations solved on all cores: first the
  * fastest layout of each distinct stage (identical layers on meshes of
  * equal costs, the middle stages of a transformer, share one), then each
- * stage's within its memory. Each solve stops at counts of GLPK work, not
- * seconds (unless the user's --time-limit), so solving them side by side
- * gives the layouts solving them one by one would. A stage's failure is its
- * realization's (realization_plan reports it). */
-static ps_status realizations_solve(realization *rs, int n_rs, ps_error *err)
+ * stage's within its memory, with `share` once for the stages of all
+ * realizations that solve alike (same_within: the middle stages of
+ * candidates of different stage counts often do), the first of them
+ * solving it. Each solve stops at
+ * counts of GLPK work, not seconds (unless the user's --time-limit), so
+ * solving them side by side gives the layouts solving them one by one
+ * would. A stage's failure is its realization's (realization_plan reports
+ * it). */
+static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_error *err)
 {
+    ps_status st = PS_OK;
     int n = 0;
     for (int j = 0; j < n_rs; j++)
         n += rs[j].n;
-    realization_items it = {rs, n, malloc((size_t)(n > 0 ? n : 1) * sizeof(int)),
-                            malloc((size_t)(n > 0 ? n : 1) * sizeof(int))};
-    if (it.job == NULL || it.stage == NULL) {
-        free(it.job);
-        free(it.stage);
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    }
-    int i = 0;
-    for (int j = 0; j < n_rs; j++)
+    size_t cells = (size_t)(n > 0 ? n : 1);
+    /* [item] in order, realization by realization; `like`: the first item
+     * solving alike (itself when none before) */
+    int *job = malloc(cells * sizeof *job), *stage = malloc(cells * sizeof *stage);
+    int *like = malloc(cells * sizeof *like);
+    realization_items it = {rs, 0, malloc(cells * sizeof(int)), malloc(cells * sizeof(int))};
+    PS_TRY_ALLOC(job, err);
+    PS_TRY_ALLOC(stage, err);
+    PS_TRY_ALLOC(like, err);
+    PS_TRY_ALLOC(it.job, err);
+    PS_TRY_ALLOC(it.stage, err);
+    for (int j = 0, i = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++, i++) {
-            /* insertion by descending op count, stable */
-            int ops = rs[j].slices[k]->n_ops, at = i;
-            for (; at > 0 && rs[it.job[at - 1]].slices[it.stage[at - 1]]->n_ops < ops; at--) {
-                it.job[at] = it.job[at - 1];
-                it.stage[at] = it.stage[at - 1];
-            }
-            it.job[at] = j;
-            it.stage[at] = k;
+            job[i] = j;
+            stage[i] = k;
         }
-    ps_parallel_for(n, fastest_item, &it, ps_ilp_thread_done, NULL);
+    /* the largest slices first, in order among equals */
+    for (int i = 0; i < n; i++) {
+        int ops = rs[job[i]].slices[stage[i]]->n_ops, at = it.n++;
+        for (; at > 0 && rs[it.job[at - 1]].slices[it.stage[at - 1]]->n_ops < ops; at--) {
+            it.job[at] = it.job[at - 1];
+            it.stage[at] = it.stage[at - 1];
+        }
+        it.job[at] = job[i];
+        it.stage[at] = stage[i];
+    }
+    ps_parallel_for(it.n, fastest_item, &it, ps_ilp_thread_done, NULL);
     for (int j = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++)
             rs[j].fastest_failed = rs[j].fastest_failed || rs[j].status[k] != PS_OK;
-    ps_parallel_for(n, within_item, &it, ps_ilp_thread_done, NULL);
+    /* the items that solve within the memory, in the same order */
+    for (int i = 0; i < n; i++) {
+        like[i] = i;
+        for (int q = 0; share && q < i && like[i] == i && !rs[job[i]].fastest_failed; q++)
+            if (like[q] == q && !rs[job[q]].fastest_failed &&
+                same_within(&rs[job[q]], stage[q], &rs[job[i]], stage[i]))
+                like[i] = q;
+    }
+    int solving = 0;
+    for (int x = 0; x < it.n; x++) {
+        int i = 0;
+        while (job[i] != it.job[x] || stage[i] != it.stage[x])
+            i++;
+        if (like[i] == i) {
+            it.job[solving] = it.job[x];
+            it.stage[solving++] = it.stage[x];
+        }
+    }
+    it.n = solving;
+    ps_parallel_for(it.n, within_item, &it, ps_ilp_thread_done, NULL);
+    for (int i = 0; i < n; i++) {
+        if (like[i] == i)
+            continue;
+        const realization *from = &rs[job[like[i]]];
+        realization *to = &rs[job[i]];
+        int kf = stage[like[i]], kt = stage[i];
+        /* NULL: the fastest layout, which the two share in content */
+        to->results[kt] = from->results[kf];
+        to->borrowed[kt] = true;
+        to->status[kt] = from->status[kf];
+        to->errors[kt] = from->errors[kf];
+        PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory as candidate "
+                     "%d, stage %d's",
+                     job[i], kt, job[like[i]], kf);
+    }
+out:
+    free(job);
+    free(stage);
+    free(like);
     free(it.job);
     free(it.stage);
-    return PS_OK;
+    return st;
 }
 
 /* The plan of a solved realization: its stages' layouts and predictions,
@@ -1265,7 +1338,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
                                        stages, n, &r, err);
     if (st != PS_OK)
         return st;
-    st = realizations_solve(&r, 1, err);
+    st = realizations_solve(&r, 1, false, err);
     if (st == PS_OK)
         st = realization_plan(&r, out, err);
     realization_free(&r);
@@ -1443,6 +1516,9 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
     realization jobs[2 * 3 * MAX_CANDIDATES + 1];
     candidate_label job_label[2 * 3 * MAX_CANDIDATES];
     int n_jobs = 0;
+    ps_plan *cand[2 * 3 * MAX_CANDIDATES + 1]; /* [n_plans] their plans */
+    double cand_dp[2 * 3 * MAX_CANDIDATES + 1]; /* [n_plans] the DP's objective of each */
+    int n_plans = 0;
     /* The table is costed once per variant: its layers as they are, and
      * (remat_by_stage) recomputed; a configuration's variant is its remat. */
     int n_var = 1;
@@ -1914,10 +1990,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         whole_job = n_jobs++;
     }
     double t_realize = ps_monotonic_s();
-    PS_TRY(realizations_solve(jobs, n_jobs, err));
+    PS_TRY(realizations_solve(jobs, n_jobs, o->share_layouts, err));
     PS_LOG_INFO("pipeshard: %d candidate pipeline(s) solved in %.3g s (%d stages on %d threads)",
                 n_jobs, ps_monotonic_s() - t_realize, realization_stages(jobs, n_jobs),
                 ps_parallel_threads());
+    /* their plans, in the DP's order; the first fastest is kept */
+    int best = -1;
     for (int j = 0; j < n_jobs; j++) {
         if (j == whole_job)
             continue;
@@ -1930,20 +2008,19 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                     lb->in_order ? "where in-order placement puts them" : "on their node",
                     lb->of_its_count ? "; the best of this stage count" : "", plan->iteration_s,
                     lb->dp_iteration_s);
-        if (*out == NULL || plan->iteration_s < (*out)->iteration_s) {
-            ps_plan_free(*out);
-            *out = plan;
-        } else {
-            ps_plan_free(plan);
-        }
+        cand_dp[n_plans] = lb->dp_iteration_s;
+        cand[n_plans] = plan;
+        if (best < 0 || plan->iteration_s < cand[best]->iteration_s)
+            best = n_plans;
+        n_plans++;
     }
-    if (*out == NULL) {
+    if (best < 0) {
         st = ps_error_set(err, PS_ERR_INTERNAL, "%s on %s: no candidate pipeline was placed",
                           f0->name, c->name);
         goto out;
     }
-    if (whole_wanted && (*out)->n_stages > 1 &&
-        B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, (*out)->iteration_s)) {
+    if (whole_wanted && cand[best]->n_stages > 1 &&
+        B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, cand[best]->iteration_s)) {
         ps_plan *plan = NULL;
         if (whole_job < 0) {
             PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,
@@ -1954,13 +2031,16 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         PS_LOG_INFO("pipeshard: the whole model on all devices: iteration %.4g s (stage DP: "
                     "%.4g s, pipelined %.4g s)",
                     plan->iteration_s, B * best_cost, sp[0].iteration_s);
-        if (plan->iteration_s < (*out)->iteration_s) {
-            ps_plan_free(*out);
-            *out = plan;
-        } else {
-            ps_plan_free(plan);
-        }
+        cand_dp[n_plans] = B * best_cost;
+        cand[n_plans] = plan;
+        if (plan->iteration_s < cand[best]->iteration_s)
+            best = n_plans;
+        n_plans++;
     }
+    for (int q = 0; q < n_plans && o->on_candidate != NULL; q++)
+        o->on_candidate(o->on_candidate_ctx, cand[q], cand_dp[q], q == best);
+    *out = cand[best];
+    cand[best] = NULL;
 out:
     for (int k = 0; k < n_cache; k++) {
         free(cache[k].entries);
@@ -1996,6 +2076,8 @@ out:
         ps_stage_plan_clear(&realized[k]);
     for (int j = 0; j < n_jobs; j++)
         realization_free(&jobs[j]);
+    for (int q = 0; q < n_plans; q++)
+        ps_plan_free(cand[q]);
     if (st != PS_OK) {
         ps_plan_free(*out);
         *out = NULL;

@@ -81,6 +81,18 @@ typedef struct ps_inter_options {
      * would only end in "no plan fits" (default true; false solves anyway:
      * the tests check the two agree). */
     bool memory_floor_check;
+    /* Stages of different candidate pipelines that solve alike (the same
+     * slice on meshes of equal costs, configuration and micro-batches in
+     * flight: the middle stages of candidates of different stage counts)
+     * take one solve's layout (default true; false solves each on its own:
+     * the same plans, in more time, which the tests check). */
+    bool share_layouts;
+    /* Called (when non-NULL) with every candidate pipeline realized, in the
+     * order the DP found them, with its DP objective (s per iteration) and
+     * whether the plan keeps it; the plan is the callee's to read only,
+     * during the call. */
+    void (*on_candidate)(void *ctx, const ps_plan *candidate, double dp_iteration_s, bool kept);
+    void *on_candidate_ctx;
 } ps_inter_options;
 
 ps_inter_options ps_inter_options_default(void);

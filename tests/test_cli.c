@@ -830,6 +830,50 @@ static void test_iteration_limit(void **state)
     assert_true(same_bytes(p1, p2));
 }
 
+/* --show-candidates: one line per candidate pipeline solved, exactly one
+ * kept, and the kept one's iteration is the plan's; refused for methods
+ * without candidates. */
+static void test_show_candidates(void **state)
+{
+    const fixture *fx = *state;
+    char p[512];
+    snprintf(p, sizeof p, "%s/candidates.json", fx->dir);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--layers", "8", "--cluster",
+                       "p3.16xlarge:2", "--global-batch", "256", "--micro-batches", "16",
+                       "--layer-num", "4", "--show-candidates", "-o", p, NULL};
+    run_result r;
+    run_ok(fx, a, &r);
+    expect_exit(&r, 0);
+    int lines = 0, kept = 0;
+    double kept_s = -1;
+    for (const char *line = r.out; *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        if (strncmp(line, "candidate     ", 14) == 0) {
+            lines++;
+            if (len > 6 && strncmp(line + len - 6, ", kept", 6) == 0) {
+                kept++;
+                const char *it = strstr(line, "; iteration ");
+                assert_non_null(it);
+                kept_s = strtod(it + strlen("; iteration "), NULL);
+            }
+        }
+        line += len + (end != NULL);
+    }
+    if (lines < 2 || kept != 1)
+        dump(&r);
+    assert_true(lines >= 2);
+    assert_int_equal(kept, 1);
+    const char *pred = strstr(r.out, "predicted     iteration ");
+    assert_non_null(pred);
+    double plan_s = strtod(pred + strlen("predicted     iteration "), NULL);
+    assert_true(fabs(kept_s - plan_s) <= 1e-3 * plan_s);
+    run_result_free(&r);
+    const char *data[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1", "--method",
+                          "data", "--show-candidates", "-o", p, NULL};
+    expect_usage_error(fx, data, "--show-candidates apply to --method pipeshard");
+}
+
 /* --model M --export T1, then --graph T1 --export T2: the files are equal and
  * both runs report the same parameters and FLOPs. */
 static void test_export_round_trip(void **state)
@@ -2043,6 +2087,7 @@ int main(void)
         cmocka_unit_test(test_remat_layers),
         cmocka_unit_test(test_contradicting_options),
         cmocka_unit_test(test_iteration_limit),
+        cmocka_unit_test(test_show_candidates),
         cmocka_unit_test(test_check_rounding),
         cmocka_unit_test(test_check_held_dtypes),
         cmocka_unit_test(test_later_layer_read),

@@ -1042,6 +1042,77 @@ static void candidates_solved_side_by_side(void **state)
     ps_cluster_free(c);
 }
 
+/* What on_candidate saw: each candidate's plan file and whether it was kept. */
+typedef struct candidate_log {
+    int n;
+    char *text[128];
+    bool kept[128];
+    double dp_s[128];
+} candidate_log;
+
+static void log_candidate(void *ctx, const ps_plan *p, double dp_iteration_s, bool kept)
+{
+    candidate_log *log = ctx;
+    assert_true(log->n < 128);
+    log->text[log->n] = plan_text(p);
+    log->kept[log->n] = kept;
+    log->dp_s[log->n++] = dp_iteration_s;
+}
+
+/* Stages of different candidates that solve alike take one solve's layout
+ * (ps_inter_options.share_layouts; GPT-350M on four nodes, 8 layers,
+ * recomputation by stage: 9 candidates, 5 of their stages so shared,
+ * PIPESHARD_LOG=debug names them): every candidate's plan is the one it gets
+ * with each stage solved on its own, byte for byte, the same one is kept,
+ * and it is the plan returned. */
+static void candidates_share_layouts(void **state)
+{
+    (void)state;
+    ps_model_config cfg = gpt350m(8);
+    ps_graph *fwd = NULL;
+    ps_cluster *c = preset("p3.16xlarge:4");
+    ps_plan_request req = request(&cfg, &fwd, c, 256, 64);
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 8;
+    o.remat_by_stage = true;
+    o.on_candidate = log_candidate;
+    candidate_log *logs = calloc(2, sizeof *logs);
+    assert_non_null(logs);
+    ps_plan *plans[2] = {NULL, NULL};
+    ps_error err = {0};
+    for (int v = 0; v < 2; v++) {
+        o.share_layouts = v == 0;
+        o.on_candidate_ctx = &logs[v];
+        if (ps_plan_pipeshard(&req, &o, &plans[v], &err) != PS_OK)
+            fail_msg("%s", err.msg);
+    }
+    printf("# gpt-350m (8 layers) on 32 V100, recomputing by stage: %d candidates, kept a "
+           "%d-stage plan of %.6g s\n",
+           logs[0].n, plans[0]->n_stages, plans[0]->iteration_s);
+    assert_true(logs[0].n >= 4);
+    assert_int_equal(logs[0].n, logs[1].n);
+    int kept = 0;
+    char *returned = plan_text(plans[0]);
+    for (int q = 0; q < logs[0].n; q++) {
+        assert_string_equal(logs[0].text[q], logs[1].text[q]);
+        assert_int_equal(logs[0].kept[q], logs[1].kept[q]);
+        assert_true(logs[0].dp_s[q] == logs[1].dp_s[q]);
+        if (logs[0].kept[q]) {
+            kept++;
+            assert_string_equal(logs[0].text[q], returned);
+        }
+        free(logs[0].text[q]);
+        free(logs[1].text[q]);
+    }
+    assert_int_equal(kept, 1);
+    free(returned);
+    free(logs);
+    ps_plan_free(plans[0]);
+    ps_plan_free(plans[1]);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1062,6 +1133,7 @@ int main(void)
         cmocka_unit_test(remat_chosen_by_stage),
         cmocka_unit_test(manual_submesh_choices),
         cmocka_unit_test(candidates_solved_side_by_side),
+        cmocka_unit_test(candidates_share_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
