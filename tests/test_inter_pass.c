@@ -994,8 +994,9 @@ static char *plan_text(const ps_plan *p)
  * of another stage count, on the plain, recomputing and whole tables, and
  * the whole model on all devices: GPT-350M on two nodes of 1 GiB devices,
  * 6 candidates of 16 stages in all, PIPESHARD_LOG=info lists them, and
- * PIPESHARD_LOG=debug shows GLPK's 14 solves among them). Every solve stops at a count of GLPK
- * work, so the plan is the one a single core makes, byte for byte. */
+ * PIPESHARD_LOG=debug shows GLPK's 14 solves among them). Every solve stops
+ * at a count of GLPK work, so the plan is the one a single core makes, byte
+ * for byte. */
 static void candidates_solved_side_by_side(void **state)
 {
     (void)state;
