@@ -60,7 +60,8 @@ static void help(void)
         "  --show-candidates    print every candidate pipeline solved and timed: its\n"
         "                       stages, predicted iteration, the DP's objective, and\n"
         "                       the one kept (each planning its own: every count of\n"
-        "                       --micro-batches auto, every retry of the memory check)\n"
+        "                       --micro-batches auto, every retry of the memory check;\n"
+        "                       with --json, as the JSON's \"candidates\")\n"
         "  --stages auto|uniform|FILE\n"
         "                       auto: the stage DP (default); uniform: Alpa's uniform\n"
         "                       plan (as --method uniform, with --dp --op --pp); FILE:\n"
@@ -213,11 +214,35 @@ static bool remat_layer_ranges(const json_t *training, char *out, size_t cap)
     return n > 0;
 }
 
-/* --show-candidates: a candidate pipeline the planner solved and timed. */
+/* --show-candidates: the candidate pipelines the planner solved and timed,
+ * printed as they come, or (with --json) gathered into `list`. */
+typedef struct candidates_out {
+    json_t *list; /* NULL: print each line */
+} candidates_out;
+
 static void print_candidate(void *ctx, const ps_plan *p, double dp_iteration_s, bool kept)
 {
-    (void)ctx;
+    candidates_out *co = ctx;
     char layers[256];
+    if (co->list != NULL) {
+        json_t *stages = json_array();
+        for (int k = 0; k < p->n_stages; k++) {
+            const ps_plan_stage *s = &p->stages[k];
+            json_array_append_new(
+                stages, json_pack("{s:i, s:i, s:[i, i], s:[i, i]}", "first_layer",
+                                  s->first_layer, "last_layer", s->last_layer, "submesh",
+                                  s->submesh[0], s->submesh[1], "logical_mesh",
+                                  s->logical_mesh[0], s->logical_mesh[1]));
+        }
+        json_t *c = json_pack("{s:i, s:o, s:f, s:f, s:b}", "micro_batches", p->micro_batches,
+                              "stages", stages, "iteration_s", p->iteration_s, "dp_iteration_s",
+                              dp_iteration_s, "kept", kept);
+        const json_t *remat = json_object_get(p->training, "remat_layers");
+        if (c != NULL && remat != NULL)
+            json_object_set(c, "remat_layers", (json_t *)remat);
+        json_array_append_new(co->list, c);
+        return;
+    }
     printf("candidate     %d micro-batch(es), %d stage(s):", p->micro_batches, p->n_stages);
     for (int k = 0; k < p->n_stages; k++) {
         const ps_plan_stage *s = &p->stages[k];
@@ -351,6 +376,7 @@ int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
     bool do_explain = false, json = false, pipeshard = true, uniform = false, auto_micro = false;
+    candidates_out candidates = {NULL};
     const char *stages_file = NULL, *dump_dir = NULL, *profile_path = NULL;
     bool stages_uniform = false, stages_given = false; /* --stages uniform, any --stages */
     bool mesh_given = false;
@@ -470,7 +496,10 @@ int ps_cmd_plan(int argc, char **argv)
         case OPT_NO_TRANSFER_COSTS: inter.transfer_costs = false; break;
         case OPT_NO_MEMORY_CHECK: no_memory_check = true; break;
         case OPT_EXACT_RANGES: inter.exact_ranges = true; break;
-        case OPT_SHOW_CANDIDATES: inter.on_candidate = print_candidate; break;
+        case OPT_SHOW_CANDIDATES:
+            inter.on_candidate = print_candidate;
+            inter.on_candidate_ctx = &candidates;
+            break;
         case OPT_IMBALANCE:
             if (!ps_cli_parse_double(optarg, 0, 1e9, &x))
                 return ps_cli_usage_error("plan", "--stage-imbalance-tolerance wants a number "
@@ -636,6 +665,17 @@ int ps_cmd_plan(int argc, char **argv)
     }
     fit_opt.check = !no_memory_check;
     /* what to plan, checked once: the attempts below only plan */
+    if (json && inter.print_rows) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "--rows prints the stage cost table as text on standard output, where "
+                          "--json prints the predictions: use one of the two");
+        bad_usage = true;
+        goto out;
+    }
+    if (json && inter.on_candidate != NULL && (candidates.list = json_array()) == NULL) {
+        st = ps_error_set(&err, PS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
     if (pipeshard) {
         if (do_explain) {
             st = ps_error_set(&err, PS_ERR_UNSUPPORTED,
@@ -693,6 +733,8 @@ int ps_cmd_plan(int argc, char **argv)
         PS_TRY(ps_plan_to_json(plan, &j));
         json_t *pred = json_incref(json_object_get(j, "predicted"));
         json_decref(j);
+        if (pred != NULL && candidates.list != NULL)
+            json_object_set(pred, "candidates", candidates.list);
         st = ps_json_save(pred, "-", &err);
         json_decref(pred);
     } else {
@@ -707,6 +749,7 @@ int ps_cmd_plan(int argc, char **argv)
             explain(how.step, how.r);
     }
 out:
+    json_decref(candidates.list);
     free(how.stages);
     ps_intra_result_free(how.r);
     ps_graph_free(how.step);

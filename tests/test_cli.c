@@ -831,8 +831,9 @@ static void test_iteration_limit(void **state)
 }
 
 /* --show-candidates: one line per candidate pipeline solved, exactly one
- * kept, and the kept one's iteration is the plan's; refused for methods
- * without candidates. */
+ * kept, and the kept one's iteration is the plan's; with --json the same
+ * inside the JSON; refused for methods without candidates. --rows with
+ * --json is refused (both would print on standard output). */
 static void test_show_candidates(void **state)
 {
     const fixture *fx = *state;
@@ -869,9 +870,35 @@ static void test_show_candidates(void **state)
     double plan_s = strtod(pred + strlen("predicted     iteration "), NULL);
     assert_true(fabs(kept_s - plan_s) <= 1e-3 * plan_s);
     run_result_free(&r);
+    /* with --json, inside the JSON: the same candidates, one kept */
+    const char *j[] = {"plan", "--model", "gpt-350m", "--layers", "8", "--cluster",
+                       "p3.16xlarge:2", "--global-batch", "256", "--micro-batches", "16",
+                       "--layer-num", "4", "--show-candidates", "--json", "-o", p, NULL};
+    run_ok(fx, j, &r);
+    expect_exit(&r, 0);
+    json_t *predicted = parse_stdout(&r);
+    run_result_free(&r);
+    json_t *list = json_object_get(predicted, "candidates");
+    assert_int_equal(json_array_size(list), lines);
+    int kept_json = 0;
+    for (size_t q = 0; q < json_array_size(list); q++) {
+        const json_t *c = json_array_get(list, q);
+        assert_true(json_array_size(json_object_get(c, "stages")) > 0);
+        if (json_is_true(json_object_get(c, "kept"))) {
+            kept_json++;
+            assert_true(json_real_value(json_object_get(c, "iteration_s")) ==
+                        json_real_value(json_object_get(predicted, "iteration_s")));
+        }
+    }
+    assert_int_equal(kept_json, 1);
+    json_decref(predicted);
     const char *data[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1", "--method",
                           "data", "--show-candidates", "-o", p, NULL};
     expect_usage_error(fx, data, "--show-candidates apply to --method pipeshard");
+    /* --rows is text on standard output, as --json's predictions are */
+    const char *rows[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1", "--rows",
+                          "--json", "-o", p, NULL};
+    expect_usage_error(fx, rows, "--rows prints the stage cost table as text");
 }
 
 /* --model M --export T1, then --graph T1 --export T2: the files are equal and
