@@ -912,11 +912,9 @@ static void realization_free(realization *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Stage k's fastest layout, where it leads the stages that share it. */
+/* Stage k's fastest layout (k a leader: the stages that share it read it). */
 static void stage_fastest(realization *r, int k)
 {
-    if (r->leader[k] != k)
-        return;
     r->status[k] = solve_fastest(r->slices[k], r->meshes[k], &r->stages[k].cfg, r->req,
                                  (solve_limit){0, 0}, &r->fastest[k], &r->errors[k]);
 }
@@ -1076,30 +1074,39 @@ out:
     return st;
 }
 
-/* The stages of several realizations as one list of work items, the largest
- * slices first, so that a long solve does not start last. */
+/* The stages of several realizations as one list of work items: item i is
+ * stage stage[i] of realization job[i], realization by realization; the
+ * parallel loops take them in `order` (the largest slices first, so that a
+ * long solve does not start last). */
 typedef struct realization_items {
     realization *rs;
-    int n;
     int *job, *stage; /* [item] */
+    int *order;       /* [position] item */
 } realization_items;
 
-static bool fastest_item(void *ctx, int i)
+static int item_ops(const realization_items *it, int i)
+{
+    return it->rs[it->job[i]].slices[it->stage[i]]->n_ops;
+}
+
+static bool fastest_item(void *ctx, int at)
 {
     realization_items *it = ctx;
+    int i = it->order[at], k = it->stage[i];
     realization *r = &it->rs[it->job[i]];
-    if (r->leader[it->stage[i]] != it->stage[i])
+    if (r->leader[k] != k)
         return true; /* it shares its leader's */
     double t0 = ps_monotonic_s();
-    stage_fastest(r, it->stage[i]);
-    PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: fastest layout in %.3g s", it->job[i],
-                 it->stage[i], ps_monotonic_s() - t0);
+    stage_fastest(r, k);
+    PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: fastest layout in %.3g s", it->job[i], k,
+                 ps_monotonic_s() - t0);
     return true; /* the others go on: the first failure in order is reported */
 }
 
-static bool within_item(void *ctx, int i)
+static bool within_item(void *ctx, int at)
 {
     realization_items *it = ctx;
+    int i = it->order[at];
     realization *r = &it->rs[it->job[i]];
     if (r->fastest_failed)
         return true; /* its realization is refused (realization_plan) */
@@ -1108,6 +1115,14 @@ static bool within_item(void *ctx, int i)
     PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory in %.3g s",
                  it->job[i], it->stage[i], ps_monotonic_s() - t0);
     return true;
+}
+
+static int realization_stages(const realization *rs, int n)
+{
+    int stages = 0;
+    for (int j = 0; j < n; j++)
+        stages += rs[j].n;
+    return stages;
 }
 
 /* The first failure of the realization's stages, as err. */
@@ -1155,65 +1170,52 @@ static bool same_within(const realization *a, int ka, const realization *b, int 
 static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_error *err)
 {
     ps_status st = PS_OK;
-    int n = 0;
-    for (int j = 0; j < n_rs; j++)
-        n += rs[j].n;
+    int n = realization_stages(rs, n_rs);
     size_t cells = (size_t)(n > 0 ? n : 1);
-    /* [item] in order, realization by realization; `like`: the first item
-     * solving alike (itself when none before) */
-    int *job = malloc(cells * sizeof *job), *stage = malloc(cells * sizeof *stage);
+    /* like[i]: the first item solving alike (itself when none before) */
     int *like = malloc(cells * sizeof *like);
-    realization_items it = {rs, 0, malloc(cells * sizeof(int)), malloc(cells * sizeof(int))};
-    PS_TRY_ALLOC(job, err);
-    PS_TRY_ALLOC(stage, err);
+    realization_items it = {rs, malloc(cells * sizeof(int)), malloc(cells * sizeof(int)),
+                            malloc(cells * sizeof(int))};
     PS_TRY_ALLOC(like, err);
     PS_TRY_ALLOC(it.job, err);
     PS_TRY_ALLOC(it.stage, err);
+    PS_TRY_ALLOC(it.order, err);
     for (int j = 0, i = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++, i++) {
-            job[i] = j;
-            stage[i] = k;
+            it.job[i] = j;
+            it.stage[i] = k;
         }
     /* the largest slices first, in order among equals */
     for (int i = 0; i < n; i++) {
-        int ops = rs[job[i]].slices[stage[i]]->n_ops, at = it.n++;
-        for (; at > 0 && rs[it.job[at - 1]].slices[it.stage[at - 1]]->n_ops < ops; at--) {
-            it.job[at] = it.job[at - 1];
-            it.stage[at] = it.stage[at - 1];
-        }
-        it.job[at] = job[i];
-        it.stage[at] = stage[i];
+        int at = i;
+        for (; at > 0 && item_ops(&it, it.order[at - 1]) < item_ops(&it, i); at--)
+            it.order[at] = it.order[at - 1];
+        it.order[at] = i;
     }
-    ps_parallel_for(it.n, fastest_item, &it, ps_ilp_thread_done, NULL);
+    ps_parallel_for(n, fastest_item, &it, ps_ilp_thread_done, NULL);
     for (int j = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++)
             rs[j].fastest_failed = rs[j].fastest_failed || rs[j].status[k] != PS_OK;
-    /* the items that solve within the memory, in the same order */
     for (int i = 0; i < n; i++) {
+        const realization *r = &rs[it.job[i]];
         like[i] = i;
-        for (int q = 0; share && q < i && like[i] == i && !rs[job[i]].fastest_failed; q++)
-            if (like[q] == q && !rs[job[q]].fastest_failed &&
-                same_within(&rs[job[q]], stage[q], &rs[job[i]], stage[i]))
+        for (int q = 0; share && q < i && like[i] == i && !r->fastest_failed; q++)
+            if (like[q] == q && !rs[it.job[q]].fastest_failed &&
+                same_within(&rs[it.job[q]], it.stage[q], r, it.stage[i]))
                 like[i] = q;
     }
+    /* only the first of each kind solves within the memory, in the same order */
     int solving = 0;
-    for (int x = 0; x < it.n; x++) {
-        int i = 0;
-        while (job[i] != it.job[x] || stage[i] != it.stage[x])
-            i++;
-        if (like[i] == i) {
-            it.job[solving] = it.job[x];
-            it.stage[solving++] = it.stage[x];
-        }
-    }
-    it.n = solving;
-    ps_parallel_for(it.n, within_item, &it, ps_ilp_thread_done, NULL);
+    for (int at = 0; at < n; at++)
+        if (like[it.order[at]] == it.order[at])
+            it.order[solving++] = it.order[at];
+    ps_parallel_for(solving, within_item, &it, ps_ilp_thread_done, NULL);
     for (int i = 0; i < n; i++) {
         if (like[i] == i)
             continue;
-        const realization *from = &rs[job[like[i]]];
-        realization *to = &rs[job[i]];
-        int kf = stage[like[i]], kt = stage[i];
+        const realization *from = &rs[it.job[like[i]]];
+        realization *to = &rs[it.job[i]];
+        int kf = it.stage[like[i]], kt = it.stage[i];
         /* NULL: the fastest layout, which the two share in content */
         to->results[kt] = from->results[kf];
         to->borrowed[kt] = true;
@@ -1221,14 +1223,13 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_er
         to->errors[kt] = from->errors[kf];
         PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory as candidate "
                      "%d, stage %d's",
-                     job[i], kt, job[like[i]], kf);
+                     it.job[i], kt, it.job[like[i]], kf);
     }
 out:
-    free(job);
-    free(stage);
     free(like);
     free(it.job);
     free(it.stage);
+    free(it.order);
     return st;
 }
 
@@ -1487,14 +1488,6 @@ typedef struct candidate_label {
     bool of_its_count; /* the DP's best of its stage count, not its answer */
     double dp_iteration_s;
 } candidate_label;
-
-static int realization_stages(const realization *rs, int n)
-{
-    int stages = 0;
-    for (int j = 0; j < n; j++)
-        stages += rs[j].n;
-    return stages;
-}
 
 ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *o,
                             ps_plan **out, ps_error *err)
