@@ -103,12 +103,25 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* An entry admissible as a stage in dp_for: its configuration, what it
+ * tolerates after it, and its cost at each kind of place (placed_cost's
+ * variants; INFINITY where it may not sit or exceeds t_max). */
+typedef struct admissible {
+    int cfg, max_succ;
+    double cost[4];
+} admissible;
+
 /* One DP for a given t_max. f[(s * (L + 1) + l) * (D + 1) + d]; choice arrays
- * record the argmin for reconstruction (extract). */
+ * record the argmin for reconstruction (extract). For each state the
+ * candidates (last layer i, submesh, configuration) are tried in that order,
+ * the first strictly best kept: the loops run over the candidates outside
+ * and the device counts d inside, which visits each state's candidates in
+ * the same order as a loop over them per state, in a tight loop over a row
+ * of f. */
 static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int *arg_i,
-                   int *arg_sc)
+                   int *arg_sc, admissible *adm)
 {
-    int L = t->n_layers, S = t->n_submeshes, C = t->n_configs;
+    int L = t->n_layers, S = t->n_submeshes, C = t->n_configs, M = t->devices_per_node;
     size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
     for (size_t i = 0; i < n_f; i++)
         f[i] = INFINITY;
@@ -126,35 +139,62 @@ static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int 
         s_max = 64;
     for (int s = 1; s <= s_max; s++) {
         for (int l = L - s; l >= 0; l--) {
+            double *best = &F(s, l, 0);
+            int *bi = &AI(s, l, 0), *bsc = &ASC(s, l, 0);
             for (int d = s; d <= D; d++) {
-                double best = INFINITY;
-                int bi = -1, bsc = -1;
-                for (int i = l; i <= L - s; i++) {
-                    if (i < L - 1 && t->no_cut_after != NULL && t->no_cut_after[i])
+                bi[d] = -1;
+                bsc[d] = -1;
+            }
+            for (int i = l; i <= L - s; i++) {
+                if (i < L - 1 && t->no_cut_after != NULL && t->no_cut_after[i])
+                    continue;
+                const double *rest = &F(s - 1, i + 1, 0);
+                for (int sub = 0; sub < S; sub++) {
+                    int nd = t->sub_devices[sub], n_adm = 0;
+                    for (int c = 0; c < C; c++) {
+                        size_t k = ps_stage_table_index(t, l, i, sub, c);
+                        if (t->max_succ[k] < s - 1 || !isfinite(t->cost[k]))
+                            continue;
+                        admissible *a = &adm[n_adm];
+                        bool any = false;
+                        for (int v = 0; v < (M > 0 ? 4 : 1); v++) {
+                            /* as ps_stage_table_placed_cost adds them */
+                            double cost = t->cost[k];
+                            if (M > 0 && l > 0)
+                                cost += recv_at(t, l, sub, v & 1);
+                            if (M > 0 && i + 1 < L)
+                                cost += recv_at(t, i + 1, sub, v & 2);
+                            a->cost[v] = cost <= t_max ? cost : INFINITY;
+                            any = any || cost <= t_max;
+                        }
+                        if (any) {
+                            a->cfg = c;
+                            n_adm++;
+                        }
+                    }
+                    if (n_adm == 0)
                         continue;
-                    for (int sub = 0; sub < S; sub++) {
-                        int nd = t->sub_devices[sub];
-                        if (nd > d)
+                    for (int d = s > nd ? s : nd; d <= D; d++) {
+                        double r = rest[d - nd];
+                        if (!isfinite(r))
                             continue;
-                        double rest = F(s - 1, i + 1, d - nd);
-                        if (!isfinite(rest))
-                            continue;
-                        for (int c = 0; c < C; c++) {
-                            size_t k = ps_stage_table_index(t, l, i, sub, c);
-                            double cost = ps_stage_table_placed_cost(t, k, l, i, sub, D - d);
-                            if (!(cost <= t_max) || t->max_succ[k] < s - 1)
+                        int v = 0;
+                        if (M > 0) {
+                            int offset = D - d;
+                            if (!ps_stage_fits_at(nd, offset, M))
                                 continue;
-                            if (cost + rest < best) {
-                                best = cost + rest;
-                                bi = i;
-                                bsc = sub * C + c;
+                            v = (offset % M == 0 ? 1 : 0) | ((offset + nd) % M == 0 ? 2 : 0);
+                        }
+                        for (int q = 0; q < n_adm; q++) {
+                            double cost = adm[q].cost[v];
+                            if (cost + r < best[d]) {
+                                best[d] = cost + r;
+                                bi[d] = i;
+                                bsc[d] = sub * C + adm[q].cfg;
                             }
                         }
                     }
                 }
-                F(s, l, d) = best;
-                AI(s, l, d) = bi;
-                ASC(s, l, d) = bsc;
             }
         }
     }
@@ -216,6 +256,8 @@ ps_status ps_stage_dp_by_count(const ps_stage_table *t, int D, int B, double wit
     double *f = malloc(n_f * sizeof *f);
     double *objective = malloc(((size_t)L + 1) * sizeof *objective);
     int *arg_i = malloc(n_f * sizeof *arg_i), *arg_sc = malloc(n_f * sizeof *arg_sc);
+    admissible *adm = malloc((size_t)C * sizeof *adm);
+    PS_TRY_ALLOC(adm, err);
     PS_TRY_ALLOC(costs, err);
     PS_TRY_ALLOC(f, err);
     PS_TRY_ALLOC(objective, err);
@@ -251,7 +293,7 @@ ps_status ps_stage_dp_by_count(const ps_stage_table *t, int D, int B, double wit
         if ((double)B * t_max >= within * best)
             break;
         tried++;
-        dp_for(t, D, t_max, f, arg_i, arg_sc);
+        dp_for(t, D, t_max, f, arg_i, arg_sc, adm);
         for (int s = 1; s <= L; s++) {
             double total = f[((size_t)s * (L + 1)) * (D + 1) + D];
             if (!isfinite(total))
@@ -289,6 +331,7 @@ out:
     free(objective);
     free(arg_i);
     free(arg_sc);
+    free(adm);
     return st;
 }
 

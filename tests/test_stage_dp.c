@@ -17,6 +17,12 @@
 
 
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Submeshes of 1, 2, 4 (and 8) devices; a stage's time shrinks with more
  * devices, with noise; memory limits the later stages a stage tolerates. */
 static ps_stage_table *random_table(int L, int D, bool memory)
@@ -188,6 +194,177 @@ static void dp_matches_brute_force(void **state)
     assert_true(counts_checked > solved);
 }
 
+/* The DP by its definition, state by state: F(s, l, d), the best s stages
+ * on layers l.. and d devices, tries the last layer i of its first stage,
+ * its submesh and configuration in that order and keeps the first strictly
+ * best (placed_by_hand prices it where it sits); the t_max search as
+ * ps_stage_dp_by_count's. by_count[s] as that function's, and objective[s]
+ * its DP objective, without the bound's pruning of counts (the caller
+ * applies it). */
+static void reference_by_count(const ps_stage_table *t, int D, int B, double within, int M,
+                               ps_stage_plan *by_count, double *objective)
+{
+    int L = t->n_layers, S = t->n_submeshes, C = t->n_configs;
+    double *costs = malloc((size_t)L * L * S * C * 4 * sizeof *costs);
+    size_t n_f = (size_t)(L + 1) * (L + 1) * (D + 1);
+    double *f = malloc(n_f * sizeof *f);
+    ps_stage_choice *arg = malloc(n_f * sizeof *arg);
+    assert_non_null(costs);
+    assert_non_null(f);
+    assert_non_null(arg);
+    size_t n_costs = 0;
+    for (int l = 0; l < L; l++)
+        for (int i = l; i < L; i++)
+            for (int sub = 0; sub < S; sub++)
+                for (int c = 0; c < C; c++) {
+                    size_t k = ps_stage_table_index(t, l, i, sub, c);
+                    if (!isfinite(t->cost[k]) || t->max_succ[k] < 0)
+                        continue;
+                    for (int v = 0; v < (M > 0 ? 4 : 1); v++) {
+                        double cost = t->cost[k];
+                        if (M > 0 && l > 0)
+                            cost += t->recv_s[((size_t)l * S + sub) * 2 + (v & 1 ? 1 : 0)];
+                        if (M > 0 && i + 1 < L)
+                            cost += t->recv_s[((size_t)(i + 1) * S + sub) * 2 + (v & 2 ? 1 : 0)];
+                        costs[n_costs++] = cost;
+                    }
+                }
+    qsort(costs, n_costs, sizeof *costs, cmp_double);
+    double best = INFINITY;
+    for (int s = 0; s <= L; s++)
+        objective[s] = INFINITY;
+#define RF(s, l, d) f[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
+#define RA(s, l, d) arg[((size_t)(s) * (L + 1) + (l)) * (D + 1) + (d)]
+    for (size_t j = 0; j < n_costs; j++) {
+        double t_max = costs[j];
+        if (j > 0 && t_max == costs[j - 1])
+            continue;
+        if ((double)B * t_max >= within * best)
+            break;
+        for (size_t q = 0; q < n_f; q++)
+            f[q] = INFINITY;
+        RF(0, L, 0) = 0;
+        for (int s = 1; s <= L && s <= D; s++)
+            for (int l = L - s; l >= 0; l--)
+                for (int d = s; d <= D; d++)
+                    for (int i = l; i <= L - s; i++) {
+                        if (i < L - 1 && t->no_cut_after != NULL && t->no_cut_after[i])
+                            continue;
+                        for (int sub = 0; sub < S; sub++) {
+                            int nd = t->sub_devices[sub];
+                            if (nd > d || !isfinite(RF(s - 1, i + 1, d - nd)))
+                                continue;
+                            for (int c = 0; c < C; c++) {
+                                ps_stage_choice ch = {l, i, sub, c, 0};
+                                size_t k = ps_stage_table_index(t, l, i, sub, c);
+                                if (!isfinite(t->cost[k]) || t->max_succ[k] < s - 1)
+                                    continue;
+                                ch.cost_s = placed_by_hand(t, &ch, D - d, M);
+                                if (!(ch.cost_s <= t_max))
+                                    continue;
+                                if (ch.cost_s + RF(s - 1, i + 1, d - nd) < RF(s, l, d)) {
+                                    RF(s, l, d) = ch.cost_s + RF(s - 1, i + 1, d - nd);
+                                    RA(s, l, d) = ch;
+                                }
+                            }
+                        }
+                    }
+        for (int s = 1; s <= L; s++) {
+            double total = RF(s, 0, D);
+            if (!isfinite(total) || !(total + (B - 1) * t_max < objective[s]))
+                continue;
+            objective[s] = total + (B - 1) * t_max;
+            best = fmin(best, objective[s]);
+            ps_stage_plan_clear(&by_count[s]);
+            by_count[s].stages = calloc((size_t)s, sizeof *by_count[s].stages);
+            assert_non_null(by_count[s].stages);
+            by_count[s].n_stages = s;
+            double sum = 0;
+            for (int q = s, l = 0, d = D, k = 0; q >= 1; q--, k++) {
+                by_count[s].stages[k] = RA(q, l, d);
+                sum += RA(q, l, d).cost_s;
+                by_count[s].max_stage_s = fmax(by_count[s].max_stage_s, RA(q, l, d).cost_s);
+                int next = RA(q, l, d).last + 1;
+                d -= t->sub_devices[RA(q, l, d).sub];
+                l = next;
+            }
+            by_count[s].iteration_s = sum + (double)(B - 1) * by_count[s].max_stage_s;
+        }
+    }
+#undef RF
+#undef RA
+    free(costs);
+    free(f);
+    free(arg);
+}
+
+/* Where entries tie (identical layers, equal costs), the DP's choices are
+ * those of its definition state by state, stage for stage: the same plans,
+ * not only plans as fast. Costs drawn from few values so that ties abound. */
+static void dp_breaks_ties_as_its_definition(void **state)
+{
+    (void)state;
+    int compared = 0;
+    for (int trial = 0; trial < 240; trial++) {
+        int L = 1 + below(7), D = 1 << below(5), B = 1 + below(16);
+        ps_stage_table *t = random_table(L, D, trial % 2 == 1);
+        for (size_t k = 0; k < (size_t)L * L * t->n_submeshes * t->n_configs; k++)
+            if (isfinite(t->cost[k]))
+                t->cost[k] = 0.25 * (1 + below(4)) * (1 + (k % 3 == 0));
+        int M = 0;
+        if (trial % 3 != 0) {
+            M = 1 << below(4);
+            while (M > D)
+                M /= 2;
+            assert_int_equal(ps_stage_table_place_in_order(t, M), PS_OK);
+            for (int b = 1; b < L; b++)
+                for (int q = 0; q < t->n_submeshes; q++) {
+                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = 0.125 * below(2);
+                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = 0.125 * (1 + below(3));
+                }
+        }
+        if (trial % 4 == 3 && L > 1) {
+            t->no_cut_after = calloc((size_t)L, 1);
+            assert_non_null(t->no_cut_after);
+            for (int b = 0; b < L - 1; b++)
+                t->no_cut_after[b] = uniform() < 0.3;
+        }
+        double within = 1 + uniform();
+        ps_stage_plan got[8] = {{0}}, want[8] = {{0}};
+        double objective[8], best = INFINITY;
+        ps_status st = ps_stage_dp_by_count(t, D, B, within, got, NULL);
+        reference_by_count(t, D, B, within, M, want, objective);
+        for (int n = 1; n <= L; n++)
+            best = fmin(best, objective[n]);
+        assert_int_equal(st == PS_OK, isfinite(best));
+        for (int n = 1; n <= L; n++) {
+            if (want[n].n_stages > 0 && objective[n] >= within * best && objective[n] > best)
+                ps_stage_plan_clear(&want[n]); /* past the bound, as the DP drops it */
+            if (got[n].n_stages != want[n].n_stages)
+                fail_msg("trial %d: %d stages: dp has %d, the definition %d", trial, n,
+                         got[n].n_stages, want[n].n_stages);
+            for (int k = 0; k < got[n].n_stages; k++) {
+                const ps_stage_choice *a = &got[n].stages[k], *b = &want[n].stages[k];
+                if (a->first != b->first || a->last != b->last || a->sub != b->sub ||
+                    a->cfg != b->cfg || a->cost_s != b->cost_s)
+                    fail_msg("trial %d: %d stages, stage %d: dp layers %d-%d on submesh %d "
+                             "config %d (%.17g), the definition %d-%d on %d config %d (%.17g)",
+                             trial, n, k, a->first, a->last, a->sub, a->cfg, a->cost_s,
+                             b->first, b->last, b->sub, b->cfg, b->cost_s);
+            }
+            if (got[n].n_stages > 0) {
+                assert_true(got[n].iteration_s == want[n].iteration_s);
+                compared++;
+            }
+            ps_stage_plan_clear(&got[n]);
+            ps_stage_plan_clear(&want[n]);
+        }
+        ps_stage_table_free(t);
+    }
+    printf("# %d plans compared stage for stage\n", compared);
+    assert_true(compared >= 200);
+}
+
 /* Two equal layers on two devices with many micro-batches: one stage per
  * device (pipelining) beats one stage on two devices that scales badly. */
 static void pipelining_wins_when_sharding_scales_badly(void **state)
@@ -279,6 +456,7 @@ int main(void)
     test_rng_seed(0x2545f4914f6cdd1dull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dp_matches_brute_force),
+        cmocka_unit_test(dp_breaks_ties_as_its_definition),
         cmocka_unit_test(pipelining_wins_when_sharding_scales_badly),
         cmocka_unit_test(placement_charges_the_node_edge),
     };
