@@ -386,6 +386,34 @@ typedef struct budget_memo {
     bool reused;  /* set by solve_within: the answer is that solve's */
 } budget_memo;
 
+static ps_intra_options within_options(const config *cf, const ps_plan_request *req,
+                                       solve_limit lim)
+{
+    ps_intra_options io = stage_intra_options(cf, req, lim);
+    io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
+    return io;
+}
+
+/* A lean configuration's layout: memory weighed like time, each byte above
+ * the least costing what the fastest layout's time per byte is, twice (a
+ * soft constraint that keeps the exact reductions; a hard one is far slower
+ * to solve). *out NULL where the fastest layout is within 5% of the least
+ * memory (it is lean already). It depends on the slice, the mesh's costs,
+ * the configuration and the fastest layout alone, not on any budget. */
+static ps_status solve_lean(slice_solver *ls, const config *cf, const ps_plan_request *req,
+                            solve_limit lim, const ps_intra_result *fastest, ps_intra_result **out,
+                            ps_error *err)
+{
+    *out = NULL;
+    double lasting = fastest->weight_bytes + fastest->gradient_bytes + fastest->optimizer_bytes +
+                     fastest->activation_bytes;
+    if (!(lasting > 1.05 * fastest->min_memory_bytes))
+        return PS_OK;
+    ps_intra_options io = within_options(cf, req, lim);
+    io.memory_weight_s_per_byte = 2 * fastest->objective_s / lasting;
+    return slice_solve(ls, &io, out, err);
+}
+
 /* From the fastest layout: for a lean configuration one that weighs memory
  * like time; then, if that needs more than `budget` bytes per device, the
  * fastest within the budget (as Alpa's stage profiling does). The budget
@@ -395,32 +423,28 @@ typedef struct budget_memo {
  * answer, else a new result. The fastest layout is shared by a
  * configuration and its lean variant, and by the retries with smaller
  * budgets. With a memo, a budgeted solve whose budget is the memo's is
- * skipped (memo->reused). */
+ * skipped (memo->reused). `lean`, where not NULL, is solve_lean's answer
+ * already known (copied where it is the answer). */
 static ps_status solve_within(slice_solver *ls, const config *cf,
                               const ps_plan_request *req, solve_limit lim, double budget,
-                              double cap, const ps_intra_result *fastest, budget_memo *memo,
+                              double cap, const ps_intra_result *fastest,
+                              const ps_intra_result *const *lean, budget_memo *memo,
                               ps_intra_result **out, ps_error *err)
 {
-    ps_intra_options io = stage_intra_options(cf, req, lim);
-    io.ilp.mip_gap = fmax(io.ilp.mip_gap, STAGE_GAP);
+    ps_intra_options io = within_options(cf, req, lim);
     const ps_intra_result *r = fastest;
     ps_intra_result *own = NULL;
     *out = NULL;
+    if (cf->lean && lean != NULL) {
+        if (*lean != NULL)
+            r = *lean;
+    } else if (cf->lean) {
+        PS_TRY_RET(solve_lean(ls, cf, req, lim, fastest, &own, err));
+        if (own != NULL)
+            r = own;
+    }
     double lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
     double transient = r->peak_memory_bytes - lasting;
-    if (cf->lean && lasting > 1.05 * r->min_memory_bytes) {
-        /* memory weighed like time: each byte above the least costs what the
-         * fastest layout's time per byte is, twice (a soft constraint that
-         * keeps the exact reductions; a hard one is far slower to solve) */
-        io.memory_weight_s_per_byte = 2 * r->objective_s / lasting;
-        ps_status st = slice_solve(ls, &io, &own, err);
-        if (st != PS_OK)
-            return st;
-        io.memory_weight_s_per_byte = 0;
-        r = own;
-        lasting = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes + r->activation_bytes;
-        transient = r->peak_memory_bytes - lasting;
-    }
     if (isnan(cap) ? r->peak_memory_bytes > budget : lasting > cap) {
         if (isnan(cap))
             cap = budget - transient;
@@ -436,6 +460,8 @@ static ps_status solve_within(slice_solver *ls, const config *cf,
         io.memory_budget_bytes = cap;
         return slice_solve(ls, &io, out, err);
     }
+    if (r != fastest && own == NULL)
+        return ps_intra_result_copy(r, out, err); /* the known lean layout */
     *out = own;
     return PS_OK;
 }
@@ -499,7 +525,7 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
         ps_intra_result *r = NULL;
         es[v]->need_bytes = fastest->peak_memory_bytes;
         memo.reused = false;
-        st = solve_within(&ls, cfs[v], req, lim, budget, NAN, fastest, &memo, &r, &inner);
+        st = solve_within(&ls, cfs[v], req, lim, budget, NAN, fastest, NULL, &memo, &r, &inner);
         if (st == PS_OK && memo.reused) {
             *es[v] = *es[0];
             if (ts[v] != NULL)
@@ -806,10 +832,11 @@ static int stage_in_flight(bool gpipe, int B, int n, int k)
 
 /* A stage's layout in configuration cf that keeps `in_flight` micro-batches
  * of activations: while it does not fit them, solved again with less room,
- * `attempts` times at most. *out as solve_within's. */
+ * `attempts` times at most. *out and `lean` as solve_within's. */
 static ps_status fit_stage(slice_solver *ls, const config *cf,
                            const ps_plan_request *req, solve_limit lim, int attempts,
-                           int in_flight, const ps_intra_result *fastest, ps_intra_result **out,
+                           int in_flight, const ps_intra_result *fastest,
+                           const ps_intra_result *const *lean, ps_intra_result **out,
                            ps_error *err)
 {
     const ps_logical_mesh *m = ls->m;
@@ -818,7 +845,8 @@ static ps_status fit_stage(slice_solver *ls, const config *cf,
     ps_status st = PS_OK;
     for (int attempt = 0; st == PS_OK && attempt < attempts; attempt++) {
         ps_intra_result *next = NULL;
-        st = solve_within(ls, cf, req, lim, m->memory_bytes, cap, fastest, NULL, &next, err);
+        st = solve_within(ls, cf, req, lim, m->memory_bytes, cap, fastest, lean, NULL, &next,
+                          err);
         if (st == PS_ERR_INFEASIBLE && attempt > 0) {
             /* nothing is that lean: the last answer stands (a stage that
              * does not fit is written with a warning, and the plan's
@@ -875,6 +903,7 @@ typedef struct realization {
     ps_logical_mesh **meshes;  /* [stage] */
     int *leader;               /* [stage] the stage whose fastest layout it shares */
     ps_intra_result **fastest; /* [stage] owned by leaders, NULL elsewhere */
+    bool *fastest_borrowed;    /* [stage] fastest[stage] is another realization's */
     ps_intra_result **results; /* [stage] NULL: the leader's fastest layout */
     bool *borrowed;            /* [stage] results[stage] is another realization's */
     uint64_t *hashes;          /* [stage] graph_hash of its slice */
@@ -888,7 +917,7 @@ static void realization_free(realization *r)
     for (int k = 0; k < r->n; k++) {
         if (r->results != NULL && !r->borrowed[k])
             ps_intra_result_free(r->results[k]);
-        if (r->fastest != NULL)
+        if (r->fastest != NULL && !r->fastest_borrowed[k])
             ps_intra_result_free(r->fastest[k]);
         if (r->meshes != NULL)
             ps_mesh_free(r->meshes[k]);
@@ -899,6 +928,7 @@ static void realization_free(realization *r)
     free(r->borrowed);
     free(r->hashes);
     free(r->fastest);
+    free(r->fastest_borrowed);
     free(r->leader);
     free(r->meshes);
     free(r->slices);
@@ -910,6 +940,16 @@ static void realization_free(realization *r)
     free(r->layer_stage);
     free(r->remat_layers);
     memset(r, 0, sizeof *r);
+}
+
+/* Whether stage ka of a and stage kb of b have the same fastest layout
+ * (solve_fastest's inputs): the same slice on meshes of equal costs, with
+ * the same batch forcing. */
+static bool same_fastest(const realization *a, int ka, const realization *b, int kb)
+{
+    return a->hashes[ka] == b->hashes[kb] && a->req == b->req &&
+           a->stages[ka].cfg.force == b->stages[kb].cfg.force &&
+           ps_mesh_costs_equal(a->meshes[ka], b->meshes[kb]);
 }
 
 /* Stage k's fastest layout (k a leader: the stages that share it read it). */
@@ -927,8 +967,9 @@ static const ps_intra_result *stage_result(const realization *r, int k)
 
 /* Stage k's layout: the stage keeps `in_flight` micro-batches of
  * activations, so while the layout does not fit them, solve again with
- * less room. */
-static void stage_within(realization *rz, int k)
+ * less room. lean_known: a lean configuration's solve_lean answer, where
+ * already known (solve_within's `lean`). */
+static void stage_within(realization *rz, int k, const ps_intra_result *const *lean_known)
 {
     const stage_spec *ch = &rz->stages[k];
     const ps_logical_mesh *m = rz->meshes[k];
@@ -938,7 +979,7 @@ static void stage_within(realization *rz, int k)
     /* the stage's solves within a budget share a session (its plain twin's too) */
     slice_solver ls = {rz->slices[k], m, NULL};
     ps_status st = fit_stage(&ls, &ch->cfg, rz->req, (solve_limit){0, 0}, 6, in_flight, fastest,
-                             &r, &rz->errors[k]);
+                             lean_known, &r, &rz->errors[k]);
     if (st == PS_OK && ch->cfg.lean && ch->twin_iterations > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
@@ -954,7 +995,7 @@ static void stage_within(realization *rz, int k)
         const ps_intra_result *lean = r != NULL ? r : fastest;
         if (lean->objective_s > TWIN_GAIN_MIN * fastest->objective_s &&
             fit_stage(&ls, &plain, rz->req, (solve_limit){0, ch->twin_iterations}, 2, in_flight,
-                      fastest, &within, &ignored) == PS_OK) {
+                      fastest, NULL, &within, &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
                 w->peak_memory_bytes + (in_flight - 1) * w->activation_bytes <= m->memory_bytes) {
@@ -1037,13 +1078,14 @@ static ps_status realization_prepare(const ps_plan_request *req, const ps_graph 
     r->meshes = calloc((size_t)(n > 0 ? n : 1), sizeof *r->meshes);
     r->results = calloc((size_t)(n > 0 ? n : 1), sizeof *r->results);
     r->fastest = calloc((size_t)(n > 0 ? n : 1), sizeof *r->fastest);
+    r->fastest_borrowed = calloc((size_t)(n > 0 ? n : 1), sizeof *r->fastest_borrowed);
     r->leader = calloc((size_t)(n > 0 ? n : 1), sizeof *r->leader);
     r->borrowed = calloc((size_t)(n > 0 ? n : 1), sizeof *r->borrowed);
     r->hashes = calloc((size_t)(n > 0 ? n : 1), sizeof *r->hashes);
     r->status = calloc((size_t)(n > 0 ? n : 1), sizeof *r->status);
     r->errors = calloc((size_t)(n > 0 ? n : 1), sizeof *r->errors);
     if (r->slices == NULL || r->meshes == NULL || r->results == NULL || r->fastest == NULL ||
-        r->leader == NULL || r->borrowed == NULL || r->hashes == NULL || r->status == NULL ||
+        r->fastest_borrowed == NULL || r->leader == NULL || r->borrowed == NULL || r->hashes == NULL || r->status == NULL ||
         r->errors == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
@@ -1058,14 +1100,11 @@ static ps_status realization_prepare(const ps_plan_request *req, const ps_graph 
     }
     if (st != PS_OK)
         goto out;
-    uint64_t *hashes = r->hashes;
     for (int k = 0; k < n; k++) {
-        hashes[k] = graph_hash(r->slices[k]);
+        r->hashes[k] = graph_hash(r->slices[k]);
         r->leader[k] = k;
         for (int j = 0; j < k && r->leader[k] == k; j++)
-            if (r->leader[j] == j && hashes[j] == hashes[k] &&
-                stages[j].cfg.force == stages[k].cfg.force &&
-                ps_mesh_costs_equal(r->meshes[j], r->meshes[k]))
+            if (r->leader[j] == j && same_fastest(r, j, r, k))
                 r->leader[k] = j;
     }
 out:
@@ -1075,13 +1114,17 @@ out:
 }
 
 /* The stages of several realizations as one list of work items: item i is
- * stage stage[i] of realization job[i], realization by realization; the
- * parallel loops take them in `order` (the largest slices first, so that a
- * long solve does not start last). */
+ * stage stage[i] of realization job[i], realization by realization; each
+ * parallel loop takes its items from `order` (the largest slices first, so
+ * that a long solve does not start last). */
 typedef struct realization_items {
     realization *rs;
-    int *job, *stage; /* [item] */
-    int *order;       /* [position] item */
+    int *job, *stage;       /* [item] */
+    int *order;             /* [position] item */
+    int *lean_of;           /* [item] the item whose lean layout it takes, or -1 */
+    ps_intra_result **lean; /* [item] solve_lean's answer (owned), where lean_of is itself */
+    ps_status *lean_status; /* [item] */
+    ps_error *lean_errors;  /* [item] */
 } realization_items;
 
 static int item_ops(const realization_items *it, int i)
@@ -1094,8 +1137,6 @@ static bool fastest_item(void *ctx, int at)
     realization_items *it = ctx;
     int i = it->order[at], k = it->stage[i];
     realization *r = &it->rs[it->job[i]];
-    if (r->leader[k] != k)
-        return true; /* it shares its leader's */
     double t0 = ps_monotonic_s();
     stage_fastest(r, k);
     PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: fastest layout in %.3g s", it->job[i], k,
@@ -1103,17 +1144,37 @@ static bool fastest_item(void *ctx, int at)
     return true; /* the others go on: the first failure in order is reported */
 }
 
+static bool lean_item(void *ctx, int at)
+{
+    realization_items *it = ctx;
+    int i = it->order[at], k = it->stage[i];
+    realization *r = &it->rs[it->job[i]];
+    slice_solver ls = {r->slices[k], r->meshes[k], NULL};
+    double t0 = ps_monotonic_s();
+    it->lean_status[i] = solve_lean(&ls, &r->stages[k].cfg, r->req, (solve_limit){0, 0},
+                                    r->fastest[r->leader[k]], &it->lean[i], &it->lean_errors[i]);
+    PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: lean layout in %.3g s", it->job[i], k,
+                 ps_monotonic_s() - t0);
+    return true;
+}
+
 static bool within_item(void *ctx, int at)
 {
     realization_items *it = ctx;
-    int i = it->order[at];
+    int i = it->order[at], k = it->stage[i];
     realization *r = &it->rs[it->job[i]];
     if (r->fastest_failed)
         return true; /* its realization is refused (realization_plan) */
+    int from = it->lean_of[i];
+    if (from >= 0 && it->lean_status[from] != PS_OK) {
+        r->status[k] = it->lean_status[from]; /* as its own solve would have failed */
+        r->errors[k] = it->lean_errors[from];
+        return true;
+    }
     double t0 = ps_monotonic_s();
-    stage_within(r, it->stage[i]);
+    stage_within(r, k, from >= 0 ? (const ps_intra_result *const *)&it->lean[from] : NULL);
     PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory in %.3g s",
-                 it->job[i], it->stage[i], ps_monotonic_s() - t0);
+                 it->job[i], k, ps_monotonic_s() - t0);
     return true;
 }
 
@@ -1156,46 +1217,137 @@ static bool same_within(const realization *a, int ka, const realization *b, int 
            ps_mesh_costs_equal(a->meshes[ka], b->meshes[kb]);
 }
 
+/* Into `into`, the items of order[0..n) that keep[] marks, in order; their
+ * count. */
+static int items_kept(const int *order, int n, const int *keep, int *into)
+{
+    int kept = 0;
+    for (int at = 0; at < n; at++)
+        if (keep[order[at]])
+            into[kept++] = order[at];
+    return kept;
+}
+
 /* Every stage of the n_rs realizations solved on all cores: first the
  * fastest layout of each distinct stage (identical layers on meshes of
- * equal costs, the middle stages of a transformer, share one), then each
- * stage's within its memory, with `share` once for the stages of all
- * realizations that solve alike (same_within: the middle stages of
- * candidates of different stage counts often do), the first of them
- * solving it. Each solve stops at
- * counts of GLPK work, not seconds (unless the user's --time-limit), so
- * solving them side by side gives the layouts solving them one by one
- * would. A stage's failure is its realization's (realization_plan reports
- * it). */
-static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_error *err)
+ * equal costs, the middle stages of a transformer, share one; with
+ * `share`, across the realizations too: the candidates' first and last
+ * stages are often the same slices), then the lean layout of each lean
+ * configuration of a distinct fastest layout (it depends on nothing else,
+ * and each refit with less room starts from it), then each stage's layout
+ * within its memory, with `share` once for the stages of all realizations
+ * that solve alike (same_within: the middle stages of candidates of
+ * different stage counts often do), the first of them solving it. Each
+ * solve stops at counts of GLPK work, not seconds (unless the user's
+ * --time-limit), so solving them side by side gives the layouts solving
+ * them one by one would. A stage's failure is its realization's
+ * (realization_plan reports it). Without `share`, each realization solves
+ * its own and each refit its lean layout, as before these were shared (the
+ * tests compare the two). The solves are counted into `counts`. */
+static ps_status realizations_solve(realization *rs, int n_rs, bool share,
+                                    ps_inter_solve_counts *counts, ps_error *err)
 {
     ps_status st = PS_OK;
+    ps_inter_solve_counts ignored = {0};
+    if (counts == NULL)
+        counts = &ignored;
     int n = realization_stages(rs, n_rs);
     size_t cells = (size_t)(n > 0 ? n : 1);
-    /* like[i]: the first item solving alike (itself when none before) */
-    int *like = malloc(cells * sizeof *like);
-    realization_items it = {rs, malloc(cells * sizeof(int)), malloc(cells * sizeof(int)),
-                            malloc(cells * sizeof(int))};
+    /* src[i]: the item whose fastest layout item i reads; like[i]: the first
+     * item solving alike within the memory (itself when none before) */
+    int *src = malloc(cells * sizeof *src), *like = malloc(cells * sizeof *like);
+    int *pending = malloc(cells * sizeof *pending), *keep = calloc(cells, sizeof *keep);
+    int *first_item = malloc(((size_t)n_rs + 1) * sizeof *first_item);
+    realization_items it = {rs,
+                            malloc(cells * sizeof(int)),
+                            malloc(cells * sizeof(int)),
+                            malloc(cells * sizeof(int)),
+                            malloc(cells * sizeof(int)),
+                            calloc(cells, sizeof(ps_intra_result *)),
+                            calloc(cells, sizeof(ps_status)),
+                            calloc(cells, sizeof(ps_error))};
+    int *order = it.order;
+    PS_TRY_ALLOC(src, err);
     PS_TRY_ALLOC(like, err);
+    PS_TRY_ALLOC(pending, err);
+    PS_TRY_ALLOC(keep, err);
+    PS_TRY_ALLOC(first_item, err);
     PS_TRY_ALLOC(it.job, err);
     PS_TRY_ALLOC(it.stage, err);
     PS_TRY_ALLOC(it.order, err);
-    for (int j = 0, i = 0; j < n_rs; j++)
+    PS_TRY_ALLOC(it.lean_of, err);
+    PS_TRY_ALLOC(it.lean, err);
+    PS_TRY_ALLOC(it.lean_status, err);
+    PS_TRY_ALLOC(it.lean_errors, err);
+    for (int j = 0, i = 0; j < n_rs; j++) {
+        first_item[j] = i;
         for (int k = 0; k < rs[j].n; k++, i++) {
             it.job[i] = j;
             it.stage[i] = k;
         }
+    }
     /* the largest slices first, in order among equals */
     for (int i = 0; i < n; i++) {
         int at = i;
-        for (; at > 0 && item_ops(&it, it.order[at - 1]) < item_ops(&it, i); at--)
-            it.order[at] = it.order[at - 1];
-        it.order[at] = i;
+        for (; at > 0 && item_ops(&it, order[at - 1]) < item_ops(&it, i); at--)
+            order[at] = order[at - 1];
+        order[at] = i;
     }
-    ps_parallel_for(n, fastest_item, &it, ps_ilp_thread_done, NULL);
+    /* the fastest layouts: of each realization's leaders, those of an
+     * earlier realization's alike borrowed */
+    for (int i = 0; i < n; i++) {
+        const realization *r = &rs[it.job[i]];
+        int k = it.stage[i];
+        src[i] = first_item[it.job[i]] + r->leader[k];
+        for (int q = 0; share && src[i] == i && q < first_item[it.job[i]]; q++)
+            if (src[q] == q && same_fastest(&rs[it.job[q]], it.stage[q], r, k))
+                src[i] = q;
+        keep[i] = src[i] == i;
+    }
+    it.order = pending; /* each loop's items, from order */
+    int solving = items_kept(order, n, keep, pending);
+    ps_parallel_for(solving, fastest_item, &it, ps_ilp_thread_done, NULL);
+    counts->stages += n;
+    counts->fastest_solved += solving;
+    for (int i = 0; i < n; i++) {
+        realization *r = &rs[it.job[i]];
+        int k = it.stage[i], f = src[i];
+        if (f == i || r->leader[k] != k)
+            continue;
+        const realization *from = &rs[it.job[f]];
+        r->fastest[k] = from->fastest[it.stage[f]];
+        r->fastest_borrowed[k] = true;
+        r->status[k] = from->status[it.stage[f]];
+        r->errors[k] = from->errors[it.stage[f]];
+        counts->fastest_borrowed++;
+        PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: fastest layout as candidate %d, stage "
+                     "%d's",
+                     it.job[i], k, it.job[f], it.stage[f]);
+    }
     for (int j = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++)
             rs[j].fastest_failed = rs[j].fastest_failed || rs[j].status[k] != PS_OK;
+    /* the lean layouts: one for the lean stages reading one fastest layout */
+    for (int i = 0; i < n; i++) {
+        const realization *r = &rs[it.job[i]];
+        int k = it.stage[i];
+        it.lean_of[i] = -1;
+        keep[i] = false;
+        if (!share || r->fastest_failed || !r->stages[k].cfg.lean)
+            continue;
+        int f = src[first_item[it.job[i]] + r->leader[k]];
+        it.lean_of[i] = i;
+        for (int q = 0; q < i && it.lean_of[i] == i; q++)
+            if (it.lean_of[q] == q &&
+                src[first_item[it.job[q]] + rs[it.job[q]].leader[it.stage[q]]] == f)
+                it.lean_of[i] = q;
+        keep[i] = it.lean_of[i] == i;
+        counts->lean_reused += it.lean_of[i] != i;
+    }
+    solving = items_kept(order, n, keep, pending);
+    ps_parallel_for(solving, lean_item, &it, ps_ilp_thread_done, NULL);
+    counts->lean_solved += solving;
+    /* the layouts within the memory */
     for (int i = 0; i < n; i++) {
         const realization *r = &rs[it.job[i]];
         like[i] = i;
@@ -1203,13 +1355,11 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_er
             if (like[q] == q && !rs[it.job[q]].fastest_failed &&
                 same_within(&rs[it.job[q]], it.stage[q], r, it.stage[i]))
                 like[i] = q;
+        keep[i] = like[i] == i;
     }
-    /* only the first of each kind solves within the memory, in the same order */
-    int solving = 0;
-    for (int at = 0; at < n; at++)
-        if (like[it.order[at]] == it.order[at])
-            it.order[solving++] = it.order[at];
+    solving = items_kept(order, n, keep, pending);
     ps_parallel_for(solving, within_item, &it, ps_ilp_thread_done, NULL);
+    counts->within_solved += solving;
     for (int i = 0; i < n; i++) {
         if (like[i] == i)
             continue;
@@ -1221,15 +1371,26 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share, ps_er
         to->borrowed[kt] = true;
         to->status[kt] = from->status[kf];
         to->errors[kt] = from->errors[kf];
+        counts->within_borrowed++;
         PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory as candidate "
                      "%d, stage %d's",
                      it.job[i], kt, it.job[like[i]], kf);
     }
 out:
+    for (int i = 0; it.lean != NULL && i < n; i++)
+        ps_intra_result_free(it.lean[i]);
+    free(src);
     free(like);
+    free(pending);
+    free(keep);
+    free(first_item);
     free(it.job);
     free(it.stage);
-    free(it.order);
+    free(order);
+    free(it.lean_of);
+    free(it.lean);
+    free(it.lean_status);
+    free(it.lean_errors);
     return st;
 }
 
@@ -1327,10 +1488,23 @@ out:
     return st;
 }
 
+static void solve_counts_add(ps_inter_solve_counts *to, const ps_inter_solve_counts *c)
+{
+    to->stages += c->stages;
+    to->fastest_solved += c->fastest_solved;
+    to->fastest_borrowed += c->fastest_borrowed;
+    to->lean_solved += c->lean_solved;
+    to->lean_reused += c->lean_reused;
+    to->within_solved += c->within_solved;
+    to->within_borrowed += c->within_borrowed;
+}
+
 /* Places the stages, solves each on its own devices and writes the plan
- * (realization_prepare says which step it slices). */
-static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const ps_graph *step,
-                         int L, bool manual, bool gpipe, bool remat_by_stage, const char *method,
+ * (realization_prepare says which step it slices; realizations_solve what
+ * o's share_layouts and solve_counts do). */
+static ps_status realize(const ps_plan_request *req, const ps_inter_options *o,
+                         const ps_graph *fwd, const ps_graph *step, int L, bool manual,
+                         bool gpipe, bool remat_by_stage, const char *method,
                          const stage_spec *stages, int n, ps_plan **out, ps_error *err)
 {
     realization r;
@@ -1339,7 +1513,7 @@ static ps_status realize(const ps_plan_request *req, const ps_graph *fwd, const 
                                        stages, n, &r, err);
     if (st != PS_OK)
         return st;
-    st = realizations_solve(&r, 1, false, err);
+    st = realizations_solve(&r, 1, o->share_layouts, o->solve_counts, err);
     if (st == PS_OK)
         st = realization_plan(&r, out, err);
     realization_free(&r);
@@ -1853,8 +2027,12 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
             int max_cand = o->stage_candidates < 1                ? 1
                            : o->stage_candidates > MAX_CANDIDATES ? MAX_CANDIDATES
                                                                   : o->stage_candidates;
+            double t_dp = ps_monotonic_s();
             st = ps_stage_dp_by_count(table, D, B, max_cand > 1 ? CANDIDATES_WITHIN : 1.0, by_count,
                                       &inner);
+            PS_LOG_DEBUG("pipeshard: stage DP (placement way %d, pass %d): %d slowest-stage "
+                         "bounds tried in %.3g s",
+                         way, pass, by_count[L].t_max_tried, ps_monotonic_s() - t_dp);
             if (st == PS_ERR_INFEASIBLE && only > 0) {
                 /* nothing fits without recomputing (or, on in-order
                  * placement, recomputing everywhere packs none): the whole
@@ -1983,10 +2161,17 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         whole_job = n_jobs++;
     }
     double t_realize = ps_monotonic_s();
-    PS_TRY(realizations_solve(jobs, n_jobs, o->share_layouts, err));
-    PS_LOG_INFO("pipeshard: %d candidate pipeline(s) solved in %.3g s (%d stages on %d threads)",
-                n_jobs, ps_monotonic_s() - t_realize, realization_stages(jobs, n_jobs),
-                ps_parallel_threads());
+    ps_inter_solve_counts counted = {0};
+    PS_TRY(realizations_solve(jobs, n_jobs, o->share_layouts, &counted, err));
+    PS_LOG_INFO("pipeshard: %d candidate pipeline(s) solved in %.3g s (%d stages on %d threads: "
+                "%d fastest layouts solved, %d taken from another candidate; %d lean layouts "
+                "solved, %d taken by another stage; %d layouts within the memory solved, %d "
+                "taken from another candidate)",
+                n_jobs, ps_monotonic_s() - t_realize, counted.stages, ps_parallel_threads(),
+                counted.fastest_solved, counted.fastest_borrowed, counted.lean_solved,
+                counted.lean_reused, counted.within_solved, counted.within_borrowed);
+    if (o->solve_counts != NULL)
+        solve_counts_add(o->solve_counts, &counted);
     /* their plans, in the DP's order; the first fastest is kept */
     int best = -1;
     for (int j = 0; j < n_jobs; j++) {
@@ -2016,7 +2201,7 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
         B * best_cost <= fmax(ONE_STAGE_WITHIN * sp[0].iteration_s, cand[best]->iteration_s)) {
         ps_plan *plan = NULL;
         if (whole_job < 0) {
-            PS_TRY(realize(req, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,
+            PS_TRY(realize(req, o, fwd, step, L, manual, o->gpipe, n_var == 2, "pipeshard", &one, 1,
                            &plan, err));
         } else {
             PS_TRY(realization_plan(&jobs[whole_job], &plan, err));
@@ -2171,7 +2356,7 @@ static ps_status plan_stages(const ps_plan_request *req, const ps_inter_options 
                           c->name, ps_cluster_device_count(c));
         goto out;
     }
-    PS_TRY(realize(req, fwd, step, lay.n_layers, manual, o->gpipe, by_stage, method, specs, n,
+    PS_TRY(realize(req, o, fwd, step, lay.n_layers, manual, o->gpipe, by_stage, method, specs, n,
                    out, err));
 out:
     ps_graph_free(step);

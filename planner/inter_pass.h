@@ -84,9 +84,15 @@ typedef struct ps_inter_options {
     /* Stages of different candidate pipelines that solve alike (the same
      * slice on meshes of equal costs, configuration and micro-batches in
      * flight: the middle stages of candidates of different stage counts)
-     * take one solve's layout (default true; false solves each on its own:
-     * the same plans, in more time, which the tests check). */
+     * take one solve's layout, stages of the same slice and mesh one
+     * fastest layout, and lean stages reading one fastest layout one lean
+     * layout (default true; false solves each candidate on its own and a
+     * lean layout at each refit of each stage, as before: the same plans,
+     * in more time, which the tests check). */
     bool share_layouts;
+    /* Where non-NULL, the candidates' stage solves are counted into it
+     * (added to what it holds). */
+    struct ps_inter_solve_counts *solve_counts;
     /* Called (when non-NULL) with every candidate pipeline realized, in the
      * order the DP found them, with its DP objective (s per iteration) and
      * whether the plan keeps it; the plan is the callee's to read only,
@@ -94,6 +100,17 @@ typedef struct ps_inter_options {
     void (*on_candidate)(void *ctx, const ps_plan *candidate, double dp_iteration_s, bool kept);
     void *on_candidate_ctx;
 } ps_inter_options;
+
+/* The solves of the candidate pipelines' stages: their fastest layouts
+ * (solved, and taken from another candidate's stage), lean layouts
+ * (solved, and taken by another stage) and layouts within the memory
+ * (solved, and taken from another candidate's stage). */
+typedef struct ps_inter_solve_counts {
+    int stages;
+    int fastest_solved, fastest_borrowed;
+    int lean_solved, lean_reused;
+    int within_solved, within_borrowed;
+} ps_inter_solve_counts;
 
 ps_inter_options ps_inter_options_default(void);
 

@@ -29,6 +29,45 @@ void ps_intra_result_free(ps_intra_result *r)
     free(r);
 }
 
+/* A copy of n elements of `size` bytes from src (NULL for none); false when
+ * out of memory. */
+static bool copy_array(void **dst, const void *src, size_t n, size_t size)
+{
+    *dst = NULL;
+    if (src == NULL || n == 0)
+        return true;
+    *dst = malloc(n * size);
+    if (*dst == NULL)
+        return false;
+    memcpy(*dst, src, n * size);
+    return true;
+}
+
+ps_status ps_intra_result_copy(const ps_intra_result *r, ps_intra_result **out, ps_error *err)
+{
+    *out = NULL;
+    ps_intra_result *c = malloc(sizeof *c);
+    if (c == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    *c = *r;
+    bool ok = copy_array((void **)&c->op_strategy, r->op_strategy, (size_t)r->n_ops,
+                         sizeof *r->op_strategy);
+    ok = copy_array((void **)&c->tensor_spec, r->tensor_spec, (size_t)r->n_tensors,
+                    sizeof *r->tensor_spec) && ok;
+    ok = copy_array((void **)&c->reshard_in_s, r->reshard_in_s, (size_t)r->n_ops,
+                    sizeof *r->reshard_in_s) && ok;
+    ok = copy_array((void **)&c->activation_tensor_bytes, r->activation_tensor_bytes,
+                    (size_t)r->n_tensors, sizeof *r->activation_tensor_bytes) && ok;
+    ok = copy_array((void **)&c->ilp.choice, r->ilp.choice, (size_t)r->ilp_nodes,
+                    sizeof *r->ilp.choice) && ok;
+    if (!ok) {
+        ps_intra_result_free(c);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    *out = c;
+    return PS_OK;
+}
+
 /* Per-op and per-source candidate lists, indexed by ILP node. */
 typedef struct candidates {
     int n_ops, n_sources;

@@ -77,6 +77,8 @@ ps_status ps_intra_step_bytes(const ps_graph *step, double *lasting, double *act
 ps_status ps_intra_solve(const ps_graph *step, const ps_logical_mesh *m,
                          const ps_intra_options *opt, ps_intra_result **out, ps_error *err);
 void ps_intra_result_free(ps_intra_result *r);
+/* A deep copy of r (the caller frees it). */
+ps_status ps_intra_result_copy(const ps_intra_result *r, ps_intra_result **out, ps_error *err);
 
 /* Several solves of one step on one mesh that differ only in their memory
  * budget and ILP options (a stage solved again with less room, its plain

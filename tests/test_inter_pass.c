@@ -1060,37 +1060,34 @@ static void log_candidate(void *ctx, const ps_plan *p, double dp_iteration_s, bo
     log->dp_s[log->n++] = dp_iteration_s;
 }
 
-/* Stages of different candidates that solve alike take one solve's layout
- * (ps_inter_options.share_layouts; GPT-350M on four nodes, 8 layers,
- * recomputation by stage: 9 candidates, 5 of their stages so shared,
- * PIPESHARD_LOG=debug names them): every candidate's plan is the one it gets
- * with each stage solved on its own, byte for byte, the same one is kept,
- * and it is the plan returned. */
-static void candidates_share_layouts(void **state)
+/* req planned with and without ps_inter_options.share_layouts: every
+ * candidate's plan is the one it gets with each stage solved on its own,
+ * byte for byte, the same one is kept, and it is the plan returned. The
+ * solves of each way are counted into counts[0] (shared) and counts[1]. */
+static void plan_both_ways(const ps_plan_request *req, ps_inter_options o, const char *what,
+                           ps_inter_solve_counts counts[2])
 {
-    (void)state;
-    ps_model_config cfg = gpt350m(8);
-    ps_graph *fwd = NULL;
-    ps_cluster *c = preset("p3.16xlarge:4");
-    ps_plan_request req = request(&cfg, &fwd, c, 256, 64);
-    ps_inter_options o = ps_inter_options_default();
-    o.layer_num = 8;
-    o.remat_by_stage = true;
-    o.on_candidate = log_candidate;
     candidate_log *logs = calloc(2, sizeof *logs);
     assert_non_null(logs);
     ps_plan *plans[2] = {NULL, NULL};
     ps_error err = {0};
+    o.on_candidate = log_candidate;
     for (int v = 0; v < 2; v++) {
         o.share_layouts = v == 0;
         o.on_candidate_ctx = &logs[v];
-        if (ps_plan_pipeshard(&req, &o, &plans[v], &err) != PS_OK)
+        o.solve_counts = &counts[v];
+        counts[v] = (ps_inter_solve_counts){0};
+        if (ps_plan_pipeshard(req, &o, &plans[v], &err) != PS_OK)
             fail_msg("%s", err.msg);
     }
-    printf("# gpt-350m (8 layers) on 32 V100, recomputing by stage: %d candidates, kept a "
-           "%d-stage plan of %.6g s\n",
-           logs[0].n, plans[0]->n_stages, plans[0]->iteration_s);
-    assert_true(logs[0].n >= 4);
+    printf("# %s: %d candidates, kept a %d-stage plan of %.6g s; %d stages: %d fastest "
+           "layouts solved (%d without sharing), %d taken from another candidate; %d lean "
+           "layouts solved, %d taken by another stage; %d layouts within the memory solved "
+           "(%d without sharing), %d taken\n",
+           what, logs[0].n, plans[0]->n_stages, plans[0]->iteration_s, counts[0].stages,
+           counts[0].fastest_solved, counts[1].fastest_solved, counts[0].fastest_borrowed,
+           counts[0].lean_solved, counts[0].lean_reused, counts[0].within_solved,
+           counts[1].within_solved, counts[0].within_borrowed);
     assert_int_equal(logs[0].n, logs[1].n);
     int kept = 0;
     char *returned = plan_text(plans[0]);
@@ -1106,10 +1103,57 @@ static void candidates_share_layouts(void **state)
         free(logs[1].text[q]);
     }
     assert_int_equal(kept, 1);
+    /* without sharing nothing is taken from elsewhere, and every lean
+     * layout is solved at each refit instead of once */
+    assert_int_equal(counts[1].stages, counts[0].stages);
+    assert_int_equal(counts[1].fastest_borrowed + counts[1].within_borrowed, 0);
+    assert_int_equal(counts[1].lean_solved + counts[1].lean_reused, 0);
+    assert_int_equal(counts[0].fastest_solved + counts[0].fastest_borrowed,
+                     counts[1].fastest_solved);
+    assert_int_equal(counts[0].within_solved + counts[0].within_borrowed,
+                     counts[1].within_solved);
     free(returned);
     free(logs);
     ps_plan_free(plans[0]);
     ps_plan_free(plans[1]);
+}
+
+/* Stages of different candidates that solve alike take one solve's layout,
+ * stages of one slice on meshes of equal costs one fastest layout, and lean
+ * stages reading one fastest layout one lean layout
+ * (ps_inter_options.share_layouts; PIPESHARD_LOG=debug names them): the
+ * same plans as each stage solved on its own. GPT-350M on four nodes, 8
+ * layers, recomputation by stage (9 candidates, fastest and within layouts
+ * shared); GPT-760M on two nodes of 3 GB devices, 32 micro-batches (lean
+ * stages, one lean layout taken by another stage). */
+static void candidates_share_layouts(void **state)
+{
+    (void)state;
+    ps_inter_solve_counts counts[2];
+    ps_model_config cfg = gpt350m(8);
+    ps_graph *fwd = NULL;
+    ps_cluster *c = preset("p3.16xlarge:4");
+    ps_plan_request req = request(&cfg, &fwd, c, 256, 64);
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 8;
+    o.remat_by_stage = true;
+    plan_both_ways(&req, o, "gpt-350m (8 layers) on 32 V100, recomputing by stage", counts);
+    assert_true(counts[0].fastest_borrowed > 0);
+    assert_true(counts[0].within_borrowed > 0);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+
+    assert_int_equal(ps_zoo_lookup("gpt-760m", &cfg, NULL), PS_OK);
+    c = preset("p3.16xlarge:2");
+    for (int k = 0; k < c->n_kinds; k++)
+        c->kinds[k].memory_bytes = 3e9;
+    req = request(&cfg, &fwd, c, 256, 32);
+    o = ps_inter_options_default();
+    o.layer_num = 8;
+    plan_both_ways(&req, o, "gpt-760m (8 layers) on 16 devices of 3 GB", counts);
+    assert_true(counts[0].lean_solved > 0);
+    assert_true(counts[0].lean_reused > 0);
+    assert_true(counts[0].fastest_borrowed > 0);
     ps_graph_free(fwd);
     ps_cluster_free(c);
 }
