@@ -44,6 +44,7 @@ void ps_plan_free(ps_plan *p)
     json_decref(p->model);
     json_decref(p->training);
     ps_cluster_free(p->cluster);
+    ps_json_doc_free(p->source);
     free(p);
 }
 
@@ -331,7 +332,13 @@ static ps_status read_stage(const ps_jv *sv, ps_plan *p, ps_error *err)
     PS_TRY(ps_jv_opt_double(sv, "time_s", 0, 0, 1e30, &s->time_s, err));
     PS_TRY(ps_jv_opt_double(sv, "peak_memory_bytes", 0, 0, 1e30, &s->peak_memory_bytes, err));
     if (ps_jv_has(sv, "predicted")) {
+        static const char *const pred_keys[] = {
+            "forward_s",      "backward_s",     "update_s",         "send_forward_s",
+            "send_backward_s", "weight_bytes",  "gradient_bytes",   "optimizer_bytes",
+            "activation_bytes", "layout_gap",   NULL};
         PS_TRY(ps_jv_member(sv, "predicted", &pred, err));
+        PS_TRY(ps_jv_object(&pred, err));
+        PS_TRY(ps_jv_check_keys(&pred, pred_keys, err));
         PS_TRY(ps_jv_opt_double(&pred, "forward_s", 0, 0, 1e30, &s->forward_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "backward_s", 0, 0, 1e30, &s->backward_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "update_s", 0, 0, 1e30, &s->update_s, err));
@@ -427,6 +434,43 @@ out:
     return st;
 }
 
+/* predicted.stages[]: what the stages' own entries say, repeated for people
+ * (one per stage, in order; checked, not read). */
+static ps_status read_predicted_stages(const ps_jv *pred, const ps_plan *p, ps_error *err)
+{
+    static const char *const keys[] = {"index", "time_s", "peak_memory_bytes", NULL};
+    ps_status st = PS_OK;
+    ps_jv stages, v;
+    size_t n;
+    int64_t x;
+    double d;
+    PS_TRY(ps_jv_member(pred, "stages", &stages, err));
+    PS_TRY(ps_jv_array(&stages, &n, err));
+    if (n != (size_t)p->n_stages) {
+        st = ps_jv_fail(&stages, err, PS_ERR_INVALID, "%zu entries for the plan's %d stages", n,
+                        p->n_stages);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ps_jv sv = ps_jv_element(&stages, i);
+        PS_TRY(ps_jv_object(&sv, err));
+        PS_TRY(ps_jv_check_keys(&sv, keys, err));
+        if (ps_jv_has(&sv, "index")) {
+            PS_TRY(ps_jv_member(&sv, "index", &v, err));
+            PS_TRY(ps_jv_int(&v, INT64_MIN, INT64_MAX, &x, err));
+            if (x != (int64_t)i) {
+                st = ps_jv_fail(&v, err, PS_ERR_INVALID, "index %lld at position %zu",
+                                (long long)x, i);
+                goto out;
+            }
+        }
+        PS_TRY(ps_jv_opt_double(&sv, "time_s", 0, 0, 1e30, &d, err));
+        PS_TRY(ps_jv_opt_double(&sv, "peak_memory_bytes", 0, 0, 1e30, &d, err));
+    }
+out:
+    return st;
+}
+
 static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *err)
 {
     static const char *const keys[] = {"format", "version", "model", "training", "cluster",
@@ -441,6 +485,7 @@ static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *
     size_t n;
     *out = NULL;
     ps_jv root = ps_json_doc_root(doc);
+    PS_TRY(ps_jv_expect_format(&root, PLAN_FORMAT, "a plan (" PLAN_FORMAT ")", err));
     PS_TRY(ps_jv_check_keys(&root, keys, err));
     PS_TRY(ps_jv_member(&root, "format", &v, err));
     PS_TRY(ps_jv_string(&v, &s, err));
@@ -529,7 +574,14 @@ static ps_status plan_from_doc(const ps_json_doc *doc, ps_plan **out, ps_error *
     if (ps_jv_has(&root, "profile_db"))
         PS_TRY(read_profile_db(&root, p, err));
     if (ps_jv_has(&root, "predicted")) {
+        static const char *const pred_keys[] = {"iteration_s", "tflops_per_device", "mfu",
+                                                "peak_memory_bytes", "flops_per_step", "stages",
+                                                NULL};
         PS_TRY(ps_jv_member(&root, "predicted", &pred, err));
+        PS_TRY(ps_jv_object(&pred, err));
+        PS_TRY(ps_jv_check_keys(&pred, pred_keys, err));
+        if (ps_jv_has(&pred, "stages"))
+            PS_TRY(read_predicted_stages(&pred, p, err));
         PS_TRY(ps_jv_opt_double(&pred, "iteration_s", 0, 0, 1e30, &p->iteration_s, err));
         PS_TRY(ps_jv_opt_double(&pred, "tflops_per_device", 0, 0, 1e30, &p->tflops_per_device,
                                 err));
@@ -550,26 +602,32 @@ out:
     return st;
 }
 
+/* The plan of doc, which it keeps (ps_plan.source) when read; doc freed
+ * otherwise. */
+static ps_status plan_from_own_doc(ps_json_doc *doc, ps_plan **out, ps_error *err)
+{
+    ps_status st = plan_from_doc(doc, out, err);
+    if (st == PS_OK)
+        (*out)->source = doc;
+    else
+        ps_json_doc_free(doc);
+    return st;
+}
+
 ps_status ps_plan_load(const char *path, ps_plan **out, ps_error *err)
 {
     ps_json_doc *doc = NULL;
     *out = NULL;
-    ps_status st = ps_json_doc_load(path, &doc, err);
-    if (st == PS_OK)
-        st = plan_from_doc(doc, out, err);
-    ps_json_doc_free(doc);
-    return st;
+    PS_TRY_RET(ps_json_doc_load(path, &doc, err));
+    return plan_from_own_doc(doc, out, err);
 }
 
 ps_status ps_plan_parse(const char *name, const char *text, ps_plan **out, ps_error *err)
 {
     ps_json_doc *doc = NULL;
     *out = NULL;
-    ps_status st = ps_json_doc_parse(name, text, &doc, err);
-    if (st == PS_OK)
-        st = plan_from_doc(doc, out, err);
-    ps_json_doc_free(doc);
-    return st;
+    PS_TRY_RET(ps_json_doc_parse(name, text, &doc, err));
+    return plan_from_own_doc(doc, out, err);
 }
 
 ps_status ps_plan_record_profile(ps_plan *p, const ps_profile_db *db, ps_error *err)

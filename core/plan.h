@@ -75,6 +75,10 @@ typedef struct ps_plan {
     char profile_device[PS_PROFILE_NAME_MAX];
     char profile_backend[8];
     char profile_digest[17];
+    /* owned: the document a loaded plan was read from (ps_plan_load,
+     * ps_plan_parse), so that what reads its model and training later
+     * points into the file; NULL for a plan made in memory */
+    struct ps_json_doc *source;
 } ps_plan;
 
 ps_status ps_plan_create(ps_plan **out);

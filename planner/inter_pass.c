@@ -1406,7 +1406,7 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
     ps_plan *plan = NULL;
     *out = NULL;
     const ps_cluster *c = req->cluster;
-    int D = ps_cluster_device_count(c), B = req->micro_batches;
+    int B = req->micro_batches;
     PS_TRY_RET(realization_failure(rz, err));
     if ((st = ps_plan_create(&plan)) != PS_OK)
         return ps_error_set(err, st, "out of memory");
@@ -1477,7 +1477,12 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
                      s->send_backward_s * 1e3);
     }
     plan->flops_per_step = flops;
-    plan->tflops_per_device = flops / plan->iteration_s / D / 1e12;
+    /* per device running a stage, as the simulator's and executors'
+     * summaries count it (a stage file may leave devices unused) */
+    int used = 0;
+    for (int k = 0; k < n; k++)
+        used += plan->stages[k].n_devices;
+    plan->tflops_per_device = flops / plan->iteration_s / used / 1e12;
     plan->mfu = ps_plan_mfu(plan->tflops_per_device, step, c);
     plan->peak_memory_bytes = peak_dev;
     PS_TRY(ps_plan_validate(plan, err));

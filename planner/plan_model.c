@@ -25,8 +25,20 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
     ps_plan_model *m = calloc(1, sizeof *m);
     *out = NULL;
     PS_TRY_ALLOC(m, err);
-    PS_TRY(ps_json_doc_from_value("plan model", p->model, &doc, err));
-    ps_jv root = ps_json_doc_root(doc), v;
+    /* a loaded plan's model and training are read where the file has them,
+     * so that messages point into it; a plan made in memory is written out */
+    ps_jv top, root, v;
+    if (p->source != NULL) {
+        top = ps_json_doc_root(p->source);
+        PS_TRY(ps_jv_member(&top, "model", &root, err));
+    } else {
+        PS_TRY(ps_json_doc_from_value("plan model", p->model, &doc, err));
+        root = ps_json_doc_root(doc);
+    }
+    static const char *const model_keys[] = {"name", "zoo", "config", "graph", "layers",
+                                             "layer_num", NULL};
+    static const char *const layerings[] = {"auto", "manual"};
+    PS_TRY(ps_jv_check_keys(&root, model_keys, err));
     const char *layers_how = "tags";
     int64_t layer_num = 0;
     if (ps_jv_has(&root, "config")) {
@@ -41,7 +53,12 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
         PS_TRY(ps_jv_member(&root, "graph", &v, err));
         PS_TRY(ps_graph_from_json(&v, &m->forward, err));
     }
-    PS_TRY(ps_jv_opt_string(&root, "layers", "tags", &layers_how, err));
+    if (ps_jv_has(&root, "layers")) {
+        int k;
+        PS_TRY(ps_jv_member(&root, "layers", &v, err));
+        PS_TRY(ps_jv_enum(&v, layerings, 2, &k, err));
+        layers_how = layerings[k];
+    }
     PS_TRY(ps_jv_opt_int(&root, "layer_num", 0, 0, 4096, &layer_num, err));
     if (strcmp(layers_how, "manual") == 0) {
         PS_TRY(ps_layer_cluster_manual(m->forward, &lay, err));
@@ -56,8 +73,13 @@ ps_status ps_plan_model_build(const ps_plan *p, ps_plan_model **out, ps_error *e
     }
     if (p->training != NULL) {
         ps_json_doc *tdoc = NULL;
-        PS_TRY(ps_json_doc_from_value("plan training", p->training, &tdoc, err));
-        ps_jv troot = ps_json_doc_root(tdoc);
+        ps_jv troot;
+        if (p->source != NULL && ps_jv_has(&top, "training")) {
+            PS_TRY(ps_jv_member(&top, "training", &troot, err));
+        } else {
+            PS_TRY(ps_json_doc_from_value("plan training", p->training, &tdoc, err));
+            troot = ps_json_doc_root(tdoc);
+        }
         /* remat_layers name the plan's layers (those its stages cover), which
          * clustering may make more of than the model has tags */
         st = ps_train_options_from_json(&troot, &m->train, &m->remat_layers,

@@ -608,6 +608,15 @@ static void uniform_and_manual_stages(void **state)
     assert_string_equal(p->method, "manual");
     assert_int_equal(p->stages[1].last_layer, 2);
     ps_plan_free(p);
+    /* one stage on 4 of the 8 devices: TFLOP/s per device that runs it, as
+     * the simulator's and executors' summaries count them */
+    ps_manual_stage half = {0, 2, {1, 4}, {2, 2}, true, false, false};
+    ps_error_clear(&err);
+    if (ps_plan_manual(&req, &o, &half, 1, &p, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_true(fabs(p->tflops_per_device * 1e12 * 4 * p->iteration_s / p->flops_per_step - 1) <
+                1e-12);
+    ps_plan_free(p);
     ms[1].first_layer = 2; /* a gap */
     ps_error_clear(&err);
     assert_int_equal(ps_plan_manual(&req, &o, ms, 2, &p, &err), PS_ERR_INVALID);

@@ -446,6 +446,12 @@ static void malformed_plan_files(void **state)
         {"\"micro_batch_size\": ", "\"micro_batch_size\": 9",
          ", but the global batch 64 in 1 micro-batches makes 64"},
         {"\"index\": 0", "\"index\": 3", "stages[0].index: stage 0 has index 3"},
+        /* the predictions are checked as strictly as the rest */
+        {"\"flops_per_step\"", "\"bogus\": 1, \"flops_per_step\"",
+         "predicted.bogus: unknown key \"bogus\""},
+        {"\"layout_gap\": 0.0", "\"layout_gap\": 0.0, \"extra\": 2",
+         "stages[0].predicted.extra: unknown key \"extra\""},
+        {"\"mfu\": ", "\"mfu\": \"high\", \"was\": ", "unknown key \"was\""},
     };
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
         char *at = strstr(good, edits[i].from);
@@ -461,12 +467,116 @@ static void malformed_plan_files(void **state)
         if (strstr(err.msg, edits[i].want) == NULL || strstr(err.msg, path) != err.msg)
             fail_msg("edit %zu: \"%s\" lacks \"%s\"", i, err.msg, edits[i].want);
     }
+    /* predicted.stages[]: an entry per stage, in order, of numbers (the last
+     * "index", "time_s" and "stages" of the text are its), and the last
+     * "predicted" the plan's own */
+    static const struct {
+        const char *key, *value, *want;
+    } last_edits[] = {
+        {"\"index\": ", "1", "predicted.stages[0].index: index 1 at position 0"},
+        {"\"time_s\": ", "\"x\"", "predicted.stages[0].time_s: expected a number"},
+        {"\"stages\": ", "[]", "predicted.stages: 0 entries for the plan's 1 stages"},
+        {"\"predicted\": ", "3", "predicted: expected an object"},
+    };
+    for (size_t i = 0; i < sizeof last_edits / sizeof *last_edits; i++) {
+        const char *at = NULL;
+        for (const char *q = strstr(good, last_edits[i].key); q != NULL;
+             q = strstr(q + 1, last_edits[i].key))
+            at = q;
+        assert_non_null(at);
+        const char *value = at + strlen(last_edits[i].key);
+        /* the value ends at the next comma, newline or closing bracket at its depth */
+        const char *end = value;
+        for (int depth = 0; *end != '\0'; end++) {
+            if (*end == '[' || *end == '{')
+                depth++;
+            else if ((*end == ']' || *end == '}') && depth-- == 0)
+                break;
+            else if (depth == 0 && (*end == ',' || *end == '\n'))
+                break;
+            if (depth == 0 && (*end == ']' || *end == '}')) {
+                end++;
+                break;
+            }
+        }
+        FILE *f = fopen(path, "w");
+        fprintf(f, "%.*s%s%s", (int)(value - good), good, last_edits[i].value, end);
+        fclose(f);
+        ps_plan *back = NULL;
+        ps_error err = {0};
+        assert_int_not_equal(ps_plan_load(path, &back, &err), PS_OK);
+        if (strstr(err.msg, last_edits[i].want) == NULL || strstr(err.msg, path) != err.msg)
+            fail_msg("edit of the last %s: \"%s\" lacks \"%s\"", last_edits[i].key, err.msg,
+                     last_edits[i].want);
+    }
     /* truncated */
     FILE *f = fopen(path, "w");
     fprintf(f, "%.*s", (int)(strlen(good) / 2), good);
     fclose(f);
     ps_plan *back = NULL;
     assert_int_equal(ps_plan_load(path, &back, NULL), PS_ERR_PARSE);
+    free(good);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* What is wrong in a loaded plan's model or training is reported where the
+ * file has it: FILE:LINE:COL of the value and its full path, as for the
+ * rest of the file (they are read when the plan's model is built, after
+ * loading). */
+static void model_and_training_errors_point_into_the_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ps-test-plan-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    ps_plan *p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 1);
+    char *good = dump(p);
+    ps_plan_free(p);
+    static const struct {
+        const char *from, *to, *want;
+    } edits[] = {
+        {"\"lr\": ", "\"lr\": -1, \"was\": ", "training.was: unknown key \"was\""},
+        {"\"lr\": 0.001", "\"lr\": -1", "training.lr: -1 is out of range"},
+        {"\"hidden\": 256", "\"hidden\": -5", "model.config.hidden"},
+        {"\"name\": \"mlp\"", "\"name\": \"mlp\", \"colour\": 1", "model.colour: unknown key"},
+        {"\"name\": \"mlp\"", "\"name\": \"mlp\", \"layers\": \"sideways\"",
+         "model.layers: unknown value \"sideways\""},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        const char *at = strstr(good, edits[i].from);
+        if (at == NULL)
+            fail_msg("edit %zu: \"%s\" not in the plan text", i, edits[i].from);
+        int line = 1;
+        for (const char *q = good; q < at; q++)
+            line += *q == '\n';
+        FILE *f = fopen(path, "w");
+        fprintf(f, "%.*s%s%s", (int)(at - good), good, edits[i].to, at + strlen(edits[i].from));
+        fclose(f);
+        ps_plan *back = NULL;
+        ps_plan_model *m = NULL;
+        ps_error err = {0};
+        if (ps_plan_load(path, &back, &err) != PS_OK)
+            fail_msg("edit %zu: %s", i, err.msg);
+        assert_int_not_equal(ps_plan_model_build(back, &m, &err), PS_OK);
+        assert_null(m);
+        char where[300];
+        snprintf(where, sizeof where, "%s:%d:", path, line);
+        if (strstr(err.msg, edits[i].want) == NULL || strstr(err.msg, where) != err.msg)
+            fail_msg("edit %zu (line %d): \"%s\" lacks \"%s\" or does not start with \"%s\"", i,
+                     line, err.msg, edits[i].want, where);
+        ps_plan_free(back);
+    }
+    /* a plan made in memory still names what it reads */
+    p = mlp_plan(PS_METHOD_SHARD, "dgx-a100:1", 1);
+    json_object_set_new(p->model, "colour", json_integer(1));
+    ps_plan_model *m = NULL;
+    ps_error err = {0};
+    assert_int_not_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    assert_non_null(strstr(err.msg, "plan model:"));
+    assert_non_null(strstr(err.msg, "colour: unknown key"));
+    ps_plan_free(p);
     free(good);
     unlink(path);
     rmdir(dir);
@@ -530,6 +640,7 @@ int main(void)
         cmocka_unit_test(invalid_plans_are_rejected),
         cmocka_unit_test(remat_layers_name_the_plans_layers),
         cmocka_unit_test(malformed_plan_files),
+        cmocka_unit_test(model_and_training_errors_point_into_the_file),
         cmocka_unit_test(lowering_recounts_missing_predictions),
         cmocka_unit_test(digest_ignores_predictions),
         cmocka_unit_test(committed_runs_name_their_plans),
