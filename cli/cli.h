@@ -37,6 +37,30 @@ struct ps_profile_db;
 ps_status ps_cli_attach_profile(const char *path, struct ps_cluster *c,
                                 struct ps_profile_db **out, ps_error *err);
 
+/* A file a command reads or writes, and the option that names it. */
+typedef struct ps_cli_path {
+    const char *option; /* e.g. "--summary" */
+    const char *path;   /* NULL: not given; "-": standard input or output */
+} ps_cli_path;
+
+/* Checks a command's outputs before it does any work, so that a long run
+ * is not lost to a typo in an output path: each file of outs (NULL and "-"
+ * skipped) must be writable where it stands (its directory exists, it is
+ * not a directory), name no file of ins (by device and inode) and no other
+ * output. Prints why and returns the exit status (1 for a path that cannot
+ * be written, 2 for a clash), or 0. */
+int ps_cli_check_outputs(const char *command, const ps_cli_path *outs, int n_outs,
+                         const ps_cli_path *ins, int n_ins);
+/* Whether some output of outs goes to standard output ("-"): a command's
+ * report for people then goes to standard error, so that stdout carries the
+ * file alone. */
+bool ps_cli_stdout_taken(const ps_cli_path *outs, int n_outs);
+
+/* A plan read from a file that fails to build its model or lower with a
+ * message not naming the file (checks against the model have no place in
+ * the file) gets the file's name in front of it. Returns st. */
+ps_status ps_cli_in_plan_file(const struct ps_plan *plan, ps_status st, ps_error *err);
+
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);
 /* Prints "pipeshard: <command>: <msg>" plus a --help hint; returns 2. */

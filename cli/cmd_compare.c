@@ -97,6 +97,24 @@ static int check_files(const char *const *files, int n, const char *reference, i
         for (int i = 0; i < n && *ref < 0; i++)
             if (known[i] && id[i].st_dev == want.st_dev && id[i].st_ino == want.st_ino)
                 *ref = i;
+    /* a bare file name: the one file compared of that name */
+    int named = 0;
+    for (int i = 0; i < n && *ref < 0 && strchr(reference, '/') == NULL; i++) {
+        const char *slash = strrchr(files[i], '/');
+        if (strcmp(slash != NULL ? slash + 1 : files[i], reference) == 0) {
+            if (named++ > 0) {
+                status = ps_cli_usage_error("compare", "--reference \"%s\" names more than one "
+                                                       "of the files compared; give its path",
+                                            reference);
+                goto out;
+            }
+        }
+    }
+    for (int i = 0; i < n && *ref < 0 && named == 1; i++) {
+        const char *slash = strrchr(files[i], '/');
+        if (strcmp(slash != NULL ? slash + 1 : files[i], reference) == 0)
+            *ref = i;
+    }
     if (*ref < 0)
         status = ps_cli_usage_error("compare", "--reference \"%s\" is not one of the files "
                                                "compared",
@@ -143,6 +161,16 @@ int ps_cmd_compare(int argc, char **argv)
     int usage = check_files(files, n, reference, &ref);
     if (usage != 0)
         return usage;
+    ps_cli_path *ins = calloc((size_t)n, sizeof *ins);
+    if (ins == NULL)
+        return ps_cli_fail(NULL, PS_ERR_NOMEM);
+    for (int i = 0; i < n; i++)
+        ins[i] = (ps_cli_path){"summary", files[i]};
+    const ps_cli_path outs[] = {{"--csv", csv}};
+    usage = ps_cli_check_outputs("compare", outs, 1, ins, n);
+    free(ins);
+    if (usage != 0)
+        return usage;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_summary **runs = calloc((size_t)n, sizeof *runs);
@@ -154,8 +182,11 @@ int ps_cmd_compare(int argc, char **argv)
     PS_TRY(ps_compare_create((const ps_summary *const *)runs, files, n, ref, &cmp, &err));
     /* a missing gnuplot, or a chart directory that is a file, is said
      * before any output */
-    if (plot_dir != NULL)
+    if (plot_dir != NULL) {
         PS_TRY(ps_plot_find_gnuplot(&po, gnuplot, sizeof gnuplot, &err));
+        PS_TRY(ps_plot_check_scripts(&po, (const char *const[]){"scatter.gp", "breakdown.gp"}, 2,
+                                     &err));
+    }
     struct stat dir_stat;
     if (plot_dir != NULL && stat(plot_dir, &dir_stat) == 0 && !S_ISDIR(dir_stat.st_mode)) {
         st = ps_error_set(&err, PS_ERR_IO, "--plot %s: a file, not a directory", plot_dir);
@@ -265,16 +296,30 @@ int ps_cmd_plot(int argc, char **argv)
         return ps_cli_usage_error("plot", "-o DIR is required");
     if (to_ms >= 0 && to_ms <= from_ms)
         return ps_cli_usage_error("plot", "--to %g must come after --from %g", to_ms, from_ms);
+    if (timeline == NULL && (from_ms > 0 || to_ms >= 0))
+        return ps_cli_usage_error("plot", "--from and --to window the timeline: they go with "
+                                          "--timeline T.json");
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_trace_data *t = NULL;
     char gnuplot[1024];
     PS_TRY(ps_plot_find_gnuplot(&po, gnuplot, sizeof gnuplot, &err));
+    if (timeline != NULL)
+        PS_TRY(ps_plot_check_scripts(&po, (const char *const[]){"timeline.gp"}, 1, &err));
+    if (scaling != NULL)
+        PS_TRY(ps_plot_check_scripts(&po, (const char *const[]){"scaling.gp"}, 1, &err));
     if (timeline != NULL) {
         PS_TRY(ps_trace_load(timeline, &t, &err));
-        PS_TRY(ps_plot_timeline(t, from_ms * 1e-3, to_ms < 0 ? -1 : to_ms * 1e-3, dir, &po, &err));
-        printf("timeline      %s/timeline.png, %s/timeline.svg (%d devices, %d spans)\n", dir, dir,
-               t->n_devices, t->n_spans);
+        int drawn = 0;
+        PS_TRY(ps_plot_timeline(t, from_ms * 1e-3, to_ms < 0 ? -1 : to_ms * 1e-3, dir, &po,
+                                &drawn, &err));
+        if (drawn == t->n_spans)
+            printf("timeline      %s/timeline.png, %s/timeline.svg (%d devices, %d spans)\n",
+                   dir, dir, t->n_devices, t->n_spans);
+        else
+            printf("timeline      %s/timeline.png, %s/timeline.svg (%d devices, %d of the "
+                   "trace's %d spans in the window)\n",
+                   dir, dir, t->n_devices, drawn, t->n_spans);
     }
     if (scaling != NULL) {
         PS_TRY(ps_plot_scaling(scaling, dir, &po, &err));

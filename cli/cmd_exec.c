@@ -178,8 +178,8 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     ps_backend *b = NULL;
     int *slots = NULL;
     *out = NULL;
-    PS_TRY(ps_plan_model_build(plan, &m, err));
-    PS_TRY(ps_plan_lower(plan, m, lo, &set, err));
+    PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, err), err));
+    PS_TRY(ps_cli_in_plan_file(plan, ps_plan_lower(plan, m, lo, &set, err), err));
     PS_TRY(ps_program_set_check(set, NULL, err));
     if (bc->hosts != NULL)
         PS_TRY(ps_hosts_assign(bc->hosts, set->n_devices, plan->cluster->devices_per_node, err));
@@ -483,6 +483,16 @@ int ps_cmd_exec(int argc, char **argv)
     if ((tol >= 0 || param_atol >= 0) && !check)
         return ps_cli_usage_error("exec", "%s applies to --check",
                                   tol >= 0 ? "--tolerance" : "--param-atol");
+    const ps_cli_path outs[] = {{"--trace", eo.trace_path}, {"--summary", summary_path}};
+    const ps_cli_path ins[] = {{"--plan", plan_path}};
+    if (json && ps_cli_stdout_taken(outs, 2))
+        return ps_cli_usage_error("exec", "--json and an output to \"-\" both want stdout; "
+                                          "give the output a file");
+    int checked = ps_cli_check_outputs("exec", outs, 2, ins, 1);
+    if (checked != 0)
+        return checked;
+    /* the report for people goes where no file goes */
+    FILE *report = ps_cli_stdout_taken(outs, 2) ? stderr : stdout;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL, *ref_plan = NULL;
@@ -540,34 +550,35 @@ int ps_cmd_exec(int argc, char **argv)
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(r->summary, summary_path, &err));
     if (!json) {
-        ps_summary_print(r->summary, stdout);
-        printf("\nplanner       iteration %.4g s; measured / predicted = %.3f\n",
-               plan->iteration_s,
-               plan->iteration_s > 0 ? r->summary->iteration_s / plan->iteration_s : 0);
+        ps_summary_print(r->summary, report);
+        fprintf(report, "\nplanner       iteration %.4g s; measured / predicted = %.3f\n",
+                plan->iteration_s,
+                plan->iteration_s > 0 ? r->summary->iteration_s / plan->iteration_s : 0);
         for (int k = 0; k < plan->n_stages && k < r->summary->n_stages; k++)
-            printf("  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
-                   r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
+            fprintf(report, "  stage %d: measured %.4g ms, predicted %.4g ms per micro-batch\n", k,
+                    r->summary->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3);
         int skipped = 0;
         for (int s = 0; s < r->steps; s++)
             skipped += set->loss_scale_window > 0 && r->skipped[s];
         if (skipped > 0)
-            printf("  (%d of %d steps skipped by the loss scaling: no optimizer ran in them)\n",
-                   skipped, r->steps);
+            fprintf(report,
+                    "  (%d of %d steps skipped by the loss scaling: no optimizer ran in them)\n",
+                    skipped, r->steps);
         for (int s = 0; s < r->steps; s++) {
-            printf("step %d: loss %.9g", s + 1, r->loss[s]);
+            fprintf(report, "step %d: loss %.9g", s + 1, r->loss[s]);
             if (set->loss_scale_window > 0)
-                printf(" at loss scale %g%s", r->loss_scale[s],
-                       r->skipped[s] ? ": a gradient overflowed, update skipped" : "");
+                fprintf(report, " at loss scale %g%s", r->loss_scale[s],
+                        r->skipped[s] ? ": a gradient overflowed, update skipped" : "");
             if (r->step_s[s] > 0) /* the kept steps: the last PS_EXEC_TIMES_KEPT */
-                printf(" (%.4g ms)", r->step_s[s] * 1e3);
-            printf("\n");
+                fprintf(report, " (%.4g ms)", r->step_s[s] * 1e3);
+            fprintf(report, "\n");
         }
         int nh = ps_hosts_count(hosts);
-        printf("run           %.3g s wall, %d step%s on the %s backend", r->wall_s, r->steps,
-               r->steps == 1 ? "" : "s", backend);
+        fprintf(report, "run           %.3g s wall, %d step%s on the %s backend", r->wall_s,
+                r->steps, r->steps == 1 ? "" : "s", backend);
         if (nh > 1)
-            printf(", %d hosts (MPI)", nh);
-        printf("\n");
+            fprintf(report, ", %d hosts (MPI)", nh);
+        fprintf(report, "\n");
     }
     if (check) {
         ps_exec_options ro = eo;
@@ -587,7 +598,7 @@ int ps_cmd_exec(int argc, char **argv)
         const ps_exec_comparison cmp = co.cmp;
         const ps_exec_result *ref = co.ref;
         mismatch = !cmp.ok;
-        FILE *f = json ? stderr : stdout;
+        FILE *f = json ? stderr : report;
         char ptol[64], scaled[48] = "";
         if (t.param_rel > 0)
             snprintf(ptol, sizeof ptol, "%.3g + %.3g |ref|", t.param_abs, t.param_rel);

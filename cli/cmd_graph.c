@@ -310,10 +310,20 @@ int ps_cmd_graph(int argc, char **argv)
         return ps_cli_usage_error("graph", "--remat=auto lets 'pipeshard plan' choose the "
                                            "recomputed stages; here give --remat or "
                                            "--remat-layers LIST");
+    if (mo.train.remat && remat_list != NULL)
+        return ps_cli_usage_error("graph", "--remat recomputes every layer, --remat-layers LIST "
+                                           "those listed: give one of them");
+    if (json && export_path != NULL && strcmp(export_path, "-") == 0)
+        return ps_cli_usage_error("graph", "--json and --export - both want stdout; give "
+                                           "--export a file");
     int usage = ps_model_opts_check(&mo, batch > 0, "graph");
     if (usage != 0)
         return usage;
     const char *graph_path = mo.graph_path;
+    const ps_cli_path outs[] = {{"--export", export_path}}, ins[] = {{"--graph", graph_path}};
+    usage = ps_cli_check_outputs("graph", outs, 1, ins, 1);
+    if (usage != 0)
+        return usage;
     ps_train_options opt = mo.train;
     ps_model_config cfg;
     bool from_zoo = false;

@@ -1,9 +1,11 @@
 /* pipeshard plan: a parallelization plan for a model on a cluster. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/model_opts.h"
@@ -372,6 +374,38 @@ static ps_status plan_once(const ps_plan_request *req, void *ctx, ps_plan **plan
     return ps_plan_pipeshard(req, how->inter, plan, err);
 }
 
+/* All n bytes of buf onto file descriptor fd; false on an error (errno). */
+static bool write_all(int fd, const char *buf, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* The plan as ps_plan_save writes it, onto file descriptor fd (-o -). */
+static ps_status write_plan_to(const ps_plan *p, int fd, ps_error *err)
+{
+    json_t *j = NULL;
+    if (ps_plan_to_json(p, &j) != PS_OK)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory while writing the plan");
+    char *text = ps_json_dumps(j);
+    json_decref(j);
+    if (text == NULL)
+        return ps_error_set(err, PS_ERR_NOMEM, "out of memory while writing the plan");
+    bool ok = write_all(fd, text, strlen(text)) && write_all(fd, "\n", 1);
+    free(text);
+    return ok ? PS_OK
+              : ps_error_set(err, PS_ERR_IO, "cannot write the plan to stdout: %s",
+                             strerror(errno));
+}
+
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
@@ -580,6 +614,26 @@ int ps_cmd_plan(int argc, char **argv)
         return ps_cli_usage_error("plan", "--global-batch applies to --model only (a graph "
                                           "file fixes the micro-batch; use --micro-batches)");
 
+    const ps_cli_path outs[] = {{"-o", output}};
+    const ps_cli_path ins[] = {{"--cluster-file", cluster_file},
+                               {"--stages", stages_file},
+                               {"--profile-db", profile_path},
+                               {"--graph", mo.graph_path}};
+    if (json && strcmp(output, "-") == 0)
+        return ps_cli_usage_error("plan", "--json and -o - both want stdout; give -o a file");
+    int checked = ps_cli_check_outputs("plan", outs, 1, ins, 4);
+    if (checked != 0)
+        return checked;
+    /* -o -: stdout carries the plan alone, the report goes to stderr */
+    int plan_fd = -1;
+    if (strcmp(output, "-") == 0) {
+        fflush(stdout);
+        plan_fd = dup(STDOUT_FILENO);
+        if (plan_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+            fprintf(stderr, "pipeshard: plan: cannot set stdout aside: %s\n", strerror(errno));
+            return 1;
+        }
+    }
     ps_error err = {0};
     ps_status st = PS_OK;
     bool bad_usage = false; /* err.msg is about the command line: exit status 2 */
@@ -694,8 +748,23 @@ int ps_cmd_plan(int argc, char **argv)
                 goto out;
             }
         } else if (stages_file != NULL) {
+            int asked = inter.layer_num; /* --layer-num, which the file may set too */
+            bool asked_manual = inter.manual_layers;
             PS_TRY(ps_stage_file_load(stages_file, &inter, &how.stages, &how.n_stages, &err));
             how.stages_path = stages_file;
+            if ((asked > 0 || asked_manual) &&
+                (inter.layer_num != asked || inter.manual_layers != asked_manual)) {
+                char file[16], cli[16];
+                snprintf(file, sizeof file, "%d", inter.layer_num);
+                snprintf(cli, sizeof cli, "%d", asked);
+                st = ps_error_set(&err, PS_ERR_INVALID,
+                                  "--layer-num %s, but the stage file %s says layer_num %s: "
+                                  "give one of them",
+                                  asked_manual ? "manual" : cli, stages_file,
+                                  inter.manual_layers ? "\"manual\"" : file);
+                bad_usage = true;
+                goto out;
+            }
         }
     } else if (inter.manual_layers || inter.layer_num > 0 || inter.gpipe || inter.print_rows ||
                inter.exact_ranges || inter.stage_imbalance_tolerance < INFINITY ||
@@ -727,7 +796,10 @@ int ps_cmd_plan(int argc, char **argv)
     /* the programs first: a failed dump leaves no plan behind */
     if (dump_dir != NULL)
         PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));
-    PS_TRY(ps_plan_save(plan, output, &err));
+    if (plan_fd >= 0)
+        PS_TRY(write_plan_to(plan, plan_fd, &err));
+    else
+        PS_TRY(ps_plan_save(plan, output, &err));
     if (json) {
         json_t *j = NULL;
         PS_TRY(ps_plan_to_json(plan, &j));
@@ -757,6 +829,11 @@ out:
     ps_graph_free(fwd);
     ps_cluster_free(cluster);
     ps_profile_db_free(profile);
+    if (plan_fd >= 0) { /* stdout back */
+        fflush(stdout);
+        dup2(plan_fd, STDOUT_FILENO);
+        close(plan_fd);
+    }
     if (bad_usage)
         return ps_cli_usage_error("plan", "%s", err.msg);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);

@@ -437,6 +437,10 @@ int ps_cmd_profile(int argc, char **argv)
         return ps_cli_usage_error("profile", "--backend is cpu or cuda, not \"%s\"", backend);
     if (output == NULL)
         return ps_cli_usage_error("profile", "-o DB.json is required");
+    const ps_cli_path outs[] = {{"-o", output}, {"--cluster-out", cluster_out}};
+    int checked = ps_cli_check_outputs("profile", outs, 2, NULL, 0);
+    if (checked != 0)
+        return checked;
     bool cuda = strcmp(backend, "cuda") == 0;
     if (cluster_out != NULL && all_devices)
         return ps_cli_usage_error("profile",

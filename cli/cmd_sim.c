@@ -158,6 +158,19 @@ int ps_cmd_sim(int argc, char **argv)
         return ps_cli_usage_error("sim", "unexpected argument \"%s\"", argv[optind]);
     if (plan_path == NULL)
         return ps_cli_usage_error("sim", "--plan PLAN.json is required");
+    const ps_cli_path outs[] = {{"--trace", so.trace_path},
+                                {"--summary", summary_path},
+                                {"--predicted", pred_path}};
+    const ps_cli_path ins[] = {{"--plan", plan_path}};
+    int n_outs = (int)(sizeof outs / sizeof *outs);
+    if (json && ps_cli_stdout_taken(outs, n_outs))
+        return ps_cli_usage_error("sim", "--json and an output to \"-\" both want stdout; give "
+                                         "the output a file");
+    int checked = ps_cli_check_outputs("sim", outs, n_outs, ins, 1);
+    if (checked != 0)
+        return checked;
+    /* the report for people goes where no file goes */
+    FILE *report = ps_cli_stdout_taken(outs, n_outs) ? stderr : stdout;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL;
@@ -166,8 +179,8 @@ int ps_cmd_sim(int argc, char **argv)
     ps_summary *sum = NULL, *pred = NULL;
     ps_sim_stats stats = {0};
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
-    PS_TRY(ps_plan_model_build(plan, &m, &err));
-    PS_TRY(ps_plan_lower(plan, m, &lo, &set, &err));
+    PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, &err), &err));
+    PS_TRY(ps_cli_in_plan_file(plan, ps_plan_lower(plan, m, &lo, &set, &err), &err));
     if (dump_dir != NULL)
         PS_TRY(ps_program_set_dump_dir(set, dump_dir, &err));
     so.check_programs = check; /* while the simulation runs */
@@ -187,21 +200,21 @@ int ps_cmd_sim(int argc, char **argv)
         if (st != PS_OK)
             goto out;
     } else {
-        ps_summary_print(sum, stdout);
+        ps_summary_print(sum, report);
         if (!(plan->iteration_s > 0))
-            printf("\nplanner       the plan carries no prediction\n");
+            fprintf(report, "\nplanner       the plan carries no prediction\n");
         else
-            printf("\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / "
+            fprintf(report, "\nplanner       iteration %.4g s, %.4g TFLOP/s per device; simulated / "
                    "predicted = %.3f\n",
                    plan->iteration_s, plan->tflops_per_device,
                    sum->iteration_s / plan->iteration_s);
         for (int k = 0; k < plan->n_stages && k < sum->n_stages && plan->iteration_s > 0; k++)
-            printf("  stage %d: simulated %.4g ms, predicted %.4g ms per micro-batch (%+.1f%%)\n",
+            fprintf(report, "  stage %d: simulated %.4g ms, predicted %.4g ms per micro-batch (%+.1f%%)\n",
                    k, sum->stages[k].time_s * 1e3, plan->stages[k].time_s * 1e3,
                    plan->stages[k].time_s > 0
                        ? 100 * (sum->stages[k].time_s / plan->stages[k].time_s - 1)
                        : 0);
-        printf("simulator     %.3g s wall (platform %.3g s, CPU %.3g s), %lld events, %.3g "
+        fprintf(report, "simulator     %.3g s wall (platform %.3g s, CPU %.3g s), %lld events, %.3g "
                "events/s, peak RSS %.3g MiB\n",
                stats.wall_s, stats.platform_s, stats.cpu_s, stats.events, stats.events_per_s,
                stats.peak_rss_bytes / (1 << 20));

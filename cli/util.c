@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "core/bytes_text.h"
 #include "core/cluster.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/profile_db.h"
@@ -30,6 +31,19 @@ ps_status ps_cli_attach_profile(const char *path, ps_cluster *c, ps_profile_db *
                     "profile without --gemm-all-devices",
                     path, (*out)->devices_at_once, c->name, c->shared_cores_per_node);
     return PS_OK;
+}
+
+ps_status ps_cli_in_plan_file(const ps_plan *plan, ps_status st, ps_error *err)
+{
+    if (st == PS_OK || err == NULL || plan->source == NULL)
+        return st;
+    const char *name = plan->source->name;
+    size_t n = strlen(name);
+    if (strncmp(err->msg, name, n) == 0 && (err->msg[n] == ':' || err->msg[n] == '\0'))
+        return st;
+    char msg[PS_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    return ps_error_set(err, st, "%s: %s", name, msg);
 }
 
 int ps_cli_fail(const ps_error *err, ps_status st)

@@ -713,6 +713,7 @@ ps_status ps_cluster_load(const char *path, ps_cluster **out, ps_error *err)
     *out = NULL;
     PS_TRY(ps_json_doc_load(path, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
+    PS_TRY(ps_jv_expect_format(&root, NULL, "a cluster file", err));
     PS_TRY(ps_cluster_from_json(&root, out, err));
 out:
     ps_json_doc_free(doc);
@@ -726,6 +727,7 @@ ps_status ps_cluster_parse(const char *name, const char *text, ps_cluster **out,
     *out = NULL;
     PS_TRY(ps_json_doc_parse(name, text, &doc, err));
     ps_jv root = ps_json_doc_root(doc);
+    PS_TRY(ps_jv_expect_format(&root, NULL, "a cluster file", err));
     PS_TRY(ps_cluster_from_json(&root, out, err));
 out:
     ps_json_doc_free(doc);

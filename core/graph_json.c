@@ -423,6 +423,7 @@ ps_status ps_graph_from_json(const ps_jv *root, ps_graph **out, ps_error *err)
     size_t n_ts = 0, n_ops = 0;
     *out = NULL;
 
+    PS_TRY(ps_jv_expect_format(root, GRAPH_FORMAT, "a graph (" GRAPH_FORMAT ")", err));
     PS_TRY(ps_jv_check_keys(root, keys, err));
     PS_TRY(ps_jv_member(root, "format", &v, err));
     PS_TRY(ps_jv_string(&v, &s, err));

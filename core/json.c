@@ -495,6 +495,19 @@ ps_status ps_jv_opt_string(const ps_jv *obj, const char *key, const char *def, c
 
 char *ps_json_dumps(const json_t *root) { return json_dumps(root, DUMP_FLAGS); }
 
+ps_status ps_jv_expect_format(const ps_jv *root, const char *want, const char *what,
+                              ps_error *err)
+{
+    if (!json_is_object(root->v))
+        return PS_OK;
+    json_t *f = json_object_get(root->v, "format");
+    const char *s = json_string_value(f);
+    if (s == NULL || strncmp(s, "pipeshard-", 10) != 0 || (want != NULL && strcmp(s, want) == 0))
+        return PS_OK;
+    ps_jv at = {root->doc, f, root, "format", 0};
+    return ps_jv_fail(&at, err, PS_ERR_INVALID, "a \"%s\" file, not %s", s, what);
+}
+
 ps_status ps_json_save(const json_t *root, const char *path, ps_error *err)
 {
     char *text = ps_json_dumps(root);

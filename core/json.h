@@ -58,6 +58,15 @@ ps_jv ps_jv_element(const ps_jv *arr, size_t i);
 bool ps_jv_has(const ps_jv *obj, const char *key);
 /* Required member: fails with "missing key" when absent. */
 ps_status ps_jv_member(const ps_jv *obj, const char *key, ps_jv *out, ps_error *err);
+/* Before a reader looks at anything else: a document declaring another of
+ * pipeshard's formats ("format": "pipeshard-...") is refused by what it is,
+ * so that a file given in the wrong place says so ('a "pipeshard-summary"
+ * file, not a plan') instead of naming its first unknown key. want: the
+ * format the reader takes, or NULL for files without the key (cluster
+ * files, profile DBs); what: the kind of file it takes ("a plan"). Other
+ * values are left to the reader's own checks. */
+ps_status ps_jv_expect_format(const ps_jv *root, const char *want, const char *what,
+                              ps_error *err);
 /* Every member of obj must be one of `allowed` (NULL-terminated): a typo in a
  * key is an error, not a silently ignored setting. */
 ps_status ps_jv_check_keys(const ps_jv *obj, const char *const *allowed, ps_error *err);

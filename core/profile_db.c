@@ -822,6 +822,7 @@ static ps_status from_json(const ps_jv *root, ps_profile_db **out, ps_error *err
     char device[PS_PROFILE_NAME_MAX];
     *out = NULL;
     PS_TRY(ps_jv_object(root, err));
+    PS_TRY(ps_jv_expect_format(root, NULL, "a profile DB", err));
     PS_TRY(ps_jv_check_keys(root, top_keys, err));
     PS_TRY(ps_jv_member(root, "version", &v, err));
     PS_TRY(ps_jv_int(&v, INT64_MIN, INT64_MAX, &version, err));

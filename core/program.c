@@ -1,9 +1,14 @@
 #include "core/program.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/array.h"
 
@@ -474,10 +479,38 @@ static ps_status dump_file(const ps_program_set *s, const char *dir, const char 
     return PS_OK;
 }
 
+/* The device a file name of ours names ("device-N.txt"), or -1. */
+static int dumped_device(const char *name)
+{
+    if (strncmp(name, "device-", 7) != 0 || !isdigit((unsigned char)name[7]))
+        return -1;
+    char *end;
+    long d = strtol(name + 7, &end, 10);
+    return strcmp(end, ".txt") == 0 && d <= INT32_MAX ? (int)d : -1;
+}
+
 ps_status ps_program_set_dump_dir(const ps_program_set *s, const char *dir, ps_error *err)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ps_error_set(err, PS_ERR_IO, "%s: %s", dir, strerror(errno));
+    /* an earlier dump's programs of devices this set leaves out go, so that
+     * the directory holds this set's alone */
+    DIR *old = opendir(dir);
+    if (old == NULL)
+        return ps_error_set(err, PS_ERR_IO, "%s: %s", dir, strerror(errno));
+    for (struct dirent *e; (e = readdir(old)) != NULL;) {
+        int d = dumped_device(e->d_name);
+        if (d >= 0 && (d >= s->n_devices || s->programs[d].n_instrs == 0)) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (unlink(path) != 0 && errno != ENOENT) {
+                ps_status st = ps_error_set(err, PS_ERR_IO, "%s: %s", path, strerror(errno));
+                closedir(old);
+                return st;
+            }
+        }
+    }
+    closedir(old);
     ps_status st = dump_file(s, dir, "buffers.txt", -1, err);
     if (st == PS_OK)
         st = dump_file(s, dir, "kernels.txt", -1, err);

@@ -588,9 +588,7 @@ static int64_t layout(comm_call *c, int n, int r, int64_t count, int64_t *src_el
         break;
     case PS_PROFILE_ALL_TO_ALL: {
         /* [n, n * per]: a row per member before, a column block after */
-        int64_t per = count / n;
-        if (per < 1)
-            return 0;
+        int64_t per = (count + n - 1) / n; /* at least an element per pair */
         memset(&c->src, 0, sizeof c->src);
         c->src.rank = c->dst.rank = 2;
         c->src.global[0] = c->dst.global[0] = n;
@@ -653,7 +651,9 @@ static ps_status comm_thread(shared *s, int rank, ps_error *err)
              * rendezvous by id */
             c.g = (ps_exec_group){.id = n, .n = n, .devices = devices, .rank = rank};
             int64_t src_elems, dst_elems, real_bytes;
-            if (layout(&c, n, rank, bytes / 4, &src_elems, &dst_elems, &real_bytes) == 0)
+            /* whole fp32 elements, at least the size asked (the entry records
+             * the bytes moved) */
+            if (layout(&c, n, rank, (bytes + 3) / 4, &src_elems, &dst_elems, &real_bytes) == 0)
                 continue;
             PS_TRY(b->ops->alloc(b, rank, src_elems * 4, &src, err));
             PS_TRY(b->ops->alloc(b, rank, dst_elems * 4, &dst, err));

@@ -41,6 +41,8 @@ static ps_status stages_from_doc(const ps_json_doc *doc, ps_inter_options *o,
     *stages = NULL;
     *n_stages = 0;
     ps_jv root = ps_json_doc_root(doc);
+    PS_TRY(ps_jv_expect_format(&root, "pipeshard-stages", "a stage file (pipeshard-stages)",
+                               err));
     PS_TRY(ps_jv_check_keys(&root, keys, err));
     PS_TRY(ps_jv_member(&root, "format", &v, err));
     PS_TRY(ps_jv_string(&v, &s, err));

@@ -751,6 +751,31 @@ static void test_contradicting_options(void **state)
     const char *t[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge:1", "--time-limit",
                        "1e9", "-o", "x.json", NULL};
     expect_usage_error(fx, t, "--time-limit wants seconds from 0.01 to 1e6, not \"1e9\"");
+    const char *both_remat[] = {"graph", "--model", "mlp", "--remat", "--remat-layers", "1",
+                                NULL};
+    expect_usage_error(fx, both_remat, "--remat recomputes every layer");
+    const char *export_json[] = {"graph", "--model", "mlp", "--export", "-", "--json", NULL};
+    expect_usage_error(fx, export_json, "--json and --export - both want stdout");
+    const char *window[] = {"plot", "--scaling", "s.csv", "--from", "5", "-o", "d", NULL};
+    expect_usage_error(fx, window, "they go with --timeline");
+    /* a stage file's layer count against --layer-num */
+    char stages[512];
+    snprintf(stages, sizeof stages, "%s/two-layers.json", fx->dir);
+    FILE *f = fopen(stages, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": 2, \"stages\": "
+          "[{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [2, 4]}]}\n",
+          f);
+    fclose(f);
+    const char *layers[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge", "--global-batch",
+                            "64", "--micro-batches", "2", "--stages", stages, "--layer-num", "3",
+                            "-o", "x.json", NULL};
+    expect_usage_error(fx, layers, "--layer-num 3, but the stage file");
+    unlink(stages);
+    /* a size past the limit is named as such, not as "not positive" */
+    const char *huge[] = {"graph", "--model", "gpt-350m", "--hidden", "1073741824", "--heads",
+                          "1", "--batch", "1", NULL};
+    expect_failure(fx, huge, "ffn must be 1 to 2147483648, not 4294967296");
 }
 
 static double number_at(const json_t *j, const char *key)
@@ -950,6 +975,118 @@ static void test_export_stdout(void **state)
     run_result_free(&r);
     assert_string_equal(json_string_value(json_object_get(j, "format")), "pipeshard-graph");
     json_decref(j);
+}
+
+/* Outputs are checked before any work: an output in a missing directory
+ * fails at once (no plan is made, nothing measured), an output naming an
+ * input or another output is a usage error, and "-" gives stdout to that
+ * file alone (the report goes to stderr). A file of another of pipeshard's
+ * formats given where one is read says what it is. */
+static void test_outputs_checked_first(void **state)
+{
+    const fixture *fx = *state;
+    char plan[512], summary[512], missing[512], csv[512];
+    snprintf(plan, sizeof plan, "%s/out-plan.json", fx->dir);
+    snprintf(summary, sizeof summary, "%s/out-summary.json", fx->dir);
+    snprintf(missing, sizeof missing, "%s/no-such-dir/x.json", fx->dir);
+    snprintf(csv, sizeof csv, "%s/out.csv", fx->dir);
+    const char *mk[] = {"plan", "--model", "mlp", "--hidden", "64", "--cluster", "p3.16xlarge",
+                        "--method", "shard", "--global-batch", "32", "--micro-batches", "2",
+                        "-o", plan, NULL};
+    expect_success(fx, mk, "plan");
+    const char *sim[] = {"sim", "--plan", plan, "--summary", summary, NULL};
+    expect_success(fx, sim, "simulated");
+    /* a missing directory: refused before planning, measuring or running */
+    const char *bad_plan[] = {"plan", "--model", "gpt-350m", "--cluster", "p3.16xlarge:4",
+                              "--global-batch", "1024", "--micro-batches", "64", "-o", missing,
+                              NULL};
+    run_result r;
+    run_ok(fx, bad_plan, &r);
+    expect_exit(&r, 1);
+    expect_empty(&r, true);
+    expect_in(&r, false, "cannot write -o");
+    expect_in(&r, false, "no-such-dir");
+    run_result_free(&r);
+    const char *bad_exec[] = {"exec", "--plan", plan, "--summary", missing, NULL};
+    expect_failure(fx, bad_exec, "cannot write --summary");
+    const char *bad_profile[] = {"profile", "--backend", "cpu", "--devices", "2", "--quick",
+                                 "-o", summary, "--cluster-out", missing, NULL};
+    expect_failure(fx, bad_profile, "cannot write --cluster-out");
+    /* an output over an input, or over another output */
+    const char *over_plan[] = {"sim", "--plan", plan, "--trace", plan, NULL};
+    expect_usage_error(fx, over_plan, "would overwrite the input --plan");
+    const char *over_summary[] = {"compare", summary, summary, "--csv", csv, NULL};
+    expect_usage_error(fx, over_summary, "the same file");
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s/out-summary2.json", fx->dir);
+    const char *sim2[] = {"sim", "--plan", plan, "--summary", copy, NULL};
+    expect_success(fx, sim2, "simulated");
+    const char *over_csv[] = {"compare", summary, copy, "--csv", copy, NULL};
+    expect_usage_error(fx, over_csv, "would overwrite the input summary");
+    const char *twice[] = {"sim", "--plan", plan, "--summary", csv, "--predicted", csv, NULL};
+    expect_usage_error(fx, twice, "both name");
+    const char *both_stdout[] = {"sim", "--plan", plan, "--summary", "-", "--trace", "-", NULL};
+    expect_usage_error(fx, both_stdout, "both want stdout");
+    /* "-": stdout holds the file alone */
+    const char *to_stdout[] = {"sim", "--plan", plan, "--summary", "-", NULL};
+    run_ok(fx, to_stdout, &r);
+    expect_exit(&r, 0);
+    json_t *j = parse_stdout(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "format")), "pipeshard-summary");
+    json_decref(j);
+    expect_in(&r, false, "simulated");
+    run_result_free(&r);
+    const char *plan_stdout[] = {"plan", "--model", "mlp", "--hidden", "64", "--cluster",
+                                 "p3.16xlarge", "--method", "shard", "--global-batch", "32",
+                                 "--micro-batches", "2", "-o", "-", NULL};
+    run_ok(fx, plan_stdout, &r);
+    expect_exit(&r, 0);
+    j = parse_stdout(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "format")), "pipeshard-plan");
+    json_decref(j);
+    expect_in(&r, false, "predicted");
+    run_result_free(&r);
+    /* the wrong kind of file */
+    const char *summary_as_plan[] = {"sim", "--plan", summary, NULL};
+    expect_failure(fx, summary_as_plan, "a \"pipeshard-summary\" file, not a plan");
+    const char *plan_as_cluster[] = {"plan", "--model", "mlp", "--cluster-file", plan,
+                                     "--method", "shard", "--global-batch", "32", "-o", csv,
+                                     NULL};
+    expect_failure(fx, plan_as_cluster, "a \"pipeshard-plan\" file, not a cluster file");
+    const char *plan_as_db[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge",
+                                "--profile-db", plan, "--method", "shard", "--global-batch",
+                                "32", "-o", csv, NULL};
+    expect_failure(fx, plan_as_db, "a \"pipeshard-plan\" file, not a profile DB");
+    /* a dump into a directory of an earlier one leaves none of its devices
+     * behind (a plan on more devices), and no other file is touched */
+    char dump_dir[512], stale[600], notes[600];
+    snprintf(dump_dir, sizeof dump_dir, "%s/dump", fx->dir);
+    snprintf(stale, sizeof stale, "%s/device-99.txt", dump_dir);
+    snprintf(notes, sizeof notes, "%s/notes.txt", dump_dir);
+    assert_int_equal(mkdir(dump_dir, 0777), 0);
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k == 0 ? stale : notes, "w");
+        assert_non_null(f);
+        fputs("old\n", f);
+        fclose(f);
+    }
+    const char *dump[] = {"sim", "--plan", plan, "--dump-programs", dump_dir, NULL};
+    expect_success(fx, dump, "simulated");
+    assert_int_not_equal(access(stale, F_OK), 0);
+    assert_int_equal(access(notes, F_OK), 0);
+    DIR *d = opendir(dump_dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.') {
+            char path[900];
+            snprintf(path, sizeof path, "%s/%s", dump_dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dump_dir);
+    unlink(plan);
+    unlink(summary);
+    unlink(copy);
 }
 
 /* ---- clusters and demo ------------------------------------------------------ */
@@ -2123,6 +2260,7 @@ int main(void)
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_export_stdout),
+        cmocka_unit_test(test_outputs_checked_first),
         cmocka_unit_test(test_clusters),
         cmocka_unit_test(test_demo),
 #ifdef PS_NO_SIMGRID
@@ -2135,5 +2273,9 @@ int main(void)
         cmocka_unit_test(test_plan_memory_check),
         cmocka_unit_test(test_moe_expert_parallel),
     };
+    /* PS_TEST_FILTER=test_name (a cmocka pattern) runs some of them */
+    const char *only = getenv("PS_TEST_FILTER");
+    if (only != NULL && only[0] != '\0')
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -532,6 +532,18 @@ static void test_cli_compare(void **state)
     json_decref(doc);
     run_result_free(&r);
 
+    /* ... and by its bare file name, which only one of the files has */
+    const char *bare[] = {"compare", DATA "/planner.json", DATA "/exec.json",
+                          "--json",  "--reference",        "planner.json",
+                          NULL};
+    run_bin(bare, NULL, &r);
+    expect(&r, 0, NULL, NULL);
+    doc = json_loads(r.out, 0, &jerr);
+    assert_non_null(doc);
+    assert_int_equal(json_integer_value(json_object_get(doc, "reference")), 0);
+    json_decref(doc);
+    run_result_free(&r);
+
     const char *csv[] = {"compare", DATA "/sim.json", DATA "/exec.json", "--csv", "-", NULL};
     run_bin(csv, NULL, &r);
     expect(&r, 0, "stage,devices,first_device,", NULL);
@@ -696,6 +708,36 @@ static void test_plot_compare(void **state)
     expect(&r, 0, "charts", NULL);
     assert_int_equal(r.err_len, 0); /* gnuplot said nothing: no warnings */
     run_result_free(&r);
+    /* each data file ends with the command that redraws its chart by hand:
+     * run by the shell, it draws the same SVG */
+    for (int chart = 0; chart < 2; chart++) {
+        const char *name = chart == 0 ? "scatter" : "breakdown";
+        char dat[800], svg[800], cmd[4096];
+        size_t dlen = 0, slen = 0, again_len = 0;
+        snprintf(dat, sizeof dat, "%s/%s.dat", dir, name);
+        snprintf(svg, sizeof svg, "%s/%s.svg", dir, name);
+        char *data = slurp(dat, &dlen), *drawn = slurp(svg, &slen);
+        assert_non_null(data);
+        assert_non_null(drawn);
+        char *line = strstr(data, "\n# redraw: ");
+        if (line == NULL)
+            fail_msg("%s has no redraw line:\n%s", dat, data);
+        line += strlen("\n# redraw: ");
+        char *eol = strchr(line, '\n');
+        assert_non_null(eol);
+        assert_true(eol[1] == '\0'); /* the last line */
+        *eol = '\0';
+        unlink(svg);
+        snprintf(cmd, sizeof cmd, "DISPLAY= %s", line);
+        assert_int_equal(system(cmd), 0);
+        char *again = slurp(svg, &again_len);
+        assert_non_null(again);
+        if (again_len != slen || memcmp(again, drawn, slen) != 0)
+            fail_msg("%s redrawn by \"%s\" differs from pipeshard's", svg, line);
+        free(data);
+        free(drawn);
+        free(again);
+    }
     check_chart(dir, "scatter");
     check_chart(dir, "breakdown");
     /* runs 1000x apart: the breakdown's bars in shares of their totals (the

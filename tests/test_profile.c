@@ -1713,11 +1713,26 @@ static void cpu_group_sizes(void **state)
     assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 2, 4096));
     assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 3, 4096));
     assert_non_null(find_comm(db, PS_PROFILE_SEND_RECV, 2, 4096));
-    /* all-to-all over 3: the local size rounds down to whole elements per peer */
-    assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 3, 4092));
+    /* all-to-all over 3: the size rounds up to whole elements per pair (no
+     * entry below the smallest size asked) */
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 3, 4104));
     assert_int_equal(db->n_comm, 5);
     ps_profile_db_free(db);
     db = NULL;
+    /* sizes of no whole element round up too: 5 bytes asked, 8 moved */
+    o.min_bytes = 5;
+    o.max_bytes = 7;
+    o.kinds = 1u << PS_PROFILE_ALL_REDUCE;
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_non_null(find_comm(db, PS_PROFILE_ALL_REDUCE, 2, 8));
+    for (int i = 0; i < db->n_comm; i++)
+        assert_true(db->comm[i].bytes >= 5);
+    ps_profile_db_free(db);
+    db = NULL;
+    o.min_bytes = o.max_bytes = 4096;
+    o.kinds =
+        1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;
 
     /* GEMMs on every device at once: one entry per shape, from the slowest */
     static const ps_gemm_shape shape[] = {{32, 32, 32, 1}};

@@ -32,6 +32,22 @@ const char *ps_plot_scripts_dir(const ps_plot_options *o)
     return env != NULL && env[0] != '\0' ? env : PS_PLOTS_DIR;
 }
 
+ps_status ps_plot_check_scripts(const ps_plot_options *o, const char *const *scripts, int n,
+                                ps_error *err)
+{
+    char path[1200];
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", ps_plot_scripts_dir(o), scripts[i]);
+        if (access(path, R_OK) != 0)
+            return ps_error_set(err, PS_ERR_IO,
+                                "%s: cannot read the chart's script: %s (the scripts live in "
+                                "the source tree's traces/plots; --scripts DIR or "
+                                "PIPESHARD_PLOTS points elsewhere)",
+                                path, strerror(errno));
+    }
+    return PS_OK;
+}
+
 static bool executable(const char *path)
 {
     struct stat sb;
@@ -158,8 +174,40 @@ static void gp_int(gp_vars *v, const char *name, int value)
 
 /* Runs gnuplot -e VARS SCRIPT; its stderr is read through a pipe, shown
  * as warnings when it succeeds and in the error when it fails. */
+/* Appends to DIR/NAME.dat (NAME: the script's name less .gp) the command
+ * that redraws the chart from it by hand, every variable as set here (a
+ * comment line, which gnuplot skips). */
+static ps_status note_redraw(const char *dir, const char *script_name, const char *script,
+                             const gp_vars *vars, ps_error *err)
+{
+    char data[1200];
+    snprintf(data, sizeof data, "%s/%.*s.dat", dir, (int)(strlen(script_name) - 3), script_name);
+    FILE *f = fopen(data, "a");
+    if (f == NULL)
+        return ps_error_set(err, PS_ERR_IO, "%s: cannot write: %s", data, strerror(errno));
+    /* within the shell's double quotes, \ " $ ` are escaped */
+    fputs("# redraw: gnuplot -e \"", f);
+    for (size_t i = 0; i < vars->len; i++) {
+        char c = vars->buf[i] == '\n' ? ' ' : vars->buf[i]; /* one comment line */
+        if (c == '\\' || c == '"' || c == '$' || c == '`')
+            fputc('\\', f);
+        fputc(c, f);
+    }
+    fputs("\" '", f); /* the script's path in single quotes, a quote as '\'' */
+    for (const char *p = script; *p != '\0'; p++) {
+        if (*p == '\'')
+            fputs("'\\''", f);
+        else
+            fputc(*p, f);
+    }
+    fputs("'\n", f);
+    if (fclose(f) != 0)
+        return ps_error_set(err, PS_ERR_IO, "%s: write failed: %s", data, strerror(errno));
+    return PS_OK;
+}
+
 static ps_status run_gnuplot(const ps_plot_options *o, const char *script_name, const gp_vars *vars,
-                             ps_error *err)
+                             const char *dir, ps_error *err)
 {
     ps_status st = PS_OK;
     char gnuplot[1024], script[1024], tail[GP_STDERR_KEEP + 1];
@@ -182,6 +230,7 @@ static ps_status run_gnuplot(const ps_plot_options *o, const char *script_name, 
                           script, strerror(errno));
         goto out;
     }
+    PS_TRY(note_redraw(dir, script_name, script, vars, err));
     if (pipe(pipefd) != 0) {
         st = ps_error_set(err, PS_ERR_IO, "pipe: %s", strerror(errno));
         goto out;
@@ -464,7 +513,7 @@ static ps_status plot_scatter(const ps_compare *c, const char *dir, const ps_plo
     gp_str(&v, "munit", mu.name);
     gp_axis(&v, "t", axis_for(tlo / tu.per_base, thi / tu.per_base));
     gp_axis(&v, "m", axis_for(mlo / mu.per_base, mhi / mu.per_base));
-    PS_TRY(run_gnuplot(o, "scatter.gp", &v, err));
+    PS_TRY(run_gnuplot(o, "scatter.gp", &v, dir, err));
 out:
     if (f != NULL)
         fclose(f);
@@ -522,7 +571,7 @@ static ps_status plot_breakdown(const ps_compare *c, const char *dir, const ps_p
     gp_int(&v, "nstages", c->n_stages);
     gp_num(&v, "ymax", most > 0 ? most / u.per_base * 1.12 : 1);
     gp_int(&v, "shares", shares);
-    PS_TRY(run_gnuplot(o, "breakdown.gp", &v, err));
+    PS_TRY(run_gnuplot(o, "breakdown.gp", &v, dir, err));
 out:
     if (f != NULL)
         fclose(f);
@@ -567,7 +616,7 @@ static bool in_window(const ps_trace_span *s, double from_s, double to_s)
 }
 
 ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, const char *dir,
-                           const ps_plot_options *o, ps_error *err)
+                           const ps_plot_options *o, int *drawn, ps_error *err)
 {
     ps_status st = PS_OK;
     char path[1200], title[300], cats[128] = "", gnuplot[1024];
@@ -590,9 +639,14 @@ ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, c
     }
     PS_TRY(make_dir(dir, err));
     unit u = time_unit(to_s - from_s);
+    int in = 0;
     for (int i = 0; i < t->n_spans; i++)
-        if (in_window(&t->spans[i], from_s, to_s))
+        if (in_window(&t->spans[i], from_s, to_s)) {
             count[timeline_cat_index(t->spans[i].category)]++;
+            in++;
+        }
+    if (drawn != NULL)
+        *drawn = in;
     PS_TRY(open_data(dir, "timeline", path, sizeof path, &f, err));
     fprintf(f,
             "# pipeshard timeline: block 0 names the rows (row, device name; beyond 100\n"
@@ -653,7 +707,7 @@ ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, c
     gp_int(&v, "ndevices", t->n_devices);
     gp_num(&v, "tstart", from_s / u.per_base);
     gp_num(&v, "tend", to_s / u.per_base);
-    PS_TRY(run_gnuplot(o, "timeline.gp", &v, err));
+    PS_TRY(run_gnuplot(o, "timeline.gp", &v, dir, err));
 out:
     if (f != NULL)
         fclose(f);
@@ -914,7 +968,7 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
             ya = (axis){0, thi * 1.15, 0};
     }
     gp_axis(&v, "y", ya);
-    PS_TRY(run_gnuplot(o, "scaling.gp", &v, err));
+    PS_TRY(run_gnuplot(o, "scaling.gp", &v, dir, err));
 out:
     if (in != NULL)
         fclose(in);

@@ -23,6 +23,11 @@ typedef struct ps_plot_options {
 ps_status ps_plot_find_gnuplot(const ps_plot_options *o, char *path, size_t cap, ps_error *err);
 /* The folder the scripts are read from. */
 const char *ps_plot_scripts_dir(const ps_plot_options *o);
+/* Whether the scripts of the charts named (e.g. "scatter.gp") can be read
+ * from the scripts directory: asked before any work or output, as gnuplot
+ * is, so that a wrong --scripts DIR is said first. */
+ps_status ps_plot_check_scripts(const ps_plot_options *o, const char *const *scripts, int n,
+                                ps_error *err);
 
 /* scatter.{dat,png,svg}: every run's per-micro-batch time and peak memory
  * per stage against the reference's, with y = x and +-10% / +-25% bands;
@@ -34,9 +39,10 @@ ps_status ps_plot_compare(const ps_compare *c, const char *dir, const ps_plot_op
 
 /* timeline.{dat,png,svg}: a Gantt chart of the trace, one row per device,
  * one color per category, over the window [from_s, to_s] (seconds from the
- * first span; to_s < 0: to the end), spans clipped to it. */
+ * first span; to_s < 0: to the end), spans clipped to it; *drawn (when not
+ * NULL) the spans in the window. */
 ps_status ps_plot_timeline(const ps_trace_data *t, double from_s, double to_s, const char *dir,
-                           const ps_plot_options *o, ps_error *err);
+                           const ps_plot_options *o, int *drawn, ps_error *err);
 
 /* scaling.{dat,png,svg}: throughput against devices, one line per series,
  * with each series' ideal linear scaling, from a CSV file whose header names

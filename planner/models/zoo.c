@@ -102,13 +102,23 @@ ps_status ps_model_config_validate(const ps_model_config *c, ps_error *err)
          "%s: dtype must be fp32, fp16 or bf16", n);
     switch (c->family) {
     case PS_MODEL_MLP:
-        NEED(in_range(c->hidden), "%s: hidden must be positive", n);
+        NEED(in_range(c->hidden), "%s: hidden must be 1 to %lld, not %lld", n, (long long)LIMIT,
+             (long long)c->hidden);
         NEED(c->layers >= 1 && c->layers <= 4096, "%s: layers must be 1 to 4096", n);
         return PS_OK;
     case PS_MODEL_GPT:
     case PS_MODEL_MOE:
-        NEED(in_range(c->hidden) && in_range(c->seq) && in_range(c->vocab) && in_range(c->ffn),
-             "%s: hidden, seq, vocab and ffn must be positive", n);
+        /* each named on its own: a huge hidden makes ffn (4 hidden by default) the one
+         * past the limit */
+        NEED(in_range(c->hidden), "%s: hidden must be 1 to %lld, not %lld", n, (long long)LIMIT,
+             (long long)c->hidden);
+        NEED(in_range(c->seq), "%s: seq must be 1 to %lld, not %lld", n, (long long)LIMIT,
+             (long long)c->seq);
+        NEED(in_range(c->vocab), "%s: vocab must be 1 to %lld, not %lld", n, (long long)LIMIT,
+             (long long)c->vocab);
+        NEED(in_range(c->ffn), "%s: ffn must be 1 to %lld, not %lld%s", n, (long long)LIMIT,
+             (long long)c->ffn,
+             c->ffn == 4 * c->hidden ? " (4 x hidden, as --hidden sets it; give --ffn)" : "");
         NEED(c->layers >= 1 && c->layers <= 4096, "%s: layers must be 1 to 4096", n);
         NEED(in_range(c->heads) && c->hidden % c->heads == 0,
              "%s: heads (%lld) must divide hidden (%lld)", n, (long long)c->heads,

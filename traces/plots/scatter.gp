@@ -4,9 +4,9 @@
 # bands are the +-10% and +-25% errors. Writes out.png and out.svg.
 #
 # `pipeshard compare A.json B.json --plot DIR` writes DIR/scatter.dat and runs
-# this script; to restyle, edit it and run the same command again, or by hand:
-#   gnuplot -e "data='DIR/scatter.dat'; out='DIR/scatter'" scatter.gp
-# (the other variables then take the defaults below).
+# this script; to restyle, edit it and run the same command again, or by hand
+# with the command on the data file's last line (every variable as pipeshard
+# set it); with fewer, the others take the defaults below.
 #
 # Variables (pipeshard sets them all with -e):
 #   data, out       the data file (its header lists the columns) and the output
@@ -27,8 +27,26 @@ if (!exists("tunit")) tunit = 'ms'
 if (!exists("munit")) munit = 'GB'
 if (!exists("tlog"))  tlog = 0
 if (!exists("mlog"))  mlog = 0
-if (!exists("tlo") || !exists("thi")) { tlo = NaN; thi = NaN }   # NaN: autoscale
-if (!exists("mlo") || !exists("mhi")) { mlo = NaN; mhi = NaN }
+# without ranges (a hand-run script): each axis spans its columns' values, as
+# pipeshard's would (the bands and the diagonal are drawn over the range)
+if (!exists("tlo") || !exists("thi")) {
+    stats data using 2 nooutput prefix "R"
+    stats data using 3 nooutput prefix "V"
+    tmin = R_min < V_min ? R_min : V_min
+    tmax = R_max > V_max ? R_max : V_max
+    tlog = tmin > 0 && tmax / tmin > 20 ? 1 : 0
+    tlo = tlog ? tmin / 1.5 : (tmin > 0 ? tmin * 0.75 : 0)
+    thi = tmax > 0 ? (tlog ? tmax * 1.5 : tmax * 1.15) : 1
+}
+if (!exists("mlo") || !exists("mhi")) {
+    stats data using 5 nooutput prefix "R"
+    stats data using 6 nooutput prefix "V"
+    mmin = R_min < V_min ? R_min : V_min
+    mmax = R_max > V_max ? R_max : V_max
+    mlog = mmin > 0 && mmax / mmin > 20 ? 1 : 0
+    mlo = mlog ? mmin / 1.5 : (mmin > 0 ? mmin * 0.75 : 0)
+    mhi = mmax > 0 ? (mlog ? mmax * 1.5 : mmax * 1.15) : 1
+}
 
 # "measured" only when the reference is a measurement (exec-cpu, exec-cuda)
 refkind = strstrt(ref, "exec") > 0 ? "measured" : "reference"
