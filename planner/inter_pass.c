@@ -968,8 +968,10 @@ static const ps_intra_result *stage_result(const realization *r, int k)
 /* Stage k's layout: the stage keeps `in_flight` micro-batches of
  * activations, so while the layout does not fit them, solve again with
  * less room. lean_known: a lean configuration's solve_lean answer, where
- * already known (solve_within's `lean`). */
-static void stage_within(realization *rz, int k, const ps_intra_result *const *lean_known)
+ * already known (solve_within's `lean`); else with lean_once it is solved
+ * here once for all the refits, without at each. */
+static void stage_within(realization *rz, int k, const ps_intra_result *const *lean_known,
+                         bool lean_once)
 {
     const stage_spec *ch = &rz->stages[k];
     const ps_logical_mesh *m = rz->meshes[k];
@@ -978,8 +980,18 @@ static void stage_within(realization *rz, int k, const ps_intra_result *const *l
     int in_flight = stage_in_flight(rz->gpipe, rz->req->micro_batches, rz->n, k);
     /* the stage's solves within a budget share a session (its plain twin's too) */
     slice_solver ls = {rz->slices[k], m, NULL};
-    ps_status st = fit_stage(&ls, &ch->cfg, rz->req, (solve_limit){0, 0}, 6, in_flight, fastest,
-                             lean_known, &r, &rz->errors[k]);
+    ps_intra_result *own_lean = NULL;
+    ps_status st = PS_OK;
+    if (lean_known == NULL && lean_once && ch->cfg.lean) {
+        /* every refit starts from it: solved once */
+        st = solve_lean(&ls, &ch->cfg, rz->req, (solve_limit){0, 0}, fastest, &own_lean,
+                        &rz->errors[k]);
+        lean_known = (const ps_intra_result *const *)&own_lean;
+    }
+    if (st == PS_OK)
+        st = fit_stage(&ls, &ch->cfg, rz->req, (solve_limit){0, 0}, 6, in_flight, fastest,
+                       lean_known, &r, &rz->errors[k]);
+    ps_intra_result_free(own_lean);
     if (st == PS_OK && ch->cfg.lean && ch->twin_iterations > 0) {
         /* The lean layout stands for "some layout fits": the fastest layout
          * within the memory, where each layer is lean or fast as the room
@@ -1125,6 +1137,7 @@ typedef struct realization_items {
     ps_intra_result **lean; /* [item] solve_lean's answer (owned), where lean_of is itself */
     ps_status *lean_status; /* [item] */
     ps_error *lean_errors;  /* [item] */
+    bool share;             /* realizations_solve's: a stage's own lean layout solved once */
 } realization_items;
 
 static int item_ops(const realization_items *it, int i)
@@ -1172,7 +1185,8 @@ static bool within_item(void *ctx, int at)
         return true;
     }
     double t0 = ps_monotonic_s();
-    stage_within(r, k, from >= 0 ? (const ps_intra_result *const *)&it->lean[from] : NULL);
+    stage_within(r, k, from >= 0 ? (const ps_intra_result *const *)&it->lean[from] : NULL,
+                 it->share);
     PS_LOG_DEBUG("pipeshard: candidate %d, stage %d: layout within the memory in %.3g s",
                  it->job[i], k, ps_monotonic_s() - t0);
     return true;
@@ -1265,7 +1279,8 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share,
                             malloc(cells * sizeof(int)),
                             calloc(cells, sizeof(ps_intra_result *)),
                             calloc(cells, sizeof(ps_status)),
-                            calloc(cells, sizeof(ps_error))};
+                            calloc(cells, sizeof(ps_error)),
+                            share};
     int *order = it.order;
     PS_TRY_ALLOC(src, err);
     PS_TRY_ALLOC(like, err);
@@ -1327,27 +1342,7 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share,
     for (int j = 0; j < n_rs; j++)
         for (int k = 0; k < rs[j].n; k++)
             rs[j].fastest_failed = rs[j].fastest_failed || rs[j].status[k] != PS_OK;
-    /* the lean layouts: one for the lean stages reading one fastest layout */
-    for (int i = 0; i < n; i++) {
-        const realization *r = &rs[it.job[i]];
-        int k = it.stage[i];
-        it.lean_of[i] = -1;
-        keep[i] = false;
-        if (!share || r->fastest_failed || !r->stages[k].cfg.lean)
-            continue;
-        int f = src[first_item[it.job[i]] + r->leader[k]];
-        it.lean_of[i] = i;
-        for (int q = 0; q < i && it.lean_of[i] == i; q++)
-            if (it.lean_of[q] == q &&
-                src[first_item[it.job[q]] + rs[it.job[q]].leader[it.stage[q]]] == f)
-                it.lean_of[i] = q;
-        keep[i] = it.lean_of[i] == i;
-        counts->lean_reused += it.lean_of[i] != i;
-    }
-    solving = items_kept(order, n, keep, pending);
-    ps_parallel_for(solving, lean_item, &it, ps_ilp_thread_done, NULL);
-    counts->lean_solved += solving;
-    /* the layouts within the memory */
+    /* the stages to solve within the memory: the first of each kind */
     for (int i = 0; i < n; i++) {
         const realization *r = &rs[it.job[i]];
         like[i] = i;
@@ -1355,8 +1350,41 @@ static ps_status realizations_solve(realization *rs, int n_rs, bool share,
             if (like[q] == q && !rs[it.job[q]].fastest_failed &&
                 same_within(&rs[it.job[q]], it.stage[q], r, it.stage[i]))
                 like[i] = q;
-        keep[i] = like[i] == i;
     }
+    /* their lean layouts: one for the lean stages reading one fastest
+     * layout, solved before where several read it (lean_of); a stage alone
+     * with its fastest layout solves its own once, in its turn below */
+    int *readers = keep; /* [item] the stages reading the lean layout it leads */
+    for (int i = 0; i < n; i++) {
+        const realization *r = &rs[it.job[i]];
+        int k = it.stage[i];
+        it.lean_of[i] = -1;
+        readers[i] = 0;
+        if (!share || like[i] != i || r->fastest_failed || !r->stages[k].cfg.lean)
+            continue;
+        int f = src[first_item[it.job[i]] + r->leader[k]];
+        it.lean_of[i] = i;
+        for (int q = 0; q < i && it.lean_of[i] == i; q++)
+            if (it.lean_of[q] == q &&
+                src[first_item[it.job[q]] + rs[it.job[q]].leader[it.stage[q]]] == f)
+                it.lean_of[i] = q;
+        readers[it.lean_of[i]]++;
+    }
+    for (int i = 0; i < n; i++) {
+        if (it.lean_of[i] < 0)
+            continue;
+        counts->lean_solved += it.lean_of[i] == i;
+        counts->lean_reused += it.lean_of[i] != i;
+        if (readers[it.lean_of[i]] == 1)
+            it.lean_of[i] = -1; /* its own, in its turn */
+    }
+    for (int i = 0; i < n; i++)
+        keep[i] = it.lean_of[i] == i;
+    ps_parallel_for(items_kept(order, n, keep, pending), lean_item, &it, ps_ilp_thread_done,
+                    NULL);
+    /* the layouts within the memory */
+    for (int i = 0; i < n; i++)
+        keep[i] = like[i] == i;
     solving = items_kept(order, n, keep, pending);
     ps_parallel_for(solving, within_item, &it, ps_ilp_thread_done, NULL);
     counts->within_solved += solving;

@@ -1133,8 +1133,9 @@ static void plan_both_ways(const ps_plan_request *req, ps_inter_options o, const
  * (ps_inter_options.share_layouts; PIPESHARD_LOG=debug names them): the
  * same plans as each stage solved on its own. GPT-350M on four nodes, 8
  * layers, recomputation by stage (9 candidates, fastest and within layouts
- * shared); GPT-760M on two nodes of 3 GB devices, 32 micro-batches (lean
- * stages, one lean layout taken by another stage). */
+ * shared); 16 of GPT-3 175B's blocks on 16 nodes of 20 GB devices, 64
+ * micro-batches (its middle stages lean, keeping different micro-batches in
+ * flight: their lean layout solved once). */
 static void candidates_share_layouts(void **state)
 {
     (void)state;
@@ -1152,14 +1153,15 @@ static void candidates_share_layouts(void **state)
     ps_graph_free(fwd);
     ps_cluster_free(c);
 
-    assert_int_equal(ps_zoo_lookup("gpt-760m", &cfg, NULL), PS_OK);
-    c = preset("p3.16xlarge:2");
+    assert_int_equal(ps_zoo_lookup("gpt-175b", &cfg, NULL), PS_OK);
+    cfg.layers = 16;
+    c = preset("dgx-a100:16");
     for (int k = 0; k < c->n_kinds; k++)
-        c->kinds[k].memory_bytes = 3e9;
-    req = request(&cfg, &fwd, c, 256, 32);
+        c->kinds[k].memory_bytes = 20e9;
+    req = request(&cfg, &fwd, c, 512, 64);
     o = ps_inter_options_default();
-    o.layer_num = 8;
-    plan_both_ways(&req, o, "gpt-760m (8 layers) on 16 devices of 3 GB", counts);
+    o.layer_num = 16;
+    plan_both_ways(&req, o, "gpt-175b's blocks, 16 of them, on 128 devices of 20 GB", counts);
     assert_true(counts[0].lean_solved > 0);
     assert_true(counts[0].lean_reused > 0);
     assert_true(counts[0].fastest_borrowed > 0);
