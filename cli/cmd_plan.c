@@ -631,6 +631,8 @@ int ps_cmd_plan(int argc, char **argv)
         plan_fd = dup(STDOUT_FILENO);
         if (plan_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
             fprintf(stderr, "pipeshard: plan: cannot set stdout aside: %s\n", strerror(errno));
+            if (plan_fd >= 0)
+                close(plan_fd);
             return 1;
         }
     }

@@ -43,6 +43,7 @@ ps_status ps_cli_in_plan_file(const ps_plan *plan, ps_status st, ps_error *err)
         return st;
     char msg[PS_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", err->msg);
+    ps_error_clear(err); /* ps_error_set keeps a first error */
     return ps_error_set(err, st, "%s: %s", name, msg);
 }
 

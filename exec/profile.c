@@ -566,7 +566,7 @@ static ps_tile vector(void *data, int64_t global, int64_t offset, int64_t len)
 
 /* The tiles of one measurement of `count` elements (the nccl-tests size /
  * 4) on rank r of n; returns the elements each buffer needs, or 0 to skip
- * (an all-to-all smaller than one element per peer). */
+ * (a kind it does not lay out). */
 static int64_t layout(comm_call *c, int n, int r, int64_t count, int64_t *src_elems,
                       int64_t *dst_elems, int64_t *bytes)
 {
@@ -643,6 +643,7 @@ static ps_status comm_thread(shared *s, int rank, ps_error *err)
         /* send-recv once, between devices 0 and 1 */
         if (!(kinds & (1u << k)) || (kind == PS_PROFILE_SEND_RECV && n != 2))
             continue;
+        int64_t last_bytes = -1; /* sizes that round to the same are measured once */
         for (int64_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= o->size_factor) {
             comm_call c;
             memset(&c, 0, sizeof c);
@@ -653,8 +654,10 @@ static ps_status comm_thread(shared *s, int rank, ps_error *err)
             int64_t src_elems, dst_elems, real_bytes;
             /* whole fp32 elements, at least the size asked (the entry records
              * the bytes moved) */
-            if (layout(&c, n, rank, (bytes + 3) / 4, &src_elems, &dst_elems, &real_bytes) == 0)
-                continue;
+            if (layout(&c, n, rank, (bytes + 3) / 4, &src_elems, &dst_elems, &real_bytes) == 0 ||
+                real_bytes == last_bytes)
+                continue; /* every rank alike: the barriers stay matched */
+            last_bytes = real_bytes;
             PS_TRY(b->ops->alloc(b, rank, src_elems * 4, &src, err));
             PS_TRY(b->ops->alloc(b, rank, dst_elems * 4, &dst, err));
             PS_TRY(b->ops->upload(b, rank, src, s->host, src_elems * 4, err));
@@ -784,8 +787,10 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &db, err));
     if (o->gemm_all_devices) /* the ops always, the GEMMs unless a native timer times them */
         db->devices_at_once = b->n_devices;
-    /* the largest buffer any measurement uploads */
-    int64_t most = o->max_bytes > 0 ? o->max_bytes / 4 : 1;
+    /* the largest buffer any measurement uploads: a collective's size in
+     * whole elements, rounded up (an all-to-all's to whole elements per
+     * pair of its members, at most b->n_devices of them) */
+    int64_t most = o->max_bytes > 0 ? (o->max_bytes + 3) / 4 + b->n_devices : 1;
     for (int i = 0; i < o->n_op_graphs; i++)
         for (int t = 0; t < o->op_graphs[i]->n_tensors; t++) {
             int64_t e = ps_tensor_numel(&o->op_graphs[i]->tensors[t]);

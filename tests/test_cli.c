@@ -439,6 +439,17 @@ static void test_cluster_manifest(void **state)
         fail_msg("%d cluster-*.json file(s) missing from cluster.manifest", unlisted);
 }
 
+/* A stage file of one stage: layers 0-1 (of 2) on a submesh (1, 8), logical mesh (2, 4). */
+static void write_one_stage_file(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": 2, \"stages\": "
+          "[{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [2, 4]}]}\n",
+          f);
+    fclose(f);
+}
+
 /* ---- usage errors and help ------------------------------------------------- */
 
 /* A run that exits 0 and prints needle on stdout. */
@@ -761,12 +772,7 @@ static void test_contradicting_options(void **state)
     /* a stage file's layer count against --layer-num */
     char stages[512];
     snprintf(stages, sizeof stages, "%s/two-layers.json", fx->dir);
-    FILE *f = fopen(stages, "w");
-    assert_non_null(f);
-    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": 2, \"stages\": "
-          "[{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [2, 4]}]}\n",
-          f);
-    fclose(f);
+    write_one_stage_file(stages);
     const char *layers[] = {"plan", "--model", "mlp", "--cluster", "p3.16xlarge", "--global-batch",
                             "64", "--micro-batches", "2", "--stages", stages, "--layer-num", "3",
                             "-o", "x.json", NULL};
@@ -1046,6 +1052,32 @@ static void test_outputs_checked_first(void **state)
     json_decref(j);
     expect_in(&r, false, "predicted");
     run_result_free(&r);
+    /* a plan whose model disagrees with it: the message names the plan file */
+    char edited[512];
+    snprintf(edited, sizeof edited, "%s/out-edited.json", fx->dir);
+    size_t len = 0;
+    char *text = read_file(plan, &len);
+    assert_non_null(text);
+    char *at = strstr(text, "\"batch\": 16");
+    assert_non_null(at);
+    FILE *ef = fopen(edited, "w");
+    assert_non_null(ef);
+    fprintf(ef, "%.*s\"batch\": 8%s", (int)(at - text), text, at + strlen("\"batch\": 16"));
+    fclose(ef);
+    free(text);
+    const char *sim_edited[] = {"sim", "--plan", edited, NULL};
+    run_ok(fx, sim_edited, &r);
+    expect_exit(&r, 1);
+    char named[600];
+    snprintf(named, sizeof named, "pipeshard: %s: ", edited);
+    if (strncmp(r.err, named, strlen(named)) != 0) {
+        print_error("expected stderr to start with \"%s\"\n", named);
+        dump(&r);
+        fail();
+    }
+    expect_in(&r, false, "the model is built for micro-batches of 8");
+    run_result_free(&r);
+    unlink(edited);
     /* the wrong kind of file */
     const char *summary_as_plan[] = {"sim", "--plan", summary, NULL};
     expect_failure(fx, summary_as_plan, "a \"pipeshard-summary\" file, not a plan");
@@ -1256,12 +1288,7 @@ static void test_sim_predicted_split(void **state)
      * summary's reader refuses, so sim --predicted failed after the run) */
     char stages[512];
     snprintf(stages, sizeof stages, "%s/split-one.json", fx->dir);
-    FILE *f = fopen(stages, "w");
-    assert_non_null(f);
-    fputs("{\"format\": \"pipeshard-stages\", \"version\": 1, \"layer_num\": 2, \"stages\": "
-          "[{\"layers\": [0, 1], \"submesh\": [1, 8], \"logical_mesh\": [2, 4]}]}\n",
-          f);
-    fclose(f);
+    write_one_stage_file(stages);
     const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
                        "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
                        "dgx-a100:2", "--stages", stages, "--global-batch", "32",

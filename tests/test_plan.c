@@ -406,6 +406,16 @@ static void lowering_recounts_missing_predictions(void **state)
     ps_plan_free(p);
 }
 
+/* text with [from, to) replaced by `insert`, written to path. */
+static void write_edited(const char *path, const char *text, const char *from, const char *to,
+                         const char *insert)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%.*s%s%s", (int)(from - text), text, insert, to);
+    fclose(f);
+}
+
 /* Malformed plan files give positioned errors. */
 static void malformed_plan_files(void **state)
 {
@@ -457,9 +467,7 @@ static void malformed_plan_files(void **state)
         char *at = strstr(good, edits[i].from);
         if (at == NULL)
             fail_msg("edit %zu: \"%s\" not in the plan text", i, edits[i].from);
-        FILE *f = fopen(path, "w");
-        fprintf(f, "%.*s%s%s", (int)(at - good), good, edits[i].to, at + strlen(edits[i].from));
-        fclose(f);
+        write_edited(path, good, at, at + strlen(edits[i].from), edits[i].to);
         ps_plan *back = NULL;
         ps_error err = {0};
         assert_int_not_equal(ps_plan_load(path, &back, &err), PS_OK);
@@ -499,9 +507,7 @@ static void malformed_plan_files(void **state)
                 break;
             }
         }
-        FILE *f = fopen(path, "w");
-        fprintf(f, "%.*s%s%s", (int)(value - good), good, last_edits[i].value, end);
-        fclose(f);
+        write_edited(path, good, value, end, last_edits[i].value);
         ps_plan *back = NULL;
         ps_error err = {0};
         assert_int_not_equal(ps_plan_load(path, &back, &err), PS_OK);
@@ -551,9 +557,7 @@ static void model_and_training_errors_point_into_the_file(void **state)
         int line = 1;
         for (const char *q = good; q < at; q++)
             line += *q == '\n';
-        FILE *f = fopen(path, "w");
-        fprintf(f, "%.*s%s%s", (int)(at - good), good, edits[i].to, at + strlen(edits[i].from));
-        fclose(f);
+        write_edited(path, good, at, at + strlen(edits[i].from), edits[i].to);
         ps_plan *back = NULL;
         ps_plan_model *m = NULL;
         ps_error err = {0};

@@ -1730,6 +1730,23 @@ static void cpu_group_sizes(void **state)
         assert_true(db->comm[i].bytes >= 5);
     ps_profile_db_free(db);
     db = NULL;
+    /* sizes that round to one (all-to-alls of fewer elements than pairs of
+     * members) are measured once: 4 to 64 bytes over 3 devices */
+    o.min_bytes = 4;
+    o.max_bytes = 64;
+    o.size_factor = 2;
+    o.kinds = 1u << PS_PROFILE_ALL_TO_ALL;
+    if (ps_profile_measure(b, &o, &db, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    /* over 2: 8 (4 and 8 asked), 16, 32, 64; over 3: 12 (4 and 8), 24, 36, 72 */
+    static const int64_t over2[] = {8, 16, 32, 64}, over3[] = {12, 24, 36, 72};
+    for (int i = 0; i < 4; i++) {
+        assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 2, over2[i]));
+        assert_non_null(find_comm(db, PS_PROFILE_ALL_TO_ALL, 3, over3[i]));
+    }
+    assert_int_equal(db->n_comm, 8);
+    ps_profile_db_free(db);
+    db = NULL;
     o.min_bytes = o.max_bytes = 4096;
     o.kinds =
         1u << PS_PROFILE_ALL_REDUCE | 1u << PS_PROFILE_ALL_TO_ALL | 1u << PS_PROFILE_SEND_RECV;

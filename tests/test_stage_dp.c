@@ -55,6 +55,24 @@ static ps_stage_table *random_table(int L, int D, bool memory)
     return t;
 }
 
+/* In-order placement on nodes of a random M <= D devices (returned), with
+ * receives dearer across nodes; `coarse`: from few values, so that costs tie. */
+static int place_randomly(ps_stage_table *t, int D, bool coarse)
+{
+    int M = 1 << below(4);
+    while (M > D)
+        M /= 2;
+    assert_int_equal(ps_stage_table_place_in_order(t, M), PS_OK);
+    for (int b = 1; b < t->n_layers; b++)
+        for (int q = 0; q < t->n_submeshes; q++) {
+            double on_node = coarse ? 0.125 * below(2) : 0.05 * uniform();
+            double across = coarse ? 0.125 * (1 + below(3)) : on_node + uniform();
+            t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = on_node;
+            t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = across;
+        }
+    return M;
+}
+
 /* Stage c's cost at device `offset` under in-order placement on nodes of M
  * devices, computed here from its definition: INFINITY where it straddles
  * nodes (within a node) or starts off a node (whole nodes); plus the
@@ -123,19 +141,7 @@ static void dp_matches_brute_force(void **state)
         ps_stage_table *t = random_table(L, D, memory);
         /* every third trial: in-order placement on nodes of M devices, with
          * receives dearer across nodes */
-        int M = 0;
-        if (trial % 3 == 2) {
-            M = 1 << below(4);
-            while (M > D)
-                M /= 2;
-            assert_int_equal(ps_stage_table_place_in_order(t, M), PS_OK);
-            for (int b = 1; b < L; b++)
-                for (int q = 0; q < t->n_submeshes; q++) {
-                    double on_node = 0.05 * uniform();
-                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = on_node;
-                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = on_node + uniform();
-                }
-        }
+        int M = trial % 3 == 2 ? place_randomly(t, D, false) : 0;
         /* every fourth trial: layers after which no stage may end (a later
          * layer feeds an earlier one) */
         if (trial % 4 == 3 && L > 1) {
@@ -311,18 +317,7 @@ static void dp_breaks_ties_as_its_definition(void **state)
         for (size_t k = 0; k < (size_t)L * L * t->n_submeshes * t->n_configs; k++)
             if (isfinite(t->cost[k]))
                 t->cost[k] = 0.25 * (1 + below(4)) * (1 + (k % 3 == 0));
-        int M = 0;
-        if (trial % 3 != 0) {
-            M = 1 << below(4);
-            while (M > D)
-                M /= 2;
-            assert_int_equal(ps_stage_table_place_in_order(t, M), PS_OK);
-            for (int b = 1; b < L; b++)
-                for (int q = 0; q < t->n_submeshes; q++) {
-                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2] = 0.125 * below(2);
-                    t->recv_s[((size_t)b * t->n_submeshes + q) * 2 + 1] = 0.125 * (1 + below(3));
-                }
-        }
+        int M = trial % 3 != 0 ? place_randomly(t, D, true) : 0;
         if (trial % 4 == 3 && L > 1) {
             t->no_cut_after = calloc((size_t)L, 1);
             assert_non_null(t->no_cut_after);
