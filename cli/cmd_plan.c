@@ -374,38 +374,6 @@ static ps_status plan_once(const ps_plan_request *req, void *ctx, ps_plan **plan
     return ps_plan_pipeshard(req, how->inter, plan, err);
 }
 
-/* All n bytes of buf onto file descriptor fd; false on an error (errno). */
-static bool write_all(int fd, const char *buf, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, buf, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        buf += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-/* The plan as ps_plan_save writes it, onto file descriptor fd (-o -). */
-static ps_status write_plan_to(const ps_plan *p, int fd, ps_error *err)
-{
-    json_t *j = NULL;
-    if (ps_plan_to_json(p, &j) != PS_OK)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory while writing the plan");
-    char *text = ps_json_dumps(j);
-    json_decref(j);
-    if (text == NULL)
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory while writing the plan");
-    bool ok = write_all(fd, text, strlen(text)) && write_all(fd, "\n", 1);
-    free(text);
-    return ok ? PS_OK
-              : ps_error_set(err, PS_ERR_IO, "cannot write the plan to stdout: %s",
-                             strerror(errno));
-}
-
 int ps_cmd_plan(int argc, char **argv)
 {
     const char *cluster_spec = NULL, *cluster_file = NULL, *output = NULL;
@@ -798,10 +766,17 @@ int ps_cmd_plan(int argc, char **argv)
     /* the programs first: a failed dump leaves no plan behind */
     if (dump_dir != NULL)
         PS_TRY(ps_cli_dump_programs(plan, dump_dir, &err));
-    if (plan_fd >= 0)
-        PS_TRY(write_plan_to(plan, plan_fd, &err));
-    else
-        PS_TRY(ps_plan_save(plan, output, &err));
+    if (plan_fd >= 0) { /* the plan alone onto the real stdout */
+        fflush(stdout);
+        dup2(plan_fd, STDOUT_FILENO);
+    }
+    st = ps_plan_save(plan, output, &err);
+    if (plan_fd >= 0) {
+        fflush(stdout);
+        dup2(STDERR_FILENO, STDOUT_FILENO);
+    }
+    if (st != PS_OK)
+        goto out;
     if (json) {
         json_t *j = NULL;
         PS_TRY(ps_plan_to_json(plan, &j));

@@ -1222,13 +1222,11 @@ static ps_status realization_failure(const realization *r, ps_error *err)
 static bool same_within(const realization *a, int ka, const realization *b, int kb)
 {
     const config *x = &a->stages[ka].cfg, *y = &b->stages[kb].cfg;
-    return a->hashes[ka] == b->hashes[kb] && a->req == b->req && x->d0 == y->d0 &&
-           x->d1 == y->d1 && x->force == y->force && x->lean == y->lean &&
-           x->remat == y->remat &&
+    return same_fastest(a, ka, b, kb) && x->d0 == y->d0 && x->d1 == y->d1 &&
+           x->lean == y->lean && x->remat == y->remat &&
            a->stages[ka].twin_iterations == b->stages[kb].twin_iterations &&
            stage_in_flight(a->gpipe, a->req->micro_batches, a->n, ka) ==
-               stage_in_flight(b->gpipe, b->req->micro_batches, b->n, kb) &&
-           ps_mesh_costs_equal(a->meshes[ka], b->meshes[kb]);
+               stage_in_flight(b->gpipe, b->req->micro_batches, b->n, kb);
 }
 
 /* Into `into`, the items of order[0..n) that keep[] marks, in order; their

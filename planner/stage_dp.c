@@ -74,21 +74,33 @@ static double recv_at(const ps_stage_table *t, int b, int sub, bool across)
     return t->recv_s[((size_t)b * t->n_submeshes + sub) * 2 + (across ? 1 : 0)];
 }
 
+/* Entry k (layers first..last on submesh sub) with what it receives under
+ * in-order placement, its first edge across nodes where variant & 1, its
+ * last where variant & 2; without placement, cost[k]. */
+static double variant_cost(const ps_stage_table *t, size_t k, int first, int last, int sub,
+                           int variant)
+{
+    double cost = t->cost[k];
+    if (t->devices_per_node <= 0)
+        return cost;
+    if (first > 0)
+        cost += recv_at(t, first, sub, variant & 1);
+    if (last + 1 < t->n_layers)
+        cost += recv_at(t, last + 1, sub, variant & 2);
+    return cost;
+}
+
 double ps_stage_table_placed_cost(const ps_stage_table *t, size_t k, int first, int last,
                                   int sub, int offset)
 {
-    double cost = t->cost[k];
     int M = t->devices_per_node;
-    if (M <= 0 || !isfinite(cost))
-        return cost;
+    if (M <= 0 || !isfinite(t->cost[k]))
+        return t->cost[k];
     int n = t->sub_devices[sub];
     if (!ps_stage_fits_at(n, offset, M))
         return INFINITY;
-    if (first > 0)
-        cost += recv_at(t, first, sub, offset % M == 0);
-    if (last + 1 < t->n_layers)
-        cost += recv_at(t, last + 1, sub, (offset + n) % M == 0);
-    return cost;
+    return variant_cost(t, k, first, last, sub,
+                        (offset % M == 0 ? 1 : 0) | ((offset + n) % M == 0 ? 2 : 0));
 }
 
 void ps_stage_plan_clear(ps_stage_plan *p)
@@ -158,12 +170,7 @@ static void dp_for(const ps_stage_table *t, int D, double t_max, double *f, int 
                         admissible *a = &adm[n_adm];
                         bool any = false;
                         for (int v = 0; v < (M > 0 ? 4 : 1); v++) {
-                            /* as ps_stage_table_placed_cost adds them */
-                            double cost = t->cost[k];
-                            if (M > 0 && l > 0)
-                                cost += recv_at(t, l, sub, v & 1);
-                            if (M > 0 && i + 1 < L)
-                                cost += recv_at(t, i + 1, sub, v & 2);
+                            double cost = variant_cost(t, k, l, i, sub, v);
                             a->cost[v] = cost <= t_max ? cost : INFINITY;
                             any = any || cost <= t_max;
                         }
@@ -271,13 +278,8 @@ ps_status ps_stage_dp_by_count(const ps_stage_table *t, int D, int B, double wit
                     size_t k = ps_stage_table_index(t, l, i, s, c);
                     if (!isfinite(t->cost[k]) || t->max_succ[k] < 0)
                         continue;
-                    if (variants == 1) {
-                        costs[n_costs++] = t->cost[k];
-                        continue;
-                    }
-                    for (int v = 0; v < 4; v++) /* v & 1, v & 2: first, last edge across */
-                        costs[n_costs++] = t->cost[k] + (l > 0 ? recv_at(t, l, s, v & 1) : 0) +
-                                           (i + 1 < L ? recv_at(t, i + 1, s, v & 2) : 0);
+                    for (int v = 0; v < variants; v++)
+                        costs[n_costs++] = variant_cost(t, k, l, i, s, v);
                 }
     qsort(costs, n_costs, sizeof *costs, cmp_double);
     for (int s = 0; s <= L; s++)
