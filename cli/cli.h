@@ -16,6 +16,7 @@ int ps_cmd_plan(int argc, char **argv);
 int ps_cmd_demo(int argc, char **argv);
 
 int ps_cmd_sim(int argc, char **argv);
+int ps_cmd_predict(int argc, char **argv);
 int ps_cmd_exec(int argc, char **argv);
 int ps_cmd_profile(int argc, char **argv);
 /* What `pipeshard sim` and the demo say in a build configured without SimGrid

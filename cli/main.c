@@ -22,6 +22,7 @@ static const struct {
 #else
     {"sim", ps_cmd_sim, "simulate a plan on a SimGrid model of its cluster"},
 #endif
+    {"predict", ps_cmd_predict, "the planner's prediction of a plan: summary and timeline"},
     {"exec", ps_cmd_exec, "run a plan's programs on the CPU or GPUs (measured)"},
     {"profile", ps_cmd_profile, "measure GEMMs and collectives into a profile DB"},
     {"compare", ps_cmd_compare, "run summaries of one plan side by side, with errors per stage"},

@@ -77,7 +77,7 @@ static double reshard_nic_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
 /* The bytes one link moves through each node's NIC, each direction. */
 typedef struct nic_load {
     double *bytes; /* [node * 2 + side]: side 0 sends, 1 receives */
-    int *devices;  /* [node * 2 + side]: its devices that do */
+    int *devices;  /* [node * 2 + side]: the receivers of its transfers through it */
     int *stamp;    /* [device * 2 + side]: the link that counted it last (link + 1) */
     int link;      /* the link counted now, from 1 */
     int lo[2], hi[2]; /* the nodes it touched so far, each side; lo > hi: none */
@@ -95,6 +95,11 @@ static void nic_load_reset(nic_load *v, int nodes)
     v->link++;
 }
 
+/* A transfer's bytes through a node's NIC on one side, to `device`, its
+ * receiver: a receiver takes its transfers in turn (its receives block)
+ * while a sender posts all of its sends at once, so the flows a link runs
+ * through a NIC at once are its receivers there (one served from two
+ * sending nodes counts at the first). */
 static void nic_load_add(nic_load *v, int node, int side, int device, double bytes)
 {
     v->bytes[node * 2 + side] += bytes;
@@ -161,7 +166,7 @@ static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh *
     for (int i = 0, dpn = p->cluster->devices_per_node; i < cp.n_xfers; i++) {
         const ps_cross_xfer *xf = &cp.xfers[i];
         if (xf->src / dpn != xf->dst / dpn) {
-            nic_load_add(nics, xf->src / dpn, 0, xf->src, xf->bytes);
+            nic_load_add(nics, xf->src / dpn, 0, xf->dst, xf->bytes);
             nic_load_add(nics, xf->dst / dpn, 1, xf->dst, xf->bytes);
         }
     }
@@ -425,11 +430,14 @@ typedef struct flow {
 } flow;
 
 /* One step of a stage's part of the schedule: computing for dur (flow -1),
- * or flow `flow` once op `after` has ended (-1: nothing to wait for). */
+ * or flow `flow` once op `after` has ended (-1: nothing to wait for); what
+ * it is, for the spans. */
 typedef struct sched_op {
     int flow;
     int after;
     double dur;
+    ps_pipeline_span_kind kind;
+    int micro_batch; /* -1: once per step */
 } sched_op;
 
 /* Link x's share of the NIC it crosses when it moves at full speed. */
@@ -545,11 +553,12 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
      * sender's kernel of its micro-batch, its accumulated reductions or its
      * update: index into kernel_op), made an op once every op has its place */
     size_t acc_key = (size_t)n * m * 2, upd_key = acc_key + (size_t)n;
-#define STAGE_FLOW(k, ph)                                                                       \
+#define STAGE_FLOW(k, ph, mb)                                                                   \
     do {                                                                                        \
         int f_ = n_links + (k) * PH_COUNT + (ph);                                               \
         if (flows[f_].seconds > 0)                                                              \
-            ops[o++] = (sched_op){.flow = f_, .after = -1};                                     \
+            ops[o++] = (sched_op){.flow = f_, .after = -1, .kind = PS_SPAN_STAGE_NICS,          \
+                                  .micro_batch = (mb)};                                         \
     } while (0)
     for (int k = 0; k < n; k++) {
         int o = at[k];
@@ -560,15 +569,19 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
             for (int l = 0; l < n_links; l++)
                 if (links[l].to == k && links[l].kind == want)
                     ops[o++] = (sched_op){
-                        .flow = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd)};
+                        .flow = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd),
+                        .kind = PS_SPAN_RECEIVE, .micro_batch = mb};
             int ph = bwd ? PH_BACKWARD : PH_FORWARD;
             ops[o++] = (sched_op){.flow = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
-                                                     fmax(0, reduce[k * PH_COUNT + ph])};
-            STAGE_FLOW(k, ph);
+                                                     fmax(0, reduce[k * PH_COUNT + ph]),
+                                  .kind = bwd ? PS_SPAN_BACKWARD : PS_SPAN_FORWARD,
+                                  .micro_batch = mb};
+            STAGE_FLOW(k, ph, mb);
             kernel_op[((size_t)k * m + mb) * 2 + bwd] = o - 1;
         }
-        ops[o++] = (sched_op){.flow = -1, .dur = fmax(0, reduce[k * PH_COUNT + PH_ACCUMULATED])};
-        STAGE_FLOW(k, PH_ACCUMULATED);
+        ops[o++] = (sched_op){.flow = -1, .dur = fmax(0, reduce[k * PH_COUNT + PH_ACCUMULATED]),
+                              .kind = PS_SPAN_ACCUMULATED, .micro_batch = -1};
+        STAGE_FLOW(k, PH_ACCUMULATED, -1);
         kernel_op[acc_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k &&
@@ -576,17 +589,20 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
                 ops[o++] = (sched_op){
                     .flow = l,
                     .after = (int)((links[l].kind == PS_LINK_ACCUMULATED ? acc_key : upd_key) +
-                                   (size_t)links[l].from)};
-        STAGE_FLOW(k, PH_UPDATE);
+                                   (size_t)links[l].from),
+                    .kind = PS_SPAN_RECEIVE, .micro_batch = -1};
+        STAGE_FLOW(k, PH_UPDATE, -1);
         double upd = update_s[k] - flows[n_links + k * PH_COUNT + PH_UPDATE].seconds;
         ops[o++] = (sched_op){
-            .flow = -1, .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS])};
-        STAGE_FLOW(k, PH_UPDATE_SENDS);
+            .flow = -1, .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS]),
+            .kind = PS_SPAN_UPDATE, .micro_batch = -1};
+        STAGE_FLOW(k, PH_UPDATE_SENDS, -1);
         kernel_op[upd_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
             if (links[l].to == k && links[l].kind == PS_LINK_PARAM_COPY)
                 ops[o++] = (sched_op){.flow = l,
-                                      .after = (int)(upd_key + (size_t)links[l].from)};
+                                      .after = (int)(upd_key + (size_t)links[l].from),
+                                      .kind = PS_SPAN_RECEIVE, .micro_batch = -1};
     }
 #undef STAGE_FLOW
     for (int i = 0; i < at[n]; i++)
@@ -658,16 +674,50 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
     }
 }
 
+/* The spans of the ops that ran (start, end): the kernels always,
+ * transfers, reductions and collectives where they took time. */
+static bool spans_of(int n, const sched_op *ops, const int *at, const double *start,
+                     const double *end, ps_pipeline_span **out, int *n_out)
+{
+    int count = 0;
+    for (int i = 0; i < at[n]; i++)
+        count += end[i] > start[i] || ops[i].kind == PS_SPAN_FORWARD ||
+                 ops[i].kind == PS_SPAN_BACKWARD || ops[i].kind == PS_SPAN_UPDATE;
+    ps_pipeline_span *v = malloc((size_t)(count > 0 ? count : 1) * sizeof *v);
+    if (v == NULL)
+        return false;
+    count = 0;
+    for (int k = 0; k < n; k++)
+        for (int i = at[k]; i < at[k + 1]; i++) {
+            const sched_op *op = &ops[i];
+            if (!(end[i] > start[i] || op->kind == PS_SPAN_FORWARD ||
+                  op->kind == PS_SPAN_BACKWARD || op->kind == PS_SPAN_UPDATE))
+                continue;
+            v[count++] = (ps_pipeline_span){.stage = k, .kind = op->kind,
+                                            .micro_batch = op->micro_batch,
+                                            .link = op->kind == PS_SPAN_RECEIVE ? op->flow : -1,
+                                            .start_s = start[i], .end_s = end[i]};
+        }
+    *out = v;
+    if (n_out != NULL)
+        *n_out = count;
+    return true;
+}
+
 /* The stages' ops run as events in time: a stage runs its ops in turn; a
  * receive starts once its sender's op has ended (the receiver asks first,
  * as receives block). A flow through NICs moves at the speed the NICs'
  * max-min fair sharing leaves it (share_nics). */
-double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
-                               const double *update_s, const ps_stage_link *links,
-                               int n_links, const ps_stage_nics *nics, int micro_batches,
-                               bool gpipe)
+double ps_pipeline_schedule(int n, const double *forward_s, const double *backward_s,
+                            const double *update_s, const ps_stage_link *links, int n_links,
+                            const ps_stage_nics *nics, int micro_batches, bool gpipe,
+                            ps_pipeline_span **spans_out, int *n_spans_out)
 {
     int m = micro_batches;
+    if (spans_out != NULL)
+        *spans_out = NULL;
+    if (n_spans_out != NULL)
+        *n_spans_out = 0;
     if (n <= 0 || m <= 0)
         return NAN;
     sched_op *ops = NULL;
@@ -685,7 +735,8 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
         for (int side = 0; side < 2 && flows[i].use > 0; side++)
             if (flows[i].node[side] + flows[i].nodes[side] > nodes)
                 nodes = flows[i].node[side] + flows[i].nodes[side];
-    double *end = malloc((size_t)at[n] * sizeof *end); /* each op's end; NAN: not yet */
+    double *end = malloc((size_t)at[n] * sizeof *end);     /* each op's end; NAN: not yet */
+    double *start = malloc((size_t)at[n] * sizeof *start); /* and its start */
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
     /* an op under way: when a fixed one ends (finish), or what a flow
      * through NICs has left at full speed (left, moving at rate) */
@@ -697,8 +748,8 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
     unsigned char *frozen = calloc((size_t)n, 1);
     double *load = calloc(4 * (size_t)nodes + 1, sizeof *load); /* used, then weights */
     double result = NAN, now = 0;
-    if (end == NULL || cur == NULL || finish == NULL || state == NULL || load == NULL ||
-        act == NULL || act_stage == NULL || frozen == NULL)
+    if (end == NULL || start == NULL || cur == NULL || finish == NULL || state == NULL ||
+        load == NULL || act == NULL || act_stage == NULL || frozen == NULL)
         goto out;
     for (int i = 0; i < at[n]; i++)
         end[i] = NAN;
@@ -719,10 +770,12 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                         if (flows[op->flow].use > 0) {
                             state[k] = 2;
                             left[k] = d;
+                            start[cur[k]] = now;
                             changed = true;
                             break;
                         }
                     }
+                    start[cur[k]] = now;
                     if (d > 0) {
                         state[k] = 1;
                         finish[k] = now + d;
@@ -771,7 +824,11 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
     result = 0;
     for (int k = 0; k < n && !isnan(result); k++)
         result = cur[k] < at[k + 1] ? NAN : fmax(result, end[at[k + 1] - 1]);
+    if (spans_out != NULL && !isnan(result) && !spans_of(n, ops, at, start, end, spans_out,
+                                                          n_spans_out))
+        result = NAN;
 out:
+    free(start);
     free(flows);
     free(ops);
     free(at);
@@ -784,4 +841,13 @@ out:
     free(act_stage);
     free(load);
     return result;
+}
+
+double ps_pipeline_iteration_s(int n, const double *forward_s, const double *backward_s,
+                               const double *update_s, const ps_stage_link *links,
+                               int n_links, const ps_stage_nics *nics, int micro_batches,
+                               bool gpipe)
+{
+    return ps_pipeline_schedule(n, forward_s, backward_s, update_s, links, n_links, nics,
+                                micro_batches, gpipe, NULL, NULL);
 }

@@ -44,8 +44,9 @@ typedef struct ps_stage_link {
      * the busiest of them carries its bytes (0: it stays within nodes). */
     int nic_node[2], nic_nodes[2];
     double nic_s;
-    int nic_flows; /* the transfers at once through the busiest of them (its devices
-                    * there; each device moves its transfers in turn) */
+    int nic_flows; /* the transfers at once through the busiest of them: its receivers
+                    * whose transfers cross it (a receiver takes its transfers in turn,
+                    * a sender posts all of its sends at once) */
 } ps_stage_link;
 
 /* A stage's own collectives across nodes. Its update reshards the
@@ -96,5 +97,34 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                                const double *update_s, const ps_stage_link *links,
                                int n_links, const ps_stage_nics *nics, int micro_batches,
                                bool gpipe);
+
+/* What a stage does over a span of the schedule. */
+typedef enum ps_pipeline_span_kind {
+    PS_SPAN_FORWARD = 0, /* a micro-batch's forward kernel (and the reductions it sends) */
+    PS_SPAN_BACKWARD,    /* a micro-batch's backward kernel (likewise) */
+    PS_SPAN_ACCUMULATED, /* after the last backward: reducing what it accumulated for others */
+    PS_SPAN_UPDATE,      /* the update (and the reductions of what it sends) */
+    PS_SPAN_RECEIVE,     /* a link's transfer into the stage, from when it moves */
+    PS_SPAN_STAGE_NICS,  /* the stage's own collectives across its nodes */
+    PS_SPAN_KIND_COUNT
+} ps_pipeline_span_kind;
+
+/* One span of a stage's part of the schedule; seconds from the step's start. */
+typedef struct ps_pipeline_span {
+    int stage;
+    ps_pipeline_span_kind kind;
+    int micro_batch; /* -1: once per step */
+    int link;        /* PS_SPAN_RECEIVE: the link (index into links), else -1 */
+    double start_s, end_s;
+} ps_pipeline_span;
+
+/* ps_pipeline_iteration_s, and the schedule it timed: every stage's spans
+ * in its own order, stage after stage (*spans malloc'ed: the kernels
+ * always, the rest where it takes time; NULL and 0 when the result is NAN).
+ * A stage waits (idles) between its spans. */
+double ps_pipeline_schedule(int n, const double *forward_s, const double *backward_s,
+                            const double *update_s, const ps_stage_link *links, int n_links,
+                            const ps_stage_nics *nics, int micro_batches, bool gpipe,
+                            ps_pipeline_span **spans, int *n_spans);
 
 #endif

@@ -1207,6 +1207,122 @@ static void test_sim_without_simgrid(void **state)
 }
 #endif
 
+/* pipeshard predict: the planner's schedule of a plan of 4 stages over two
+ * nodes, recomputed from the file: the same iteration as the plan's; a
+ * timeline in which every device runs its micro-batches' kernels and its
+ * spans and waits cover the step exactly; the summary sim --predicted
+ * writes; and its errors. */
+static void test_predict(void **state)
+{
+    const fixture *fx = *state;
+    char plan[512], sum[512], trace[512], edited[512];
+    snprintf(plan, sizeof plan, "%s/predict-plan.json", fx->dir);
+    snprintf(sum, sizeof sum, "%s/predict-summary.json", fx->dir);
+    snprintf(trace, sizeof trace, "%s/predict-trace.json", fx->dir);
+    snprintf(edited, sizeof edited, "%s/predict-edited.json", fx->dir);
+    const char *a[] = {"plan", "--model", "gpt-350m", "--hidden", "256", "--layers", "4",
+                       "--heads", "4", "--seq", "128", "--vocab", "2048", "--cluster",
+                       "p3.16xlarge:2", "--method", "uniform", "--dp", "1", "--op", "4", "--pp",
+                       "4", "--global-batch", "48", "--micro-batches", "6", "-o", plan, NULL};
+    expect_success(fx, a, "predicted     iteration");
+    const char *b[] = {"predict", "--plan", plan, "--summary", sum, "--trace", trace, NULL};
+    run_result r;
+    run_ok(fx, b, &r);
+    expect_exit(&r, 0);
+    expect_in(&r, true, "planner's schedule of gpt-350m on p3.16xlarge:2");
+    expect_in(&r, true, "receiving ms");
+    assert_false(contains(r.out, r.out_len, "the plan says"));
+    run_result_free(&r);
+    json_t *jp = json_load_file(plan, 0, NULL), *jt = json_load_file(trace, 0, NULL);
+    assert_non_null(jp);
+    assert_non_null(jt);
+    double it = json_number_value(json_object_get(json_object_get(jp, "predicted"), "iteration_s"));
+    assert_true(it > 0);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(jt, "otherData"), "source")),
+        "planner");
+    /* per device: covered end to end, 6 forwards and backwards, one update */
+    double covered[16] = {0}, ends[16] = {0};
+    int spans[16] = {0}, forwards[16] = {0}, backwards[16] = {0}, updates[16] = {0}, receives = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(jt, "traceEvents"), i, e)
+    {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0)
+            continue;
+        int d = (int)json_integer_value(json_object_get(e, "tid"));
+        assert_true(d >= 0 && d < 16);
+        double ts = json_number_value(json_object_get(e, "ts")) * 1e-6;
+        double dur = json_number_value(json_object_get(e, "dur")) * 1e-6;
+        const char *name = json_string_value(json_object_get(e, "name"));
+        covered[d] += dur;
+        spans[d]++;
+        ends[d] = fmax(ends[d], ts + dur);
+        forwards[d] += strncmp(name, "forward mb", 10) == 0;
+        backwards[d] += strncmp(name, "backward mb", 11) == 0;
+        updates[d] += strcmp(name, "update") == 0;
+        receives += strncmp(name, "recv activations from stage", 27) == 0;
+    }
+    for (int d = 0; d < 16; d++) {
+        /* (times in the file are rounded to the nanosecond) */
+        if (fabs(ends[d] - it) > 1e-9 || fabs(covered[d] - it) > 1e-9 * spans[d])
+            fail_msg("device %d: its spans cover %.9g s and end at %.9g s of a %.9g s step", d,
+                     covered[d], ends[d], it);
+        assert_int_equal(forwards[d], 6);
+        assert_int_equal(backwards[d], 6);
+        assert_int_equal(updates[d], 1);
+    }
+    assert_int_equal(receives, 3 * 4 * 6); /* 3 later stages of 4 devices, 6 micro-batches */
+    json_decref(jt);
+    json_t *js = json_load_file(sum, 0, NULL);
+    assert_non_null(js);
+    assert_string_equal(json_string_value(json_object_get(js, "source")), "planner");
+    assert_true(json_number_value(json_object_get(js, "iteration_s")) == it);
+#ifndef PS_NO_SIMGRID
+    {
+        char pred[512];
+        snprintf(pred, sizeof pred, "%s/predict-by-sim.json", fx->dir);
+        const char *c[] = {"sim", "--plan", plan, "--predicted", pred, NULL};
+        expect_success(fx, c, "simulated / predicted");
+        json_t *jq = json_load_file(pred, 0, NULL);
+        assert_non_null(jq);
+        assert_true(json_equal(js, jq));
+        json_decref(jq);
+    }
+#endif
+    json_decref(js);
+    {
+        const char *c[] = {"predict", "--plan", plan, "--json", NULL};
+        run_result q;
+        run_ok(fx, c, &q);
+        expect_exit(&q, 0);
+        json_t *j = parse_stdout(&q);
+        assert_string_equal(json_string_value(json_object_get(j, "source")), "planner");
+        json_decref(j);
+        run_result_free(&q);
+    }
+    /* a prediction the schedule does not give is named; none at all fails */
+    json_t *pred = json_object_get(jp, "predicted");
+    json_object_set_new(pred, "iteration_s", json_real(2 * it));
+    assert_int_equal(json_dump_file(jp, edited, 0), 0);
+    expect_success(fx, (const char *[]){"predict", "--plan", edited, NULL}, "the plan says");
+    json_object_del(jp, "predicted");
+    assert_int_equal(json_dump_file(jp, edited, 0), 0);
+    expect_failure(fx, (const char *[]){"predict", "--plan", edited, NULL},
+                   "the plan carries no prediction");
+    json_decref(jp);
+    expect_usage_error(fx, (const char *[]){"predict", NULL}, "--plan PLAN.json is required");
+    expect_usage_error(fx, (const char *[]){"predict", "--plan", plan, "--trace", plan, NULL},
+                       "would overwrite the input");
+    expect_usage_error(fx, (const char *[]){"predict", "--plan", plan, "--steps", "2", NULL},
+                       "unknown or incomplete option");
+    expect_usage_error(fx,
+                       (const char *[]){"predict", "--plan", plan, "--json", "--trace", "-", NULL},
+                       "both want stdout");
+    expect_failure(fx, (const char *[]){"predict", "--plan", "no-such-plan.json", NULL},
+                   "no-such-plan.json");
+}
+
 #ifndef PS_NO_SIMGRID
 /* sim --node-collectives: closed-form and transfers run; anything else is a usage
  * error. */
@@ -2296,6 +2412,7 @@ int main(void)
         cmocka_unit_test(test_sim_node_collectives),
         cmocka_unit_test(test_sim_predicted_split),
 #endif
+        cmocka_unit_test(test_predict),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_memory_check),
         cmocka_unit_test(test_moe_expert_parallel),

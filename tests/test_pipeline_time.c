@@ -199,6 +199,68 @@ static void random_stage_times(int n, double *f, double *b, double *u)
     }
 }
 
+/* The spans ps_pipeline_schedule reports for the schedule it timed at
+ * `iteration`: each stage's in order without overlap, m forwards and m
+ * backwards in micro-batch order and one update, each kernel at least as
+ * long as its stage's time (the reductions it sends follow it), each
+ * receive as long as its link where nothing shares its NICs and after the
+ * kernel that made its data; the last ends the step. */
+static void check_spans(int n, const double *f, const double *b, const double *u,
+                        const ps_stage_link *links, int n_links, const ps_stage_nics *nics,
+                        int m, bool gpipe, double iteration)
+{
+    ps_pipeline_span *sp = NULL;
+    int n_sp = 0;
+    double got = ps_pipeline_schedule(n, f, b, u, links, n_links, nics, m, gpipe, &sp, &n_sp);
+    assert_true(got == iteration);
+    assert_non_null(sp);
+    double last = 0, eps = 1e-12 * iteration;
+    for (int k = 0, i = 0; k < n; k++) {
+        int fw = 0, bw = 0, up = 0;
+        double at = 0;
+        for (; i < n_sp && sp[i].stage == k; i++) {
+            const ps_pipeline_span *x = &sp[i];
+            assert_true(x->start_s >= at - eps && x->end_s >= x->start_s);
+            at = x->end_s;
+            last = fmax(last, x->end_s);
+            double dur = x->end_s - x->start_s;
+            if (x->kind == PS_SPAN_FORWARD) {
+                assert_int_equal(x->micro_batch, fw++);
+                assert_true(dur >= f[k] - eps);
+            } else if (x->kind == PS_SPAN_BACKWARD) {
+                assert_int_equal(x->micro_batch, bw++);
+                assert_true(dur >= b[k] - eps);
+            } else if (x->kind == PS_SPAN_UPDATE) {
+                assert_int_equal(bw, m);
+                up++;
+            } else if (x->kind == PS_SPAN_RECEIVE) {
+                const ps_stage_link *l = &links[x->link];
+                assert_int_equal(l->to, k);
+                if (fabs(dur - l->seconds) > eps) /* (links here share no NIC) */
+                    fail_msg("stage %d: receives from %d for %.17g s, its link %.17g s", k,
+                             l->from, dur, l->seconds);
+                if (l->kind > PS_LINK_BACKWARD)
+                    continue;
+                ps_pipeline_span_kind made =
+                    l->kind == PS_LINK_FORWARD ? PS_SPAN_FORWARD : PS_SPAN_BACKWARD;
+                int found = 0;
+                for (int j = 0; j < n_sp; j++)
+                    if (sp[j].stage == l->from && sp[j].kind == made &&
+                        sp[j].micro_batch == x->micro_batch) {
+                        assert_true(x->start_s >= sp[j].end_s - eps);
+                        found++;
+                    }
+                assert_int_equal(found, 1);
+            }
+        }
+        assert_int_equal(fw, m);
+        assert_int_equal(bw, m);
+        assert_int_equal(up, 1);
+    }
+    assert_true(fabs(last - iteration) <= eps);
+    free(sp);
+}
+
 /* Random pipelines (1-5 stages, 1-9 micro-batches, both schedules) with
  * neighbour links, skips, and per-step links, half of them through NICs of
  * their own: the schedule's time equals the longest path through the
@@ -260,6 +322,7 @@ static void schedule_is_the_longest_path(void **state)
                                              gpipe);
         double want = reference(n, f, b, u, links, n_links, m, gpipe);
         assert_false(isnan(got));
+        check_spans(n, f, b, u, links, n_links, own ? nics : NULL, m, gpipe, got);
         double rel = fabs(got - want) / want;
         if (rel > 1e-12)
             fail_msg("trial %d: %d stages, %d micro-batches, %s: %.17g, longest path %.17g",
@@ -517,6 +580,12 @@ static void cyclic_links_are_nan(void **state)
     };
     assert_true(isnan(ps_pipeline_iteration_s(2, f, b, u, upd, 2, NULL, 4, false)));
     assert_true(isnan(ps_pipeline_iteration_s(0, f, b, u, NULL, 0, NULL, 4, false)));
+    /* no timeline either */
+    ps_pipeline_span *sp = (ps_pipeline_span *)links;
+    int n_sp = -1;
+    assert_true(isnan(ps_pipeline_schedule(2, f, b, u, links, 2, NULL, 4, false, &sp, &n_sp)));
+    assert_null(sp);
+    assert_int_equal(n_sp, 0);
 }
 
 /* ---- links against the lowered programs ---- */
@@ -544,6 +613,45 @@ static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int
     return p;
 }
 
+/* Stages of 8, 2, 4 and 8 devices on three nodes of 8 V100s, placed whole
+ * nodes first: nodes 0 and 1 hold the 8-device stages, node 2 the 2- and
+ * 4-device ones, whose activations (gradients) arrive from 8 senders on 2
+ * (4) receivers. */
+static ps_plan *unequal_plan(void)
+{
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 4;
+    cfg.hidden = 512;
+    cfg.ffn = 2048;
+    cfg.heads = 8;
+    cfg.seq = 256;
+    cfg.vocab = 2048;
+    cfg.batch = 16;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:3", &c, NULL), PS_OK);
+    ps_graph *fwd = NULL;
+    assert_int_equal(ps_model_build(&cfg, &fwd, NULL), PS_OK);
+    ps_plan_request req = {.forward = fwd, .config = &cfg, .train = ps_train_options_default(),
+                           .cluster = c, .global_batch = 64, .micro_batches = 4,
+                           .ilp = ps_ilp_options_default(), .method = PS_METHOD_SHARD};
+    ps_inter_options o = ps_inter_options_default();
+    o.layer_num = 4;
+    const ps_manual_stage stages[] = {{0, 0, {1, 8}, {1, 8}, false, false, false},
+                                      {1, 1, {1, 2}, {1, 2}, false, false, false},
+                                      {2, 2, {1, 4}, {1, 4}, false, false, false},
+                                      {3, 3, {1, 8}, {1, 8}, false, false, false}};
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    if (ps_plan_manual(&req, &o, stages, 4, &p, &err) != PS_OK)
+        fail_msg("unequal stages: %s", err.msg);
+    assert_int_equal(p->stages[1].devices[0] / 8, 2);
+    assert_int_equal(p->stages[3].devices[0] / 8, 1);
+    ps_graph_free(fwd);
+    ps_cluster_free(c);
+    return p;
+}
+
 /* Every micro-batch link carries whole tensors once (local all-gather
  * splits each part among the receivers that share it): the bytes the
  * programs send from one stage to another for micro-batch 0 are the links'
@@ -563,12 +671,23 @@ static void links_match_the_programs(void **state)
         {"mlp", "dgx-a100:1", 2, 1, 4}, {"gpt-350m", "p3.16xlarge:4", 2, 4, 4},
         {"gpt-350m", "p3.16xlarge:4", 1, 16, 2}, {"gpt-350m", "p3.16xlarge:4", 2, 8, 2},
     };
-    int crossed = 0;        /* links through NICs */
-    int updates_across = 0; /* stages whose updates cross nodes */
-    int several_flows = 0;  /* links of more than one transfer through a NIC at once */
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        ps_plan *p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
-                                  cases[i].pp);
+    int crossed = 0;         /* links through NICs */
+    int updates_across = 0;  /* stages whose updates cross nodes */
+    int several_flows = 0;   /* links of more than one transfer through a NIC at once */
+    int fewer_receivers = 0; /* links across nodes from more devices than they reach */
+    size_t n_cases = sizeof cases / sizeof *cases;
+    for (size_t i = 0; i <= n_cases; i++) {
+        char what[96];
+        ps_plan *p = NULL;
+        if (i < n_cases) {
+            p = uniform_plan(cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
+                             cases[i].pp);
+            snprintf(what, sizeof what, "%s %s %dx%dx%d", cases[i].model, cases[i].cluster,
+                     cases[i].dp, cases[i].op, cases[i].pp);
+        } else {
+            p = unequal_plan();
+            snprintf(what, sizeof what, "gpt p3.16xlarge:3, stages of 8, 2, 4 and 8 devices");
+        }
         ps_plan_model *m = NULL;
         ps_error err = {0};
         assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
@@ -607,10 +726,9 @@ static void links_match_the_programs(void **state)
             }
             if (fabs(across - nics[k].update_nic_s) > 1e-9 * across ||
                 all > s->update_s * (1 + 1e-12))
-                fail_msg("%s %s %dx%dx%d stage %d: update %.9g s, its kernel's collectives "
+                fail_msg("%s stage %d: update %.9g s, its kernel's collectives "
                          "%.9g s, %.9g s of them across nodes; update_nic_s %.9g s",
-                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
-                         cases[i].pp, k, s->update_s, all, across, nics[k].update_nic_s);
+                         what, k, s->update_s, all, across, nics[k].update_nic_s);
             updates_across += across > 0;
             ps_mesh_free(mesh);
         }
@@ -623,8 +741,10 @@ static void links_match_the_programs(void **state)
          * through a node's NIC, side 0 out, 1 in */
         int nodes = p->cluster->nodes, dpn = p->cluster->devices_per_node;
         double *nic = calloc((size_t)n * n * nodes * 2, sizeof *nic);
-        /* and the devices that send (receive) through it: [(ab * devices + d) * 2 + side] */
-        unsigned char *through = calloc((size_t)n * n * set->n_devices * 2, 1);
+        /* and the receivers of the transfers through it (a receiver takes
+         * its transfers in turn, a sender posts all of its sends at once):
+         * [((ab * nodes + node) * 2 + side) * devices + receiver] */
+        unsigned char *through = calloc((size_t)n * n * nodes * 2 * set->n_devices, 1);
         for (int d = 0; d < set->n_devices; d++)
             for (int j = 0; j < set->programs[d].n_instrs; j++) {
                 const ps_instr *in = &set->programs[d].instrs[j];
@@ -635,8 +755,10 @@ static void links_match_the_programs(void **state)
                 if (d / dpn != in->peer / dpn) {
                     nic[(ab * nodes + d / dpn) * 2] += in->bytes;
                     nic[(ab * nodes + in->peer / dpn) * 2 + 1] += in->bytes;
-                    through[((size_t)ab * set->n_devices + d) * 2] = 1;
-                    through[((size_t)ab * set->n_devices + in->peer) * 2 + 1] = 1;
+                    size_t out_at = (size_t)(ab * nodes + d / dpn) * 2;
+                    size_t in_at = (size_t)(ab * nodes + in->peer / dpn) * 2 + 1;
+                    through[out_at * set->n_devices + in->peer] = 1;
+                    through[in_at * set->n_devices + in->peer] = 1;
                 }
             }
         /* a collective over the whole mesh (a sender's reduction of partial
@@ -649,10 +771,9 @@ static void links_match_the_programs(void **state)
                 const ps_instr *in = &pr->instrs[j];
                 if (in->kind == PS_INSTR_COLLECTIVE && in->axis < 0 &&
                     in->group == pr->axis_group[PS_MESH_AXES])
-                    fail_msg("%s %s %dx%dx%d: device %d's %s over the whole mesh names its "
+                    fail_msg("%s: device %d's %s over the whole mesh names its "
                              "group, not the mesh",
-                             cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
-                             cases[i].pp, d, ps_collective_names[in->coll]);
+                             what, d, ps_collective_names[in->coll]);
             }
         /* a link's NIC time: its busiest NIC's bytes, after a latency */
         double bw = p->cluster->inter.nics_per_node * p->cluster->inter.nic_bandwidth_bytes_per_s;
@@ -661,13 +782,14 @@ static void links_match_the_programs(void **state)
             if (x->kind != PS_LINK_FORWARD && x->kind != PS_LINK_BACKWARD)
                 continue;
             double most = 0;
-            int flows = 0; /* the devices through the busiest NIC */
+            int flows = 0; /* the receivers through the busiest NIC */
             for (int k = 0; k < nodes; k++)
                 for (int side = 0; side < 2; side++) {
                     int ab = x->from * n + x->to, here = 0;
                     double v = nic[(ab * nodes + k) * 2 + side];
-                    for (int d = k * dpn; d < (k + 1) * dpn; d++)
-                        here += through[((size_t)ab * set->n_devices + d) * 2 + side];
+                    size_t at = (size_t)(ab * nodes + k) * 2 + (size_t)side;
+                    for (int d = 0; d < set->n_devices; d++)
+                        here += through[at * set->n_devices + d];
                     if (v > most || (v == most && here > flows))
                         flows = here;
                     most = fmax(most, v);
@@ -676,20 +798,20 @@ static void links_match_the_programs(void **state)
                                     k < x->nic_node[side] + x->nic_nodes[side]);
                 }
             if (x->nic_flows != flows)
-                fail_msg("%s %s %dx%dx%d: link %d -> %d: %d flows through its busiest NIC, the "
+                fail_msg("%s: link %d -> %d: %d flows through its busiest NIC, the "
                          "programs %d",
-                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op, cases[i].pp,
-                         x->from, x->to, x->nic_flows, flows);
+                         what, x->from, x->to, x->nic_flows, flows);
             if (flows > 1)
                 several_flows++;
             double want = most > 0 ? fmin(p->cluster->inter.latency_s + most / bw, x->seconds) : 0;
             if (fabs(x->nic_s - want) > 1e-9 * want)
-                fail_msg("%s %s %dx%dx%d: link %d -> %d holds its NICs %.9g s, its busiest NIC "
+                fail_msg("%s: link %d -> %d holds its NICs %.9g s, its busiest NIC "
                          "carries %.0f bytes (%.9g s)",
-                         cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op, cases[i].pp,
-                         x->from, x->to, x->nic_s, most, want);
+                         what, x->from, x->to, x->nic_s, most, want);
             if (nodes > 1 && most > 0)
                 crossed++;
+            if (most > 0 && p->stages[x->to].n_devices < p->stages[x->from].n_devices)
+                fewer_receivers++;
         }
         free(nic);
         free(through);
@@ -703,10 +825,9 @@ static void links_match_the_programs(void **state)
         for (int a = 0; a < n; a++)
             for (int b = 0; b < n; b++)
                 if (fabs(sent[a * n + b] - linked[a * n + b]) > 1e-9 * linked[a * n + b])
-                    fail_msg("%s %s %dx%dx%d: stage %d to %d: programs send %.0f bytes per "
+                    fail_msg("%s: stage %d to %d: programs send %.0f bytes per "
                              "micro-batch, links carry %.0f",
-                             cases[i].model, cases[i].cluster, cases[i].dp, cases[i].op,
-                             cases[i].pp, a, b, sent[a * n + b], linked[a * n + b]);
+                             what, a, b, sent[a * n + b], linked[a * n + b]);
         for (int a = 0; a + 1 < n; a++)
             assert_true(linked[a * n + a + 1] > 0 && linked[(a + 1) * n + a] > 0);
         free(sent);
@@ -720,6 +841,7 @@ static void links_match_the_programs(void **state)
     assert_true(crossed >= 8);
     assert_true(updates_across >= 2);
     assert_true(several_flows >= 4);
+    assert_true(fewer_receivers >= 2); /* the unequal plan's 8 -> 2 and 8 -> 4 */
 }
 
 int main(void)
