@@ -47,37 +47,6 @@ static const struct option options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* The schedule of plan p (its stages' predicted times, the links the
- * lowering's transfers make): *spans malloc'ed. NAN when the links wait for
- * each other (the planner then fell back on Alpa's formula). */
-static ps_status plan_schedule(const ps_plan *p, const ps_plan_model *m, ps_pipeline_span **spans,
-                               int *n_spans, ps_stage_link **links_out, int *n_links_out,
-                               double *iteration_s, ps_error *err)
-{
-    ps_status st = PS_OK;
-    int n = p->n_stages;
-    double *t = malloc(3 * (size_t)n * sizeof *t);
-    ps_stage_nics *nics = calloc((size_t)n, sizeof *nics);
-    *links_out = NULL;
-    *n_links_out = 0;
-    PS_TRY_ALLOC(t, err);
-    PS_TRY_ALLOC(nics, err);
-    PS_TRY(ps_plan_stage_links(p, m->step, ps_lower_options_default().local_allgather, links_out,
-                               n_links_out, nics, err));
-    for (int k = 0; k < n; k++) {
-        t[k] = p->stages[k].forward_s;
-        t[n + k] = p->stages[k].backward_s;
-        t[2 * n + k] = p->stages[k].update_s;
-    }
-    *iteration_s =
-        ps_pipeline_schedule(n, t, t + n, t + 2 * n, *links_out, *n_links_out, nics,
-                             p->micro_batches, strcmp(p->schedule, "gpipe") == 0, spans, n_spans);
-out:
-    free(t);
-    free(nics);
-    return st;
-}
-
 /* What a span is called in the timeline, and its category. */
 static ps_trace_category span_name(const ps_pipeline_span *s, const ps_stage_link *links, char *buf,
                                    int cap)
@@ -240,7 +209,7 @@ int ps_cmd_predict(int argc, char **argv)
     ps_pipeline_span *spans = NULL;
     ps_stage_link *links = NULL;
     int n_spans = 0, n_links = 0;
-    double iteration_s = NAN;
+    double iteration_s = NAN, *receive_s = NULL;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     if (!(plan->iteration_s > 0)) {
         st = ps_error_set(&err, PS_ERR_INVALID, "%s: the plan carries no prediction", plan_path);
@@ -249,9 +218,10 @@ int ps_cmd_predict(int argc, char **argv)
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, &err), &err));
     ps_lower_options lo = ps_lower_options_default();
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_lower(plan, m, &lo, &set, &err), &err));
-    PS_TRY(ps_cli_in_plan_file(
-        plan, plan_schedule(plan, m, &spans, &n_spans, &links, &n_links, &iteration_s, &err),
-        &err));
+    PS_TRY(ps_cli_in_plan_file(plan,
+                               ps_plan_pipeline_schedule(plan, m->step, &spans, &n_spans, &links,
+                                                         &n_links, &iteration_s, &err),
+                               &err));
     if (isnan(iteration_s)) {
         st = ps_error_set(&err, PS_ERR_INVALID,
                           "%s: the stages' transfers wait for each other: the planner predicted "
@@ -259,7 +229,9 @@ int ps_cmd_predict(int argc, char **argv)
                           plan_path);
         goto out;
     }
-    PS_TRY(ps_summary_from_plan(plan, set, &pred));
+    receive_s = ps_pipeline_receive_seconds(plan->n_stages, spans, n_spans);
+    PS_TRY_ALLOC(receive_s, &err);
+    PS_TRY(ps_summary_from_plan(plan, set, receive_s, &pred));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(pred, summary_path, &err));
     if (trace_path != NULL)
@@ -273,6 +245,7 @@ int ps_cmd_predict(int argc, char **argv)
         print_schedule(plan, spans, n_spans, iteration_s, report);
     }
 out:
+    free(receive_s);
     free(spans);
     free(links);
     ps_summary_free(pred);

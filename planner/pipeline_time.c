@@ -8,6 +8,7 @@
 #include "core/array.h"
 #include "planner/cost_model.h"
 #include "planner/cross_mesh.h"
+#include "planner/lower.h"
 
 /* ---- the links ---- */
 
@@ -850,4 +851,55 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
 {
     return ps_pipeline_schedule(n, forward_s, backward_s, update_s, links, n_links, nics,
                                 micro_batches, gpipe, NULL, NULL);
+}
+
+ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
+                                    ps_pipeline_span **spans, int *n_spans,
+                                    ps_stage_link **links_out, int *n_links_out,
+                                    double *iteration_s, ps_error *err)
+{
+    ps_status st = PS_OK;
+    int n = p->n_stages, n_links = 0;
+    ps_stage_link *links = NULL;
+    double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
+    ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
+    *spans = NULL;
+    *n_spans = 0;
+    *iteration_s = NAN;
+    if (links_out != NULL) {
+        *links_out = NULL;
+        *n_links_out = 0;
+    }
+    PS_TRY_ALLOC(t, err);
+    PS_TRY_ALLOC(nics, err);
+    /* as the planner priced them (planner/inter_pass.c): the lowering's default */
+    PS_TRY(ps_plan_stage_links(p, step, ps_lower_options_default().local_allgather, &links,
+                               &n_links, nics, err));
+    for (int k = 0; k < n; k++) {
+        t[k] = p->stages[k].forward_s;
+        t[n + k] = p->stages[k].backward_s;
+        t[2 * n + k] = p->stages[k].update_s;
+    }
+    *iteration_s = ps_pipeline_schedule(n, t, t + n, t + 2 * n, links, n_links, nics,
+                                        p->micro_batches, strcmp(p->schedule, "gpipe") == 0,
+                                        spans, n_spans);
+    if (links_out != NULL) {
+        *links_out = links;
+        *n_links_out = n_links;
+        links = NULL;
+    }
+out:
+    free(links);
+    free(t);
+    free(nics);
+    return st;
+}
+
+double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans)
+{
+    double *r = calloc((size_t)(n_stages > 0 ? n_stages : 1), sizeof *r);
+    for (int i = 0; r != NULL && i < n_spans; i++)
+        if (spans[i].kind == PS_SPAN_RECEIVE && spans[i].stage >= 0 && spans[i].stage < n_stages)
+            r[spans[i].stage] += spans[i].end_s - spans[i].start_s;
+    return r;
 }

@@ -32,7 +32,8 @@ static double compute_share(double compute, double comm)
     return compute + comm > 0 ? compute / (compute + comm) : 1;
 }
 
-ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_summary **out)
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set,
+                               const double *receive_s, ps_summary **out)
 {
     int n_dev = ps_cluster_device_count(p->cluster);
     ps_summary *s = NULL;
@@ -78,7 +79,7 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_s
             ps_summary_device *d = &s->devices[ps->devices[i]];
             d->stage = k;
             d->compute_s = compute_s;
-            d->comm_s = per_step - compute_s;
+            d->comm_s = per_step - compute_s + (receive_s != NULL ? receive_s[k] : 0);
             d->peak_memory_bytes = ps->peak_memory_bytes;
         }
     }

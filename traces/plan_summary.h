@@ -15,8 +15,12 @@
  * micro-batches x (forward + backward) by the forward and backward kernels',
  * the update by the update kernel's (its gradient synchronization, once a
  * step; the plan's ops, summed, cannot tell the phases apart and counted
- * that synchronization once per micro-batch). PS_ERR_INVALID: set is not
- * this plan's (another stage count). */
-ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, ps_summary **out);
+ * that synchronization once per micro-batch). receive_s (NULL: none
+ * known): per stage, the seconds its devices spend receiving from other
+ * stages over the step in the planner's schedule (ps_plan_pipeline_schedule),
+ * counted as communication, as the simulator counts its receives.
+ * PS_ERR_INVALID: set is not this plan's (another stage count). */
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set,
+                               const double *receive_s, ps_summary **out);
 
 #endif
