@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/status.h"
 
@@ -52,6 +53,12 @@ typedef struct ps_cli_path {
  * be written, 2 for a clash), or 0. */
 int ps_cli_check_outputs(const char *command, const ps_cli_path *outs, int n_outs,
                          const ps_cli_path *ins, int n_ins);
+/* The outputs of a command that runs a plan (sim, exec, predict): checked
+ * as ps_cli_check_outputs does against the --plan input, and refused when
+ * --json also wants stdout. *report: where the report for people goes,
+ * stderr when an output is "-". Returns the exit status, or 0. */
+int ps_cli_check_run_outputs(const char *command, const char *plan_path, bool json,
+                             const ps_cli_path *outs, int n_outs, FILE **report);
 /* Whether some output of outs goes to standard output ("-"): a command's
  * report for people then goes to standard error, so that stdout carries the
  * file alone. */
@@ -61,6 +68,19 @@ bool ps_cli_stdout_taken(const ps_cli_path *outs, int n_outs);
  * message not naming the file (checks against the model have no place in
  * the file) gets the file's name in front of it. Returns st. */
 ps_status ps_cli_in_plan_file(const struct ps_plan *plan, ps_status st, ps_error *err);
+
+/* The planner's prediction of a plan as a run summary (source "planner"):
+ * traces/plan_summary.h's, with the receives of its schedule (spans, or
+ * NULL: computed here) counted as communication. m and set: the plan's
+ * model and its lowered programs. */
+struct ps_plan_model;
+struct ps_program_set;
+struct ps_pipeline_span;
+struct ps_summary;
+ps_status ps_cli_planner_summary(const struct ps_plan *plan, const struct ps_plan_model *m,
+                                 const struct ps_program_set *set,
+                                 const struct ps_pipeline_span *spans, int n_spans,
+                                 struct ps_summary **out, ps_error *err);
 
 /* Prints "pipeshard: <msg>" for a failed status and returns 1. */
 int ps_cli_fail(const ps_error *err, ps_status st);

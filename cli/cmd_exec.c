@@ -484,15 +484,10 @@ int ps_cmd_exec(int argc, char **argv)
         return ps_cli_usage_error("exec", "%s applies to --check",
                                   tol >= 0 ? "--tolerance" : "--param-atol");
     const ps_cli_path outs[] = {{"--trace", eo.trace_path}, {"--summary", summary_path}};
-    const ps_cli_path ins[] = {{"--plan", plan_path}};
-    if (json && ps_cli_stdout_taken(outs, 2))
-        return ps_cli_usage_error("exec", "--json and an output to \"-\" both want stdout; "
-                                          "give the output a file");
-    int checked = ps_cli_check_outputs("exec", outs, 2, ins, 1);
+    FILE *report = stdout;
+    int checked = ps_cli_check_run_outputs("exec", plan_path, json, outs, 2, &report);
     if (checked != 0)
         return checked;
-    /* the report for people goes where no file goes */
-    FILE *report = ps_cli_stdout_taken(outs, 2) ? stderr : stdout;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL, *ref_plan = NULL;

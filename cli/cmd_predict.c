@@ -167,6 +167,32 @@ static void print_schedule(const ps_plan *p, const ps_pipeline_span *spans, int 
     }
 }
 
+ps_status ps_cli_planner_summary(const ps_plan *plan, const ps_plan_model *m,
+                                 const ps_program_set *set, const ps_pipeline_span *spans,
+                                 int n_spans, ps_summary **out, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_pipeline_span *own = NULL;
+    double *receive_s = NULL, iteration_s = NAN;
+    *out = NULL;
+    if (spans == NULL) {
+        PS_TRY(ps_cli_in_plan_file(plan,
+                                   ps_plan_pipeline_schedule(plan, m->step, &own, &n_spans, NULL,
+                                                             NULL, &iteration_s, err),
+                                   err));
+        spans = own;
+    }
+    receive_s = ps_pipeline_receive_seconds(plan->n_stages, spans, n_spans);
+    PS_TRY_ALLOC(receive_s, err);
+    st = ps_summary_from_plan(plan, set, receive_s, out);
+    if (st != PS_OK)
+        st = ps_error_set(err, st, "the planner's summary: %s", ps_status_str(st));
+out:
+    free(own);
+    free(receive_s);
+    return st;
+}
+
 int ps_cmd_predict(int argc, char **argv)
 {
     const char *plan_path = NULL, *summary_path = NULL, *trace_path = NULL;
@@ -191,15 +217,11 @@ int ps_cmd_predict(int argc, char **argv)
     if (plan_path == NULL)
         return ps_cli_usage_error("predict", "--plan PLAN.json is required");
     const ps_cli_path outs[] = {{"--summary", summary_path}, {"--trace", trace_path}};
-    const ps_cli_path ins[] = {{"--plan", plan_path}};
-    int n_outs = (int)(sizeof outs / sizeof *outs);
-    if (json && ps_cli_stdout_taken(outs, n_outs))
-        return ps_cli_usage_error("predict", "--json and an output to \"-\" both want stdout; "
-                                             "give the output a file");
-    int checked = ps_cli_check_outputs("predict", outs, n_outs, ins, 1);
+    FILE *report = stdout;
+    int checked = ps_cli_check_run_outputs("predict", plan_path, json, outs,
+                                           (int)(sizeof outs / sizeof *outs), &report);
     if (checked != 0)
         return checked;
-    FILE *report = ps_cli_stdout_taken(outs, n_outs) ? stderr : stdout;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL;
@@ -209,7 +231,7 @@ int ps_cmd_predict(int argc, char **argv)
     ps_pipeline_span *spans = NULL;
     ps_stage_link *links = NULL;
     int n_spans = 0, n_links = 0;
-    double iteration_s = NAN, *receive_s = NULL;
+    double iteration_s = NAN;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     if (!(plan->iteration_s > 0)) {
         st = ps_error_set(&err, PS_ERR_INVALID, "%s: the plan carries no prediction", plan_path);
@@ -229,9 +251,7 @@ int ps_cmd_predict(int argc, char **argv)
                           plan_path);
         goto out;
     }
-    receive_s = ps_pipeline_receive_seconds(plan->n_stages, spans, n_spans);
-    PS_TRY_ALLOC(receive_s, &err);
-    PS_TRY(ps_summary_from_plan(plan, set, receive_s, &pred));
+    PS_TRY(ps_cli_planner_summary(plan, m, set, spans, n_spans, &pred, &err));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(pred, summary_path, &err));
     if (trace_path != NULL)
@@ -245,7 +265,6 @@ int ps_cmd_predict(int argc, char **argv)
         print_schedule(plan, spans, n_spans, iteration_s, report);
     }
 out:
-    free(receive_s);
     free(spans);
     free(links);
     ps_summary_free(pred);

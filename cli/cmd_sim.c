@@ -1,7 +1,6 @@
 /* pipeshard sim: replay a plan's per-device programs in the SimGrid model
  * of its cluster. */
 #include <getopt.h>
-#include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,7 +11,6 @@
 #include "core/log.h"
 #include "core/program.h"
 #include "planner/lower.h"
-#include "planner/pipeline_time.h"
 #include "sim/sim.h"
 #include "traces/plan_summary.h"
 
@@ -163,16 +161,11 @@ int ps_cmd_sim(int argc, char **argv)
     const ps_cli_path outs[] = {{"--trace", so.trace_path},
                                 {"--summary", summary_path},
                                 {"--predicted", pred_path}};
-    const ps_cli_path ins[] = {{"--plan", plan_path}};
-    int n_outs = (int)(sizeof outs / sizeof *outs);
-    if (json && ps_cli_stdout_taken(outs, n_outs))
-        return ps_cli_usage_error("sim", "--json and an output to \"-\" both want stdout; give "
-                                         "the output a file");
-    int checked = ps_cli_check_outputs("sim", outs, n_outs, ins, 1);
+    FILE *report = stdout;
+    int checked = ps_cli_check_run_outputs("sim", plan_path, json, outs,
+                                           (int)(sizeof outs / sizeof *outs), &report);
     if (checked != 0)
         return checked;
-    /* the report for people goes where no file goes */
-    FILE *report = ps_cli_stdout_taken(outs, n_outs) ? stderr : stdout;
     ps_status st = PS_OK;
     ps_error err = {0};
     ps_plan *plan = NULL;
@@ -180,9 +173,6 @@ int ps_cmd_sim(int argc, char **argv)
     ps_program_set *set = NULL;
     ps_summary *sum = NULL, *pred = NULL;
     ps_sim_stats stats = {0};
-    ps_pipeline_span *spans = NULL;
-    int n_spans = 0;
-    double planned_s = NAN, *receive_s = NULL;
     PS_TRY(ps_plan_load(plan_path, &plan, &err));
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, &err), &err));
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_lower(plan, m, &lo, &set, &err), &err));
@@ -192,14 +182,7 @@ int ps_cmd_sim(int argc, char **argv)
     so.progress = ps_log_progress_enabled();
     PS_TRY(ps_sim_run(set, plan->cluster, &so, &sum, &stats, &err));
     warn_over_memory(plan_path, plan->cluster, sum);
-    /* the planner's side: its schedule's receives count as communication */
-    PS_TRY(ps_cli_in_plan_file(plan,
-                               ps_plan_pipeline_schedule(plan, m->step, &spans, &n_spans, NULL,
-                                                         NULL, &planned_s, &err),
-                               &err));
-    receive_s = ps_pipeline_receive_seconds(plan->n_stages, spans, n_spans);
-    PS_TRY_ALLOC(receive_s, &err);
-    PS_TRY(ps_summary_from_plan(plan, set, receive_s, &pred));
+    PS_TRY(ps_cli_planner_summary(plan, m, set, NULL, 0, &pred, &err));
     if (summary_path != NULL)
         PS_TRY(ps_summary_save(sum, summary_path, &err));
     if (pred_path != NULL)
@@ -232,8 +215,6 @@ int ps_cmd_sim(int argc, char **argv)
                stats.peak_rss_bytes / (1 << 20));
     }
 out:
-    free(spans);
-    free(receive_s);
     ps_summary_free(sum);
     ps_summary_free(pred);
     ps_program_set_free(set);

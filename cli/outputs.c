@@ -108,3 +108,15 @@ bool ps_cli_stdout_taken(const ps_cli_path *outs, int n_outs)
             return true;
     return false;
 }
+
+int ps_cli_check_run_outputs(const char *command, const char *plan_path, bool json,
+                             const ps_cli_path *outs, int n_outs, FILE **report)
+{
+    const ps_cli_path ins[] = {{"--plan", plan_path}};
+    if (json && ps_cli_stdout_taken(outs, n_outs))
+        return ps_cli_usage_error(command, "--json and an output to \"-\" both want stdout; "
+                                           "give the output a file");
+    int checked = ps_cli_check_outputs(command, outs, n_outs, ins, 1);
+    *report = ps_cli_stdout_taken(outs, n_outs) ? stderr : stdout;
+    return checked;
+}
