@@ -207,9 +207,64 @@ static double held_bytes(const ps_graph *g, const ps_intra_result *r, const ps_l
     return ps_spec_tile_bytes(&r->tensor_spec[t], &g->tensors[t].desc, m->shape);
 }
 
+/* The most the update holds at once above the step's lasting memory (the
+ * weights, state and accumulated gradients): the contributions other
+ * stages send to a shared parameter's gradient, received before the update
+ * in the layout they are held in, what its ops make (a contribution summed
+ * into the stage's own gradient) and the tiles of inputs they read in
+ * another layout, each from its op to its last reader; the optimizer
+ * updates weights and state in place. (Counted as the largest contribution
+ * alone until 2026-12-03: the first stage of a GPT pipeline holds the tied
+ * embedding's gradient from the last stage whole, its re-laid tile and the
+ * sum at once, and its programs peaked there above the plan.) */
+static double update_working_set(const ps_graph *g, const unsigned char *kept,
+                                 const ps_intra_result *r, const ps_logical_mesh *m,
+                                 const int *last)
+{
+    double live = 0, peak = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].producer < 0 && g->tensors[t].kind == PS_TENSOR_INPUT &&
+            (kept[t] & KEPT_ACCUM))
+            live += held_bytes(g, r, m, t);
+    peak = live;
+    for (int i = 0; i < g->n_ops; i++) {
+        const ps_op *op = &g->ops[i];
+        if (op->pass != PS_PASS_UPDATE)
+            continue;
+        const ps_strategy *s = &r->op_strategy[i];
+        double born = 0, unread = 0, relaid = 0;
+        for (int k = 0; k < op->n_out; k++) {
+            double b = held_bytes(g, r, m, op->out[k]);
+            born += b;
+            if (last[op->out[k]] <= i)
+                unread += b;
+        }
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            if (!ps_spec_equal(&r->tensor_spec[t], &s->in[k]))
+                relaid += ps_spec_tile_bytes(&s->in[k], &g->tensors[t].desc, m->shape);
+        }
+        live += born;
+        peak = fmax(peak, live + relaid);
+        live -= unread;
+        for (int k = 0; k < op->n_in; k++) {
+            int t = op->in[k];
+            const ps_tensor *x = &g->tensors[t];
+            bool dup = false;
+            for (int q = 0; q < k && !dup; q++)
+                dup = op->in[q] == t;
+            bool transient = (x->producer >= 0 && g->ops[x->producer].pass == PS_PASS_UPDATE) ||
+                             (x->producer < 0 && x->kind == PS_TENSOR_INPUT);
+            if (!dup && transient && last[t] == i)
+                live -= held_bytes(g, r, m, t);
+        }
+    }
+    return peak;
+}
+
 static ps_status working_set(const ps_graph *g, const unsigned char *kept,
                              const ps_intra_result *r, const ps_logical_mesh *m,
-                             double *peak_out, ps_error *err)
+                             double *peak_out, double *update_peak_out, ps_error *err)
 {
     int *last = malloc(((size_t)g->n_tensors + 1) * sizeof *last);
     if (last == NULL)
@@ -262,6 +317,7 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
                 live -= held_bytes(g, r, m, t);
         }
     }
+    *update_peak_out = update_working_set(g, kept, r, m, last);
     free(last);
     *peak_out = peak;
     return PS_OK;
@@ -273,8 +329,16 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
 static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_error *err)
 {
     unsigned char *kept = calloc((size_t)g->n_tensors + 1, 1);
-    if (kept == NULL)
+    /* read[t]: 1 when a forward op reads t, 2 when any op does */
+    unsigned char *read = calloc((size_t)g->n_tensors + 1, 1);
+    if (kept == NULL || read == NULL) {
+        free(kept);
+        free(read);
         return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n_ops; i++)
+        for (int k = 0; k < g->ops[i].n_in; k++)
+            read[g->ops[i].in[k]] |= g->ops[i].pass == PS_PASS_FORWARD ? 3 : 2;
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
         for (int k = 0; k < op->n_in; k++) {
@@ -290,7 +354,11 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
             }
             if (op->pass != PS_PASS_BACKWARD && op->pass != PS_PASS_RECOMPUTE)
                 continue;
-            if (t->kind == PS_TENSOR_INPUT ||
+            /* a stage's input the forward pass reads (tokens, the previous
+             * stage's activation) is there from its forward on; one only
+             * the backward reads (the next stage's gradient) arrives for
+             * the backward and is gone after it (the working set counts it) */
+            if ((t->kind == PS_TENSOR_INPUT && (read[op->in[k]] & 1)) ||
                 (t->producer >= 0 && g->ops[t->producer].pass == PS_PASS_FORWARD))
                 kept[op->in[k]] |= KEPT_ACT;
         }
@@ -299,14 +367,6 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
      * the stage that updates the parameter, which sums the stages'
      * contributions at the update (ps_train_options.layer_stage): it is
      * accumulated here over the micro-batches */
-    unsigned char *read = calloc((size_t)g->n_tensors + 1, 1);
-    if (read == NULL) {
-        free(kept);
-        return ps_error_set(err, PS_ERR_NOMEM, "out of memory");
-    }
-    for (int i = 0; i < g->n_ops; i++)
-        for (int k = 0; k < g->ops[i].n_in; k++)
-            read[g->ops[i].in[k]] = 1;
     for (int t = 0; t < g->n_tensors; t++) {
         const ps_tensor *x = &g->tensors[t];
         if (!read[t] && x->producer >= 0 && g->ops[x->producer].pass == PS_PASS_BACKWARD &&
@@ -840,7 +900,7 @@ static ps_status intra_answer(const ps_intra_session *ss, ps_ilp_result *ilp, do
             r->tensor_spec[t] = cands->src[t][r->ilp.choice[cands->node_of_tensor[t]]];
     }
     double working = 0, transient = 0;
-    PS_TRY(working_set(g, kept, r, m, &working, err));
+    PS_TRY(working_set(g, kept, r, m, &working, &transient, err));
     for (int i = 0; i < n_ops; i++) {
         const ps_op *op = &g->ops[i];
         const ps_strategy *s = &r->op_strategy[i];
@@ -869,9 +929,6 @@ static ps_status intra_answer(const ps_intra_session *ss, ps_ilp_result *ilp, do
             r->weight_bytes += b;
         else if (x->kind == PS_TENSOR_OPT_STATE)
             r->optimizer_bytes += b;
-        else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACCUM))
-            transient = fmax(transient, b); /* another stage's contribution, received for
-                                             * the update and freed by it */
         else if (x->kind == PS_TENSOR_INPUT && (kept[t] & KEPT_ACT))
             r->activation_tensor_bytes[t] = b;
         r->activation_bytes += r->activation_tensor_bytes[t];
