@@ -476,7 +476,8 @@ static void entry_fill(entry *e, const ps_intra_result *r)
     e->update_s = r->compute_s[PS_PASS_UPDATE] + r->comm_s[PS_PASS_UPDATE];
     e->static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
     e->act_bytes = r->activation_bytes;
-    e->transient_bytes = r->peak_memory_bytes - e->static_bytes - e->act_bytes;
+    e->transient_bytes = r->transient_bytes;
+    e->update_bytes = r->update_transient_bytes;
 }
 
 static ps_status entry_tensors_alloc(cache_item *ci, int n_entries, int n_tensors,
@@ -550,7 +551,7 @@ static ps_status cost_entries(const ps_graph *slice, const ps_cluster *c, const 
  * activations per later stage plus its own; GPipe keeps all of them. */
 static int max_succ(const entry *e, double memory, int n_layers, int B, bool gpipe)
 {
-    if (!e->ok)
+    if (!e->ok || e->static_bytes + e->update_bytes > memory)
         return -1;
     double room = memory - e->static_bytes - e->transient_bytes;
     if (gpipe)
@@ -860,7 +861,7 @@ static ps_status fit_stage(slice_solver *ls, const config *cf,
         ps_intra_result_free(r);
         r = next;
         const ps_intra_result *got = r != NULL ? r : fastest;
-        double need = got->peak_memory_bytes + (in_flight - 1) * got->activation_bytes;
+        double need = ps_intra_peak_bytes(got, in_flight);
         if (need <= m->memory_bytes)
             break;
         /* the next answer's lasting bytes are this one's less the excess:
@@ -1010,7 +1011,7 @@ static void stage_within(realization *rz, int k, const ps_intra_result *const *l
                       fastest, NULL, &within, &ignored) == PS_OK) {
             const ps_intra_result *w = within != NULL ? within : fastest;
             if (w->objective_s < lean->objective_s &&
-                w->peak_memory_bytes + (in_flight - 1) * w->activation_bytes <= m->memory_bytes) {
+                ps_intra_peak_bytes(w, in_flight) <= m->memory_bytes) {
                 ps_intra_result_free(r);
                 r = within; /* NULL: the fastest layout itself */
                 within = NULL;
@@ -1475,9 +1476,7 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
         ps->force_batch_axis0 = ch->cfg.force && m->shape[0] > 1; /* as applied */
         ps->first_layer = ch->first;
         ps->last_layer = ch->last;
-        double lasting = ps->weight_bytes + ps->gradient_bytes + ps->optimizer_bytes;
-        ps->peak_memory_bytes = lasting + (r->peak_memory_bytes - lasting - ps->activation_bytes) +
-                                in_flight * ps->activation_bytes;
+        ps->peak_memory_bytes = ps_intra_peak_bytes(r, in_flight);
         sum += ps->time_s;
         slowest = fmax(slowest, ps->time_s);
         update = fmax(update, ps->update_s);
@@ -1587,7 +1586,9 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
     for (int s = 0; whole[0] != NULL && s < n_sub; s++)
         for (int k = 0; k < n_cfgs[s]; k++) {
             const entry *e = &whole[cfgs[s][k].remat][s * max_cfg + k];
-            double n = e->ok ? e->static_bytes + e->transient_bytes + e->act_bytes : e->need_bytes;
+            double n = e->ok ? e->static_bytes + fmax(e->transient_bytes + e->act_bytes,
+                                                      e->update_bytes)
+                             : e->need_bytes;
             if (e->need_bytes > 0 && n < need) {
                 need = n;
                 at = s;

@@ -274,23 +274,48 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
     for (int i = 0; i < g->n_ops; i++)
         for (int k = 0; k < g->ops[i].n_in; k++)
             last[g->ops[i].in[k]] = i;
-    double live = 0, peak = 0;
-    for (int t = 0; t < g->n_tensors; t++) /* a stage's inputs, received or loaded */
+    /* a stage's inputs, received or loaded: from the start, but those only
+     * the backward reads (the next stage's gradient), which arrive for the
+     * backward kernel, from its first op (a recomputation's, with remat) */
+    int backward_from = g->n_ops;
+    for (int i = 0; i < g->n_ops && backward_from == g->n_ops; i++)
+        if (g->ops[i].pass == PS_PASS_BACKWARD || g->ops[i].pass == PS_PASS_RECOMPUTE)
+            backward_from = i;
+    /* what a kernel sends on (a forward or backward output nothing here
+     * reads; a recomputation's is dropped) lives to the kernel's end, when
+     * the sends go: the last forward op, the last of the backward's */
+    int forward_to = -1, backward_to = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        if (g->ops[i].pass == PS_PASS_FORWARD)
+            forward_to = i;
+        else if (g->ops[i].pass == PS_PASS_BACKWARD || g->ops[i].pass == PS_PASS_RECOMPUTE)
+            backward_to = i;
+    }
+    double live = 0, peak = 0, arriving = 0, sent[2] = {0, 0}; /* forward's, backward's */
+    for (int t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].producer < 0 && g->tensors[t].kind == PS_TENSOR_INPUT &&
-            !(kept[t] & KEPT_ACCUM) && last[t] >= 0)
-            live += held_bytes(g, r, m, t);
+            !(kept[t] & KEPT_ACCUM) && last[t] >= 0) {
+            if (kept[t] & KEPT_ACT || last[t] < backward_from)
+                live += held_bytes(g, r, m, t);
+            else
+                arriving += held_bytes(g, r, m, t);
+        }
     peak = live;
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
         const ps_strategy *s = &r->op_strategy[i];
         double born = 0, unread = 0;
+        if (i == backward_from)
+            live += arriving;
         for (int k = 0; k < op->n_out; k++) {
             int t = op->out[k];
             if (kept[t] & KEPT_ACCUM)
                 continue;
             double b = held_bytes(g, r, m, t);
             born += b;
-            if (last[t] <= i)
+            if (last[t] < 0 && (op->pass == PS_PASS_FORWARD || op->pass == PS_PASS_BACKWARD))
+                sent[op->pass == PS_PASS_FORWARD ? 0 : 1] += b;
+            else if (last[t] <= i)
                 unread += b; /* nothing reads it later: gone after its op */
         }
         /* an input read in another layout than it is held in is re-laid
@@ -305,6 +330,10 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
         live += born;
         peak = fmax(peak, live + relaid);
         live -= unread;
+        if (i == forward_to || i == backward_to) {
+            live -= sent[i == forward_to ? 0 : 1];
+            sent[i == forward_to ? 0 : 1] = 0;
+        }
         for (int k = 0; k < op->n_in; k++) {
             int t = op->in[k];
             const ps_tensor *x = &g->tensors[t];
@@ -376,6 +405,12 @@ static ps_status memory_roles(const ps_graph *g, unsigned char **kept_out, ps_er
     free(read);
     *kept_out = kept;
     return PS_OK;
+}
+
+double ps_intra_peak_bytes(const ps_intra_result *r, int in_flight)
+{
+    return r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
+           fmax(in_flight * r->activation_bytes + r->transient_bytes, r->update_transient_bytes);
 }
 
 ps_status ps_intra_step_bytes(const ps_graph *step, double *lasting, double *activations,
@@ -899,8 +934,8 @@ static ps_status intra_answer(const ps_intra_session *ss, ps_ilp_result *ilp, do
         else
             r->tensor_spec[t] = cands->src[t][r->ilp.choice[cands->node_of_tensor[t]]];
     }
-    double working = 0, transient = 0;
-    PS_TRY(working_set(g, kept, r, m, &working, &transient, err));
+    double working = 0, update_peak = 0;
+    PS_TRY(working_set(g, kept, r, m, &working, &update_peak, err));
     for (int i = 0; i < n_ops; i++) {
         const ps_op *op = &g->ops[i];
         const ps_strategy *s = &r->op_strategy[i];
@@ -934,10 +969,11 @@ static ps_status intra_answer(const ps_intra_session *ss, ps_ilp_result *ilp, do
         r->activation_bytes += r->activation_tensor_bytes[t];
     }
     /* what a micro-batch's peak adds above its kept activations (those of
-     * the other micro-batches in flight stay whole) */
-    transient = fmax(transient, working - r->activation_bytes);
-    r->peak_memory_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes +
-                           r->activation_bytes + transient;
+     * the other micro-batches in flight stay whole); the update's comes
+     * after the last micro-batch has freed its activations */
+    r->transient_bytes = fmax(0, working - r->activation_bytes);
+    r->update_transient_bytes = update_peak;
+    r->peak_memory_bytes = ps_intra_peak_bytes(r, 1);
     *out = r;
     r = NULL;
 out:

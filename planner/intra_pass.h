@@ -50,13 +50,22 @@ typedef struct ps_intra_result {
     double objective_s;            /* ILP objective: per micro-batch, update amortized */
     double weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes; /* per device */
     double *activation_tensor_bytes; /* [n_tensors] what each adds to activation_bytes */
-    double peak_memory_bytes;      /* persistent + one micro-batch's activations */
+    /* above the lasting bytes (weights, gradients, optimizer state): what a
+     * micro-batch's peak adds to its kept activations, and what the update
+     * holds at once (when no micro-batch keeps activations) */
+    double transient_bytes, update_transient_bytes;
+    double peak_memory_bytes;      /* ps_intra_peak_bytes(r, 1) */
     double min_memory_bytes;       /* the least any layout needs (without temporaries) */
     ps_ilp_result ilp;
     int ilp_nodes, ilp_edges;
     int tied_layers;               /* layers that reused another layer's strategies */
     double strategies_total;       /* before reductions */
 } ps_intra_result;
+
+/* A device's peak with `in_flight` micro-batches' activations kept: the
+ * lasting bytes and the larger of in_flight x the activations plus a
+ * micro-batch's transient, and the update's. */
+double ps_intra_peak_bytes(const ps_intra_result *r, int in_flight);
 
 /* Per tensor (1 byte each, caller frees): whether its consumers all take
  * partial sums (the update, or gradient sums feeding it), so that its

@@ -165,6 +165,7 @@ ps_status ps_range_compose(ps_layer_crossings *x, int first, int n_entries,
             sum.forward_s += s->forward_s;
             sum.update_s += s->update_s;
             sum.static_bytes += s->static_bytes;
+            sum.update_bytes = fmax(sum.update_bytes, s->update_bytes); /* layer by layer */
             act[i] = s->act_bytes;
             transient[i] = s->transient_bytes;
             for (int c = x->start[i]; c < x->start[i + 1] && sum.ok; c++) {

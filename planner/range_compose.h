@@ -27,6 +27,7 @@ typedef struct ps_stage_entry {
     double time_s, update_s; /* forward + backward per micro-batch; update per step */
     double forward_s;        /* the forward part of time_s */
     double static_bytes, act_bytes, transient_bytes;
+    double update_bytes; /* above static_bytes in the update, when no activations are kept */
 } ps_stage_entry;
 
 /* What one entry's layouts make of each tensor of its layer's slice, in

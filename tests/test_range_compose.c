@@ -97,7 +97,8 @@ static ps_stage_entry entry_of(const ps_intra_result *r)
     ps_stage_entry e = {.ok = true, .need_bytes = r->peak_memory_bytes};
     e.static_bytes = r->weight_bytes + r->gradient_bytes + r->optimizer_bytes;
     e.act_bytes = r->activation_bytes;
-    e.transient_bytes = r->peak_memory_bytes - e.static_bytes - e.act_bytes;
+    e.transient_bytes = r->transient_bytes;
+    e.update_bytes = r->update_transient_bytes;
     e.time_s = r->compute_s[PS_PASS_FORWARD] + r->comm_s[PS_PASS_FORWARD] +
                r->compute_s[PS_PASS_BACKWARD] + r->comm_s[PS_PASS_BACKWARD] +
                r->compute_s[PS_PASS_RECOMPUTE] + r->comm_s[PS_PASS_RECOMPUTE];
@@ -186,6 +187,14 @@ static void check_scenario(const scenario *sc)
                              "B, below the whole range's %.0f B",
                              sc->model, sc->remat ? " (remat)" : "", devices, l, i,
                              comp->transient_bytes, whole.transient_bytes);
+                /* the update's, layer by layer as the whole range's update
+                 * runs: never below the whole range's (above it where a
+                 * layer alone receives a contribution the range makes) */
+                if (comp->update_bytes < whole.update_bytes * (1 - 1e-9) - 1)
+                    fail_msg("%s%s on %d device(s), layers %d-%d: composed update %.0f B, below "
+                             "the whole range's %.0f B",
+                             sc->model, sc->remat ? " (remat)" : "", devices, l, i,
+                             comp->update_bytes, whole.update_bytes);
                 double peak = whole.static_bytes + whole.act_bytes + whole.transient_bytes;
                 worst_over = fmax(worst_over, over / peak);
                 checked++;
