@@ -207,6 +207,33 @@ static double held_bytes(const ps_graph *g, const ps_intra_result *r, const ps_l
     return ps_spec_tile_bytes(&r->tensor_spec[t], &g->tensors[t].desc, m->shape);
 }
 
+/* What op i's inputs read in another layout than they are held in take:
+ * each is re-laid out into a tile of its own for the op (a ZeRO-3
+ * parameter gathered whole, a re-sharded activation). */
+static double relaid_bytes(const ps_graph *g, const ps_intra_result *r, const ps_logical_mesh *m,
+                           int i)
+{
+    const ps_op *op = &g->ops[i];
+    const ps_strategy *s = &r->op_strategy[i];
+    double relaid = 0;
+    for (int k = 0; k < op->n_in; k++) {
+        int t = op->in[k];
+        if (!ps_spec_equal(&r->tensor_spec[t], &s->in[k]))
+            relaid += ps_spec_tile_bytes(&s->in[k], &g->tensors[t].desc, m->shape);
+    }
+    return relaid;
+}
+
+/* Whether op's input k is a tensor an earlier input already names (an op
+ * reading a tensor twice frees it once). */
+static bool read_before(const ps_op *op, int k)
+{
+    for (int q = 0; q < k; q++)
+        if (op->in[q] == op->in[k])
+            return true;
+    return false;
+}
+
 /* The most the update holds at once above the step's lasting memory (the
  * weights, state and accumulated gradients): the contributions other
  * stages send to a shared parameter's gradient, received before the update
@@ -231,31 +258,22 @@ static double update_working_set(const ps_graph *g, const unsigned char *kept,
         const ps_op *op = &g->ops[i];
         if (op->pass != PS_PASS_UPDATE)
             continue;
-        const ps_strategy *s = &r->op_strategy[i];
-        double born = 0, unread = 0, relaid = 0;
+        double born = 0, unread = 0;
         for (int k = 0; k < op->n_out; k++) {
             double b = held_bytes(g, r, m, op->out[k]);
             born += b;
             if (last[op->out[k]] <= i)
                 unread += b;
         }
-        for (int k = 0; k < op->n_in; k++) {
-            int t = op->in[k];
-            if (!ps_spec_equal(&r->tensor_spec[t], &s->in[k]))
-                relaid += ps_spec_tile_bytes(&s->in[k], &g->tensors[t].desc, m->shape);
-        }
         live += born;
-        peak = fmax(peak, live + relaid);
+        peak = fmax(peak, live + relaid_bytes(g, r, m, i));
         live -= unread;
         for (int k = 0; k < op->n_in; k++) {
             int t = op->in[k];
             const ps_tensor *x = &g->tensors[t];
-            bool dup = false;
-            for (int q = 0; q < k && !dup; q++)
-                dup = op->in[q] == t;
             bool transient = (x->producer >= 0 && g->ops[x->producer].pass == PS_PASS_UPDATE) ||
                              (x->producer < 0 && x->kind == PS_TENSOR_INPUT);
-            if (!dup && transient && last[t] == i)
+            if (!read_before(op, k) && transient && last[t] == i)
                 live -= held_bytes(g, r, m, t);
         }
     }
@@ -303,7 +321,6 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
     peak = live;
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
-        const ps_strategy *s = &r->op_strategy[i];
         double born = 0, unread = 0;
         if (i == backward_from)
             live += arriving;
@@ -318,17 +335,8 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
             else if (last[t] <= i)
                 unread += b; /* nothing reads it later: gone after its op */
         }
-        /* an input read in another layout than it is held in is re-laid
-         * out into a tile of its own for the op (a ZeRO-3 parameter
-         * gathered whole, a re-sharded activation) */
-        double relaid = 0;
-        for (int k = 0; k < op->n_in; k++) {
-            int t = op->in[k];
-            if (!ps_spec_equal(&r->tensor_spec[t], &s->in[k]))
-                relaid += ps_spec_tile_bytes(&s->in[k], &g->tensors[t].desc, m->shape);
-        }
         live += born;
-        peak = fmax(peak, live + relaid);
+        peak = fmax(peak, live + relaid_bytes(g, r, m, i));
         live -= unread;
         if (i == forward_to || i == backward_to) {
             live -= sent[i == forward_to ? 0 : 1];
@@ -337,10 +345,7 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
         for (int k = 0; k < op->n_in; k++) {
             int t = op->in[k];
             const ps_tensor *x = &g->tensors[t];
-            bool dup = false; /* an op reading a tensor twice frees it once */
-            for (int q = 0; q < k && !dup; q++)
-                dup = op->in[q] == t;
-            if (dup || (kept[t] & KEPT_ACCUM) || last[t] != i)
+            if (read_before(op, k) || (kept[t] & KEPT_ACCUM) || last[t] != i)
                 continue;
             if (x->producer >= 0 || x->kind == PS_TENSOR_INPUT) /* not weights, state */
                 live -= held_bytes(g, r, m, t);
