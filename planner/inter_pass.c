@@ -2042,8 +2042,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                        "%.4g ms (forward %.4g, backward %.4g), update %.4g ms per "
                                        "step, receives %.4g ms%s, "
                                        "weights+state %.4g GB, activations %.4g GB per "
-                                       "micro-batch, temporaries %.4g GB, later stages "
-                                       "allowed %d)\n",
+                                       "micro-batch, temporaries %.4g GB, update %.4g GB, "
+                                       "later stages allowed %d)\n",
                                        l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                        cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
                                        cfgs[s][k].lean ? " lean" : "",
@@ -2051,7 +2051,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                        e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
                                        e->update_s * 1e3, receive_s * 1e3, across,
                                        e->static_bytes / 1e9, e->act_bytes / 1e9,
-                                       e->transient_bytes / 1e9, table->max_succ[idx]);
+                                       e->transient_bytes / 1e9, e->update_bytes / 1e9,
+                                       table->max_succ[idx]);
                             }
                         }
                     }

@@ -322,6 +322,8 @@ static ps_status working_set(const ps_graph *g, const unsigned char *kept,
     for (int i = 0; i < g->n_ops; i++) {
         const ps_op *op = &g->ops[i];
         double born = 0, unread = 0;
+        if (op->pass == PS_PASS_UPDATE)
+            continue; /* after the micro-batches: update_working_set */
         if (i == backward_from)
             live += arriving;
         for (int k = 0; k < op->n_out; k++) {

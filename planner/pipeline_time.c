@@ -79,7 +79,9 @@ static double reshard_nic_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
 typedef struct nic_load {
     double *bytes; /* [node * 2 + side]: side 0 sends, 1 receives */
     int *devices;  /* [node * 2 + side]: the receivers of its transfers through it */
-    int *stamp;    /* [device * 2 + side]: the link that counted it last (link + 1) */
+    int *stamp;    /* [device]: the link that counted it last on its receiving side */
+    long long *sent_to; /* (sending node, receiver) pairs, node * devices + receiver */
+    int n_sent, cap_sent;
     int link;      /* the link counted now, from 1 */
     int lo[2], hi[2]; /* the nodes it touched so far, each side; lo > hi: none */
 } nic_load;
@@ -93,28 +95,54 @@ static void nic_load_reset(nic_load *v, int nodes)
         v->lo[side] = nodes;
         v->hi[side] = -1;
     }
+    v->n_sent = 0;
     v->link++;
 }
 
 /* A transfer's bytes through a node's NIC on one side, to `device`, its
  * receiver: a receiver takes its transfers in turn (its receives block)
  * while a sender posts all of its sends at once, so the flows a link runs
- * through a NIC at once are its receivers there (one served from two
- * sending nodes counts at the first). */
-static void nic_load_add(nic_load *v, int node, int side, int device, double bytes)
+ * through a NIC at once are its receivers there (on the sending side, the
+ * receivers of what leaves that node: counted by link_nics). */
+static bool nic_load_add(nic_load *v, int node, int side, int device, int n_devices,
+                         double bytes)
 {
     v->bytes[node * 2 + side] += bytes;
-    if (v->stamp[device * 2 + side] != v->link) {
-        v->stamp[device * 2 + side] = v->link;
+    if (side == 1 && v->stamp[device] != v->link) {
+        v->stamp[device] = v->link;
         v->devices[node * 2 + side]++;
+    }
+    if (side == 0) {
+        if (ps_array_grow((void **)&v->sent_to, &v->cap_sent, v->n_sent + 1,
+                          sizeof *v->sent_to) != PS_OK)
+            return false;
+        v->sent_to[v->n_sent++] = (long long)node * n_devices + device;
     }
     v->lo[side] = node < v->lo[side] ? node : v->lo[side];
     v->hi[side] = node > v->hi[side] ? node : v->hi[side];
+    return true;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct receivers of what leaves each sending node (v->sent_to). */
+static void count_sent_to(nic_load *v, int n_devices)
+{
+    if (v->n_sent > 1)
+        qsort(v->sent_to, (size_t)v->n_sent, sizeof *v->sent_to, cmp_ll);
+    for (int i = 0; i < v->n_sent; i++)
+        if (i == 0 || v->sent_to[i] != v->sent_to[i - 1])
+            v->devices[(v->sent_to[i] / n_devices) * 2]++;
 }
 
 /* Link l's NICs from what its tensors moved through them (v). */
-static void link_nics(ps_stage_link *l, const nic_load *v, const ps_cluster *c)
+static void link_nics(ps_stage_link *l, nic_load *v, const ps_cluster *c)
 {
+    count_sent_to(v, ps_cluster_device_count(c));
     double bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s, most = 0;
     l->nic_flows = 0;
     for (int side = 0; side < 2; side++) {
@@ -164,11 +192,14 @@ static ps_status price(const ps_plan *p, const ps_graph *step, ps_logical_mesh *
     PS_TRY(ps_cross_mesh_plan(p->cluster, &t->desc, &sa, A->devices, A->logical_mesh, &sb,
                               mesh[x->to], local_allgather, &cp, err));
     *seconds += ps_cross_plan_seconds(&cp, p->cluster);
+    int n_devices = ps_cluster_device_count(p->cluster);
     for (int i = 0, dpn = p->cluster->devices_per_node; i < cp.n_xfers; i++) {
         const ps_cross_xfer *xf = &cp.xfers[i];
-        if (xf->src / dpn != xf->dst / dpn) {
-            nic_load_add(nics, xf->src / dpn, 0, xf->dst, xf->bytes);
-            nic_load_add(nics, xf->dst / dpn, 1, xf->dst, xf->bytes);
+        if (xf->src / dpn != xf->dst / dpn &&
+            (!nic_load_add(nics, xf->src / dpn, 0, xf->dst, n_devices, xf->bytes) ||
+             !nic_load_add(nics, xf->dst / dpn, 1, xf->dst, n_devices, xf->bytes))) {
+            st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
+            goto out;
         }
     }
 out:
@@ -285,7 +316,7 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
     ps_logical_mesh **mesh = calloc((size_t)(n > 0 ? n : 1), sizeof *mesh);
     nic_load nics = {.bytes = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.bytes),
                      .devices = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.devices),
-                     .stamp = calloc(2 * (size_t)ps_cluster_device_count(p->cluster),
+                     .stamp = calloc((size_t)ps_cluster_device_count(p->cluster) + 1,
                                      sizeof *nics.stamp)};
     *out = NULL;
     *n_out = 0;
@@ -394,6 +425,7 @@ out:
     free(nics.bytes);
     free(nics.devices);
     free(nics.stamp);
+    free(nics.sent_to);
     free(links);
     free(cross);
     free(reads);

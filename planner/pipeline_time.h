@@ -127,16 +127,16 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
                             const ps_stage_nics *nics, int micro_batches, bool gpipe,
                             ps_pipeline_span **spans, int *n_spans);
 
+/* Per stage, the seconds it spends receiving in `spans` (n_stages
+ * entries, malloc'ed; NULL when out of memory). */
+double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans);
+
 /* The schedule of plan p as the planner times it (its stages' predicted
  * times, the links of its lowering with local all-gather, its schedule):
  * *iteration_s (NAN when the links wait for each other, as
  * ps_pipeline_schedule), the spans and, where links is not NULL, the links
  * the spans' receives index (all malloc'ed). `step` as for
  * ps_plan_stage_links. */
-/* Per stage, the seconds it spends receiving in `spans` (n_stages
- * entries, malloc'ed; NULL when out of memory). */
-double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans);
-
 ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
                                     ps_pipeline_span **spans, int *n_spans,
                                     ps_stage_link **links, int *n_links, double *iteration_s,

@@ -348,7 +348,7 @@ static void tied_embedding_travels(void **state)
 }
 
 /* A pipeline of 8 stages of 2 devices, 16 micro-batches, with and without
- * remat: every stage planned at its programs' peak to 2%. Each stage keeps
+ * remat: every stage planned at its programs' peak to 1%. Each stage keeps
  * its input per micro-batch in flight, while the next stage's gradient
  * arrives for the backward alone (until 2026-12-03 the planner kept it per
  * micro-batch in flight too, and from the forward on: stages up to 49% and
@@ -393,7 +393,7 @@ static void pipeline_memory_planned_closely(void **state)
             double most = 0;
             for (int i = 0; i < p->stages[k].n_devices; i++)
                 most = fmax(most, ps_program_peak_bytes(set, p->stages[k].devices[i]));
-            if (p->stages[k].peak_memory_bytes > 1.02 * most)
+            if (p->stages[k].peak_memory_bytes > 1.01 * most)
                 fail_msg("%s, stage %d: planned %.6g MB, its programs' peak %.6g MB",
                          remat ? "remat" : "no remat", k, p->stages[k].peak_memory_bytes / 1e6,
                          most / 1e6);
