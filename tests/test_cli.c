@@ -1727,6 +1727,15 @@ static void test_check_held_dtypes(void **state)
     write_cpu_cluster(fx, "1", "3000000000", one, sizeof one);
     write_cpu_cluster(fx, "2", "3000000000", two, sizeof two);
     snprintf(plan, sizeof plan, "%s/held.json", fx->dir);
+    /* --fp32 on a plan with nothing in 2 bytes would change nothing */
+    {
+        const char *a[] = {"plan", "--model", "mlp", "--hidden", "16", "--layers", "1",
+                           "--dtype", "fp32", "--cluster-file", one, "--method", "data",
+                           "--global-batch", "2", "-o", plan, NULL};
+        expect_success(fx, a, "predicted     iteration");
+        const char *e[] = {"exec", "--plan", plan, "--fp32", NULL};
+        expect_failure(fx, e, "--fp32 changes nothing: the plan holds no fp16 or bf16 tensors");
+    }
     static const char *const state_dtypes[] = {"bf16", "fp16"};
     for (int k = 0; k < 2; k++) {
         const char *a[] = {"plan", "--model", "mlp", "--hidden", "16", "--layers", "1",
