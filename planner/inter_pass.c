@@ -762,59 +762,30 @@ typedef struct stage_spec {
 /* The plan's iteration time: its stages in the lowering's schedule, with
  * the transfers between them (planner/pipeline_time.h), and each stage's
  * send times. alpa_s: Alpa's sum + (B - 1) max, the fallback. */
-static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, bool gpipe, double alpa_s,
+static ps_status pipeline_iteration(ps_plan *plan, const ps_graph *step, double alpa_s,
                                     ps_error *err)
 {
-    ps_status st = PS_OK;
-    int n = plan->n_stages;
     ps_stage_link *links = NULL;
     int n_links = 0;
-    double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
-    ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
-    PS_TRY_ALLOC(t, err);
-    PS_TRY_ALLOC(nics, err);
-    PS_TRY(ps_plan_stage_links(plan, step, ps_lower_options_default().local_allgather, &links,
-                               &n_links, nics, err));
-    for (int k = 0; k < n; k++) {
-        ps_plan_stage *s = &plan->stages[k];
-        t[k] = s->forward_s;
-        t[n + k] = s->backward_s;
-        t[2 * n + k] = s->update_s;
-        s->send_forward_s = s->send_backward_s = 0;
-    }
+    double it = NAN;
+    PS_TRY_RET(ps_plan_pipeline_schedule(plan, step, NULL, NULL, &links, &n_links, &it, err));
+    for (int k = 0; k < plan->n_stages; k++)
+        plan->stages[k].send_forward_s = plan->stages[k].send_backward_s = 0;
     for (int l = 0; l < n_links; l++) {
-        PS_LOG_DEBUG("pipeshard: link %d -> %d (kind %d): %d tensors, %.4g MB, reduce %.4g ms, "
-                     "transfer %.4g ms, of which %.4g ms on the NICs of nodes %d-%d out, %d-%d in",
-                     links[l].from, links[l].to, (int)links[l].kind, links[l].tensors,
-                     links[l].bytes / 1e6, links[l].reduce_s * 1e3, links[l].seconds * 1e3,
-                     links[l].nic_s * 1e3, links[l].nic_node[0],
-                     links[l].nic_node[0] + links[l].nic_nodes[0] - 1, links[l].nic_node[1],
-                     links[l].nic_node[1] + links[l].nic_nodes[1] - 1);
         ps_plan_stage *s = &plan->stages[links[l].from];
         if (links[l].kind == PS_LINK_FORWARD)
             s->send_forward_s += links[l].reduce_s + links[l].seconds;
         else if (links[l].kind == PS_LINK_BACKWARD)
             s->send_backward_s += links[l].reduce_s + links[l].seconds;
     }
-    for (int k = 0; k < n; k++)
-        if (nics[k].update_nic_s > 0)
-            PS_LOG_DEBUG("pipeshard: stage %d's update: %.4g ms of %.4g ms on the NICs of nodes "
-                         "%d-%d",
-                         k, nics[k].update_nic_s * 1e3, plan->stages[k].update_s * 1e3,
-                         nics[k].node, nics[k].node + nics[k].nodes - 1);
-    double it = ps_pipeline_iteration_s(n, t, t + n, t + 2 * n, links, n_links, nics,
-                                        plan->micro_batches, gpipe);
+    free(links);
     if (isnan(it)) {
         PS_LOG_WARN("the stages' transfers wait for each other: Alpa's pipeline formula "
                     "predicts the iteration");
         it = alpa_s;
     }
     plan->iteration_s = it;
-out:
-    free(links);
-    free(nics);
-    free(t);
-    return st;
+    return PS_OK;
 }
 
 /* The micro-batches of activations stage k of n keeps in flight. */
@@ -1490,7 +1461,7 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
     }
     if (st != PS_OK)
         goto out;
-    PS_TRY(pipeline_iteration(plan, step, gpipe, sum + (B - 1) * slowest + update, err));
+    PS_TRY(pipeline_iteration(plan, step, sum + (B - 1) * slowest + update, err));
     for (int k = 0; k < n; k++) {
         const ps_plan_stage *s = &plan->stages[k];
         PS_LOG_DEBUG("pipeshard: stage %d: layers %d-%d on (%d, %d) as (%d, %d): forward %.4g "

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/array.h"
+#include "core/log.h"
 #include "planner/cost_model.h"
 #include "planner/cross_mesh.h"
 #include "planner/lower.h"
@@ -79,10 +80,9 @@ static double reshard_nic_s(const ps_logical_mesh *m, const ps_tensor_desc *t,
 typedef struct nic_load {
     double *bytes; /* [node * 2 + side]: side 0 sends, 1 receives */
     int *devices;  /* [node * 2 + side]: the receivers of its transfers through it */
-    int *stamp;    /* [device]: the link that counted it last on its receiving side */
-    long long *sent_to; /* (sending node, receiver) pairs, node * devices + receiver */
-    int n_sent, cap_sent;
-    int link;      /* the link counted now, from 1 */
+    long long *through; /* (NIC, receiver) of each transfer: (node * 2 + side) * devices +
+                         * receiver, counted distinct into devices by link_nics */
+    int n_through, cap_through;
     int lo[2], hi[2]; /* the nodes it touched so far, each side; lo > hi: none */
 } nic_load;
 
@@ -95,29 +95,21 @@ static void nic_load_reset(nic_load *v, int nodes)
         v->lo[side] = nodes;
         v->hi[side] = -1;
     }
-    v->n_sent = 0;
-    v->link++;
+    v->n_through = 0;
 }
 
 /* A transfer's bytes through a node's NIC on one side, to `device`, its
  * receiver: a receiver takes its transfers in turn (its receives block)
  * while a sender posts all of its sends at once, so the flows a link runs
- * through a NIC at once are its receivers there (on the sending side, the
- * receivers of what leaves that node: counted by link_nics). */
+ * through a NIC at once are the receivers of its transfers through it. */
 static bool nic_load_add(nic_load *v, int node, int side, int device, int n_devices,
                          double bytes)
 {
+    if (ps_array_grow((void **)&v->through, &v->cap_through, v->n_through + 1,
+                      sizeof *v->through) != PS_OK)
+        return false;
+    v->through[v->n_through++] = ((long long)node * 2 + side) * n_devices + device;
     v->bytes[node * 2 + side] += bytes;
-    if (side == 1 && v->stamp[device] != v->link) {
-        v->stamp[device] = v->link;
-        v->devices[node * 2 + side]++;
-    }
-    if (side == 0) {
-        if (ps_array_grow((void **)&v->sent_to, &v->cap_sent, v->n_sent + 1,
-                          sizeof *v->sent_to) != PS_OK)
-            return false;
-        v->sent_to[v->n_sent++] = (long long)node * n_devices + device;
-    }
     v->lo[side] = node < v->lo[side] ? node : v->lo[side];
     v->hi[side] = node > v->hi[side] ? node : v->hi[side];
     return true;
@@ -129,20 +121,20 @@ static int cmp_ll(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The distinct receivers of what leaves each sending node (v->sent_to). */
-static void count_sent_to(nic_load *v, int n_devices)
+/* Each NIC's distinct receivers (v->through). */
+static void count_receivers(nic_load *v, int n_devices)
 {
-    if (v->n_sent > 1)
-        qsort(v->sent_to, (size_t)v->n_sent, sizeof *v->sent_to, cmp_ll);
-    for (int i = 0; i < v->n_sent; i++)
-        if (i == 0 || v->sent_to[i] != v->sent_to[i - 1])
-            v->devices[(v->sent_to[i] / n_devices) * 2]++;
+    if (v->n_through > 1)
+        qsort(v->through, (size_t)v->n_through, sizeof *v->through, cmp_ll);
+    for (int i = 0; i < v->n_through; i++)
+        if (i == 0 || v->through[i] != v->through[i - 1])
+            v->devices[v->through[i] / n_devices]++;
 }
 
 /* Link l's NICs from what its tensors moved through them (v). */
 static void link_nics(ps_stage_link *l, nic_load *v, const ps_cluster *c)
 {
-    count_sent_to(v, ps_cluster_device_count(c));
+    count_receivers(v, ps_cluster_device_count(c));
     double bw = c->inter.nics_per_node * c->inter.nic_bandwidth_bytes_per_s, most = 0;
     l->nic_flows = 0;
     for (int side = 0; side < 2; side++) {
@@ -315,15 +307,12 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
     ps_stage_link *links = NULL;
     ps_logical_mesh **mesh = calloc((size_t)(n > 0 ? n : 1), sizeof *mesh);
     nic_load nics = {.bytes = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.bytes),
-                     .devices = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.devices),
-                     .stamp = calloc((size_t)ps_cluster_device_count(p->cluster) + 1,
-                                     sizeof *nics.stamp)};
+                     .devices = calloc(2 * (size_t)p->cluster->nodes, sizeof *nics.devices)};
     *out = NULL;
     *n_out = 0;
     PS_TRY_ALLOC(mesh, err);
     PS_TRY_ALLOC(nics.bytes, err);
     PS_TRY_ALLOC(nics.devices, err);
-    PS_TRY_ALLOC(nics.stamp, err);
     nic_load_reset(&nics, p->cluster->nodes);
     for (int k = 0; k < n; k++)
         if (p->stages[k].last_layer > max_layer)
@@ -424,8 +413,7 @@ out:
     free(mesh);
     free(nics.bytes);
     free(nics.devices);
-    free(nics.stamp);
-    free(nics.sent_to);
+    free(nics.through);
     free(links);
     free(cross);
     free(reads);
@@ -712,14 +700,10 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
 static bool spans_of(int n, const sched_op *ops, const int *at, const double *start,
                      const double *end, ps_pipeline_span **out, int *n_out)
 {
+    ps_pipeline_span *v = malloc((size_t)(at[n] > 0 ? at[n] : 1) * sizeof *v);
     int count = 0;
-    for (int i = 0; i < at[n]; i++)
-        count += end[i] > start[i] || ops[i].kind == PS_SPAN_FORWARD ||
-                 ops[i].kind == PS_SPAN_BACKWARD || ops[i].kind == PS_SPAN_UPDATE;
-    ps_pipeline_span *v = malloc((size_t)(count > 0 ? count : 1) * sizeof *v);
     if (v == NULL)
         return false;
-    count = 0;
     for (int k = 0; k < n; k++)
         for (int i = at[k]; i < at[k + 1]; i++) {
             const sched_op *op = &ops[i];
@@ -895,8 +879,10 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
     ps_stage_link *links = NULL;
     double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
     ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
-    *spans = NULL;
-    *n_spans = 0;
+    if (spans != NULL) {
+        *spans = NULL;
+        *n_spans = 0;
+    }
     *iteration_s = NAN;
     if (links_out != NULL) {
         *links_out = NULL;
@@ -907,10 +893,23 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
     /* as the planner priced them (planner/inter_pass.c): the lowering's default */
     PS_TRY(ps_plan_stage_links(p, step, ps_lower_options_default().local_allgather, &links,
                                &n_links, nics, err));
+    for (int l = 0; l < n_links; l++)
+        PS_LOG_DEBUG("pipeshard: link %d -> %d (kind %d): %d tensors, %.4g MB, reduce %.4g ms, "
+                     "transfer %.4g ms, of which %.4g ms on the NICs of nodes %d-%d out, %d-%d in",
+                     links[l].from, links[l].to, (int)links[l].kind, links[l].tensors,
+                     links[l].bytes / 1e6, links[l].reduce_s * 1e3, links[l].seconds * 1e3,
+                     links[l].nic_s * 1e3, links[l].nic_node[0],
+                     links[l].nic_node[0] + links[l].nic_nodes[0] - 1, links[l].nic_node[1],
+                     links[l].nic_node[1] + links[l].nic_nodes[1] - 1);
     for (int k = 0; k < n; k++) {
         t[k] = p->stages[k].forward_s;
         t[n + k] = p->stages[k].backward_s;
         t[2 * n + k] = p->stages[k].update_s;
+        if (nics[k].update_nic_s > 0)
+            PS_LOG_DEBUG("pipeshard: stage %d's update: %.4g ms of %.4g ms on the NICs of nodes "
+                         "%d-%d",
+                         k, nics[k].update_nic_s * 1e3, p->stages[k].update_s * 1e3,
+                         nics[k].node, nics[k].node + nics[k].nodes - 1);
     }
     *iteration_s = ps_pipeline_schedule(n, t, t + n, t + 2 * n, links, n_links, nics,
                                         p->micro_batches, strcmp(p->schedule, "gpipe") == 0,

@@ -134,9 +134,9 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
 /* The schedule of plan p as the planner times it (its stages' predicted
  * times, the links of its lowering with local all-gather, its schedule):
  * *iteration_s (NAN when the links wait for each other, as
- * ps_pipeline_schedule), the spans and, where links is not NULL, the links
- * the spans' receives index (all malloc'ed). `step` as for
- * ps_plan_stage_links. */
+ * ps_pipeline_schedule), where spans is not NULL the spans, and where
+ * links is not NULL the links the spans' receives index (all malloc'ed).
+ * `step` as for ps_plan_stage_links. */
 ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
                                     ps_pipeline_span **spans, int *n_spans,
                                     ps_stage_link **links, int *n_links, double *iteration_s,
