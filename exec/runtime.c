@@ -14,6 +14,7 @@
 #include "exec/half.h"
 #include "exec/loss_scale.h"
 #include "exec/memory_need.h"
+#include "exec/peer_waits.h"
 #include "traces/program_summary.h"
 #include "traces/trace.h"
 
@@ -25,6 +26,7 @@ typedef struct exec_event {
     int mb, peer, group, coll;
     int op;           /* trace_ops: the op of a compute span, -2 a slice, -3 a load;
                        * -1: a merged span */
+    int run;          /* the enclosing RUN (an index into the step's runs), -1 none */
     bool vote;        /* a collective that is the overflow vote */
     int begin, end;   /* timing slots */
     double flops, bytes;
@@ -65,7 +67,15 @@ typedef struct device_state {
     exec_run *runs;
     int n_runs, cap_runs;
     int open_compute; /* index of the compute event being extended, -1 */
-    int cur_phase, cur_mb, step;
+    int cur_phase, cur_mb, cur_run, step;
+    /* The step's events on its common clock, what each waited for peers
+     * (exec/peer_waits.h; [cap_events] each), and its iteration, seconds;
+     * the other devices of the host read timed/step_events between the
+     * step's end barrier and the next step's start. */
+    ps_timed_event *timed;
+    double *wait;
+    ps_step_events step_events;
+    double iteration_s;
     bool warming;     /* a warm-up step: nothing of it is kept or timed */
     double *loss_mb;  /* [M]: the loss each micro-batch wrote here */
     ps_loss_scaler scaler; /* dynamic loss scaling (the same on every device) */
@@ -92,6 +102,7 @@ struct runtime {
     int *op_reduce_axis; /* [n_ops]: axis of an op's own collective, -1 none */
     device_state *dev;
     exec_barrier barrier;
+    const ps_step_events **step_events; /* [n_devices]: this host's devices', NULL elsewhere */
     pthread_mutex_t mu; /* first error, parameter assembly */
     bool failed;       /* under barrier.mu: everybody leaves */
     bool have_first;   /* under mu: first_status/first_err hold the first error */
@@ -403,9 +414,15 @@ static ps_status open_event(device_state *d, ps_trace_category cat, const ps_ins
     if (d->n_events == d->cap_events) {
         int cap = d->cap_events ? 2 * d->cap_events : 256;
         exec_event *e = realloc(d->events, (size_t)cap * sizeof *e);
-        if (e == NULL)
+        if (e != NULL)
+            d->events = e;
+        ps_timed_event *t = e != NULL ? realloc(d->timed, (size_t)cap * sizeof *t) : NULL;
+        if (t != NULL)
+            d->timed = t;
+        double *w = t != NULL ? realloc(d->wait, (size_t)cap * sizeof *w) : NULL;
+        if (w == NULL)
             return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
-        d->events = e;
+        d->wait = w;
         d->cap_events = cap;
     }
     exec_event *e = &d->events[d->n_events++];
@@ -420,6 +437,7 @@ static ps_status open_event(device_state *d, ps_trace_category cat, const ps_ins
     e->flops = in->flops;
     e->bytes = in->bytes;
     e->op = -1;
+    e->run = d->cur_run;
     *out = e;
     return mark(d, &e->begin);
 }
@@ -936,6 +954,7 @@ static ps_status exec_run_kernel(device_state *d, const ps_instr *in)
     r->phase = (int8_t)k->phase;
     d->cur_phase = k->phase;
     d->cur_mb = in->mb;
+    d->cur_run = d->n_runs - 1;
     PS_TRY_RET(mark(d, &r->begin));
     for (int i = 0; i < k->n_instrs; i++)
         PS_TRY_RET(exec_kernel_instr(d, &k->instrs[i], in->mb));
@@ -944,6 +963,7 @@ static ps_status exec_run_kernel(device_state *d, const ps_instr *in)
     PS_TRY_RET(mark(d, &r->end));
     d->cur_phase = -1;
     d->cur_mb = -1;
+    d->cur_run = -1;
     return PS_OK;
 }
 
@@ -996,30 +1016,67 @@ static int times_kept(const ps_exec_options *o)
     return o->steps < most ? o->steps : most;
 }
 
-/* The step's times: its iteration (from the step's origin), its phases
- * from the kernel runs, compute and communication from every event. */
+static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
+                             double *dur, ps_error *err)
+{
+    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, 0, e->begin, t0, err));
+    *t0 += d->start_s;
+    return rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, dur, err);
+}
+
+/* The step's events on its common clock, indexed for the other devices'
+ * wait analysis (on the device's own thread: a backend reads its own
+ * device's stamps). */
+static ps_status time_events(device_state *d)
+{
+    for (int j = 0; j < d->n_events; j++) {
+        const exec_event *e = &d->events[j];
+        ps_timed_event *t = &d->timed[j];
+        t->kind = e->category == PS_TRACE_COLLECTIVE ? PS_WAIT_COLLECTIVE
+                  : e->category == PS_TRACE_SEND     ? PS_WAIT_SEND
+                  : e->category == PS_TRACE_RECV     ? PS_WAIT_RECV
+                                                     : PS_WAIT_NONE;
+        t->with = t->kind == PS_WAIT_COLLECTIVE ? e->group : e->peer;
+        t->what = e->coll;
+        t->bytes = e->bytes;
+        PS_TRY_RET(event_times(d->rt, d, e, &t->t0, &t->dur, &d->err));
+    }
+    d->step_events.ev = d->timed;
+    d->step_events.n = d->n_events;
+    return ps_step_events_index(&d->step_events, &d->err);
+}
+
+/* The step's times: its iteration (from the step's origin), compute and
+ * communication from every event, what waited for peers (d->wait) counted
+ * as neither (the summary's idle), and its phases from the kernel runs, each
+ * less what its collectives waited. */
 static ps_status measure_step(device_state *d, double iteration_s, step_times *t)
 {
     runtime *rt = d->rt;
     memset(t, 0, sizeof *t);
     t->iteration_s = iteration_s;
-    for (int j = 0; j < d->n_runs; j++) {
-        double dur;
-        PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
-                                       &d->err));
-        t->phase_sum[d->runs[j].phase] += dur;
-        t->phase_runs[d->runs[j].phase]++;
-    }
+    double *run_wait = calloc((size_t)(d->n_runs > 0 ? d->n_runs : 1), sizeof *run_wait);
+    if (run_wait == NULL)
+        return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
     for (int j = 0; j < d->n_events; j++) {
         const exec_event *e = &d->events[j];
-        double dur;
-        PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, &dur, &d->err));
         if (e->category == PS_TRACE_COMPUTE)
-            t->compute_s += dur;
+            t->compute_s += d->timed[j].dur;
         else
-            t->comm_s += dur;
+            t->comm_s += d->timed[j].dur - d->wait[j];
+        if (e->run >= 0 && e->run < d->n_runs)
+            run_wait[e->run] += d->wait[j];
     }
-    return PS_OK;
+    ps_status st = PS_OK;
+    for (int j = 0; j < d->n_runs && st == PS_OK; j++) {
+        double dur;
+        st = rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
+                                 &d->err);
+        t->phase_sum[d->runs[j].phase] += fmax(0.0, dur - run_wait[j]);
+        t->phase_runs[d->runs[j].phase]++;
+    }
+    free(run_wait);
+    return st;
 }
 
 static ps_status run_step(device_state *d, double origin_s)
@@ -1028,7 +1085,7 @@ static ps_status run_step(device_state *d, double origin_s)
     d->slot = 0;
     d->n_events = d->n_runs = 0;
     d->open_compute = -1;
-    d->cur_phase = d->cur_mb = -1;
+    d->cur_phase = d->cur_mb = d->cur_run = -1;
     d->wrote_loss = false;
     d->voted = d->overflow = false;
     int first = 0, last = 0;
@@ -1051,9 +1108,9 @@ static ps_status run_step(device_state *d, double origin_s)
     PS_TRY_RET(rt->b->ops->finish(rt->b, d->device, &d->err));
     double iteration_s = 0;
     PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, first, last, &iteration_s, &d->err));
+    d->iteration_s = d->start_s + iteration_s;
     if (!d->warming)
-        PS_TRY_RET(measure_step(d, d->start_s + iteration_s,
-                                &d->times[(d->step - 1) % times_kept(rt->opt)]));
+        PS_TRY_RET(time_events(d)); /* measured after the step's end barrier */
     if (d->voted) {
         int s = d->step - 1;
         if (!d->warming) {
@@ -1126,6 +1183,18 @@ static void *device_main(void *arg)
         }
         if (!barrier_wait(rt, NULL))
             return NULL;
+        /* every device of the host has timed its events: what waited for
+         * peers, then the step's times (the next step's start barrier keeps
+         * the others' events as they are meanwhile) */
+        if (!d->warming) {
+            ps_peer_waits(rt->step_events, rt->set->n_devices, d->device, rt->set, d->wait);
+            d->status =
+                measure_step(d, d->iteration_s, &d->times[(d->step - 1) % times_kept(rt->opt)]);
+            if (d->status != PS_OK) {
+                fail(rt, d);
+                return NULL;
+            }
+        }
         /* the loss of this step: representatives of the loss's replicas */
         if (d->wrote_loss && !d->warming) {
             bool rep = true;
@@ -1157,18 +1226,11 @@ typedef struct report_head {
 } report_head;
 
 typedef struct report_event {
-    int32_t category, mb, peer, pad;
+    int32_t category, mb, peer, group;
     double t0, dur, bytes, flops;
-    char name[112];
+    double wait; /* of dur, spent waiting for peers (exec/peer_waits.h) */
+    char name[104];
 } report_event;
-
-static ps_status event_times(runtime *rt, device_state *d, const exec_event *e, double *t0,
-                             double *dur, ps_error *err)
-{
-    PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, 0, e->begin, t0, err));
-    *t0 += d->start_s;
-    return rt->b->ops->elapsed(rt->b, d->device, e->begin, e->end, dur, err);
-}
 
 static void event_name(const runtime *rt, const exec_event *e, char *name, size_t size)
 {
@@ -1220,18 +1282,14 @@ static ps_status build_reports(runtime *rt, void **out, size_t *bytes, ps_error 
         report_event *ev = (report_event *)p;
         for (int j = 0; j < h->n_events; j++) {
             const exec_event *e = &d->events[j];
-            double t0, dur;
-            ps_status st = event_times(rt, d, e, &t0, &dur, err);
-            if (st != PS_OK) {
-                free(buf);
-                return st;
-            }
             report_event *r = &ev[j];
             r->category = e->category;
             r->mb = e->mb;
             r->peer = e->peer;
-            r->t0 = t0;
-            r->dur = dur;
+            r->group = e->group;
+            r->t0 = d->timed[j].t0;
+            r->dur = d->timed[j].dur;
+            r->wait = d->wait[j];
             r->bytes = e->bytes;
             r->flops = e->flops;
             event_name(rt, e, r->name, sizeof r->name);
@@ -1360,8 +1418,22 @@ static ps_status summarize(runtime *rt, ps_error *err)
         for (int j = 0; tw != NULL && j < h->n_events; j++) {
             const report_event *e = &ev[j];
             bool p2p = e->category == PS_TRACE_SEND || e->category == PS_TRACE_RECV;
+            if (e->wait > 0) { /* as the simulator writes a receive that waited */
+                char wname[64];
+                bool recv = e->category == PS_TRACE_RECV;
+                if (recv)
+                    snprintf(wname, sizeof wname, "wait for %d", e->peer);
+                else
+                    snprintf(wname, sizeof wname, "wait for group %d", e->group);
+                ps_trace_event we = {.device = i, .category = PS_TRACE_IDLE, .name = wname,
+                                     .start_s = e->t0, .duration_s = e->wait,
+                                     .micro_batch = e->mb, .stage = stage,
+                                     .peer = recv ? e->peer : -1};
+                PS_TRY(ps_trace_add(tw, &we));
+            }
             ps_trace_event te = {.device = i, .category = (ps_trace_category)e->category,
-                                 .name = e->name, .start_s = e->t0, .duration_s = e->dur,
+                                 .name = e->name, .start_s = e->t0 + e->wait,
+                                 .duration_s = e->dur - e->wait,
                                  .micro_batch = e->mb, .stage = stage,
                                  .peer = p2p ? e->peer : -1, .bytes = e->bytes,
                                  .flops = e->flops};
@@ -1372,22 +1444,25 @@ static ps_status summarize(runtime *rt, ps_error *err)
             g->peak_memory_bytes = fmax(g->peak_memory_bytes, sd->peak_memory_bytes);
         }
     }
-    /* a stage's phase in a step: the mean over its devices' runs; over the
-     * steps, the median (a step without such runs does not count) */
+    /* A stage's phase in a step: its slowest device's mean run, each run
+     * less what it waited for peers (a device that waits in a collective
+     * for a straggler of its own phase adds nothing; one that entered the
+     * phase early, while a peer finished the last one, adds nothing
+     * either). Over the steps, the median (a step without such runs does
+     * not count). */
     for (int k = 0; k < s->n_stages; k++) {
         double phase_s[PS_PHASE_COUNT];
         for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
             int n = 0;
             for (int t = 0; t < steps; t++) {
-                double sum_s = 0;
-                long runs = 0;
-                for (int i = 0; i < s->n_devices; i++)
-                    if (sum->devices[i].stage == k) {
-                        sum_s += TIMES(i)[t].phase_sum[ph];
-                        runs += TIMES(i)[t].phase_runs[ph];
-                    }
-                if (runs > 0)
-                    vals[n++] = sum_s / (double)runs;
+                double slowest = -1;
+                for (int i = 0; i < s->n_devices; i++) {
+                    const step_times *x = &TIMES(i)[t];
+                    if (sum->devices[i].stage == k && x->phase_runs[ph] > 0)
+                        slowest = fmax(slowest, x->phase_sum[ph] / x->phase_runs[ph]);
+                }
+                if (slowest >= 0)
+                    vals[n++] = slowest;
             }
             phase_s[ph] = ps_median(vals, n);
         }
@@ -1535,6 +1610,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     r->grads = calloc((size_t)rt.g->n_tensors, sizeof *r->grads);
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
     rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
+    rt.step_events = calloc((size_t)s->n_devices, sizeof *rt.step_events);
     threads = calloc((size_t)s->n_devices, sizeof *threads);
     rt.loss_part = calloc((size_t)o->steps * (size_t)s->n_devices, sizeof *rt.loss_part);
     if (o->keep_relus && rt.hosts == NULL) {
@@ -1556,7 +1632,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     }
     if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->step_s == NULL ||
         r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
-        threads == NULL || rt.loss_part == NULL) {
+        threads == NULL || rt.loss_part == NULL || rt.step_events == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -1579,6 +1655,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         if (!ps_hosts_is_local(rt.hosts, i))
             continue; /* another process runs it */
         n_local++;
+        rt.step_events[i] = &d->step_events;
         d->n_slots = ps_exec_timing_slots(s, i);
         d->inst = calloc(n_inst > 0 ? n_inst : 1, sizeof *d->inst);
         d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
@@ -1651,9 +1728,13 @@ out:
             free(d->loss_mb);
             free(d->times);
             free(d->events);
+            free(d->timed);
+            free(d->wait);
+            ps_step_events_free(&d->step_events);
             free(d->runs);
         }
     free(rt.dev);
+    free(rt.step_events);
     free(rt.loss_part);
     free(rt.op_reduce_axis);
     for (int t = 0; t < rt.g->n_tensors; t++) {

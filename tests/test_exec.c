@@ -1129,6 +1129,243 @@ static void test_common_time_origin(void **state)
     ps_cluster_free(c);
 }
 
+/* ---- what waited for peers: idle, not communication ---- */
+
+static ps_backend_ops straggling_ops;
+static const ps_backend_ops *prompt_ops;
+static int straggle_pass;     /* the pass of the op device 0 sleeps in */
+static int straggle_step;     /* the step it sleeps in (warm-up counted) */
+static int straggle_at;       /* its n-th op of that pass there; 0: the last (as step 1 had) */
+static int straggle_step_now; /* device 0's step, from its first stamp of each */
+static int straggle_seen, straggle_first_count;
+/* Long beside the tiny models' steps (a few ms each) and the scheduling
+ * noise of a loaded machine. */
+#define STRAGGLE_S 0.3
+
+static ps_status straggle_mark(ps_backend *b, int device, int slot, ps_error *err)
+{
+    if (device == 0 && slot == 0) {
+        if (straggle_step_now == 1)
+            straggle_first_count = straggle_seen;
+        straggle_step_now++;
+        straggle_seen = 0;
+    }
+    return prompt_ops->mark(b, device, slot, err);
+}
+
+static ps_status straggle_op(ps_backend *b, int device, const ps_op *op, const ps_tile *in,
+                             ps_tile *out, const ps_op_context *ctx, ps_error *err)
+{
+    if (device == 0 && (int)op->pass == straggle_pass) {
+        straggle_seen++;
+        int at = straggle_at > 0 ? straggle_at : straggle_first_count;
+        if (straggle_step_now == straggle_step && straggle_seen == at) {
+            struct timespec t = {0, (long)(STRAGGLE_S * 1e9)};
+            nanosleep(&t, NULL);
+        }
+    }
+    return prompt_ops->op(b, device, op, in, out, ctx, err);
+}
+
+static void make_straggling(ps_backend *b)
+{
+    prompt_ops = b->ops;
+    straggling_ops = *b->ops;
+    straggling_ops.mark = straggle_mark;
+    straggling_ops.op = straggle_op;
+    b->ops = &straggling_ops;
+}
+
+/* One timed step (after `warmup` steps) of p in which device 0 sleeps
+ * STRAGGLE_S in its `at`-th op of `pass` (0: its last), with a trace. */
+static json_t *run_straggling(const ps_plan *p, int pass, int at, int warmup, run *out)
+{
+    straggle_pass = pass;
+    straggle_at = at;
+    straggle_step = warmup + 1;
+    straggle_step_now = straggle_seen = straggle_first_count = 0;
+    char path[] = "/tmp/ps_test_exec_waits_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ps_exec_options o = ps_exec_options_default();
+    o.trace_path = path;
+    o.devices_per_node = 8;
+    o.warmup_steps = warmup;
+    ps_error err = {0};
+    if (run_plan_adjusted(p, &o, false, make_straggling, out, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (j == NULL)
+        fail_msg("trace is not JSON: %s", je.text);
+    remove(path);
+    return j;
+}
+
+/* Per device of the trace: the seconds of its spans of one category, or of
+ * idle spans whose name begins with `prefix` (NULL: any). */
+static double span_seconds(json_t *ev, int tid, const char *cat, const char *prefix)
+{
+    double us = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        const char *c = json_string_value(json_object_get(e, "cat"));
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (c == NULL || strcmp(c, cat) != 0 ||
+            json_integer_value(json_object_get(e, "tid")) != tid ||
+            (prefix != NULL && (n == NULL || strncmp(n, prefix, strlen(prefix)) != 0)))
+            continue;
+        us += json_number_value(json_object_get(e, "dur"));
+    }
+    return us * 1e-6;
+}
+
+/* What the trace shows of waits, against closed forms: each device's
+ * communication in the summary is its communication spans (the waits split
+ * off as idle spans); no receive moves data before its send began; the
+ * members of every collective instance move its data from one moment on,
+ * the last member's entry. Returns the idle "wait for" seconds per device. */
+static void check_waits_split(json_t *ev, const ps_program_set *set, const ps_summary *s,
+                              double *waited_s)
+{
+    const double slack_us = 1;
+    for (int d = 0; d < set->n_devices; d++) {
+        double comm_s = span_seconds(ev, d, "collective", NULL) +
+                        span_seconds(ev, d, "send", NULL) + span_seconds(ev, d, "recv", NULL);
+        if (!(fabs(comm_s - s->devices[d].comm_s) <= 1e-6 + 1e-6 * comm_s))
+            fail_msg("device %d: communication %.6f ms in the summary, %.6f ms of spans", d,
+                     s->devices[d].comm_s * 1e3, comm_s * 1e3);
+        waited_s[d] = span_seconds(ev, d, "idle", "wait for ");
+        assert_true(s->devices[d].idle_s >= waited_s[d] - 1e-6);
+    }
+    int pairs = 0, instances = 0;
+    for (int d = 0; d < set->n_devices; d++)
+        for (int q = 0; q < set->n_devices; q++) {
+            char sn[32], rn[32];
+            snprintf(sn, sizeof sn, "send to %d", q);
+            snprintf(rn, sizeof rn, "recv from %d", d);
+            span sd, rv;
+            for (int k = 0; nth_span(ev, d, "send", sn, k, &sd); k++) {
+                assert_true(nth_span(ev, q, "recv", rn, k, &rv));
+                if (rv.t0 < sd.t0 - slack_us)
+                    fail_msg("device %d's receive %d from %d moves data from %.1f us, before the "
+                             "send began at %.1f us",
+                             q, k, d, rv.t0, sd.t0);
+                pairs++;
+            }
+        }
+    for (int g = 0; g < set->n_groups; g++) {
+        const ps_group *gr = &set->groups[g];
+        for (int kind = -1; kind < PS_COLL_COUNT; kind++) {
+            char name[64];
+            if (kind < 0)
+                snprintf(name, sizeof name, "finite vote group %d", g);
+            else
+                snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], g);
+            for (int k = 0;; k++) {
+                double lo = 1e30, hi = -1e30;
+                int found = 0;
+                for (int i = 0; i < gr->n; i++) {
+                    span x;
+                    if (!nth_span(ev, gr->devices[i], "collective", name, k, &x))
+                        continue;
+                    found++;
+                    lo = fmin(lo, x.t0);
+                    hi = fmax(hi, x.t0);
+                }
+                if (found == 0)
+                    break;
+                assert_int_equal(found, gr->n);
+                if (hi - lo > slack_us)
+                    fail_msg("%s instance %d: its members move data from %.1f us to %.1f us on",
+                             name, k, lo, hi);
+                instances++;
+            }
+        }
+    }
+    assert_true(instances > 0 && pairs + instances >= 8);
+}
+
+/* A straggler inside a phase: device 0 of a dp 2 x op 2 x pp 2 GPT sleeps
+ * in its first forward op. Its stage's other devices wait for it in their
+ * collectives, and the next stage's receives wait: idle, not
+ * communication, in the summary and in the trace. The stage's forward is
+ * its slowest device's, the sleep included. */
+static void test_waits_in_phase(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("gpt-350m", &cfg);
+    ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
+    run a;
+    json_t *j = run_straggling(p, PS_PASS_FORWARD, 1, 0, &a);
+    const ps_summary *s = a.r->summary;
+    const ps_program_set *set = a.set;
+    double waited[8];
+    check_waits_split(json_object_get(j, "traceEvents"), set, s, waited);
+    double mates_waited = 0;
+    for (int d = 1; d < set->n_devices; d++) {
+        if (set->programs[d].stage != 0)
+            continue;
+        mates_waited = fmax(mates_waited, waited[d]);
+        if (!(s->devices[d].comm_s < STRAGGLE_S / 2))
+            fail_msg("device %d: %.1f ms of communication beside a %.0f ms straggler", d,
+                     s->devices[d].comm_s * 1e3, STRAGGLE_S * 1e3);
+    }
+    if (!(mates_waited >= 0.8 * STRAGGLE_S))
+        fail_msg("device 0's stage mates waited %.1f ms at most for its %.0f ms sleep",
+                 mates_waited * 1e3, STRAGGLE_S * 1e3);
+    double later_waited = 0; /* the next stage's receives */
+    for (int d = 0; d < set->n_devices; d++)
+        if (set->programs[d].stage == 1)
+            later_waited = fmax(later_waited, waited[d]);
+    assert_true(later_waited >= 0.8 * STRAGGLE_S);
+    if (!(s->stages[0].forward_s >= 0.8 * STRAGGLE_S / set->micro_batches))
+        fail_msg("stage 0's forward %.2f ms: its slowest device slept %.0f ms in one of %d",
+                 s->stages[0].forward_s * 1e3, STRAGGLE_S * 1e3, set->micro_batches);
+    json_decref(j);
+    run_free(&a);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
+/* A straggler across phases: device 0 of a data-parallel MLP sleeps in its
+ * last backward op, its replicas go on to the update and wait there for its
+ * gradient. The update is the time it takes, not the replicas' wait; the
+ * backward is the straggler's, the sleep included. */
+static void test_waits_across_phases(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    ps_model_config cfg;
+    small_config("mlp", &cfg);
+    ps_plan *p = plan_of(&cfg, M_DATA, false, c);
+    run a;
+    json_t *j = run_straggling(p, PS_PASS_BACKWARD, 0, 1, &a);
+    const ps_summary *s = a.r->summary;
+    const ps_program_set *set = a.set;
+    assert_true(straggle_first_count > 0);
+    double waited[8];
+    check_waits_split(json_object_get(j, "traceEvents"), set, s, waited);
+    for (int d = 1; d < set->n_devices; d++) {
+        if (!(waited[d] >= 0.8 * STRAGGLE_S))
+            fail_msg("device %d waited %.1f ms for device 0's %.0f ms sleep", d, waited[d] * 1e3,
+                     STRAGGLE_S * 1e3);
+        assert_true(s->devices[d].comm_s < STRAGGLE_S / 2);
+    }
+    if (!(s->stages[0].update_s < STRAGGLE_S / 2))
+        fail_msg("the update took %.1f ms: the replicas' %.0f ms wait for the straggler's "
+                 "backward counts",
+                 s->stages[0].update_s * 1e3, STRAGGLE_S * 1e3);
+    assert_true(s->stages[0].backward_s >= 0.8 * STRAGGLE_S / set->micro_batches);
+    json_decref(j);
+    run_free(&a);
+    ps_plan_free(p);
+    ps_cluster_free(c);
+}
+
 /* ---- warm-up steps, and the summary's medians over the steps ---- */
 
 static ps_backend_ops stalling_ops;
@@ -1247,13 +1484,9 @@ static void test_warmup_and_medians(void **state)
     assert_true(r->summary->iteration_s >= lo_s);
     check_device_times_add_up(r->summary);
     check_device_times_add_up(quiet->summary);
-    /* a stalled step's stage-0 forward (the mean over its runs) grows by the
-     * stall over their number */
-    int runs = 0;
-    for (int d = 0; d < set->n_devices; d++)
-        runs += set->programs[d].stage == 0;
-    runs *= set->micro_batches;
-    double shift_s = STALL_S / runs, q_s = quiet->summary->stages[0].forward_s;
+    /* a stalled step's stage-0 forward (its slowest device's mean run) grows
+     * by the stall over device 0's runs */
+    double shift_s = STALL_S / set->micro_batches, q_s = quiet->summary->stages[0].forward_s;
     double a_s = r->summary->stages[0].forward_s;
     if (a_s > q_s + shift_s / 2)
         fail_msg("stage 0's forward: %.2f ms, without stalls %.2f ms: a stalled step (+%.2f "
@@ -2054,6 +2287,8 @@ int main(void)
         cmocka_unit_test(test_accumulate_in_place),
         cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_common_time_origin),
+        cmocka_unit_test(test_waits_in_phase),
+        cmocka_unit_test(test_waits_across_phases),
         cmocka_unit_test(test_warmup_and_medians),
         cmocka_unit_test(test_times_kept),
         cmocka_unit_test(test_cpu_block_reuse),
