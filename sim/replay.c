@@ -1181,6 +1181,9 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
     a->cur_phase = (int)k->phase;
     a->cur_mb = in->mb;
     double t0 = a->v_s;
+    /* what it was busy with before t0 (latencies deferred to here lie
+     * before it and are credited at the next flush) */
+    double busy0_s = a->compute_s + a->comm_s + a->pend_delay_s;
     for (int i = 0; i < k->n_instrs; i++) {
         a->kpc = i;
         if (k->instrs[i].kind == PS_INSTR_RUN)
@@ -1191,7 +1194,10 @@ static bool run_kernel(sim_actor *a, const ps_instr *in)
     flush_compute(a);
     a->kpc = -1;
     if (k->phase < PS_PHASE_COUNT) {
-        a->phase_sum_s[k->phase] += simgrid_get_clock() - t0;
+        /* the run less what it waited for peers (idle: neither compute nor
+         * communication), as the executors measure a phase */
+        double busy_s = a->compute_s + a->comm_s - busy0_s;
+        a->phase_sum_s[k->phase] += fmax(0.0, fmin(simgrid_get_clock() - t0, busy_s));
         a->phase_runs[k->phase]++;
     }
     a->cur_phase = a->cur_mb = -1;

@@ -228,23 +228,22 @@ static ps_status summarize(const ps_program_set *s, const ps_cluster *c, const b
             sum->stages[sd->stage].peak_memory_bytes =
                 fmax(sum->stages[sd->stage].peak_memory_bytes, r->peak_memory_bytes);
     }
+    /* a stage's phase: its slowest device's mean run (each less its waits
+     * for peers, sim/replay.c), as the executors measure it */
     for (int i = 0; i < s->n_stages; i++) {
         ps_summary_stage *g = &sum->stages[i];
-        double sum_s[PS_PHASE_COUNT] = {0};
-        int runs[PS_PHASE_COUNT] = {0};
+        double slowest[PS_PHASE_COUNT] = {0};
         for (int d = 0; d < s->n_devices; d++) {
             if (sum->devices[d].stage != i)
                 continue;
-            for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
-                sum_s[ph] += dev[d].phase_sum_s[ph];
-                runs[ph] += dev[d].phase_runs[ph];
-            }
+            for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+                if (dev[d].phase_runs[ph] > 0)
+                    slowest[ph] =
+                        fmax(slowest[ph], dev[d].phase_sum_s[ph] / dev[d].phase_runs[ph]);
         }
-        g->forward_s =
-            runs[PS_PHASE_FORWARD] ? sum_s[PS_PHASE_FORWARD] / runs[PS_PHASE_FORWARD] : 0;
-        g->backward_s =
-            runs[PS_PHASE_BACKWARD] ? sum_s[PS_PHASE_BACKWARD] / runs[PS_PHASE_BACKWARD] : 0;
-        g->update_s = runs[PS_PHASE_UPDATE] ? sum_s[PS_PHASE_UPDATE] / runs[PS_PHASE_UPDATE] : 0;
+        g->forward_s = slowest[PS_PHASE_FORWARD];
+        g->backward_s = slowest[PS_PHASE_BACKWARD];
+        g->update_s = slowest[PS_PHASE_UPDATE];
         g->time_s = g->forward_s + g->backward_s;
     }
     ps_summary_set_throughput(sum, s);
