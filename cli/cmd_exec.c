@@ -122,6 +122,7 @@ typedef struct backend_choice {
     bool share_gpu, tf32;
     bool fp32;        /* hold fp16/bf16 tensors in fp32 (--fp32, or a reference's) */
     bool fp32_given;  /* --fp32 on the command line: refused for a plan without them */
+    bool check_fp32_given; /* --check-fp32: refused for a plan without them, too */
     ps_hosts *hosts;  /* the launch's processes, or NULL */
     int fail_device;  /* test mode: this device fails (PIPESHARD_FAIL_DEVICE), or -1 */
     int64_t host_memory; /* test mode: bytes the CPU backend's memory check allows
@@ -181,12 +182,15 @@ static ps_status run_plan(const ps_plan *plan, const backend_choice *bc,
     *out = NULL;
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, err), err));
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_lower(plan, m, lo, &set, err), err));
-    if (bc->fp32_given && !ps_exec_has_half(set->step)) {
+    if ((bc->fp32_given || bc->check_fp32_given) && !ps_exec_has_half(set->step)) {
         /* options that would change nothing are refused, not ignored */
         st = ps_cli_in_plan_file(
             plan,
             ps_error_set(err, PS_ERR_INVALID,
-                         "--fp32 changes nothing: the plan holds no fp16 or bf16 tensors"),
+                         bc->fp32_given
+                             ? "--fp32 changes nothing: the plan holds no fp16 or bf16 tensors"
+                             : "--check-fp32 is --check here: the plan holds no fp16 or bf16 "
+                               "tensors"),
             err);
         goto out;
     }
@@ -529,7 +533,7 @@ int ps_cmd_exec(int argc, char **argv)
     }
     eo.devices_per_node = plan->cluster->devices_per_node;
     backend_choice bc = {.kind = backend, .share_gpu = share_gpu, .tf32 = tf32, .fp32 = fp32,
-                         .fp32_given = fp32,
+                         .fp32_given = fp32, .check_fp32_given = check_fp32,
                          .hosts = hosts, .fail_device = -1,
                          .stopped_together = &stopped_together};
     ps_dtype storage = PS_DTYPE_F32;

@@ -1735,6 +1735,9 @@ static void test_check_held_dtypes(void **state)
         expect_success(fx, a, "predicted     iteration");
         const char *e[] = {"exec", "--plan", plan, "--fp32", NULL};
         expect_failure(fx, e, "--fp32 changes nothing: the plan holds no fp16 or bf16 tensors");
+        const char *cf[] = {"exec", "--plan", plan, "--check-fp32", NULL};
+        expect_failure(fx, cf, "--check-fp32 is --check here: the plan holds no fp16 or bf16 "
+                               "tensors");
     }
     static const char *const state_dtypes[] = {"bf16", "fp16"};
     for (int k = 0; k < 2; k++) {
