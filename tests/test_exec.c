@@ -1177,8 +1177,10 @@ static void make_straggling(ps_backend *b)
 }
 
 /* One timed step (after `warmup` steps) of p in which device 0 sleeps
- * STRAGGLE_S in its `at`-th op of `pass` (0: its last), with a trace. */
-static json_t *run_straggling(const ps_plan *p, int pass, int at, int warmup, run *out)
+ * STRAGGLE_S in its `at`-th op of `pass` (0: its last; -1: no pass, no
+ * sleep), with a trace (a span per op with trace_ops). */
+static json_t *run_straggling(const ps_plan *p, int pass, int at, int warmup, bool trace_ops,
+                              run *out)
 {
     straggle_pass = pass;
     straggle_at = at;
@@ -1192,6 +1194,7 @@ static json_t *run_straggling(const ps_plan *p, int pass, int at, int warmup, ru
     o.trace_path = path;
     o.devices_per_node = 8;
     o.warmup_steps = warmup;
+    o.trace_ops = trace_ops;
     ps_error err = {0};
     if (run_plan_adjusted(p, &o, false, make_straggling, out, &err) != PS_OK)
         fail_msg("%s", err.msg);
@@ -1300,7 +1303,7 @@ static void test_waits_in_phase(void **state)
     small_config("gpt-350m", &cfg);
     ps_plan *p = plan_of(&cfg, M_UNIFORM, false, c);
     run a;
-    json_t *j = run_straggling(p, PS_PASS_FORWARD, 1, 0, &a);
+    json_t *j = run_straggling(p, PS_PASS_FORWARD, 1, 0, false, &a);
     const ps_summary *s = a.r->summary;
     const ps_program_set *set = a.set;
     double waited[8];
@@ -1331,6 +1334,29 @@ static void test_waits_in_phase(void **state)
     ps_cluster_free(c);
 }
 
+/* The closed forms of check_waits_split on plans without a straggler: an
+ * expert-parallel MoE (all-to-alls), a pipelined Wide-ResNet (batch norm's
+ * own reductions inside its ops), a GPipe GPT traced op by op. */
+static void test_waits_other_plans(void **state)
+{
+    (void)state;
+    ps_cluster *c = cluster_8();
+    const char *models[] = {"moe-380m", "wresnet-250m", "gpt-350m"};
+    for (int k = 0; k < 3; k++) {
+        ps_model_config cfg;
+        small_config(models[k], &cfg);
+        ps_plan *p = plan_of(&cfg, M_UNIFORM, k == 2, c);
+        run a;
+        json_t *j = run_straggling(p, -1, 0, 1, k == 2, &a);
+        double waited[8];
+        check_waits_split(json_object_get(j, "traceEvents"), a.set, a.r->summary, waited);
+        json_decref(j);
+        run_free(&a);
+        ps_plan_free(p);
+    }
+    ps_cluster_free(c);
+}
+
 /* A straggler across phases: device 0 of a data-parallel MLP sleeps in its
  * last backward op, its replicas go on to the update and wait there for its
  * gradient. The update is the time it takes, not the replicas' wait; the
@@ -1343,7 +1369,7 @@ static void test_waits_across_phases(void **state)
     small_config("mlp", &cfg);
     ps_plan *p = plan_of(&cfg, M_DATA, false, c);
     run a;
-    json_t *j = run_straggling(p, PS_PASS_BACKWARD, 0, 1, &a);
+    json_t *j = run_straggling(p, PS_PASS_BACKWARD, 0, 1, false, &a);
     const ps_summary *s = a.r->summary;
     const ps_program_set *set = a.set;
     assert_true(straggle_first_count > 0);
@@ -1371,8 +1397,8 @@ static void test_waits_across_phases(void **state)
 static ps_backend_ops stalling_ops;
 static const ps_backend_ops *steady_ops;
 static int stall_step_of[8]; /* per device: the step its marks are in (warm-up counted) */
-static unsigned stall_steps;  /* bit s-1: step s stalls device 0 */
-static int stalled_in;        /* the step device 0 last stalled in */
+static unsigned stall_steps; /* bit s-1: step s stalls device 0 */
+static int stalled_in;       /* the step device 0 last stalled in */
 /* Long beside scheduling noise: the medians' check below compares two runs'
  * stage-0 forward times with a margin of half the stall over its 16 runs
  * (28 ms; 9 ms with a 0.3 s stall was within reach of a loaded machine). */
@@ -2289,6 +2315,7 @@ int main(void)
         cmocka_unit_test(test_common_time_origin),
         cmocka_unit_test(test_waits_in_phase),
         cmocka_unit_test(test_waits_across_phases),
+        cmocka_unit_test(test_waits_other_plans),
         cmocka_unit_test(test_warmup_and_medians),
         cmocka_unit_test(test_times_kept),
         cmocka_unit_test(test_cpu_block_reuse),
