@@ -208,6 +208,18 @@ static void test_join(void **state)
     assert_true(r0->compute_s == 0.75);
     assert_true(r0->comm_s == 0.5);
     assert_true(r0->idle_s == 0.75);
+    /* compute and communication per step against those means: the
+     * planner's compute 1.25 and 2 against 0.75 and 1.5, its communication
+     * equal; the simulator's communication 0.25 against 0.5 and 0.25 */
+    assert_true(r0->value[PS_CMP_COMPUTE] == 0.75 && r0->value[PS_CMP_COMM] == 0.5);
+    assert_near(p0->error[PS_CMP_COMPUTE], 2.0 / 3, 1e-15);
+    assert_near(p1->error[PS_CMP_COMPUTE], 1.0 / 3, 1e-15);
+    assert_near(c->runs[0].mape[PS_CMP_COMPUTE], 0.5, 1e-15);
+    assert_true(c->runs[0].mape[PS_CMP_COMM] == 0);
+    assert_true(ps_compare_cell_at(c, 0, 1)->error[PS_CMP_COMM] == -0.5);
+    assert_true(c->runs[1].mape[PS_CMP_COMM] == 0.25);
+    assert_true(c->runs[1].worst[PS_CMP_COMM] == -0.5);
+    assert_int_equal(c->runs[1].worst_stage[PS_CMP_COMM], 0);
     ps_compare_free(c);
     free_runs(runs, 3);
 }
@@ -328,6 +340,7 @@ static void test_json_and_csv(void **state)
     assert_int_equal(join(names, 3, -1, runs, &c, &err), PS_OK);
     assert_int_equal(ps_compare_to_json(c, &j), PS_OK);
     assert_string_equal(json_string_value(json_object_get(j, "format")), "pipeshard-compare");
+    assert_int_equal(json_integer_value(json_object_get(j, "version")), 2);
     assert_int_equal(json_integer_value(json_object_get(j, "reference")), 2);
     json_t *run0 = json_array_get(json_object_get(j, "runs"), 0);
     assert_true(json_real_value(json_object_get(json_object_get(run0, "mape"), "time_s")) ==
@@ -340,6 +353,13 @@ static void test_json_and_csv(void **state)
     assert_true(json_is_null(json_object_get(s1r0, "update_error")));
     assert_true(json_real_value(json_object_get(s1r0, "time_error")) == -0.125);
     assert_true(json_real_value(json_object_get(s1r0, "time_s")) == 0.21875);
+    /* the planner's stage 1: compute 2 against 1.5, communication 0.25 equal */
+    assert_true(json_real_value(json_object_get(s1r0, "compute_s")) == 2);
+    assert_near(json_real_value(json_object_get(s1r0, "compute_error")), 1.0 / 3, 1e-15);
+    assert_true(json_real_value(json_object_get(s1r0, "comm_error")) == 0);
+    assert_true(json_real_value(json_object_get(s1r0, "idle_s")) == 0.25);
+    assert_true(json_real_value(json_object_get(json_object_get(run0, "mape"), "compute_s")) ==
+                0.5);
     json_decref(j);
 
     char path[600];
@@ -354,8 +374,8 @@ static void test_json_and_csv(void **state)
     assert_non_null(strstr(text, "stage,devices,first_device,submesh,logical_mesh,run,file,"
                                  "source,reference,time_s,time_error,forward_s,forward_error,"
                                  "backward_s,backward_error,update_s,update_error,"
-                                 "peak_memory_bytes,peak_memory_error,compute_s,comm_s,"
-                                 "idle_s\n"));
+                                 "peak_memory_bytes,peak_memory_error,compute_s,compute_error,"
+                                 "comm_s,comm_error,idle_s\n"));
     /* the planner's stage 1: update error undefined (empty field) */
     assert_non_null(strstr(text, "1,2,2,1x2,1x2,A," DATA "/planner.json,planner,0,0.21875,"
                                  "-0.125,0.0625,0,0.15625,"));

@@ -10,16 +10,25 @@
 #include "core/json.h"
 
 const char *const ps_compare_metric_keys[PS_CMP_METRIC_COUNT] = {
-    "time_s", "forward_s", "backward_s", "update_s", "peak_memory_bytes"};
+    "time_s", "forward_s", "backward_s", "update_s", "peak_memory_bytes", "compute_s", "comm_s"};
 
 /* Headings of the printed tables, with the unit the values are shown in. */
 static const char *const metric_titles[PS_CMP_METRIC_COUNT] = {
-    "time per micro-batch (forward + backward), ms", "forward per micro-batch, ms",
-    "backward per micro-batch, ms", "update per step, ms", "peak memory, GB (10^9 bytes)"};
-static const char *const metric_short[PS_CMP_METRIC_COUNT] = {"time/mb", "forward", "backward",
-                                                              "update", "memory"};
+    "time per micro-batch (forward + backward), ms",
+    "forward per micro-batch, ms",
+    "backward per micro-batch, ms",
+    "update per step, ms",
+    "peak memory, GB (10^9 bytes)",
+    "compute per step, mean over the stage's devices, ms",
+    "communication per step, mean over the stage's devices, ms"};
+static const char *const metric_short[PS_CMP_METRIC_COUNT] = {
+    "time/mb", "forward", "backward", "update", "memory", "compute", "comm"};
 /* seconds are shown in ms, bytes in GB */
-static const double metric_scale[PS_CMP_METRIC_COUNT] = {1e3, 1e3, 1e3, 1e3, 1e-9};
+static const double metric_scale[PS_CMP_METRIC_COUNT] = {1e3, 1e3, 1e3, 1e3, 1e-9, 1e3, 1e3};
+/* The tables' order: the times, then memory. */
+static const int metric_shown[PS_CMP_METRIC_COUNT] = {
+    PS_CMP_TIME,    PS_CMP_FORWARD, PS_CMP_BACKWARD, PS_CMP_UPDATE,
+    PS_CMP_COMPUTE, PS_CMP_COMM,    PS_CMP_MEMORY};
 
 double ps_compare_rel_error(double value, double reference)
 {
@@ -40,14 +49,40 @@ int ps_compare_default_reference(const ps_summary *const *runs, int n)
     return n - 1;
 }
 
-static double metric_value(const ps_summary_stage *g, int m)
+/* Mean compute, communication and idle time of a stage's devices. */
+static void stage_breakdown(const ps_summary *s, int stage, ps_compare_cell *cell)
 {
+    int n = 0;
+    cell->compute_s = cell->comm_s = cell->idle_s = 0;
+    for (int d = 0; d < s->n_devices; d++) {
+        const ps_summary_device *dev = &s->devices[d];
+        if (dev->stage != stage)
+            continue;
+        cell->compute_s += dev->compute_s;
+        cell->comm_s += dev->comm_s;
+        cell->idle_s += dev->idle_s;
+        n++;
+    }
+    if (n > 0) { /* validated summaries name every stage's devices */
+        cell->compute_s /= n;
+        cell->comm_s /= n;
+        cell->idle_s /= n;
+    }
+}
+
+static double metric_value(const ps_summary *s, int stage, int m)
+{
+    const ps_summary_stage *g = &s->stages[stage];
+    ps_compare_cell parts;
     switch (m) {
     case PS_CMP_TIME: return g->time_s;
     case PS_CMP_FORWARD: return g->forward_s;
     case PS_CMP_BACKWARD: return g->backward_s;
     case PS_CMP_UPDATE: return g->update_s;
-    default: return g->peak_memory_bytes;
+    case PS_CMP_MEMORY: return g->peak_memory_bytes;
+    default:
+        stage_breakdown(s, stage, &parts);
+        return m == PS_CMP_COMPUTE ? parts.compute_s : parts.comm_s;
     }
 }
 
@@ -100,26 +135,6 @@ static ps_status check_joinable(const ps_summary *a, const char *fa, const ps_su
     return PS_OK;
 }
 
-/* Mean compute, communication and idle time of a stage's devices. */
-static void stage_breakdown(const ps_summary *s, int stage, ps_compare_cell *cell)
-{
-    int n = 0;
-    for (int d = 0; d < s->n_devices; d++) {
-        const ps_summary_device *dev = &s->devices[d];
-        if (dev->stage != stage)
-            continue;
-        cell->compute_s += dev->compute_s;
-        cell->comm_s += dev->comm_s;
-        cell->idle_s += dev->idle_s;
-        n++;
-    }
-    if (n > 0) { /* validated summaries name every stage's devices */
-        cell->compute_s /= n;
-        cell->comm_s /= n;
-        cell->idle_s /= n;
-    }
-}
-
 ps_status ps_compare_create(const ps_summary *const *runs, const char *const *files, int n,
                             int reference, ps_compare **out, ps_error *err)
 {
@@ -164,9 +179,8 @@ ps_status ps_compare_create(const ps_summary *const *runs, const char *const *fi
             run->worst_stage[m] = -1;
             for (int k = 0; k < c->n_stages; k++) {
                 ps_compare_cell *cell = &c->cells[k * n + r];
-                cell->value[m] = metric_value(&s->stages[k], m);
-                cell->error[m] =
-                    ps_compare_rel_error(cell->value[m], metric_value(&ref->stages[k], m));
+                cell->value[m] = metric_value(s, k, m);
+                cell->error[m] = ps_compare_rel_error(cell->value[m], metric_value(ref, k, m));
                 if (isnan(cell->error[m]))
                     continue;
                 sum += fabs(cell->error[m]);
@@ -282,7 +296,8 @@ void ps_compare_print(const ps_compare *c, FILE *f)
         fprintf(f, "%5d %8d %13d %8s %13s\n", k, g->n_devices, g->first_device, sub, logical);
     }
 
-    for (int m = 0; m < PS_CMP_METRIC_COUNT; m++) {
+    for (int i = 0; i < PS_CMP_METRIC_COUNT; i++) {
+        int m = metric_shown[i];
         fprintf(f, "\n%s\n", metric_titles[m]);
         print_run_headers(c, f, "stage");
         for (int k = 0; k < c->n_stages; k++) {
@@ -310,7 +325,8 @@ void ps_compare_print(const ps_compare *c, FILE *f)
         print_cell(f, c->runs[r].summary->peak_memory_bytes * 1e-9, c->runs[r].peak_memory_error,
                    r == c->reference);
     fputc('\n', f);
-    for (int m = 0; m < PS_CMP_METRIC_COUNT; m++) {
+    for (int i = 0; i < PS_CMP_METRIC_COUNT; i++) {
+        int m = metric_shown[i];
         char label[32];
         snprintf(label, sizeof label, "%s MAPE", metric_short[m]);
         fprintf(f, "%-20s", label);
@@ -428,8 +444,6 @@ static ps_status stage_json(const ps_compare *c, int k, json_t **out)
             PS_TRY(ps_json_set(item, ps_compare_metric_keys[m], json_real(cell->value[m])));
             PS_TRY(ps_json_set(item, key, num_or_null(cell->error[m])));
         }
-        PS_TRY(ps_json_set(item, "compute_s", json_real(cell->compute_s)));
-        PS_TRY(ps_json_set(item, "comm_s", json_real(cell->comm_s)));
         PS_TRY(ps_json_set(item, "idle_s", json_real(cell->idle_s)));
     }
     *out = o;
@@ -511,7 +525,7 @@ ps_status ps_compare_save_csv(const ps_compare *c, const char *path, ps_error *e
         error_key(m, key, sizeof key);
         fprintf(f, ",%s,%s", ps_compare_metric_keys[m], key);
     }
-    fputs(",compute_s,comm_s,idle_s\n", f);
+    fputs(",idle_s\n", f);
     for (int k = 0; k < c->n_stages; k++) {
         const ps_summary_stage *g = &c->runs[0].summary->stages[k];
         for (int r = 0; r < c->n_runs; r++) {
@@ -525,8 +539,6 @@ ps_status ps_compare_save_csv(const ps_compare *c, const char *path, ps_error *e
                 csv_num(f, cell->value[m]);
                 csv_num(f, cell->error[m]);
             }
-            csv_num(f, cell->compute_s);
-            csv_num(f, cell->comm_s);
             csv_num(f, cell->idle_s);
             fputc('\n', f);
         }

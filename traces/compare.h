@@ -13,7 +13,7 @@
 #include "core/status.h"
 #include "traces/summary.h"
 
-#define PS_COMPARE_VERSION 1
+#define PS_COMPARE_VERSION 2
 
 /* The per-stage quantities compared, in this order. */
 typedef enum ps_compare_metric {
@@ -22,10 +22,14 @@ typedef enum ps_compare_metric {
     PS_CMP_BACKWARD = 2, /* backward_s */
     PS_CMP_UPDATE = 3,   /* update_s, per step */
     PS_CMP_MEMORY = 4,   /* peak_memory_bytes, max over the stage's devices */
+    PS_CMP_COMPUTE = 5,  /* compute_s per step, the mean over the stage's devices */
+    PS_CMP_COMM = 6,     /* comm_s per step, the same (waits for peers are idle) */
     PS_CMP_METRIC_COUNT
 } ps_compare_metric;
 
-/* The summary keys of the metrics ("time_s", ..., "peak_memory_bytes"). */
+/* The keys of the metrics ("time_s", ..., "peak_memory_bytes", "compute_s",
+ * "comm_s"): a stage's in the summaries, the means of its devices' for the
+ * last two. */
 extern const char *const ps_compare_metric_keys[PS_CMP_METRIC_COUNT];
 
 /* One stage as seen by one run. Errors are (value - reference) / reference:
