@@ -117,6 +117,24 @@ static const struct option options[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* Test mode PIPESHARD_STRAGGLER=DEVICE:SECONDS: that device starts every
+ * timed step late (ps_exec_options.straggler_device). */
+static bool parse_straggler(const char *text, int *device, double *seconds)
+{
+    const char *colon = strchr(text, ':');
+    char head[32];
+    int64_t d;
+    if (colon == NULL || (size_t)(colon - text) >= sizeof head)
+        return false;
+    memcpy(head, text, (size_t)(colon - text));
+    head[colon - text] = '\0';
+    if (!ps_cli_parse_int(head, 0, INT32_MAX, &d) ||
+        !ps_cli_parse_double(colon + 1, 0, 60, seconds))
+        return false;
+    *device = (int)d;
+    return true;
+}
+
 typedef struct backend_choice {
     const char *kind; /* cpu, cuda */
     bool share_gpu, tf32;
@@ -545,6 +563,14 @@ int ps_cmd_exec(int argc, char **argv)
     }
     if (fail_env != NULL)
         bc.fail_device = (int)v;
+    const char *straggler_env = getenv("PIPESHARD_STRAGGLER");
+    if (straggler_env != NULL &&
+        !parse_straggler(straggler_env, &eo.straggler_device, &eo.straggler_s)) {
+        st = ps_error_set(&err, PS_ERR_INVALID,
+                          "PIPESHARD_STRAGGLER needs DEVICE:SECONDS (up to 60 s), not \"%s\"",
+                          straggler_env);
+        goto out;
+    }
     const char *memory_env = getenv("PIPESHARD_HOST_MEMORY");
     if (memory_env != NULL && !ps_cli_parse_int(memory_env, 1, INT64_MAX, &v)) {
         st = ps_error_set(&err, PS_ERR_INVALID,

@@ -455,6 +455,61 @@ ps_status ps_hosts_gather(ps_hosts *h, const void *mine, size_t bytes, void **al
 #endif
 }
 
+ps_status ps_hosts_allgather(ps_hosts *h, const void *mine, size_t bytes, void **all, size_t *sizes,
+                             ps_error *err)
+{
+    *all = NULL;
+    int count = ps_hosts_count(h), rank = ps_hosts_rank(h);
+    if (bytes > (size_t)INT_MAX)
+        return ps_error_set(err, PS_ERR_UNSUPPORTED,
+                            "rank %d: %zu bytes to gather exceed one MPI message (2 GiB)", rank,
+                            bytes);
+    if (count == 1)
+        return ps_hosts_gather(h, mine, bytes, all, sizes, err);
+#ifdef PS_HAVE_MPI
+    int n = (int)bytes, *counts = calloc((size_t)count, sizeof *counts),
+        *displs = calloc((size_t)count, sizeof *displs);
+    if (counts == NULL || displs == NULL) { /* the other ranks would wait forever */
+        fprintf(stderr, "pipeshard: rank %d: out of memory gathering step times\n", rank);
+        ps_hosts_abort(h, 1);
+    }
+    int rc = MPI_Allgather(&n, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        free(counts);
+        free(displs);
+        return mpi_fail(h, rc, "MPI_Allgather", err);
+    }
+    long long total = 0;
+    for (int r = 0; r < count; r++) {
+        displs[r] = (int)total;
+        total += counts[r];
+        sizes[r] = (size_t)counts[r];
+    }
+    void *buf = total <= INT_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
+    if (buf == NULL) { /* every rank computed the same total: all stop here */
+        free(counts);
+        free(displs);
+        if (total > INT_MAX)
+            return ps_error_set(err, PS_ERR_UNSUPPORTED,
+                                "%lld bytes to gather exceed one MPI message (2 GiB)", total);
+        fprintf(stderr, "pipeshard: rank %d: out of memory gathering step times\n", rank);
+        ps_hosts_abort(h, 1);
+    }
+    rc = MPI_Allgatherv(mine, n, MPI_BYTE, buf, counts, displs, MPI_BYTE, MPI_COMM_WORLD);
+    free(counts);
+    free(displs);
+    if (rc != MPI_SUCCESS) {
+        free(buf);
+        return mpi_fail(h, rc, "MPI_Allgatherv", err);
+    }
+    *all = buf;
+    return PS_OK;
+#else
+    (void)mine, (void)sizes;
+    return single_process(-1, err);
+#endif
+}
+
 ps_status ps_hosts_bcast(ps_hosts *h, void *buf, size_t bytes, int root, ps_error *err)
 {
 #ifdef PS_HAVE_MPI

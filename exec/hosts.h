@@ -71,6 +71,9 @@ ps_status ps_hosts_sum(ps_hosts *h, double *values, int n, ps_error *err);
  * array of ps_hosts_count entries, the caller's). Other ranks get NULL. */
 ps_status ps_hosts_gather(ps_hosts *h, const void *mine, size_t bytes, void **all,
                           size_t *sizes, ps_error *err);
+/* The same, every process getting them all (sizes too). */
+ps_status ps_hosts_allgather(ps_hosts *h, const void *mine, size_t bytes, void **all,
+                             size_t *sizes, ps_error *err);
 /* `bytes` bytes of rank `root` copied to every process. */
 ps_status ps_hosts_bcast(ps_hosts *h, void *buf, size_t bytes, int root, ps_error *err);
 

@@ -3,7 +3,7 @@
  * entered it. The simulator counts such waits as idle time, not as
  * communication (sim/replay.c); the executors measure every transfer and
  * collective whole, and this module splits the wait off afterwards, from the
- * events of all the devices of a host on their common clock (exec/runtime.c
+ * events of all the run's devices on their common clock (exec/runtime.c
  * stamps every event from the step's origin).
  *
  * Matching follows the programs' order: the k-th receive on device q from
@@ -11,8 +11,9 @@
  * are first in, first out), and the k-th collective of group g on one
  * member is its k-th on every member. A pair that does not match (another
  * size, another collective, a device without such an event) and a peer
- * whose events are in another process leave the event's wait at zero:
- * unknown, it stays communication. Sends are not split: a buffered send
+ * whose events are not at hand (the runtime exchanges the processes' events
+ * at each step's end) leave the event's wait at zero: unknown, it stays
+ * communication. Sends are not split: a buffered send
  * does not wait, and a send that waits for its receiver posts first. */
 #ifndef PS_EXEC_PEER_WAITS_H
 #define PS_EXEC_PEER_WAITS_H

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/clock.h"
 #include "core/median.h"
@@ -102,7 +103,13 @@ struct runtime {
     int *op_reduce_axis; /* [n_ops]: axis of an op's own collective, -1 none */
     device_state *dev;
     exec_barrier barrier;
-    const ps_step_events **step_events; /* [n_devices]: this host's devices', NULL elsewhere */
+    /* [n_devices]: every device's step events for the wait analysis: this
+     * host's, and (several processes) the others' comm events as the last
+     * step's end barrier received them (remote_events, remote_timed), NULL
+     * before the first */
+    const ps_step_events **step_events;
+    ps_step_events *remote_events; /* [n_devices] */
+    ps_timed_event *remote_timed;
     pthread_mutex_t mu; /* first error, parameter assembly */
     bool failed;       /* under barrier.mu: everybody leaves */
     bool have_first;   /* under mu: first_status/first_err hold the first error */
@@ -132,9 +139,83 @@ static void barrier_destroy(exec_barrier *b)
     pthread_cond_destroy(&b->cv);
 }
 
+/* One communication event of a device, as the processes exchange them. */
+typedef struct comm_record {
+    int32_t device, kind, with, what;
+    double bytes, t0;
+} comm_record;
+
+/* Every process's comm events of the step to every process (the last of its
+ * devices in the end barrier, after the processes' barrier): a device that
+ * waited for a peer of another process finds what it waited for. Times count
+ * from each process's own release of the step's start barrier, which the
+ * processes pass together (an MPI barrier: their clocks agree to its skew). */
+static ps_status exchange_step_events(runtime *rt, ps_error *err)
+{
+    const ps_program_set *s = rt->set;
+    size_t n = 0;
+    for (int d = 0; d < s->n_devices; d++)
+        if (ps_hosts_is_local(rt->hosts, d))
+            for (int j = 0; j < rt->dev[d].n_events; j++)
+                n += rt->dev[d].timed[j].kind != PS_WAIT_NONE;
+    comm_record *mine = malloc((n > 0 ? n : 1) * sizeof *mine), *all = NULL;
+    size_t *sizes = calloc((size_t)ps_hosts_count(rt->hosts), sizeof *sizes);
+    if (mine == NULL || sizes == NULL) {
+        free(mine);
+        free(sizes);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+    }
+    n = 0;
+    for (int d = 0; d < s->n_devices; d++)
+        for (int j = 0; ps_hosts_is_local(rt->hosts, d) && j < rt->dev[d].n_events; j++) {
+            const ps_timed_event *t = &rt->dev[d].timed[j];
+            if (t->kind != PS_WAIT_NONE)
+                mine[n++] = (comm_record){d, t->kind, t->with, t->what, t->bytes, t->t0};
+        }
+    ps_status st = ps_hosts_allgather(rt->hosts, mine, n * sizeof *mine, (void **)&all, sizes, err);
+    free(mine);
+    if (st != PS_OK) {
+        free(sizes);
+        return st;
+    }
+    size_t total = 0;
+    for (int h = 0; h < ps_hosts_count(rt->hosts); h++)
+        total += sizes[h] / sizeof *all;
+    free(sizes);
+    ps_timed_event *ev = realloc(rt->remote_timed, (total > 0 ? total : 1) * sizeof *ev);
+    if (ev == NULL) {
+        free(all);
+        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+    }
+    rt->remote_timed = ev;
+    /* the records come device by device (ranks own consecutive devices),
+     * each device's in program order */
+    for (int d = 0; d < s->n_devices; d++)
+        rt->remote_events[d].n = 0;
+    for (size_t i = 0; i < total; i++) {
+        const comm_record *r = &all[i];
+        ev[i] = (ps_timed_event){r->kind, r->with, r->what, r->bytes, r->t0, 0};
+        if (r->device < 0 || r->device >= s->n_devices || ps_hosts_is_local(rt->hosts, r->device))
+            continue;
+        ps_step_events *x = &rt->remote_events[r->device];
+        if (x->n == 0)
+            x->ev = &ev[i];
+        x->n++;
+    }
+    free(all);
+    for (int d = 0; d < s->n_devices && st == PS_OK; d++) {
+        if (ps_hosts_is_local(rt->hosts, d))
+            continue;
+        st = ps_step_events_index(&rt->remote_events[d], err);
+        rt->step_events[d] = &rt->remote_events[d];
+    }
+    return st;
+}
+
 /* Returns false when the run failed (everybody leaves). *released_s (if
- * not NULL): the host clock at the release. */
-static bool barrier_wait(runtime *rt, double *released_s)
+ * not NULL): the host clock at the release. exchange: the end barrier of a
+ * timed step (exchange_step_events, across processes). */
+static bool barrier_wait(runtime *rt, double *released_s, bool exchange)
 {
     exec_barrier *b = &rt->barrier;
     pthread_mutex_lock(&b->mu);
@@ -143,7 +224,8 @@ static bool barrier_wait(runtime *rt, double *released_s)
         if (rt->hosts != NULL && !rt->failed) {
             /* the other processes' devices too (this process's wait here) */
             ps_error e = {0};
-            if (ps_hosts_barrier(rt->hosts, &e) != PS_OK) {
+            if (ps_hosts_barrier(rt->hosts, &e) != PS_OK ||
+                (exchange && exchange_step_events(rt, &e) != PS_OK)) {
                 rt->failed = true;
                 pthread_mutex_lock(&rt->mu);
                 if (!rt->have_first) {
@@ -1089,6 +1171,11 @@ static ps_status run_step(device_state *d, double origin_s)
     d->wrote_loss = false;
     d->voted = d->overflow = false;
     int first = 0, last = 0;
+    if (!d->warming && d->device == rt->opt->straggler_device && rt->opt->straggler_s > 0) {
+        double s = rt->opt->straggler_s;
+        struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        nanosleep(&t, NULL);
+    }
     PS_TRY_RET(mark(d, &first));
     /* Where the stamps are host-clock readings, the mark's own; otherwise
      * the stream was idle (the last step finished) and a GPU stamps the mark
@@ -1174,14 +1261,14 @@ static void *device_main(void *arg)
             }
         }
         double origin_s = 0;
-        if (!barrier_wait(rt, &origin_s))
+        if (!barrier_wait(rt, &origin_s, false))
             return NULL;
         d->status = run_step(d, origin_s);
         if (d->status != PS_OK) {
             fail(rt, d);
             return NULL;
         }
-        if (!barrier_wait(rt, NULL))
+        if (!barrier_wait(rt, NULL, !d->warming))
             return NULL;
         /* every device of the host has timed its events: what waited for
          * peers, then the step's times (the next step's start barrier keeps
@@ -1539,7 +1626,7 @@ static ps_status merge_tensors(runtime *rt, float **whole, float **cover, ps_err
 
 ps_exec_options ps_exec_options_default(void)
 {
-    ps_exec_options o = {.seed = 1, .steps = 1, .source = NULL};
+    ps_exec_options o = {.seed = 1, .steps = 1, .source = NULL, .straggler_device = -1};
     return o;
 }
 
@@ -1611,6 +1698,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     rt.op_reduce_axis = malloc((size_t)(rt.g->n_ops > 0 ? rt.g->n_ops : 1) * sizeof(int));
     rt.dev = calloc((size_t)s->n_devices, sizeof *rt.dev);
     rt.step_events = calloc((size_t)s->n_devices, sizeof *rt.step_events);
+    rt.remote_events = calloc((size_t)s->n_devices, sizeof *rt.remote_events);
     threads = calloc((size_t)s->n_devices, sizeof *threads);
     rt.loss_part = calloc((size_t)o->steps * (size_t)s->n_devices, sizeof *rt.loss_part);
     if (o->keep_relus && rt.hosts == NULL) {
@@ -1632,7 +1720,8 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
     }
     if (r->loss == NULL || r->loss_scale == NULL || r->skipped == NULL || r->step_s == NULL ||
         r->params == NULL || r->grads == NULL || rt.op_reduce_axis == NULL || rt.dev == NULL ||
-        threads == NULL || rt.loss_part == NULL || rt.step_events == NULL) {
+        threads == NULL || rt.loss_part == NULL || rt.step_events == NULL ||
+        rt.remote_events == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -1735,6 +1824,10 @@ out:
         }
     free(rt.dev);
     free(rt.step_events);
+    for (int i = 0; rt.remote_events != NULL && i < s->n_devices; i++)
+        ps_step_events_free(&rt.remote_events[i]);
+    free(rt.remote_events);
+    free(rt.remote_timed);
     free(rt.loss_part);
     free(rt.op_reduce_axis);
     for (int t = 0; t < rt.g->n_tensors; t++) {

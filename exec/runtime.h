@@ -84,6 +84,10 @@ typedef struct ps_exec_options {
      * (exec/memory_need.h): a plan that does not fit then fails at an
      * allocation, or, in host memory, may be killed by the system. */
     bool skip_memory_check;
+    /* Test mode: device straggler_device (-1: none) starts every timed step
+     * straggler_s seconds late, as a slow peer does (PIPESHARD_STRAGGLER). */
+    int straggler_device;
+    double straggler_s;
 } ps_exec_options;
 
 ps_exec_options ps_exec_options_default(void);

@@ -237,6 +237,84 @@ static void test_plans_across_hosts(void **state)
                         "--dynamic-loss-scale");
 }
 
+/* Idle seconds of each of the trace's first 4 devices. */
+static void idle_per_device(const char *name, double idle_s[4])
+{
+    char path[512];
+    ps_error err = {0};
+    ps_trace_data *t = NULL;
+    snprintf(path, sizeof path, "%s/%s-trace.json", dir, name);
+    if (ps_trace_load(path, &t, &err) != PS_OK)
+        fail_msg("%s: %s", name, err.msg);
+    for (int d = 0; d < 4; d++)
+        idle_s[d] = 0;
+    for (int i = 0; i < t->n_spans; i++)
+        if (t->spans[i].category == PS_TRACE_IDLE && t->spans[i].device >= 0 &&
+            t->spans[i].device < 4)
+            idle_s[t->spans[i].device] += t->spans[i].duration_s;
+    ps_trace_data_free(t);
+}
+
+/* A device of one process starts its step 0.3 s late (PIPESHARD_STRAGGLER):
+ * its peers in the other process wait for it, in the data-parallel plan's
+ * all-reduces over both hosts and in the pipeline's receives from the first
+ * host, and that wait is idle time, not communication, as within one
+ * process (the processes exchange their step's events). */
+static void test_waits_across_hosts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *method;
+        int straggler, waiting[2];
+    } cases[] = {{"wait-data", "--method data", 3, {0, 1}},
+                 {"wait-pipe", "--method uniform --dp 1 --op 2 --pp 2", 0, {2, 3}}};
+    const double straggle_s = 0.3;
+    for (int k = 0; k < 2; k++) {
+        char *out = NULL;
+        int rc = sh(&out, "%s plan " SMALL_GPT " %s -o %s.json", PS_PIPESHARD_BIN, cases[k].method,
+                    cases[k].name);
+        if (rc != 0)
+            fail_msg("plan %s: exit %d\n%s", cases[k].name, rc, out);
+        free(out);
+        rc =
+            sh(&out,
+               "PIPESHARD_STRAGGLER=%d:%g " MPIRUN " -x PIPESHARD_STRAGGLER %s exec --plan %s.json "
+               "--summary %s-sum.json --trace %s-trace.json",
+               cases[k].straggler, straggle_s, 2, PS_PIPESHARD_BIN, cases[k].name, cases[k].name,
+               cases[k].name);
+        if (rc != 0)
+            fail_msg("mpirun exec %s: exit %d\n%s", cases[k].name, rc, out);
+        no_sanitizer_report(out);
+        free(out);
+        char path[512];
+        ps_error err = {0};
+        ps_summary *s = NULL;
+        snprintf(path, sizeof path, "%s/%s-sum.json", dir, cases[k].name);
+        if (ps_summary_load(path, &s, &err) != PS_OK)
+            fail_msg("%s: %s", cases[k].name, err.msg);
+        double idle_s[4];
+        idle_per_device(cases[k].name, idle_s);
+        for (int i = 0; i < 2; i++) {
+            int d = cases[k].waiting[i];
+            printf("  %s: device %d waited %.1f ms, communicated %.1f ms\n", cases[k].name, d,
+                   idle_s[d] * 1e3, s->devices[d].comm_s * 1e3);
+            if (!(idle_s[d] >= 0.8 * straggle_s) || !(s->devices[d].comm_s < straggle_s / 2))
+                fail_msg("%s: device %d (rank %d) idled %.1f ms and communicated %.1f ms beside "
+                         "device %d's %.0f ms late start on rank %d",
+                         cases[k].name, d, d / 2, idle_s[d] * 1e3, s->devices[d].comm_s * 1e3,
+                         cases[k].straggler, straggle_s * 1e3, cases[k].straggler / 2);
+        }
+        ps_summary_free(s);
+    }
+    /* the test mode's own input */
+    char *out = NULL;
+    int rc = sh(&out, "PIPESHARD_STRAGGLER=3 %s exec --plan wait-data.json", PS_PIPESHARD_BIN);
+    if (rc != 1 ||
+        strstr(out, "PIPESHARD_STRAGGLER needs DEVICE:SECONDS (up to 60 s), not \"3\"") == NULL)
+        fail_msg("PIPESHARD_STRAGGLER=3: exit %d\n%s", rc, out);
+    free(out);
+}
+
 static void test_wrong_process_count(void **state)
 {
     (void)state;
@@ -378,6 +456,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plans_across_hosts),
+        cmocka_unit_test(test_waits_across_hosts),
         cmocka_unit_test(test_wrong_process_count),
         cmocka_unit_test(test_cuda_across_hosts),
         cmocka_unit_test(test_failure_stops_every_host),
