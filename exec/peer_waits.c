@@ -39,7 +39,8 @@ ps_status ps_step_events_index(ps_step_events *s, ps_error *err)
     for (int i = 0; i < s->n; i++)
         if (s->ev[i].kind != PS_WAIT_NONE)
             s->refs[s->n_refs++] = (ps_wait_ref){key_of(s->ev[i].kind, s->ev[i].with), i};
-    qsort(s->refs, (size_t)s->n_refs, sizeof *s->refs, ref_cmp);
+    if (s->n_refs > 1) /* refs is NULL while nothing was ever indexed */
+        qsort(s->refs, (size_t)s->n_refs, sizeof *s->refs, ref_cmp);
     return PS_OK;
 }
 

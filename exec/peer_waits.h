@@ -9,8 +9,9 @@
  * Matching follows the programs' order: the k-th receive on device q from
  * device p is the k-th send from p to q (the messages between two devices
  * are first in, first out), and the k-th collective of group g on one
- * member is its k-th on every member. A pair that does not match (another
- * size, another collective, a device without such an event) and a peer
+ * member is its k-th on every member. A pair that does not match (a
+ * receive of another size than its send, another kind of collective, a
+ * device without such an event) and a peer
  * whose events are not at hand (the runtime exchanges the processes' events
  * at each step's end) leave the event's wait at zero: unknown, it stays
  * communication. Sends are not split: a buffered send

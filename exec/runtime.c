@@ -1316,7 +1316,7 @@ typedef struct report_event {
     int32_t category, mb, peer, group;
     double t0, dur, bytes, flops;
     double wait; /* of dur, spent waiting for peers (exec/peer_waits.h) */
-    char name[104];
+    char name[112];
 } report_event;
 
 static void event_name(const runtime *rt, const exec_event *e, char *name, size_t size)

@@ -1335,8 +1335,9 @@ static void test_waits_in_phase(void **state)
 }
 
 /* The closed forms of check_waits_split on plans without a straggler: an
- * expert-parallel MoE (all-to-alls), a pipelined Wide-ResNet (batch norm's
- * own reductions inside its ops), a GPipe GPT traced op by op. */
+ * expert-parallel MoE (all-to-alls), a pipelined Wide-ResNet (its gradient
+ * reductions; batch norm's own statistics reductions run inside its ops and
+ * count as their compute), a GPipe GPT traced op by op. */
 static void test_waits_other_plans(void **state)
 {
     (void)state;
@@ -1400,8 +1401,10 @@ static int stall_step_of[8]; /* per device: the step its marks are in (warm-up c
 static unsigned stall_steps; /* bit s-1: step s stalls device 0 */
 static int stalled_in;       /* the step device 0 last stalled in */
 /* Long beside scheduling noise: the medians' check below compares two runs'
- * stage-0 forward times with a margin of half the stall over its 16 runs
- * (28 ms; 9 ms with a 0.3 s stall was within reach of a loaded machine). */
+ * stage-0 forward times with a margin of half the stall over device 0's
+ * forward runs (112 ms over 4; it was 28 ms over the stage's 16 runs while a
+ * stage's phase was the mean of all its devices', and 9 ms with a 0.3 s stall
+ * was within reach of a loaded machine). */
 #define STALL_S 0.9
 
 static ps_status counting_mark(ps_backend *b, int device, int slot, ps_error *err)

@@ -16,6 +16,14 @@
 
 enum { MAX_DEV = 6, MAX_EV = 400 };
 
+/* A fixed sequence on every C library (an LCG's high bits). */
+static uint64_t lcg_state;
+static int next_rand(void)
+{
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)(lcg_state >> 33);
+}
+
 typedef struct world {
     int n_devices;
     ps_program_set set; /* only its groups */
@@ -188,18 +196,18 @@ static double brute_wait(const world *w, int d, int i)
 static void test_random_against_brute_force(void **state)
 {
     (void)state;
-    srand(12345);
+    lcg_state = 12345;
     static double waits[MAX_DEV][MAX_EV];
     long checked = 0, waited = 0;
     for (int trial = 0; trial < 300; trial++) {
         world w;
-        int n = 2 + rand() % (MAX_DEV - 1);
+        int n = 2 + next_rand() % (MAX_DEV - 1);
         world_init(&w, n);
-        int n_groups = 1 + rand() % 4;
+        int n_groups = 1 + next_rand() % 4;
         for (int g = 0; g < n_groups; g++) {
             int devs[MAX_DEV], m = 0;
             for (int d = 0; d < n; d++)
-                if (rand() % 2)
+                if (next_rand() % 2)
                     devs[m++] = d;
             if (m < 2) {
                 devs[0] = 0;
@@ -208,32 +216,32 @@ static void test_random_against_brute_force(void **state)
             }
             add_group(&w, m, devs);
         }
-        int ops = 20 + rand() % 60;
+        int ops = 20 + next_rand() % 60;
         for (int o = 0; o < ops; o++) {
-            double t = (double)(rand() % 1000);
-            if (rand() % 3 == 0) { /* a compute somewhere */
-                add(&w, rand() % n, PS_WAIT_NONE, -1, 0, 0, t, 1 + rand() % 5);
-            } else if (rand() % 2) { /* a message */
-                int src = rand() % n, dst = (src + 1 + rand() % (n - 1)) % n;
-                double bytes = (double)(1 + rand() % 4);
-                add(&w, src, PS_WAIT_SEND, dst, 0, bytes, t, 1 + rand() % 3);
-                if (rand() % 20 != 0)
-                    add(&w, dst, PS_WAIT_RECV, src, 0, rand() % 15 ? bytes : bytes + 1,
-                        (double)(rand() % 1000), 1 + rand() % 200);
+            double t = (double)(next_rand() % 1000);
+            if (next_rand() % 3 == 0) { /* a compute somewhere */
+                add(&w, next_rand() % n, PS_WAIT_NONE, -1, 0, 0, t, 1 + next_rand() % 5);
+            } else if (next_rand() % 2) { /* a message */
+                int src = next_rand() % n, dst = (src + 1 + next_rand() % (n - 1)) % n;
+                double bytes = (double)(1 + next_rand() % 4);
+                add(&w, src, PS_WAIT_SEND, dst, 0, bytes, t, 1 + next_rand() % 3);
+                if (next_rand() % 20 != 0)
+                    add(&w, dst, PS_WAIT_RECV, src, 0, next_rand() % 15 ? bytes : bytes + 1,
+                        (double)(next_rand() % 1000), 1 + next_rand() % 200);
             } else { /* a collective */
-                int g = rand() % n_groups, kind = rand() % 2;
+                int g = next_rand() % n_groups, kind = next_rand() % 2;
                 const ps_group *gr = &w.groups[g];
                 for (int m = 0; m < gr->n; m++) {
-                    if (rand() % 30 == 0)
+                    if (next_rand() % 30 == 0)
                         continue;
-                    int what = rand() % 25 ? kind : 1 - kind;
-                    add(&w, gr->devices[m], PS_WAIT_COLLECTIVE, g, what, 8, (double)(rand() % 1000),
-                        1 + rand() % 200);
+                    int what = next_rand() % 25 ? kind : 1 - kind;
+                    add(&w, gr->devices[m], PS_WAIT_COLLECTIVE, g, what, 8,
+                        (double)(next_rand() % 1000), 1 + next_rand() % 200);
                 }
             }
         }
         for (int d = 0; d < n; d++)
-            w.remote[d] = rand() % 10 == 0;
+            w.remote[d] = next_rand() % 10 == 0;
         analyse(&w, waits);
         for (int d = 0; d < n; d++) {
             if (w.remote[d])
