@@ -68,6 +68,7 @@ typedef struct device_state {
     exec_run *runs;
     int n_runs, cap_runs;
     int open_compute; /* index of the compute event being extended, -1 */
+    long long reduce_slots; /* this step's slots left for ops' own reductions (op_reduction) */
     int cur_phase, cur_mb, cur_run, step;
     /* The step's events on its common clock, what each waited for peers
      * (exec/peer_waits.h; [cap_events] each), and its iteration, seconds;
@@ -552,22 +553,49 @@ static ps_status end_event(device_state *d, exec_event *e) { return mark(d, &e->
 typedef struct reduce_arg {
     device_state *d;
     ps_exec_group g;
+    const ps_instr *in; /* the op's COMPUTE, whose span resumes after the reduction */
+    int mb;
 } reduce_arg;
+
+/* An op's own reduction (its loss statistics, batch norm's sums): timed as a
+ * collective of its own between two parts of the op's compute span, as the
+ * simulator replays it, while the step's reserve of slots lasts
+ * (REDUCE_SLOTS per such instruction); beyond it, inside the compute. */
+static ps_status op_reduction(reduce_arg *a, void *data, int64_t n, bool wide, ps_reduce_op op,
+                              ps_error *err)
+{
+    device_state *d = a->d;
+    runtime *rt = d->rt;
+    bool timed = d->reduce_slots >= 4 && d->open_compute >= 0;
+    exec_event *e = NULL;
+    if (timed) {
+        d->reduce_slots -= 4; /* the collective's two stamps, then the compute's two */
+        ps_instr x = ps_instr_init(PS_INSTR_COLLECTIVE);
+        x.coll = PS_COLL_ALL_REDUCE;
+        x.bytes = (double)n * (wide ? 8 : 4);
+        PS_TRY_RET(open_event(d, PS_TRACE_COLLECTIVE, &x, a->mb, &e));
+        e->group = a->g.id;
+    }
+    ps_status st = wide ? rt->b->ops->reduce64(rt->b, d->device, &a->g, data, n, op, err)
+                        : rt->b->ops->reduce(rt->b, d->device, &a->g, data, n, op, err);
+    if (!timed || st != PS_OK)
+        return st;
+    PS_TRY_RET(end_event(d, e));
+    PS_TRY_RET(compute_event(d, a->in, a->mb));
+    d->events[d->open_compute].flops = 0; /* the op's FLOPs are on its first part */
+    return PS_OK;
+}
 
 static ps_status reduce_trampoline(void *arg, float *data, int64_t n, ps_reduce_op op,
                                    ps_error *err)
 {
-    reduce_arg *a = arg;
-    runtime *rt = a->d->rt;
-    return rt->b->ops->reduce(rt->b, a->d->device, &a->g, data, n, op, err);
+    return op_reduction(arg, data, n, false, op, err);
 }
 
 static ps_status reduce64_trampoline(void *arg, double *data, int64_t n, ps_reduce_op op,
                                      ps_error *err)
 {
-    reduce_arg *a = arg;
-    runtime *rt = a->d->rt;
-    return rt->b->ops->reduce64(rt->b, a->d->device, &a->g, data, n, op, err);
+    return op_reduction(arg, data, n, true, op, err);
 }
 
 static ps_exec_group group_view(const runtime *rt, const device_state *d, int group)
@@ -769,6 +797,8 @@ static ps_status exec_compute(device_state *d, const ps_instr *in, int mb)
     int axis = rt->op_reduce_axis[in->op];
     if (axis >= 0) {
         ra.d = d;
+        ra.in = in;
+        ra.mb = mb;
         ra.g = group_view(rt, d, d->prog->axis_group[axis]);
         ctx.reduce.group_size = ra.g.n;
         ctx.reduce.arg = &ra;
@@ -1075,10 +1105,30 @@ static ps_status exec_program_instr(device_state *d, const ps_instr *in)
     }
 }
 
+/* The slots an op's own reductions may take beyond its instructions', per
+ * in-op COLLECTIVE instruction of a kernel run (op_reduction: 4 a call; the
+ * loss's forward reduces twice). */
+#define REDUCE_SLOTS 8
+
+/* A program's in-op COLLECTIVE instructions, over its kernel runs. */
+static long long in_op_reductions(const ps_program_set *s, const ps_program *p)
+{
+    long long n = 0;
+    for (int i = 0; i < p->n_instrs; i++) {
+        if (p->instrs[i].kind != PS_INSTR_RUN)
+            continue;
+        const ps_kernel *k = &s->kernels[p->instrs[i].kernel];
+        for (int j = 0; j < k->n_instrs; j++)
+            n += k->instrs[j].kind == PS_INSTR_COLLECTIVE && k->instrs[j].buffer < 0 &&
+                 !(k->instrs[j].flags & PS_INSTR_FINITE_VOTE);
+    }
+    return n;
+}
+
 int ps_exec_timing_slots(const ps_program_set *s, int device)
 {
     const ps_program *p = &s->programs[device];
-    long long n = 4;
+    long long n = 4 + REDUCE_SLOTS * in_op_reductions(s, p);
     for (int i = 0; i < p->n_instrs; i++) {
         const ps_instr *in = &p->instrs[i];
         n += 2;
@@ -1167,6 +1217,7 @@ static ps_status run_step(device_state *d, double origin_s)
     d->slot = 0;
     d->n_events = d->n_runs = 0;
     d->open_compute = -1;
+    d->reduce_slots = REDUCE_SLOTS * in_op_reductions(rt->set, d->prog);
     d->cur_phase = d->cur_mb = d->cur_run = -1;
     d->wrote_loss = false;
     d->voted = d->overflow = false;

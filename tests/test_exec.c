@@ -1334,10 +1334,51 @@ static void test_waits_in_phase(void **state)
     ps_cluster_free(c);
 }
 
+/* Every collective a device's program runs is in the trace as a collective
+ * span of its own, an op's own reductions too (batch norm's statistics over
+ * a split batch: the op reduces once or twice, between parts of its compute
+ * span). Returns the in-op reductions' instructions seen. */
+static int check_collectives_traced(json_t *ev, const ps_program_set *set)
+{
+    int in_op = 0;
+    for (int d = 0; d < set->n_devices; d++) {
+        const ps_program *p = &set->programs[d];
+        int want = 0, got = 0;
+        for (int i = 0; i < p->n_instrs; i++) {
+            const ps_instr *in = &p->instrs[i];
+            want += in->kind == PS_INSTR_COLLECTIVE;
+            if (in->kind != PS_INSTR_RUN)
+                continue;
+            const ps_kernel *k = &set->kernels[in->kernel];
+            for (int j = 0; j < k->n_instrs; j++) {
+                const ps_instr *x = &k->instrs[j];
+                if (x->kind != PS_INSTR_COLLECTIVE)
+                    continue;
+                bool own = x->buffer < 0 && !(x->flags & PS_INSTR_FINITE_VOTE);
+                int axis = x->axis >= 0 ? x->axis : 2;
+                if (own && set->groups[p->axis_group[axis]].n < 2)
+                    continue; /* nothing to reduce */
+                want++;
+                in_op += own && d == 0;
+            }
+        }
+        for (size_t i = 0; i < json_array_size(ev); i++) {
+            json_t *e = json_array_get(ev, i);
+            const char *c = json_string_value(json_object_get(e, "cat"));
+            got += c != NULL && strcmp(c, "collective") == 0 &&
+                   json_integer_value(json_object_get(e, "tid")) == d;
+        }
+        if (got < want)
+            fail_msg("device %d: %d collective spans for %d collectives in its program", d, got,
+                     want);
+    }
+    return in_op;
+}
+
 /* The closed forms of check_waits_split on plans without a straggler: an
- * expert-parallel MoE (all-to-alls), a pipelined Wide-ResNet (its gradient
- * reductions; batch norm's own statistics reductions run inside its ops and
- * count as their compute), a GPipe GPT traced op by op. */
+ * expert-parallel MoE (all-to-alls), a pipelined Wide-ResNet (batch norm's
+ * own reductions over its split batch: check_collectives_traced), a GPipe
+ * GPT traced op by op. */
 static void test_waits_other_plans(void **state)
 {
     (void)state;
@@ -1351,6 +1392,9 @@ static void test_waits_other_plans(void **state)
         json_t *j = run_straggling(p, -1, 0, 1, k == 2, &a);
         double waited[8];
         check_waits_split(json_object_get(j, "traceEvents"), a.set, a.r->summary, waited);
+        int in_op = check_collectives_traced(json_object_get(j, "traceEvents"), a.set);
+        if (k == 1 && in_op == 0)
+            fail_msg("the Wide-ResNet's batch norms reduce nothing themselves");
         json_decref(j);
         run_free(&a);
         ps_plan_free(p);
