@@ -1138,9 +1138,9 @@ static int straggle_step;     /* the step it sleeps in (warm-up counted) */
 static int straggle_at;       /* its n-th op of that pass there; 0: the last (as step 1 had) */
 static int straggle_step_now; /* device 0's step, from its first stamp of each */
 static int straggle_seen, straggle_first_count;
-/* Long beside the tiny models' steps (a few ms each) and the scheduling
- * noise of a loaded machine. */
-#define STRAGGLE_S 0.3
+/* Long beside the tiny models' steps (a few ms each, tens under the
+ * sanitizers) and the scheduling noise of a loaded machine. */
+#define STRAGGLE_S 0.5
 
 static ps_status straggle_mark(ps_backend *b, int device, int slot, ps_error *err)
 {

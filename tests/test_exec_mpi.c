@@ -255,7 +255,7 @@ static void idle_per_device(const char *name, double idle_s[4])
     ps_trace_data_free(t);
 }
 
-/* A device of one process starts its step 0.3 s late (PIPESHARD_STRAGGLER):
+/* A device of one process starts its step 1 s late (PIPESHARD_STRAGGLER):
  * its peers in the other process wait for it, in the data-parallel plan's
  * all-reduces over both hosts and in the pipeline's receives from the first
  * host, and that wait is idle time, not communication, as within one
@@ -268,7 +268,9 @@ static void test_waits_across_hosts(void **state)
         int straggler, waiting[2];
     } cases[] = {{"wait-data", "--method data", 3, {0, 1}},
                  {"wait-pipe", "--method uniform --dp 1 --op 2 --pp 2", 0, {2, 3}}};
-    const double straggle_s = 0.3;
+    /* long beside the transfers' own time: up to 0.15 s per device and step
+     * under ThreadSanitizer on a loaded machine */
+    const double straggle_s = 1.0;
     for (int k = 0; k < 2; k++) {
         char *out = NULL;
         int rc = sh(&out, "%s plan " SMALL_GPT " %s -o %s.json", PS_PIPESHARD_BIN, cases[k].method,
