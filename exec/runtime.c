@@ -151,6 +151,19 @@ typedef struct comm_record {
  * waited for a peer of another process finds what it waited for. Times count
  * from each process's own release of the step's start barrier, which the
  * processes pass together (an MPI barrier: their clocks agree to its skew). */
+/* Out of memory in a process-wide exchange: the other processes would wait
+ * for this one forever, so all of them stop (as ps_hosts_gather does); the
+ * status is for form: ps_hosts_abort does not return. */
+static ps_status exchange_out_of_memory(runtime *rt, ps_error *err)
+{
+    fprintf(stderr,
+            "pipeshard: exec: rank %d of %d: out of host memory exchanging the step's "
+            "times\n",
+            ps_hosts_rank(rt->hosts), ps_hosts_count(rt->hosts));
+    ps_hosts_abort(rt->hosts, 1);
+    return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+}
+
 static ps_status exchange_step_events(runtime *rt, ps_error *err)
 {
     const ps_program_set *s = rt->set;
@@ -164,7 +177,7 @@ static ps_status exchange_step_events(runtime *rt, ps_error *err)
     if (mine == NULL || sizes == NULL) {
         free(mine);
         free(sizes);
-        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+        return exchange_out_of_memory(rt, err);
     }
     n = 0;
     for (int d = 0; d < s->n_devices; d++)
@@ -186,7 +199,7 @@ static ps_status exchange_step_events(runtime *rt, ps_error *err)
     ps_timed_event *ev = realloc(rt->remote_timed, (total > 0 ? total : 1) * sizeof *ev);
     if (ev == NULL) {
         free(all);
-        return ps_error_set(err, PS_ERR_NOMEM, "out of host memory");
+        return exchange_out_of_memory(rt, err);
     }
     rt->remote_timed = ev;
     /* the records come device by device (ranks own consecutive devices),
@@ -204,13 +217,14 @@ static ps_status exchange_step_events(runtime *rt, ps_error *err)
         x->n++;
     }
     free(all);
-    for (int d = 0; d < s->n_devices && st == PS_OK; d++) {
+    for (int d = 0; d < s->n_devices; d++) {
         if (ps_hosts_is_local(rt->hosts, d))
             continue;
-        st = ps_step_events_index(&rt->remote_events[d], err);
+        if (ps_step_events_index(&rt->remote_events[d], err) != PS_OK)
+            return exchange_out_of_memory(rt, err);
         rt->step_events[d] = &rt->remote_events[d];
     }
-    return st;
+    return PS_OK;
 }
 
 /* Returns false when the run failed (everybody leaves). *released_s (if
