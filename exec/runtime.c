@@ -36,6 +36,7 @@ typedef struct exec_event {
 typedef struct exec_run {
     int8_t phase;
     int begin, end;
+    double wait_s; /* what its events waited for peers (measure_step) */
 } exec_run;
 
 typedef struct exec_barrier {
@@ -68,7 +69,8 @@ typedef struct device_state {
     exec_run *runs;
     int n_runs, cap_runs;
     int open_compute; /* index of the compute event being extended, -1 */
-    long long reduce_slots; /* this step's slots left for ops' own reductions (op_reduction) */
+    long long reduce_slots;   /* this step's slots left for ops' own reductions (op_reduction) */
+    long long reduce_reserve; /* what each step starts with: REDUCE_SLOTS per in-op reduction */
     int cur_phase, cur_mb, cur_run, step;
     /* The step's events on its common clock, what each waited for peers
      * (exec/peer_waits.h; [cap_events] each), and its iteration, seconds;
@@ -1201,9 +1203,8 @@ static ps_status measure_step(device_state *d, double iteration_s, step_times *t
     runtime *rt = d->rt;
     memset(t, 0, sizeof *t);
     t->iteration_s = iteration_s;
-    double *run_wait = calloc((size_t)(d->n_runs > 0 ? d->n_runs : 1), sizeof *run_wait);
-    if (run_wait == NULL)
-        return ps_error_set(&d->err, PS_ERR_NOMEM, "out of host memory");
+    for (int j = 0; j < d->n_runs; j++)
+        d->runs[j].wait_s = 0;
     for (int j = 0; j < d->n_events; j++) {
         const exec_event *e = &d->events[j];
         if (e->category == PS_TRACE_COMPUTE)
@@ -1211,18 +1212,16 @@ static ps_status measure_step(device_state *d, double iteration_s, step_times *t
         else
             t->comm_s += d->timed[j].dur - d->wait[j];
         if (e->run >= 0 && e->run < d->n_runs)
-            run_wait[e->run] += d->wait[j];
+            d->runs[e->run].wait_s += d->wait[j];
     }
-    ps_status st = PS_OK;
-    for (int j = 0; j < d->n_runs && st == PS_OK; j++) {
+    for (int j = 0; j < d->n_runs; j++) {
         double dur;
-        st = rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
-                                 &d->err);
-        t->phase_sum[d->runs[j].phase] += fmax(0.0, dur - run_wait[j]);
+        PS_TRY_RET(rt->b->ops->elapsed(rt->b, d->device, d->runs[j].begin, d->runs[j].end, &dur,
+                                       &d->err));
+        t->phase_sum[d->runs[j].phase] += fmax(0.0, dur - d->runs[j].wait_s);
         t->phase_runs[d->runs[j].phase]++;
     }
-    free(run_wait);
-    return st;
+    return PS_OK;
 }
 
 static ps_status run_step(device_state *d, double origin_s)
@@ -1231,7 +1230,7 @@ static ps_status run_step(device_state *d, double origin_s)
     d->slot = 0;
     d->n_events = d->n_runs = 0;
     d->open_compute = -1;
-    d->reduce_slots = REDUCE_SLOTS * in_op_reductions(rt->set, d->prog);
+    d->reduce_slots = d->reduce_reserve;
     d->cur_phase = d->cur_mb = d->cur_run = -1;
     d->wrote_loss = false;
     d->voted = d->overflow = false;
@@ -1811,6 +1810,7 @@ ps_status ps_exec_run(const ps_program_set *s, ps_backend *b, const ps_exec_opti
         n_local++;
         rt.step_events[i] = &d->step_events;
         d->n_slots = ps_exec_timing_slots(s, i);
+        d->reduce_reserve = REDUCE_SLOTS * in_op_reductions(s, d->prog);
         d->inst = calloc(n_inst > 0 ? n_inst : 1, sizeof *d->inst);
         d->written = calloc(n_inst > 0 ? n_inst : 1, 1);
         d->kept = calloc((size_t)(s->n_buffers > 0 ? s->n_buffers : 1), sizeof *d->kept);

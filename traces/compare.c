@@ -53,7 +53,6 @@ int ps_compare_default_reference(const ps_summary *const *runs, int n)
 static void stage_breakdown(const ps_summary *s, int stage, ps_compare_cell *cell)
 {
     int n = 0;
-    cell->compute_s = cell->comm_s = cell->idle_s = 0;
     for (int d = 0; d < s->n_devices; d++) {
         const ps_summary_device *dev = &s->devices[d];
         if (dev->stage != stage)
@@ -70,19 +69,17 @@ static void stage_breakdown(const ps_summary *s, int stage, ps_compare_cell *cel
     }
 }
 
-static double metric_value(const ps_summary *s, int stage, int m)
+/* A stage's metric m; compute and communication from its cell's breakdown. */
+static double metric_value(const ps_summary_stage *g, const ps_compare_cell *cell, int m)
 {
-    const ps_summary_stage *g = &s->stages[stage];
-    ps_compare_cell parts;
     switch (m) {
     case PS_CMP_TIME: return g->time_s;
     case PS_CMP_FORWARD: return g->forward_s;
     case PS_CMP_BACKWARD: return g->backward_s;
     case PS_CMP_UPDATE: return g->update_s;
     case PS_CMP_MEMORY: return g->peak_memory_bytes;
-    default:
-        stage_breakdown(s, stage, &parts);
-        return m == PS_CMP_COMPUTE ? parts.compute_s : parts.comm_s;
+    case PS_CMP_COMPUTE: return cell->compute_s;
+    default: return cell->comm_s;
     }
 }
 
@@ -162,6 +159,9 @@ ps_status ps_compare_create(const ps_summary *const *runs, const char *const *fi
     PS_TRY_ALLOC(c->runs, err);
     c->cells = calloc((size_t)n * (size_t)c->n_stages, sizeof *c->cells);
     PS_TRY_ALLOC(c->cells, err);
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < c->n_stages; k++)
+            stage_breakdown(runs[r], k, &c->cells[k * n + r]);
     const ps_summary *ref = runs[c->reference];
     for (int r = 0; r < n; r++) {
         ps_compare_run *run = &c->runs[r];
@@ -179,8 +179,10 @@ ps_status ps_compare_create(const ps_summary *const *runs, const char *const *fi
             run->worst_stage[m] = -1;
             for (int k = 0; k < c->n_stages; k++) {
                 ps_compare_cell *cell = &c->cells[k * n + r];
-                cell->value[m] = metric_value(s, k, m);
-                cell->error[m] = ps_compare_rel_error(cell->value[m], metric_value(ref, k, m));
+                cell->value[m] = metric_value(&s->stages[k], cell, m);
+                cell->error[m] = ps_compare_rel_error(
+                    cell->value[m],
+                    metric_value(&ref->stages[k], &c->cells[k * n + c->reference], m));
                 if (isnan(cell->error[m]))
                     continue;
                 sum += fabs(cell->error[m]);
@@ -192,8 +194,6 @@ ps_status ps_compare_create(const ps_summary *const *runs, const char *const *fi
             }
             run->mape[m] = defined > 0 ? sum / defined : NAN;
         }
-        for (int k = 0; k < c->n_stages; k++)
-            stage_breakdown(s, k, &c->cells[k * n + r]);
     }
     *out = c;
     c = NULL;
