@@ -1510,9 +1510,10 @@ static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_ti
     check_op_half_adding(b, cpu, op, in, out, half_in, half_out, t, 0);
 }
 
-/* Every GEMM form (half inputs straight into cuBLAS, or widened where an
- * operand is permuted first), elementwise, normalization, the loss
- * gradient and Adam on half tiles, in bf16 and fp16. */
+/* Every GEMM form (half inputs into cuBLAS, permuted first as 2-byte
+ * values where the einsum needs it, into a half output or added into an
+ * fp32 one), elementwise, normalization, the loss gradient and Adam on half
+ * tiles, in bf16 and fp16. */
 static void ops_half_storage(void **state)
 {
     (void)state;
@@ -1542,7 +1543,8 @@ static void ops_half_storage(void **state)
             snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", einsum_specs[i]);
             check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
             /* half operands added into an fp32 output (an accumulated
-             * gradient kept in fp32): the widened product, cuBLAS's beta 1 */
+             * gradient kept in fp32): cuBLAS's beta 1 on the half operands,
+             * or the widened product where the output needs a permutation */
             for (int o = 0; o < 3; o++) {
                 int64_t shape[PS_MAX_RANK];
                 for (int k = 0; k < e.rank[o]; k++)
@@ -1950,34 +1952,55 @@ static void backend_find_nonfinite(void **state)
     b->ops->destroy(b);
 }
 
+/* A re-layout writes the whole destination box from a source box that
+ * covers it (30 random pairs of boxes of a 7 x 9 x 5 x 3 tensor, the source
+ * grown around the destination by random margins), as the CPU backend; a
+ * source that misses part of the destination is refused, not half copied. */
 static void backend_copy_box(void **state)
 {
     (void)state;
     ps_backend *b = backend(1, false);
     const int64_t *g = (const int64_t[]){7, 9, 5, 3};
     for (int trial = 0; trial < 30; trial++) {
-        ps_tile h[2];
-        for (int k = 0; k < 2; k++) {
-            int64_t shape[4], offset[4];
-            for (int d = 0; d < 4; d++) {
-                offset[d] = below((int)g[d]);
-                shape[d] = 1 + below((int)(g[d] - offset[d]));
-            }
-            h[k] = hrand(4, shape, g, offset);
+        int64_t shape[2][4], offset[2][4];
+        for (int d = 0; d < 4; d++) {
+            offset[1][d] = below((int)g[d]);
+            shape[1][d] = 1 + below((int)(g[d] - offset[1][d]));
+            offset[0][d] = below((int)offset[1][d] + 1);
+            int64_t end = offset[1][d] + shape[1][d];
+            shape[0][d] = end - offset[0][d] + below((int)(g[d] - end) + 1);
         }
+        ps_tile h[2];
+        for (int k = 0; k < 2; k++)
+            h[k] = hrand(4, shape[k], g, offset[k]);
         ps_tile want = hcopy(&h[1]);
         int64_t coord[4];
         for (int64_t i = 0; i < ps_tile_numel(&want); i++) {
             coord_of(&want, i, coord);
             float v = host_at(&h[0], coord);
-            if (!isnan(v))
-                ((float *)want.data)[i] = v;
+            assert_false(isnan(v)); /* the source covers every element */
+            ((float *)want.data)[i] = v;
         }
         ps_tile src = dupload(b, 0, &h[0]), dst = dupload(b, 0, &h[1]);
         ps_error err = {0};
         assert_int_equal(b->ops->copy_box(b, 0, &src, &dst, &err), PS_OK);
         ddownload(b, 0, &dst, &h[1]);
         assert_memory_equal(h[1].data, want.data, (size_t)ps_tile_numel(&want) * 4);
+        /* the destination as the source of a box one larger somewhere: refused */
+        int d = trial % 4;
+        if (shape[0][d] < g[d]) {
+            ps_tile wider = hrand(4, shape[0], g, offset[0]);
+            wider.shape[d]++;
+            if (offset[0][d] > 0)
+                wider.offset[d]--;
+            free(wider.data);
+            wider = hrand(4, wider.shape, g, wider.offset);
+            ps_tile big = dupload(b, 0, &wider);
+            assert_int_equal(b->ops->copy_box(b, 0, &src, &big, &err), PS_ERR_INTERNAL);
+            assert_non_null(strstr(err.msg, "does not cover"));
+            b->ops->release(b, 0, big.data);
+            free(wider.data);
+        }
         b->ops->release(b, 0, src.data);
         b->ops->release(b, 0, dst.data);
         free(h[0].data);

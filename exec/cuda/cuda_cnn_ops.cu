@@ -12,6 +12,7 @@
  * double in a fixed order. */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -224,13 +225,17 @@ static cudnnStatus_t ws_size(cudnnHandle_t h, const conv_desc *d,
  * an error. */
 template <typename Perf, typename Run>
 static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const conv_desc *d,
-                          const char *call, Run run, int *at, ps_error *err)
+                          const char *call, Run run, bool fallback, int *at,
+                          cudnnMathType_t *ran_math, ps_error *err)
 {
     *at = -1;
     cudnnMathType_t math = CUDNN_FMA_MATH;
     for (int i = pick_algo(s, perf, 0, found, &math); i >= 0;) {
         cudnnMathType_t next_math = CUDNN_FMA_MATH;
         int next = pick_algo(s, perf, i + 1, found, &next_math);
+        /* a candidate with another after it, or a way back (fallback), is a
+         * preference: its workspace may be refused and it may not run */
+        bool more = next >= 0 || fallback;
         const char *why = NULL;
         cudnnStatus_t e = cudnnSetConvolutionMathType(d->conv, math);
         if (e != CUDNN_STATUS_SUCCESS)
@@ -247,10 +252,10 @@ static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const 
              * cached blocks are given back (a stream sync and their
              * cudaFree, at every convolution of every step) only for the
              * last candidate */
-            s->reclaim_off = next >= 0;
+            s->reclaim_off = more;
             ps_status st = bytes > 0 ? ps_cuda_ws_reserve(s, bytes, &ws, err) : PS_OK;
             s->reclaim_off = false;
-            if (st == PS_ERR_NOMEM && next >= 0) {
+            if (st == PS_ERR_NOMEM && more) {
                 why = "needs a workspace the GPU has not";
                 ps_error_clear(err);
             } else if (st != PS_OK) {
@@ -259,6 +264,7 @@ static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const 
                 e = run(perf[i].algo, ws, bytes);
                 if (e == CUDNN_STATUS_SUCCESS) {
                     *at = i;
+                    *ran_math = math;
                     return PS_OK;
                 }
                 if (e != CUDNN_STATUS_NOT_SUPPORTED)
@@ -269,10 +275,94 @@ static ps_status run_algo(ps_cuda_stream *s, const Perf *perf, int found, const 
         /* none left: *at stays -1, the op's "no algorithm" refusal */
         PS_LOG_DEBUG("pipeshard: device %d: cuDNN algorithm %d (%zu-byte workspace) %s%s",
                      s->loc.device, (int)perf[i].algo, bytes, why,
-                     next >= 0 ? "; trying the next" : "");
+                     next >= 0  ? "; trying the next"
+                     : fallback ? "; asking the heuristics"
+                                : "");
         i = next;
         math = next_math;
     }
+    return PS_OK;
+}
+
+/* The algorithm and math type a convolution of one kind and shape ran with
+ * on a stream (ps_cuda_stream.conv_algos): cuDNN's heuristic queries cost
+ * host time at every call and rank the same descriptors the same way, so a
+ * shape asks them once and later calls run what worked. */
+struct ps_cuda_conv_algo {
+    ps_op_kind kind;
+    conv_geom g;
+    bool tf32;
+    int algo;
+    cudnnMathType_t math;
+};
+
+static bool geom_equal(const conv_geom *a, const conv_geom *b)
+{
+    return a->N == b->N && a->C == b->C && a->H == b->H && a->W == b->W && a->O == b->O &&
+           a->KH == b->KH && a->KW == b->KW && a->OH == b->OH && a->OW == b->OW && a->sh == b->sh &&
+           a->sw == b->sw && a->ph == b->ph && a->pw == b->pw;
+}
+
+static const ps_cuda_conv_algo *conv_algo_find(const ps_cuda_stream *s, ps_op_kind kind,
+                                               const conv_geom *g)
+{
+    for (int i = 0; i < s->n_conv_algos; i++) {
+        const ps_cuda_conv_algo *a = &s->conv_algos[i];
+        if (a->kind == kind && a->tf32 == s->allow_tf32 && geom_equal(&a->g, g))
+            return a;
+    }
+    return NULL;
+}
+
+/* Remembers what ran; out of host memory it is only not remembered (the
+ * next call asks the heuristics again). */
+static void conv_algo_keep(ps_cuda_stream *s, ps_op_kind kind, const conv_geom *g, int algo,
+                           cudnnMathType_t math)
+{
+    if (s->n_conv_algos == s->cap_conv_algos) {
+        int cap = s->cap_conv_algos > 0 ? 2 * s->cap_conv_algos : 32;
+        void *grown = realloc(s->conv_algos, (size_t)cap * sizeof *s->conv_algos);
+        if (grown == NULL)
+            return;
+        s->conv_algos = (ps_cuda_conv_algo *)grown;
+        s->cap_conv_algos = cap;
+    }
+    s->conv_algos[s->n_conv_algos++] = (ps_cuda_conv_algo){kind, *g, s->allow_tf32, algo, math};
+}
+
+/* One convolution pass: the algorithm this shape ran with before, if any and
+ * if it runs again (its workspace may not be there now), else cuDNN's ranked
+ * candidates (query(perf, COUNT, &found), `query_call` naming it), the one
+ * that ran then remembered. *at: -1 when none ran; *found: the candidates. */
+template <typename Perf, int COUNT, typename Query, typename Run>
+static ps_status conv_pass(ps_cuda_stream *s, const ps_op *op, const conv_geom *g,
+                           const conv_desc *d, const char *query_call, Query query,
+                           const char *call, Run run, int *found, int *at, ps_error *err)
+{
+    cudnnMathType_t math = CUDNN_FMA_MATH;
+    *found = 0;
+    *at = -1;
+    const ps_cuda_conv_algo *known = conv_algo_find(s, op->kind, g);
+    if (known != NULL) {
+        Perf one;
+        memset(&one, 0, sizeof one);
+        one.algo = (decltype(one.algo))known->algo;
+        one.status = CUDNN_STATUS_SUCCESS;
+        one.determinism = CUDNN_DETERMINISTIC;
+        one.mathType = known->math;
+        PS_RET(run_algo(s, &one, 1, d, call, run, true, at, &math, err));
+        if (*at >= 0) {
+            *found = 1;
+            return PS_OK;
+        }
+    }
+    Perf perf[COUNT];
+    cudnnStatus_t e = query(perf, COUNT, found);
+    if (e != CUDNN_STATUS_SUCCESS)
+        return dnn_fail(s, e, query_call, err);
+    PS_RET(run_algo(s, perf, *found, d, call, run, false, at, &math, err));
+    if (*at >= 0)
+        conv_algo_keep(s, op->kind, g, (int)perf[*at].algo, math);
     return PS_OK;
 }
 
@@ -286,44 +376,50 @@ static ps_status conv_dnn(ps_cuda_stream *s, const ps_op *op, const conv_geom *g
     PS_TRY(conv_desc_make(s, g, &d, err));
     switch (op->kind) {
     case PS_OP_CONV2D: {
-        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, d.x, d.w, d.conv, d.y,
-                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                       &found, perf));
+        auto query = [&](cudnnConvolutionFwdAlgoPerf_t *perf, int n, int *got) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, d.x, d.w, d.conv, d.y, n, got,
+                                                          perf);
+        };
         auto fwd = [&](cudnnConvolutionFwdAlgo_t a, void *ws, size_t bytes) {
             return cudnnConvolutionForward(s->dnn, &one, d.x, x->data, d.w, w->data, d.conv, a,
                                            ws, bytes, &zero, d.y, y->data);
         };
-        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionForward", fwd, &at, err));
+        st = conv_pass<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+            s, op, g, &d, "cudnnGetConvolutionForwardAlgorithm_v7", query,
+            "cudnnConvolutionForward", fwd, &found, &at, err);
         break;
     }
     case PS_OP_CONV2D_GRAD_INPUT: {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            s->dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+        auto query = [&](cudnnConvolutionBwdDataAlgoPerf_t *perf, int n, int *got) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(s->dnn, d.w, d.y, d.conv, d.x, n,
+                                                               got, perf);
+        };
         auto bwd_data = [&](cudnnConvolutionBwdDataAlgo_t a, void *ws, size_t bytes) {
             return cudnnConvolutionBackwardData(s->dnn, &one, d.w, w->data, d.y, y->data,
                                                 d.conv, a, ws, bytes, &zero, d.x, x->data);
         };
-        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionBackwardData", bwd_data, &at,
-                        err));
+        st = conv_pass<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+            s, op, g, &d, "cudnnGetConvolutionBackwardDataAlgorithm_v7", query,
+            "cudnnConvolutionBackwardData", bwd_data, &found, &at, err);
         break;
     }
     default: {
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            s->dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
-            perf));
+        auto query = [&](cudnnConvolutionBwdFilterAlgoPerf_t *perf, int n, int *got) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(s->dnn, d.x, d.y, d.conv, d.w, n,
+                                                                 got, perf);
+        };
         auto bwd_filter = [&](cudnnConvolutionBwdFilterAlgo_t a, void *ws, size_t bytes) {
             return cudnnConvolutionBackwardFilter(s->dnn, &one, d.x, x->data, d.y, y->data,
                                                   d.conv, a, ws, bytes, &zero, d.w, w->data);
         };
-        PS_TRY(run_algo(s, perf, found, &d, "cudnnConvolutionBackwardFilter", bwd_filter, &at,
-                        err));
+        st =
+            conv_pass<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+                s, op, g, &d, "cudnnGetConvolutionBackwardFilterAlgorithm_v7", query,
+                "cudnnConvolutionBackwardFilter", bwd_filter, &found, &at, err);
         break;
     }
     }
-    if (at < 0)
+    if (st == PS_OK && at < 0)
         st = ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
                               "cuDNN offers no deterministic %s algorithm that runs this "
                               "shape (%d candidates)",

@@ -151,6 +151,7 @@ void ps_cuda_stream_free(ps_cuda_stream *s)
 #if PS_HAVE_CUDNN
     if (s->dnn != NULL)
         (void)cudnnDestroy(s->dnn);
+    free(s->conv_algos);
 #endif
     if (s->ws != NULL)
         (void)ps_cuda_free(s, s->ws);

@@ -1,9 +1,9 @@
 /* exec/cuda: fp16/bf16 tiles held in 2 bytes on the GPU. The conversions
  * (CUDA's __float2half_rn and __float2bfloat16_rn: round to nearest even,
  * bit-exact with exec/half.c except for NaN encodings, which CUDA makes
- * canonical), half adds, and ops on half tiles: a GEMM
- * whose operands need no permutation runs on the half values themselves
- * (cuBLAS, fp32 accumulation, the output rounded once); every other op
+ * canonical), half adds, and ops on half tiles: a GEMM runs on the half
+ * values themselves (cuBLAS, fp32 accumulation, a half output rounded once,
+ * permutations as 2-byte moves; an fp32 output too); every other op
  * runs its fp32 kernel on widened copies and rounds its outputs once, as
  * the CPU backend does. */
 #include <cuda_bf16.h>
@@ -97,42 +97,68 @@ static cudaDataType_t cuda_half_type(ps_dtype t)
     return t == PS_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
-/* A matmul of half operands into a half output with no permutation: one
- * cuBLAS GEMM on the 2-byte values, accumulated in fp32. false in *done
- * when the op needs the widened path (mixed types, permutations). */
+/* A matmul of half operands into a half output, or into an fp32 one (a
+ * gradient accumulated in fp32: `add` adds the product into it, cuBLAS's
+ * beta 1): one cuBLAS GEMM on the 2-byte values, accumulated in fp32 and
+ * rounded once where the output is half, with the operands and a half
+ * output permuted as 2-byte values where the einsum needs it (moves, no
+ * rounding), as the fp32 path permutes floats. false in *done when the op
+ * needs the widened path (mixed operand types, an fp32 output that needs a
+ * permutation, an empty contraction). */
 static ps_status half_gemm(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
-                           bool *done, ps_error *err)
+                           bool add, bool *done, ps_error *err)
 {
     *done = false;
     const ps_tile *t[3] = {&in[0], &in[1], &out[0]};
     int rank[3];
     int64_t shape[3][PS_MAX_RANK];
+    bool out_f32 = !out[0].is_int && out[0].dtype == PS_DTYPE_F32;
     for (int o = 0; o < 3; o++) {
-        if (!ps_tile_is_half(t[o]) || t[o]->dtype != in[0].dtype)
+        bool same_half = ps_tile_is_half(t[o]) && t[o]->dtype == in[0].dtype;
+        if (!same_half && !(o == 2 && out_f32))
             return PS_OK;
         rank[o] = t[o]->rank;
         memcpy(shape[o], t[o]->shape, sizeof shape[o]);
     }
+    if (add && !out_f32)
+        return PS_OK; /* never asked: the runtime adds into half outputs itself */
     ps_gemm_plan p;
     ps_error perr = {PS_OK, ""};
     if (ps_gemm_plan_make(op->attrs.einsum, rank, shape, &p, &perr) != PS_OK)
         return PS_OK; /* the fp32 path reports the shape error */
-    if (p.permute[0] || p.permute[1] || p.out_permute || p.k == 0 ||
-        ps_tile_numel(t[2]) == 0 || p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX ||
-        p.batch > INT32_MAX)
+    if (p.k == 0 || ps_tile_numel(t[2]) == 0 || p.m > INT32_MAX || p.n > INT32_MAX ||
+        p.k > INT32_MAX || p.batch > INT32_MAX || (out_f32 && p.out_permute))
         return PS_OK;
-    const void *opnd[2] = {in[0].data, in[1].data};
-    cudaDataType_t ht = cuda_half_type(in[0].dtype);
-    const float alpha = 1.0f, beta = 0.0f;
+    /* workspace: the permuted operands, a half output before its permutation */
+    size_t off[3] = {0, 0, 0}, used = 0;
+    for (int o = 0; o < 3; o++)
+        if (o < 2 ? p.permute[o] : p.out_permute) {
+            off[o] = used;
+            used += ((size_t)ps_tile_numel(t[o]) * 2 + 255) / 256 * 256;
+        }
+    char *ws = NULL;
+    if (used > 0)
+        PS_RET(ps_cuda_ws_reserve(s, used, (void **)&ws, err));
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+    const void *opnd[2] = {in[0].data, in[1].data};
+    for (int o = 0; o < 2; o++)
+        if (p.permute[o]) {
+            PS_RET(ps_cuda_permute(s, opnd[o], t[o]->shape, t[o]->rank, p.perm[o], 2, ws + off[o],
+                                   err));
+            opnd[o] = ws + off[o];
+        }
+    void *c = p.out_permute ? (void *)(ws + off[2]) : out[0].data;
+    cudaDataType_t ht = cuda_half_type(in[0].dtype), ct = out_f32 ? CUDA_R_32F : ht;
+    const float alpha = 1.0f, beta = add ? 1.0f : 0.0f;
     PS_CUBLAS_RET(s->loc, cublasGemmStridedBatchedEx(
                               s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn,
-                              (int)p.ck, &alpha, opnd[1 - p.left], ht, (int)p.lda,
-                              (long long)p.stride_a, opnd[p.left], ht, (int)p.ldb,
-                              (long long)p.stride_b, &beta, out[0].data, ht, (int)p.ldc,
-                              (long long)p.stride_c, (int)p.batch, CUBLAS_COMPUTE_32F,
+                              p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn, (int)p.ck,
+                              &alpha, opnd[1 - p.left], ht, (int)p.lda, (long long)p.stride_a,
+                              opnd[p.left], ht, (int)p.ldb, (long long)p.stride_b, &beta, c, ct,
+                              (int)p.ldc, (long long)p.stride_c, (int)p.batch, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+    if (p.out_permute)
+        PS_RET(ps_cuda_permute(s, c, p.out_tmp_shape, p.out_rank, p.out_perm, 2, out[0].data, err));
     *done = true;
     return PS_OK;
 }
@@ -142,8 +168,8 @@ ps_status ps_cuda_half_op(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
 {
     if (op->kind == PS_OP_MATMUL && op->n_in == 2 && op->n_out == 1 && in[0].data != NULL &&
         in[1].data != NULL && out[0].data != NULL) {
-        bool done;
-        PS_RET(half_gemm(s, op, in, out, &done, err));
+        bool done, add = ctx != NULL && (ctx->accumulate & 1u) != 0;
+        PS_RET(half_gemm(s, op, in, out, add, &done, err));
         if (done)
             return PS_OK;
     }

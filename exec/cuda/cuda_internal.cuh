@@ -46,6 +46,9 @@ struct ps_cuda_stream {
     ps_error failure;  /* its message, reported at the next sync */
 #if PS_HAVE_CUDNN
     cudnnHandle_t dnn; /* bound to `stream`; created by the first convolution */
+    /* the algorithm each convolution kind and shape ran with (cuda_cnn_ops.cu), owned */
+    struct ps_cuda_conv_algo *conv_algos;
+    int n_conv_algos, cap_conv_algos;
 #endif
     /* Frees device memory its owner keeps cached on this stream's GPU (the
      * backend's pool), so that an allocation that found none may try again;
@@ -113,6 +116,10 @@ ps_status ps_cuda_half_narrow(ps_cuda_stream *s, ps_dtype t, const float *src, v
                               int64_t n, ps_error *err);
 ps_status ps_cuda_half_add(ps_cuda_stream *s, ps_dtype t, void *dst, const void *src, int64_t n,
                            ps_error *err);
+/* y = x (a row-major tile of shape in_shape) with out dim i = in dim perm[i],
+ * elements of elem_bytes (2 or 4) moved as they are; on s's stream. */
+ps_status ps_cuda_permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
+                          const int *perm, size_t elem_bytes, void *y, ps_error *err);
 /* Whether ps_cuda_op_run adds output `out` of an op of this kind into tile
  * t when ctx->accumulate asks: a MATMUL's fp32 output (cuBLAS's beta 1). */
 bool ps_cuda_op_accumulates(ps_op_kind kind, int out, const ps_tile *t);

@@ -196,7 +196,7 @@ typedef struct perm_args {
     int64_t in_stride[PS_MAX_RANK]; /* stride in the input of output dim i */
 } perm_args;
 
-static __global__ void k_permute(perm_args a, const uint32_t *x, uint32_t *y, int64_t n)
+template <typename T> static __global__ void k_permute(perm_args a, const T *x, T *y, int64_t n)
 {
     FOR_EACH(i, n)
     {
@@ -210,9 +210,8 @@ static __global__ void k_permute(perm_args a, const uint32_t *x, uint32_t *y, in
     }
 }
 
-/* y = x with out dim i = in dim perm[i]. */
-static ps_status permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
-                         const int *perm, void *y, ps_error *err)
+ps_status ps_cuda_permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
+                          const int *perm, size_t elem_bytes, void *y, ps_error *err)
 {
     perm_args a;
     int64_t in_stride[PS_MAX_RANK];
@@ -225,9 +224,22 @@ static ps_status permute(ps_cuda_stream *s, const void *x, const int64_t *in_sha
         a.in_stride[i] = in_stride[perm[i]];
         n *= in_shape[i];
     }
-    k_permute<<<LAUNCH(n)>>>(a, (const uint32_t *)x, (uint32_t *)y, n);
+    if (elem_bytes == 2)
+        k_permute<<<LAUNCH(n)>>>(a, (const uint16_t *)x, (uint16_t *)y, n);
+    else if (elem_bytes == 4)
+        k_permute<<<LAUNCH(n)>>>(a, (const uint32_t *)x, (uint32_t *)y, n);
+    else
+        return ps_error_set(err, PS_ERR_INTERNAL, "device %d: permuting %zu-byte elements",
+                            s->loc.device, elem_bytes);
     PS_CUDA_LAUNCHED(s->loc, "k_permute");
     return PS_OK;
+}
+
+/* y = x with out dim i = in dim perm[i], 4-byte elements. */
+static ps_status permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
+                         const int *perm, void *y, ps_error *err)
+{
+    return ps_cuda_permute(s, x, in_shape, rank, perm, 4, y, err);
 }
 
 /* ---- reduce / broadcast ------------------------------------------------------------ */
