@@ -555,6 +555,14 @@ double ps_profile_gemm_op_shape_s(const ps_profile_db *db, ps_op_kind op, ps_dty
         if (cmp_gemm(&db->gemm[i], &q) == 0)
             return db->gemm[i].seconds;
     double flops = ps_profile_gemm_flops(&q);
+    /* A convolution far beyond its kind's largest entry: those entries (a
+     * profile's small training steps) stop where the kind's rate still
+     * climbs steeply, so their largest rate would make a large convolution
+     * many times too slow; the MATMULs, measured to where the rate levels
+     * off, answer instead (the caller's fallback). */
+    if (op != PS_OP_MATMUL &&
+        flops > PS_PROFILE_GEMM_FLOPS_NEAR * ps_profile_gemm_flops(&db->gemm[hi - 1]))
+        return -1;
     band_answer a = band_s(&db->gemm[lo], hi - lo, flops, intensity(q.m, q.n, q.k));
     if (a.s >= 0)
         return a.s;

@@ -181,8 +181,9 @@ double ps_profile_gemm_shape_s(const ps_profile_db *db, ps_dtype dtype, const ps
 /* The same rules among the entries of one GEMM-shaped kind (MATMUL: as
  * ps_profile_gemm_shape_s; a convolution: its ps_conv_gemm_shape among the
  * convolutions of that kind, rule 3 by their FLOPs alone). -1 when the DB
- * has no entry of that kind and dtype: the caller may then look the shape
- * up as a MATMUL. */
+ * has no entry of that kind and dtype, or (a convolution) when the shape's
+ * FLOPs exceed x4 (PS_PROFILE_GEMM_FLOPS_NEAR) its kind's largest entry's:
+ * the caller may then look the shape up as a MATMUL. */
 double ps_profile_gemm_op_shape_s(const ps_profile_db *db, ps_op_kind op, ps_dtype dtype,
                                   const ps_gemm_shape *shape);
 /* Seconds of a non-GEMM op of that kind reading and writing `bytes`: 0 for

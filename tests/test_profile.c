@@ -513,6 +513,13 @@ static void conv_entries(void **state)
     assert_close(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &mid), 2e-4, 1e-12);
     /* FLOPs alone read the MATMULs only */
     assert_close(ps_profile_gemm_s(db, PS_DTYPE_F32, ps_gemm_shape_flops(&mid)), 2e-4, 1e-12);
+    /* above the kind's largest: at its rate within x4 of it, beyond that
+     * -1 (its entries say nothing there; the MATMULs answer) */
+    ps_gemm_shape near = {2048, 64, 576, 1}, far = {4097, 64, 576, 1};
+    assert_close(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_F32, &near), 4e-3, 1e-12);
+    assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_F32, &far) < 0);
+    ps_gemm_shape fourx = {4096, 64, 576, 1};
+    assert_close(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_F32, &fourx), 8e-3, 1e-12);
     /* a kind or dtype without entries: -1 (the caller falls back) */
     assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D_GRAD_INPUT, PS_DTYPE_F32, &small) < 0);
     assert_true(ps_profile_gemm_op_shape_s(db, PS_OP_CONV2D, PS_DTYPE_BF16, &small) < 0);
@@ -550,6 +557,10 @@ static void conv_entries(void **state)
     assert_true(ps_op_compute_s(m, PS_OP_CONV2D_GRAD_INPUT, PS_DTYPE_F32, f, 1e3, true,
                                 &small) == 1e-4);
     assert_true(ps_op_compute_s(m, PS_OP_MATMUL, PS_DTYPE_F32, f, 1e3, true, &small) == 1e-4);
+    /* a convolution far beyond its kind's entries takes the MATMULs' time */
+    assert_true(ps_op_compute_s(m, PS_OP_CONV2D, PS_DTYPE_F32, ps_gemm_shape_flops(&far), 1e3,
+                                true, &far) == ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &far));
+    assert_true(ps_profile_gemm_shape_s(db, PS_DTYPE_F32, &far) > 0);
     assert_close(ps_op_compute_s(m, PS_OP_CONV2D, PS_DTYPE_BF16, f, 1e3, true, &small),
                  ps_compute_s(plain, PS_DTYPE_BF16, f, 1e3, true), 1e-15);
     ps_mesh_free(plain);
