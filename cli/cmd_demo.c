@@ -50,9 +50,9 @@ int ps_cmd_demo(int argc, char **argv)
                "     step: demo-small-exec.json, demo-small-exec-trace.json;\n"
                "  8. the three compared per stage, with charts in demo-plots/ (gnuplot):\n"
                "     scatter, breakdown and the measured step's timeline.\n"
-               "The planner counts every device of the machine busy at once, an upper bound;\n"
-               "the simulator shares the cores among the devices computing at each moment\n"
-               "(docs/compare.md, docs/profile-db.md).\n");
+               "The planner's stage DP counts every device of the machine busy at once, an\n"
+               "upper bound; the chosen plan's schedule and the simulator share the cores\n"
+               "among the devices computing at each moment (docs/cluster-format.md).\n");
 #ifdef PS_NO_SIMGRID
         printf("\nIn this build the simulations are skipped: %s.\n", PS_CLI_NO_SIMGRID);
 #endif

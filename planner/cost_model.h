@@ -26,7 +26,9 @@
  * On a cluster whose devices share cores (shared_cores_per_node), every
  * compute time is that of a device alone times the node's compute share:
  * the steady state of a pipeline with every device busy, an upper bound
- * (the simulator shares the cores by what actually runs at once). */
+ * that the stage DP compares plans by. The chosen plan's schedule
+ * (planner/pipeline_time.h) and the simulator share the cores by what
+ * actually computes at once. */
 #ifndef PS_PLANNER_COST_MODEL_H
 #define PS_PLANNER_COST_MODEL_H
 

@@ -1,6 +1,7 @@
 /* See pipeline_time.h. */
 #include "planner/pipeline_time.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,12 +452,13 @@ typedef struct flow {
 } flow;
 
 /* One step of a stage's part of the schedule: computing for dur (flow -1),
- * or flow `flow` once op `after` has ended (-1: nothing to wait for); what
- * it is, for the spans. */
+ * of which `compute` first on shared cores (0: none), or flow `flow` once
+ * op `after` has ended (-1: nothing to wait for); what it is, for the
+ * spans. */
 typedef struct sched_op {
     int flow;
     int after;
-    double dur;
+    double dur, compute;
     ps_pipeline_span_kind kind;
     int micro_batch; /* -1: once per step */
 } sched_op;
@@ -521,6 +523,18 @@ static flow *make_flows(int n, const ps_stage_link *links, int n_links,
     return f;
 }
 
+/* The compute of stage k's kernel of phase ph on shared cores (cores NULL:
+ * none): its compute fraction of the stage's time for the phase, at most
+ * what of that time the kernel runs (`runs`: its collectives across nodes
+ * are ops of their own). */
+static double compute_part(const ps_shared_cores *cores, int k, int ph, double phase_s, double runs)
+{
+    if (cores == NULL || !(phase_s > 0))
+        return 0;
+    double f = cores->stages[k].compute[ph];
+    return fmin(runs, phase_s * (f > 0 ? (f < 1 ? f : 1) : 0));
+}
+
 /* The ops of every stage in the lowering's order, stage k's from at[k]:
  * each micro-batch kernel's receives (its links in link order), then the
  * kernel and the reductions of the partial sums it sends; after the last,
@@ -533,7 +547,8 @@ static flow *make_flows(int n, const ps_stage_link *links, int n_links,
  * *ops and *at malloc'ed (at: n + 1 entries). */
 static bool schedule_ops(int n, const double *forward_s, const double *backward_s,
                          const double *update_s, const ps_stage_link *links, int n_links,
-                         const flow *flows, int m, bool gpipe, sched_op **ops_out, int **at_out)
+                         const flow *flows, const ps_shared_cores *cores, int m, bool gpipe,
+                         sched_op **ops_out, int **at_out)
 {
     /* per stage: its micro-batch links in per phase, its reductions after a
      * kernel per phase, after the kernels and after the update */
@@ -593,10 +608,14 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
                         .flow = l, .after = (int)(((size_t)links[l].from * m + mb) * 2 + bwd),
                         .kind = PS_SPAN_RECEIVE, .micro_batch = mb};
             int ph = bwd ? PH_BACKWARD : PH_FORWARD;
-            ops[o++] = (sched_op){.flow = -1, .dur = (bwd ? backward_s[k] : forward_s[k]) +
-                                                     fmax(0, reduce[k * PH_COUNT + ph]),
-                                  .kind = bwd ? PS_SPAN_BACKWARD : PS_SPAN_FORWARD,
-                                  .micro_batch = mb};
+            double kernel = bwd ? backward_s[k] : forward_s[k];
+            ops[o++] = (sched_op){
+                .flow = -1,
+                .dur = kernel + fmax(0, reduce[k * PH_COUNT + ph]),
+                .compute = compute_part(cores, k, bwd ? PS_PHASE_BACKWARD : PS_PHASE_FORWARD,
+                                        kernel, kernel),
+                .kind = bwd ? PS_SPAN_BACKWARD : PS_SPAN_FORWARD,
+                .micro_batch = mb};
             STAGE_FLOW(k, ph, mb);
             kernel_op[((size_t)k * m + mb) * 2 + bwd] = o - 1;
         }
@@ -613,10 +632,12 @@ static bool schedule_ops(int n, const double *forward_s, const double *backward_
                                    (size_t)links[l].from),
                     .kind = PS_SPAN_RECEIVE, .micro_batch = -1};
         STAGE_FLOW(k, PH_UPDATE, -1);
-        double upd = update_s[k] - flows[n_links + k * PH_COUNT + PH_UPDATE].seconds;
-        ops[o++] = (sched_op){
-            .flow = -1, .dur = fmax(0, upd) + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS]),
-            .kind = PS_SPAN_UPDATE, .micro_batch = -1};
+        double upd = fmax(0, update_s[k] - flows[n_links + k * PH_COUNT + PH_UPDATE].seconds);
+        ops[o++] = (sched_op){.flow = -1,
+                              .dur = upd + fmax(0, reduce[k * PH_COUNT + PH_UPDATE_SENDS]),
+                              .compute = compute_part(cores, k, PS_PHASE_UPDATE, update_s[k], upd),
+                              .kind = PS_SPAN_UPDATE,
+                              .micro_batch = -1};
         STAGE_FLOW(k, PH_UPDATE_SENDS, -1);
         kernel_op[upd_key + k] = o - 1;
         for (int l = 0; l < n_links; l++)
@@ -695,10 +716,11 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
     }
 }
 
-/* The spans of the ops that ran (start, end): the kernels always,
- * transfers, reductions and collectives where they took time. */
+/* The spans of the ops that ran (start, end; a kernel's compute on shared
+ * cores until computed): the kernels always, transfers, reductions and
+ * collectives where they took time. */
 static bool spans_of(int n, const sched_op *ops, const int *at, const double *start,
-                     const double *end, ps_pipeline_span **out, int *n_out)
+                     const double *end, const double *computed, ps_pipeline_span **out, int *n_out)
 {
     ps_pipeline_span *v = malloc((size_t)(at[n] > 0 ? at[n] : 1) * sizeof *v);
     int count = 0;
@@ -710,10 +732,15 @@ static bool spans_of(int n, const sched_op *ops, const int *at, const double *st
             if (!(end[i] > start[i] || op->kind == PS_SPAN_FORWARD ||
                   op->kind == PS_SPAN_BACKWARD || op->kind == PS_SPAN_UPDATE))
                 continue;
-            v[count++] = (ps_pipeline_span){.stage = k, .kind = op->kind,
-                                            .micro_batch = op->micro_batch,
-                                            .link = op->kind == PS_SPAN_RECEIVE ? op->flow : -1,
-                                            .start_s = start[i], .end_s = end[i]};
+            v[count++] =
+                (ps_pipeline_span){.stage = k,
+                                   .kind = op->kind,
+                                   .micro_batch = op->micro_batch,
+                                   .link = op->kind == PS_SPAN_RECEIVE ? op->flow : -1,
+                                   .start_s = start[i],
+                                   .end_s = end[i],
+                                   .charged_compute_s = op->compute,
+                                   .compute_s = op->compute > 0 ? computed[i] - start[i] : 0};
         }
     *out = v;
     if (n_out != NULL)
@@ -721,28 +748,80 @@ static bool spans_of(int n, const sched_op *ops, const int *at, const double *st
     return true;
 }
 
-/* The stages' ops run as events in time: a stage runs its ops in turn; a
- * receive starts once its sender's op has ended (the receiver asks first,
- * as receives block). A flow through NICs moves at the speed the NICs'
- * max-min fair sharing leaves it (share_nics). */
+/* Per stage computing on shared cores (state[k] 3), its speed: the
+ * compute share it was charged, times the fraction of its speed alone the
+ * busiest of its nodes leaves it. load: the nodes' scratch, zero on entry
+ * and on return. */
+static void share_cores(int n, const ps_shared_cores *cores, const unsigned char *state,
+                        double *load, double *rate)
+{
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < cores->stages[k].nodes && state[k] == 3; j++)
+            load[cores->stages[k].node + j] += cores->stages[k].devices_per_node;
+    for (int k = 0; k < n; k++) {
+        if (state[k] != 3)
+            continue;
+        double most = 0;
+        for (int j = 0; j < cores->stages[k].nodes; j++)
+            most = fmax(most, load[cores->stages[k].node + j]);
+        rate[k] = cores->share * (most > cores->cores ? cores->cores / most : 1);
+    }
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < cores->stages[k].nodes && state[k] == 3; j++)
+            load[cores->stages[k].node + j] = 0;
+}
+
+/* Whether the shared cores describe n stages on nodes 0 to nodes - 1. */
+static bool cores_valid(const ps_shared_cores *c, int n, int *nodes)
+{
+    *nodes = 0;
+    if (c == NULL)
+        return true;
+    if (c->stages == NULL || !(c->cores > 0) || !(c->share > 0))
+        return false;
+    for (int k = 0; k < n; k++) {
+        const ps_stage_cores *x = &c->stages[k];
+        if (x->node < 0 || x->nodes < 1 || x->devices_per_node < 1 || x->node > INT_MAX - x->nodes)
+            return false;
+        *nodes = x->node + x->nodes > *nodes ? x->node + x->nodes : *nodes;
+    }
+    return true;
+}
+
 double ps_pipeline_schedule(int n, const double *forward_s, const double *backward_s,
                             const double *update_s, const ps_stage_link *links, int n_links,
                             const ps_stage_nics *nics, int micro_batches, bool gpipe,
                             ps_pipeline_span **spans_out, int *n_spans_out)
+{
+    return ps_pipeline_schedule_shared(n, forward_s, backward_s, update_s, links, n_links, nics,
+                                       NULL, micro_batches, gpipe, spans_out, n_spans_out);
+}
+
+/* The stages' ops run as events in time: a stage runs its ops in turn; a
+ * receive starts once its sender's op has ended (the receiver asks first,
+ * as receives block). A flow through NICs moves at the speed the NICs'
+ * max-min fair sharing leaves it (share_nics); a kernel on shared cores
+ * computes at the speed the cores leave it (share_cores), then runs the
+ * rest of its time. */
+double ps_pipeline_schedule_shared(int n, const double *forward_s, const double *backward_s,
+                                   const double *update_s, const ps_stage_link *links, int n_links,
+                                   const ps_stage_nics *nics, const ps_shared_cores *cores,
+                                   int micro_batches, bool gpipe, ps_pipeline_span **spans_out,
+                                   int *n_spans_out)
 {
     int m = micro_batches;
     if (spans_out != NULL)
         *spans_out = NULL;
     if (n_spans_out != NULL)
         *n_spans_out = 0;
-    if (n <= 0 || m <= 0)
+    int core_nodes = 0;
+    if (n <= 0 || m <= 0 || !cores_valid(cores, n, &core_nodes))
         return NAN;
     sched_op *ops = NULL;
     int *at = NULL;
     flow *flows = make_flows(n, links, n_links, nics);
-    if (flows == NULL ||
-        !schedule_ops(n, forward_s, backward_s, update_s, links, n_links, flows, m, gpipe, &ops,
-                      &at)) {
+    if (flows == NULL || !schedule_ops(n, forward_s, backward_s, update_s, links, n_links, flows,
+                                       cores, m, gpipe, &ops, &at)) {
         free(flows);
         return NAN;
     }
@@ -754,19 +833,25 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
                 nodes = flows[i].node[side] + flows[i].nodes[side];
     double *end = malloc((size_t)at[n] * sizeof *end);     /* each op's end; NAN: not yet */
     double *start = malloc((size_t)at[n] * sizeof *start); /* and its start */
+    double *computed = malloc((size_t)at[n] * sizeof *computed); /* its compute's end */
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
     /* an op under way: when a fixed one ends (finish), or what a flow
-     * through NICs has left at full speed (left, moving at rate) */
-    double *finish = malloc(5 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
+     * through NICs has left at full speed or a compute on shared cores at
+     * its charged speed (left, moving at rate; then the kernel's rest) */
+    double *finish = malloc(6 * (size_t)n * sizeof *finish), *left = finish + n, *rate = left + n;
     double *share = rate + n, *act_rate = share + n; /* share_nics' */
+    double *rest = act_rate + n;
+    double *core_load = calloc((size_t)core_nodes + 1, sizeof *core_load);
     const flow **act = malloc((size_t)n * sizeof *act);
     int *act_stage = malloc((size_t)n * sizeof *act_stage);
-    unsigned char *state = calloc((size_t)n, 1); /* 0 not started, 1 fixed, 2 through NICs */
+    /* 0 not started, 1 fixed, 2 through NICs, 3 computing on shared cores */
+    unsigned char *state = calloc((size_t)n, 1);
     unsigned char *frozen = calloc((size_t)n, 1);
     double *load = calloc(4 * (size_t)nodes + 1, sizeof *load); /* used, then weights */
     double result = NAN, now = 0;
-    if (end == NULL || start == NULL || cur == NULL || finish == NULL || state == NULL ||
-        load == NULL || act == NULL || act_stage == NULL || frozen == NULL)
+    if (end == NULL || start == NULL || computed == NULL || cur == NULL || finish == NULL ||
+        state == NULL || load == NULL || act == NULL || act_stage == NULL || frozen == NULL ||
+        core_load == NULL)
         goto out;
     for (int i = 0; i < at[n]; i++)
         end[i] = NAN;
@@ -792,7 +877,13 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
                             break;
                         }
                     }
-                    start[cur[k]] = now;
+                    start[cur[k]] = computed[cur[k]] = now;
+                    if (op->flow < 0 && op->compute > 0) {
+                        state[k] = 3;
+                        left[k] = op->compute;
+                        rest[k] = fmax(0, d - op->compute);
+                        break;
+                    }
                     if (d > 0) {
                         state[k] = 1;
                         finish[k] = now + d;
@@ -815,13 +906,15 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
         if (!busy)
             break; /* everything ended, or the links wait for each other */
         share_nics(act, n_act, load, load + 2 * (size_t)nodes, share, frozen, act_rate);
+        if (cores != NULL)
+            share_cores(n, cores, state, core_load, rate);
         double next = INFINITY;
         for (int i = 0; i < n_act; i++)
             rate[act_stage[i]] = act_rate[i];
         for (int k = 0; k < n; k++) {
             if (state[k] == 1)
                 next = fmin(next, finish[k]);
-            if (state[k] == 2)
+            if (state[k] >= 2)
                 next = fmin(next, now + left[k] / rate[k]);
         }
         /* on to the next end */
@@ -832,7 +925,13 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
             } else if (state[k] == 2 && now + left[k] / rate[k] <= next) {
                 end[cur[k]++] = next; /* (the same sum that made next) */
                 state[k] = 0;
-            } else if (state[k] == 2) {
+            } else if (state[k] == 3 && now + left[k] / rate[k] <= next) {
+                computed[cur[k]] = next; /* then the kernel's rest, at its time */
+                state[k] = rest[k] > 0 ? 1 : 0;
+                finish[k] = next + rest[k];
+                if (state[k] == 0)
+                    end[cur[k]++] = next;
+            } else if (state[k] >= 2) {
                 left[k] -= (next - now) * rate[k];
             }
         }
@@ -841,11 +940,13 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
     result = 0;
     for (int k = 0; k < n && !isnan(result); k++)
         result = cur[k] < at[k + 1] ? NAN : fmax(result, end[at[k + 1] - 1]);
-    if (spans_out != NULL && !isnan(result) && !spans_of(n, ops, at, start, end, spans_out,
-                                                          n_spans_out))
+    if (spans_out != NULL && !isnan(result) &&
+        !spans_of(n, ops, at, start, end, computed, spans_out, n_spans_out))
         result = NAN;
 out:
     free(start);
+    free(computed);
+    free(core_load);
     free(flows);
     free(ops);
     free(at);
@@ -869,6 +970,74 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
                                 micro_batches, gpipe, NULL, NULL);
 }
 
+/* Each stage's place on the shared cores of cluster c: its nodes, its most
+ * devices on one, and per phase the fraction of its time that computes, by
+ * its ops' predicted compute and communication (the plan lists an op of
+ * the forward graph once, its time the forward's and the backward's
+ * together, so the forward and the backward share one fraction; the update
+ * ops are the step graph's of the update pass). */
+static ps_status stage_cores(const ps_plan *p, const ps_graph *step, ps_stage_cores *out,
+                             ps_error *err)
+{
+    ps_status st = PS_OK;
+    int dpn = p->cluster->devices_per_node, most = 1;
+    for (int k = 0; k < p->n_stages; k++)
+        most = p->stages[k].n_ops > most ? p->stages[k].n_ops : most;
+    const ps_plan_op **ops = malloc((size_t)most * sizeof *ops);
+    unsigned char *update = malloc((size_t)most);
+    int *per_node = calloc((size_t)p->cluster->nodes, sizeof *per_node);
+    PS_TRY_ALLOC(ops, err);
+    PS_TRY_ALLOC(update, err);
+    PS_TRY_ALLOC(per_node, err);
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        ps_stage_cores *c = &out[k];
+        int lo = INT_MAX, hi = -1;
+        c->devices_per_node = 1;
+        for (int i = 0; i < s->n_devices; i++) {
+            int node = s->devices[i] / dpn;
+            lo = node < lo ? node : lo;
+            hi = node > hi ? node : hi;
+            if (++per_node[node] > c->devices_per_node)
+                c->devices_per_node = per_node[node];
+        }
+        for (int i = 0; i < s->n_devices; i++)
+            per_node[s->devices[i] / dpn] = 0;
+        c->node = lo;
+        c->nodes = hi - lo + 1;
+        /* which of its ops are the update's: by name in the step graph */
+        for (int i = 0; i < s->n_ops; i++) {
+            ops[i] = &s->ops[i];
+            update[i] = 0;
+        }
+        qsort(ops, (size_t)s->n_ops, sizeof *ops, by_op_name);
+        for (int i = 0; i < step->n_ops; i++) {
+            const ps_op *op = &step->ops[i];
+            if (op->pass != PS_PASS_UPDATE || op->layer < s->first_layer ||
+                op->layer > s->last_layer)
+                continue;
+            ps_plan_op key = {.name = op->name};
+            const ps_plan_op *kp = &key,
+                             **po = bsearch(&kp, ops, (size_t)s->n_ops, sizeof *ops, by_op_name);
+            if (po != NULL)
+                update[po - ops] = 1;
+        }
+        double compute[2] = {0}, total[2] = {0};
+        for (int i = 0; i < s->n_ops; i++) {
+            compute[update[i]] += fmax(0, ops[i]->compute_s);
+            total[update[i]] += fmax(0, ops[i]->compute_s) + fmax(0, ops[i]->comm_s);
+        }
+        c->compute[PS_PHASE_FORWARD] = c->compute[PS_PHASE_BACKWARD] =
+            total[0] > 0 ? compute[0] / total[0] : 1;
+        c->compute[PS_PHASE_UPDATE] = total[1] > 0 ? compute[1] / total[1] : 1;
+    }
+out:
+    free(ops);
+    free(update);
+    free(per_node);
+    return st;
+}
+
 ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
                                     ps_pipeline_span **spans, int *n_spans,
                                     ps_stage_link **links_out, int *n_links_out,
@@ -879,6 +1048,9 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
     ps_stage_link *links = NULL;
     double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
     ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
+    ps_stage_cores *on_cores = NULL;
+    ps_shared_cores shared = {.cores = p->cluster->shared_cores_per_node,
+                              .share = ps_cluster_compute_share(p->cluster)};
     if (spans != NULL) {
         *spans = NULL;
         *n_spans = 0;
@@ -911,9 +1083,15 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
                          k, nics[k].update_nic_s * 1e3, p->stages[k].update_s * 1e3,
                          nics[k].node, nics[k].node + nics[k].nodes - 1);
     }
-    *iteration_s = ps_pipeline_schedule(n, t, t + n, t + 2 * n, links, n_links, nics,
-                                        p->micro_batches, strcmp(p->schedule, "gpipe") == 0,
-                                        spans, n_spans);
+    if (shared.share > 1) {
+        on_cores = calloc((size_t)(n > 0 ? n : 1), sizeof *on_cores);
+        PS_TRY_ALLOC(on_cores, err);
+        PS_TRY(stage_cores(p, step, on_cores, err));
+        shared.stages = on_cores;
+    }
+    *iteration_s = ps_pipeline_schedule_shared(
+        n, t, t + n, t + 2 * n, links, n_links, nics, shared.stages != NULL ? &shared : NULL,
+        p->micro_batches, strcmp(p->schedule, "gpipe") == 0, spans, n_spans);
     if (links_out != NULL) {
         *links_out = links;
         *n_links_out = n_links;
@@ -923,6 +1101,7 @@ out:
     free(links);
     free(t);
     free(nics);
+    free(on_cores);
     return st;
 }
 
@@ -932,5 +1111,27 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
     for (int i = 0; r != NULL && i < n_spans; i++)
         if (spans[i].kind == PS_SPAN_RECEIVE && spans[i].stage >= 0 && spans[i].stage < n_stages)
             r[spans[i].stage] += spans[i].end_s - spans[i].start_s;
+    return r;
+}
+
+double *ps_pipeline_compute_stretch(int n_stages, const ps_pipeline_span *spans, int n_spans)
+{
+    size_t n = PS_PHASE_COUNT * (size_t)(n_stages > 0 ? n_stages : 1);
+    double *r = calloc(2 * n, sizeof *r), *charged = r + n; /* r: first the wall seconds */
+    if (r == NULL)
+        return NULL;
+    for (int i = 0; i < n_spans; i++) {
+        const ps_pipeline_span *x = &spans[i];
+        int ph = x->kind == PS_SPAN_FORWARD    ? PS_PHASE_FORWARD
+                 : x->kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
+                 : x->kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
+                                               : -1;
+        if (ph < 0 || x->stage < 0 || x->stage >= n_stages || !(x->charged_compute_s > 0))
+            continue;
+        r[(size_t)x->stage * PS_PHASE_COUNT + ph] += x->compute_s;
+        charged[(size_t)x->stage * PS_PHASE_COUNT + ph] += x->charged_compute_s;
+    }
+    for (size_t i = 0; i < n; i++)
+        r[i] = charged[i] > 0 ? r[i] / charged[i] : 1;
     return r;
 }

@@ -15,6 +15,7 @@
 
 #include "core/graph.h"
 #include "core/plan.h"
+#include "core/program.h"
 
 typedef enum ps_link_kind {
     PS_LINK_FORWARD = 0,     /* per micro-batch: from's forward, then to's forward */
@@ -70,6 +71,27 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
                               ps_stage_link **out, int *n_out, ps_stage_nics *nics,
                               ps_error *err);
 
+/* Devices that share their node's cores (a cluster's shared_cores_per_node,
+ * the CPU backend's threads): the stage times charge every compute at the
+ * node's compute share, as if all of its devices computed at once. Given
+ * this, the schedule instead runs each kernel's compute at the speed the
+ * cores leave it at each moment: while the stages computing on a node hold
+ * n of its devices, each computes at min(1, cores / n) of its speed alone
+ * (processor sharing, as the simulator shares them), the kernel's other
+ * part (its collectives, the reductions it sends) at its charged time. */
+typedef struct ps_stage_cores {
+    int node, nodes;      /* the stage's nodes */
+    int devices_per_node; /* its devices on each of them */
+    /* per phase, the fraction of its time that computes (0 to 1) */
+    double compute[PS_PHASE_COUNT];
+} ps_stage_cores;
+
+typedef struct ps_shared_cores {
+    double cores;                 /* each node's */
+    double share;                 /* the compute share the stage times include (> 1) */
+    const ps_stage_cores *stages; /* one per stage */
+} ps_shared_cores;
+
 /* Iteration time of n stages running `micro_batches` micro-batches in the
  * lowering's order (1F1B: stage k runs min(n - k - 1, B) forwards, then a
  * forward and a backward in turn, then the remaining backwards; GPipe: all
@@ -116,6 +138,10 @@ typedef struct ps_pipeline_span {
     int micro_batch; /* -1: once per step */
     int link;        /* PS_SPAN_RECEIVE: the link (index into links), else -1 */
     double start_s, end_s;
+    /* On shared cores (ps_shared_cores), a kernel's compute: the seconds
+     * the stage times charge for it, and those it took in the schedule
+     * (both 0 elsewhere). */
+    double charged_compute_s, compute_s;
 } ps_pipeline_span;
 
 /* ps_pipeline_iteration_s, and the schedule it timed: every stage's spans
@@ -127,12 +153,29 @@ double ps_pipeline_schedule(int n, const double *forward_s, const double *backwa
                             const ps_stage_nics *nics, int micro_batches, bool gpipe,
                             ps_pipeline_span **spans, int *n_spans);
 
+/* ps_pipeline_schedule with the kernels' computes on shared cores (cores:
+ * NULL, or its `stages` n entries: as ps_pipeline_schedule). */
+double ps_pipeline_schedule_shared(int n, const double *forward_s, const double *backward_s,
+                                   const double *update_s, const ps_stage_link *links, int n_links,
+                                   const ps_stage_nics *nics, const ps_shared_cores *cores,
+                                   int micro_batches, bool gpipe, ps_pipeline_span **spans,
+                                   int *n_spans);
+
 /* Per stage, the seconds it spends receiving in `spans` (n_stages
  * entries, malloc'ed; NULL when out of memory). */
 double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
+/* Per stage and phase ([stage * PS_PHASE_COUNT + phase]), the seconds its computes took in `spans`
+ * over those the stage times charge for them: 1 where nothing was charged (no shared cores), below
+ * 1 where fewer devices computed at once than the charge assumes (n_stages * PS_PHASE_COUNT
+ * entries, malloc'ed; NULL when out of memory). */
+double *ps_pipeline_compute_stretch(int n_stages, const ps_pipeline_span *spans, int n_spans);
+
 /* The schedule of plan p as the planner times it (its stages' predicted
- * times, the links of its lowering with local all-gather, its schedule):
+ * times, the links of its lowering with local all-gather, its schedule; on
+ * a cluster whose devices share cores, the kernels' computes shared as
+ * ps_pipeline_schedule_shared shares them, each stage's compute fractions
+ * from its ops' predicted compute and communication):
  * *iteration_s (NAN when the links wait for each other, as
  * ps_pipeline_schedule), where spans is not NULL the spans, and where
  * links is not NULL the links the spans' receives index (all malloc'ed).

@@ -1625,6 +1625,71 @@ static void write_cpu_cluster(const fixture *fx, const char *devices, const char
     fclose(f);
 }
 
+/* pipeshard predict on devices sharing cores (8 on 2 cores, 4 stages of 2):
+ * the summary's phases are the schedule's, whose computes share the cores,
+ * so each lies between the plan's all-busy time and a quarter of it (the
+ * compute share), the first stage's forward below it (it runs alone while
+ * the pipeline fills), and the step is the plan's predicted iteration. */
+static void test_predict_shared_cores(void **state)
+{
+    const fixture *fx = *state;
+    char cluster[512], plan[512], sum[512];
+    write_cpu_cluster(fx, "8", "3000000000", cluster, sizeof cluster);
+    snprintf(plan, sizeof plan, "%s/shared-plan.json", fx->dir);
+    snprintf(sum, sizeof sum, "%s/shared-summary.json", fx->dir);
+    const char *a[] = {"plan",     "--model",
+                       "gpt-350m", "--hidden",
+                       "128",      "--layers",
+                       "4",        "--heads",
+                       "4",        "--seq",
+                       "64",       "--vocab",
+                       "512",      "--ffn",
+                       "512",      "--dtype",
+                       "fp32",     "--cluster-file",
+                       cluster,    "--method",
+                       "uniform",  "--dp",
+                       "1",        "--op",
+                       "2",        "--pp",
+                       "4",        "--global-batch",
+                       "16",       "--micro-batches",
+                       "8",        "-o",
+                       plan,       NULL};
+    expect_success(fx, a, "predicted     iteration");
+    expect_success(fx, (const char *[]){"predict", "--plan", plan, "--summary", sum, NULL},
+                   "planner's schedule of gpt-350m on cpu-host");
+    json_t *jp = json_load_file(plan, 0, NULL), *js = json_load_file(sum, 0, NULL);
+    assert_non_null(jp);
+    assert_non_null(js);
+    assert_true(
+        json_number_value(json_object_get(js, "iteration_s")) ==
+        json_number_value(json_object_get(json_object_get(jp, "predicted"), "iteration_s")));
+    json_t *ps = json_object_get(jp, "stages"), *ss = json_object_get(js, "stages");
+    assert_int_equal(json_array_size(ps), 4);
+    assert_int_equal(json_array_size(ss), 4);
+    static const char *const phases[] = {"forward_s", "backward_s", "update_s"};
+    int shorter = 0;
+    for (size_t k = 0; k < 4; k++) {
+        json_t *charged = json_object_get(json_array_get(ps, k), "predicted");
+        json_t *got = json_array_get(ss, k);
+        for (int ph = 0; ph < 3; ph++) {
+            double c = json_number_value(json_object_get(charged, phases[ph]));
+            double g = json_number_value(json_object_get(got, phases[ph]));
+            if (!(g <= c * (1 + 1e-9) && g >= c / 4 * (1 - 1e-9)))
+                fail_msg("stage %zu: %s %.9g s in the schedule, %.9g s charged", k, phases[ph], g,
+                         c);
+            shorter += g < c * (1 - 1e-6);
+            if (k == 0 && ph == 0)
+                assert_true(g < c * (1 - 1e-6));
+        }
+        double t = json_number_value(json_object_get(got, "time_s"));
+        assert_true(fabs(t - json_number_value(json_object_get(got, "forward_s")) -
+                         json_number_value(json_object_get(got, "backward_s"))) <= 1e-12 * t);
+    }
+    printf("  %d of 12 phases shorter than charged\n", shorter);
+    json_decref(jp);
+    json_decref(js);
+}
+
 /* The whole cluster is a stage candidate whatever its node count: on 3
  * nodes, power_of_two's (1,m), (2,M) once left out (3,M). */
 static void test_whole_cluster_submesh(void **state)
@@ -2432,6 +2497,7 @@ int main(void)
         cmocka_unit_test(test_sim_predicted_split),
 #endif
         cmocka_unit_test(test_predict),
+        cmocka_unit_test(test_predict_shared_cores),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_memory_check),
         cmocka_unit_test(test_moe_expert_parallel),

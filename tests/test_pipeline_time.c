@@ -21,6 +21,14 @@
 
 /* ---- reference: the schedule as an explicit graph, longest path ---- */
 
+/* a and b within rtol of b, relative */
+#define assert_close(a, b, rtol)                                                                   \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!(fabs(a_ - b_) <= 1e-300 + (rtol)*fabs(b_)))                                          \
+            fail_msg("%s = %.17g, expected %.17g", #a, a_, b_);                                    \
+    } while (0)
+
 #define MAX_NODES 20000
 #define MAX_EDGES 60000
 
@@ -590,6 +598,166 @@ static void cyclic_links_are_nan(void **state)
 
 /* ---- links against the lowered programs ---- */
 
+/* Shared cores, closed forms. Two stages of 4 devices on one node of 2
+ * cores (share 4), no links, computing all their time: both at the charged
+ * speed while both compute, the one left alone at twice it. Half a kernel
+ * computing: that half shared, the rest at its time. Stages on nodes of
+ * their own do not slow each other. Malformed cores: NAN. */
+static void shared_cores_closed_forms(void **state)
+{
+    (void)state;
+    const ps_stage_cores whole = {
+        .node = 0, .nodes = 1, .devices_per_node = 4, .compute = {1, 1, 1}};
+    ps_stage_cores two[2] = {whole, whole};
+    ps_shared_cores cores = {.cores = 2, .share = 4, .stages = two};
+    double f[2] = {1, 3}, b[2] = {0, 0}, u[2] = {0, 0};
+    assert_close(ps_pipeline_iteration_s(2, f, b, u, NULL, 0, NULL, 1, false), 3, 1e-15);
+    ps_pipeline_span *sp = NULL;
+    int n_sp = 0;
+    /* stage 1: 1 s with stage 0, then its last 2 charged seconds in 1 */
+    assert_close(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, &sp, &n_sp), 2,
+        1e-12);
+    double *stretch = ps_pipeline_compute_stretch(2, sp, n_sp);
+    assert_non_null(stretch);
+    assert_close(stretch[0 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 1, 1e-12);
+    assert_close(stretch[1 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 2.0 / 3, 1e-12);
+    assert_true(stretch[PS_PHASE_BACKWARD] == 1); /* nothing charged: 1 */
+    free(stretch);
+    free(sp);
+    /* on two nodes: each alone on its cores, at 4 x 2/4 = 2 */
+    two[1].node = 1;
+    assert_close(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL), 1.5,
+        1e-12);
+    /* half of a 2 s forward computes: 1 charged second at 2x, then 1 s */
+    ps_stage_cores half = {.node = 0, .nodes = 1, .devices_per_node = 2, .compute = {0.5, 1, 1}};
+    ps_shared_cores one = {.cores = 4, .share = 2, .stages = &half};
+    double f1 = 2, b1 = 1, u1 = 0.5;
+    assert_close(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &one, 1, false, &sp, &n_sp),
+        1.5 + 0.5 + 0.25, 1e-12);
+    stretch = ps_pipeline_compute_stretch(1, sp, n_sp);
+    assert_non_null(stretch);
+    for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+        assert_close(stretch[ph], 0.5, 1e-12);
+    free(stretch);
+    for (int i = 0; i < n_sp; i++)
+        if (sp[i].kind == PS_SPAN_FORWARD) {
+            assert_close(sp[i].charged_compute_s, 1, 1e-12);
+            assert_close(sp[i].compute_s, 0.5, 1e-12);
+            assert_close(sp[i].end_s - sp[i].start_s, 1.5, 1e-12);
+        }
+    free(sp);
+    /* malformed: no cores, no share, no stages, no devices, a node below 0 */
+    ps_shared_cores bad = one;
+    bad.cores = 0;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
+    bad = one;
+    bad.share = 0;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
+    bad = one;
+    bad.stages = NULL;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
+    ps_stage_cores none = half;
+    none.devices_per_node = 0;
+    bad = one;
+    bad.stages = &none;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
+    none = half;
+    none.node = -1;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
+}
+
+/* Random pipelines (as schedule_is_the_longest_path's, links of fixed time)
+ * with their stages placed at random on nodes of C cores and a share that
+ * covers the busiest node (share x C >= its devices): every compute then
+ * runs between its charged speed and share times it, so the step lies
+ * between the all-busy schedule's time divided by the share and that time,
+ * and each kernel's compute and each stretch between 1/share and 1 of its
+ * charge. Share 1 with cores for every device: the all-busy schedule. */
+static void shared_cores_bound_the_schedule(void **state)
+{
+    (void)state;
+    test_rng_seed(11);
+    int faster = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(uniform() * 5), m = 1 + (int)(uniform() * 6);
+        bool gpipe = uniform() < 0.3;
+        double f[8], b[8], u[8];
+        ps_stage_link links[16];
+        int n_links = 0;
+        random_stage_times(n, f, b, u);
+        for (int k = 0; k + 1 < n; k++) {
+            links[n_links++] = (ps_stage_link){.from = k,
+                                               .to = k + 1,
+                                               .kind = PS_LINK_FORWARD,
+                                               .reduce_s = 0.1 * uniform(),
+                                               .seconds = 0.3 * uniform()};
+            links[n_links++] = (ps_stage_link){
+                .from = k + 1, .to = k, .kind = PS_LINK_BACKWARD, .seconds = 0.3 * uniform()};
+        }
+        if (n > 1 && uniform() < 0.5)
+            links[n_links++] = (ps_stage_link){
+                .from = n - 1, .to = 0, .kind = PS_LINK_ACCUMULATED, .seconds = uniform()};
+        ps_stage_cores st[8];
+        int nodes = 1 + (int)(uniform() * 3), on_node[4] = {0};
+        for (int k = 0; k < n; k++) {
+            st[k].node = (int)(uniform() * nodes);
+            st[k].nodes = 1 + (int)(uniform() * (nodes - st[k].node));
+            st[k].devices_per_node = 1 + (int)(uniform() * 4);
+            for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+                st[k].compute[ph] = uniform() < 0.2 ? 1 : uniform();
+            for (int j = 0; j < st[k].nodes; j++)
+                on_node[st[k].node + j] += st[k].devices_per_node;
+        }
+        int busiest = 0;
+        for (int j = 0; j < nodes; j++)
+            busiest = on_node[j] > busiest ? on_node[j] : busiest;
+        double c = 1 + (int)(uniform() * busiest);
+        ps_shared_cores cores = {.cores = c, .share = fmax(1, busiest / c), .stages = st};
+        double all_busy = ps_pipeline_iteration_s(n, f, b, u, links, n_links, NULL, m, gpipe);
+        ps_pipeline_span *sp = NULL;
+        int n_sp = 0;
+        double got = ps_pipeline_schedule_shared(n, f, b, u, links, n_links, NULL, &cores, m, gpipe,
+                                                 &sp, &n_sp);
+        double eps = 1e-12 * all_busy;
+        if (!(got <= all_busy + eps && got >= all_busy / cores.share - eps))
+            fail_msg("trial %d: %d stages on %d nodes of %g cores (share %g): %.17g s, all "
+                     "busy %.17g s",
+                     trial, n, nodes, c, cores.share, got, all_busy);
+        faster += got < all_busy - eps;
+        for (int i = 0; i < n_sp; i++) {
+            const ps_pipeline_span *x = &sp[i];
+            if (x->charged_compute_s > 0 &&
+                !(x->compute_s <= x->charged_compute_s + eps &&
+                  x->compute_s >= x->charged_compute_s / cores.share - eps))
+                fail_msg("trial %d: stage %d, span kind %d mb %d: computed %.17g s of %.17g "
+                         "charged (share %g), span %.17g-%.17g",
+                         trial, x->stage, (int)x->kind, x->micro_batch, x->compute_s,
+                         x->charged_compute_s, cores.share, x->start_s, x->end_s);
+        }
+        double *stretch = ps_pipeline_compute_stretch(n, sp, n_sp);
+        assert_non_null(stretch);
+        for (int i = 0; i < n * PS_PHASE_COUNT; i++)
+            assert_true(stretch[i] <= 1 + 1e-9 && stretch[i] >= 1 / cores.share - 1e-9);
+        free(stretch);
+        free(sp);
+        /* as many cores as devices, charged alone: the all-busy schedule */
+        ps_shared_cores plenty = {.cores = busiest, .share = 1, .stages = st};
+        double same = ps_pipeline_schedule_shared(n, f, b, u, links, n_links, NULL, &plenty, m,
+                                                  gpipe, NULL, NULL);
+        assert_close(same, all_busy, 1e-12 * all_busy);
+    }
+    assert_true(faster >= 100); /* sharing mostly shortens the step */
+    print_message("300 random pipelines on shared cores: %d shorter than all busy\n", faster);
+}
+
 static ps_plan *uniform_plan(const char *model, const char *cluster, int dp, int op, int pp)
 {
     ps_model_config cfg;
@@ -650,6 +818,55 @@ static ps_plan *unequal_plan(void)
     ps_graph_free(fwd);
     ps_cluster_free(c);
     return p;
+}
+
+/* A plan on devices that share cores (8 devices of one node on 2 cores,
+ * dp 2 x pp 4, 1F1B): its schedule shares them, within the all-busy
+ * schedule of the same stage times (the cluster told of no sharing) and
+ * that divided by the share (4); the pipeline's fill and drain leave
+ * stages alone, so it is shorter. Each phase's stretch lies in [1/4, 1]
+ * and is below 1 for the first stage's forward, which runs alone at first. */
+static void plan_schedule_shares_cores(void **state)
+{
+    (void)state;
+    ps_model_config cfg;
+    assert_int_equal(ps_zoo_lookup("gpt-350m", &cfg, NULL), PS_OK);
+    cfg.layers = 4;
+    cfg.hidden = 256;
+    cfg.ffn = 1024;
+    cfg.heads = 4;
+    cfg.seq = 128;
+    cfg.vocab = 1024;
+    ps_cluster *c = NULL;
+    assert_int_equal(ps_cluster_from_preset("p3.16xlarge:1", &c, NULL), PS_OK);
+    c->shared_cores_per_node = 2;
+    ps_plan *p = uniform_plan_of(&cfg, c, 32, 4, 2, 1, 4);
+    ps_cluster_free(c);
+    assert_int_equal(p->n_stages, 4);
+    ps_plan_model *m = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    ps_pipeline_span *sp = NULL;
+    int n_sp = 0;
+    double shared = NAN, all_busy = NAN;
+    assert_int_equal(ps_plan_pipeline_schedule(p, m->step, &sp, &n_sp, NULL, NULL, &shared, &err),
+                     PS_OK);
+    p->cluster->shared_cores_per_node = 0;
+    assert_int_equal(ps_plan_pipeline_schedule(p, m->step, NULL, NULL, NULL, NULL, &all_busy, &err),
+                     PS_OK);
+    p->cluster->shared_cores_per_node = 2;
+    print_message("dp 2 x pp 4 on 8 devices sharing 2 cores: %.4g ms, all busy %.4g ms\n",
+                  shared * 1e3, all_busy * 1e3);
+    assert_true(shared < all_busy * (1 - 1e-6) && shared >= all_busy / 4 * (1 - 1e-12));
+    double *stretch = ps_pipeline_compute_stretch(p->n_stages, sp, n_sp);
+    assert_non_null(stretch);
+    for (int i = 0; i < p->n_stages * PS_PHASE_COUNT; i++)
+        assert_true(stretch[i] >= 0.25 - 1e-9 && stretch[i] <= 1 + 1e-9);
+    assert_true(stretch[PS_PHASE_FORWARD] < 1 - 1e-6);
+    free(stretch);
+    free(sp);
+    ps_plan_model_free(m);
+    ps_plan_free(p);
 }
 
 /* Every micro-batch link carries whole tensors once (local all-gather
@@ -854,6 +1071,9 @@ int main(void)
         cmocka_unit_test(stage_collectives_share_nics),
         cmocka_unit_test(nics_shared_by_flows),
         cmocka_unit_test(cyclic_links_are_nan),
+        cmocka_unit_test(shared_cores_closed_forms),
+        cmocka_unit_test(shared_cores_bound_the_schedule),
+        cmocka_unit_test(plan_schedule_shares_cores),
         cmocka_unit_test(links_match_the_programs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,8 +32,8 @@ static double compute_share(double compute, double comm)
     return compute + comm > 0 ? compute / (compute + comm) : 1;
 }
 
-ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set,
-                               const double *receive_s, ps_summary **out)
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
+                               const double *compute_stretch, ps_summary **out)
 {
     int n_dev = ps_cluster_device_count(p->cluster);
     ps_summary *s = NULL;
@@ -62,19 +62,25 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set,
                 ss->first_device = ps->devices[i];
         memcpy(ss->submesh, ps->submesh, sizeof ss->submesh);
         memcpy(ss->logical_mesh, ps->logical_mesh, sizeof ss->logical_mesh);
-        ss->forward_s = ps->forward_s;
-        ss->backward_s = ps->backward_s;
-        ss->update_s = ps->update_s;
+        /* per phase: its time, of which computing as the schedule ran it */
+        const double charged[PS_PHASE_COUNT] = {ps->forward_s, ps->backward_s, ps->update_s};
+        double phase_s[PS_PHASE_COUNT], compute_s = 0;
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            double c, m,
+                stretch = compute_stretch != NULL ? compute_stretch[k * PS_PHASE_COUNT + ph] : 1;
+            kernel_split(set, k, ph, ph, &c, &m);
+            double computes = charged[ph] * compute_share(c, m);
+            phase_s[ph] = charged[ph] - computes + computes * stretch;
+            compute_s += computes * stretch * (ph == PS_PHASE_UPDATE ? 1 : p->micro_batches);
+        }
+        ss->forward_s = phase_s[PS_PHASE_FORWARD];
+        ss->backward_s = phase_s[PS_PHASE_BACKWARD];
+        ss->update_s = phase_s[PS_PHASE_UPDATE];
         /* as a summary states them (a plan file read back may disagree) */
-        ss->time_s = ps->forward_s + ps->backward_s;
+        ss->time_s = ss->forward_s + ss->backward_s;
         ss->peak_memory_bytes = ps->peak_memory_bytes;
         s->peak_memory_bytes = fmax(s->peak_memory_bytes, ps->peak_memory_bytes);
-        double per_step = ss->time_s * p->micro_batches + ps->update_s;
-        double c, m;
-        kernel_split(set, k, PS_PHASE_FORWARD, PS_PHASE_BACKWARD, &c, &m);
-        double compute_s = ss->time_s * p->micro_batches * compute_share(c, m);
-        kernel_split(set, k, PS_PHASE_UPDATE, PS_PHASE_UPDATE, &c, &m);
-        compute_s += ps->update_s * compute_share(c, m);
+        double per_step = ss->time_s * p->micro_batches + ss->update_s;
         for (int i = 0; i < ps->n_devices; i++) {
             ps_summary_device *d = &s->devices[ps->devices[i]];
             d->stage = k;

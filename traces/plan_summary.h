@@ -11,16 +11,22 @@
  * device: its stage's compute and communication over one iteration as the
  * pipeline formula counts them (micro-batches x time, plus the update), idle
  * the rest. Each part is split into compute and communication by the
- * predicted seconds of its phase's kernels in `set` (the plan lowered):
- * micro-batches x (forward + backward) by the forward and backward kernels',
+ * predicted seconds of its phase's kernel in `set` (the plan lowered):
+ * micro-batches x forward by the forward kernel's, likewise the backward,
  * the update by the update kernel's (its gradient synchronization, once a
  * step; the plan's ops, summed, cannot tell the phases apart and counted
  * that synchronization once per micro-batch). receive_s (NULL: none
  * known): per stage, the seconds its devices spend receiving from other
  * stages over the step in the planner's schedule (ps_plan_pipeline_schedule),
  * counted as communication, as the simulator counts its receives.
+ * compute_stretch (NULL: 1): per stage and phase ([stage * PS_PHASE_COUNT +
+ * phase]), the seconds its computes took in that schedule over those its
+ * predicted times charge (below 1 on shared cores where fewer devices
+ * computed at once than charged: ps_pipeline_compute_stretch): its
+ * forward, backward and update times and its compute are those of the
+ * schedule.
  * PS_ERR_INVALID: set is not this plan's (another stage count). */
-ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set,
-                               const double *receive_s, ps_summary **out);
+ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
+                               const double *compute_stretch, ps_summary **out);
 
 #endif
