@@ -1512,8 +1512,10 @@ static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_ti
 
 /* Every GEMM form (half inputs into cuBLAS, permuted first as 2-byte
  * values where the einsum needs it, into a half output or added into an
- * fp32 one), elementwise, normalization, the loss gradient and Adam on half
- * tiles, in bf16 and fp16. */
+ * fp32 one), the kinds that run on half tiles as they are (elementwise ops,
+ * softmax and its gradient, causal too, reshape, transpose), normalization,
+ * the loss gradient and Adam (on widened copies) on half tiles, in bf16 and
+ * fp16. */
 static void ops_half_storage(void **state)
 {
     (void)state;
@@ -1576,6 +1578,66 @@ static void ops_half_storage(void **state)
             ps_tile in[2] = {hrand(2, shape, NULL, NULL), hrand(2, shape, NULL, NULL)};
             ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 3u, 1u, t);
+        }
+        /* the kinds that run on half tiles as they are (no widened copies) */
+        {
+            ps_op op = mkop(PS_OP_BIAS_ADD, 2);
+            ps_tile in[2] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 3u, 1u, t);
+        }
+        for (int k = 0; k < 3; k++) {
+            const ps_op_kind kinds[3] = {PS_OP_RELU_GRAD, PS_OP_GELU_GRAD, PS_OP_ADD};
+            ps_op op = mkop(kinds[k], 2);
+            ps_tile in[2] = {hrand(2, shape, NULL, NULL), hrand(2, shape, NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 3u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_RELU, 1);
+            ps_tile in[1] = {hrand(2, shape, NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        for (int causal = 0; causal < 2; causal++) {
+            const int64_t *s4 = SH(2, 3, 8, 16), *g4 = SH(2, 3, 16, 16), *o4 = SH(0, 0, 8, 0);
+            ps_op op = mkop(PS_OP_SOFTMAX, 1);
+            op.attrs.scale = 0.37;
+            op.attrs.causal = causal;
+            ps_tile in[1] = {hrand(4, s4, g4, o4)};
+            ps_tile out[1] = {htile(false, 4, s4, g4, o4)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+            ps_op gop = mkop(PS_OP_SOFTMAX_GRAD, 2);
+            gop.attrs.scale = 0.37;
+            gop.attrs.causal = causal;
+            ps_tile gin[2] = {hrand(4, s4, g4, o4), hrand(4, s4, g4, o4)};
+            ps_tile gout[1] = {htile(false, 4, s4, g4, o4)};
+            check_op_half(b, cpu, &gop, gin, gout, 3u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_SOFTMAX, 1);
+            ps_tile in[1] = {hrand(2, SH(3, 5000), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, SH(3, 5000), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+            op.attrs.perm[0] = 2;
+            op.attrs.perm[1] = 0;
+            op.attrs.perm[2] = 3;
+            op.attrs.perm[3] = 1;
+            ps_tile in[1] = {hrand(4, SH(4, 3, 5, 6), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_RESHAPE, 1);
+            op.attrs.shape_rank = 2;
+            op.attrs.shape[0] = 12;
+            op.attrs.shape[1] = 35;
+            ps_tile in[1] = {hrand(3, SH(4, 3, 35), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, SH(12, 35), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
         }
         {
             ps_op op = mkop(PS_OP_LAYERNORM, 3);

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include <cub/cub.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "exec/cuda/cuda_internal.cuh"
 
@@ -33,22 +35,47 @@ static void strides_of(const int64_t *shape, int rank, int64_t *stride)
 
 /* ---- elementwise kernels ----------------------------------------------------------- */
 
+/* A tile's elements as floats: fp32 as stored; bf16 and fp16 widened on
+ * load (exact) and rounded to nearest even on store, with CUDA's
+ * conversions as exec/cuda/cuda_half.cu's, so that a kernel on half tiles
+ * computes what the fp32 kernel computes on widened copies, rounded once. */
+template <typename T> struct elem;
+template <> struct elem<float> {
+    static __device__ float ld(const float *p, int64_t i) { return p[i]; }
+    static __device__ void st(float *p, int64_t i, float v) { p[i] = v; }
+};
+template <> struct elem<__nv_bfloat16> {
+    static __device__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+    static __device__ void st(__nv_bfloat16 *p, int64_t i, float v)
+    {
+        p[i] = __float2bfloat16_rn(v);
+    }
+};
+template <> struct elem<__half> {
+    static __device__ float ld(const __half *p, int64_t i) { return __half2float(p[i]); }
+    static __device__ void st(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+};
+
 #define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_A 0.044715f
 
-static __global__ void k_add(const float *a, const float *b, float *y, int64_t n)
+template <typename T> static __global__ void k_add(const T *a, const T *b, T *y, int64_t n)
 {
-    FOR_EACH(i, n) y[i] = a[i] + b[i];
+    FOR_EACH(i, n) elem<T>::st(y, i, elem<T>::ld(a, i) + elem<T>::ld(b, i));
 }
 
-static __global__ void k_relu(const float *x, float *y, int64_t n)
+template <typename T> static __global__ void k_relu(const T *x, T *y, int64_t n)
 {
-    FOR_EACH(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    FOR_EACH(i, n)
+    {
+        float v = elem<T>::ld(x, i);
+        elem<T>::st(y, i, v > 0.0f ? v : 0.0f);
+    }
 }
 
-static __global__ void k_relu_grad(const float *y, const float *dy, float *dx, int64_t n)
+template <typename T> static __global__ void k_relu_grad(const T *y, const T *dy, T *dx, int64_t n)
 {
-    FOR_EACH(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    FOR_EACH(i, n) elem<T>::st(dx, i, elem<T>::ld(y, i) > 0.0f ? elem<T>::ld(dy, i) : 0.0f);
 }
 
 /* The tanh approximation through the logistic function, as the CPU backend:
@@ -56,33 +83,34 @@ static __global__ void k_relu_grad(const float *y, const float *dy, float *dx, i
  * where 1 + tanhf(u) does (in float on the host: over 1000 ulp below x = -3.5,
  * and 0 below -5.5; this form: within 40 ulp down to -7, limited by u's
  * rounding); and 1 - s = e^(-2u) s. */
-static __global__ void k_gelu(const float *x, float *y, int64_t n)
+template <typename T> static __global__ void k_gelu(const T *x, T *y, int64_t n)
 {
     FOR_EACH(i, n)
     {
-        float v = x[i];
+        float v = elem<T>::ld(x, i);
         float u = GELU_C * (v + GELU_A * v * v * v);
-        y[i] = v / (1.0f + expf(-2.0f * u));
+        elem<T>::st(y, i, v / (1.0f + expf(-2.0f * u)));
     }
 }
 
-static __global__ void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n)
+template <typename T> static __global__ void k_gelu_grad(const T *x, const T *dy, T *dx, int64_t n)
 {
     FOR_EACH(i, n)
     {
-        float v = x[i];
+        float v = elem<T>::ld(x, i);
         float u = GELU_C * (v + GELU_A * v * v * v);
         float e = expf(-2.0f * u);
         float s = 1.0f / (1.0f + e);
         float r = isinf(e) ? 1.0f : e * s; /* 1 - s */
         float d = s + 2.0f * v * s * r * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] = dy[i] * d;
+        elem<T>::st(dx, i, elem<T>::ld(dy, i) * d);
     }
 }
 
-static __global__ void k_bias_add(const float *x, const float *b, float *y, int64_t n, int64_t cols)
+template <typename T>
+static __global__ void k_bias_add(const T *x, const T *b, T *y, int64_t n, int64_t cols)
 {
-    FOR_EACH(i, n) y[i] = x[i] + b[i % cols];
+    FOR_EACH(i, n) elem<T>::st(y, i, elem<T>::ld(x, i) + elem<T>::ld(b, i % cols));
 }
 
 static __global__ void k_mse_grad(const float *p, const float *t, float *d, int64_t n, float scale)
@@ -424,48 +452,50 @@ static __global__ void k_sum_chunks(const double *pg, const double *pb, float *d
 /* softmax(scale * x) over rows of n; causal: key k = koff + j is masked for
  * query q = qoff + (row % qdim) when k > q. */
 /* Exponentials in fp32 (expf: a few ulp), their sum in fp64. */
-static __global__ void k_softmax(const float *x, float *y, int64_t rows, int64_t n,
-                                 float scale, bool causal, int64_t qdim, int64_t qoff,
-                                 int64_t koff)
+template <typename T>
+static __global__ void k_softmax(const T *x, T *y, int64_t rows, int64_t n, float scale,
+                                 bool causal, int64_t qdim, int64_t qoff, int64_t koff)
 {
     __shared__ float sh[32];
     __shared__ double dsh[32];
     ROWS_LOOP(row, rows)
     {
-        const float *xr = x + row * n;
+        const T *xr = x + row * n;
         int64_t q = causal ? qoff + row % qdim : 0;
         float m = -INFINITY;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             if (!causal || koff + j <= q)
-                m = fmaxf(m, scale * xr[j]);
+                m = fmaxf(m, scale * elem<T>::ld(xr, j));
         m = block_max(m, sh, -INFINITY);
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             if (!causal || koff + j <= q)
-                acc += expf(scale * xr[j] - m);
+                acc += expf(scale * elem<T>::ld(xr, j) - m);
         double sum = block_sum(acc, dsh);
         float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
             bool keep = !causal || koff + j <= q;
-            y[row * n + j] = keep ? expf(scale * xr[j] - m) * inv : 0.0f;
+            elem<T>::st(y, row * n + j, keep ? expf(scale * elem<T>::ld(xr, j) - m) * inv : 0.0f);
         }
     }
 }
 
 /* dx = scale * y * (dy - sum(y * dy)) per row (masked entries have y = 0). */
-static __global__ void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows,
-                               int64_t n, double scale)
+template <typename T>
+static __global__ void k_softmax_grad(const T *y, const T *dy, T *dx, int64_t rows, int64_t n,
+                                      double scale)
 {
     __shared__ double sh[32];
     ROWS_LOOP(row, rows)
     {
-        const float *yr = y + row * n, *dyr = dy + row * n;
+        const T *yr = y + row * n, *dyr = dy + row * n;
         double acc = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            acc += (double)yr[j] * dyr[j];
+            acc += (double)elem<T>::ld(yr, j) * elem<T>::ld(dyr, j);
         double dot = block_sum(acc, sh);
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            dx[row * n + j] = (float)(scale * yr[j] * (dyr[j] - dot));
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) /* in double, to float, rounded */
+            elem<T>::st(dx, row * n + j,
+                        (float)(scale * elem<T>::ld(yr, j) * (elem<T>::ld(dyr, j) - dot)));
     }
 }
 
@@ -867,6 +897,7 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
     return PS_OK;
 }
 
+template <typename T>
 static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                              ps_error *err)
 {
@@ -882,8 +913,8 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
         BAD("scale must be positive");
     if (op->kind == PS_OP_SOFTMAX_GRAD) {
         PS_RET(need_numel(s, op, &in[0], &in[1], "y", "dy", err));
-        k_softmax_grad<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
-            (const float *)in[0].data, (const float *)in[1].data, (float *)out[0].data, rows, n,
+        k_softmax_grad<T><<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
+            (const T *)in[0].data, (const T *)in[1].data, (T *)out[0].data, rows, n,
             op->attrs.scale);
         PS_CUDA_LAUNCHED(s->loc, "k_softmax_grad");
         return PS_OK;
@@ -894,9 +925,9 @@ static ps_status run_softmax(ps_cuda_stream *s, const ps_op *op, const ps_tile *
     int64_t qdim = causal ? x->shape[x->rank - 2] : 1;
     int64_t qoff = causal ? x->offset[x->rank - 2] : 0;
     int64_t koff = causal ? x->offset[x->rank - 1] : 0;
-    k_softmax<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
-        (const float *)x->data, (float *)out[0].data, rows, n, (float)op->attrs.scale, causal,
-        qdim, qoff, koff);
+    k_softmax<T><<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
+        (const T *)x->data, (T *)out[0].data, rows, n, (float)op->attrs.scale, causal, qdim, qoff,
+        koff);
     PS_CUDA_LAUNCHED(s->loc, "k_softmax");
     return PS_OK;
 }
@@ -1119,6 +1150,109 @@ bool ps_cuda_op_accumulates(ps_op_kind kind, int out, const ps_tile *t)
     return kind == PS_OP_MATMUL && out == 0 && !t->is_int && !ps_tile_is_half(t);
 }
 
+/* The kinds whose kernels read and write their tiles through elem<T> (and
+ * the moves), so that they run on half tiles as they are: elementwise ops,
+ * softmax and its gradient, reshape and transpose. */
+static bool pointwise_kind(ps_op_kind kind)
+{
+    switch (kind) {
+    case PS_OP_ADD:
+    case PS_OP_BIAS_ADD:
+    case PS_OP_RELU:
+    case PS_OP_GELU:
+    case PS_OP_RELU_GRAD:
+    case PS_OP_GELU_GRAD:
+    case PS_OP_SOFTMAX:
+    case PS_OP_SOFTMAX_GRAD:
+    case PS_OP_RESHAPE:
+    case PS_OP_TRANSPOSE: return true;
+    default: return false;
+    }
+}
+
+/* A pointwise_kind op on tiles all of element type T (float, __nv_bfloat16
+ * or __half; on s's GPU, set by the caller). */
+template <typename T>
+static ps_status run_pointwise(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
+                               ps_error *err)
+{
+    const T *x = (const T *)in[0].data;
+    T *y = (T *)out[0].data;
+    int64_t n = numel(&in[0]);
+    switch (op->kind) {
+    case PS_OP_ADD:
+        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "input 1", err));
+        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
+        k_add<T><<<LAUNCH(n)>>>(x, (const T *)in[1].data, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_add");
+        return PS_OK;
+    case PS_OP_BIAS_ADD:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (numel(&in[1]) != last_dim(&in[0]))
+            BAD("bias has %lld elements, the input's last dim %lld", (long long)numel(&in[1]),
+                (long long)last_dim(&in[0]));
+        k_bias_add<T><<<LAUNCH(n)>>>(x, (const T *)in[1].data, y, n, last_dim(&in[0]));
+        PS_CUDA_LAUNCHED(s->loc, "k_bias_add");
+        return PS_OK;
+    case PS_OP_RELU:
+    case PS_OP_GELU:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (op->kind == PS_OP_RELU)
+            k_relu<T><<<LAUNCH(n)>>>(x, y, n);
+        else
+            k_gelu<T><<<LAUNCH(n)>>>(x, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_relu/k_gelu");
+        return PS_OK;
+    case PS_OP_RELU_GRAD:
+    case PS_OP_GELU_GRAD:
+        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "dy", err));
+        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
+        if (op->kind == PS_OP_RELU_GRAD)
+            k_relu_grad<T><<<LAUNCH(n)>>>(x, (const T *)in[1].data, y, n);
+        else
+            k_gelu_grad<T><<<LAUNCH(n)>>>(x, (const T *)in[1].data, y, n);
+        PS_CUDA_LAUNCHED(s->loc, "k_relu_grad/k_gelu_grad");
+        return PS_OK;
+    case PS_OP_SOFTMAX:
+    case PS_OP_SOFTMAX_GRAD: return run_softmax<T>(s, op, in, out, err);
+    case PS_OP_RESHAPE:
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (out[0].data != in[0].data)
+            PS_CUDA_RET(s->loc, cudaMemcpyAsync(out[0].data, in[0].data, (size_t)n * sizeof(T),
+                                                cudaMemcpyDeviceToDevice, s->stream));
+        return PS_OK;
+    case PS_OP_TRANSPOSE: {
+        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        bool seen[PS_MAX_RANK] = {false};
+        for (int i = 0; i < in[0].rank; i++) {
+            int p = op->attrs.perm[i];
+            if (p < 0 || p >= in[0].rank || seen[p])
+                BAD("perm is not a permutation of 0..%d", in[0].rank - 1);
+            seen[p] = true;
+            if (out[0].rank != in[0].rank || out[0].shape[i] != in[0].shape[p])
+                BAD("output dim %d is not input dim %d", i, p);
+        }
+        return ps_cuda_permute(s, in[0].data, in[0].shape, in[0].rank, op->attrs.perm, sizeof(T),
+                               out[0].data, err);
+    }
+    default: return ps_cuda_op_error(s, op, PS_ERR_INTERNAL, err, "not an op run pointwise");
+    }
+}
+
+/* Whether op runs on its half tiles as they are: a pointwise_kind whose
+ * tiles are all floats of one half type. */
+static bool runs_on_half(const ps_op *op, const ps_tile *in, const ps_tile *out)
+{
+    if (!pointwise_kind(op->kind) || !ps_tile_is_half(&in[0]))
+        return false;
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const ps_tile *t = i < op->n_in ? &in[i] : &out[i - op->n_in];
+        if (t->is_int || t->dtype != in[0].dtype)
+            return false;
+    }
+    return true;
+}
+
 ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, ps_tile *out,
                          const ps_op_context *ctx, ps_error *err)
 {
@@ -1138,76 +1272,33 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     unsigned add = ctx != NULL ? ctx->accumulate : 0;
     if (add != 0 && (add != 1u || !ps_cuda_op_accumulates(op->kind, 0, &out[0])))
         BAD("cannot add into its outputs 0x%x (only a MATMUL's fp32 output 0x1)", add);
-    /* half operands are widened into scratch; an fp32 output (the only one
-     * added into) keeps its own data there, so the add reaches it */
+    if (runs_on_half(op, in, out)) { /* (half outputs are never added into) */
+        PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
+        return in[0].dtype == PS_DTYPE_BF16 ? run_pointwise<__nv_bfloat16>(s, op, in, out, err)
+                                            : run_pointwise<__half>(s, op, in, out, err);
+    }
+    /* other half operands are widened into scratch; an fp32 output (the only
+     * one added into) keeps its own data there, so the add reaches it */
     for (int i = 0; i < op->n_in + op->n_out; i++)
         if (ps_tile_is_half(i < op->n_in ? &in[i] : &out[i - op->n_in]))
             return ps_cuda_half_op(s, op, in, out, ctx, err);
     PS_CUDA_RET(s->loc, cudaSetDevice(s->loc.gpu));
-    const float *x = (const float *)in[0].data;
-    float *y = op->n_out > 0 ? (float *)out[0].data : NULL;
-    int64_t n = numel(&in[0]);
     switch (op->kind) {
     case PS_OP_MATMUL: return run_matmul(s, op, in, out, add != 0, err);
     case PS_OP_ADD:
-        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "input 1", err));
-        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
-        k_add<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
-        PS_CUDA_LAUNCHED(s->loc, "k_add");
-        return PS_OK;
     case PS_OP_BIAS_ADD:
-        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
-        if (numel(&in[1]) != last_dim(&in[0]))
-            BAD("bias has %lld elements, the input's last dim %lld", (long long)numel(&in[1]),
-                (long long)last_dim(&in[0]));
-        k_bias_add<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n, last_dim(&in[0]));
-        PS_CUDA_LAUNCHED(s->loc, "k_bias_add");
-        return PS_OK;
     case PS_OP_RELU:
     case PS_OP_GELU:
-        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
-        if (op->kind == PS_OP_RELU)
-            k_relu<<<LAUNCH(n)>>>(x, y, n);
-        else
-            k_gelu<<<LAUNCH(n)>>>(x, y, n);
-        PS_CUDA_LAUNCHED(s->loc, "k_relu/k_gelu");
-        return PS_OK;
     case PS_OP_RELU_GRAD:
-    case PS_OP_GELU_GRAD:
-        PS_RET(need_numel(s, op, &in[0], &in[1], "input 0", "dy", err));
-        PS_RET(need_numel(s, op, &in[0], &out[0], "input 0", "the output", err));
-        if (op->kind == PS_OP_RELU_GRAD)
-            k_relu_grad<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
-        else
-            k_gelu_grad<<<LAUNCH(n)>>>(x, (const float *)in[1].data, y, n);
-        PS_CUDA_LAUNCHED(s->loc, "k_relu_grad/k_gelu_grad");
-        return PS_OK;
+    case PS_OP_GELU_GRAD: return run_pointwise<float>(s, op, in, out, err);
     case PS_OP_LAYERNORM:
     case PS_OP_LAYERNORM_GRAD: return run_layernorm(s, op, in, out, err);
     case PS_OP_SOFTMAX:
-    case PS_OP_SOFTMAX_GRAD: return run_softmax(s, op, in, out, err);
+    case PS_OP_SOFTMAX_GRAD: return run_softmax<float>(s, op, in, out, err);
     case PS_OP_EMBEDDING:
     case PS_OP_EMBEDDING_GRAD: return run_embedding(s, op, in, out, err);
     case PS_OP_RESHAPE:
-        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
-        if (out[0].data != in[0].data)
-            PS_CUDA_RET(s->loc, cudaMemcpyAsync(out[0].data, in[0].data, (size_t)n * 4,
-                                                cudaMemcpyDeviceToDevice, s->stream));
-        return PS_OK;
-    case PS_OP_TRANSPOSE: {
-        PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
-        bool seen[PS_MAX_RANK] = {false};
-        for (int i = 0; i < in[0].rank; i++) {
-            int p = op->attrs.perm[i];
-            if (p < 0 || p >= in[0].rank || seen[p])
-                BAD("perm is not a permutation of 0..%d", in[0].rank - 1);
-            seen[p] = true;
-            if (out[0].rank != in[0].rank || out[0].shape[i] != in[0].shape[p])
-                BAD("output dim %d is not input dim %d", i, p);
-        }
-        return permute(s, in[0].data, in[0].shape, in[0].rank, op->attrs.perm, out[0].data,
-                       err);
-    }
+    case PS_OP_TRANSPOSE: return run_pointwise<float>(s, op, in, out, err);
     case PS_OP_REDUCE: return run_reduce(s, op, &in[0], &out[0], err);
     case PS_OP_BROADCAST: return run_broadcast(s, op, &in[0], &out[0], err);
     case PS_OP_MSE_LOSS:
