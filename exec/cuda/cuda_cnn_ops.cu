@@ -314,11 +314,18 @@ static const ps_cuda_conv_algo *conv_algo_find(const ps_cuda_stream *s, ps_op_ki
     return NULL;
 }
 
-/* Remembers what ran; out of host memory it is only not remembered (the
- * next call asks the heuristics again). */
-static void conv_algo_keep(ps_cuda_stream *s, ps_op_kind kind, const conv_geom *g, int algo,
-                           cudnnMathType_t math)
+/* Remembers what ran, in place of what the shape ran with before where
+ * that no longer ran (`known`); out of host memory it is only not
+ * remembered (the next call asks the heuristics again). */
+static void conv_algo_keep(ps_cuda_stream *s, const ps_cuda_conv_algo *known, ps_op_kind kind,
+                           const conv_geom *g, int algo, cudnnMathType_t math)
 {
+    if (known != NULL) {
+        ps_cuda_conv_algo *k = &s->conv_algos[known - s->conv_algos];
+        k->algo = algo;
+        k->math = math;
+        return;
+    }
     if (s->n_conv_algos == s->cap_conv_algos) {
         int cap = s->cap_conv_algos > 0 ? 2 * s->cap_conv_algos : 32;
         void *grown = realloc(s->conv_algos, (size_t)cap * sizeof *s->conv_algos);
@@ -362,7 +369,7 @@ static ps_status conv_pass(ps_cuda_stream *s, const ps_op *op, const conv_geom *
         return dnn_fail(s, e, query_call, err);
     PS_RET(run_algo(s, perf, *found, d, call, run, false, at, &math, err));
     if (*at >= 0)
-        conv_algo_keep(s, op->kind, g, (int)perf[*at].algo, math);
+        conv_algo_keep(s, known, op->kind, g, (int)perf[*at].algo, math);
     return PS_OK;
 }
 
