@@ -764,7 +764,10 @@ static void share_cores(int n, const ps_shared_cores *cores, const unsigned char
         double most = 0;
         for (int j = 0; j < cores->stages[k].nodes; j++)
             most = fmax(most, load[cores->stages[k].node + j]);
-        rate[k] = cores->share * (most > cores->cores ? cores->cores / most : 1);
+        /* never below 1, the charged speed: a stage's devices_per_node is
+         * its most on any of its nodes, so an irregular placement can
+         * count more devices on a node than compute there */
+        rate[k] = fmax(1, cores->share * (most > cores->cores ? cores->cores / most : 1));
     }
     for (int k = 0; k < n; k++)
         for (int j = 0; j < cores->stages[k].nodes && state[k] == 3; j++)
@@ -972,10 +975,9 @@ double ps_pipeline_iteration_s(int n, const double *forward_s, const double *bac
 
 /* Each stage's place on the shared cores of cluster c: its nodes, its most
  * devices on one, and per phase the fraction of its time that computes, by
- * its ops' predicted compute and communication (the plan lists an op of
- * the forward graph once, its time the forward's and the backward's
- * together, so the forward and the backward share one fraction; the update
- * ops are the step graph's of the update pass). */
+ * its ops' predicted compute and communication (the plan lists the step
+ * graph's ops, each with its own time; an op's pass, found by name in the
+ * step graph, gives its phase: the recomputation is the backward's). */
 static ps_status stage_cores(const ps_plan *p, const ps_graph *step, ps_stage_cores *out,
                              ps_error *err)
 {
@@ -984,10 +986,10 @@ static ps_status stage_cores(const ps_plan *p, const ps_graph *step, ps_stage_co
     for (int k = 0; k < p->n_stages; k++)
         most = p->stages[k].n_ops > most ? p->stages[k].n_ops : most;
     const ps_plan_op **ops = malloc((size_t)most * sizeof *ops);
-    unsigned char *update = malloc((size_t)most);
+    unsigned char *phase = malloc((size_t)most);
     int *per_node = calloc((size_t)p->cluster->nodes, sizeof *per_node);
     PS_TRY_ALLOC(ops, err);
-    PS_TRY_ALLOC(update, err);
+    PS_TRY_ALLOC(phase, err);
     PS_TRY_ALLOC(per_node, err);
     for (int k = 0; k < p->n_stages; k++) {
         const ps_plan_stage *s = &p->stages[k];
@@ -1005,35 +1007,34 @@ static ps_status stage_cores(const ps_plan *p, const ps_graph *step, ps_stage_co
             per_node[s->devices[i] / dpn] = 0;
         c->node = lo;
         c->nodes = hi - lo + 1;
-        /* which of its ops are the update's: by name in the step graph */
+        /* each op's phase: by name in the step graph (one it lacks: the forward's) */
         for (int i = 0; i < s->n_ops; i++) {
             ops[i] = &s->ops[i];
-            update[i] = 0;
+            phase[i] = PS_PHASE_FORWARD;
         }
         qsort(ops, (size_t)s->n_ops, sizeof *ops, by_op_name);
         for (int i = 0; i < step->n_ops; i++) {
             const ps_op *op = &step->ops[i];
-            if (op->pass != PS_PASS_UPDATE || op->layer < s->first_layer ||
+            if (op->pass == PS_PASS_FORWARD || op->layer < s->first_layer ||
                 op->layer > s->last_layer)
                 continue;
             ps_plan_op key = {.name = op->name};
             const ps_plan_op *kp = &key,
                              **po = bsearch(&kp, ops, (size_t)s->n_ops, sizeof *ops, by_op_name);
             if (po != NULL)
-                update[po - ops] = 1;
+                phase[po - ops] = op->pass == PS_PASS_UPDATE ? PS_PHASE_UPDATE : PS_PHASE_BACKWARD;
         }
-        double compute[2] = {0}, total[2] = {0};
+        double compute[PS_PHASE_COUNT] = {0}, total[PS_PHASE_COUNT] = {0};
         for (int i = 0; i < s->n_ops; i++) {
-            compute[update[i]] += fmax(0, ops[i]->compute_s);
-            total[update[i]] += fmax(0, ops[i]->compute_s) + fmax(0, ops[i]->comm_s);
+            compute[phase[i]] += fmax(0, ops[i]->compute_s);
+            total[phase[i]] += fmax(0, ops[i]->compute_s) + fmax(0, ops[i]->comm_s);
         }
-        c->compute[PS_PHASE_FORWARD] = c->compute[PS_PHASE_BACKWARD] =
-            total[0] > 0 ? compute[0] / total[0] : 1;
-        c->compute[PS_PHASE_UPDATE] = total[1] > 0 ? compute[1] / total[1] : 1;
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
+            c->compute[ph] = total[ph] > 0 ? compute[ph] / total[ph] : 1;
     }
 out:
     free(ops);
-    free(update);
+    free(phase);
     free(per_node);
     return st;
 }
@@ -1114,10 +1115,10 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
     return r;
 }
 
-double *ps_pipeline_compute_stretch(int n_stages, const ps_pipeline_span *spans, int n_spans)
+double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans)
 {
     size_t n = PS_PHASE_COUNT * (size_t)(n_stages > 0 ? n_stages : 1);
-    double *r = calloc(2 * n, sizeof *r), *charged = r + n; /* r: first the wall seconds */
+    double *r = calloc(2 * n, sizeof *r), *kernels = r + n; /* r: first the sums */
     if (r == NULL)
         return NULL;
     for (int i = 0; i < n_spans; i++) {
@@ -1126,12 +1127,13 @@ double *ps_pipeline_compute_stretch(int n_stages, const ps_pipeline_span *spans,
                  : x->kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
                  : x->kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
                                                : -1;
-        if (ph < 0 || x->stage < 0 || x->stage >= n_stages || !(x->charged_compute_s > 0))
+        if (ph < 0 || x->stage < 0 || x->stage >= n_stages)
             continue;
-        r[(size_t)x->stage * PS_PHASE_COUNT + ph] += x->compute_s;
-        charged[(size_t)x->stage * PS_PHASE_COUNT + ph] += x->charged_compute_s;
+        size_t at = (size_t)x->stage * PS_PHASE_COUNT + (size_t)ph;
+        r[at] += x->charged_compute_s > 0 ? x->charged_compute_s - x->compute_s : 0;
+        kernels[at] += 1;
     }
     for (size_t i = 0; i < n; i++)
-        r[i] = charged[i] > 0 ? r[i] / charged[i] : 1;
+        r[i] = kernels[i] > 0 ? r[i] / kernels[i] : 0;
     return r;
 }

@@ -165,11 +165,14 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
  * entries, malloc'ed; NULL when out of memory). */
 double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
-/* Per stage and phase ([stage * PS_PHASE_COUNT + phase]), the seconds its computes took in `spans`
- * over those the stage times charge for them: 1 where nothing was charged (no shared cores), below
- * 1 where fewer devices computed at once than the charge assumes (n_stages * PS_PHASE_COUNT
- * entries, malloc'ed; NULL when out of memory). */
-double *ps_pipeline_compute_stretch(int n_stages, const ps_pipeline_span *spans, int n_spans);
+/* Per stage and phase ([stage * PS_PHASE_COUNT + phase]), the seconds by
+ * which its kernels' computes in `spans` ran shorter than the stage times
+ * charge for them, on average over its kernels of that phase (per
+ * micro-batch for the forward and the backward, per step for the update):
+ * 0 without shared cores, more where fewer devices computed at once than
+ * the charge assumes (n_stages * PS_PHASE_COUNT entries, malloc'ed; NULL
+ * when out of memory). The stage's phase took its charged time less that. */
+double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
 /* The schedule of plan p as the planner times it (its stages' predicted
  * times, the links of its lowering with local all-gather, its schedule; on

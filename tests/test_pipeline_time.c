@@ -618,12 +618,12 @@ static void shared_cores_closed_forms(void **state)
     assert_close(
         ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, &sp, &n_sp), 2,
         1e-12);
-    double *stretch = ps_pipeline_compute_stretch(2, sp, n_sp);
-    assert_non_null(stretch);
-    assert_close(stretch[0 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 1, 1e-12);
-    assert_close(stretch[1 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 2.0 / 3, 1e-12);
-    assert_true(stretch[PS_PHASE_BACKWARD] == 1); /* nothing charged: 1 */
-    free(stretch);
+    double *saved = ps_pipeline_compute_saved_s(2, sp, n_sp);
+    assert_non_null(saved);
+    assert_close(saved[0 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 0, 1e-12);
+    assert_close(saved[1 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 1, 1e-12);
+    assert_true(saved[PS_PHASE_BACKWARD] == 0); /* nothing charged: 0 */
+    free(saved);
     free(sp);
     /* on two nodes: each alone on its cores, at 4 x 2/4 = 2 */
     two[1].node = 1;
@@ -637,11 +637,12 @@ static void shared_cores_closed_forms(void **state)
     assert_close(
         ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &one, 1, false, &sp, &n_sp),
         1.5 + 0.5 + 0.25, 1e-12);
-    stretch = ps_pipeline_compute_stretch(1, sp, n_sp);
-    assert_non_null(stretch);
-    for (int ph = 0; ph < PS_PHASE_COUNT; ph++)
-        assert_close(stretch[ph], 0.5, 1e-12);
-    free(stretch);
+    saved = ps_pipeline_compute_saved_s(1, sp, n_sp);
+    assert_non_null(saved);
+    assert_close(saved[PS_PHASE_FORWARD], 0.5, 1e-12);  /* of 1 charged second */
+    assert_close(saved[PS_PHASE_BACKWARD], 0.5, 1e-12); /* of 1 */
+    assert_close(saved[PS_PHASE_UPDATE], 0.25, 1e-12);  /* of 0.5 */
+    free(saved);
     for (int i = 0; i < n_sp; i++)
         if (sp[i].kind == PS_SPAN_FORWARD) {
             assert_close(sp[i].charged_compute_s, 1, 1e-12);
@@ -679,8 +680,9 @@ static void shared_cores_closed_forms(void **state)
  * covers the busiest node (share x C >= its devices): every compute then
  * runs between its charged speed and share times it, so the step lies
  * between the all-busy schedule's time divided by the share and that time,
- * and each kernel's compute and each stretch between 1/share and 1 of its
- * charge. Share 1 with cores for every device: the all-busy schedule. */
+ * and each kernel's compute between 1/share and 1 of its charge (each
+ * phase's saving per kernel at most 1 - 1/share of its computing part). Share 1 with cores for
+ * every device: the all-busy schedule. */
 static void shared_cores_bound_the_schedule(void **state)
 {
     (void)state;
@@ -742,11 +744,20 @@ static void shared_cores_bound_the_schedule(void **state)
                          trial, x->stage, (int)x->kind, x->micro_batch, x->compute_s,
                          x->charged_compute_s, cores.share, x->start_s, x->end_s);
         }
-        double *stretch = ps_pipeline_compute_stretch(n, sp, n_sp);
-        assert_non_null(stretch);
-        for (int i = 0; i < n * PS_PHASE_COUNT; i++)
-            assert_true(stretch[i] <= 1 + 1e-9 && stretch[i] >= 1 / cores.share - 1e-9);
-        free(stretch);
+        double *saved = ps_pipeline_compute_saved_s(n, sp, n_sp);
+        assert_non_null(saved);
+        for (int k = 0; k < n; k++) {
+            const double charged[PS_PHASE_COUNT] = {f[k], b[k], u[k]};
+            for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+                double x = saved[k * PS_PHASE_COUNT + ph],
+                       most = charged[ph] * st[k].compute[ph] * (1 - 1 / cores.share);
+                if (!(x >= -eps && x <= most + eps))
+                    fail_msg("trial %d: stage %d phase %d saved %.17g s of %.17g charged "
+                             "(at most %.17g)",
+                             trial, k, ph, x, charged[ph], most);
+            }
+        }
+        free(saved);
         free(sp);
         /* as many cores as devices, charged alone: the all-busy schedule */
         ps_shared_cores plenty = {.cores = busiest, .share = 1, .stages = st};
@@ -824,8 +835,9 @@ static ps_plan *unequal_plan(void)
  * dp 2 x pp 4, 1F1B): its schedule shares them, within the all-busy
  * schedule of the same stage times (the cluster told of no sharing) and
  * that divided by the share (4); the pipeline's fill and drain leave
- * stages alone, so it is shorter. Each phase's stretch lies in [1/4, 1]
- * and is below 1 for the first stage's forward, which runs alone at first. */
+ * stages alone, so it is shorter. Each phase saves at most 3/4 of its
+ * charged time, and the first stage's forward, which runs alone at first,
+ * saves some. */
 static void plan_schedule_shares_cores(void **state)
 {
     (void)state;
@@ -858,12 +870,18 @@ static void plan_schedule_shares_cores(void **state)
     print_message("dp 2 x pp 4 on 8 devices sharing 2 cores: %.4g ms, all busy %.4g ms\n",
                   shared * 1e3, all_busy * 1e3);
     assert_true(shared < all_busy * (1 - 1e-6) && shared >= all_busy / 4 * (1 - 1e-12));
-    double *stretch = ps_pipeline_compute_stretch(p->n_stages, sp, n_sp);
-    assert_non_null(stretch);
-    for (int i = 0; i < p->n_stages * PS_PHASE_COUNT; i++)
-        assert_true(stretch[i] >= 0.25 - 1e-9 && stretch[i] <= 1 + 1e-9);
-    assert_true(stretch[PS_PHASE_FORWARD] < 1 - 1e-6);
-    free(stretch);
+    double *saved = ps_pipeline_compute_saved_s(p->n_stages, sp, n_sp);
+    assert_non_null(saved);
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        const double charged[PS_PHASE_COUNT] = {s->forward_s, s->backward_s, s->update_s};
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            double x = saved[k * PS_PHASE_COUNT + ph];
+            assert_true(x >= -1e-12 && x <= 0.75 * charged[ph] * (1 + 1e-9));
+        }
+    }
+    assert_true(saved[PS_PHASE_FORWARD] > 1e-6 * p->stages[0].forward_s);
+    free(saved);
     free(sp);
     ps_plan_model_free(m);
     ps_plan_free(p);

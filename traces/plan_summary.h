@@ -19,14 +19,14 @@
  * known): per stage, the seconds its devices spend receiving from other
  * stages over the step in the planner's schedule (ps_plan_pipeline_schedule),
  * counted as communication, as the simulator counts its receives.
- * compute_stretch (NULL: 1): per stage and phase ([stage * PS_PHASE_COUNT +
- * phase]), the seconds its computes took in that schedule over those its
- * predicted times charge (below 1 on shared cores where fewer devices
- * computed at once than charged: ps_pipeline_compute_stretch): its
- * forward, backward and update times and its compute are those of the
- * schedule.
+ * compute_saved_s (NULL: none): per stage and phase ([stage *
+ * PS_PHASE_COUNT + phase]), the seconds per kernel by which its computes
+ * ran shorter in that schedule than its predicted times charge (on shared
+ * cores where fewer devices computed at once than charged:
+ * ps_pipeline_compute_saved_s): its forward, backward and update times
+ * are those of the schedule, its compute the kernels' less that.
  * PS_ERR_INVALID: set is not this plan's (another stage count). */
 ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
-                               const double *compute_stretch, ps_summary **out);
+                               const double *compute_saved_s, ps_summary **out);
 
 #endif
