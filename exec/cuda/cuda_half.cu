@@ -13,7 +13,7 @@
 #include "exec/cuda/cuda_internal.cuh"
 
 extern "C" {
-#include "exec/cuda/gemm_plan.h"
+#include "exec/gemm_plan.h"
 }
 
 static __device__ inline float half_to_float(bool bf16, uint16_t h)
@@ -150,13 +150,21 @@ static ps_status half_gemm(ps_cuda_stream *s, const ps_op *op, const ps_tile *in
     void *c = p.out_permute ? (void *)(ws + off[2]) : out[0].data;
     cudaDataType_t ht = cuda_half_type(in[0].dtype), ct = out_f32 ? CUDA_R_32F : ht;
     const float alpha = 1.0f, beta = add ? 1.0f : 0.0f;
-    PS_CUBLAS_RET(s->loc, cublasGemmStridedBatchedEx(
-                              s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn, (int)p.ck,
-                              &alpha, opnd[1 - p.left], ht, (int)p.lda, (long long)p.stride_a,
-                              opnd[p.left], ht, (int)p.ldb, (long long)p.stride_b, &beta, c, ct,
-                              (int)p.ldc, (long long)p.stride_c, (int)p.batch, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    size_t c_bytes = out_f32 ? 4 : 2; /* the output's elements; the operands' are 2 bytes */
+    for (int64_t call = 0; call < p.calls; call++) {
+        int64_t at[3];
+        ps_gemm_plan_offsets(&p, call, at);
+        PS_CUBLAS_RET(s->loc,
+                      cublasGemmStridedBatchedEx(
+                          s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn, (int)p.ck,
+                          &alpha, (const char *)opnd[1 - p.left] + 2 * at[1 - p.left], ht,
+                          (int)p.lda, (long long)p.stride_a,
+                          (const char *)opnd[p.left] + 2 * at[p.left], ht, (int)p.ldb,
+                          (long long)p.stride_b, &beta, (char *)c + c_bytes * (size_t)at[2], ct,
+                          (int)p.ldc, (long long)p.stride_c, (int)p.batch, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    }
     if (p.out_permute)
         PS_RET(ps_cuda_permute(s, c, p.out_tmp_shape, p.out_rank, p.out_perm, 2, out[0].data, err));
     *done = true;

@@ -14,7 +14,7 @@
 #include "exec/cuda/cuda_internal.cuh"
 
 extern "C" {
-#include "exec/cuda/gemm_plan.h"
+#include "exec/gemm_plan.h"
 }
 
 #define THREADS 256
@@ -745,14 +745,18 @@ static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *i
     float *cptr = p.out_permute ? (float *)(ws + off_c) : (float *)out[0].data;
     const float alpha = 1.0f, beta = add && !p.out_permute ? 1.0f : 0.0f;
     cublasComputeType_t ct = s->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    PS_CUBLAS_RET(s->loc,
-                  cublasGemmStridedBatchedEx(
-                      s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-                      p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn, (int)p.ck,
-                      &alpha, opnd[1 - p.left], CUDA_R_32F, (int)p.lda, (long long)p.stride_a,
-                      opnd[p.left], CUDA_R_32F, (int)p.ldb, (long long)p.stride_b, &beta, cptr,
-                      CUDA_R_32F, (int)p.ldc, (long long)p.stride_c, (int)p.batch, ct,
-                      CUBLAS_GEMM_DEFAULT));
+    for (int64_t call = 0; call < p.calls; call++) {
+        int64_t at[3];
+        ps_gemm_plan_offsets(&p, call, at);
+        PS_CUBLAS_RET(s->loc, cublasGemmStridedBatchedEx(
+                                  s->blas, p.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  p.transb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)p.cm, (int)p.cn,
+                                  (int)p.ck, &alpha, opnd[1 - p.left] + at[1 - p.left], CUDA_R_32F,
+                                  (int)p.lda, (long long)p.stride_a, opnd[p.left] + at[p.left],
+                                  CUDA_R_32F, (int)p.ldb, (long long)p.stride_b, &beta,
+                                  cptr + at[2], CUDA_R_32F, (int)p.ldc, (long long)p.stride_c,
+                                  (int)p.batch, ct, CUBLAS_GEMM_DEFAULT));
+    }
     if (p.out_permute && add) {
         float *sum = (float *)(ws + off_sum), *y = (float *)out[0].data;
         int64_t n = numel(t[2]);
