@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "core/json.h"
+#include "core/profile_db.h"
 #include "core/program.h"
 #include "planner/lower.h"
 #include "planner/pipeline_time.h"
@@ -20,7 +21,7 @@
 static void help(void)
 {
     printf("usage: pipeshard predict --plan PLAN.json [--summary S.json] [--trace T.json]\n"
-           "                         [--json]\n\n"
+           "                         [--profile-db DB.json] [--json]\n\n"
            "The planner's prediction of a plan, recomputed from the plan file: the\n"
            "lowering's schedule (1F1B or GPipe) of the stages' predicted kernels with the\n"
            "transfers between stages sharing the NICs they cross, as the planner timed it\n"
@@ -32,17 +33,21 @@ static void help(void)
            "                     pipeshard sim --predicted writes it), for compare\n"
            "  --trace T.json     the predicted timeline in the trace format of sim and\n"
            "                     exec (every device of a stage shows the stage's spans)\n"
+           "  --profile-db DB    the profile DB the plan was made with (its digest is\n"
+           "                     checked): the transfers between stages are timed with it,\n"
+           "                     as the planner timed them (the ops' times are the plan's)\n"
            "  --json             print the summary as JSON instead of a table\n"
            "  -h, --help         this help\n");
 }
 
-enum { OPT_PLAN = 256, OPT_SUMMARY, OPT_TRACE, OPT_JSON };
+enum { OPT_PLAN = 256, OPT_SUMMARY, OPT_TRACE, OPT_JSON, OPT_PROFILE_DB };
 
 static const struct option options[] = {
     {"plan", required_argument, NULL, OPT_PLAN},
     {"summary", required_argument, NULL, OPT_SUMMARY},
     {"trace", required_argument, NULL, OPT_TRACE},
     {"json", no_argument, NULL, OPT_JSON},
+    {"profile-db", required_argument, NULL, OPT_PROFILE_DB},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -146,9 +151,16 @@ static void print_schedule(const ps_plan *p, const ps_pipeline_span *spans, int 
             digest);
     fprintf(f, "%d micro-batches (%s), iteration %.3f ms", p->micro_batches, p->schedule,
             iteration_s * 1e3);
-    if (p->iteration_s > 0 && fabs(iteration_s - p->iteration_s) > 1e-9 * p->iteration_s)
-        fprintf(f, " (the plan says %.3f ms: it was predicted by another version, or edited)",
-                p->iteration_s * 1e3);
+    if (p->iteration_s > 0 && fabs(iteration_s - p->iteration_s) > 1e-9 * p->iteration_s) {
+        if (p->profile_digest[0] != '\0' && p->cluster->profile == NULL)
+            fprintf(f,
+                    " (the plan says %.3f ms: the planner timed the transfers between stages "
+                    "with its profile DB, %s %s; pass it with --profile-db)",
+                    p->iteration_s * 1e3, p->profile_device, p->profile_digest);
+        else
+            fprintf(f, " (the plan says %.3f ms: it was predicted by another version, or edited)",
+                    p->iteration_s * 1e3);
+    }
     fprintf(f, "\n\n%5s %7s %12s %12s %15s %12s %12s\n", "stage", "devices", "kernels ms",
             "receiving ms", "across nodes ms", "waiting ms", "ends at ms");
     for (int k = 0; k < p->n_stages; k++) {
@@ -198,7 +210,7 @@ out:
 
 int ps_cmd_predict(int argc, char **argv)
 {
-    const char *plan_path = NULL, *summary_path = NULL, *trace_path = NULL;
+    const char *plan_path = NULL, *summary_path = NULL, *trace_path = NULL, *db_path = NULL;
     bool json = false;
     optind = 1;
     opterr = 0;
@@ -210,6 +222,7 @@ int ps_cmd_predict(int argc, char **argv)
         case OPT_SUMMARY: summary_path = optarg; break;
         case OPT_TRACE: trace_path = optarg; break;
         case OPT_JSON: json = true; break;
+        case OPT_PROFILE_DB: db_path = optarg; break;
         default:
             return ps_cli_usage_error("predict", "unknown or incomplete option \"%s\"",
                                       argv[optind - 1]);
@@ -231,6 +244,7 @@ int ps_cmd_predict(int argc, char **argv)
     ps_plan_model *m = NULL;
     ps_program_set *set = NULL;
     ps_summary *pred = NULL;
+    ps_profile_db *db = NULL; /* attached to the plan's cluster */
     ps_pipeline_span *spans = NULL;
     ps_stage_link *links = NULL;
     int n_spans = 0, n_links = 0;
@@ -239,6 +253,20 @@ int ps_cmd_predict(int argc, char **argv)
     if (!(plan->iteration_s > 0)) {
         st = ps_error_set(&err, PS_ERR_INVALID, "%s: the plan carries no prediction", plan_path);
         goto out;
+    }
+    if (db_path != NULL) {
+        char digest[sizeof plan->profile_digest];
+        PS_TRY(ps_cli_attach_profile(db_path, plan->cluster, &db, &err));
+        if (ps_profile_db_digest(db, digest, sizeof digest) != PS_OK ||
+            strcmp(digest, plan->profile_digest) != 0) {
+            st = ps_error_set(&err, PS_ERR_INVALID,
+                              plan->profile_digest[0] == '\0'
+                                  ? "%s: the plan was made without a profile DB, not with %s"
+                                  : "%s: the plan was made with another profile DB than %s "
+                                    "(digest %s, not %s)",
+                              plan_path, db_path, plan->profile_digest, digest);
+            goto out;
+        }
     }
     PS_TRY(ps_cli_in_plan_file(plan, ps_plan_model_build(plan, &m, &err), &err));
     ps_lower_options lo = ps_lower_options_default();
@@ -274,5 +302,6 @@ out:
     ps_program_set_free(set);
     ps_plan_model_free(m);
     ps_plan_free(plan);
+    ps_profile_db_free(db);
     return st == PS_OK ? 0 : ps_cli_fail(&err, st);
 }

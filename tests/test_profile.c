@@ -2122,6 +2122,42 @@ static void cli(void **state)
         fail_msg("no warning: %s", err);
     free(out);
     free(err);
+    /* predict times a pipeline's transfers with the DB the plan was made
+     * with when given it (then it agrees with the plan), names that DB when
+     * not, and refuses another DB */
+    snprintf(args, sizeof args,
+             "plan --model gpt-350m --layers 4 --hidden 64 --heads 2 --seq 32 --vocab 128 "
+             "--cluster dgx-a100:1 --method uniform --dp 1 --op 2 --pp 4 --global-batch 8 "
+             "--micro-batches 4 --profile-db %s -o %s/p4.json",
+             db_path, dir);
+    rc = run_cli(dir, args, &out, &err);
+    if (rc != 0)
+        fail_msg("exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "predict --plan %s/p4.json", dir);
+    assert_int_equal(run_cli(dir, args, &out, &err), 0);
+    /* (the DB's CPU send-recv is far slower than the A100s' links) */
+    if (strstr(out, "pass it with --profile-db") == NULL)
+        fail_msg("without the DB: %s", out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "predict --plan %s/p4.json --profile-db %s", dir, db_path);
+    assert_int_equal(run_cli(dir, args, &out, &err), 0);
+    if (strstr(out, "the plan says") != NULL)
+        fail_msg("with the DB: %s", out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "predict --plan %s/p4.json --profile-db %s", dir, tiny);
+    assert_int_equal(run_cli(dir, args, &out, &err), 1);
+    assert_non_null(strstr(err, "the plan was made with another profile DB"));
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "predict --plan %s/p0.json --profile-db %s", dir, db_path);
+    assert_int_equal(run_cli(dir, args, &out, &err), 1);
+    assert_non_null(strstr(err, "the plan was made without a profile DB"));
+    free(out);
+    free(err);
     unlink(tiny);
 
     /* a plan whose devices it does not fit: simulated, with a warning */
