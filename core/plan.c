@@ -1,5 +1,6 @@
 #include "core/plan.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,8 +253,55 @@ out:
     return st;
 }
 
+/* Whether seconds is a time a plan file holds (the reader takes 0 to 1e30). */
+static bool time_fits(double seconds)
+{
+    return isfinite(seconds) && seconds >= 0 && seconds <= 1e30;
+}
+
+/* A plan the reader would refuse is not written: its predicted times must
+ * be finite and at most 1e30 s (a cluster of absurd rates predicts more). */
+static ps_status check_times(const ps_plan *p, const char *path, ps_error *err)
+{
+    const char *what = NULL;
+    double bad = 0;
+    int stage = -1;
+    if (!time_fits(p->iteration_s)) {
+        what = "iteration";
+        bad = p->iteration_s;
+    }
+    for (int k = 0; k < p->n_stages && what == NULL; k++) {
+        const ps_plan_stage *s = &p->stages[k];
+        const double t[] = {s->forward_s, s->backward_s, s->update_s, s->time_s};
+        static const char *const names[] = {"forward", "backward", "update", "time"};
+        for (int i = 0; i < 4 && what == NULL; i++)
+            if (!time_fits(t[i])) {
+                what = names[i];
+                bad = t[i];
+                stage = k;
+            }
+        for (int i = 0; i < s->n_ops && what == NULL; i++)
+            if (!time_fits(s->ops[i].compute_s) || !time_fits(s->ops[i].comm_s)) {
+                what = "op time";
+                bad = time_fits(s->ops[i].compute_s) ? s->ops[i].comm_s : s->ops[i].compute_s;
+                stage = k;
+            }
+    }
+    if (what == NULL)
+        return PS_OK;
+    char where[32] = "";
+    if (stage >= 0)
+        snprintf(where, sizeof where, " of stage %d", stage);
+    return ps_error_set(err, PS_ERR_INVALID,
+                        "%s: not written: the predicted %s%s is %g s, beyond what a plan file "
+                        "holds (0 to 1e30 s); the cluster's rates (peak FLOP/s, memory and link "
+                        "bandwidths) are out of any real range",
+                        path, what, where, bad);
+}
+
 ps_status ps_plan_save(const ps_plan *p, const char *path, ps_error *err)
 {
+    PS_TRY_RET(check_times(p, path, err));
     json_t *j = NULL;
     ps_status st = ps_plan_to_json(p, &j);
     if (st != PS_OK)

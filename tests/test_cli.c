@@ -1690,6 +1690,33 @@ static void test_predict_shared_cores(void **state)
     json_decref(js);
 }
 
+/* A cluster of absurd rates (memory bandwidth 1e-300 B/s), whose predicted
+ * steps would overflow what a plan file holds, is refused by name. */
+static void test_plan_absurd_cluster(void **state)
+{
+    const fixture *fx = *state;
+    char cluster[512], plan[512];
+    snprintf(cluster, sizeof cluster, "%s/absurd.json", fx->dir);
+    snprintf(plan, sizeof plan, "%s/absurd-plan.json", fx->dir);
+    FILE *f = fopen(cluster, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"name\": \"absurd\", \"nodes\": 1, \"devices_per_node\": 2, "
+               "\"device\": {\"name\": \"x\", \"peak_flops\": {\"fp32\": 1e12}, "
+               "\"memory_bytes\": 1e10, \"memory_bandwidth_bytes_per_s\": 1e-300}, "
+               "\"intra_node\": {\"topology\": \"nvswitch\", \"bandwidth_bytes_per_s\": 1e10, "
+               "\"latency_s\": 1e-05}, \"inter_node\": {\"topology\": \"fat-tree\", "
+               "\"nics_per_node\": 1, \"nic_bandwidth_bytes_per_s\": 1e10, \"latency_s\": "
+               "1e-05}}\n");
+    fclose(f);
+    expect_failure(fx,
+                   (const char *[]){"plan", "--model", "mlp", "--cluster-file", cluster, "--method",
+                                    "data", "-o", plan, NULL},
+                   "memory_bandwidth_bytes_per_s must be at least 1 B/s (found 1e-300)");
+    assert_int_equal(access(plan, F_OK), -1);
+    expect_failure(fx, (const char *[]){"clusters", "--cluster-file", cluster, NULL},
+                   "must be at least 1 B/s");
+}
+
 /* The whole cluster is a stage candidate whatever its node count: on 3
  * nodes, power_of_two's (1,m), (2,M) once left out (3,M). */
 static void test_whole_cluster_submesh(void **state)
@@ -2498,6 +2525,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_predict),
         cmocka_unit_test(test_predict_shared_cores),
+        cmocka_unit_test(test_plan_absurd_cluster),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_memory_check),
         cmocka_unit_test(test_moe_expert_parallel),

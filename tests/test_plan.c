@@ -642,12 +642,46 @@ static void out_of_memory_is_explained(void **state)
     ps_graph_free(fwd);
 }
 
+/* A plan whose predicted times the reader would refuse (infinite, or
+ * beyond 1e30 s) is not written, the time named. */
+static void unreadable_times_are_not_written(void **state)
+{
+    (void)state;
+    const char *path = PS_TEST_DATA_DIR "/../../traces/data/h200/gpt-350m-bf16.plan.json";
+    char out[] = "/tmp/ps-test-plan-times-XXXXXX";
+    int fd = mkstemp(out);
+    assert_true(fd >= 0);
+    close(fd);
+    ps_plan *p = NULL;
+    ps_error err = {0};
+    assert_int_equal(ps_plan_load(path, &p, &err), PS_OK);
+    assert_int_equal(ps_plan_save(p, out, &err), PS_OK);
+    double kept = p->stages[0].forward_s;
+    p->stages[0].forward_s = INFINITY;
+    err = (ps_error){0};
+    assert_int_equal(ps_plan_save(p, out, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "the predicted forward of stage 0 is inf s"));
+    p->stages[0].forward_s = kept;
+    p->iteration_s = 1e31;
+    err = (ps_error){0};
+    assert_int_equal(ps_plan_save(p, out, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "the predicted iteration is 1e+31 s"));
+    p->iteration_s = 1;
+    p->stages[0].ops[0].comm_s = NAN;
+    err = (ps_error){0};
+    assert_int_equal(ps_plan_save(p, out, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "op time of stage 0"));
+    ps_plan_free(p);
+    unlink(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(one_stage_plan_predictions),
         cmocka_unit_test(plan_file_round_trip),
         cmocka_unit_test(invalid_plans_are_rejected),
+        cmocka_unit_test(unreadable_times_are_not_written),
         cmocka_unit_test(remat_layers_name_the_plans_layers),
         cmocka_unit_test(malformed_plan_files),
         cmocka_unit_test(model_and_training_errors_point_into_the_file),
