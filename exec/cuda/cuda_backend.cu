@@ -142,7 +142,9 @@ static ps_status nccl_fail(ps_cuda_loc loc, ncclResult_t r, ncclComm_t comm, con
     char context[288] = "";
     if (what != NULL)
         snprintf(context, sizeof context, " (%s, as its member %d)", what, rank);
-    const char *last = comm != NULL ? ncclGetLastError(comm) : NULL;
+    /* (the argument is unused: NCCL keeps the last message per thread, so it
+     * also names a communicator setup that failed, whose comm is NULL) */
+    const char *last = ncclGetLastError(comm);
     return ps_error_set(err, PS_ERR_DEVICE, "device %d (GPU %d): %.*s failed%s: %s%s%s",
                         loc.device, loc.gpu, n, call, context, ncclGetErrorString(r),
                         last != NULL && last[0] != '\0' ? ": " : "", last != NULL ? last : "");
@@ -1683,9 +1685,27 @@ ps_status ps_cuda_backend_create(int n_devices, int timing_slots,
     /* NCCL connects a communicator's peers (allocating their buffers) at its
      * first collective unless told to at its setup: there, inside a launch
      * window, the gate could not keep that apart from the launches. A value
-     * the user set stays. */
-    if (cb->nccl)
+     * the user set stays, with a warning. NVLS buffers, which each group's
+     * communicator would allocate at its setup outside the plan's memory
+     * accounting, stay off unless asked for. A fixed NCCL_COMM_ID would give
+     * every group's communicator the same bootstrap address. */
+    if (cb->nccl) {
+        const char *rc = getenv("NCCL_RUNTIME_CONNECT");
+        if (rc != NULL && strcmp(rc, "0") != 0)
+            PS_LOG_WARN("cuda backend: NCCL_RUNTIME_CONNECT=%s: communicators connect at their "
+                        "first collective, inside its launch window (docs/executors.md, "
+                        "Known gaps)",
+                        rc);
         (void)setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+        (void)setenv("NCCL_NVLS_ENABLE", "0", 0);
+        if (getenv("NCCL_COMM_ID") != NULL) {
+            st = ps_error_set(err, PS_ERR_UNSUPPORTED,
+                              "cuda backend: NCCL_COMM_ID is set: every group of the plan has a "
+                              "communicator of its own, which one fixed bootstrap address "
+                              "cannot serve; unset it");
+            goto out;
+        }
+    }
     cb->dev = (dev_state *)calloc((size_t)n_devices, sizeof *cb->dev);
     if (cb->dev == NULL) {
         st = ps_error_set(err, PS_ERR_NOMEM, "out of memory");
