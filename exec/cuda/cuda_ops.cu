@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include "exec/cuda/cuda_internal.cuh"
+#include "exec/permute_plan.h"
 
 extern "C" {
 #include "exec/gemm_plan.h"
@@ -218,47 +219,71 @@ ps_status ps_cuda_find_nonfinite(ps_cuda_stream *s, const ps_tile *tiles, int n,
 
 /* ---- permutation (transpose) ------------------------------------------------------ */
 
-typedef struct perm_args {
+/* A permute kernel's dims (exec/permute_plan.h), in the index type I. */
+template <typename I> struct perm_args {
     int rank;
-    int64_t out_shape[PS_MAX_RANK];
-    int64_t in_stride[PS_MAX_RANK]; /* stride in the input of output dim i */
-} perm_args;
+    I out_shape[PS_MAX_RANK];
+    I in_stride[PS_MAX_RANK]; /* stride in the input of output dim i, in units */
+};
 
-template <typename T> static __global__ void k_permute(perm_args a, const T *x, T *y, int64_t n)
+/* Unit i of the output from the input offset its digits give; I is 32 bits
+ * wherever the units fit (64-bit divisions cost several times more). */
+template <typename U, typename I>
+static __global__ void k_permute(perm_args<I> a, const U *x, U *y, I n)
 {
-    FOR_EACH(i, n)
-    {
-        int64_t r = i, off = 0;
-        for (int d = a.rank - 1; d >= 0; d--) {
-            int64_t c = r % a.out_shape[d];
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I r = i, off = 0;
+        for (int d = a.rank - 1; d > 0; d--) {
+            I c = r % a.out_shape[d];
             r /= a.out_shape[d];
             off += c * a.in_stride[d];
         }
+        if (a.rank > 0)
+            off += r * a.in_stride[0];
         y[i] = x[off];
     }
+}
+
+template <typename U, typename I>
+static void launch_permute(ps_cuda_stream *s, const ps_permute_plan *p, const void *x, void *y)
+{
+    perm_args<I> a;
+    memset(&a, 0, sizeof a);
+    a.rank = p->rank;
+    for (int i = 0; i < p->rank; i++) {
+        a.out_shape[i] = (I)p->out_shape[i];
+        a.in_stride[i] = (I)p->in_stride[i];
+    }
+    k_permute<U, I><<<LAUNCH(p->n)>>>(a, (const U *)x, (U *)y, (I)p->n);
+}
+
+template <typename U>
+static void launch_permute_units(ps_cuda_stream *s, const ps_permute_plan *p, const void *x,
+                                 void *y)
+{
+    /* (below 2^31, so that an index plus the grid's stride stays below 2^32) */
+    if (p->n <= (int64_t)INT32_MAX)
+        launch_permute<U, uint32_t>(s, p, x, y);
+    else
+        launch_permute<U, int64_t>(s, p, x, y);
 }
 
 ps_status ps_cuda_permute(ps_cuda_stream *s, const void *x, const int64_t *in_shape, int rank,
                           const int *perm, size_t elem_bytes, void *y, ps_error *err)
 {
-    perm_args a;
-    int64_t in_stride[PS_MAX_RANK];
-    memset(&a, 0, sizeof a);
-    strides_of(in_shape, rank, in_stride);
-    a.rank = rank;
-    int64_t n = 1;
-    for (int i = 0; i < rank; i++) {
-        a.out_shape[i] = in_shape[perm[i]];
-        a.in_stride[i] = in_stride[perm[i]];
-        n *= in_shape[i];
-    }
-    if (elem_bytes == 2)
-        k_permute<<<LAUNCH(n)>>>(a, (const uint16_t *)x, (uint16_t *)y, n);
-    else if (elem_bytes == 4)
-        k_permute<<<LAUNCH(n)>>>(a, (const uint32_t *)x, (uint32_t *)y, n);
-    else
+    if (elem_bytes != 2 && elem_bytes != 4)
         return ps_error_set(err, PS_ERR_INTERNAL, "device %d: permuting %zu-byte elements",
                             s->loc.device, elem_bytes);
+    ps_permute_plan p;
+    ps_permute_plan_make(in_shape, rank, perm, elem_bytes, (uintptr_t)x, (uintptr_t)y, &p);
+    if (p.n == 0)
+        return PS_OK;
+    switch (p.unit_bytes) {
+    case 16: launch_permute_units<uint4>(s, &p, x, y); break;
+    case 8: launch_permute_units<uint2>(s, &p, x, y); break;
+    case 4: launch_permute_units<uint32_t>(s, &p, x, y); break;
+    default: launch_permute_units<uint16_t>(s, &p, x, y); break;
+    }
     PS_CUDA_LAUNCHED(s->loc, "k_permute");
     return PS_OK;
 }
