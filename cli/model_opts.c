@@ -112,7 +112,7 @@ int ps_model_opts_take(ps_model_opts *o, int c, const char *arg, const char *com
     if (c >= OPT_SIZE && c < OPT_SIZE + 13) {
         int i = c - OPT_SIZE;
         if (!ps_cli_parse_int(arg, 1, INT64_C(1) << 31, &o->size[i])) {
-            ps_cli_usage_error(command, "--%s wants a positive integer, not \"%s\"",
+            ps_cli_usage_error(command, "--%s wants an integer from 1 to 2^31, not \"%s\"",
                                size_names[i], arg);
             return 2;
         }
