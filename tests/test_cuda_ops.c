@@ -510,6 +510,27 @@ static void ops_layout(void **state)
         ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
         check_op(b, &op, in, out);
     }
+    /* the permute plan's forms (exec/permute_plan.h): the innermost dim kept
+     * (16-byte units; 4-byte ones for an odd row), neighbours merged */
+    {
+        static const struct {
+            int rank, perm[4];
+            int64_t in[4], out[4];
+        } tc[] = {
+            {4, {0, 2, 1, 3}, {2, 6, 4, 16}, {2, 4, 6, 16}},
+            {4, {0, 2, 1, 3}, {2, 3, 5, 3}, {2, 5, 3, 3}},
+            {3, {1, 2, 0}, {3, 5, 7}, {5, 7, 3}},
+            {4, {1, 0, 2, 3}, {1, 7, 2, 8}, {7, 1, 2, 8}},
+        };
+        for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++) {
+            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+            for (int d = 0; d < tc[i].rank; d++)
+                op.attrs.perm[d] = tc[i].perm[d];
+            ps_tile in[1] = {hrand(tc[i].rank, tc[i].in, NULL, NULL)};
+            ps_tile out[1] = {htile(false, tc[i].rank, tc[i].out, NULL, NULL)};
+            check_op(b, &op, in, out);
+        }
+    }
     /* reductions: split inputs (mean divides by the global count), few and
      * many outputs, leading, trailing and middle axes */
     struct {
@@ -1509,6 +1530,16 @@ static void ops_half_storage(void **state)
             op.attrs.perm[3] = 1;
             ps_tile in[1] = {hrand(4, SH(4, 3, 5, 6), NULL, NULL)};
             ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        { /* attention's heads: 2-byte values in 16-byte units */
+            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+            op.attrs.perm[0] = 0;
+            op.attrs.perm[1] = 2;
+            op.attrs.perm[2] = 1;
+            op.attrs.perm[3] = 3;
+            ps_tile in[1] = {hrand(4, SH(2, 6, 4, 16), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 4, SH(2, 4, 6, 16), NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
         }
         {
