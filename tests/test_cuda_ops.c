@@ -1558,6 +1558,39 @@ static void ops_half_storage(void **state)
             ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 7u, 1u, t);
         }
+        { /* its gradient, every tile half (dgamma, dbeta too) */
+            ps_op op = mkop(PS_OP_LAYERNORM_GRAD, 3);
+            ps_tile in[3] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL),
+                             hrand(2, shape, NULL, NULL)};
+            ps_tile out[3] = {htile(false, 2, shape, NULL, NULL),
+                              htile(false, 1, SH(300), NULL, NULL),
+                              htile(false, 1, SH(300), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 7u, 7u, t);
+        }
+        /* a bias gradient (many rows, few outputs: one block each), a mean
+         * over a split middle axis (one thread each), and their broadcasts */
+        for (int k = 0; k < 2; k++) {
+            const int rank = k == 0 ? 2 : 3;
+            const int64_t *xs = k == 0 ? SH(300, 40) : SH(4, 5, 6);
+            const int64_t *xg = k == 0 ? SH(300, 40) : SH(4, 10, 6);
+            const int64_t *xo = k == 0 ? SH(0, 0) : SH(0, 5, 0);
+            const int64_t *ys = k == 0 ? SH(40) : SH(4, 6);
+            ps_op op = mkop(PS_OP_REDUCE, 1);
+            op.attrs.axes = k == 0 ? 0x1 : 0x2;
+            op.attrs.reduce = k == 0 ? PS_REDUCE_SUM : PS_REDUCE_MEAN;
+            ps_tile in[1] = {hrand(rank, xs, xg, xo)};
+            ps_tile out[1] = {htile(false, rank - 1, ys, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+            ps_op bop = mkop(PS_OP_BROADCAST, 1);
+            bop.attrs.axes = op.attrs.axes;
+            bop.attrs.reduce = op.attrs.reduce;
+            bop.attrs.shape_rank = rank;
+            for (int d = 0; d < rank; d++)
+                bop.attrs.shape[d] = xg[d];
+            ps_tile bin[1] = {hrand(rank - 1, ys, NULL, NULL)};
+            ps_tile bout[1] = {htile(false, rank, xs, xg, xo)};
+            check_op_half(b, cpu, &bop, bin, bout, 1u, 1u, t);
+        }
         {
             ps_op op = mkop(PS_OP_SOFTMAX_XENT_GRAD, 2);
             op.attrs.scale = 1024;

@@ -326,20 +326,22 @@ static __device__ int64_t red_off(const red_args &a, int64_t r)
 }
 
 /* One thread per output element (many outputs). */
-static __global__ void k_reduce_thread(red_args a, const float *x, float *y, int64_t n_out)
+template <typename T>
+static __global__ void k_reduce_thread(red_args a, const T *x, T *y, int64_t n_out)
 {
     FOR_EACH(o, n_out)
     {
         int64_t base = red_base(a, o);
         double acc = 0;
         for (int64_t r = 0; r < a.n_red; r++)
-            acc += x[base + red_off(a, r)];
-        y[o] = (float)(acc * a.factor);
+            acc += elem<T>::ld(x, base + red_off(a, r));
+        elem<T>::st(y, o, (float)(acc * a.factor));
     }
 }
 
 /* One block per output element (few outputs, long reductions). */
-static __global__ void k_reduce_block(red_args a, const float *x, float *y, int64_t n_out)
+template <typename T>
+static __global__ void k_reduce_block(red_args a, const T *x, T *y, int64_t n_out)
 {
     __shared__ double sh[32];
     ROWS_LOOP(o, n_out)
@@ -347,10 +349,10 @@ static __global__ void k_reduce_block(red_args a, const float *x, float *y, int6
         int64_t base = red_base(a, o);
         double acc = 0;
         for (int64_t r = threadIdx.x; r < a.n_red; r += blockDim.x)
-            acc += x[base + red_off(a, r)];
+            acc += elem<T>::ld(x, base + red_off(a, r));
         acc = block_sum(acc, sh);
         if (threadIdx.x == 0)
-            y[o] = (float)(acc * a.factor);
+            elem<T>::st(y, o, (float)(acc * a.factor));
     }
 }
 
@@ -361,7 +363,8 @@ typedef struct bcast_args {
     float factor;
 } bcast_args;
 
-static __global__ void k_broadcast(bcast_args a, const float *x, float *y, int64_t n)
+template <typename T>
+static __global__ void k_broadcast(bcast_args a, const T *x, T *y, int64_t n)
 {
     FOR_EACH(i, n)
     {
@@ -370,23 +373,24 @@ static __global__ void k_broadcast(bcast_args a, const float *x, float *y, int64
             off += (r % a.out_shape[d]) * a.in_stride[d];
             r /= a.out_shape[d];
         }
-        y[i] = x[off] * a.factor;
+        elem<T>::st(y, i, elem<T>::ld(x, off) * a.factor);
     }
 }
 
 /* ---- row kernels: layernorm, softmax ------------------------------------------------ */
 
 /* Mean and 1 / sqrt(var + eps) of a row, in double (to every thread). */
-static __device__ void row_stats(const float *xr, int64_t n, double eps, double *sh,
-                                 double *mean, double *rstd)
+template <typename T>
+static __device__ void row_stats(const T *xr, int64_t n, double eps, double *sh, double *mean,
+                                 double *rstd)
 {
     double acc = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-        acc += xr[j];
+        acc += elem<T>::ld(xr, j);
     double m = block_sum(acc, sh) / (double)n;
     acc = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        double d = xr[j] - m;
+        double d = elem<T>::ld(xr, j) - m;
         acc += d * d;
     }
     double var = block_sum(acc, sh) / (double)n;
@@ -394,42 +398,48 @@ static __device__ void row_stats(const float *xr, int64_t n, double eps, double 
     *rstd = 1.0 / sqrt(var + eps);
 }
 
-static __global__ void k_layernorm(const float *x, const float *g, const float *b, float *y,
-                            int64_t rows, int64_t n, double eps)
+template <typename T>
+static __global__ void k_layernorm(const T *x, const T *g, const T *b, T *y, int64_t rows,
+                                   int64_t n, double eps)
 {
     __shared__ double sh[32];
     ROWS_LOOP(row, rows)
     {
-        const float *xr = x + row * n;
+        const T *xr = x + row * n;
         double mean, rstd;
         row_stats(xr, n, eps, sh, &mean, &rstd);
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            y[row * n + j] = (float)((xr[j] - mean) * rstd * g[j] + b[j]);
+            elem<T>::st(y, row * n + j,
+                        (float)((elem<T>::ld(xr, j) - mean) * rstd * elem<T>::ld(g, j) +
+                                elem<T>::ld(b, j)));
     }
 }
 
 /* dx per row; the row's mean and 1/std saved for the parameter gradients. */
-static __global__ void k_layernorm_grad_x(const float *x, const float *g, const float *dy,
-                                          float *dx, double *mean_out, double *rstd_out,
-                                          int64_t rows, int64_t n, double eps)
+template <typename T>
+static __global__ void k_layernorm_grad_x(const T *x, const T *g, const T *dy, T *dx,
+                                          double *mean_out, double *rstd_out, int64_t rows,
+                                          int64_t n, double eps)
 {
     __shared__ double sh[32];
     ROWS_LOOP(row, rows)
     {
-        const float *xr = x + row * n, *dyr = dy + row * n;
+        const T *xr = x + row * n, *dyr = dy + row * n;
         double mean, rstd;
         row_stats(xr, n, eps, sh, &mean, &rstd);
         double sa = 0, sb = 0;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            double gd = (double)g[j] * dyr[j];
+            double gd = (double)elem<T>::ld(g, j) * elem<T>::ld(dyr, j);
             sa += gd;
-            sb += gd * (xr[j] - mean) * rstd;
+            sb += gd * (elem<T>::ld(xr, j) - mean) * rstd;
         }
         sa = block_sum(sa, sh) / (double)n;
         sb = block_sum(sb, sh) / (double)n;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            double xhat = (xr[j] - mean) * rstd;
-            dx[row * n + j] = (float)(rstd * ((double)g[j] * dyr[j] - sa - xhat * sb));
+            double xhat = (elem<T>::ld(xr, j) - mean) * rstd;
+            elem<T>::st(dx, row * n + j,
+                        (float)(rstd * ((double)elem<T>::ld(g, j) * elem<T>::ld(dyr, j) - sa -
+                                        xhat * sb)));
         }
         if (threadIdx.x == 0) {
             mean_out[row] = mean;
@@ -439,10 +449,10 @@ static __global__ void k_layernorm_grad_x(const float *x, const float *g, const 
 }
 
 /* Column partial sums of dy * xhat and dy over a chunk of rows. */
-static __global__ void k_layernorm_grad_partial(const float *x, const float *dy,
-                                                const double *mean, const double *rstd,
-                                                double *pg, double *pb, int64_t rows,
-                                         int64_t n, int64_t rows_per_chunk)
+template <typename T>
+static __global__ void k_layernorm_grad_partial(const T *x, const T *dy, const double *mean,
+                                                const double *rstd, double *pg, double *pb,
+                                                int64_t rows, int64_t n, int64_t rows_per_chunk)
 {
     int64_t c = blockIdx.y;
     int64_t r0 = c * rows_per_chunk, r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
@@ -450,8 +460,8 @@ static __global__ void k_layernorm_grad_partial(const float *x, const float *dy,
          j += (int64_t)gridDim.x * blockDim.x) {
         double sg = 0, sb = 0;
         for (int64_t r = r0; r < r1; r++) {
-            double d = dy[r * n + j];
-            sg += d * ((double)x[r * n + j] - mean[r]) * rstd[r];
+            double d = elem<T>::ld(dy, r * n + j);
+            sg += d * ((double)elem<T>::ld(x, r * n + j) - mean[r]) * rstd[r];
             sb += d;
         }
         pg[c * n + j] = sg;
@@ -459,8 +469,9 @@ static __global__ void k_layernorm_grad_partial(const float *x, const float *dy,
     }
 }
 
-static __global__ void k_sum_chunks(const double *pg, const double *pb, float *dg, float *db,
-                                    int64_t n, int64_t chunks)
+template <typename T>
+static __global__ void k_sum_chunks(const double *pg, const double *pb, T *dg, T *db, int64_t n,
+                                    int64_t chunks)
 {
     FOR_EACH(j, n)
     {
@@ -469,8 +480,8 @@ static __global__ void k_sum_chunks(const double *pg, const double *pb, float *d
             sg += pg[c * n + j];
             sb += pb[c * n + j];
         }
-        dg[j] = (float)sg;
-        db[j] = (float)sb;
+        elem<T>::st(dg, j, (float)sg);
+        elem<T>::st(db, j, (float)sb);
     }
 }
 
@@ -794,6 +805,7 @@ static ps_status run_matmul(ps_cuda_stream *s, const ps_op *op, const ps_tile *i
     return PS_OK;
 }
 
+template <typename T>
 static ps_status run_reduce(ps_cuda_stream *s, const ps_op *op, const ps_tile *x, ps_tile *y,
                             ps_error *err)
 {
@@ -824,16 +836,17 @@ static ps_status run_reduce(ps_cuda_stream *s, const ps_op *op, const ps_tile *x
             (long long)n_out);
     a.factor = op->attrs.reduce == PS_REDUCE_MEAN ? 1.0 / count : 1.0;
     if (n_out >= 8192 || a.n_red < 64) {
-        k_reduce_thread<<<LAUNCH(n_out)>>>(a, (const float *)x->data, (float *)y->data, n_out);
+        k_reduce_thread<T><<<LAUNCH(n_out)>>>(a, (const T *)x->data, (T *)y->data, n_out);
         PS_CUDA_LAUNCHED(s->loc, "k_reduce_thread");
     } else {
-        k_reduce_block<<<ps_cuda_row_blocks(n_out), THREADS, 0, s->stream>>>(a, (const float *)x->data,
-                                                                      (float *)y->data, n_out);
+        k_reduce_block<T><<<ps_cuda_row_blocks(n_out), THREADS, 0, s->stream>>>(
+            a, (const T *)x->data, (T *)y->data, n_out);
         PS_CUDA_LAUNCHED(s->loc, "k_reduce_block");
     }
     return PS_OK;
 }
 
+template <typename T>
 static ps_status run_broadcast(ps_cuda_stream *s, const ps_op *op, const ps_tile *x, ps_tile *y,
                                ps_error *err)
 {
@@ -865,11 +878,12 @@ static ps_status run_broadcast(ps_cuda_stream *s, const ps_op *op, const ps_tile
         a.in_stride[d] = (axes & (1u << d)) ? 0 : in_stride[k++];
     a.factor = op->attrs.reduce == PS_REDUCE_MEAN ? (float)(1.0 / count) : 1.0f;
     int64_t n = numel(y);
-    k_broadcast<<<LAUNCH(n)>>>(a, (const float *)x->data, (float *)y->data, n);
+    k_broadcast<T><<<LAUNCH(n)>>>(a, (const T *)x->data, (T *)y->data, n);
     PS_CUDA_LAUNCHED(s->loc, "k_broadcast");
     return PS_OK;
 }
 
+template <typename T>
 static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile *in,
                                ps_tile *out, ps_error *err)
 {
@@ -885,9 +899,9 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
         return ps_cuda_op_error(s, op, PS_ERR_UNSUPPORTED, err,
                                 "the normalized (last) dim must not be split");
     if (op->kind == PS_OP_LAYERNORM) {
-        k_layernorm<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
-            (const float *)x->data, (const float *)g->data, (const float *)in[2].data,
-            (float *)out[0].data, rows, n, eps);
+        k_layernorm<T><<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
+            (const T *)x->data, (const T *)g->data, (const T *)in[2].data, (T *)out[0].data, rows,
+            n, eps);
         PS_CUDA_LAUNCHED(s->loc, "k_layernorm");
         return PS_OK;
     }
@@ -911,17 +925,17 @@ static ps_status run_layernorm(ps_cuda_stream *s, const ps_op *op, const ps_tile
     PS_RET(ps_cuda_ws_reserve(s, c.used, (void **)&ws, err));
     double *mean = (double *)(ws + o_mean), *rstd = (double *)(ws + o_rstd);
     double *pg = (double *)(ws + o_pg), *pb = (double *)(ws + o_pb);
-    k_layernorm_grad_x<<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
-        (const float *)x->data, (const float *)g->data, (const float *)dy->data,
-        (float *)out[0].data, mean, rstd, rows, n, eps);
+    k_layernorm_grad_x<T><<<ps_cuda_row_blocks(rows), THREADS, 0, s->stream>>>(
+        (const T *)x->data, (const T *)g->data, (const T *)dy->data, (T *)out[0].data, mean, rstd,
+        rows, n, eps);
     PS_CUDA_LAUNCHED(s->loc, "k_layernorm_grad_x");
     dim3 grid((unsigned)((n + THREADS - 1) / THREADS < 65535 ? (n + THREADS - 1) / THREADS
                                                                : 65535),
               (unsigned)chunks);
-    k_layernorm_grad_partial<<<grid, THREADS, 0, s->stream>>>(
-        (const float *)x->data, (const float *)dy->data, mean, rstd, pg, pb, rows, n, per);
+    k_layernorm_grad_partial<T><<<grid, THREADS, 0, s->stream>>>(
+        (const T *)x->data, (const T *)dy->data, mean, rstd, pg, pb, rows, n, per);
     PS_CUDA_LAUNCHED(s->loc, "k_layernorm_grad_partial");
-    k_sum_chunks<<<LAUNCH(n)>>>(pg, pb, (float *)out[1].data, (float *)out[2].data, n, chunks);
+    k_sum_chunks<T><<<LAUNCH(n)>>>(pg, pb, (T *)out[1].data, (T *)out[2].data, n, chunks);
     PS_CUDA_LAUNCHED(s->loc, "k_sum_chunks");
     return PS_OK;
 }
@@ -1181,7 +1195,8 @@ bool ps_cuda_op_accumulates(ps_op_kind kind, int out, const ps_tile *t)
 
 /* The kinds whose kernels read and write their tiles through elem<T> (and
  * the moves), so that they run on half tiles as they are: elementwise ops,
- * softmax and its gradient, reshape and transpose. */
+ * softmax, layernorm and their gradients, reductions and broadcasts,
+ * reshape and transpose. */
 static bool pointwise_kind(ps_op_kind kind)
 {
     switch (kind) {
@@ -1193,6 +1208,10 @@ static bool pointwise_kind(ps_op_kind kind)
     case PS_OP_GELU_GRAD:
     case PS_OP_SOFTMAX:
     case PS_OP_SOFTMAX_GRAD:
+    case PS_OP_LAYERNORM:
+    case PS_OP_LAYERNORM_GRAD:
+    case PS_OP_REDUCE:
+    case PS_OP_BROADCAST:
     case PS_OP_RESHAPE:
     case PS_OP_TRANSPOSE: return true;
     default: return false;
@@ -1244,6 +1263,10 @@ static ps_status run_pointwise(ps_cuda_stream *s, const ps_op *op, const ps_tile
         return PS_OK;
     case PS_OP_SOFTMAX:
     case PS_OP_SOFTMAX_GRAD: return run_softmax<T>(s, op, in, out, err);
+    case PS_OP_LAYERNORM:
+    case PS_OP_LAYERNORM_GRAD: return run_layernorm<T>(s, op, in, out, err);
+    case PS_OP_REDUCE: return run_reduce<T>(s, op, &in[0], &out[0], err);
+    case PS_OP_BROADCAST: return run_broadcast<T>(s, op, &in[0], &out[0], err);
     case PS_OP_RESHAPE:
         PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
         if (out[0].data != in[0].data)
@@ -1321,15 +1344,15 @@ ps_status ps_cuda_op_run(ps_cuda_stream *s, const ps_op *op, const ps_tile *in, 
     case PS_OP_RELU_GRAD:
     case PS_OP_GELU_GRAD: return run_pointwise<float>(s, op, in, out, err);
     case PS_OP_LAYERNORM:
-    case PS_OP_LAYERNORM_GRAD: return run_layernorm(s, op, in, out, err);
+    case PS_OP_LAYERNORM_GRAD: return run_layernorm<float>(s, op, in, out, err);
     case PS_OP_SOFTMAX:
     case PS_OP_SOFTMAX_GRAD: return run_softmax<float>(s, op, in, out, err);
     case PS_OP_EMBEDDING:
     case PS_OP_EMBEDDING_GRAD: return run_embedding(s, op, in, out, err);
     case PS_OP_RESHAPE:
     case PS_OP_TRANSPOSE: return run_pointwise<float>(s, op, in, out, err);
-    case PS_OP_REDUCE: return run_reduce(s, op, &in[0], &out[0], err);
-    case PS_OP_BROADCAST: return run_broadcast(s, op, &in[0], &out[0], err);
+    case PS_OP_REDUCE: return run_reduce<float>(s, op, &in[0], &out[0], err);
+    case PS_OP_BROADCAST: return run_broadcast<float>(s, op, &in[0], &out[0], err);
     case PS_OP_MSE_LOSS:
     case PS_OP_MSE_LOSS_GRAD: return run_mse(s, op, in, out, err);
     case PS_OP_SOFTMAX_XENT:
