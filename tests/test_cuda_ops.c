@@ -26,6 +26,7 @@
 #include "exec/cuda/cuda_backend.h"
 #include "exec/cuda/cuda_ops.h"
 #include "exec/half.h"
+#include "tests/test_layouts.h"
 #include "tests/test_util.h"
 #ifdef PS_HAVE_CPU_OPS
 #include "exec/cpu/cpu_backend.h"
@@ -181,16 +182,6 @@ static ps_op mkop(ps_op_kind kind, int n_in)
     return op;
 }
 
-static const char *const einsum_specs[] = {
-    "bk,kn->bn",       "bn,kn->bk",       "bk,bn->kn",        "bsk,kn->bsn",
-    "bsn,kn->bsk",     "bsk,bsn->kn",     "bsh,vh->bsv",      "bsv,vh->bsh",
-    "bsv,bsh->vh",     "bqad,bkad->baqk", "baqk,bkad->bqad",  "bqad,baqk->bkad",
-    "baqk,bqad->bkad", "egcm,emf->egcf",  "egcf,efm->egcm",   "egcm,egcf->emf",
-    "gsm,me->gse",     "ij,jk->ki",       "abc,cd->dba",      "k,k->",
-    "i,j->ij",         "abij,abjk->baik", "xy,zy->yxz",       "kn,bk->bn",
-    "ab,ab->ab",       "ab,ba->",         "cab,bd->acd",      "pqrs,sqt->tpr",
-};
-
 static void einsum_sizes_for_test(int64_t *size)
 {
     for (int l = 0; l < 26; l++)
@@ -343,9 +334,9 @@ static void ops_matmul(void **state)
     size['n' - 'a'] = 17;
     size['h' - 'a'] = 24;
     size['v' - 'a'] = 50;
-    for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++) {
-        check_einsum(b, einsum_specs[i], size);
-        check_einsum_adding(b, einsum_specs[i], size, true);
+    for (size_t i = 0; i < TEST_EINSUM_SPECS; i++) {
+        check_einsum(b, test_einsum_specs[i], size);
+        check_einsum_adding(b, test_einsum_specs[i], size, true);
     }
     /* attention at extents where the GEMMs read the heads where they lie
      * and loop over the batch (tests/test_gemm_plan.c), also adding */
@@ -1432,9 +1423,9 @@ static void ops_half_storage(void **state)
     const ps_dtype types[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
     for (int ti = 0; ti < 2; ti++) {
         ps_dtype t = types[ti];
-        for (size_t i = 0; i < sizeof einsum_specs / sizeof einsum_specs[0]; i++) {
+        for (size_t i = 0; i < TEST_EINSUM_SPECS; i++) {
             ps_einsum e;
-            assert_int_equal(ps_einsum_parse(einsum_specs[i], &e, NULL), PS_OK);
+            assert_int_equal(ps_einsum_parse(test_einsum_specs[i], &e, NULL), PS_OK);
             ps_tile x[3];
             for (int o = 0; o < 3; o++) {
                 int64_t shape[PS_MAX_RANK];
@@ -1444,7 +1435,7 @@ static void ops_half_storage(void **state)
                              : htile(false, e.rank[o], shape, NULL, NULL);
             }
             ps_op op = mkop(PS_OP_MATMUL, 2);
-            snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", einsum_specs[i]);
+            snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", test_einsum_specs[i]);
             check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
             /* half operands added into an fp32 output (an accumulated
              * gradient kept in fp32): cuBLAS's beta 1 on the half operands,

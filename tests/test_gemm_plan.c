@@ -17,27 +17,14 @@
 
 #include "core/op.h"
 #include "exec/gemm_plan.h"
+#include "tests/test_layouts.h"
 #include "tests/test_util.h"
 
-/* y = x with out dim i = in dim perm[i] (the permute kernel's semantics). */
+/* y = x with out dim i = in dim perm[i], floats. */
 static void host_permute(const float *x, const int64_t *in_shape, int rank, const int *perm,
                          float *y)
 {
-    int64_t stride[PS_MAX_RANK], out_shape[PS_MAX_RANK], n = 1;
-    for (int d = rank - 1; d >= 0; d--) {
-        stride[d] = n;
-        n *= in_shape[d];
-    }
-    for (int i = 0; i < rank; i++)
-        out_shape[i] = in_shape[perm[i]];
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = i, off = 0;
-        for (int d = rank - 1; d >= 0; d--) {
-            off += (r % out_shape[d]) * stride[perm[d]];
-            r /= out_shape[d];
-        }
-        y[i] = x[off];
-    }
+    test_permute_by_definition(x, in_shape, rank, perm, sizeof *x, y);
 }
 
 /* The plan's calls of cublasGemmStridedBatchedEx, column-major (alpha 1,
@@ -180,16 +167,9 @@ static void check_spec(const char *spec, const int64_t *size, int64_t call_cost,
         *plan = p;
 }
 
-static const char *const einsum_specs[] = {
-    "bk,kn->bn",       "bn,kn->bk",       "bk,bn->kn",        "bsk,kn->bsn",
-    "bsn,kn->bsk",     "bsk,bsn->kn",     "bsh,vh->bsv",      "bsv,vh->bsh",
-    "bsv,bsh->vh",     "bqad,bkad->baqk", "baqk,bkad->bqad",  "bqad,baqk->bkad",
-    "baqk,bqad->bkad", "egcm,emf->egcf",  "egcf,efm->egcm",   "egcm,egcf->emf",
-    "gsm,me->gse",     "ij,jk->ki",       "abc,cd->dba",      "k,k->",
-    "i,j->ij",         "abij,abjk->baik", "xy,zy->yxz",       "kn,bk->bn",
-    "ab,ab->ab",       "ab,ba->",         "cab,bd->acd",      "pqrs,sqt->tpr",
-    "mbk,kn->bmn",     "bmk,bkn->mbn",    "kab,kba->ab",      "acbd,dcbe->eba",
-};
+/* beyond the shared list: several labels per group, out of order */
+static const char *const more_specs[] = {"mbk,kn->bmn", "bmk,bkn->mbn", "kab,kba->ab",
+                                         "acbd,dcbe->eba"};
 
 /* Every spec of the list at extents 2-5, with some labels of extent 1, and
  * with an empty one; calls at the default cost (permuting, at these
@@ -211,9 +191,11 @@ static void fixed_einsums(void **state)
             size['b' - 'a'] = size['d' - 'a'] = size['h' - 'a'] = size['m' - 'a'] = 1;
         if (variant == 3) /* an empty label */
             size['q' - 'a'] = 0;
-        for (size_t i = 0; i < sizeof einsum_specs / sizeof *einsum_specs; i++)
+        for (size_t i = 0; i < TEST_EINSUM_SPECS + sizeof more_specs / sizeof *more_specs; i++)
             for (int64_t cost = 0; cost <= 1 << 20; cost += 1 << 20)
-                check_spec(einsum_specs[i], size, cost, NULL);
+                check_spec(i < TEST_EINSUM_SPECS ? test_einsum_specs[i]
+                                                 : more_specs[i - TEST_EINSUM_SPECS],
+                           size, cost, NULL);
     }
 }
 

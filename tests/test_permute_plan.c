@@ -14,28 +14,8 @@
 #include <cmocka.h>
 
 #include "exec/permute_plan.h"
+#include "tests/test_layouts.h"
 #include "tests/test_util.h"
-
-/* y = x with out dim i = in dim perm[i], elements of `elem` bytes. */
-static void by_definition(const unsigned char *x, const int64_t *in_shape, int rank,
-                          const int *perm, size_t elem, unsigned char *y)
-{
-    int64_t stride[PS_MAX_RANK], out_shape[PS_MAX_RANK], n = 1;
-    for (int d = rank - 1; d >= 0; d--) {
-        stride[d] = n;
-        n *= in_shape[d];
-    }
-    for (int i = 0; i < rank; i++)
-        out_shape[i] = in_shape[perm[i]];
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = i, off = 0;
-        for (int d = rank - 1; d >= 0; d--) {
-            off += (r % out_shape[d]) * stride[perm[d]];
-            r /= out_shape[d];
-        }
-        memcpy(y + i * elem, x + off * elem, elem);
-    }
-}
 
 /* The kernel's loop: unit i from the offset its digits give. */
 static void by_plan(const ps_permute_plan *p, const unsigned char *x, unsigned char *y)
@@ -106,7 +86,7 @@ static void random_permutations(void **state)
         assert_true(p.rank <= rank);
         assert_true(p.unit_bytes >= elem && p.unit_bytes <= 16);
         assert_true((uintptr_t)xs % p.unit_bytes == 0 || p.unit_bytes == elem);
-        by_definition(xs, shape, rank, perm, elem, want);
+        test_permute_by_definition(xs, shape, rank, perm, elem, want);
         by_plan(&p, xs, gs);
         if (memcmp(want, gs, (size_t)n * elem) != 0)
             fail_msg("trial %d: rank %d, %zu-byte elements: the plan (rank %d, %zu-byte "
