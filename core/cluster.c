@@ -172,6 +172,18 @@ out:
 
 /* ---- validation and comparison ----------------------------------------- */
 
+/* Rates of 1 to 1e20 per second and latencies of at most an hour: beyond
+ * them the predicted times and throughputs leave what a plan file holds
+ * (0 to 1e30). */
+static bool rate_ok(double x)
+{
+    return isfinite(x) && x >= 1 && x <= 1e20;
+}
+static bool latency_ok(double x)
+{
+    return isfinite(x) && x >= 0 && x <= 3600;
+}
+
 static ps_status check_kind(const ps_cluster *c, int i, ps_error *err)
 {
     const ps_device_kind *k = &c->kinds[i];
@@ -181,12 +193,12 @@ static ps_status check_kind(const ps_cluster *c, int i, ps_error *err)
     for (int t = 0; t < PS_FLOAT_DTYPE_COUNT; t++) {
         double f = k->peak_flops[t];
         /* fp32 is the one rate every device has; the others may be 0 (unsupported). */
-        if (!isfinite(f) || (f != 0 && f < 1) || f < 0 || (t == PS_DTYPE_F32 && f <= 0))
+        if (!isfinite(f) || (f != 0 && !rate_ok(f)) || f < 0 || (t == PS_DTYPE_F32 && f <= 0))
             return ps_error_set(err, PS_ERR_INVALID,
                                 "cluster \"%s\": device kind \"%s\": peak_flops.%s must be %s "
                                 "(found %g)",
                                 c->name, k->name, ps_dtype_names[t],
-                                t == PS_DTYPE_F32 ? "at least 1 FLOP/s" : "0 or at least 1 FLOP/s",
+                                t == PS_DTYPE_F32 ? "1 to 1e20 FLOP/s" : "0, or 1 to 1e20 FLOP/s",
                                 f);
     }
     if (!isfinite(k->memory_bytes) || k->memory_bytes <= 0)
@@ -194,27 +206,16 @@ static ps_status check_kind(const ps_cluster *c, int i, ps_error *err)
                             "cluster \"%s\": device kind \"%s\": memory_bytes must be positive "
                             "(found %g)",
                             c->name, k->name, k->memory_bytes);
-    if (!isfinite(k->memory_bandwidth_bytes_per_s) || k->memory_bandwidth_bytes_per_s < 1)
+    if (!rate_ok(k->memory_bandwidth_bytes_per_s))
         return ps_error_set(err, PS_ERR_INVALID,
                             "cluster \"%s\": device kind \"%s\": memory_bandwidth_bytes_per_s "
-                            "must be at least 1 B/s (found %g)",
+                            "must be 1 to 1e20 B/s (found %g)",
                             c->name, k->name, k->memory_bandwidth_bytes_per_s);
     for (int j = 0; j < i; j++)
         if (strncmp(c->kinds[j].name, k->name, PS_NAME_MAX) == 0)
             return ps_error_set(err, PS_ERR_INVALID, "cluster \"%s\": duplicate device kind \"%s\"",
                                 c->name, k->name);
     return PS_OK;
-}
-
-/* Rates of at least 1 per second and latencies of at most an hour: beyond
- * them the predicted times overflow what a plan file holds (1e30 s). */
-static bool rate_ok(double x)
-{
-    return isfinite(x) && x >= 1;
-}
-static bool latency_ok(double x)
-{
-    return isfinite(x) && x >= 0 && x <= 3600;
 }
 
 ps_status ps_cluster_validate(const ps_cluster *c, ps_error *err)
@@ -247,14 +248,14 @@ ps_status ps_cluster_validate(const ps_cluster *c, ps_error *err)
         return ps_error_set(err, PS_ERR_INVALID, "cluster \"%s\": unknown link topology", c->name);
     if (!rate_ok(c->intra.bandwidth_bytes_per_s) || !latency_ok(c->intra.latency_s))
         return ps_error_set(err, PS_ERR_INVALID,
-                            "cluster \"%s\": intra-node link needs a bandwidth of at least 1 B/s "
+                            "cluster \"%s\": intra-node link needs a bandwidth of 1 to 1e20 B/s "
                             "and a latency of 0 to 3600 s (found %g B/s, %g s)",
                             c->name, c->intra.bandwidth_bytes_per_s, c->intra.latency_s);
     if (c->inter.nics_per_node < 1 || c->inter.nics_per_node > MAX_NICS_PER_NODE ||
         !rate_ok(c->inter.nic_bandwidth_bytes_per_s) || !latency_ok(c->inter.latency_s))
         return ps_error_set(err, PS_ERR_INVALID,
                             "cluster \"%s\": inter-node link needs 1 to %d NICs, a bandwidth of "
-                            "at least 1 B/s and a latency of 0 to 3600 s (found %d, %g B/s, %g s)",
+                            "1 to 1e20 B/s and a latency of 0 to 3600 s (found %d, %g B/s, %g s)",
                             c->name, MAX_NICS_PER_NODE, c->inter.nics_per_node,
                             c->inter.nic_bandwidth_bytes_per_s, c->inter.latency_s);
     if (c->shared_cores_per_node < 0 || c->shared_cores_per_node > PS_CLUSTER_MAX_DEVICES)

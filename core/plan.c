@@ -259,8 +259,9 @@ static bool time_fits(double seconds)
     return isfinite(seconds) && seconds >= 0 && seconds <= 1e30;
 }
 
-/* A plan the reader would refuse is not written: its predicted times must
- * be finite and at most 1e30 s (a cluster of absurd rates predicts more). */
+/* A plan the reader would refuse is not written: its predicted times and
+ * throughput must be finite and at most 1e30 (a cluster of absurd rates
+ * predicts more). */
 static ps_status check_times(const ps_plan *p, const char *path, ps_error *err)
 {
     const char *what = NULL;
@@ -272,9 +273,11 @@ static ps_status check_times(const ps_plan *p, const char *path, ps_error *err)
     }
     for (int k = 0; k < p->n_stages && what == NULL; k++) {
         const ps_plan_stage *s = &p->stages[k];
-        const double t[] = {s->forward_s, s->backward_s, s->update_s, s->time_s};
-        static const char *const names[] = {"forward", "backward", "update", "time"};
-        for (int i = 0; i < 4 && what == NULL; i++)
+        const double t[] = {s->forward_s, s->backward_s,     s->update_s,
+                            s->time_s,    s->send_forward_s, s->send_backward_s};
+        static const char *const names[] = {"forward", "backward",      "update",
+                                            "time",    "forward sends", "backward sends"};
+        for (int i = 0; i < 6 && what == NULL; i++)
             if (!time_fits(t[i])) {
                 what = names[i];
                 bad = t[i];
@@ -287,16 +290,23 @@ static ps_status check_times(const ps_plan *p, const char *path, ps_error *err)
                 stage = k;
             }
     }
+    const char *unit = "s";
+    if (what == NULL && !(isfinite(p->tflops_per_device) && p->tflops_per_device >= 0 &&
+                          p->tflops_per_device <= 1e30)) {
+        what = "throughput";
+        bad = p->tflops_per_device;
+        unit = "TFLOP/s per device";
+    }
     if (what == NULL)
         return PS_OK;
     char where[32] = "";
     if (stage >= 0)
         snprintf(where, sizeof where, " of stage %d", stage);
     return ps_error_set(err, PS_ERR_INVALID,
-                        "%s: not written: the predicted %s%s is %g s, beyond what a plan file "
-                        "holds (0 to 1e30 s); the cluster's rates (peak FLOP/s, memory and link "
-                        "bandwidths) are out of any real range",
-                        path, what, where, bad);
+                        "%s: not written: the predicted %s%s is %g %s, beyond what a plan "
+                        "file holds (0 to 1e30); the cluster's rates (peak FLOP/s, memory and "
+                        "link bandwidths) are out of any real range",
+                        path, what, where, bad, unit);
 }
 
 ps_status ps_plan_save(const ps_plan *p, const char *path, ps_error *err)

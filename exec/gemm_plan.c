@@ -229,6 +229,33 @@ static bool build(const ps_einsum *e, const int64_t *size, const int *where, int
     return true;
 }
 
+/* The plan of an einsum with an empty label: the problem's sizes (L the
+ * first operand), one call that nothing runs, nothing permuted. */
+static ps_status empty_plan(const ps_einsum *e, const int64_t *size, const int *where,
+                            ps_gemm_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    out->batch = out->m = out->n = out->k = 1;
+    for (int l = 0; l < 26; l++) {
+        if (where[l] == 7)
+            out->batch *= size[l];
+        else if (where[l] == (1 | 4))
+            out->m *= size[l];
+        else if (where[l] == (2 | 4))
+            out->n *= size[l];
+        else if (where[l] == 3)
+            out->k *= size[l];
+    }
+    (void)e;
+    out->calls = 1;
+    out->cm = out->n;
+    out->cn = out->m;
+    out->ck = out->k;
+    out->lda = out->ldc = out->n > 1 ? out->n : 1;
+    out->ldb = out->k > 1 ? out->k : 1;
+    return PS_OK;
+}
+
 ps_status ps_gemm_plan_make(const char *einsum, const int rank[3],
                             const int64_t shape[3][PS_MAX_RANK], ps_gemm_plan *out,
                             ps_error *err)
@@ -272,6 +299,12 @@ ps_status ps_gemm_plan_make_costed(const char *einsum, const int rank[3],
         }
     }
     const int CONTRACTED = 3;
+    /* an extent of 0: nothing to multiply (an empty output, or zeros where
+     * only a contracted label is empty, which the callers write themselves) */
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < e.rank[o]; i++)
+            if (shape[o][i] == 0)
+                return empty_plan(&e, size, where, out);
     /* first choice of L: the operand whose free labels come first in the
      * output (then [batch][M][N] is the output's order where it has one) */
     int first = 0;

@@ -2473,11 +2473,8 @@ static void backend_injected_failure(void **state)
 
 int main(void)
 {
-    /* host-only checks run everywhere */
-    const struct CMUnitTest host_tests[] = {};
-    int failed = cmocka_run_group_tests_name("host", host_tests, NULL, NULL);
-    if (failed != 0)
-        return failed;
+    /* (the host-only checks of the GEMM and permute plans are CPU tests:
+     * tests/test_gemm_plan.c, tests/test_permute_plan.c) */
     if (ps_cuda_device_count() == 0) {
         printf("no usable GPU: the CUDA tests are skipped\n");
         return 77;

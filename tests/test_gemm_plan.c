@@ -28,11 +28,12 @@ static void host_permute(const float *x, const int64_t *in_shape, int rank, cons
 }
 
 /* The plan's calls of cublasGemmStridedBatchedEx, column-major (alpha 1,
- * beta 0): a is R (operand 1 - left), b is L, c the output (or its
- * temporary); each call from its offsets. Every element of c that a call
- * writes is counted in written (of c_n elements). */
-static void host_gemm(const ps_gemm_plan *p, const float *a, const float *b, float *c,
-                      int *written, int64_t c_n)
+ * beta 0): a is R (operand 1 - left, a_n elements), b is L (b_n), c the
+ * output or its temporary (c_n); each call from its offsets. Every read
+ * and write lies inside its array; every element of c that a call writes
+ * is counted in written. */
+static void host_gemm(const ps_gemm_plan *p, const float *a, int64_t a_n, const float *b,
+                      int64_t b_n, float *c, int *written, int64_t c_n)
 {
     for (int64_t call = 0; call < p->calls; call++) {
         int64_t off[3];
@@ -45,9 +46,11 @@ static void host_gemm(const ps_gemm_plan *p, const float *a, const float *b, flo
                     double acc = 0;
                     const float *ab = A + bt * p->stride_a, *bb = B + bt * p->stride_b;
                     for (int64_t q = 0; q < p->ck; q++) {
-                        double av = p->transa ? ab[q + i * p->lda] : ab[i + q * p->lda];
-                        double bv = p->transb ? bb[j + q * p->ldb] : bb[q + j * p->ldb];
-                        acc += av * bv;
+                        int64_t ia = p->transa ? q + i * p->lda : i + q * p->lda;
+                        int64_t ib = p->transb ? j + q * p->ldb : q + j * p->ldb;
+                        assert_true((ab - a) + ia >= 0 && (ab - a) + ia < a_n);
+                        assert_true((bb - b) + ib >= 0 && (bb - b) + ib < b_n);
+                        acc += (double)ab[ia] * bb[ib];
                     }
                     int64_t at = (C - c) + bt * p->stride_c + i + j * p->ldc;
                     assert_true(at >= 0 && at < c_n);
@@ -138,8 +141,8 @@ static void check_spec(const char *spec, const int64_t *size, int64_t call_cost,
     assert_non_null(tmp);
     assert_non_null(written);
     if (p.k > 0)
-        host_gemm(&p, perm_t[1 - p.left], perm_t[p.left], p.out_permute ? tmp : got, written,
-                  n[2]);
+        host_gemm(&p, perm_t[1 - p.left], n[1 - p.left], perm_t[p.left], n[p.left],
+                  p.out_permute ? tmp : got, written, n[2]);
     else /* an empty contraction: zeros (the backends' memset) */
         for (int64_t i = 0; i < n[2]; i++) {
             (p.out_permute ? tmp : got)[i] = 0;
@@ -316,6 +319,32 @@ static void attention_reads_in_place(void **state)
     }
 }
 
+/* Empty labels: a batch of 0 beside batch labels that alone would take
+ * more calls than allowed, an empty free label after a large batch, an
+ * empty contraction: planned, nothing permuted. */
+static void empty_extents(void **state)
+{
+    (void)state;
+    int64_t size[26];
+    for (int l = 0; l < 26; l++)
+        size[l] = 1;
+    size['f' - 'a'] = 65;
+    size['b' - 'a'] = 0;
+    size['c' - 'a'] = 3;
+    size['i' - 'a'] = size['j' - 'a'] = size['k' - 'a'] = 2;
+    ps_gemm_plan p;
+    check_spec("fbcij,fbcjk->fbcik", size, 0, &p);
+    assert_true(!p.permute[0] && !p.permute[1] && !p.out_permute);
+    size['a' - 'a'] = 68;
+    size['b' - 'a'] = 5;
+    size['c' - 'a'] = 0;
+    check_spec("abc,acb->acb", size, 1 << 20, &p);
+    size['c' - 'a'] = 4;
+    size['j' - 'a'] = 0;
+    check_spec("cij,cjk->cik", size, 1 << 20, &p); /* zeros */
+    assert_int_equal(p.k, 0);
+}
+
 /* Malformed: a rank that does not match the labels, one label of two
  * extents, a negative extent, a parse error. */
 static void malformed(void **state)
@@ -346,6 +375,7 @@ int main(void)
         cmocka_unit_test(fixed_einsums),
         cmocka_unit_test(random_einsums),
         cmocka_unit_test(attention_reads_in_place),
+        cmocka_unit_test(empty_extents),
         cmocka_unit_test(malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
