@@ -185,7 +185,7 @@ ps_status ps_cli_planner_summary(const ps_plan *plan, const ps_plan_model *m,
 {
     ps_status st = PS_OK;
     ps_pipeline_span *own = NULL;
-    double *receive_s = NULL, *saved_s = NULL, iteration_s = NAN;
+    double *receive_s = NULL, *saved_s = NULL, *wall_s = NULL, iteration_s = NAN;
     *out = NULL;
     if (spans == NULL) {
         PS_TRY(ps_cli_in_plan_file(plan,
@@ -196,15 +196,18 @@ ps_status ps_cli_planner_summary(const ps_plan *plan, const ps_plan_model *m,
     }
     receive_s = ps_pipeline_receive_seconds(plan->n_stages, spans, n_spans);
     saved_s = ps_pipeline_compute_saved_s(plan->n_stages, spans, n_spans);
+    wall_s = ps_pipeline_compute_wall_s(plan->n_stages, spans, n_spans);
     PS_TRY_ALLOC(receive_s, err);
     PS_TRY_ALLOC(saved_s, err);
-    st = ps_summary_from_plan(plan, set, receive_s, saved_s, out);
+    PS_TRY_ALLOC(wall_s, err);
+    st = ps_summary_from_plan(plan, set, receive_s, saved_s, wall_s, out);
     if (st != PS_OK)
         st = ps_error_set(err, st, "the planner's summary: %s", ps_status_str(st));
 out:
     free(own);
     free(receive_s);
     free(saved_s);
+    free(wall_s);
     return st;
 }
 

@@ -174,6 +174,12 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
  * when out of memory). The stage's phase took its charged time less that. */
 double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
+/* Per stage and phase, the seconds its kernels of that phase computed in
+ * `spans` where the schedule shared cores (their mean, the compute part
+ * only), -1 where it did not (n_stages * PS_PHASE_COUNT entries, malloc'ed;
+ * NULL when out of memory). */
+double *ps_pipeline_compute_wall_s(int n_stages, const ps_pipeline_span *spans, int n_spans);
+
 /* The schedule of plan p as the planner times it (its stages' predicted
  * times, the links of its lowering with local all-gather, its schedule; on
  * a cluster whose devices share cores, the kernels' computes shared as

@@ -624,6 +624,12 @@ static void shared_cores_closed_forms(void **state)
     assert_close(saved[1 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 1, 1e-12);
     assert_true(saved[PS_PHASE_BACKWARD] == 0); /* nothing charged: 0 */
     free(saved);
+    double *wall = ps_pipeline_compute_wall_s(2, sp, n_sp);
+    assert_non_null(wall);
+    assert_close(wall[0 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 1, 1e-12);
+    assert_close(wall[1 * PS_PHASE_COUNT + PS_PHASE_FORWARD], 2, 1e-12);
+    assert_true(wall[PS_PHASE_BACKWARD] == -1); /* nothing charged: none */
+    free(wall);
     free(sp);
     /* on two nodes: each alone on its cores, at 4 x 2/4 = 2 */
     two[1].node = 1;
@@ -643,6 +649,12 @@ static void shared_cores_closed_forms(void **state)
     assert_close(saved[PS_PHASE_BACKWARD], 0.5, 1e-12); /* of 1 */
     assert_close(saved[PS_PHASE_UPDATE], 0.25, 1e-12);  /* of 0.5 */
     free(saved);
+    wall = ps_pipeline_compute_wall_s(1, sp, n_sp);
+    assert_non_null(wall);
+    assert_close(wall[PS_PHASE_FORWARD], 0.5, 1e-12);
+    assert_close(wall[PS_PHASE_BACKWARD], 0.5, 1e-12);
+    assert_close(wall[PS_PHASE_UPDATE], 0.25, 1e-12);
+    free(wall);
     for (int i = 0; i < n_sp; i++)
         if (sp[i].kind == PS_SPAN_FORWARD) {
             assert_close(sp[i].charged_compute_s, 1, 1e-12);

@@ -33,7 +33,8 @@ static double compute_share(double compute, double comm)
 }
 
 ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
-                               const double *compute_saved_s, ps_summary **out)
+                               const double *compute_saved_s, const double *compute_wall_s,
+                               ps_summary **out)
 {
     int n_dev = ps_cluster_device_count(p->cluster);
     ps_summary *s = NULL;
@@ -70,7 +71,8 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, cons
                 saved = compute_saved_s != NULL ? compute_saved_s[k * PS_PHASE_COUNT + ph] : 0;
             kernel_split(set, k, ph, ph, &c, &m);
             phase_s[ph] = fmax(0, charged[ph] - saved);
-            double computes = fmax(0, charged[ph] * compute_share(c, m) - saved);
+            double wall = compute_wall_s != NULL ? compute_wall_s[k * PS_PHASE_COUNT + ph] : -1;
+            double computes = wall >= 0 ? wall : fmax(0, charged[ph] * compute_share(c, m) - saved);
             compute_s += computes * (ph == PS_PHASE_UPDATE ? 1 : p->micro_batches);
         }
         ss->forward_s = phase_s[PS_PHASE_FORWARD];

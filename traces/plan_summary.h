@@ -24,9 +24,13 @@
  * ran shorter in that schedule than its predicted times charge (on shared
  * cores where fewer devices computed at once than charged:
  * ps_pipeline_compute_saved_s): its forward, backward and update times
- * are those of the schedule, its compute the kernels' less that.
+ * are those of the schedule. compute_wall_s (NULL: none): where not
+ * negative, the seconds a kernel of that phase computed in the schedule
+ * (ps_pipeline_compute_wall_s), its devices' compute; elsewhere their
+ * compute is the phase's kernel's share of its time, less the saving.
  * PS_ERR_INVALID: set is not this plan's (another stage count). */
 ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
-                               const double *compute_saved_s, ps_summary **out);
+                               const double *compute_saved_s, const double *compute_wall_s,
+                               ps_summary **out);
 
 #endif
