@@ -1686,6 +1686,26 @@ static void test_predict_shared_cores(void **state)
                          json_number_value(json_object_get(got, "backward_s"))) <= 1e-12 * t);
     }
     printf("  %d of 12 phases shorter than charged\n", shorter);
+#ifndef PS_NO_SIMGRID
+    /* sim reports each stage against that schedule, not the charged bound */
+    run_result r;
+    run_ok(fx, (const char *[]){"sim", "--plan", plan, NULL}, &r);
+    expect_exit(&r, 0);
+    for (size_t k = 0; k < 4; k++) {
+        char needle[48];
+        snprintf(needle, sizeof needle, "  stage %zu: simulated ", k);
+        const char *at = strstr(r.out, needle);
+        assert_non_null(at);
+        double simulated = 0, predicted = 0;
+        assert_int_equal(
+            sscanf(at + strlen(needle), "%lf ms, predicted %lf ms", &simulated, &predicted), 2);
+        double want = json_number_value(json_object_get(json_array_get(ss, k), "time_s")) * 1e3;
+        if (!(fabs(predicted - want) <= 5e-4 * want))
+            fail_msg("stage %zu: sim says predicted %.6g ms, the schedule %.6g ms", k, predicted,
+                     want);
+    }
+    run_result_free(&r);
+#endif
     json_decref(jp);
     json_decref(js);
 }
