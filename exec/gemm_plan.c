@@ -6,6 +6,10 @@
  * microseconds of host time against memory moved at a few TB/s. */
 #define CALL_COST_ELEMENTS ((int64_t)1 << 20)
 
+/* A label's class, by where it is: bit 0 operand 0, bit 1 operand 1, bit 2
+ * the output. */
+enum { FREE_OF_0 = 1 | 4, FREE_OF_1 = 2 | 4, CONTRACTED = 1 | 2, BATCH = 1 | 2 | 4 };
+
 /* Where label c sits among n labels (-1 when absent). */
 static int find(const char *labels, int n, char c)
 {
@@ -78,6 +82,36 @@ static int64_t product(const char *labels, int n, const int64_t *size)
     return p;
 }
 
+/* Operand o (its layout ly) read as row-major [rows][cols] matrices where
+ * it lies (*trans false), or as [cols][rows] (*trans true), the leading
+ * dimension *ld; with `whole` only where its batch labels span one stride
+ * too. Else it is permuted into [batch][rows][cols] (perm, ly updated) and
+ * its elements added to *cost. Returns whether it was permuted. */
+static bool place(const ps_einsum *e, int o, const char *batch, int nb, const char *rows, int nr,
+                  const char *cols, int nc, const int64_t *size, bool whole, layout *ly,
+                  bool *trans, int64_t *ld, int *perm, int64_t *cost)
+{
+    int64_t unused, n_rows = product(rows, nr, size), n_cols = product(cols, nc, size);
+    bool batch_ok = !whole || spans(ly, batch, nb, size, &unused);
+    *trans = false;
+    if (batch_ok && matrix(ly, rows, nr, cols, nc, size, n_cols, ld))
+        return false;
+    *trans = true;
+    if (batch_ok && matrix(ly, cols, nc, rows, nr, size, n_rows, ld))
+        return false;
+    char want[PS_MAX_RANK];
+    memcpy(want, batch, (size_t)nb);
+    memcpy(want + nb, rows, (size_t)nr);
+    memcpy(want + nb + nr, cols, (size_t)nc);
+    for (int i = 0; i < e->rank[o]; i++)
+        perm[i] = find(e->labels[o], e->rank[o], want[i]);
+    dense(ly, want, e->rank[o], size);
+    *trans = false;
+    *ld = n_cols > 1 ? n_cols : 1;
+    *cost += product(e->labels[o], e->rank[o], size);
+    return true;
+}
+
 /* The plan with L = operand `L`, contracted labels in the order K, and the
  * whole batch in one call (`whole`: operands and output whose batch labels
  * do not span one stride are permuted) or looped over where it does not
@@ -87,7 +121,6 @@ static int64_t product(const char *labels, int n, const int64_t *size)
 static bool build(const ps_einsum *e, const int64_t *size, const int *where, int L, const char *K,
                   int nk, bool whole, int64_t call_cost, ps_gemm_plan *out, int64_t *cost)
 {
-    const int BATCH = 7;
     int R = 1 - L;
     char batch[PS_MAX_RANK], P[PS_MAX_RANK], Q[PS_MAX_RANK];
     int nb = 0, np = 0, nq = 0;
@@ -96,7 +129,7 @@ static bool build(const ps_einsum *e, const int64_t *size, const int *where, int
         int w = where[c - 'a'];
         if (w == BATCH)
             batch[nb++] = c;
-        else if (w == ((1 << L) | 4))
+        else if (w == (L == 0 ? FREE_OF_0 : FREE_OF_1))
             P[np++] = c;
         else
             Q[nq++] = c;
@@ -106,55 +139,19 @@ static bool build(const ps_einsum *e, const int64_t *size, const int *where, int
     out->m = product(P, np, size);
     out->n = product(Q, nq, size);
     out->k = product(K, nk, size);
-    int64_t numel[3];
-    for (int o = 0; o < 3; o++)
-        numel[o] = product(e->labels[o], e->rank[o], size);
     layout ly[3];
     for (int o = 0; o < 3; o++)
         dense(&ly[o], e->labels[o], e->rank[o], size);
     int64_t unused;
     *cost = 0;
-
-    /* L as [M][K] (B untransposed) or [K][M]; else permuted to [batch][M][K] */
-    bool batch_ok = !whole || spans(&ly[L], batch, nb, size, &unused);
-    if (batch_ok && matrix(&ly[L], P, np, K, nk, size, out->k, &out->ldb)) {
-        out->transb = false;
-    } else if (batch_ok && matrix(&ly[L], K, nk, P, np, size, out->m, &out->ldb)) {
-        out->transb = true;
-    } else {
-        char want[PS_MAX_RANK];
-        memcpy(want, batch, (size_t)nb);
-        memcpy(want + nb, P, (size_t)np);
-        memcpy(want + nb + np, K, (size_t)nk);
-        out->permute[L] = true;
-        for (int i = 0; i < e->rank[L]; i++)
-            out->perm[L][i] = find(e->labels[L], e->rank[L], want[i]);
-        dense(&ly[L], want, e->rank[L], size);
-        out->transb = false;
-        out->ldb = out->k > 1 ? out->k : 1;
-        *cost += numel[L];
-    }
-    /* R as [K][N] (A untransposed) or [N][K]; else permuted to [batch][K][N] */
-    batch_ok = !whole || spans(&ly[R], batch, nb, size, &unused);
-    if (batch_ok && matrix(&ly[R], K, nk, Q, nq, size, out->n, &out->lda)) {
-        out->transa = false;
-    } else if (batch_ok && matrix(&ly[R], Q, nq, K, nk, size, out->k, &out->lda)) {
-        out->transa = true;
-    } else {
-        char want[PS_MAX_RANK];
-        memcpy(want, batch, (size_t)nb);
-        memcpy(want + nb, K, (size_t)nk);
-        memcpy(want + nb + nk, Q, (size_t)nq);
-        out->permute[R] = true;
-        for (int i = 0; i < e->rank[R]; i++)
-            out->perm[R][i] = find(e->labels[R], e->rank[R], want[i]);
-        dense(&ly[R], want, e->rank[R], size);
-        out->transa = false;
-        out->lda = out->n > 1 ? out->n : 1;
-        *cost += numel[R];
-    }
+    /* L as [M][K] (B untransposed) or [K][M]; R as [K][N] (A untransposed)
+     * or [N][K]; else permuted to [batch][M][K], [batch][K][N] */
+    out->permute[L] = place(e, L, batch, nb, P, np, K, nk, size, whole, &ly[L], &out->transb,
+                            &out->ldb, out->perm[L], cost);
+    out->permute[R] = place(e, R, batch, nb, K, nk, Q, nq, size, whole, &ly[R], &out->transa,
+                            &out->lda, out->perm[R], cost);
     /* the output as [M][N]; else a temporary [batch][M][N], permuted after */
-    batch_ok = !whole || spans(&ly[2], batch, nb, size, &unused);
+    bool batch_ok = !whole || spans(&ly[2], batch, nb, size, &unused);
     if (!batch_ok || !matrix(&ly[2], P, np, Q, nq, size, out->n, &out->ldc)) {
         char have[PS_MAX_RANK];
         memcpy(have, batch, (size_t)nb);
@@ -168,7 +165,7 @@ static bool build(const ps_einsum *e, const int64_t *size, const int *where, int
             out->out_perm[i] = find(have, out->out_rank, e->labels[2][i]);
         dense(&ly[2], have, out->out_rank, size);
         out->ldc = out->n > 1 ? out->n : 1;
-        *cost += numel[2];
+        *cost += product(e->labels[2], e->rank[2], size);
     }
 
     /* cuBLAS's one batch stride: the longest run of batch labels (of extent
@@ -231,22 +228,20 @@ static bool build(const ps_einsum *e, const int64_t *size, const int *where, int
 
 /* The plan of an einsum with an empty label: the problem's sizes (L the
  * first operand), one call that nothing runs, nothing permuted. */
-static ps_status empty_plan(const ps_einsum *e, const int64_t *size, const int *where,
-                            ps_gemm_plan *out)
+static ps_status empty_plan(const int64_t *size, const int *where, ps_gemm_plan *out)
 {
     memset(out, 0, sizeof *out);
     out->batch = out->m = out->n = out->k = 1;
     for (int l = 0; l < 26; l++) {
-        if (where[l] == 7)
+        if (where[l] == BATCH)
             out->batch *= size[l];
-        else if (where[l] == (1 | 4))
+        else if (where[l] == FREE_OF_0)
             out->m *= size[l];
-        else if (where[l] == (2 | 4))
+        else if (where[l] == FREE_OF_1)
             out->n *= size[l];
-        else if (where[l] == 3)
+        else if (where[l] == CONTRACTED)
             out->k *= size[l];
     }
-    (void)e;
     out->calls = 1;
     out->cm = out->n;
     out->cn = out->m;
@@ -298,48 +293,44 @@ ps_status ps_gemm_plan_make_costed(const char *einsum, const int rank[3],
             where[l] |= 1 << o;
         }
     }
-    const int CONTRACTED = 3;
     /* an extent of 0: nothing to multiply (an empty output, or zeros where
      * only a contracted label is empty, which the callers write themselves) */
     for (int o = 0; o < 3; o++)
         for (int i = 0; i < e.rank[o]; i++)
             if (shape[o][i] == 0)
-                return empty_plan(&e, size, where, out);
+                return empty_plan(size, where, out);
     /* first choice of L: the operand whose free labels come first in the
      * output (then [batch][M][N] is the output's order where it has one) */
     int first = 0;
     for (int i = 0; i < e.rank[2]; i++) {
         int w = where[e.labels[2][i] - 'a'];
-        if (w == (1 | 4) || w == (2 | 4)) {
-            first = w == (1 | 4) ? 0 : 1;
+        if (w == FREE_OF_0 || w == FREE_OF_1) {
+            first = w == FREE_OF_0 ? 0 : 1;
             break;
         }
     }
-    /* every L, the contracted labels in either operand's order, the batch
-     * whole or looped over: the cheapest (the first of equals) */
+    /* the contracted labels in each operand's order */
+    char K[2][PS_MAX_RANK];
+    int nk = 0;
+    for (int o = 0; o < 2; o++) {
+        nk = 0;
+        for (int i = 0; i < e.rank[o]; i++)
+            if (where[e.labels[o][i] - 'a'] == CONTRACTED)
+                K[o][nk++] = e.labels[o][i];
+    }
+    bool same_order = memcmp(K[0], K[1], (size_t)nk) == 0;
+    /* every L, the contracted labels in either operand's order (the other
+     * only where it differs), the batch whole or looped over: the cheapest
+     * (the first of equals) */
     int64_t best_cost = INT64_MAX;
     for (int li = 0; li < 2; li++) {
         int L = li == 0 ? first : 1 - first;
-        for (int ko = 0; ko < 2; ko++) {
-            int from = ko == 0 ? L : 1 - L;
-            char K[PS_MAX_RANK];
-            int nk = 0;
-            for (int i = 0; i < e.rank[from]; i++)
-                if (where[e.labels[from][i] - 'a'] == CONTRACTED)
-                    K[nk++] = e.labels[from][i];
-            if (ko == 1) { /* the other order only where it differs */
-                char K0[PS_MAX_RANK];
-                int n0 = 0;
-                for (int i = 0; i < e.rank[L]; i++)
-                    if (where[e.labels[L][i] - 'a'] == CONTRACTED)
-                        K0[n0++] = e.labels[L][i];
-                if (memcmp(K0, K, (size_t)nk) == 0)
-                    continue;
-            }
+        for (int ko = 0; ko < (same_order ? 1 : 2); ko++) {
+            const char *order = K[ko == 0 ? L : 1 - L];
             for (int whole = 1; whole >= 0; whole--) {
                 ps_gemm_plan p;
                 int64_t cost;
-                if (build(&e, size, where, L, K, nk, whole != 0, call_cost, &p, &cost) &&
+                if (build(&e, size, where, L, order, nk, whole != 0, call_cost, &p, &cost) &&
                     cost < best_cost) {
                     best_cost = cost;
                     *out = p;

@@ -1115,12 +1115,11 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
     return r;
 }
 
-/* Per stage and phase, the mean over its kernels of that phase of the
- * quantity `of` gives a span (kernels without a charge count as 0 when
- * every_kernel, else are left out; where none is counted: `none`). */
+/* Per stage and phase, the mean of `of` over its kernels of that phase
+ * that computed on shared cores (a phase's kernels all do or none does:
+ * then `none`). */
 static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int n_spans,
-                               double (*of)(const ps_pipeline_span *), bool every_kernel,
-                               double none)
+                               double (*of)(const ps_pipeline_span *), double none)
 {
     size_t n = PS_PHASE_COUNT * (size_t)(n_stages > 0 ? n_stages : 1);
     double *r = calloc(2 * n, sizeof *r), *kernels = r + n; /* r: first the sums */
@@ -1132,12 +1131,10 @@ static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int 
                  : x->kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
                  : x->kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
                                                : -1;
-        if (ph < 0 || x->stage < 0 || x->stage >= n_stages)
-            continue;
-        if (!every_kernel && !(x->charged_compute_s > 0))
+        if (ph < 0 || x->stage < 0 || x->stage >= n_stages || !(x->charged_compute_s > 0))
             continue;
         size_t at = (size_t)x->stage * PS_PHASE_COUNT + (size_t)ph;
-        r[at] += x->charged_compute_s > 0 ? of(x) : 0;
+        r[at] += of(x);
         kernels[at] += 1;
     }
     for (size_t i = 0; i < n; i++)
@@ -1157,10 +1154,10 @@ static double wall_of(const ps_pipeline_span *x)
 
 double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans)
 {
-    return per_kernel_mean(n_stages, spans, n_spans, saved_of, true, 0);
+    return per_kernel_mean(n_stages, spans, n_spans, saved_of, 0);
 }
 
 double *ps_pipeline_compute_wall_s(int n_stages, const ps_pipeline_span *spans, int n_spans)
 {
-    return per_kernel_mean(n_stages, spans, n_spans, wall_of, false, -1);
+    return per_kernel_mean(n_stages, spans, n_spans, wall_of, -1);
 }

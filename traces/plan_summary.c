@@ -72,7 +72,7 @@ ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, cons
             kernel_split(set, k, ph, ph, &c, &m);
             phase_s[ph] = fmax(0, charged[ph] - saved);
             double wall = compute_wall_s != NULL ? compute_wall_s[k * PS_PHASE_COUNT + ph] : -1;
-            double computes = wall >= 0 ? wall : fmax(0, charged[ph] * compute_share(c, m) - saved);
+            double computes = wall >= 0 ? wall : charged[ph] * compute_share(c, m);
             compute_s += computes * (ph == PS_PHASE_UPDATE ? 1 : p->micro_batches);
         }
         ss->forward_s = phase_s[PS_PHASE_FORWARD];

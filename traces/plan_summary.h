@@ -26,8 +26,8 @@
  * ps_pipeline_compute_saved_s): its forward, backward and update times
  * are those of the schedule. compute_wall_s (NULL: none): where not
  * negative, the seconds a kernel of that phase computed in the schedule
- * (ps_pipeline_compute_wall_s), its devices' compute; elsewhere their
- * compute is the phase's kernel's share of its time, less the saving.
+ * (ps_pipeline_compute_wall_s), its devices' compute; elsewhere (no
+ * shared cores) their compute is the phase's kernel's share of its time.
  * PS_ERR_INVALID: set is not this plan's (another stage count). */
 ps_status ps_summary_from_plan(const ps_plan *p, const ps_program_set *set, const double *receive_s,
                                const double *compute_saved_s, const double *compute_wall_s,
