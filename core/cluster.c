@@ -282,6 +282,14 @@ double ps_cluster_compute_share(const ps_cluster *c)
     return (double)c->devices_per_node / c->shared_cores_per_node;
 }
 
+double ps_lockstep_delay_s(double slice_s, double cores, int other, int members, double since_s)
+{
+    if (!(slice_s > 0) || !(cores > 0) || members < 2 || other <= 0 || other + members <= cores)
+        return 0;
+    double p = since_s < slice_s ? fmax(0, since_s) / slice_s : 1;
+    return slice_s * fmin(1, other / cores) * (1 - pow(1 - p, members));
+}
+
 bool ps_device_kind_equal(const ps_device_kind *a, const ps_device_kind *b)
 {
     if (strncmp(a->name, b->name, PS_NAME_MAX) != 0)

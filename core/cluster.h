@@ -95,6 +95,14 @@ static inline int ps_cluster_device_count(const ps_cluster *c)
  * computes at once: devices_per_node / shared_cores_per_node, at least 1
  * (1 without shared cores). The cost model's compute times assume it. */
 double ps_cluster_compute_share(const ps_cluster *c);
+/* The lockstep delay (seconds) of a device after it met `members` devices
+ * at a collective or a transfer, on a node of `cores` shared cores with a
+ * scheduler slice of slice_s, while `other` of the node's devices outside
+ * the meeting computed, having itself computed since_s alone-seconds since
+ * its previous meeting: slice x min(1, other / cores) x (1 - (1 - min(1,
+ * since / slice))^members) (docs/simulator.md, "Lockstep on shared cores");
+ * 0 without a slice, with no one else computing, or with cores for all. */
+double ps_lockstep_delay_s(double slice_s, double cores, int other, int members, double since_s);
 /* Borrowed pointer to the kind of device d (0 <= d < device_count). */
 const ps_device_kind *ps_cluster_device(const ps_cluster *c, int device);
 /* The least memory of any device (bytes): what a plan must fit everywhere. */

@@ -107,6 +107,15 @@ typedef struct sim_actor {
      * (in a receive or a collective, or done) */
     double since_sync_s;
     bool blocked;
+    /* of pend_delay_s, the lockstep delays (the last of them after a
+     * receive from lockstep_peer, or after a collective: -1), traced as
+     * such */
+    double pend_lockstep_s;
+    int lockstep_peer;
+    /* with a trace: comm_s when the running collective's first transfer
+     * began (what it added since is communication, the rest of its span
+     * waiting for its peers) */
+    double span_comm0_s;
     /* Virtual time: where the program is, at or after the SimGrid clock.
      * What lies between them is run as one execution before the device
      * next meets another (flush_compute): the computes since the last
@@ -363,7 +372,8 @@ static void flush_compute(sim_actor *a)
     double t0 = simgrid_get_clock(), todo_s = a->v_s - t0;
     double delay_s = a->pend_delay_s, compute_s = a->pend_compute_s;
     bool closed_form = a->pend_closed_form;
-    a->pend_delay_s = a->pend_compute_s = 0;
+    double lockstep_s = fmin(a->pend_lockstep_s, delay_s);
+    a->pend_delay_s = a->pend_compute_s = a->pend_lockstep_s = 0;
     a->pend_closed_form = false;
     double pred_flops = a->pend_pred_flops;
     a->pend_pred_flops = 0;
@@ -402,9 +412,21 @@ static void flush_compute(sim_actor *a)
         return;
     /* with a trace, only deferred latencies and computes are pending, in
      * that order (node rings move their bytes as transfers) */
-    if (closed_form && delay_s > 0)
+    if (closed_form && delay_s - lockstep_s > 0)
         trace_span(a, a->device, PS_TRACE_COLLECTIVE, "node collectives (closed form)", t0,
-                   t0 + delay_s, a->cur_mb, -1, 0, 0);
+                   t0 + delay_s - lockstep_s, a->cur_mb, -1, 0, 0);
+    if (lockstep_s > 0) {
+        /* communication time, as the summary counts it: the meeting's
+         * members waited for the one the scheduler had preempted */
+        char name[64];
+        if (a->lockstep_peer >= 0)
+            snprintf(name, sizeof name, "lockstep after recv from %d", a->lockstep_peer);
+        else
+            snprintf(name, sizeof name, "lockstep after a collective");
+        trace_span(a, a->device, a->lockstep_peer >= 0 ? PS_TRACE_RECV : PS_TRACE_COLLECTIVE,
+                   name, t0 + delay_s - lockstep_s, t0 + delay_s, a->cur_mb,
+                   a->lockstep_peer, 0, 0);
+    }
     if (compute_s > 0) {
         char name[64];
         ps_trace_compute_name(a->cur_phase, a->cur_mb, name, sizeof name);
@@ -564,11 +586,12 @@ static void lockstep_delay(sim_actor *a, const ps_group *gr, int peer, int stage
         if (!a->ctx->actors[d].blocked && !meets(a, d, gr, peer, stage))
             other++;
     }
-    double cores = c->shared_cores_per_node;
-    if (other == 0 || other + g <= cores)
-        return; /* the meeting's members have cores of their own */
-    double p = w < slice ? w / slice : 1;
-    defer_comm(a, slice * fmin(1, other / cores) * (1 - pow(1 - p, g)));
+    double delay_s = ps_lockstep_delay_s(slice, c->shared_cores_per_node, other, g, w);
+    if (delay_s > 0) {
+        defer_comm(a, delay_s);
+        a->pend_lockstep_s += delay_s;
+        a->lockstep_peer = peer;
+    }
 }
 
 static bool do_recv(sim_actor *a, const ps_instr *in, int mb)
@@ -975,8 +998,10 @@ static bool ring_of(sim_actor *a, ps_collective kind, int g, double bytes, doubl
                          a2a ? n - 2 : steps - 1);
     }
     flush_compute(a);
-    if (*t0 < 0)
+    if (*t0 < 0) {
         *t0 = simgrid_get_clock();
+        a->span_comm0_s = a->comm_s;
+    }
     if (kind == PS_COLL_ALL_TO_ALL && one_node && !a->ctx->o->collective_steps && n > 2) {
         /* the n-1 pairwise steps as one transfer of their bytes to the ring
          * neighbour, plus n-2 latencies: the same time when uncontended, and
@@ -1090,8 +1115,19 @@ static bool do_collective(sim_actor *a, const ps_instr *in, int mb)
             snprintf(name, sizeof name, "%s axis %d", ps_collective_names[kind], in->axis);
         else
             snprintf(name, sizeof name, "%s group %d", ps_collective_names[kind], in->group);
-        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, t0, simgrid_get_clock(), mb,
-                   -1, in->bytes, 0);
+        /* waiting for its peers shows as idle, as the accounting counts it */
+        double t1 = simgrid_get_clock();
+        double wait_s = fmin(t1 - t0, fmax(0, (t1 - t0) - (a->comm_s - a->span_comm0_s)));
+        if (wait_s > 0) {
+            char what[64];
+            if (in->axis >= 0)
+                snprintf(what, sizeof what, "wait for axis %d", in->axis);
+            else
+                snprintf(what, sizeof what, "wait for group %d", in->group);
+            trace_span(a, a->device, PS_TRACE_IDLE, what, t0, t0 + wait_s, mb, -1, 0, 0);
+        }
+        trace_span(a, a->device, PS_TRACE_COLLECTIVE, name, t0 + wait_s, t1, mb, -1, in->bytes,
+                   0);
     }
     return ok;
 }

@@ -376,6 +376,56 @@ static void trace_collective_ends(const char *path, int n, double *end_s)
         assert_true(end_s[d] >= 0);
 }
 
+/* The trace at path against the run's summary, device by device: its
+ * compute spans sum to the compute, its collective and receive spans to the
+ * communication (lockstep delays, waits split off as idle), and its idle
+ * spans to no more than the idle time (after its last span a device idles
+ * undrawn). Returns the spans named `named` (a prefix). */
+static int trace_matches_summary(const char *path, const ps_summary *sum, const char *named)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (root == NULL)
+        fail_msg("%s:%d: %s", path, jerr.line, jerr.text);
+    int n = sum->n_devices, count = 0;
+    double *t = calloc(3 * (size_t)n, sizeof *t); /* compute, comm, idle */
+    assert_non_null(t);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(root, "traceEvents"), i, e)
+    {
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        int d = (int)json_integer_value(json_object_get(e, "tid"));
+        if (cat == NULL || name == NULL || d < 0 || d >= n)
+            continue;
+        double dur = json_number_value(json_object_get(e, "dur")) * 1e-6;
+        count += strncmp(name, named, strlen(named)) == 0;
+        if (strcmp(cat, "compute") == 0)
+            t[3 * d] += dur;
+        else if (strcmp(cat, "collective") == 0 || strcmp(cat, "recv") == 0)
+            t[3 * d + 1] += dur;
+        else if (strcmp(cat, "idle") == 0)
+            t[3 * d + 2] += dur;
+    }
+    json_decref(root);
+    for (int d = 0; d < n; d++) {
+        const ps_summary_device *x = &sum->devices[d];
+        /* (the trace writes microseconds to 1 ns) */
+        if (fabs(t[3 * d] - x->compute_s) > 1e-8 + 1e-6 * x->compute_s)
+            fail_msg("device %d: compute spans %.9g s, the summary's %.9g s", d, t[3 * d],
+                     x->compute_s);
+        if (fabs(t[3 * d + 1] - x->comm_s) > 1e-8 + 1e-6 * x->comm_s)
+            fail_msg("device %d: communication spans %.9g s, the summary's %.9g s", d,
+                     t[3 * d + 1], x->comm_s);
+        if (t[3 * d + 2] > x->idle_s + 1e-8)
+            fail_msg("device %d: idle spans %.9g s, the summary's %.9g s", d, t[3 * d + 2],
+                     x->idle_s);
+    }
+    free(t);
+    return count;
+}
+
 /* Ring order 0..7 on two nodes of four: only the hops 3 -> 4 and 7 -> 0
  * cross a NIC (one flow per direction, 10 GB/s against ports of 300), so
  * step by step every step of the ring takes a + S/n/B of that hop and the
@@ -1283,6 +1333,7 @@ static void trace_is_valid_json(void **state)
     ps_sim_options o = ps_sim_options_default();
     o.trace_path = path;
     ps_summary *sum = simulate(s, c, &o, NULL);
+    trace_matches_summary(path, sum, "");
     ps_summary_free(sum);
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
@@ -1919,6 +1970,19 @@ static void shared_cores_lockstep_delay(void **state)
             if (cases[k].others_busy)
                 emit(s, d, run_of(klong, 0));
         ps_summary *sum = simulate(s, c, NULL, NULL);
+        /* traced: the same run, the delays drawn as communication */
+        char path[] = "/tmp/ps-test-sim-lockstep-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        ps_sim_options o = ps_sim_options_default();
+        o.trace_path = path;
+        ps_summary *traced = simulate(s, c, &o, NULL);
+        assert_same_run(traced, sum, "lockstep, traced");
+        int drawn = trace_matches_summary(path, traced, "lockstep after a collective");
+        assert_int_equal(drawn, cases[k].want_delay > 0 ? 2 * rounds : 0);
+        unlink(path);
+        ps_summary_free(traced);
         char what[96];
         for (int d = 0; d < 2; d++) {
             snprintf(what, sizeof what, "case %zu, device %d: compute", k, d);
