@@ -1821,11 +1821,15 @@ static void scheduler_slice(void **state)
     int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     double slice = -1;
     ps_error err = {0};
-    assert_int_equal(ps_measure_scheduler_slice(cores + 2, 0.2, &slice, &err), PS_OK);
-    printf("  %d busy threads on %d cores: slice %.3g ms\n", cores + 2, cores, slice * 1e3);
     /* Alone, a few ms here; under load (the sanitizer suite beside other
-     * tests, a busy hypervisor) 69 µs was seen: the bound is only what a
-     * run between two clock gaps of PREEMPTION_GAP_S (20 µs) can be. */
+     * tests, a busy hypervisor) 69 µs and once 12 µs were seen: the bound is
+     * only what a run between two clock gaps of PREEMPTION_GAP_S (20 µs) can
+     * be, and a run while other processes took the cores is measured again
+     * (up to 5 times) before it fails. */
+    for (int attempt = 0; attempt < 5 && !(slice > 2e-5 && slice < 0.1); attempt++) {
+        assert_int_equal(ps_measure_scheduler_slice(cores + 2, 0.2, &slice, &err), PS_OK);
+        printf("  %d busy threads on %d cores: slice %.3g ms\n", cores + 2, cores, slice * 1e3);
+    }
     if (!(slice > 2e-5 && slice < 0.1))
         fail_msg("slice %g s: not a scheduler's", slice);
     assert_int_equal(ps_measure_scheduler_slice(1, 0.2, &slice, &err), PS_ERR_INVALID);
