@@ -8,9 +8,11 @@
 
 #include "core/array.h"
 #include "core/log.h"
+#include "core/program.h"
 #include "planner/cost_model.h"
 #include "planner/cross_mesh.h"
 #include "planner/lower.h"
+#include "planner/plan_model.h"
 
 /* ---- the links ---- */
 
@@ -720,7 +722,8 @@ static void share_nics(const flow *const *act, int n, double *used, double *weig
  * cores until computed): the kernels always, transfers, reductions and
  * collectives where they took time. */
 static bool spans_of(int n, const sched_op *ops, const int *at, const double *start,
-                     const double *end, const double *computed, ps_pipeline_span **out, int *n_out)
+                     const double *end, const double *computed, const double *lock,
+                     const double *paused, ps_pipeline_span **out, int *n_out)
 {
     ps_pipeline_span *v = malloc((size_t)(at[n] > 0 ? at[n] : 1) * sizeof *v);
     int count = 0;
@@ -732,15 +735,16 @@ static bool spans_of(int n, const sched_op *ops, const int *at, const double *st
             if (!(end[i] > start[i] || op->kind == PS_SPAN_FORWARD ||
                   op->kind == PS_SPAN_BACKWARD || op->kind == PS_SPAN_UPDATE))
                 continue;
-            v[count++] =
-                (ps_pipeline_span){.stage = k,
-                                   .kind = op->kind,
-                                   .micro_batch = op->micro_batch,
-                                   .link = op->kind == PS_SPAN_RECEIVE ? op->flow : -1,
-                                   .start_s = start[i],
-                                   .end_s = end[i],
-                                   .charged_compute_s = op->compute,
-                                   .compute_s = op->compute > 0 ? computed[i] - start[i] : 0};
+            v[count++] = (ps_pipeline_span){
+                .stage = k,
+                .kind = op->kind,
+                .micro_batch = op->micro_batch,
+                .link = op->kind == PS_SPAN_RECEIVE ? op->flow : -1,
+                .start_s = start[i],
+                .end_s = end[i],
+                .charged_compute_s = op->compute,
+                .compute_s = op->compute > 0 ? computed[i] - start[i] - paused[i] : 0,
+                .lockstep_s = lock[i]};
         }
     *out = v;
     if (n_out != NULL)
@@ -774,18 +778,107 @@ static void share_cores(int n, const ps_shared_cores *cores, const unsigned char
             load[cores->stages[k].node + j] = 0;
 }
 
+/* Whether stage j is runnable on node `node`: computing on its shared
+ * cores or waiting for one in a lockstep delay (states 3 and 4). */
+static bool runnable_on(const ps_shared_cores *cores, const unsigned char *state, int j, int node)
+{
+    const ps_stage_cores *x = &cores->stages[j];
+    return (state[j] == 3 || state[j] == 4) && node >= x->node && node - x->node < x->nodes;
+}
+
+/* The runnable devices of the stages other than k on stage k's first node
+ * (the simulator counts those of the meeting's node outside it). */
+static int computing_beside(int n, const ps_shared_cores *cores, const unsigned char *state, int k)
+{
+    int count = 0;
+    for (int j = 0; j < n; j++)
+        if (j != k && runnable_on(cores, state, j, cores->stages[k].node))
+            count += cores->stages[j].devices_per_node;
+    return count;
+}
+
+/* The lockstep delays of stage k's kernel of phase ph, started while
+ * `other` devices of the node compute beside it, having computed *since
+ * alone-seconds since its last meeting (then: since its kernel's last). */
+static double kernel_lockstep(const ps_shared_cores *cores, int k, int ph, int other, double *since)
+{
+    const ps_stage_cores *c = &cores->stages[k];
+    double delay = 0, w = *since;
+    for (int i = 0; i < c->n_meetings[ph]; i++) {
+        w += c->meetings[ph][i].before_s;
+        delay +=
+            ps_lockstep_delay_s(cores->slice_s, cores->cores, other, c->meetings[ph][i].members, w);
+        w = 0;
+    }
+    *since = w + c->tail_s[ph];
+    return delay;
+}
+
+/* A kernel computing on shared cores meets as its compute goes: meeting i
+ * of its phase's `total` alone-seconds once the share of its compute that
+ * lies before it is done. The progress of stage k's kernel through them. */
+typedef struct kernel_meets {
+    int ph, next;   /* its phase; its next meeting */
+    double total;   /* its alone-seconds of compute */
+    double through; /* alone-seconds up to its next meeting */
+    double carry;   /* alone-seconds computed before it since the last meeting */
+} kernel_meets;
+
+/* What of a kernel's `compute` (charged seconds) is left when it reaches its
+ * next meeting. */
+static double meeting_left(const kernel_meets *q, double compute)
+{
+    return q->total > 0 ? compute * fmax(0, 1 - q->through / q->total) : 0;
+}
+
+/* The lockstep delays of stage k's meetings due with `left` of its
+ * kernel's `compute` to go (all that remain where `all`), while `other`
+ * devices compute beside it; on to the next. */
+static double meetings_due(const ps_shared_cores *cores, int k, kernel_meets *q, double compute,
+                           double left, int other, bool all)
+{
+    const ps_stage_cores *c = &cores->stages[k];
+    double delay = 0;
+    while (q->next < c->n_meetings[q->ph] &&
+           (all || left <= meeting_left(q, compute) + 1e-12 * compute)) {
+        const ps_meeting *x = &c->meetings[q->ph][q->next];
+        delay += ps_lockstep_delay_s(cores->slice_s, cores->cores, other, x->members,
+                                     q->carry + x->before_s);
+        q->carry = 0;
+        if (++q->next < c->n_meetings[q->ph])
+            q->through += c->meetings[q->ph][q->next].before_s;
+    }
+    return delay;
+}
+
+static int phase_of_span(ps_pipeline_span_kind kind)
+{
+    return kind == PS_SPAN_FORWARD    ? PS_PHASE_FORWARD
+           : kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
+           : kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
+                                      : -1;
+}
+
 /* Whether the shared cores describe n stages on nodes 0 to nodes - 1. */
 static bool cores_valid(const ps_shared_cores *c, int n, int *nodes)
 {
     *nodes = 0;
     if (c == NULL)
         return true;
-    if (c->stages == NULL || !(c->cores > 0) || !(c->share > 0))
+    if (c->stages == NULL || !(c->cores > 0) || !(c->share > 0) || !(c->slice_s >= 0))
         return false;
     for (int k = 0; k < n; k++) {
         const ps_stage_cores *x = &c->stages[k];
         if (x->node < 0 || x->nodes < 1 || x->devices_per_node < 1 || x->node > INT_MAX - x->nodes)
             return false;
+        for (int ph = 0; ph < PS_PHASE_COUNT && c->slice_s > 0; ph++) {
+            if (x->n_meetings[ph] < 0 || (x->n_meetings[ph] > 0 && x->meetings[ph] == NULL) ||
+                !(x->tail_s[ph] >= 0 && x->tail_s[ph] < INFINITY))
+                return false;
+            for (int i = 0; i < x->n_meetings[ph]; i++)
+                if (!(x->meetings[ph][i].before_s >= 0 && x->meetings[ph][i].before_s < INFINITY))
+                    return false;
+        }
         *nodes = x->node + x->nodes > *nodes ? x->node + x->nodes : *nodes;
     }
     return true;
@@ -837,6 +930,16 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     double *end = malloc((size_t)at[n] * sizeof *end);     /* each op's end; NAN: not yet */
     double *start = malloc((size_t)at[n] * sizeof *start); /* and its start */
     double *computed = malloc((size_t)at[n] * sizeof *computed); /* its compute's end */
+    double *lock = calloc(2 * ((size_t)at[n] + 1), sizeof *lock); /* its lockstep delays */
+    double *paused = lock + at[n] + 1; /* of them, those that paused its compute */
+    kernel_meets *meets = calloc((size_t)n, sizeof *meets);
+    /* per stage: alone-seconds computed since its last meeting, and the
+     * lockstep delay that follows its transfer through NICs under way */
+    double *since = calloc(2 * (size_t)n, sizeof *since), *lock_left = since + n;
+    bool lockstep = cores != NULL && cores->slice_s > 0;
+    double *mark = calloc((size_t)n, sizeof *mark); /* the `left` of a kernel's next meeting */
+    /* after a lockstep pause (state 4): 3 compute, 1 the kernel's rest, 0 the op ends */
+    unsigned char *resume = calloc((size_t)n, 1);
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
     /* an op under way: when a fixed one ends (finish), or what a flow
      * through NICs has left at full speed or a compute on shared cores at
@@ -847,14 +950,16 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     double *core_load = calloc((size_t)core_nodes + 1, sizeof *core_load);
     const flow **act = malloc((size_t)n * sizeof *act);
     int *act_stage = malloc((size_t)n * sizeof *act_stage);
-    /* 0 not started, 1 fixed, 2 through NICs, 3 computing on shared cores */
+    /* 0 not started, 1 fixed, 2 through NICs, 3 computing on shared cores,
+     * 4 a lockstep delay (runnable, waiting for a core, until finish) */
     unsigned char *state = calloc((size_t)n, 1);
     unsigned char *frozen = calloc((size_t)n, 1);
     double *load = calloc(4 * (size_t)nodes + 1, sizeof *load); /* used, then weights */
     double result = NAN, now = 0;
     if (end == NULL || start == NULL || computed == NULL || cur == NULL || finish == NULL ||
         state == NULL || load == NULL || act == NULL || act_stage == NULL || frozen == NULL ||
-        core_load == NULL)
+        core_load == NULL || lock == NULL || since == NULL || meets == NULL || mark == NULL ||
+        resume == NULL)
         goto out;
     for (int i = 0; i < at[n]; i++)
         end[i] = NAN;
@@ -872,6 +977,16 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         if (op->after >= 0 && isnan(end[op->after]))
                             break; /* its data is not ready */
                         d = flows[op->flow].seconds;
+                        if (lockstep && op->flow < n_links) {
+                            /* a receive: the sender and it met */
+                            int from = links[op->flow].from;
+                            int other = computing_beside(n, cores, state, k) -
+                                        runnable_on(cores, state, from, cores->stages[k].node);
+                            lock[cur[k]] = lock_left[k] = ps_lockstep_delay_s(
+                                cores->slice_s, cores->cores, other, 2, since[k]);
+                            resume[k] = 0;
+                            since[k] = 0;
+                        }
                         if (flows[op->flow].use > 0) {
                             state[k] = 2;
                             left[k] = d;
@@ -879,17 +994,52 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                             changed = true;
                             break;
                         }
+                    } else if (lockstep && phase_of_span(op->kind) >= 0 && !(op->compute > 0)) {
+                        /* nothing computing on the cores: its meetings at once */
+                        int other = computing_beside(n, cores, state, k);
+                        lock[cur[k]] =
+                            kernel_lockstep(cores, k, phase_of_span(op->kind), other, &since[k]);
+                        d += lock[cur[k]];
                     }
                     start[cur[k]] = computed[cur[k]] = now;
                     if (op->flow < 0 && op->compute > 0) {
                         state[k] = 3;
                         left[k] = op->compute;
                         rest[k] = fmax(0, d - op->compute);
+                        int ph = phase_of_span(op->kind);
+                        if (lockstep && ph >= 0) {
+                            /* its meetings as its compute reaches them */
+                            const ps_stage_cores *c = &cores->stages[k];
+                            kernel_meets *q = &meets[k];
+                            *q =
+                                (kernel_meets){.ph = ph, .carry = since[k], .total = c->tail_s[ph]};
+                            for (int i = 0; i < c->n_meetings[ph]; i++)
+                                q->total += c->meetings[ph][i].before_s;
+                            q->through = c->n_meetings[ph] > 0 ? c->meetings[ph][0].before_s : 0;
+                            since[k] =
+                                c->n_meetings[ph] > 0 ? c->tail_s[ph] : since[k] + c->tail_s[ph];
+                            double delay =
+                                meetings_due(cores, k, q, op->compute, left[k],
+                                             computing_beside(n, cores, state, k), false);
+                            if (delay > 0) {
+                                state[k] = 4;
+                                finish[k] = now + delay;
+                                lock[cur[k]] += delay;
+                                paused[cur[k]] += delay;
+                                resume[k] = 3;
+                            }
+                        }
                         break;
                     }
                     if (d > 0) {
                         state[k] = 1;
                         finish[k] = now + d;
+                        break;
+                    }
+                    if (lock_left[k] > 0) { /* a receive that moved nothing: its delay */
+                        state[k] = 4;
+                        finish[k] = now + lock_left[k];
+                        lock_left[k] = 0;
                         break;
                     }
                     end[cur[k]++] = now;
@@ -914,28 +1064,86 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
         double next = INFINITY;
         for (int i = 0; i < n_act; i++)
             rate[act_stage[i]] = act_rate[i];
+        /* a kernel's compute to its next meeting: a stage's `left` to go
+         * before an event */
+        for (int k = 0; k < n; k++)
+            mark[k] = 0;
         for (int k = 0; k < n; k++) {
-            if (state[k] == 1)
+            if (state[k] == 1 || state[k] == 4)
                 next = fmin(next, finish[k]);
-            if (state[k] >= 2)
+            if (state[k] == 2 || state[k] == 3)
                 next = fmin(next, now + left[k] / rate[k]);
+            if (state[k] == 3 && lockstep &&
+                meets[k].next < cores->stages[k].n_meetings[meets[k].ph]) {
+                mark[k] = meeting_left(&meets[k], ops[cur[k]].compute);
+                next = fmin(next, now + fmax(0, left[k] - mark[k]) / rate[k]);
+            }
         }
         /* on to the next end */
         for (int k = 0; k < n; k++) {
             if (state[k] == 1 && finish[k] <= next) {
-                end[cur[k]++] = finish[k];
-                state[k] = 0;
+                if (lock_left[k] > 0) { /* received: then its lockstep delay */
+                    state[k] = 4;
+                    finish[k] += lock_left[k];
+                    lock_left[k] = 0;
+                } else {
+                    end[cur[k]++] = finish[k];
+                    state[k] = 0;
+                }
             } else if (state[k] == 2 && now + left[k] / rate[k] <= next) {
-                end[cur[k]++] = next; /* (the same sum that made next) */
-                state[k] = 0;
+                if (lock_left[k] > 0) {
+                    state[k] = 4;
+                    finish[k] = next + lock_left[k];
+                    lock_left[k] = 0;
+                } else {
+                    end[cur[k]++] = next; /* (the same sum that made next) */
+                    state[k] = 0;
+                }
             } else if (state[k] == 3 && now + left[k] / rate[k] <= next) {
                 computed[cur[k]] = next; /* then the kernel's rest, at its time */
-                state[k] = rest[k] > 0 ? 1 : 0;
-                finish[k] = next + rest[k];
-                if (state[k] == 0)
-                    end[cur[k]++] = next;
-            } else if (state[k] >= 2) {
+                double delay = 0;
+                if (lockstep && phase_of_span(ops[cur[k]].kind) >= 0)
+                    /* the meetings after its last compute, then its rest */
+                    delay = meetings_due(cores, k, &meets[k], ops[cur[k]].compute, 0,
+                                         computing_beside(n, cores, state, k), true);
+                if (delay > 0) {
+                    lock[cur[k]] += delay;
+                    state[k] = 4;
+                    finish[k] = next + delay;
+                    resume[k] = 1;
+                } else {
+                    state[k] = rest[k] > 0 ? 1 : 0;
+                    finish[k] = next + rest[k];
+                    if (state[k] == 0)
+                        end[cur[k]++] = next;
+                }
+            } else if (state[k] == 4 && finish[k] <= next) {
+                /* the meeting's members go on: computing, the kernel's rest, or
+                 * the receive has ended */
+                if (resume[k] == 3) {
+                    state[k] = 3;
+                } else if (resume[k] == 1 && rest[k] > 0) {
+                    state[k] = 1;
+                    finish[k] += rest[k];
+                } else {
+                    end[cur[k]++] = finish[k];
+                    state[k] = 0;
+                }
+            } else if (state[k] == 2 || state[k] == 3) {
                 left[k] -= (next - now) * rate[k];
+                double compute = ops[cur[k]].compute;
+                if (state[k] == 3 && mark[k] > 0 && left[k] <= mark[k] + 1e-12 * compute) {
+                    /* at a meeting: its members wait for the one preempted */
+                    double delay = meetings_due(cores, k, &meets[k], compute, left[k],
+                                                computing_beside(n, cores, state, k), false);
+                    if (delay > 0) {
+                        state[k] = 4;
+                        finish[k] = next + delay;
+                        lock[cur[k]] += delay;
+                        paused[cur[k]] += delay;
+                        resume[k] = 3;
+                    }
+                }
             }
         }
         now = next;
@@ -944,11 +1152,16 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     for (int k = 0; k < n && !isnan(result); k++)
         result = cur[k] < at[k + 1] ? NAN : fmax(result, end[at[k + 1] - 1]);
     if (spans_out != NULL && !isnan(result) &&
-        !spans_of(n, ops, at, start, end, computed, spans_out, n_spans_out))
+        !spans_of(n, ops, at, start, end, computed, lock, paused, spans_out, n_spans_out))
         result = NAN;
 out:
     free(start);
     free(computed);
+    free(lock);
+    free(since);
+    free(meets);
+    free(mark);
+    free(resume);
     free(core_load);
     free(flows);
     free(ops);
@@ -1039,6 +1252,65 @@ out:
     return st;
 }
 
+/* Each stage's kernels' meetings (their collectives, in order) and what
+ * they compute after the last, in alone-seconds, as plan p's lowered
+ * programs run them (the simulator's lockstep delays follow the same
+ * instructions). *store: malloc'ed, the meetings out[] borrows. */
+static ps_status stage_meetings(const ps_plan *p, ps_stage_cores *out, ps_meeting **store,
+                                ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_plan_model *m = NULL;
+    ps_program_set *set = NULL;
+    ps_lower_options lo = ps_lower_options_default();
+    *store = NULL;
+    PS_TRY(ps_plan_model_build(p, &m, err));
+    PS_TRY(ps_plan_lower(p, m, &lo, &set, err));
+    if (set->n_stages != p->n_stages) {
+        st = ps_error_set(err, PS_ERR_INVALID, "the lowered programs have %d stages, the plan %d",
+                          set->n_stages, p->n_stages);
+        goto out;
+    }
+    size_t count = 0;
+    for (int i = 0; i < set->n_kernels; i++)
+        for (int j = 0; j < set->kernels[i].n_instrs; j++)
+            count += set->kernels[i].instrs[j].kind == PS_INSTR_COLLECTIVE;
+    *store = malloc((count > 0 ? count : 1) * sizeof **store);
+    PS_TRY_ALLOC(*store, err);
+    ps_meeting *next = *store;
+    for (int k = 0; k < p->n_stages; k++) {
+        const ps_program_stage *ps = &set->stages[k];
+        double share = ps->compute_share > 1 ? ps->compute_share : 1;
+        for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+            int ki = ps->kernel[ph];
+            out[k].meetings[ph] = next;
+            out[k].n_meetings[ph] = 0;
+            out[k].tail_s[ph] = 0;
+            if (ki < 0 || ki >= set->n_kernels)
+                continue;
+            const ps_kernel *kn = &set->kernels[ki];
+            double alone = 0;
+            for (int i = 0; i < kn->n_instrs; i++) {
+                const ps_instr *in = &kn->instrs[i];
+                if (in->kind == PS_INSTR_COMPUTE || in->kind == PS_INSTR_SLICE) {
+                    alone += fmax(0, in->seconds) / share;
+                } else if (in->kind == PS_INSTR_COLLECTIVE) {
+                    int g = in->axis >= 0 && in->axis < PS_MESH_AXES ? ps->mesh[in->axis]
+                                                                     : ps->mesh[0] * ps->mesh[1];
+                    *next++ = (ps_meeting){.before_s = alone, .members = g};
+                    out[k].n_meetings[ph]++;
+                    alone = 0;
+                }
+            }
+            out[k].tail_s[ph] = alone;
+        }
+    }
+out:
+    ps_program_set_free(set);
+    ps_plan_model_free(m);
+    return st;
+}
+
 ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
                                     ps_pipeline_span **spans, int *n_spans,
                                     ps_stage_link **links_out, int *n_links_out,
@@ -1050,6 +1322,7 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
     double *t = malloc(3 * (size_t)(n > 0 ? n : 1) * sizeof *t);
     ps_stage_nics *nics = calloc((size_t)(n > 0 ? n : 1), sizeof *nics);
     ps_stage_cores *on_cores = NULL;
+    ps_meeting *meetings = NULL;
     ps_shared_cores shared = {.cores = p->cluster->shared_cores_per_node,
                               .share = ps_cluster_compute_share(p->cluster)};
     if (spans != NULL) {
@@ -1089,6 +1362,9 @@ ps_status ps_plan_pipeline_schedule(const ps_plan *p, const ps_graph *step,
         PS_TRY_ALLOC(on_cores, err);
         PS_TRY(stage_cores(p, step, on_cores, err));
         shared.stages = on_cores;
+        shared.slice_s = p->cluster->scheduler_slice_s;
+        if (shared.slice_s > 0)
+            PS_TRY(stage_meetings(p, on_cores, &meetings, err));
     }
     *iteration_s = ps_pipeline_schedule_shared(
         n, t, t + n, t + 2 * n, links, n_links, nics, shared.stages != NULL ? &shared : NULL,
@@ -1103,6 +1379,7 @@ out:
     free(t);
     free(nics);
     free(on_cores);
+    free(meetings);
     return st;
 }
 
@@ -1127,10 +1404,7 @@ static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int 
         return NULL;
     for (int i = 0; i < n_spans; i++) {
         const ps_pipeline_span *x = &spans[i];
-        int ph = x->kind == PS_SPAN_FORWARD    ? PS_PHASE_FORWARD
-                 : x->kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
-                 : x->kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
-                                               : -1;
+        int ph = phase_of_span(x->kind);
         if (ph < 0 || x->stage < 0 || x->stage >= n_stages || !(x->charged_compute_s > 0))
             continue;
         size_t at = (size_t)x->stage * PS_PHASE_COUNT + (size_t)ph;
@@ -1144,7 +1418,7 @@ static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int 
 
 static double saved_of(const ps_pipeline_span *x)
 {
-    return x->charged_compute_s - x->compute_s;
+    return x->charged_compute_s - x->compute_s - x->lockstep_s;
 }
 
 static double wall_of(const ps_pipeline_span *x)

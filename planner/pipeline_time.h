@@ -79,16 +79,40 @@ ps_status ps_plan_stage_links(const ps_plan *p, const ps_graph *step, bool local
  * n of its devices, each computes at min(1, cores / n) of its speed alone
  * (processor sharing, as the simulator shares them), the kernel's other
  * part (its collectives, the reductions it sends) at its charged time. */
+/* A kernel's meeting: a collective of `members` devices after before_s
+ * alone-seconds (what it takes a device computing by itself) of the
+ * kernel's compute since its previous meeting, or since its start. */
+typedef struct ps_meeting {
+    double before_s;
+    int members;
+} ps_meeting;
+
 typedef struct ps_stage_cores {
     int node, nodes;      /* the stage's nodes */
     int devices_per_node; /* its devices on each of them */
     /* per phase, the fraction of its time that computes (0 to 1) */
     double compute[PS_PHASE_COUNT];
+    /* With a scheduler slice (ps_shared_cores.slice_s), per phase: its
+     * kernel's meetings in order (borrowed; NULL when none), and the
+     * alone-seconds it computes after the last (all of its compute when it
+     * has none). */
+    const ps_meeting *meetings[PS_PHASE_COUNT];
+    int n_meetings[PS_PHASE_COUNT];
+    double tail_s[PS_PHASE_COUNT];
 } ps_stage_cores;
 
+/* With a scheduler slice, devices that meet lose the lockstep delay
+ * (ps_lockstep_delay_s; docs/simulator.md) as the simulator charges it:
+ * after each receive's transfer (2 members; the stage computed since its
+ * previous meeting) and at each meeting of a kernel, once its compute
+ * reaches the meeting's share of the kernel's alone-seconds, against the
+ * devices of the node's other stages then computing or waiting in a delay
+ * of their own (the receive's sender aside). The stage waits the delay out,
+ * runnable but not computing; it adds to the receive's (the kernel's) time. */
 typedef struct ps_shared_cores {
     double cores;                 /* each node's */
     double share;                 /* the compute share the stage times include (> 1) */
+    double slice_s;               /* the scheduler slice (0: no lockstep delays) */
     const ps_stage_cores *stages; /* one per stage */
 } ps_shared_cores;
 
@@ -142,6 +166,8 @@ typedef struct ps_pipeline_span {
      * the stage times charge for it, and those it took in the schedule
      * (both 0 elsewhere). */
     double charged_compute_s, compute_s;
+    /* Of its time, the lockstep delays (ps_shared_cores; 0 elsewhere). */
+    double lockstep_s;
 } ps_pipeline_span;
 
 /* ps_pipeline_iteration_s, and the schedule it timed: every stage's spans
@@ -166,12 +192,13 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
 double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
 /* Per stage and phase ([stage * PS_PHASE_COUNT + phase]), the seconds by
- * which its kernels' computes in `spans` ran shorter than the stage times
- * charge for them, on average over its kernels of that phase (per
- * micro-batch for the forward and the backward, per step for the update):
- * 0 without shared cores, more where fewer devices computed at once than
- * the charge assumes (n_stages * PS_PHASE_COUNT entries, malloc'ed; NULL
- * when out of memory). The stage's phase took its charged time less that. */
+ * which its kernels in `spans` ran shorter than the stage times charge for
+ * them, on average over its kernels of that phase (per micro-batch for the
+ * forward and the backward, per step for the update): 0 without shared
+ * cores, more where fewer devices computed at once than the charge assumes,
+ * less by the lockstep delays (below 0 where they outweigh it;
+ * n_stages * PS_PHASE_COUNT entries, malloc'ed; NULL when out of memory).
+ * The stage's phase took its charged time less that. */
 double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans);
 
 /* Per stage and phase, the seconds its kernels of that phase computed in
@@ -184,7 +211,9 @@ double *ps_pipeline_compute_wall_s(int n_stages, const ps_pipeline_span *spans, 
  * times, the links of its lowering with local all-gather, its schedule; on
  * a cluster whose devices share cores, the kernels' computes shared as
  * ps_pipeline_schedule_shared shares them, each stage's compute fractions
- * from its ops' predicted compute and communication):
+ * from its ops' predicted compute and communication, and with a scheduler
+ * slice the lockstep delays of its kernels' meetings, read off the plan's
+ * lowered programs):
  * *iteration_s (NAN when the links wait for each other, as
  * ps_pipeline_schedule), where spans is not NULL the spans, and where
  * links is not NULL the links the spans' receives index (all malloc'ed).

@@ -687,6 +687,98 @@ static void shared_cores_closed_forms(void **state)
         ps_pipeline_schedule_shared(1, &f1, &b1, &u1, NULL, 0, NULL, &bad, 1, false, NULL, NULL)));
 }
 
+/* Lockstep delays, closed forms. Two stages of 2 devices on one node of 2
+ * cores (share 2), one micro-batch, no links: stage 0's 2 s forward meets
+ * once, halfway through its compute (0.5 of its 1 alone-second), while
+ * stage 1 computes its 10 s forward beside it. Both run at the charged
+ * speed until the meeting at 1 s; stage 0 then waits slice x min(1, 2 / 2)
+ * x (1 - (1 - min(1, 0.5 / slice))^2) = 0.1 s (slice 0.1), in which stage 1
+ * computes alone at twice the speed (0.2 charged seconds), and ends at 2.1
+ * s, its compute 2 s of it; stage 1 has 10 - 1 - 0.2 - 1 = 7.8 charged
+ * seconds left at 2.1 s, done at twice the speed by 6 s. Stage 0's phase
+ * ran 0.1 s longer than charged (the saving -0.1). A meeting at 0.02
+ * alone-seconds: 0.1 x (1 - 0.8^2) = 0.036 s. Stage 1 done first (a
+ * forward of 0.5 s): no one beside the meeting, no delay. No slice: none.
+ * Malformed meetings: NAN. */
+static void lockstep_closed_forms(void **state)
+{
+    (void)state;
+    ps_meeting half = {.before_s = 0.5, .members = 2};
+    ps_stage_cores st[2] = {{.node = 0, .nodes = 1, .devices_per_node = 2, .compute = {1, 1, 1}},
+                            {.node = 0, .nodes = 1, .devices_per_node = 2, .compute = {1, 1, 1}}};
+    st[0].meetings[PS_PHASE_FORWARD] = &half;
+    st[0].n_meetings[PS_PHASE_FORWARD] = 1;
+    st[0].tail_s[PS_PHASE_FORWARD] = 0.5;
+    st[1].tail_s[PS_PHASE_FORWARD] = 5;
+    ps_shared_cores cores = {.cores = 2, .share = 2, .slice_s = 0.1, .stages = st};
+    double f[2] = {2, 10}, b[2] = {0, 0}, u[2] = {0, 0};
+    ps_pipeline_span *sp = NULL;
+    int n_sp = 0;
+    assert_close(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, &sp, &n_sp), 6,
+        1e-12);
+    int forwards = 0;
+    for (int i = 0; i < n_sp; i++)
+        if (sp[i].kind == PS_SPAN_FORWARD && sp[i].stage == 0) {
+            forwards++;
+            assert_close(sp[i].end_s - sp[i].start_s, 2.1, 1e-12);
+            assert_close(sp[i].compute_s, 2, 1e-12);
+            assert_close(sp[i].lockstep_s, 0.1, 1e-12);
+        } else {
+            assert_true(sp[i].lockstep_s == 0);
+        }
+    assert_int_equal(forwards, 1);
+    double *saved = ps_pipeline_compute_saved_s(2, sp, n_sp);
+    assert_non_null(saved);
+    assert_close(saved[PS_PHASE_FORWARD], -0.1, 1e-12);
+    assert_close(saved[PS_PHASE_COUNT + PS_PHASE_FORWARD], 4, 1e-12);
+    free(saved);
+    free(sp);
+    /* a short span since the last meeting: part of the slice's chance */
+    half.before_s = 0.02;
+    st[0].tail_s[PS_PHASE_FORWARD] = 0.98;
+    /* (the node's cores stay busy throughout: the step's end stays at 6 s) */
+    assert_close(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, &sp, &n_sp), 6,
+        1e-12);
+    forwards = 0;
+    for (int i = 0; i < n_sp; i++)
+        if (sp[i].kind == PS_SPAN_FORWARD && sp[i].stage == 0) {
+            forwards++;
+            assert_close(sp[i].lockstep_s, 0.036, 1e-12);
+            assert_close(sp[i].end_s - sp[i].start_s, 2.036, 1e-12);
+        }
+    assert_int_equal(forwards, 1);
+    free(sp);
+    double f_short[2] = {2, 0.5};
+    half.before_s = 0.5;
+    st[0].tail_s[PS_PHASE_FORWARD] = 0.5;
+    /* stage 1 ends at 0.5 s; stage 0 has computed 0.5 charged seconds and
+     * computes the rest alone at twice the speed: its meeting at 1 charged
+     * second, at 0.75 s, finds no one else: 0.5 + 1.5 / 2 = 1.25 s */
+    assert_close(
+        ps_pipeline_schedule_shared(2, f_short, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL),
+        1.25, 1e-12);
+    /* no slice: no delay (stage 1 alone from 2 s: 2 + 8 / 2) */
+    cores.slice_s = 0;
+    assert_close(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL), 6,
+        1e-12);
+    /* malformed meetings: NAN */
+    cores.slice_s = 0.1;
+    st[0].meetings[PS_PHASE_FORWARD] = NULL;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL)));
+    st[0].meetings[PS_PHASE_FORWARD] = &half;
+    half.before_s = -1;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL)));
+    half.before_s = 0.5;
+    cores.slice_s = NAN;
+    assert_true(isnan(
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL)));
+}
+
 /* Random pipelines (as schedule_is_the_longest_path's, links of fixed time)
  * with their stages placed at random on nodes of C cores and a share that
  * covers the busiest node (share x C >= its devices): every compute then
@@ -1102,6 +1194,7 @@ int main(void)
         cmocka_unit_test(nics_shared_by_flows),
         cmocka_unit_test(cyclic_links_are_nan),
         cmocka_unit_test(shared_cores_closed_forms),
+        cmocka_unit_test(lockstep_closed_forms),
         cmocka_unit_test(shared_cores_bound_the_schedule),
         cmocka_unit_test(plan_schedule_shares_cores),
         cmocka_unit_test(links_match_the_programs),
