@@ -1,5 +1,6 @@
 #include "planner/plan_model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +175,25 @@ ps_status ps_plan_check(const ps_plan *p, const ps_plan_model *m, ps_error *err)
             return ps_error_set(err, PS_ERR_INVALID,
                                 "stage %d lists %d ops; the model's layers %d-%d have %d", k,
                                 s->n_ops, s->first_layer, s->last_layer, j);
+    }
+    /* the same ops, and their sizes those planned: a model edited where no
+     * op or layer changes (an FFN's width, say) would run another step than
+     * the plan's predictions are for; its FLOPs tell (a plan without them,
+     * 0, is not checked) */
+    if (p->flops_per_step > 0) {
+        ps_graph_stats gs;
+        ps_status st = ps_graph_stats_compute(g, &gs);
+        if (st != PS_OK)
+            return ps_error_set(err, st, "out of memory");
+        double flops = (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
+                        gs.flops[PS_PASS_RECOMPUTE]) * p->micro_batches +
+                       gs.flops[PS_PASS_UPDATE];
+        if (!(fabs(flops - p->flops_per_step) <= 1e-9 * p->flops_per_step))
+            return ps_error_set(err, PS_ERR_INVALID,
+                                "the model computes %.6g FLOPs a step, the plan was made for "
+                                "%.6g: its model (%s) is not the one planned",
+                                flops, p->flops_per_step,
+                                m->from_zoo ? "model.config" : "model.graph");
     }
     return PS_OK;
 }

@@ -294,7 +294,8 @@ static void plan_records_its_profile_db(void **state)
 }
 
 /* A plan that uses devices the cluster lacks, or leaves layers out, or whose
- * micro-batches do not divide the batch, is rejected with a clear error. */
+ * micro-batches do not divide the batch, or whose model is not the one
+ * planned, is rejected with a clear error. */
 static void invalid_plans_are_rejected(void **state)
 {
     (void)state;
@@ -332,6 +333,27 @@ static void invalid_plans_are_rejected(void **state)
     assert_string_equal(err.msg, "the model is built for micro-batches of 64 (model.config.batch), "
                                  "the plan splits its global batch 64 into 2 micro-batches of 32");
     p->micro_batches = 1;
+    assert_int_equal(ps_plan_check(p, m, NULL), PS_OK);
+    ps_plan_model_free(m);
+    /* the same ops of other sizes (the plan's model.config edited to twice
+     * the width): the step it would run is not the one planned */
+    json_t *cfg = json_object_get(p->model, "config");
+    json_int_t hidden = json_integer_value(json_object_get(cfg, "hidden"));
+    assert_int_equal(json_object_set_new(cfg, "hidden", json_integer(2 * hidden)), 0);
+    ps_error_clear(&err);
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
+    assert_int_equal(ps_plan_check(p, m, &err), PS_ERR_INVALID);
+    if (strstr(err.msg, "FLOPs a step, the plan was made for") == NULL ||
+        strstr(err.msg, "its model (model.config) is not the one planned") == NULL)
+        fail_msg("%s", err.msg);
+    /* a plan without its FLOPs (0) is not checked for them */
+    double flops = p->flops_per_step;
+    p->flops_per_step = 0;
+    assert_int_equal(ps_plan_check(p, m, NULL), PS_OK);
+    p->flops_per_step = flops;
+    ps_plan_model_free(m);
+    assert_int_equal(json_object_set_new(cfg, "hidden", json_integer(hidden)), 0);
+    assert_int_equal(ps_plan_model_build(p, &m, &err), PS_OK);
     assert_int_equal(ps_plan_check(p, m, NULL), PS_OK);
     ps_plan_model_free(m);
     ps_plan_free(p);
