@@ -1453,8 +1453,12 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
         update = fmax(update, ps->update_s);
         peak_dev = fmax(peak_dev, ps->peak_memory_bytes);
         double slice_flops = 0;
-        if (ps_plan_step_flops(slice, B, &slice_flops) == PS_OK)
-            flops += slice_flops;
+        if ((st = ps_plan_step_flops(slice, B, &slice_flops)) != PS_OK) {
+            /* (a plan without its FLOPs' sum would be refused when run) */
+            st = ps_error_set(err, st, "out of memory");
+            break;
+        }
+        flops += slice_flops;
         if (ps->peak_memory_bytes > m->memory_bytes)
             PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
                         ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);

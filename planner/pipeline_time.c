@@ -797,6 +797,17 @@ static int computing_beside(int n, const ps_shared_cores *cores, const unsigned 
     return count;
 }
 
+/* The lockstep delay of stage k after its receive from stage `from`, which
+ * had computed w alone-seconds since its previous meeting, as the node's
+ * devices run now (the sender aside). */
+static double receive_lockstep(int n, const ps_shared_cores *cores, const unsigned char *state,
+                               int k, int from, double w)
+{
+    int other = computing_beside(n, cores, state, k) -
+                (runnable_on(cores, state, from, cores->stages[k].node) ? 1 : 0);
+    return ps_lockstep_delay_s(cores->slice_s, cores->cores, other, 2, w);
+}
+
 /* The lockstep delays of stage k's kernel of phase ph, started while
  * `other` devices of the node compute beside it, having computed *since
  * alone-seconds since its last meeting (then: since its kernel's last). */
@@ -933,9 +944,12 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     double *lock = calloc(2 * ((size_t)at[n] + 1), sizeof *lock); /* its lockstep delays */
     double *paused = lock + at[n] + 1; /* of them, those that paused its compute */
     kernel_meets *meets = calloc((size_t)n, sizeof *meets);
-    /* per stage: alone-seconds computed since its last meeting, and the
-     * lockstep delay that follows its transfer through NICs under way */
-    double *since = calloc(2 * (size_t)n, sizeof *since), *lock_left = since + n;
+    /* per stage: alone-seconds computed since its last meeting; those before
+     * the receive under way, whose lockstep delay follows its transfer (-1:
+     * none); and when its kernel's compute reaches its next meeting */
+    double *since = calloc(3 * (size_t)n, sizeof *since), *recv_w = since + n;
+    double *meet_at = recv_w + n;
+    long stalled = 0; /* events in a row that did not move the clock */
     bool lockstep = cores != NULL && cores->slice_s > 0;
     double *mark = calloc((size_t)n, sizeof *mark); /* the `left` of a kernel's next meeting */
     /* after a lockstep pause (state 4): 3 compute, 1 the kernel's rest, 0 the op ends */
@@ -977,13 +991,10 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         if (op->after >= 0 && isnan(end[op->after]))
                             break; /* its data is not ready */
                         d = flows[op->flow].seconds;
+                        recv_w[k] = -1;
                         if (lockstep && op->flow < n_links) {
-                            /* a receive: the sender and it met */
-                            int from = links[op->flow].from;
-                            int other = computing_beside(n, cores, state, k) -
-                                        runnable_on(cores, state, from, cores->stages[k].node);
-                            lock[cur[k]] = lock_left[k] = ps_lockstep_delay_s(
-                                cores->slice_s, cores->cores, other, 2, since[k]);
+                            /* a receive: the sender and it meet once it has moved */
+                            recv_w[k] = since[k];
                             resume[k] = 0;
                             since[k] = 0;
                         }
@@ -1036,11 +1047,16 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         finish[k] = now + d;
                         break;
                     }
-                    if (lock_left[k] > 0) { /* a receive that moved nothing: its delay */
-                        state[k] = 4;
-                        finish[k] = now + lock_left[k];
-                        lock_left[k] = 0;
-                        break;
+                    if (op->flow >= 0 && recv_w[k] >= 0) { /* a receive that moved nothing */
+                        double delay =
+                            receive_lockstep(n, cores, state, k, links[op->flow].from, recv_w[k]);
+                        recv_w[k] = -1;
+                        if (delay > 0) {
+                            lock[cur[k]] = delay;
+                            state[k] = 4;
+                            finish[k] = now + delay;
+                            break;
+                        }
                     }
                     end[cur[k]++] = now;
                     changed = true;
@@ -1066,35 +1082,54 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
             rate[act_stage[i]] = act_rate[i];
         /* a kernel's compute to its next meeting: a stage's `left` to go
          * before an event */
-        for (int k = 0; k < n; k++)
-            mark[k] = 0;
         for (int k = 0; k < n; k++) {
+            mark[k] = 0;
+            meet_at[k] = INFINITY;
             if (state[k] == 1 || state[k] == 4)
                 next = fmin(next, finish[k]);
             if (state[k] == 2 || state[k] == 3)
                 next = fmin(next, now + left[k] / rate[k]);
             if (state[k] == 3 && lockstep &&
                 meets[k].next < cores->stages[k].n_meetings[meets[k].ph]) {
+                /* decided by time, as the compute's end: (left - mark) / rate
+                 * can round below the clock's resolution */
                 mark[k] = meeting_left(&meets[k], ops[cur[k]].compute);
-                next = fmin(next, now + fmax(0, left[k] - mark[k]) / rate[k]);
+                meet_at[k] = now + fmax(0, left[k] - mark[k]) / rate[k];
+                next = fmin(next, meet_at[k]);
             }
         }
+        /* every event is at or after now; where none moves the clock, some
+         * op must end or start, else the schedule is stuck (a bug: refuse) */
+        if (!(next >= now) || (next == now && ++stalled > 4 * (long)at[n] + 16))
+            goto out;
+        if (next > now)
+            stalled = 0;
         /* on to the next end */
         for (int k = 0; k < n; k++) {
             if (state[k] == 1 && finish[k] <= next) {
-                if (lock_left[k] > 0) { /* received: then its lockstep delay */
+                double delay = ops[cur[k]].flow >= 0 && recv_w[k] >= 0
+                                   ? receive_lockstep(n, cores, state, k,
+                                                      links[ops[cur[k]].flow].from, recv_w[k])
+                                   : 0;
+                recv_w[k] = -1;
+                if (delay > 0) { /* received: then its lockstep delay */
+                    lock[cur[k]] = delay;
                     state[k] = 4;
-                    finish[k] += lock_left[k];
-                    lock_left[k] = 0;
+                    finish[k] += delay;
                 } else {
                     end[cur[k]++] = finish[k];
                     state[k] = 0;
                 }
             } else if (state[k] == 2 && now + left[k] / rate[k] <= next) {
-                if (lock_left[k] > 0) {
+                double delay = recv_w[k] >= 0
+                                   ? receive_lockstep(n, cores, state, k,
+                                                      links[ops[cur[k]].flow].from, recv_w[k])
+                                   : 0;
+                recv_w[k] = -1;
+                if (delay > 0) {
+                    lock[cur[k]] = delay;
                     state[k] = 4;
-                    finish[k] = next + lock_left[k];
-                    lock_left[k] = 0;
+                    finish[k] = next + delay;
                 } else {
                     end[cur[k]++] = next; /* (the same sum that made next) */
                     state[k] = 0;
@@ -1132,8 +1167,9 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
             } else if (state[k] == 2 || state[k] == 3) {
                 left[k] -= (next - now) * rate[k];
                 double compute = ops[cur[k]].compute;
-                if (state[k] == 3 && mark[k] > 0 && left[k] <= mark[k] + 1e-12 * compute) {
+                if (state[k] == 3 && meet_at[k] <= next) {
                     /* at a meeting: its members wait for the one preempted */
+                    left[k] = fmin(left[k], mark[k]);
                     double delay = meetings_due(cores, k, &meets[k], compute, left[k],
                                                 computing_beside(n, cores, state, k), false);
                     if (delay > 0) {
@@ -1393,10 +1429,10 @@ double *ps_pipeline_receive_seconds(int n_stages, const ps_pipeline_span *spans,
 }
 
 /* Per stage and phase, the mean of `of` over its kernels of that phase
- * that computed on shared cores (a phase's kernels all do or none does:
- * then `none`). */
+ * (`shared`: those that computed on shared cores; a phase's kernels all do
+ * or none does: then `none`). */
 static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int n_spans,
-                               double (*of)(const ps_pipeline_span *), double none)
+                               double (*of)(const ps_pipeline_span *), bool shared, double none)
 {
     size_t n = PS_PHASE_COUNT * (size_t)(n_stages > 0 ? n_stages : 1);
     double *r = calloc(2 * n, sizeof *r), *kernels = r + n; /* r: first the sums */
@@ -1405,7 +1441,8 @@ static double *per_kernel_mean(int n_stages, const ps_pipeline_span *spans, int 
     for (int i = 0; i < n_spans; i++) {
         const ps_pipeline_span *x = &spans[i];
         int ph = phase_of_span(x->kind);
-        if (ph < 0 || x->stage < 0 || x->stage >= n_stages || !(x->charged_compute_s > 0))
+        if (ph < 0 || x->stage < 0 || x->stage >= n_stages ||
+            (shared && !(x->charged_compute_s > 0)))
             continue;
         size_t at = (size_t)x->stage * PS_PHASE_COUNT + (size_t)ph;
         r[at] += of(x);
@@ -1428,10 +1465,12 @@ static double wall_of(const ps_pipeline_span *x)
 
 double *ps_pipeline_compute_saved_s(int n_stages, const ps_pipeline_span *spans, int n_spans)
 {
-    return per_kernel_mean(n_stages, spans, n_spans, saved_of, 0);
+    /* every kernel: one that computed nothing on the cores may still have
+     * met (its saving then the lockstep delays, negated) */
+    return per_kernel_mean(n_stages, spans, n_spans, saved_of, false, 0);
 }
 
 double *ps_pipeline_compute_wall_s(int n_stages, const ps_pipeline_span *spans, int n_spans)
 {
-    return per_kernel_mean(n_stages, spans, n_spans, wall_of, -1);
+    return per_kernel_mean(n_stages, spans, n_spans, wall_of, true, -1);
 }

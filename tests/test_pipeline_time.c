@@ -759,11 +759,17 @@ static void lockstep_closed_forms(void **state)
     assert_close(
         ps_pipeline_schedule_shared(2, f_short, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL),
         1.25, 1e-12);
-    /* no slice: no delay (stage 1 alone from 2 s: 2 + 8 / 2) */
+    /* no slice: no delay (stage 0 done at 2 s, stage 1 alone from then: 2 + 8 / 2) */
     cores.slice_s = 0;
     assert_close(
-        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL), 6,
+        ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, &sp, &n_sp), 6,
         1e-12);
+    for (int i = 0; i < n_sp; i++) {
+        assert_true(sp[i].lockstep_s == 0);
+        if (sp[i].kind == PS_SPAN_FORWARD && sp[i].stage == 0)
+            assert_close(sp[i].end_s - sp[i].start_s, 2, 1e-12);
+    }
+    free(sp);
     /* malformed meetings: NAN */
     cores.slice_s = 0.1;
     st[0].meetings[PS_PHASE_FORWARD] = NULL;
@@ -777,6 +783,112 @@ static void lockstep_closed_forms(void **state)
     cores.slice_s = NAN;
     assert_true(isnan(
         ps_pipeline_schedule_shared(2, f, b, u, NULL, 0, NULL, &cores, 1, false, NULL, NULL)));
+}
+
+/* Random pipelines with meetings on shared cores and a scheduler slice
+ * (as shared_cores_bound_the_schedule's, steps of up to hours and up to
+ * 32 micro-batches, so that the clock's rounding is coarse): the schedule
+ * ends (until 2026-12-07 a meeting decided by the compute left, not by
+ * time, could stall the clock); a kernel's lockstep is at most a slice per
+ * meeting, a receive's at most one, nothing else has any; a kernel computes
+ * between 1/share and all of its charge, its pauses aside, and its span
+ * holds its compute and its delays. With cores for every device and the
+ * most members of a meeting, there is no delay: the schedule without a
+ * slice. */
+static void lockstep_random_schedules(void **state)
+{
+    (void)state;
+    test_rng_seed(23);
+    int delayed = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(uniform() * 5), m = 1 + (int)(uniform() * 32);
+        bool gpipe = uniform() < 0.3;
+        double f[8], b[8], u[8], scale = pow(10, 4 * uniform());
+        random_stage_times(n, f, b, u);
+        for (int k = 0; k < n; k++)
+            f[k] *= scale, b[k] *= scale, u[k] *= scale;
+        ps_stage_link links[16];
+        int n_links = 0;
+        for (int k = 0; k + 1 < n; k++) {
+            links[n_links++] = (ps_stage_link){.from = k,
+                                               .to = k + 1,
+                                               .kind = PS_LINK_FORWARD,
+                                               .seconds = 0.01 * scale * uniform()};
+            links[n_links++] = (ps_stage_link){.from = k + 1,
+                                               .to = k,
+                                               .kind = PS_LINK_BACKWARD,
+                                               .seconds = uniform() < 0.2 ? 0 : 0.01 * scale};
+        }
+        ps_stage_cores st[8];
+        ps_meeting meet[8][PS_PHASE_COUNT][4];
+        int nodes = 1 + (int)(uniform() * 2), on_node[4] = {0};
+        double slice = 1e-3 * scale * (0.1 + uniform());
+        for (int k = 0; k < n; k++) {
+            memset(&st[k], 0, sizeof st[k]);
+            st[k].node = (int)(uniform() * nodes);
+            st[k].nodes = 1 + (int)(uniform() * (nodes - st[k].node));
+            st[k].devices_per_node = 1 + (int)(uniform() * 4);
+            for (int ph = 0; ph < PS_PHASE_COUNT; ph++) {
+                st[k].compute[ph] = uniform() < 0.3 ? 1 : uniform();
+                st[k].n_meetings[ph] = (int)(uniform() * 5);
+                for (int i = 0; i < st[k].n_meetings[ph]; i++)
+                    meet[k][ph][i] =
+                        (ps_meeting){.before_s = uniform() < 0.2 ? 0 : 3 * slice * uniform(),
+                                     .members = 1 + (int)(uniform() * 4)};
+                st[k].meetings[ph] = meet[k][ph];
+                st[k].tail_s[ph] = uniform() < 0.2 ? 0 : 3 * slice * uniform();
+            }
+            for (int j = 0; j < st[k].nodes; j++)
+                on_node[st[k].node + j] += st[k].devices_per_node;
+        }
+        int busiest = 0;
+        for (int j = 0; j < nodes; j++)
+            busiest = on_node[j] > busiest ? on_node[j] : busiest;
+        double c = 1 + (int)(uniform() * busiest);
+        ps_shared_cores cores = {
+            .cores = c, .share = fmax(1, busiest / c), .slice_s = slice, .stages = st};
+        ps_pipeline_span *sp = NULL;
+        int n_sp = 0;
+        double got = ps_pipeline_schedule_shared(n, f, b, u, links, n_links, NULL, &cores, m, gpipe,
+                                                 &sp, &n_sp);
+        if (!isfinite(got))
+            fail_msg("trial %d: %d stages, %d micro-batches, scale %g: %g", trial, n, m, scale,
+                     got);
+        double eps = 1e-9 * got;
+        for (int i = 0; i < n_sp; i++) {
+            const ps_pipeline_span *x = &sp[i];
+            int ph = x->kind == PS_SPAN_FORWARD    ? PS_PHASE_FORWARD
+                     : x->kind == PS_SPAN_BACKWARD ? PS_PHASE_BACKWARD
+                     : x->kind == PS_SPAN_UPDATE   ? PS_PHASE_UPDATE
+                                                   : -1;
+            double most = ph >= 0                      ? slice * st[x->stage].n_meetings[ph]
+                          : x->kind == PS_SPAN_RECEIVE ? slice
+                                                       : 0;
+            delayed += x->lockstep_s > 0;
+            if (!(x->lockstep_s >= 0 && x->lockstep_s <= most + eps))
+                fail_msg("trial %d: stage %d span kind %d: lockstep %.17g s, at most %.17g", trial,
+                         x->stage, (int)x->kind, x->lockstep_s, most);
+            if (x->charged_compute_s > 0 &&
+                !(x->compute_s <= x->charged_compute_s + eps &&
+                  x->compute_s >= x->charged_compute_s / cores.share - eps &&
+                  x->end_s - x->start_s >= x->compute_s + x->lockstep_s - eps))
+                fail_msg("trial %d: stage %d span kind %d: computed %.17g of %.17g charged, "
+                         "lockstep %.17g, span %.17g",
+                         trial, x->stage, (int)x->kind, x->compute_s, x->charged_compute_s,
+                         x->lockstep_s, x->end_s - x->start_s);
+        }
+        free(sp);
+        /* cores for every device of the busiest node and a meeting's most */
+        cores.cores = busiest + 4;
+        double free_cores = ps_pipeline_schedule_shared(n, f, b, u, links, n_links, NULL, &cores, m,
+                                                        gpipe, NULL, NULL);
+        cores.slice_s = 0;
+        double no_slice = ps_pipeline_schedule_shared(n, f, b, u, links, n_links, NULL, &cores, m,
+                                                      gpipe, NULL, NULL);
+        assert_close(free_cores, no_slice, 1e-12);
+    }
+    assert_true(delayed >= 300); /* the delays happen */
+    print_message("300 random pipelines with meetings: %d spans delayed\n", delayed);
 }
 
 /* Random pipelines (as schedule_is_the_longest_path's, links of fixed time)
@@ -1195,6 +1307,7 @@ int main(void)
         cmocka_unit_test(cyclic_links_are_nan),
         cmocka_unit_test(shared_cores_closed_forms),
         cmocka_unit_test(lockstep_closed_forms),
+        cmocka_unit_test(lockstep_random_schedules),
         cmocka_unit_test(shared_cores_bound_the_schedule),
         cmocka_unit_test(plan_schedule_shares_cores),
         cmocka_unit_test(links_match_the_programs),

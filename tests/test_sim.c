@@ -962,6 +962,21 @@ static void whole_mesh_collectives_are_hierarchical(void **state)
                 assert_close(sum->iteration_s, want, 0.02, what);
                 for (int d = 0; d < n; d++)
                     assert_close(sum->devices[d].comm_s, want, 0.02, what);
+                /* traced, node rings as closed forms or as transfers: the
+                 * spans add up to the summary's communication */
+                for (int closed = 0; closed < 2; closed++) {
+                    char path[] = "/tmp/ps-test-sim-mesh-XXXXXX";
+                    int fd = mkstemp(path);
+                    assert_true(fd >= 0);
+                    close(fd);
+                    ps_sim_options o = ps_sim_options_default();
+                    o.trace_path = path;
+                    o.node_collectives_closed_form = closed;
+                    ps_summary *traced = simulate(s, c, &o, NULL);
+                    trace_matches_summary(path, traced, "");
+                    ps_summary_free(traced);
+                    unlink(path);
+                }
                 /* and a flat ring over all n would not pass: the test tells them apart */
                 if (nodes > 1 && S > 1e8) {
                     double flat = ring_closed((ps_collective)kind, n, S, a0, fmin(nic / d1, w1));
