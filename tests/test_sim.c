@@ -2124,7 +2124,7 @@ static void shared_cores_lowering(void **state)
  * simulated iteration, each stage's time per micro-batch and communication
  * per step close to the simulator's: within 1% and 3% where a stage's
  * devices shard its ops (measured: 0.6%, 1.8%); within 3% and 15% where
- * they split the batch (2.3%, 14.2%: each receives from a peer of its own,
+ * they split the batch (2.1%, 10.7%: each receives from a peer of its own,
  * and the simulator counts a sibling already in its delay as competing,
  * where the planner moves a stage as one). Until 2026-12-07 the planner
  * charged no lockstep: its communication was 53-97% below the simulator's
