@@ -797,17 +797,18 @@ static int computing_beside(int n, const ps_shared_cores *cores, const unsigned 
     return count;
 }
 
-/* The lockstep delay of stage k once its receive from stage `from` has
- * moved, as the node's devices run now (the sender aside): *w, the
- * alone-seconds it computed before since its previous meeting (< 0: not a
- * receive that meets), then -1. */
+/* The lockstep delay of stage k once its op on flow f has moved, where
+ * that is a receive (a link's flow, with *w >= 0), as the node's devices run
+ * now (the sender aside): *w, the alone-seconds it computed before since its
+ * previous meeting; then -1. */
 static double receive_lockstep(int n, const ps_shared_cores *cores, const unsigned char *state,
-                               int k, int from, double *w)
+                               int k, const ps_stage_link *links, int n_links, int f, double *w)
 {
     double since = *w;
     *w = -1;
-    if (since < 0)
+    if (since < 0 || f < 0 || f >= n_links)
         return 0;
+    int from = links[f].from;
     int other = computing_beside(n, cores, state, k) -
                 (runnable_on(cores, state, from, cores->stages[k].node) ? 1 : 0);
     return ps_lockstep_delay_s(cores->slice_s, cores->cores, other, 2, since);
@@ -1053,8 +1054,8 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         break;
                     }
                     if (op->flow >= 0) { /* a receive that moved nothing */
-                        double delay =
-                            receive_lockstep(n, cores, state, k, links[op->flow].from, &recv_w[k]);
+                        double delay = receive_lockstep(n, cores, state, k, links, n_links,
+                                                        op->flow, &recv_w[k]);
                         if (delay > 0) {
                             lock[cur[k]] = delay;
                             state[k] = 4;
@@ -1111,10 +1112,8 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
         /* on to the next end */
         for (int k = 0; k < n; k++) {
             if (state[k] == 1 && finish[k] <= next) {
-                double delay = ops[cur[k]].flow >= 0
-                                   ? receive_lockstep(n, cores, state, k,
-                                                      links[ops[cur[k]].flow].from, &recv_w[k])
-                                   : 0;
+                double delay = receive_lockstep(n, cores, state, k, links, n_links,
+                                                ops[cur[k]].flow, &recv_w[k]);
                 if (delay > 0) { /* received: then its lockstep delay */
                     lock[cur[k]] = delay;
                     state[k] = 4;
@@ -1124,8 +1123,8 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                     state[k] = 0;
                 }
             } else if (state[k] == 2 && now + left[k] / rate[k] <= next) {
-                double delay =
-                    receive_lockstep(n, cores, state, k, links[ops[cur[k]].flow].from, &recv_w[k]);
+                double delay = receive_lockstep(n, cores, state, k, links, n_links,
+                                                ops[cur[k]].flow, &recv_w[k]);
                 if (delay > 0) {
                     lock[cur[k]] = delay;
                     state[k] = 4;
