@@ -814,23 +814,6 @@ static double receive_lockstep(int n, const ps_shared_cores *cores, const unsign
     return ps_lockstep_delay_s(cores->slice_s, cores->cores, other, 2, since);
 }
 
-/* The lockstep delays of stage k's kernel of phase ph, started while
- * `other` devices of the node compute beside it, having computed *since
- * alone-seconds since its last meeting (then: since its kernel's last). */
-static double kernel_lockstep(const ps_shared_cores *cores, int k, int ph, int other, double *since)
-{
-    const ps_stage_cores *c = &cores->stages[k];
-    double delay = 0, w = *since;
-    for (int i = 0; i < c->n_meetings[ph]; i++) {
-        w += c->meetings[ph][i].before_s;
-        delay +=
-            ps_lockstep_delay_s(cores->slice_s, cores->cores, other, c->meetings[ph][i].members, w);
-        w = 0;
-    }
-    *since = w + c->tail_s[ph];
-    return delay;
-}
-
 /* A kernel computing on shared cores meets as its compute goes: meeting i
  * of its phase's `total` alone-seconds once the share of its compute that
  * lies before it is done. The progress of stage k's kernel through them. */
@@ -846,6 +829,20 @@ typedef struct kernel_meets {
 static double meeting_left(const kernel_meets *q, double compute)
 {
     return q->total > 0 ? compute * fmax(0, 1 - q->through / q->total) : 0;
+}
+
+/* Stage k's kernel of phase ph starting, having computed *since
+ * alone-seconds since its last meeting: its progress through its meetings
+ * (none passed yet); *since becomes what it computes after its last. */
+static kernel_meets meets_start(const ps_shared_cores *cores, int k, int ph, double *since)
+{
+    const ps_stage_cores *c = &cores->stages[k];
+    kernel_meets q = {.ph = ph, .carry = *since, .total = c->tail_s[ph]};
+    for (int i = 0; i < c->n_meetings[ph]; i++)
+        q.total += c->meetings[ph][i].before_s;
+    q.through = c->n_meetings[ph] > 0 ? c->meetings[ph][0].before_s : 0;
+    *since = c->n_meetings[ph] > 0 ? c->tail_s[ph] : *since + c->tail_s[ph];
+    return q;
 }
 
 /* The lockstep delays of stage k's meetings due with `left` of its
@@ -957,7 +954,6 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     double *meet_at = recv_w + n;
     long stalled = 0; /* events in a row that did not move the clock */
     bool lockstep = cores != NULL && cores->slice_s > 0;
-    double *mark = calloc((size_t)n, sizeof *mark); /* the `left` of a kernel's next meeting */
     /* after a lockstep pause (state 4): 3 compute, 1 the kernel's rest, 0 the op ends */
     unsigned char *resume = calloc((size_t)n, 1);
     int *cur = malloc((size_t)n * sizeof *cur);        /* each stage's op under way */
@@ -978,8 +974,7 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
     double result = NAN, now = 0;
     if (end == NULL || start == NULL || computed == NULL || cur == NULL || finish == NULL ||
         state == NULL || load == NULL || act == NULL || act_stage == NULL || frozen == NULL ||
-        core_load == NULL || lock == NULL || since == NULL || meets == NULL || mark == NULL ||
-        resume == NULL)
+        core_load == NULL || lock == NULL || since == NULL || meets == NULL || resume == NULL)
         goto out;
     for (int i = 0; i < at[n]; i++)
         end[i] = NAN;
@@ -1013,9 +1008,9 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         }
                     } else if (lockstep && phase_of_span(op->kind) >= 0 && !(op->compute > 0)) {
                         /* nothing computing on the cores: its meetings at once */
-                        int other = computing_beside(n, cores, state, k);
-                        lock[cur[k]] =
-                            kernel_lockstep(cores, k, phase_of_span(op->kind), other, &since[k]);
+                        meets[k] = meets_start(cores, k, phase_of_span(op->kind), &since[k]);
+                        lock[cur[k]] = meetings_due(cores, k, &meets[k], 0, 0,
+                                                    computing_beside(n, cores, state, k), true);
                         d += lock[cur[k]];
                     }
                     start[cur[k]] = computed[cur[k]] = now;
@@ -1026,17 +1021,9 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                         int ph = phase_of_span(op->kind);
                         if (lockstep && ph >= 0) {
                             /* its meetings as its compute reaches them */
-                            const ps_stage_cores *c = &cores->stages[k];
-                            kernel_meets *q = &meets[k];
-                            *q =
-                                (kernel_meets){.ph = ph, .carry = since[k], .total = c->tail_s[ph]};
-                            for (int i = 0; i < c->n_meetings[ph]; i++)
-                                q->total += c->meetings[ph][i].before_s;
-                            q->through = c->n_meetings[ph] > 0 ? c->meetings[ph][0].before_s : 0;
-                            since[k] =
-                                c->n_meetings[ph] > 0 ? c->tail_s[ph] : since[k] + c->tail_s[ph];
+                            meets[k] = meets_start(cores, k, ph, &since[k]);
                             double delay =
-                                meetings_due(cores, k, q, op->compute, left[k],
+                                meetings_due(cores, k, &meets[k], op->compute, left[k],
                                              computing_beside(n, cores, state, k), false);
                             if (delay > 0) {
                                 state[k] = 4;
@@ -1085,10 +1072,7 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
         double next = INFINITY;
         for (int i = 0; i < n_act; i++)
             rate[act_stage[i]] = act_rate[i];
-        /* a kernel's compute to its next meeting: a stage's `left` to go
-         * before an event */
         for (int k = 0; k < n; k++) {
-            mark[k] = 0;
             meet_at[k] = INFINITY;
             if (state[k] == 1 || state[k] == 4)
                 next = fmin(next, finish[k]);
@@ -1098,8 +1082,8 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                 meets[k].next < cores->stages[k].n_meetings[meets[k].ph]) {
                 /* decided by time, as the compute's end: (left - mark) / rate
                  * can round below the clock's resolution */
-                mark[k] = meeting_left(&meets[k], ops[cur[k]].compute);
-                meet_at[k] = now + fmax(0, left[k] - mark[k]) / rate[k];
+                double mark = meeting_left(&meets[k], ops[cur[k]].compute);
+                meet_at[k] = now + fmax(0, left[k] - mark) / rate[k];
                 next = fmin(next, meet_at[k]);
             }
         }
@@ -1168,7 +1152,7 @@ double ps_pipeline_schedule_shared(int n, const double *forward_s, const double 
                 double compute = ops[cur[k]].compute;
                 if (state[k] == 3 && meet_at[k] <= next) {
                     /* at a meeting: its members wait for the one preempted */
-                    left[k] = fmin(left[k], mark[k]);
+                    left[k] = fmin(left[k], meeting_left(&meets[k], compute));
                     double delay = meetings_due(cores, k, &meets[k], compute, left[k],
                                                 computing_beside(n, cores, state, k), false);
                     if (delay > 0) {
@@ -1195,7 +1179,6 @@ out:
     free(lock);
     free(since);
     free(meets);
-    free(mark);
     free(resume);
     free(core_load);
     free(flows);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "planner/plan_intra.h"
 
 void ps_plan_model_free(ps_plan_model *m)
 {
@@ -181,13 +182,10 @@ ps_status ps_plan_check(const ps_plan *p, const ps_plan_model *m, ps_error *err)
      * the plan's predictions are for; its FLOPs tell (a plan without them,
      * 0, is not checked) */
     if (p->flops_per_step > 0) {
-        ps_graph_stats gs;
-        ps_status st = ps_graph_stats_compute(g, &gs);
+        double flops = 0;
+        ps_status st = ps_plan_step_flops(g, p->micro_batches, &flops);
         if (st != PS_OK)
             return ps_error_set(err, st, "out of memory");
-        double flops = (gs.flops[PS_PASS_FORWARD] + gs.flops[PS_PASS_BACKWARD] +
-                        gs.flops[PS_PASS_RECOMPUTE]) * p->micro_batches +
-                       gs.flops[PS_PASS_UPDATE];
         if (!(fabs(flops - p->flops_per_step) <= 1e-9 * p->flops_per_step))
             return ps_error_set(err, PS_ERR_INVALID,
                                 "the model computes %.6g FLOPs a step, the plan was made for "

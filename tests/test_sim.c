@@ -352,6 +352,14 @@ static void timed_node_rings_equal_transfers(void **state)
 
 /* ---- a coalesced ring across nodes ends with the ring ---- */
 
+/* Creates the file named by template path (its XXXXXX replaced), empty. */
+static void temp_file(char *path)
+{
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
 /* Per device, the end of its first collective span in the trace at path
  * (the trace writes microseconds to 1 ns). */
 static void trace_collective_ends(const char *path, int n, double *end_s)
@@ -464,9 +472,7 @@ static void cross_node_ring_ends_together(void **state)
     const double C = 1e-3, tiny_s = 1e-8; /* SimGrid rounds each event's time to 1 ns */
     ps_cluster *c = cluster_make(2, 4, port, a_intra, 1, nic, a_inter, 312e12);
     char path[] = "/tmp/ps-test-sim-ring-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    temp_file(path);
     const ps_collective kinds[] = {PS_COLL_ALL_REDUCE, PS_COLL_ALL_GATHER,
                                    PS_COLL_REDUCE_SCATTER};
     /* steps a member is from the nearest end of a NIC hop (0, 3, 4, 7) */
@@ -966,9 +972,7 @@ static void whole_mesh_collectives_are_hierarchical(void **state)
                  * spans add up to the summary's communication */
                 for (int closed = 0; closed < 2; closed++) {
                     char path[] = "/tmp/ps-test-sim-mesh-XXXXXX";
-                    int fd = mkstemp(path);
-                    assert_true(fd >= 0);
-                    close(fd);
+                    temp_file(path);
                     ps_sim_options o = ps_sim_options_default();
                     o.trace_path = path;
                     o.node_collectives_closed_form = closed;
@@ -1337,9 +1341,7 @@ static void trace_is_valid_json(void **state)
 {
     (void)state;
     char path[] = "/tmp/ps-test-sim-trace-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    temp_file(path);
     const int p = 2, m = 3;
     ps_cluster *c = cluster_make(1, 8, 300 * GB, 2e-6, 1, 25 * GB, 5e-6, 312e12);
     ps_program_set *s = pipeline_make(p, m, 1e-3, 2e-3, false);
@@ -1989,9 +1991,7 @@ static void shared_cores_lockstep_delay(void **state)
         ps_summary *sum = simulate(s, c, NULL, NULL);
         /* traced: the same run, the delays drawn as communication */
         char path[] = "/tmp/ps-test-sim-lockstep-XXXXXX";
-        int fd = mkstemp(path);
-        assert_true(fd >= 0);
-        close(fd);
+        temp_file(path);
         ps_sim_options o = ps_sim_options_default();
         o.trace_path = path;
         ps_summary *traced = simulate(s, c, &o, NULL);
