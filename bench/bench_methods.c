@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "core/bytes_text.h"
 #include "core/malloc_tune.h"
 #include "core/program.h"
 #include "planner/inter_pass.h"
@@ -126,8 +127,8 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
      * written with a warning (the user asked for it); here it does not fit */
     double memory = ps_cluster_min_memory_bytes(c);
     if (p->peak_memory_bytes > memory) {
-        st = ps_error_set(&err, PS_ERR_INFEASIBLE, "needs %.4g GB per device of %.4g GB",
-                          p->peak_memory_bytes / 1e9, memory / 1e9);
+        st = ps_error_set(&err, PS_ERR_INFEASIBLE, "needs %.4g GiB per device of %.4g GiB",
+                          p->peak_memory_bytes / PS_GIB, memory / PS_GIB);
         goto out;
     }
     r->planned_s = p->iteration_s;
@@ -142,8 +143,9 @@ static void plan_and_simulate(const bench_case *b, const ps_cluster *c, double t
      * percent above, decides too (pipeshard plan checks it the same way) */
     if (sum->peak_memory_bytes > memory) {
         st = ps_error_set(&err, PS_ERR_INFEASIBLE,
-                          "its programs need %.4g GB per device of %.4g GB (planned %.4g GB)",
-                          sum->peak_memory_bytes / 1e9, memory / 1e9, p->peak_memory_bytes / 1e9);
+                          "its programs need %.4g GiB per device of %.4g GiB (planned %.4g GiB)",
+                          sum->peak_memory_bytes / PS_GIB, memory / PS_GIB,
+                          p->peak_memory_bytes / PS_GIB);
         goto out;
     }
     r->simulated_s = sum->iteration_s;

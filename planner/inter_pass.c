@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes_text.h"
 #include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -1460,8 +1461,8 @@ static ps_status realization_plan(const realization *rz, ps_plan **out, ps_error
         }
         flops += slice_flops;
         if (ps->peak_memory_bytes > m->memory_bytes)
-            PS_LOG_WARN("stage %d needs %.4g GB per device; its devices have %.4g GB", k,
-                        ps->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
+            PS_LOG_WARN("stage %d needs %.4g GiB per device; its devices have %.4g GiB", k,
+                        ps->peak_memory_bytes / PS_GIB, m->memory_bytes / PS_GIB);
     }
     if (st != PS_OK)
         goto out;
@@ -1536,9 +1537,9 @@ static ps_status refuse_unfit(const ps_plan_request *req, const ps_inter_options
     bool recomputes = req->train.remat || o->remat_by_stage;
     return ps_error_set(err, PS_ERR_INFEASIBLE,
                         "no plan fits in memory: %s on %s with %d micro-batches of %lld: %s%s "
-                        "(devices have %.4g GB); try %s%s or more devices",
+                        "(devices have %.4g GiB); try %s%s or more devices",
                         req->forward->name, c->name, B, req->global_batch / B, why, more,
-                        memory / 1e9, recomputes ? "" : "--remat, ",
+                        memory / PS_GIB, recomputes ? "" : "--remat, ",
                         o->gpipe ? "--schedule 1f1b (GPipe keeps every micro-batch's "
                                    "activations until its backward)"
                                  : "more micro-batches");
@@ -1573,13 +1574,13 @@ static ps_status no_plan_fits(const ps_plan_request *req, const ps_inter_options
     int used = 0;
     if (isfinite(need) && subs[at].hosts * subs[at].devices == D)
         used = snprintf(extra, sizeof extra,
-                        "; on all %d devices the whole model needs %.4g GB per device", D,
-                        need / 1e9);
+                        "; on all %d devices the whole model needs %.4g GiB per device", D,
+                        need / PS_GIB);
     else if (isfinite(need))
         used = snprintf(extra, sizeof extra,
-                        "; the whole model needs at least %.4g GB per device (on a %dx%d "
+                        "; the whole model needs at least %.4g GiB per device (on a %dx%d "
                         "submesh, the candidate where it needs least)",
-                        need / 1e9, subs[at].hosts, subs[at].devices);
+                        need / PS_GIB, subs[at].hosts, subs[at].devices);
     if (o->stage_imbalance_tolerance < INFINITY && used < (int)sizeof extra)
         used += snprintf(extra + used, sizeof extra - (size_t)used,
                          "; only stages within the imbalance tolerance %g were candidates",
@@ -1622,10 +1623,10 @@ static ps_status memory_floor(const ps_plan_request *req, const ps_inter_options
         return PS_OK;
     char why[320];
     snprintf(why, sizeof why,
-             "the whole model needs at least %.4g GB per device on all %d devices (%.4g GB of "
-             "weights, optimizer state and gradients and %.4g GB of activations kept for %s, "
+             "the whole model needs at least %.4g GiB per device on all %d devices (%.4g GiB of "
+             "weights, optimizer state and gradients and %.4g GiB of activations kept for %s, "
              "were every tensor split over every device)",
-             floor_bytes / D / 1e9, D, lasting / 1e9, (o->gpipe ? B : 1) * act / 1e9,
+             floor_bytes / D / PS_GIB, D, lasting / PS_GIB, (o->gpipe ? B : 1) * act / PS_GIB,
              o->gpipe ? "every micro-batch" : "one micro-batch");
     return refuse_unfit(req, o, memory, why, "", err);
 }
@@ -2016,8 +2017,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                 printf("result[(%d, %d, (%d, %d), (%d, %d)%s%s%s)] = stage(time "
                                        "%.4g ms (forward %.4g, backward %.4g), update %.4g ms per "
                                        "step, receives %.4g ms%s, "
-                                       "weights+state %.4g GB, activations %.4g GB per "
-                                       "micro-batch, temporaries %.4g GB, update %.4g GB, "
+                                       "weights+state %.4g GiB, activations %.4g GiB per "
+                                       "micro-batch, temporaries %.4g GiB, update %.4g GiB, "
                                        "later stages allowed %d)\n",
                                        l, i, subs[s].hosts, subs[s].devices, cfgs[s][k].d0,
                                        cfgs[s][k].d1, cfgs[s][k].force ? " forced" : "",
@@ -2025,8 +2026,8 @@ ps_status ps_plan_pipeshard(const ps_plan_request *req, const ps_inter_options *
                                        cfgs[s][k].remat ? " remat" : "", e->time_s * 1e3,
                                        e->forward_s * 1e3, (e->time_s - e->forward_s) * 1e3,
                                        e->update_s * 1e3, receive_s * 1e3, across,
-                                       e->static_bytes / 1e9, e->act_bytes / 1e9,
-                                       e->transient_bytes / 1e9, e->update_bytes / 1e9,
+                                       e->static_bytes / PS_GIB, e->act_bytes / PS_GIB,
+                                       e->transient_bytes / PS_GIB, e->update_bytes / PS_GIB,
                                        table->max_succ[idx]);
                             }
                         }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/array.h"
+#include "core/bytes_text.h"
 #include "core/clock.h"
 #include "core/log.h"
 
@@ -1835,10 +1836,10 @@ static ps_status solver_run(solver *sv, double budget, const ps_ilp_options *opt
             } else if (st != PS_OK) {
                 if (st == PS_ERR_INFEASIBLE)
                     st = ps_error_set(err, st,
-                                      "no strategy choice fits in memory: the budget is %.4g GB "
+                                      "no strategy choice fits in memory: the budget is %.4g GiB "
                                       "per device and the least memory of any single choice "
-                                      "per op adds up to %.4g GB",
-                                      budget / 1e9, ps_ilp_min_memory(p) / 1e9);
+                                      "per op adds up to %.4g GiB",
+                                      budget / PS_GIB, ps_ilp_min_memory(p) / PS_GIB);
                 else
                     st = ps_error_set(err, st, "%s", inner.msg);
                 goto out;
@@ -1875,9 +1876,9 @@ static ps_status check_least_memory(const ps_ilp_problem *p, double budget, ps_e
 {
     if (budget > 0 && ps_ilp_min_memory(p) > budget)
         return ps_error_set(err, PS_ERR_INFEASIBLE,
-                            "no strategy choice fits in memory: it needs at least %.4g GB per "
-                            "device, %.4g GB are available",
-                            ps_ilp_min_memory(p) / 1e9, budget / 1e9);
+                            "no strategy choice fits in memory: it needs at least %.4g GiB per "
+                            "device, %.4g GiB are available",
+                            ps_ilp_min_memory(p) / PS_GIB, budget / PS_GIB);
     return PS_OK;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes_text.h"
 #include "core/json.h"
 #include "planner/plan_model.h"
 
@@ -185,21 +186,21 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
             /* attempt 0: the working set alone fills the devices; later,
              * the refits' overshoots have used up what was left */
             st = ps_error_set(err, PS_ERR_INFEASIBLE,
-                              "%s does not fit in memory with method %s on %dx%d (%.4g GB per "
+                              "%s does not fit in memory with method %s on %dx%d (%.4g GiB per "
                               "device):%s no room is left beside a micro-batch's working set "
-                              "(%.4g GB in the best layout found)",
+                              "(%.4g GiB in the best layout found)",
                               req->forward->name, ps_intra_method_names[req->method], d0, d1,
-                              m->memory_bytes / 1e9,
+                              m->memory_bytes / PS_GIB,
                               attempt == 0 ? "" : " refitted to a smaller budget,",
-                              transient / 1e9);
+                              transient / PS_GIB);
             goto out;
         }
         if (st != PS_OK) {
             st = ps_error_set(err, st,
-                              "%s does not fit in memory with method %s on %dx%d (%.4g GB per "
-                              "device; %.4g GB left beside a micro-batch's working set): %s",
+                              "%s does not fit in memory with method %s on %dx%d (%.4g GiB per "
+                              "device; %.4g GiB left beside a micro-batch's working set): %s",
                               req->forward->name, ps_intra_method_names[req->method], d0, d1,
-                              m->memory_bytes / 1e9, io.memory_budget_bytes / 1e9, inner.msg);
+                              m->memory_bytes / PS_GIB, io.memory_budget_bytes / PS_GIB, inner.msg);
             goto out;
         }
         ps_intra_result_free(r);
@@ -208,9 +209,9 @@ ps_status ps_plan_one_stage(const ps_plan_request *req, ps_plan **out,
     if (r->peak_memory_bytes > m->memory_bytes) {
         st = ps_error_set(err, PS_ERR_INFEASIBLE,
                           "%s does not fit in memory with method %s on %dx%d: the best layout "
-                          "needs %.4g GB per device, %.4g GB are available",
+                          "needs %.4g GiB per device, %.4g GiB are available",
                           req->forward->name, ps_intra_method_names[req->method], d0, d1,
-                          r->peak_memory_bytes / 1e9, m->memory_bytes / 1e9);
+                          r->peak_memory_bytes / PS_GIB, m->memory_bytes / PS_GIB);
         goto out;
     }
 

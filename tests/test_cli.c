@@ -1953,9 +1953,10 @@ static void test_memory_refusals_say_where(void **state)
                        "data", "--mesh", "1x4", "--remat", "-o", plan, NULL};
     run_ok(fx, d, &r);
     expect_exit(&r, 1);
-    expect_in(&r, false, "moe-380m does not fit in memory with method data on 1x4 (0.0007 GB "
-                         "per device): no room is left beside a micro-batch's working set");
-    if (contains(r.err, r.err_len, "GB left beside"))
+    expect_in(&r, false,
+              "moe-380m does not fit in memory with method data on 1x4 (0.0006519 GiB "
+              "per device): no room is left beside a micro-batch's working set");
+    if (contains(r.err, r.err_len, "GiB left beside"))
         fail_msg("a room reported: %s", r.err);
     run_result_free(&r);
 }

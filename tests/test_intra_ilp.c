@@ -383,16 +383,17 @@ static void infeasible_memory_names_the_numbers(void **state)
     (void)state;
     ps_ilp_problem *p = NULL;
     assert_int_equal(ps_ilp_problem_create(&p), PS_OK);
-    double c[2] = {1, 2}, m[2] = {4e9, 3e9};
+    const double gib = 1073741824.0;
+    double c[2] = {1, 2}, m[2] = {4 * gib, 3 * gib};
     assert_int_equal(ps_ilp_add_node(p, 2, c, m, NULL), PS_OK);
     assert_int_equal(ps_ilp_add_node(p, 2, c, m, NULL), PS_OK);
-    p->mem_budget = 5e9;
+    p->mem_budget = 5 * gib;
     ps_ilp_options o = ps_ilp_options_default();
     ps_ilp_result r = {0};
     ps_error err = {0};
     assert_int_equal(ps_ilp_solve(p, &o, &r, &err), PS_ERR_INFEASIBLE);
-    assert_non_null(strstr(err.msg, "at least 6 GB"));
-    assert_non_null(strstr(err.msg, "5 GB are available"));
+    assert_non_null(strstr(err.msg, "at least 6 GiB"));
+    assert_non_null(strstr(err.msg, "5 GiB are available"));
     assert_null(r.choice);
     ps_ilp_problem_free(p);
 }

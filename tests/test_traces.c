@@ -18,6 +18,9 @@
 #include "traces/summary.h"
 #include "traces/trace.h"
 
+#define GIB 1073741824.0
+#define MIB 1048576.0
+
 /* ---- helpers ------------------------------------------------------------ */
 
 typedef struct tmpdir {
@@ -478,12 +481,12 @@ static void summary_print_table(void **state)
     s->iteration_s = 1.2345;
     s->tflops_per_device = 98.76;
     s->mfu = 0.3125;
-    s->peak_memory_bytes = 12.5e9;
+    s->peak_memory_bytes = 12.5 * GIB;
     s->stages[1].forward_s = 0.0125;
     s->stages[1].backward_s = 0.025;
     s->stages[1].update_s = 0.004;
     s->stages[1].time_s = 0.0375;
-    s->stages[1].peak_memory_bytes = 7.25e9;
+    s->stages[1].peak_memory_bytes = 7.25 * GIB;
     char *text = print_to_string(s);
     assert_non_null(strstr(text, "sim"));
     assert_non_null(strstr(text, s->model));
@@ -493,7 +496,10 @@ static void summary_print_table(void **state)
     assert_non_null(strstr(text, "1234.500 ms"));
     assert_non_null(strstr(text, "98.76 TFLOP/s"));
     assert_non_null(strstr(text, "MFU 31.2%"));
-    assert_non_null(strstr(text, "12.50 GB"));
+    assert_non_null(strstr(text, "peak memory 12.50 GiB"));
+    /* memory in the binary unit of each table's largest entry, as plans show it */
+    assert_non_null(strstr(text, "time ms peak GiB\n"));
+    assert_non_null(strstr(text, "idle ms peak GiB\n"));
 
     char *lines[128];
     int n = split_lines(text, lines, 128);
@@ -516,7 +522,7 @@ static void summary_print_table(void **state)
             assert_true(fabs(bwd - g->backward_s * 1e3) < 1e-3);
             assert_true(fabs(upd - g->update_s * 1e3) < 1e-3);
             assert_true(fabs(time_ms - g->time_s * 1e3) < 1e-3);
-            assert_true(fabs(peak_gb - g->peak_memory_bytes / 1e9) < 1e-2);
+            assert_true(fabs(peak_gb - g->peak_memory_bytes / GIB) < 1e-2);
             stage_rows++;
         } else if (sscanf(lines[i], "%d %15s %lf %lf %lf %lf", &dev_id, stage, &compute, &comm,
                           &idle, &peak_gb) == 6) {
@@ -538,6 +544,19 @@ static void summary_print_table(void **state)
     text = print_to_string(s);
     assert_non_null(strstr(text, "12.500     25.000      4.000     37.500     7.25"));
     free(text);
+    /* a small run's tables switch to MiB: a CPU plan's 34.19 MiB, not 0.0359 */
+    s->peak_memory_bytes = 34.19 * MIB;
+    for (int i = 0; i < s->n_stages; i++)
+        s->stages[i].peak_memory_bytes = (i == 1 ? 34.19 : 0.5) * MIB;
+    for (int d = 0; d < s->n_devices; d++)
+        s->devices[d].peak_memory_bytes = (d == 0 ? 3.5 : 0.25) * MIB;
+    text = print_to_string(s);
+    assert_non_null(strstr(text, "peak memory 34.19 MiB"));
+    assert_non_null(strstr(text, "time ms peak MiB\n"));
+    assert_non_null(strstr(text, "37.500    34.19\n"));
+    assert_non_null(strstr(text, "idle ms peak MiB\n"));
+    assert_non_null(strstr(text, "    0.25\n"));
+    free(text);
     ps_summary_free(s);
 }
 
@@ -550,14 +569,14 @@ static void summary_print_digest(void **state)
         s->devices[d].compute_s = 0.001 * (d + 1);
         s->devices[d].comm_s = 0.002;
         s->devices[d].idle_s = d == 7 ? 0.5 : 0.1;
-        s->devices[d].peak_memory_bytes = d == 11 ? 15.5e9 : 1e9;
+        s->devices[d].peak_memory_bytes = d == 11 ? 15.5 * GIB : GIB;
     }
     char *text = print_to_string(s);
     assert_non_null(strstr(text, "40 devices"));
     assert_non_null(strstr(text, "compute           1.000     20.500     40.000"));
     assert_non_null(strstr(text, "comm              2.000      2.000      2.000"));
     assert_non_null(strstr(text, "idle            100.000    110.000    500.000"));
-    assert_non_null(strstr(text, "15.50 GB on device 11 (stage 2)"));
+    assert_non_null(strstr(text, "15.50 GiB on device 11 (stage 2)"));
     assert_null(strstr(text, "device stage")); /* no per-device table */
     free(text);
     ps_summary_free(s);

@@ -7,24 +7,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes_text.h"
 #include "core/json.h"
 
 const char *const ps_compare_metric_keys[PS_CMP_METRIC_COUNT] = {
     "time_s", "forward_s", "backward_s", "update_s", "peak_memory_bytes", "compute_s", "comm_s"};
 
-/* Headings of the printed tables, with the unit the values are shown in. */
+/* Headings of the printed tables, with the unit the values are shown in
+ * (memory's, the binary unit of its largest value, is added when printed). */
 static const char *const metric_titles[PS_CMP_METRIC_COUNT] = {
     "time per micro-batch (forward + backward), ms",
     "forward per micro-batch, ms",
     "backward per micro-batch, ms",
     "update per step, ms",
-    "peak memory, GB (10^9 bytes)",
+    "peak memory",
     "compute per step, mean over the stage's devices, ms",
     "communication per step, mean over the stage's devices, ms"};
 static const char *const metric_short[PS_CMP_METRIC_COUNT] = {
     "time/mb", "forward", "backward", "update", "memory", "compute", "comm"};
-/* seconds are shown in ms, bytes in GB */
-static const double metric_scale[PS_CMP_METRIC_COUNT] = {1e3, 1e3, 1e3, 1e3, 1e-9, 1e3, 1e3};
+/* seconds are shown in ms; bytes in the unit of memory_unit() */
+static const double metric_scale[PS_CMP_METRIC_COUNT] = {1e3, 1e3, 1e3, 1e3, 1, 1e3, 1e3};
 /* The tables' order: the times, then memory. */
 static const int metric_shown[PS_CMP_METRIC_COUNT] = {
     PS_CMP_TIME,    PS_CMP_FORWARD, PS_CMP_BACKWARD, PS_CMP_UPDATE,
@@ -272,6 +274,18 @@ static void print_run_headers(const ps_compare *c, FILE *f, const char *first)
     fputc('\n', f);
 }
 
+/* The memory tables' unit: that of the largest peak of any run or stage. */
+static ps_bytes_unit memory_unit(const ps_compare *c)
+{
+    double max_bytes = 0;
+    for (int r = 0; r < c->n_runs; r++) {
+        max_bytes = fmax(max_bytes, c->runs[r].summary->peak_memory_bytes);
+        for (int k = 0; k < c->n_stages; k++)
+            max_bytes = fmax(max_bytes, ps_compare_cell_at(c, k, r)->value[PS_CMP_MEMORY]);
+    }
+    return ps_bytes_unit_for(max_bytes);
+}
+
 void ps_compare_print(const ps_compare *c, FILE *f)
 {
     const ps_summary *s0 = c->runs[0].summary;
@@ -296,15 +310,20 @@ void ps_compare_print(const ps_compare *c, FILE *f)
         fprintf(f, "%5d %8d %13d %8s %13s\n", k, g->n_devices, g->first_device, sub, logical);
     }
 
+    ps_bytes_unit mu = memory_unit(c);
     for (int i = 0; i < PS_CMP_METRIC_COUNT; i++) {
         int m = metric_shown[i];
-        fprintf(f, "\n%s\n", metric_titles[m]);
+        double scale = m == PS_CMP_MEMORY ? 1 / mu.bytes : metric_scale[m];
+        if (m == PS_CMP_MEMORY)
+            fprintf(f, "\n%s, %s\n", metric_titles[m], mu.name);
+        else
+            fprintf(f, "\n%s\n", metric_titles[m]);
         print_run_headers(c, f, "stage");
         for (int k = 0; k < c->n_stages; k++) {
             fprintf(f, "%5d%15s", k, "");
             for (int r = 0; r < c->n_runs; r++) {
                 const ps_compare_cell *cell = ps_compare_cell_at(c, k, r);
-                print_cell(f, cell->value[m] * metric_scale[m], cell->error[m], r == c->reference);
+                print_cell(f, cell->value[m] * scale, cell->error[m], r == c->reference);
             }
             fputc('\n', f);
         }
@@ -320,10 +339,12 @@ void ps_compare_print(const ps_compare *c, FILE *f)
     for (int r = 0; r < c->n_runs; r++)
         print_cell(f, c->runs[r].summary->tflops_per_device, c->runs[r].tflops_error,
                    r == c->reference);
-    fprintf(f, "\n%-20s", "peak memory GB");
+    char memory_label[32];
+    snprintf(memory_label, sizeof memory_label, "peak memory %s", mu.name);
+    fprintf(f, "\n%-20s", memory_label);
     for (int r = 0; r < c->n_runs; r++)
-        print_cell(f, c->runs[r].summary->peak_memory_bytes * 1e-9, c->runs[r].peak_memory_error,
-                   r == c->reference);
+        print_cell(f, c->runs[r].summary->peak_memory_bytes / mu.bytes,
+                   c->runs[r].peak_memory_error, r == c->reference);
     fputc('\n', f);
     for (int i = 0; i < PS_CMP_METRIC_COUNT; i++) {
         int m = metric_shown[i];

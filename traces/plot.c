@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/bytes_text.h"
 #include "core/log.h"
 
 #ifndef PS_PLOTS_DIR
@@ -388,15 +389,11 @@ static unit time_unit(double max_s)
     return (unit){"µs", 1e-6};
 }
 
+/* Binary units, as the tables and the plans show memory. */
 static unit bytes_unit(double max_bytes)
 {
-    if (max_bytes >= 1e9)
-        return (unit){"GB", 1e9};
-    if (max_bytes >= 1e6)
-        return (unit){"MB", 1e6};
-    if (max_bytes >= 1e3)
-        return (unit){"kB", 1e3};
-    return (unit){"bytes", 1};
+    ps_bytes_unit b = ps_bytes_unit_for(max_bytes);
+    return (unit){b.bytes == 1 ? "bytes" : b.name, b.bytes};
 }
 
 /* The range of an axis holding values in [lo, hi] (already in the axis's

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes_text.h"
 #include "core/json.h"
 
 ps_status ps_summary_create(int n_devices, int n_stages, ps_summary **out)
@@ -629,13 +630,18 @@ ps_status ps_summary_parse(const char *name, const char *text, ps_summary **out,
 /* ---- printing ----------------------------------------------------------- */
 
 #define MS(x) ((x)*1e3)
-#define GB(x) ((x) / 1e9)
 
 /* Two decimals, or three digits below 1, where two decimals would read as
- * zero (a CPU run's 0.0012 TFLOP/s, a small model's 3.4 MB). */
+ * zero (a CPU run's 0.0012 TFLOP/s, a stage's 0.5 MiB in a MiB column). */
 static const char *short_num(double v, char *buf, size_t cap)
 {
     snprintf(buf, cap, v == 0 || fabs(v) >= 1 ? "%.2f" : "%.3g", v);
+    return buf;
+}
+
+static const char *peak_heading(ps_bytes_unit u, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "peak %s", u.name);
     return buf;
 }
 
@@ -660,9 +666,9 @@ static void print_device_digest(const ps_summary *s, FILE *f)
         fprintf(f, "  %-12s %10.3f %10.3f %10.3f\n", names[k], MS(lo[k]), MS(sum[k] / s->n_devices),
                 MS(hi[k]));
     const ps_summary_device *d = &s->devices[peak];
-    char gb[32];
-    fprintf(f, "  peak memory  %s GB on device %d", short_num(GB(d->peak_memory_bytes), gb, sizeof gb),
-            d->id);
+    char bytes[32];
+    fprintf(f, "  peak memory  %s on device %d",
+            ps_bytes_text(d->peak_memory_bytes, bytes, sizeof bytes), d->id);
     if (d->stage >= 0)
         fprintf(f, " (stage %d)", d->stage);
     fputc('\n', f);
@@ -672,18 +678,25 @@ void ps_summary_print(const ps_summary *s, FILE *f)
 {
     fprintf(f, "%s run of %s on %s, plan %s\n", s->source, s->model[0] ? s->model : "?",
             s->cluster[0] ? s->cluster : "?", s->plan[0] ? s->plan : "?");
-    char tf[32], gb[32], mfu[32];
+    char tf[32], bytes[32], mfu[32];
     snprintf(mfu, sizeof mfu, s->mfu * 100 >= 1 || s->mfu == 0 ? "%.1f" : "%.2g", s->mfu * 100);
     fprintf(f,
             "%d micro-batches, iteration %.3f ms, %s TFLOP/s per device, MFU %s%%, "
-            "peak memory %s GB",
+            "peak memory %s",
             s->micro_batches, MS(s->iteration_s), short_num(s->tflops_per_device, tf, sizeof tf),
-            mfu, short_num(GB(s->peak_memory_bytes), gb, sizeof gb));
+            mfu, ps_bytes_text(s->peak_memory_bytes, bytes, sizeof bytes));
     if (s->wall_s > 0)
         fprintf(f, " (took %.3f s)", s->wall_s);
     fprintf(f, "\n\n");
-    fprintf(f, "stage devices  submesh  logical mesh  forward ms backward ms  update ms    time ms"
-               "  peak GB\n");
+    /* each table's memory column in the unit of its largest entry */
+    double stage_max = 0;
+    for (int i = 0; i < s->n_stages; i++)
+        stage_max = fmax(stage_max, s->stages[i].peak_memory_bytes);
+    ps_bytes_unit su = ps_bytes_unit_for(stage_max);
+    fprintf(f,
+            "stage devices  submesh  logical mesh  forward ms backward ms  update ms    time ms"
+            " %8s\n",
+            peak_heading(su, bytes, sizeof bytes));
     for (int i = 0; i < s->n_stages; i++) {
         const ps_summary_stage *g = &s->stages[i];
         char sub[32], logical[32];
@@ -692,7 +705,7 @@ void ps_summary_print(const ps_summary *s, FILE *f)
         char row_gb[32];
         fprintf(f, "%5d %7d %8s %13s %10.3f %10.3f %10.3f %10.3f %8s\n", g->index, g->n_devices,
                 sub, logical, MS(g->forward_s), MS(g->backward_s), MS(g->update_s), MS(g->time_s),
-                short_num(GB(g->peak_memory_bytes), row_gb, sizeof row_gb));
+                short_num(g->peak_memory_bytes / su.bytes, row_gb, sizeof row_gb));
     }
     fputc('\n', f);
     if (s->n_devices == 0)
@@ -702,7 +715,12 @@ void ps_summary_print(const ps_summary *s, FILE *f)
         print_device_digest(s, f);
         return;
     }
-    fprintf(f, "device stage compute ms    comm ms    idle ms  peak GB\n");
+    double device_max = 0;
+    for (int i = 0; i < s->n_devices; i++)
+        device_max = fmax(device_max, s->devices[i].peak_memory_bytes);
+    ps_bytes_unit du = ps_bytes_unit_for(device_max);
+    fprintf(f, "device stage compute ms    comm ms    idle ms %8s\n",
+            peak_heading(du, bytes, sizeof bytes));
     for (int i = 0; i < s->n_devices; i++) {
         const ps_summary_device *d = &s->devices[i];
         char stage[16] = "-";
@@ -711,6 +729,6 @@ void ps_summary_print(const ps_summary *s, FILE *f)
         char row_gb[32];
         fprintf(f, "%6d %5s %10.3f %10.3f %10.3f %8s\n", d->id, stage, MS(d->compute_s),
                 MS(d->comm_s), MS(d->idle_s),
-                short_num(GB(d->peak_memory_bytes), row_gb, sizeof row_gb));
+                short_num(d->peak_memory_bytes / du.bytes, row_gb, sizeof row_gb));
     }
 }

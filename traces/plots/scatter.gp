@@ -24,7 +24,7 @@ if (!exists("title")) title = ''
 if (!exists("ref"))   ref = 'reference'
 if (!exists("nruns")) nruns = 1
 if (!exists("tunit")) tunit = 'ms'
-if (!exists("munit")) munit = 'GB'
+if (!exists("munit")) munit = 'GiB'
 if (!exists("tlog"))  tlog = 0
 if (!exists("mlog"))  mlog = 0
 # without ranges (a hand-run script): each axis spans its columns' values, as
