@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "core/bytes_text.h"
 #include "core/json.h"
 #include "tests/test_util.h"
 #include "traces/summary.h"
@@ -560,6 +561,36 @@ static void summary_print_table(void **state)
     ps_summary_free(s);
 }
 
+/* The binary units of every memory figure a person reads. */
+static void bytes_units(void **state)
+{
+    (void)state;
+    const struct {
+        double bytes;
+        const char *unit;
+        double per_unit;
+    } cases[] = {{0, "B", 1},
+                 {1023, "B", 1},
+                 {1024, "KiB", 1024},
+                 {1.5 * MIB, "MiB", MIB},
+                 {GIB - 1, "MiB", MIB},
+                 {GIB, "GiB", GIB},
+                 {3 * 1125899906842624.0 * 1024, "PiB", 1125899906842624.0}, /* 3 EiB: PiB */
+                 {-GIB, "B", 1},
+                 {NAN, "B", 1},
+                 {INFINITY, "B", 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ps_bytes_unit u = ps_bytes_unit_for(cases[i].bytes);
+        assert_string_equal(u.name, cases[i].unit);
+        assert_true(u.bytes == cases[i].per_unit);
+    }
+    char buf[32];
+    assert_string_equal(ps_bytes_text(512, buf, sizeof buf), "512 B");
+    assert_string_equal(ps_bytes_text(1536, buf, sizeof buf), "1.50 KiB");
+    assert_string_equal(ps_bytes_text(15.06 * GIB, buf, sizeof buf), "15.06 GiB");
+    assert_string_equal(ps_bytes_text(3072 * 1125899906842624.0, buf, sizeof buf), "3072.00 PiB");
+}
+
 /* Beyond 16 devices, a digest: min/mean/max and the device with the peak. */
 static void summary_print_digest(void **state)
 {
@@ -983,6 +1014,7 @@ int main(void)
         cmocka_unit_test(invalid_summaries_are_not_written),
         cmocka_unit_test(malformed_summary_files),
         cmocka_unit_test(summary_print_table),
+        cmocka_unit_test(bytes_units),
         cmocka_unit_test(summary_print_digest),
         cmocka_unit_test(trace_events_read_back),
         cmocka_unit_test(trace_names_are_escaped),
