@@ -1174,7 +1174,7 @@ static void test_demo(void **state)
         expect_in(&r, true, "timeline      demo-plots/timeline.png, demo-plots/timeline.svg");
 #endif
 #ifdef PS_NO_SIMGRID
-    expect_in(&r, true, "demo 3/8: skipped");
+    expect_in(&r, true, "demo 3/9: skipped");
     expect_in(&r, true, "this build has no SimGrid");
 #endif
     run_result_free(&r);
