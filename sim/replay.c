@@ -553,8 +553,11 @@ static bool do_send(sim_actor *a, const ps_instr *in)
  * its core back takes about a slice (less when fewer other threads than
  * cores compete). So after a meeting of g devices each member waits
  * slice * min(1, other / cores) * (1 - (1 - p)^g), `other` counting the
- * node's runnable devices outside the meeting. Measured against the CPU
- * backend in docs/simulator.md. */
+ * node's runnable devices outside the meeting and outside its stage: the
+ * stage's other devices run the same kernel and reach their own meetings
+ * within moments, so they are not the threads that hold the cores (as the
+ * planner's schedule has it). Measured against the CPU backend in
+ * docs/simulator.md. */
 static bool is_member(const ps_group *gr, int device)
 {
     for (int i = 0; i < gr->n; i++)
@@ -581,9 +584,10 @@ static void lockstep_delay(sim_actor *a, const ps_group *gr, int peer, int stage
     if (a->cpu == NULL || !(slice > 0) || g < 2)
         return;
     int node = a->device / c->devices_per_node, first = node * c->devices_per_node;
-    int other = 0;
+    int other = 0, own = a->ctx->set->programs[a->device].stage;
     for (int d = first; d < first + c->devices_per_node && d < a->ctx->set->n_devices; d++) {
-        if (!a->ctx->actors[d].blocked && !meets(a, d, gr, peer, stage))
+        bool sibling = own >= 0 && a->ctx->set->programs[d].stage == own;
+        if (!a->ctx->actors[d].blocked && !sibling && !meets(a, d, gr, peer, stage))
             other++;
     }
     double delay_s = ps_lockstep_delay_s(slice, c->shared_cores_per_node, other, g, w);
