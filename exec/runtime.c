@@ -1531,6 +1531,12 @@ static ps_status summarize(runtime *rt, ps_error *err)
         rt->result->step_s[first + k] = vals[k] = t;
     }
     sum->iteration_s = ps_median(vals, steps);
+    sum->timed_steps = steps;
+    sum->iteration_min_s = sum->iteration_max_s = vals[0];
+    for (int k = 1; k < steps; k++) {
+        sum->iteration_min_s = fmin(sum->iteration_min_s, vals[k]);
+        sum->iteration_max_s = fmax(sum->iteration_max_s, vals[k]);
+    }
     /* the median step (the two middle ones when their number is even), by
      * time: each device's compute, communication and idle are that step's,
      * so that they add up to the iteration as in the other summaries (the

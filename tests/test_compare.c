@@ -348,6 +348,12 @@ static void test_json_and_csv(void **state)
     json_t *w = json_object_get(json_object_get(run0, "worst"), "peak_memory_bytes");
     assert_true(json_real_value(json_object_get(w, "error")) == -0.25);
     assert_int_equal(json_integer_value(json_object_get(w, "stage")), 0);
+    /* a measurement's steps come along; a prediction has none */
+    assert_null(json_object_get(run0, "timed_steps"));
+    json_t *run2 = json_array_get(json_object_get(j, "runs"), 2);
+    assert_int_equal(json_integer_value(json_object_get(run2, "timed_steps")), 5);
+    assert_true(json_real_value(json_object_get(run2, "iteration_min_s")) == 1.875);
+    assert_true(json_real_value(json_object_get(run2, "iteration_max_s")) == 2.25);
     json_t *s1 = json_array_get(json_object_get(j, "stages"), 1);
     json_t *s1r0 = json_array_get(json_object_get(s1, "runs"), 0);
     assert_true(json_is_null(json_object_get(s1r0, "update_error")));
@@ -535,6 +541,9 @@ static void test_cli_compare(void **state)
     assert_non_null(strstr(r.out, "time/mb MAPE                         18.8%"));
     assert_non_null(strstr(r.out, "+25.0% (stage 0)      +25.0% (stage 1)"));
     assert_non_null(strstr(r.out, "n/a"));
+    /* the measurement's spread over its 5 steps; the predictions have none */
+    assert_non_null(strstr(r.out, "iteration range ms                       -                     -"
+                                  "         1875-2250 (5)\n"));
     run_result_free(&r);
 
     /* the reference named another way than among the files */

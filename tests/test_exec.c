@@ -1555,6 +1555,10 @@ static void test_warmup_and_medians(void **state)
                  r->step_s[2] * 1e3, hi_s * 1e3);
     assert_true(r->summary->iteration_s == hi_s); /* the median of the three */
     assert_true(r->summary->iteration_s >= lo_s);
+    /* the summary's spread: the stalled step the slowest, the fastest the other */
+    assert_int_equal(r->summary->timed_steps, 3);
+    assert_true(r->summary->iteration_min_s == lo_s);
+    assert_true(r->summary->iteration_max_s == r->step_s[2]);
     check_device_times_add_up(r->summary);
     check_device_times_add_up(quiet->summary);
     /* a stalled step's stage-0 forward (its slowest device's mean run) grows
@@ -1571,6 +1575,9 @@ static void test_warmup_and_medians(void **state)
     run_stalled(p, 0, 1, 1u, &ra);
     assert_true(ra.r->step_s[0] >= STALL_S);
     assert_true(ra.r->summary->iteration_s == ra.r->step_s[0]);
+    assert_int_equal(ra.r->summary->timed_steps, 1);
+    assert_true(ra.r->summary->iteration_min_s == ra.r->step_s[0] &&
+                ra.r->summary->iteration_max_s == ra.r->step_s[0]);
     check_device_times_add_up(ra.r->summary);
     run_free(&ra);
     /* an even count: the two middle steps' mean */
@@ -1621,6 +1628,10 @@ static void test_times_kept(void **state)
     }
     qsort(kept, KEPT, sizeof *kept, cmp_doubles);
     assert_true(a.r->summary->iteration_s == 0.5 * (kept[KEPT / 2 - 1] + kept[KEPT / 2]));
+    /* the spread is the kept steps' too */
+    assert_int_equal(a.r->summary->timed_steps, KEPT);
+    assert_true(a.r->summary->iteration_min_s == kept[0]);
+    assert_true(a.r->summary->iteration_max_s == kept[KEPT - 1]);
     run_free(&a);
     ps_plan_free(p);
     ps_cluster_free(c);

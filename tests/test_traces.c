@@ -128,6 +128,9 @@ static void assert_summaries_equal(const ps_summary *a, const ps_summary *b)
     assert_true(a->mfu == b->mfu);
     assert_true(a->peak_memory_bytes == b->peak_memory_bytes);
     assert_true(a->wall_s == b->wall_s);
+    assert_int_equal(a->timed_steps, b->timed_steps);
+    assert_true(a->iteration_min_s == b->iteration_min_s);
+    assert_true(a->iteration_max_s == b->iteration_max_s);
     assert_int_equal(a->n_devices, b->n_devices);
     assert_int_equal(a->n_stages, b->n_stages);
     for (int d = 0; d < a->n_devices; d++) {
@@ -166,6 +169,11 @@ static void summary_round_trip(void **state)
         ps_summary *s = sample_summary(trial % 3);
         static const char *const sources[] = {"planner", "sim", "exec-cpu", "exec-cuda"};
         snprintf(s->source, sizeof s->source, "%s", sources[trial % 4]);
+        if (trial % 4 >= 2) { /* a measurement: its steps, one of them or several */
+            s->timed_steps = trial % 4 == 2 ? 1 : 1 + trial;
+            s->iteration_min_s = s->timed_steps == 1 ? s->iteration_s : 0.75 * s->iteration_s;
+            s->iteration_max_s = s->timed_steps == 1 ? s->iteration_s : 1.5 * s->iteration_s;
+        }
         ps_error err = {0};
         if (ps_summary_save(s, t.path, &err) != PS_OK)
             fail_msg("%s", err.msg);
@@ -174,6 +182,14 @@ static void summary_round_trip(void **state)
             fail_msg("%s", err.msg);
         assert_summaries_equal(s, back);
         ps_summary_free(back);
+        ps_summary_free(s);
+    }
+    { /* a steps' range without steps is refused before anything is written */
+        ps_summary *s = sample_summary(0);
+        s->iteration_min_s = 1;
+        ps_error err = {0};
+        assert_int_equal(ps_summary_validate(s, &err), PS_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "need timed_steps"));
         ps_summary_free(s);
     }
     /* the stable keys are where DESIGN.md says */
@@ -299,6 +315,9 @@ static void malformed_summary_files(void **state)
     tmpdir t;
     tmpdir_make(&t, "summary.json");
     ps_summary *s = sample_summary(0);
+    s->timed_steps = 5; /* a measurement's steps, around its median */
+    s->iteration_min_s = 0.5 * s->iteration_s;
+    s->iteration_max_s = 2 * s->iteration_s;
     json_t *good = NULL;
     assert_int_equal(ps_summary_to_json(s, &good), PS_OK);
     ps_summary_free(s);
@@ -325,6 +344,20 @@ static void malformed_summary_files(void **state)
          PS_ERR_INVALID},
         {NULL, 0, "micro_batches", "0", "micro_batches: 0 is out of range", PS_ERR_INVALID},
         {NULL, 0, "wall_s", "-1.5", "wall_s: -1.5 is out of range", PS_ERR_INVALID},
+        {NULL, 0, "timed_steps", "0", "timed_steps: 0 is out of range", PS_ERR_INVALID},
+        {NULL, 0, "timed_steps", "2.5", "timed_steps: expected an integer", PS_ERR_INVALID},
+        {NULL, 0, "timed_steps", NULL, "(top level): missing key \"timed_steps\"", PS_ERR_INVALID},
+        {NULL, 0, "iteration_max_s", NULL, "(top level): missing key \"iteration_max_s\"",
+         PS_ERR_INVALID},
+        {NULL, 0, "iteration_min_s", "-1", "iteration_min_s: -1 is out of range", PS_ERR_INVALID},
+        {NULL, 0, "iteration_min_s", "1e6",
+         "iteration_min_s: the fastest step (1000000 s) is slower than the median iteration",
+         PS_ERR_INVALID},
+        {NULL, 0, "iteration_max_s", "1e-12", "is faster than the median iteration",
+         PS_ERR_INVALID},
+        {NULL, 0, "timed_steps", "1",
+         "iteration_min_s: one timed step: its fastest and slowest are the iteration",
+         PS_ERR_INVALID},
         {NULL, 0, "stages", "[]", "stages: a summary needs at least one stage", PS_ERR_INVALID},
         {NULL, 0, "devices", "{}", "devices: expected an array, found an object", PS_ERR_INVALID},
         {"devices", 1, "compute_s", "-0.5", "devices[1].compute_s: -0.5 is out of range",

@@ -335,6 +335,20 @@ void ps_compare_print(const ps_compare *c, FILE *f)
     for (int r = 0; r < c->n_runs; r++)
         print_cell(f, c->runs[r].summary->iteration_s * 1e3, c->runs[r].iteration_error,
                    r == c->reference);
+    bool ranges = false;
+    for (int r = 0; r < c->n_runs; r++)
+        ranges = ranges || c->runs[r].summary->timed_steps > 1;
+    if (ranges) { /* a measurement's spread over its steps, beside its median */
+        fprintf(f, "\n%-20s", "iteration range ms");
+        for (int r = 0; r < c->n_runs; r++) {
+            const ps_summary *s = c->runs[r].summary;
+            char cell[64] = "-";
+            if (s->timed_steps > 1)
+                snprintf(cell, sizeof cell, "%.5g-%.5g (%d)", s->iteration_min_s * 1e3,
+                         s->iteration_max_s * 1e3, s->timed_steps);
+            fprintf(f, "%*s", COL_W, cell);
+        }
+    }
     fprintf(f, "\n%-20s", "TFLOP/s per device");
     for (int r = 0; r < c->n_runs; r++)
         print_cell(f, c->runs[r].summary->tflops_per_device, c->runs[r].tflops_error,
@@ -417,6 +431,11 @@ static ps_status run_json(const ps_compare *c, int r, json_t **out)
     PS_TRY(ps_json_set(o, "reference", json_boolean(r == c->reference)));
     PS_TRY(ps_json_set(o, "iteration_s", json_real(s->iteration_s)));
     PS_TRY(ps_json_set(o, "iteration_error", num_or_null(run->iteration_error)));
+    if (s->timed_steps > 0) {
+        PS_TRY(ps_json_set(o, "timed_steps", json_integer(s->timed_steps)));
+        PS_TRY(ps_json_set(o, "iteration_min_s", json_real(s->iteration_min_s)));
+        PS_TRY(ps_json_set(o, "iteration_max_s", json_real(s->iteration_max_s)));
+    }
     PS_TRY(ps_json_set(o, "tflops_per_device", json_real(s->tflops_per_device)));
     PS_TRY(ps_json_set(o, "tflops_error", num_or_null(run->tflops_error)));
     PS_TRY(ps_json_set(o, "peak_memory_bytes", json_real(s->peak_memory_bytes)));

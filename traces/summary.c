@@ -160,6 +160,42 @@ static bool identities_check(const ps_summary *s, finding *f)
     return true;
 }
 
+/* A measurement's steps: the median lies between the fastest and the slowest
+ * (one step: all three are that step); a prediction has none. */
+static bool steps_check(const ps_summary *s, finding *f)
+{
+    CHECK_VALUE(NULL, 0, s, iteration_min_s);
+    CHECK_VALUE(NULL, 0, s, iteration_max_s);
+    if (s->timed_steps < 0)
+        return found(f, NULL, 0, "timed_steps", "%d steps (at least 1, or the key left out)",
+                     s->timed_steps);
+    if (s->timed_steps == 0) {
+        if (s->iteration_min_s != 0 || s->iteration_max_s != 0)
+            return found(f, NULL, 0, "iteration_min_s",
+                         "the fastest and slowest steps need timed_steps");
+        return true;
+    }
+    bool below =
+        s->iteration_min_s <= s->iteration_s || same_value(s->iteration_min_s, s->iteration_s);
+    bool above =
+        s->iteration_max_s >= s->iteration_s || same_value(s->iteration_max_s, s->iteration_s);
+    if (!below)
+        return found(f, NULL, 0, "iteration_min_s",
+                     "the fastest step (%.17g s) is slower than the median iteration (%.17g s)",
+                     s->iteration_min_s, s->iteration_s);
+    if (!above)
+        return found(f, NULL, 0, "iteration_max_s",
+                     "the slowest step (%.17g s) is faster than the median iteration (%.17g s)",
+                     s->iteration_max_s, s->iteration_s);
+    if (s->timed_steps == 1 && !(same_value(s->iteration_min_s, s->iteration_s) &&
+                                 same_value(s->iteration_max_s, s->iteration_s)))
+        return found(f, NULL, 0, "iteration_min_s",
+                     "one timed step: its fastest and slowest are the iteration (%.17g s), not "
+                     "%.17g and %.17g s",
+                     s->iteration_s, s->iteration_min_s, s->iteration_max_s);
+    return true;
+}
+
 static bool summary_check(const ps_summary *s, finding *f)
 {
     if (memchr(s->source, '\0', sizeof s->source) == NULL || ps_summary_source_index(s->source) < 0)
@@ -184,6 +220,8 @@ static bool summary_check(const ps_summary *s, finding *f)
     CHECK_VALUE(NULL, 0, s, mfu);
     CHECK_VALUE(NULL, 0, s, peak_memory_bytes);
     CHECK_VALUE(NULL, 0, s, wall_s);
+    if (!steps_check(s, f))
+        return false;
     if (s->n_devices < 1 || s->devices == NULL)
         return found(f, NULL, 0, "devices", "a summary needs at least one device");
     if (s->n_stages < 1 || s->stages == NULL)
@@ -356,6 +394,11 @@ ps_status ps_summary_to_json(const ps_summary *s, json_t **out)
     PS_TRY(ps_json_set(o, "mfu", json_real(s->mfu)));
     PS_TRY(ps_json_set(o, "peak_memory_bytes", json_real(s->peak_memory_bytes)));
     PS_TRY(ps_json_set(o, "wall_s", json_real(s->wall_s)));
+    if (s->timed_steps > 0) {
+        PS_TRY(ps_json_set(o, "timed_steps", json_integer(s->timed_steps)));
+        PS_TRY(ps_json_set(o, "iteration_min_s", json_real(s->iteration_min_s)));
+        PS_TRY(ps_json_set(o, "iteration_max_s", json_real(s->iteration_max_s)));
+    }
     arr = json_array();
     PS_TRY(ps_json_set(o, "devices", arr));
     for (int i = 0; i < s->n_devices; i++) {
@@ -529,6 +572,9 @@ static ps_status summary_from_doc(const ps_json_doc *doc, ps_summary **out, ps_e
                                        "mfu",
                                        "peak_memory_bytes",
                                        "wall_s",
+                                       "timed_steps",
+                                       "iteration_min_s",
+                                       "iteration_max_s",
                                        "devices",
                                        "stages",
                                        NULL};
@@ -585,6 +631,13 @@ static ps_status summary_from_doc(const ps_json_doc *doc, ps_summary **out, ps_e
     PS_TRY(read_value(&root, "mfu", &s->mfu, err));
     PS_TRY(read_value(&root, "peak_memory_bytes", &s->peak_memory_bytes, err));
     PS_TRY(read_value(&root, "wall_s", &s->wall_s, err));
+    /* the three together, or none */
+    if (ps_jv_has(&root, "timed_steps") || ps_jv_has(&root, "iteration_min_s") ||
+        ps_jv_has(&root, "iteration_max_s")) {
+        PS_TRY(read_int(&root, "timed_steps", 1, &s->timed_steps, err));
+        PS_TRY(read_value(&root, "iteration_min_s", &s->iteration_min_s, err));
+        PS_TRY(read_value(&root, "iteration_max_s", &s->iteration_max_s, err));
+    }
     for (size_t i = 0; i < n_dev; i++) {
         ps_jv e = ps_jv_element(&devices, i);
         PS_TRY(read_device(&e, &s->devices[i], err));
@@ -680,11 +733,18 @@ void ps_summary_print(const ps_summary *s, FILE *f)
             s->cluster[0] ? s->cluster : "?", s->plan[0] ? s->plan : "?");
     char tf[32], bytes[32], mfu[32];
     snprintf(mfu, sizeof mfu, s->mfu * 100 >= 1 || s->mfu == 0 ? "%.1f" : "%.2g", s->mfu * 100);
+    char steps[96] = "";
+    if (s->timed_steps > 1)
+        snprintf(steps, sizeof steps, " (median of %d steps, %.3f to %.3f ms)", s->timed_steps,
+                 MS(s->iteration_min_s), MS(s->iteration_max_s));
+    else if (s->timed_steps == 1)
+        snprintf(steps, sizeof steps, " (one step)");
     fprintf(f,
-            "%d micro-batches, iteration %.3f ms, %s TFLOP/s per device, MFU %s%%, "
+            "%d micro-batches, iteration %.3f ms%s, %s TFLOP/s per device, MFU %s%%, "
             "peak memory %s",
-            s->micro_batches, MS(s->iteration_s), short_num(s->tflops_per_device, tf, sizeof tf),
-            mfu, ps_bytes_text(s->peak_memory_bytes, bytes, sizeof bytes));
+            s->micro_batches, MS(s->iteration_s), steps,
+            short_num(s->tflops_per_device, tf, sizeof tf), mfu,
+            ps_bytes_text(s->peak_memory_bytes, bytes, sizeof bytes));
     if (s->wall_s > 0)
         fprintf(f, " (took %.3f s)", s->wall_s);
     fprintf(f, "\n\n");

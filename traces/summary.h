@@ -50,6 +50,11 @@ typedef struct ps_summary {
     double mfu;
     double peak_memory_bytes;   /* max over devices */
     double wall_s;              /* how long producing it took (simulation or run); 0 if unknown */
+    /* A measurement over several steps (the executors): how many steps its
+     * times are the medians of, and the fastest and slowest of their
+     * iterations. 0, 0, 0 for a prediction (planner, sim). */
+    int timed_steps;
+    double iteration_min_s, iteration_max_s;
     int n_devices, n_stages;
     ps_summary_device *devices; /* [n_devices] */
     ps_summary_stage *stages;   /* [n_stages] */
@@ -60,7 +65,9 @@ ps_status ps_summary_create(int n_devices, int n_stages, ps_summary **out);
 void ps_summary_free(ps_summary *s);
 
 /* The checks load applies: source, text fields, finite non-negative values,
- * at least one device and one stage, increasing device ids, stage indices
+ * timed steps whose fastest and slowest iterations bracket iteration_s (one
+ * step: all three equal; none: both 0), at least one device and one stage,
+ * increasing device ids, stage indices
  * 0..n-1, mesh shapes that hold each stage's devices, devices[] agreeing
  * with each stage's count and first device. Reports "summary: PATH: what is
  * wrong". Save and to_json call it first, so nothing is written that load
