@@ -85,7 +85,8 @@ static void help(void)
 {
     printf("usage: pipeshard profile --backend cpu|cuda [--devices N] [--quick] [OPTIONS]\n"
            "                         -o DB.json\n\n"
-           "Measures GEMM throughput, the other ops of small training steps, collective and send/recv times through a backend\n"
+           "Measures GEMM throughput, the other ops of small training steps, collective and "
+           "send/recv times through a backend\n"
            "(nccl-tests conventions: time, algbw, busbw) and writes a profile DB that\n"
            "'pipeshard plan --profile-db DB.json' uses instead of the analytic cost model\n"
            "(docs/profile-db.md). Prints the measurements as tables.\n\n"
@@ -105,6 +106,9 @@ static void help(void)
            "  --size-factor F      ratio of consecutive sizes (default 2, --quick 4)\n"
            "  --max-group N        largest group measured (default: every device)\n"
            "  --reps N             timed repetitions per entry, median (default 9, --quick 5)\n"
+           "  --passes N           the whole measurement N times, one after the other; each\n"
+           "                       entry the median over them (default 3: a slow spell\n"
+           "                       of the machine that hits one pass is outvoted)\n"
            "  --no-gemm            skip the GEMMs\n"
            "  --no-ops             skip the other ops (those of the training steps of a\n"
            "                       one-block GPT at three sizes, the tutorial MLP at two\n"
@@ -145,6 +149,7 @@ enum {
     OPT_FACTOR,
     OPT_GROUP,
     OPT_REPS,
+    OPT_PASSES,
     OPT_NO_GEMM,
     OPT_NO_OPS,
     OPT_PROGRESS,
@@ -165,6 +170,7 @@ static const struct option options[] = {
     {"size-factor", required_argument, NULL, OPT_FACTOR},
     {"max-group", required_argument, NULL, OPT_GROUP},
     {"reps", required_argument, NULL, OPT_REPS},
+    {"passes", required_argument, NULL, OPT_PASSES},
     {"no-gemm", no_argument, NULL, OPT_NO_GEMM},
     {"no-ops", no_argument, NULL, OPT_NO_OPS},
     {"progress", no_argument, NULL, OPT_PROGRESS},
@@ -372,7 +378,8 @@ int ps_cmd_profile(int argc, char **argv)
     bool quick = false, no_gemm = false, no_ops = false, progress = false, native = false,
          tf32 = false;
     bool all_devices = false;
-    int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0;
+    int64_t devices = 0, min_bytes = -1, max_bytes = -1, factor = 0, group = 0, reps = 0,
+            passes = 0;
     ps_dtype dtypes[PS_FLOAT_DTYPE_COUNT] = {PS_DTYPE_F32, PS_DTYPE_F16, PS_DTYPE_BF16};
     int n_dtypes = PS_FLOAT_DTYPE_COUNT;
     const char *device_name = NULL;
@@ -416,6 +423,11 @@ int ps_cmd_profile(int argc, char **argv)
         case OPT_REPS:
             if (!ps_cli_parse_int(optarg, 1, 1000, &reps))
                 return ps_cli_usage_error("profile", "--reps wants 1 to 1000");
+            break;
+        case OPT_PASSES:
+            if (!ps_cli_parse_int(optarg, 1, PS_PROFILE_MAX_PASSES, &passes))
+                return ps_cli_usage_error("profile", "--passes wants 1 to %d",
+                                          PS_PROFILE_MAX_PASSES);
             break;
         case OPT_NO_GEMM: no_gemm = true; break;
         case OPT_NO_OPS: no_ops = true; break;
@@ -474,6 +486,8 @@ int ps_cmd_profile(int argc, char **argv)
         o.max_group = (int)group;
     if (reps > 0)
         o.reps = (int)reps;
+    if (passes > 0)
+        o.passes = (int)passes;
     if (no_gemm)
         o.n_shapes = 0;
 #ifdef PS_HAVE_CUDA

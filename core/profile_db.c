@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "core/median.h"
 
 const char *const ps_profile_comm_names[PS_PROFILE_COMM_COUNT] = {
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"};
@@ -267,6 +268,63 @@ ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_err
 {
     return append(db, check_op(e, err), (void **)&db->ops, &db->n_op, &db->cap_op, e, sizeof *e,
                   err);
+}
+
+/* ---- passes --------------------------------------------------------------- */
+
+static bool same_gemm_key(const ps_profile_gemm *a, const ps_profile_gemm *b)
+{
+    return a->op == b->op && a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch &&
+           a->dtype == b->dtype;
+}
+
+ps_status ps_profile_db_median_passes(ps_profile_db *const *dbs, int n, ps_error *err)
+{
+    if (n < 1 || n > PS_PROFILE_MAX_PASSES)
+        return ps_error_set(err, PS_ERR_INVALID, "profile: %d passes (1 to %d)", n,
+                            PS_PROFILE_MAX_PASSES);
+    ps_profile_db *db = dbs[0];
+    for (int p = 0; p < n; p++) {
+        const ps_profile_db *q = dbs[p];
+        if (q->finished || q->n_gemm != db->n_gemm || q->n_comm != db->n_comm ||
+            q->n_op != db->n_op || q->devices != db->devices ||
+            q->devices_at_once != db->devices_at_once)
+            return ps_error_set(err, PS_ERR_INTERNAL,
+                                "profile: pass %d measured other entries than pass 1", p + 1);
+        for (int i = 0; i < db->n_gemm; i++)
+            if (!same_gemm_key(&q->gemm[i], &db->gemm[i]))
+                return ps_error_set(err, PS_ERR_INTERNAL,
+                                    "profile: pass %d measured another GEMM than pass 1 at %d",
+                                    p + 1, i);
+        for (int i = 0; i < db->n_comm; i++)
+            if (q->comm[i].kind != db->comm[i].kind || q->comm[i].n != db->comm[i].n ||
+                q->comm[i].bytes != db->comm[i].bytes)
+                return ps_error_set(err, PS_ERR_INTERNAL,
+                                    "profile: pass %d measured another transfer than pass 1 at %d",
+                                    p + 1, i);
+        for (int i = 0; i < db->n_op; i++)
+            if (q->ops[i].op != db->ops[i].op || q->ops[i].bytes != db->ops[i].bytes)
+                return ps_error_set(err, PS_ERR_INTERNAL,
+                                    "profile: pass %d measured another op than pass 1 at %d", p + 1,
+                                    i);
+    }
+    double v[PS_PROFILE_MAX_PASSES];
+    for (int i = 0; i < db->n_gemm; i++) {
+        for (int p = 0; p < n; p++)
+            v[p] = dbs[p]->gemm[i].seconds;
+        db->gemm[i].seconds = ps_median(v, n);
+    }
+    for (int i = 0; i < db->n_comm; i++) {
+        for (int p = 0; p < n; p++)
+            v[p] = dbs[p]->comm[i].seconds;
+        db->comm[i].seconds = ps_median(v, n);
+    }
+    for (int i = 0; i < db->n_op; i++) {
+        for (int p = 0; p < n; p++)
+            v[p] = dbs[p]->ops[i].seconds;
+        db->ops[i].seconds = ps_median(v, n);
+    }
+    return PS_OK;
 }
 
 /* ---- sorting and tables ------------------------------------------------ */

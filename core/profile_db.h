@@ -37,6 +37,8 @@
 #include "core/status.h"
 
 #define PS_PROFILE_DB_VERSION 1
+/* Most passes of one measurement (ps_profile_db_median_passes). */
+#define PS_PROFILE_MAX_PASSES 64
 #define PS_PROFILE_NAME_MAX 64
 
 /* What a communication entry measured: the four collectives (same values
@@ -134,6 +136,12 @@ ps_status ps_profile_db_add_gemm(ps_profile_db *db, const ps_profile_gemm *e, ps
 ps_status ps_profile_db_add_comm(ps_profile_db *db, const ps_profile_comm_entry *e, ps_error *err);
 /* (checked: a kind other than the GEMM-shaped ones, positive bytes and time) */
 ps_status ps_profile_db_add_op(ps_profile_db *db, const ps_profile_op *e, ps_error *err);
+/* Passes of one measurement into one DB: dbs[0..n) hold the same entries
+ * in the same order (as measured, none finished); each of dbs[0]'s times
+ * becomes the median of that entry's n times (n even: the mean of the two
+ * middle ones), so that a spell of the machine that slowed one pass does
+ * not decide an entry. PS_ERR_INTERNAL when the passes' entries differ. */
+ps_status ps_profile_db_median_passes(ps_profile_db *const *dbs, int n, ps_error *err);
 /* Sorts the entries, rejects duplicates (same shape and dtype, or same
  * kind, n and bytes) and an empty DB, and builds the lookup tables. */
 ps_status ps_profile_db_finish(ps_profile_db *db, ps_error *err);

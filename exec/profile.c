@@ -28,6 +28,10 @@ static const ps_gemm_shape default_shapes[] = {
     {512, 64, 512, 32},    {1024, 1024, 64, 32},   {1024, 64, 1024, 32},  {2048, 2048, 64, 32},
     {2048, 64, 2048, 32},  {1024, 1024, 128, 32},  {1024, 128, 1024, 32},
 };
+/* Passes of the default and quick profiles: the median of three outvotes
+ * one pass that a slow spell of the machine hit (docs/profile-db.md). */
+#define DEFAULT_PASSES 3
+
 static const ps_gemm_shape quick_shapes[] = {
     {64, 64, 64, 1}, {128, 128, 128, 1}, {256, 256, 256, 1}, {128, 128, 64, 8}, {128, 64, 128, 8}};
 
@@ -41,6 +45,7 @@ ps_profile_options ps_profile_options_default(void)
         .size_factor = 2,
         .warmup = 2,
         .reps = 9,
+        .passes = DEFAULT_PASSES,
         .min_rep_s = 5e-3,
     };
 }
@@ -56,6 +61,7 @@ ps_profile_options ps_profile_options_quick(void)
         .max_group = 4,
         .warmup = 2,
         .reps = 5,
+        .passes = DEFAULT_PASSES,
         .min_rep_s = 5e-4,
     };
 }
@@ -79,6 +85,7 @@ typedef struct shared {
     double *times;     /* [n * reps]: seconds per call, per rank and repetition */
     double *warm;      /* [n]: seconds of one warm-up call per rank */
     int iters;
+    int pass;           /* 0-based: warnings are for the first */
     bool compute_phase; /* GEMMs or ops: gemm_all_devices applies */
     /* the GEMMs to time: the options' shapes, then the graphs' (owned) */
     ps_gemm_shape *shapes;
@@ -490,7 +497,7 @@ static ps_status ops_thread(shared *s, int rank, ps_error *err)
         if (!barrier(s))
             goto out;
         if (s->op_unsupported[q]) {
-            if (rank == 0)
+            if (rank == 0 && s->pass == 0)
                 PS_LOG_WARN("profile: %s left out: %s", ps_op_kind_get(op->kind)->name,
                             probe == PS_ERR_UNSUPPORTED ? probe_err.msg : "not on every device");
             for (; n_buf > 0; n_buf--)
@@ -753,6 +760,9 @@ static ps_status check_options(const ps_backend *b, const ps_profile_options *o,
                             "profile: warm-up and repetitions must be at least 1 (at most %d "
                             "repetitions)",
                             MAX_REPS);
+    if (o->passes < 0 || o->passes > PS_PROFILE_MAX_PASSES)
+        return ps_error_set(err, PS_ERR_INVALID, "profile: %d passes (1 to %d)", o->passes,
+                            PS_PROFILE_MAX_PASSES);
     for (int i = 0; i < o->n_shapes; i++)
         if (o->shapes[i].m < 1 || o->shapes[i].n < 1 || o->shapes[i].k < 1 ||
             o->shapes[i].batch < 0)
@@ -773,20 +783,45 @@ static ps_status check_options(const ps_backend *b, const ps_profile_options *o,
     return PS_OK;
 }
 
+/* One pass: the GEMMs, the other ops, then the transfers, into s->db. */
+static ps_status measure_pass(shared *s, int max_group, ps_error *err)
+{
+    ps_status st = PS_OK;
+    ps_backend *b = s->b;
+    const ps_profile_options *o = s->o;
+    /* GEMMs on device 0 alone, or on every device at once */
+    s->compute_phase = true;
+    if (s->n_shapes > 0)
+        st = run_threads(s, o->gemm_all_devices && o->gemm_timer == NULL ? b->n_devices : 1,
+                         gemm_thread, err);
+    /* the other ops, the same way */
+    if (st == PS_OK && s->n_ops > 0)
+        st = run_threads(s, o->gemm_all_devices ? b->n_devices : 1, ops_thread, err);
+    s->compute_phase = false;
+    /* group sizes 2, 4, 8, ... and max_group itself */
+    for (int n = 2; st == PS_OK && o->max_bytes > 0 && n <= max_group;
+         n = n * 2 > max_group && n < max_group ? max_group : n * 2)
+        st = run_threads(s, n, comm_thread, err);
+    return st;
+}
+
 ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_profile_db **out,
                              ps_error *err)
 {
     ps_status st = PS_OK;
-    ps_profile_db *db = NULL;
+    ps_profile_db *pass_db[PS_PROFILE_MAX_PASSES] = {NULL};
     float *host = NULL, *host_nonneg = NULL;
     shared s;
     memset(&s, 0, sizeof s);
     *out = NULL;
     PS_TRY(check_options(b, o, err));
+    int passes = o->passes > 0 ? o->passes : 1;
     const char *name = o->device_name != NULL ? o->device_name : b->ops->name;
-    PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &db, err));
-    if (o->gemm_all_devices) /* the ops always, the GEMMs unless a native timer times them */
-        db->devices_at_once = b->n_devices;
+    for (int p = 0; p < passes; p++) {
+        PS_TRY(ps_profile_db_create(name, b->ops->name, b->n_devices, &pass_db[p], err));
+        if (o->gemm_all_devices) /* the ops always, the GEMMs unless a native timer times them */
+            pass_db[p]->devices_at_once = b->n_devices;
+    }
     /* the largest buffer any measurement uploads: a collective's size in
      * whole elements, rounded up (an all-to-all's to whole elements per
      * pair of its members, at most b->n_devices of them) */
@@ -819,7 +854,6 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     int max_group = o->max_group > 0 && o->max_group < b->n_devices ? o->max_group : b->n_devices;
     s.b = b;
     s.o = o;
-    s.db = db;
     s.host = host;
     s.host_nonneg = host_nonneg;
     s.times = calloc((size_t)(b->n_devices * o->reps), sizeof *s.times);
@@ -828,30 +862,24 @@ ps_status ps_profile_measure(ps_backend *b, const ps_profile_options *o, ps_prof
     PS_TRY_ALLOC(s.warm, err);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
-    /* GEMMs on device 0 alone, or on every device at once */
-    s.compute_phase = true;
-    if (s.n_shapes > 0)
-        st = run_threads(&s, o->gemm_all_devices && o->gemm_timer == NULL ? b->n_devices : 1,
-                         gemm_thread, err);
-    /* the other ops, the same way */
-    if (st == PS_OK && o->n_op_graphs > 0) {
+    if (o->n_op_graphs > 0)
         st = choose_ops(&s, err);
-        if (st == PS_OK && s.n_ops > 0)
-            st = run_threads(&s, o->gemm_all_devices ? b->n_devices : 1, ops_thread, err);
+    for (int p = 0; st == PS_OK && p < passes; p++) {
+        s.pass = p;
+        s.db = pass_db[p];
+        st = measure_pass(&s, max_group, err);
     }
-    s.compute_phase = false;
-    /* group sizes 2, 4, 8, ... and max_group itself */
-    for (int n = 2; st == PS_OK && o->max_bytes > 0 && n <= max_group;
-         n = n * 2 > max_group && n < max_group ? max_group : n * 2)
-        st = run_threads(&s, n, comm_thread, err);
     pthread_mutex_destroy(&s.mu);
     pthread_cond_destroy(&s.cv);
     if (st != PS_OK)
         goto out;
-    PS_TRY(ps_profile_db_finish(db, err));
-    *out = db;
-    db = NULL;
+    PS_TRY(ps_profile_db_median_passes(pass_db, passes, err));
+    PS_TRY(ps_profile_db_finish(pass_db[0], err));
+    *out = pass_db[0];
+    pass_db[0] = NULL;
 out:
+    for (int p = 0; p < PS_PROFILE_MAX_PASSES; p++)
+        ps_profile_db_free(pass_db[p]);
     free(s.times);
     free(s.warm);
     free(s.op_graph);
@@ -860,6 +888,5 @@ out:
     free(s.shapes);
     free(host);
     free(host_nonneg);
-    ps_profile_db_free(db);
     return st;
 }

@@ -35,7 +35,10 @@
  * `iters` back-to-back calls between two timing marks per device, and
  * counts the slowest member; iters is chosen from the fastest warm-up call
  * so that a repetition lasts at least min_rep_s. Every entry is the median of `reps`
- * repetitions, per call. */
+ * repetitions, per call, and, with passes > 1, the median over the passes
+ * (the whole measurement run that many times, one after the other) of
+ * those: repetitions back to back share a slow spell of the machine, a
+ * pass later does not. */
 #ifndef PS_EXEC_PROFILE_H
 #define PS_EXEC_PROFILE_H
 
@@ -63,6 +66,8 @@ typedef struct ps_profile_options {
     unsigned kinds;               /* bit (1 << ps_profile_comm) per kind; 0: all */
     int warmup;                   /* untimed calls before timing, >= 1 */
     int reps;                     /* timed repetitions, >= 1 (median) */
+    int passes;                   /* whole measurements, 1 to PS_PROFILE_MAX_PASSES (median);
+                                   * 0: 1 */
     double min_rep_s;             /* a repetition lasts at least this long */
     bool progress;                /* one line per entry on stderr */
     /* GEMMs on every device at once, the slowest counting: what they cost

@@ -1570,6 +1570,104 @@ static void cpu_measurement(void **state)
     b->ops->destroy(b);
 }
 
+static void add_op(ps_profile_db *db, ps_op_kind kind, int64_t bytes, double s);
+
+/* Passes of one measurement into one DB: per entry the median of the
+ * passes' times (two: their mean), keys checked; a measurement with passes
+ * gives the entries of one without. */
+static void median_of_passes(void **state)
+{
+    (void)state;
+    const double gemm_s[3] = {1e-3, 5e-3, 3e-3}, comm_s[3] = {2e-5, 1e-5, 9e-5},
+                 op_s[3] = {7e-6, 8e-6, 6e-6};
+    ps_profile_db *dbs[3];
+    for (int p = 0; p < 3; p++) {
+        dbs[p] = new_db("test");
+        add_gemm(dbs[p], 64, 64, 64, PS_DTYPE_F32, gemm_s[p]);
+        add_comm(dbs[p], PS_PROFILE_ALL_REDUCE, 2, 4096, comm_s[p]);
+        add_op(dbs[p], PS_OP_RELU, 4096, op_s[p]);
+    }
+    ps_error err = {0};
+    assert_int_equal(ps_profile_db_median_passes(dbs, 3, &err), PS_OK);
+    assert_true(dbs[0]->gemm[0].seconds == 3e-3);
+    assert_true(dbs[0]->comm[0].seconds == 2e-5);
+    assert_true(dbs[0]->ops[0].seconds == 7e-6);
+    assert_true(dbs[1]->gemm[0].seconds == 5e-3); /* the others are read only */
+    /* two passes: the mean; one: itself */
+    assert_int_equal(ps_profile_db_median_passes(dbs + 1, 2, &err), PS_OK);
+    assert_true(dbs[1]->gemm[0].seconds == 4e-3);
+    assert_int_equal(ps_profile_db_median_passes(dbs + 2, 1, &err), PS_OK);
+    assert_true(dbs[2]->gemm[0].seconds == 3e-3);
+    finish(dbs[0]); /* and the result is a DB like any other */
+    assert_true(ps_profile_gemm_s(dbs[0], PS_DTYPE_F32, 2.0 * 64 * 64 * 64) == 3e-3);
+    /* passes that measured other entries, none, too many, a finished DB */
+    ps_profile_db *other = new_db("test");
+    add_gemm(other, 64, 64, 128, PS_DTYPE_F32, 1e-3);
+    add_comm(other, PS_PROFILE_ALL_REDUCE, 2, 4096, 1e-5);
+    add_op(other, PS_OP_RELU, 4096, 1e-5);
+    ps_profile_db *pair[2] = {dbs[1], other};
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(pair, 2, &err), PS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "pass 2 measured another GEMM than pass 1"));
+    other->gemm[0].k = 64;
+    other->comm[0].bytes = 8192;
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(pair, 2, &err), PS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "another transfer"));
+    other->comm[0].bytes = 4096;
+    other->ops[0].op = PS_OP_GELU;
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(pair, 2, &err), PS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "another op"));
+    other->ops[0].op = PS_OP_RELU;
+    add_op(other, PS_OP_GELU, 4096, 1e-5);
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(pair, 2, &err), PS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "pass 2 measured other entries"));
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(dbs, 0, &err), PS_ERR_INVALID);
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(dbs, PS_PROFILE_MAX_PASSES + 1, &err),
+                     PS_ERR_INVALID);
+    ps_profile_db *finished[2] = {dbs[1], dbs[0]};
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_db_median_passes(finished, 2, &err), PS_ERR_INTERNAL);
+    ps_profile_db_free(other);
+    for (int p = 0; p < 3; p++)
+        ps_profile_db_free(dbs[p]);
+
+    /* measured: two passes give the entries one gives; too many are refused */
+    ps_backend *b = cpu_backend(2);
+    static const ps_gemm_shape shapes[] = {{32, 32, 32, 1}};
+    ps_profile_options o = ps_profile_options_quick();
+    assert_int_equal(o.passes, 3);
+    o.shapes = shapes;
+    o.n_shapes = 1;
+    o.max_bytes = 16 << 10;
+    o.reps = 2;
+    ps_profile_db *one = NULL, *two = NULL;
+    o.passes = 1;
+    if (ps_profile_measure(b, &o, &one, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    o.passes = 2;
+    if (ps_profile_measure(b, &o, &two, &err) != PS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(one->n_gemm, two->n_gemm);
+    assert_int_equal(one->n_comm, two->n_comm);
+    for (int i = 0; i < one->n_comm; i++)
+        assert_true(one->comm[i].kind == two->comm[i].kind && one->comm[i].n == two->comm[i].n &&
+                    one->comm[i].bytes == two->comm[i].bytes && two->comm[i].seconds > 0);
+    ps_profile_db_free(one);
+    ps_profile_db_free(two);
+    o.passes = PS_PROFILE_MAX_PASSES + 1;
+    ps_profile_db *none = NULL;
+    ps_error_clear(&err);
+    assert_int_equal(ps_profile_measure(b, &o, &none, &err), PS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "passes (1 to 64)"));
+    assert_null(none);
+    b->ops->destroy(b);
+}
+
 static bool db_has_gemm(const ps_profile_db *db, int64_t m, int64_t n, int64_t k, int64_t batch)
 {
     for (int i = 0; i < db->n_gemm; i++)
@@ -2217,6 +2315,10 @@ static void cli(void **state)
                      2);
     free(out);
     free(err);
+    assert_int_equal(run_cli(dir, "profile --backend cpu --passes 0 -o x.json", &out, &err), 2);
+    assert_non_null(strstr(err, "--passes wants 1 to 64"));
+    free(out);
+    free(err);
     /* sizes out of order: a usage error; collectives larger than the host
      * can hold: refused before anything is allocated (they once got the
      * process killed by the system with no message) */
@@ -2286,6 +2388,7 @@ int main(void)
         cmocka_unit_test(slower_gemms_double_compute),
         cmocka_unit_test(where_the_db_applies),
         cmocka_unit_test(cpu_measurement),
+        cmocka_unit_test(median_of_passes),
         cmocka_unit_test(cpu_graph_gemms),
         cmocka_unit_test(cpu_graph_convs),
         cmocka_unit_test(cpu_group_sizes),
