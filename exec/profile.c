@@ -289,10 +289,11 @@ static ps_status add_gemm(shared *s, ps_op_kind kind, const ps_gemm_shape *sh, p
     ps_profile_gemm e = {.op = kind, .m = sh->m, .n = sh->n, .k = sh->k, .batch = sh->batch,
                          .dtype = dtype, .seconds = sec};
     if (s->o->progress)
-        fprintf(stderr, "profile: %s %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
-                kind == PS_OP_MATMUL ? "GEMM" : ps_op_kind_get(kind)->name, (long long)sh->m,
-                (long long)sh->n, (long long)sh->k, (long long)e.batch, ps_dtype_name(dtype), sec,
-                ps_gemm_shape_flops(sh) / sec / 1e12);
+        fprintf(stderr,
+                "profile: pass %d: %s %lld x %lld x %lld (batch %lld) %s: %.4g s, %.4g TFLOP/s\n",
+                s->pass + 1, kind == PS_OP_MATMUL ? "GEMM" : ps_op_kind_get(kind)->name,
+                (long long)sh->m, (long long)sh->n, (long long)sh->k, (long long)e.batch,
+                ps_dtype_name(dtype), sec, ps_gemm_shape_flops(sh) / sec / 1e12);
     return ps_profile_db_add_gemm(s->db, &e, err);
 }
 
@@ -460,6 +461,8 @@ static ps_status ops_thread(shared *s, int rank, ps_error *err)
     void *buf[2 * PS_MAX_OP_IO];
     int n_buf = 0;
     for (int q = 0; q < s->n_ops; q++) {
+        if (s->pass > 0 && s->op_unsupported[q]) /* left out in the first pass: in every one */
+            continue;
         const ps_graph *g = s->o->op_graphs[s->op_graph[q]];
         op_call c = {.op = &g->ops[s->op_index[q]]};
         const ps_op *op = c.op;
@@ -519,8 +522,8 @@ static ps_status ops_thread(shared *s, int rank, ps_error *err)
         } else if (rank == 0) {
             ps_profile_op e = {.op = op->kind, .bytes = op_bytes(g, op), .seconds = sec};
             if (s->o->progress)
-                fprintf(stderr, "profile: %s of %lld bytes: %.4g s, %.4g GB/s\n",
-                        ps_op_kind_get(op->kind)->name, (long long)e.bytes, sec,
+                fprintf(stderr, "profile: pass %d: %s of %lld bytes: %.4g s, %.4g GB/s\n",
+                        s->pass + 1, ps_op_kind_get(op->kind)->name, (long long)e.bytes, sec,
                         (double)e.bytes / sec / 1e9);
             PS_TRY(ps_profile_db_add_op(s->db, &e, err));
         }
@@ -681,9 +684,9 @@ static ps_status comm_thread(shared *s, int rank, ps_error *err)
                 PS_TRY(ps_profile_db_add_comm(s->db, &e, err));
                 if (o->progress) {
                     char t[32];
-                    fprintf(stderr, "profile: %s over %d devices, %s: %.4g us\n",
-                            ps_profile_comm_names[kind], n, size_text(real_bytes, t, sizeof t),
-                            e.seconds * 1e6);
+                    fprintf(stderr, "profile: pass %d: %s over %d devices, %s: %.4g us\n",
+                            s->pass + 1, ps_profile_comm_names[kind], n,
+                            size_text(real_bytes, t, sizeof t), e.seconds * 1e6);
                 }
             }
             b->ops->release(b, rank, src);

@@ -69,7 +69,7 @@ typedef struct ps_profile_options {
     int passes;                   /* whole measurements, 1 to PS_PROFILE_MAX_PASSES (median);
                                    * 0: 1 */
     double min_rep_s;             /* a repetition lasts at least this long */
-    bool progress;                /* one line per entry on stderr */
+    bool progress;                /* one line per entry and pass on stderr */
     /* GEMMs on every device at once, the slowest counting: what they cost
      * when a plan's devices compute together on shared hardware (the CPU
      * backend's threads on the host's cores). A repetition then lasts at

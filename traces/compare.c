@@ -25,7 +25,8 @@ static const char *const metric_titles[PS_CMP_METRIC_COUNT] = {
     "communication per step, mean over the stage's devices, ms"};
 static const char *const metric_short[PS_CMP_METRIC_COUNT] = {
     "time/mb", "forward", "backward", "update", "memory", "compute", "comm"};
-/* seconds are shown in ms; bytes in the unit of memory_unit() */
+/* seconds are shown in ms; bytes in the unit of memory_unit() (1: its scale
+ * is applied where the tables are printed) */
 static const double metric_scale[PS_CMP_METRIC_COUNT] = {1e3, 1e3, 1e3, 1e3, 1, 1e3, 1e3};
 /* The tables' order: the times, then memory. */
 static const int metric_shown[PS_CMP_METRIC_COUNT] = {
@@ -343,9 +344,16 @@ void ps_compare_print(const ps_compare *c, FILE *f)
         for (int r = 0; r < c->n_runs; r++) {
             const ps_summary *s = c->runs[r].summary;
             char cell[64] = "-";
-            if (s->timed_steps > 1)
+            if (s->timed_steps > 1) {
                 snprintf(cell, sizeof cell, "%.5g-%.5g (%d)", s->iteration_min_s * 1e3,
                          s->iteration_max_s * 1e3, s->timed_steps);
+                if (strlen(cell) >= COL_W) /* long steps: fewer digits, then no count */
+                    snprintf(cell, sizeof cell, "%.3g-%.3g (%d)", s->iteration_min_s * 1e3,
+                             s->iteration_max_s * 1e3, s->timed_steps);
+                if (strlen(cell) >= COL_W)
+                    snprintf(cell, sizeof cell, "%.3g-%.3g", s->iteration_min_s * 1e3,
+                             s->iteration_max_s * 1e3);
+            }
             fprintf(f, "%*s", COL_W, cell);
         }
     }

@@ -189,7 +189,9 @@ static bool steps_check(const ps_summary *s, finding *f)
                      s->iteration_max_s, s->iteration_s);
     if (s->timed_steps == 1 && !(same_value(s->iteration_min_s, s->iteration_s) &&
                                  same_value(s->iteration_max_s, s->iteration_s)))
-        return found(f, NULL, 0, "iteration_min_s",
+        return found(f, NULL, 0,
+                     same_value(s->iteration_min_s, s->iteration_s) ? "iteration_max_s"
+                                                                    : "iteration_min_s",
                      "one timed step: its fastest and slowest are the iteration (%.17g s), not "
                      "%.17g and %.17g s",
                      s->iteration_s, s->iteration_min_s, s->iteration_max_s);
