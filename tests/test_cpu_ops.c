@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "exec/cpu/cpu_ops.h"
+#include "exec/cpu/vec_exp.h"
 #include "planner/models/builder.h"
 #include "planner/models/zoo.h"
 #include "planner/train_step.h"
@@ -1679,6 +1680,54 @@ static void closed_gelu(void **state)
     tt_free(&dy, 1);
 }
 
+/* ps_exp_inplace (libmvec's vector exp where the CPU has AVX2) against
+ * expl: within glibc's bound of 4 ulp of the double result, special values
+ * as exp(), every length's tail, nothing written past n. */
+static void closed_exp_inplace(void **state)
+{
+    (void)state;
+    print_message("exp: %s\n", ps_exp_is_vectorized() ? "libmvec, 4 lanes" : "exp() per element");
+    enum { N = 20000 };
+    double *x = malloc((N + 1) * sizeof *x), *orig = malloc(N * sizeof *orig);
+    assert_non_null(x);
+    assert_non_null(orig);
+    uint64_t seed = 7;
+    for (int i = 0; i < N; i++) { /* the range where exp is finite and normal, and past it */
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        orig[i] = i % 4 == 0 ? (u - 0.5) * 30 : -750 + u * 1462;
+    }
+    for (int len = 0; len <= N; len = len < 13 ? len + 1 : len == N ? N + 1 : N) {
+        memcpy(x, orig, (size_t)len * sizeof *x);
+        x[len] = 12345.0; /* a sentinel */
+        ps_exp_inplace(x, len);
+        assert_true(x[len] == 12345.0);
+        for (int i = 0; i < len; i++) {
+            long double want = expl((long double)orig[i]);
+            if (want > 0x1.fffffffffffffp1023L) {
+                if (!(isinf(x[i]) && x[i] > 0))
+                    fail_msg("exp(%.17g) = %.17g, want inf", orig[i], x[i]);
+                continue;
+            }
+            /* 4 ulp of the double result; below the normal range, 4 ulp of the
+             * smallest normal's spacing (subnormals have fewer digits) */
+            long double ulp = fmaxl(ldexpl(1.0L, ilogbl(want) - 52), 0x1p-1074L);
+            if (fabsl((long double)x[i] - want) > 4 * ulp)
+                fail_msg("exp(%.17g) = %.17g, exact %.21Lg (length %d)", orig[i], x[i], want, len);
+        }
+    }
+    double sp[7] = {-INFINITY, INFINITY, NAN, 0.0, -0.0, 710.0, -1000.0};
+    ps_exp_inplace(sp, 7);
+    assert_true(sp[0] == 0.0);
+    assert_true(isinf(sp[1]) && sp[1] > 0);
+    assert_true(isnan(sp[2]));
+    assert_true(sp[3] == 1.0 && sp[4] == 1.0);
+    assert_true(isinf(sp[5]) && sp[5] > 0);
+    assert_true(sp[6] == 0.0);
+    free(x);
+    free(orig);
+}
+
 /* GShard's capacity order: every first choice, then every second choice. */
 static void closed_moe_gate(void **state)
 {
@@ -1990,6 +2039,7 @@ int main(void)
         cmocka_unit_test(closed_losses_and_reductions),
         cmocka_unit_test(maxpool_brute_force),
         cmocka_unit_test(closed_gelu),
+        cmocka_unit_test(closed_exp_inplace),
         cmocka_unit_test(closed_moe_gate),
         cmocka_unit_test(malformed_calls),
     };
