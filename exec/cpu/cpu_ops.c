@@ -449,6 +449,14 @@ static int64_t exp_chunk(int64_t from, int64_t n)
     return n - from < EXP_CHUNK ? n - from : EXP_CHUNK;
 }
 
+/* e[k] = exp(scale * p[k] - shift) for k < m */
+static void exp_shifted(double *e, const float *p, int64_t m, double scale, double shift)
+{
+    for (int64_t k = 0; k < m; k++)
+        e[k] = scale * p[k] - shift;
+    ps_exp_inplace(e, m);
+}
+
 static ps_status op_elementwise(const run *r)
 {
     ps_status st;
@@ -679,9 +687,7 @@ static ps_status op_softmax(const run *r)
         double mx = -INFINITY, s = 0;
         for (int64_t j = 0; j < valid; j++)
             mx = fmax(mx, scale * p[j]);
-        for (int64_t j = 0; j < valid; j++)
-            e[j] = scale * p[j] - mx;
-        ps_exp_inplace(e, valid);
+        exp_shifted(e, p, valid, scale, mx);
         for (int64_t j = 0; j < valid; j++)
             s += e[j];
         for (int64_t j = 0; j < n; j++)
@@ -1004,9 +1010,7 @@ static ps_status op_xent(const run *r, bool grad)
         for (int64_t j0 = 0; j0 < V; j0 += EXP_CHUNK) {
             int64_t m = exp_chunk(j0, V);
             double e[EXP_CHUNK];
-            for (int64_t k = 0; k < m; k++)
-                e[k] = (double)p[j0 + k] - mx[t];
-            ps_exp_inplace(e, m);
+            exp_shifted(e, p + j0, m, 1.0, mx[t]);
             for (int64_t k = 0; k < m; k++)
                 s += e[k];
         }
@@ -1031,9 +1035,7 @@ static ps_status op_xent(const run *r, bool grad)
             for (int64_t j0 = 0; j0 < V; j0 += EXP_CHUNK) {
                 int64_t m = exp_chunk(j0, V);
                 double e[EXP_CHUNK];
-                for (int64_t k = 0; k < m; k++)
-                    e[k] = (double)p[j0 + k] - mx[t];
-                ps_exp_inplace(e, m);
+                exp_shifted(e, p + j0, m, 1.0, mx[t]);
                 for (int64_t k = 0; k < m; k++) {
                     double sm = e[k] / sum[t];
                     o[j0 + k] = (float)((sm - (j0 + k == l ? 1.0 : 0.0)) * seed);
