@@ -421,6 +421,17 @@ static void ops_norm_softmax(void **state)
                           htile(false, 1, SH(300), NULL, NULL)};
         check_op(b, &op, in, out);
     }
+    /* the gradient over 130 whole rows: row chunks holding several rows, a
+     * short last one */
+    {
+        ps_op op = mkop(PS_OP_LAYERNORM_GRAD, 3);
+        ps_tile in[3] = {hrand(2, SH(130, 300), NULL, NULL), hrand(1, SH(300), NULL, NULL),
+                         hrand(2, SH(130, 300), NULL, NULL)};
+        ps_tile out[3] = {htile(false, 2, SH(130, 300), NULL, NULL),
+                          htile(false, 1, SH(300), NULL, NULL),
+                          htile(false, 1, SH(300), NULL, NULL)};
+        check_op(b, &op, in, out);
+    }
     /* attention scores [b, a, q, k]: whole, and queries 8..15 of 16 */
     for (int causal = 0; causal < 2; causal++)
         for (int split = 0; split < 2; split++) {
@@ -1359,7 +1370,16 @@ static void check_op_half_adding(ps_backend *b, ps_backend *cpu, const ps_op *op
     }
     for (int o = 0; o < op->n_out; o++) {
         cout[o] = host_as(&out[o], (half_out >> o) & 1u, t);
-        dout[o] = dupload_any(b, &cout[o]);
+        if (accumulate == 0) {
+            /* the runtime hands ops uninitialized outputs: an element the GPU
+             * leaves unwritten shows as NaN (0xFFFF is NaN in fp16 and bf16) */
+            ps_tile poisoned = hcopy(&cout[o]);
+            memset(poisoned.data, cout[o].is_int ? 0x7E : 0xFF, tile_bytes(&cout[o]));
+            dout[o] = dupload_any(b, &poisoned);
+            free(poisoned.data);
+        } else {
+            dout[o] = dupload_any(b, &cout[o]);
+        }
     }
     if (cpu->ops->op(cpu, 0, op, cin, cout, &ctx, &err) != PS_OK)
         fail_msg("%s (%s) in %s: CPU backend failed: %s", op->name, op->attrs.einsum,
@@ -1403,12 +1423,40 @@ static void check_op_half(ps_backend *b, ps_backend *cpu, const ps_op *op, ps_ti
     check_op_half_adding(b, cpu, op, in, out, half_in, half_out, t, 0);
 }
 
+/* The einsum `spec` at extents size[label] on half operands in type t: into
+ * a half output, and added into an fp32 one (an accumulated gradient kept
+ * in fp32: cuBLAS's beta 1 on the half operands, or the widened product
+ * where the output needs a permutation). */
+static void check_half_einsum(ps_backend *b, ps_backend *cpu, const char *spec, const int64_t *size,
+                              ps_dtype t)
+{
+    ps_einsum e;
+    assert_int_equal(ps_einsum_parse(spec, &e, NULL), PS_OK);
+    for (int adding = 0; adding < 2; adding++) {
+        ps_tile x[3];
+        for (int o = 0; o < 3; o++) {
+            int64_t shape[PS_MAX_RANK];
+            for (int k = 0; k < e.rank[o]; k++)
+                shape[k] = size[e.labels[o][k] - 'a'];
+            x[o] = o < 2 || adding ? hrand(e.rank[o], shape, NULL, NULL)
+                                   : htile(false, e.rank[o], shape, NULL, NULL);
+        }
+        ps_op op = mkop(PS_OP_MATMUL, 2);
+        snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", spec);
+        if (adding) {
+            assert_true(b->ops->op_accumulates(b, &op, 0, &x[2]));
+            check_op_half_adding(b, cpu, &op, x, &x[2], 3u, 0u, t, 1u);
+        } else {
+            check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
+        }
+    }
+}
+
 /* Every GEMM form (half inputs into cuBLAS, permuted first as 2-byte
- * values where the einsum needs it, into a half output or added into an
- * fp32 one), the kinds that run on half tiles as they are (elementwise ops,
- * softmax and its gradient, causal too, reshape, transpose), normalization,
- * the loss gradient and Adam (on widened copies) on half tiles, in bf16 and
- * fp16. */
+ * values where the einsum needs it, read in place and looped over the batch
+ * (attention), into a half output or added into an fp32 one), the kinds that run on half tiles as
+ * they are (elementwise ops, softmax and its gradient, causal too, reshape, transpose),
+ * normalization, the loss gradient and Adam (on widened copies) on half tiles, in bf16 and fp16. */
 static void ops_half_storage(void **state)
 {
     (void)state;
@@ -1423,31 +1471,22 @@ static void ops_half_storage(void **state)
     const ps_dtype types[2] = {PS_DTYPE_BF16, PS_DTYPE_F16};
     for (int ti = 0; ti < 2; ti++) {
         ps_dtype t = types[ti];
-        for (size_t i = 0; i < TEST_EINSUM_SPECS; i++) {
-            ps_einsum e;
-            assert_int_equal(ps_einsum_parse(test_einsum_specs[i], &e, NULL), PS_OK);
-            ps_tile x[3];
-            for (int o = 0; o < 3; o++) {
-                int64_t shape[PS_MAX_RANK];
-                for (int k = 0; k < e.rank[o]; k++)
-                    shape[k] = size[e.labels[o][k] - 'a'];
-                x[o] = o < 2 ? hrand(e.rank[o], shape, NULL, NULL)
-                             : htile(false, e.rank[o], shape, NULL, NULL);
-            }
-            ps_op op = mkop(PS_OP_MATMUL, 2);
-            snprintf(op.attrs.einsum, sizeof op.attrs.einsum, "%s", test_einsum_specs[i]);
-            check_op_half(b, cpu, &op, x, &x[2], 3u, 1u, t);
-            /* half operands added into an fp32 output (an accumulated
-             * gradient kept in fp32): cuBLAS's beta 1 on the half operands,
-             * or the widened product where the output needs a permutation */
-            for (int o = 0; o < 3; o++) {
-                int64_t shape[PS_MAX_RANK];
-                for (int k = 0; k < e.rank[o]; k++)
-                    shape[k] = size[e.labels[o][k] - 'a'];
-                x[o] = hrand(e.rank[o], shape, NULL, NULL);
-            }
-            assert_true(b->ops->op_accumulates(b, &op, 0, &x[2]));
-            check_op_half_adding(b, cpu, &op, x, &x[2], 3u, 0u, t, 1u);
+        for (size_t i = 0; i < TEST_EINSUM_SPECS; i++)
+            check_half_einsum(b, cpu, test_einsum_specs[i], size, t);
+        {
+            /* attention at extents where the GEMMs read the heads where they
+             * lie and loop over the batch (as in ops_matmul): the calls'
+             * offsets in 2-byte elements */
+            static const char *const attention[] = {"bqad,bkad->baqk", "baqk,bkad->bqad",
+                                                    "baqk,bqad->bkad", "bqad,baqk->bkad"};
+            int64_t asize[26];
+            einsum_sizes_for_test(asize);
+            asize['b' - 'a'] = 2;
+            asize['a' - 'a'] = 16;
+            asize['d' - 'a'] = 64;
+            asize['q' - 'a'] = asize['k' - 'a'] = 512;
+            for (size_t i = 0; i < sizeof attention / sizeof *attention; i++)
+                check_half_einsum(b, cpu, attention[i], asize, t);
         }
         {
             /* a long contraction (a weight gradient over many tokens): cuBLAS
@@ -1523,6 +1562,16 @@ static void ops_half_storage(void **state)
             ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
         }
+        { /* an inner extent of 4: 2-byte values in 8-byte units */
+            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+            op.attrs.perm[0] = 0;
+            op.attrs.perm[1] = 2;
+            op.attrs.perm[2] = 1;
+            op.attrs.perm[3] = 3;
+            ps_tile in[1] = {hrand(4, SH(2, 3, 5, 4), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 4, SH(2, 5, 3, 4), NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
         { /* attention's heads: 2-byte values in 16-byte units */
             ps_op op = mkop(PS_OP_TRANSPOSE, 1);
             op.attrs.perm[0] = 0;
@@ -1549,14 +1598,31 @@ static void ops_half_storage(void **state)
             ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 7u, 1u, t);
         }
-        { /* its gradient, every tile half (dgamma, dbeta too) */
+        /* its gradient, every tile half (dgamma, dbeta too); 130 rows: row
+         * chunks holding several rows, a short last one */
+        for (int rows = 6; rows <= 130; rows += 124) {
+            const int64_t *ls = SH(rows, 300);
             ps_op op = mkop(PS_OP_LAYERNORM_GRAD, 3);
-            ps_tile in[3] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL),
-                             hrand(2, shape, NULL, NULL)};
-            ps_tile out[3] = {htile(false, 2, shape, NULL, NULL),
-                              htile(false, 1, SH(300), NULL, NULL),
+            ps_tile in[3] = {hrand(2, ls, NULL, NULL), hrand(1, SH(300), NULL, NULL),
+                             hrand(2, ls, NULL, NULL)};
+            ps_tile out[3] = {htile(false, 2, ls, NULL, NULL), htile(false, 1, SH(300), NULL, NULL),
                               htile(false, 1, SH(300), NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 7u, 7u, t);
+        }
+        /* tiles of both types in one op (half activations, fp32 parameters):
+         * the widened path */
+        {
+            ps_op op = mkop(PS_OP_LAYERNORM, 3);
+            ps_tile in[3] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL),
+                             hrand(1, SH(300), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+        }
+        {
+            ps_op op = mkop(PS_OP_BIAS_ADD, 2);
+            ps_tile in[2] = {hrand(2, shape, NULL, NULL), hrand(1, SH(300), NULL, NULL)};
+            ps_tile out[1] = {htile(false, 2, shape, NULL, NULL)};
+            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
         }
         /* a bias gradient (many rows, few outputs: one block each), a mean
          * over a split middle axis (one thread each), and their broadcasts */

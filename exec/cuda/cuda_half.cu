@@ -3,9 +3,13 @@
  * bit-exact with exec/half.c except for NaN encodings, which CUDA makes
  * canonical), half adds, and ops on half tiles: a GEMM runs on the half
  * values themselves (cuBLAS, fp32 accumulation, a half output rounded once,
- * permutations as 2-byte moves; an fp32 output too); every other op
- * runs its fp32 kernel on widened copies and rounds its outputs once, as
- * the CPU backend does. */
+ * permutations as 2-byte moves; an fp32 output too); the pointwise kinds
+ * (elementwise ops, bias adds, softmax and its gradient, layernorm and its
+ * gradient, reductions, broadcasts, reshape, transpose) whose tiles are all
+ * of one half type run their kernels on the half values (exec/cuda/cuda_ops.cu,
+ * the same arithmetic as the fp32 kernel, one rounding per output); every
+ * other op, and any op mixing half and fp32 tiles, runs its fp32 kernel on
+ * widened copies and rounds its outputs once, as the CPU backend does. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <string.h>

@@ -1275,13 +1275,15 @@ static ps_status run_pointwise(ps_cuda_stream *s, const ps_op *op, const ps_tile
         return PS_OK;
     case PS_OP_TRANSPOSE: {
         PS_RET(need_numel(s, op, &in[0], &out[0], "the input", "the output", err));
+        if (out[0].rank != in[0].rank) /* before the dims: a rank-0 input has none */
+            BAD("the output's rank %d is not the input's %d", out[0].rank, in[0].rank);
         bool seen[PS_MAX_RANK] = {false};
         for (int i = 0; i < in[0].rank; i++) {
             int p = op->attrs.perm[i];
             if (p < 0 || p >= in[0].rank || seen[p])
                 BAD("perm is not a permutation of 0..%d", in[0].rank - 1);
             seen[p] = true;
-            if (out[0].rank != in[0].rank || out[0].shape[i] != in[0].shape[p])
+            if (out[0].shape[i] != in[0].shape[p])
                 BAD("output dim %d is not input dim %d", i, p);
         }
         return ps_cuda_permute(s, in[0].data, in[0].shape, in[0].rank, op->attrs.perm, sizeof(T),
