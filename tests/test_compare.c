@@ -871,7 +871,16 @@ static void test_plot_errors(void **state)
     run_bin(a, NULL, &r);
     expect(&r, 1, NULL,
            "bad.csv:1: the header must name the columns series, devices and "
-           "throughput");
+           "throughput (e.g. \"throughput (PFLOP/s)\"); it has no series, devices, throughput");
+    run_result_free(&r);
+    f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("series,devices,tflops\nauto,8,1.5\n", f);
+    fclose(f);
+    run_bin(a, NULL, &r);
+    expect(&r, 1, NULL,
+           "bad.csv:1: the header must name the columns series, devices and "
+           "throughput (e.g. \"throughput (PFLOP/s)\"); it has no throughput\n");
     run_result_free(&r);
     /* two points of one series at one device count; a row short of the header */
     static const char *const more[][2] = {

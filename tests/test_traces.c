@@ -595,6 +595,64 @@ static void summary_print_table(void **state)
 }
 
 /* The binary units of every memory figure a person reads. */
+/* The whole text of a file (NUL-terminated; the caller frees it). */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("cannot open %s", path);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    char *text = malloc((size_t)n + 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* The body of the first fenced block after `after` in doc (a new string). */
+static char *fenced_block_after(const char *doc, const char *after, const char *fence)
+{
+    const char *at = strstr(doc, after);
+    if (at == NULL)
+        fail_msg("docs/trace-format.md no longer says \"%s\"", after);
+    const char *open = strstr(at, fence);
+    assert_non_null(open);
+    open += strlen(fence);
+    const char *close = strstr(open, "```");
+    assert_non_null(close);
+    return strndup(open, (size_t)(close - open));
+}
+
+/* docs/trace-format.md's summary example is a file pipeshard loads, and its
+ * terminal example is what ps_summary_print makes of it. */
+static void doc_summary_example(void **state)
+{
+    (void)state;
+    char *doc = read_text(PS_TEST_DATA_DIR "/../../docs/trace-format.md");
+    char *json = fenced_block_after(doc, "## Summary files", "```json\n");
+    char *shown = fenced_block_after(doc, "`ps_summary_print` writes", "```\n");
+    tmpdir t;
+    tmpdir_make(&t, "example.json");
+    write_text(t.path, json);
+    ps_summary *s = NULL;
+    ps_error err = {0};
+    if (ps_summary_load(t.path, &s, &err) != PS_OK)
+        fail_msg("the example summary is refused: %s", err.msg);
+    char *text = print_to_string(s);
+    if (strcmp(text, shown) != 0)
+        fail_msg("ps_summary_print of the example:\n%s\nthe document shows:\n%s", text, shown);
+    free(text);
+    ps_summary_free(s);
+    tmpdir_remove(&t);
+    free(json);
+    free(shown);
+    free(doc);
+}
+
 static void bytes_units(void **state)
 {
     (void)state;
@@ -1048,6 +1106,7 @@ int main(void)
         cmocka_unit_test(malformed_summary_files),
         cmocka_unit_test(summary_print_table),
         cmocka_unit_test(bytes_units),
+        cmocka_unit_test(doc_summary_example),
         cmocka_unit_test(summary_print_digest),
         cmocka_unit_test(trace_events_read_back),
         cmocka_unit_test(trace_names_are_escaped),

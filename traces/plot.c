@@ -840,10 +840,17 @@ ps_status ps_plot_scaling(const char *csv_path, const char *dir, const ps_plot_o
             }
             n_header = n;
             if (col_series < 0 || col_devices < 0 || col_tp < 0) {
+                char missing[64] = "";
+                const int cols[3] = {col_series, col_devices, col_tp};
+                const char *col_names[3] = {"series", "devices", "throughput"};
+                for (int k = 0; k < 3; k++)
+                    if (cols[k] < 0)
+                        snprintf(missing + strlen(missing), sizeof missing - strlen(missing),
+                                 "%s%s", missing[0] ? ", " : "", col_names[k]);
                 st = ps_error_set(err, PS_ERR_PARSE,
                                   "%s:%d: the header must name the columns series, devices and "
-                                  "throughput (e.g. \"throughput (PFLOP/s)\"); found \"%s\"%s",
-                                  csv_path, lineno, fields[0], n > 1 ? "..." : "");
+                                  "throughput (e.g. \"throughput (PFLOP/s)\"); it has no %s",
+                                  csv_path, lineno, missing);
                 goto out;
             }
             continue;
