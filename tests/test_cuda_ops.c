@@ -1370,7 +1370,7 @@ static void check_op_half_adding(ps_backend *b, ps_backend *cpu, const ps_op *op
     }
     for (int o = 0; o < op->n_out; o++) {
         cout[o] = host_as(&out[o], (half_out >> o) & 1u, t);
-        if (accumulate == 0) {
+        if (((accumulate >> o) & 1u) == 0) {
             /* the runtime hands ops uninitialized outputs: an element the GPU
              * leaves unwritten shows as NaN (0xFFFF is NaN in fp16 and bf16) */
             ps_tile poisoned = hcopy(&cout[o]);

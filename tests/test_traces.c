@@ -594,7 +594,6 @@ static void summary_print_table(void **state)
     ps_summary_free(s);
 }
 
-/* The binary units of every memory figure a person reads. */
 /* The whole text of a file (NUL-terminated; the caller frees it). */
 static char *read_text(const char *path)
 {
@@ -624,7 +623,9 @@ static char *fenced_block_after(const char *doc, const char *after, const char *
     open += strlen(fence);
     const char *close = strstr(open, "```");
     assert_non_null(close);
-    return strndup(open, (size_t)(close - open));
+    char *body = strndup(open, (size_t)(close - open));
+    assert_non_null(body);
+    return body;
 }
 
 /* docs/trace-format.md's summary example is a file pipeshard loads, and its
@@ -653,6 +654,7 @@ static void doc_summary_example(void **state)
     free(doc);
 }
 
+/* The binary units of every memory figure a person reads. */
 static void bytes_units(void **state)
 {
     (void)state;

@@ -6,8 +6,9 @@
 #include <immintrin.h>
 
 /* libmvec's AVX2 variant of exp (the vector function ABI's name: 'd' for
- * AVX2, N4 four lanes, v one vector argument). Declared, not in a header:
- * glibc's math.h names it only under -ffast-math. */
+ * AVX2, N4 four lanes, v one vector argument). Declared here: no header
+ * declares it (glibc's math.h only marks exp as having SIMD variants under
+ * -ffast-math, for the compiler's vectorizer). */
 __attribute__((target("avx2"))) extern __m256d _ZGVdN4v_exp(__m256d x);
 
 __attribute__((target("avx2"))) static void exp_avx2(double *x, int64_t n)
