@@ -1452,6 +1452,21 @@ static void check_half_einsum(ps_backend *b, ps_backend *cpu, const char *spec, 
     }
 }
 
+/* A rank-4 transpose of a half tile of shape `shape` by `perm`. */
+static void check_half_transpose(ps_backend *b, ps_backend *cpu, ps_dtype t, const int64_t *shape,
+                                 const int *perm)
+{
+    ps_op op = mkop(PS_OP_TRANSPOSE, 1);
+    int64_t out_shape[4];
+    for (int i = 0; i < 4; i++) {
+        op.attrs.perm[i] = perm[i];
+        out_shape[i] = shape[perm[i]];
+    }
+    ps_tile in[1] = {hrand(4, shape, NULL, NULL)};
+    ps_tile out[1] = {htile(false, 4, out_shape, NULL, NULL)};
+    check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
+}
+
 /* Every GEMM form (half inputs into cuBLAS, permuted first as 2-byte
  * values where the einsum needs it, read in place and looped over the batch
  * (attention), into a half output or added into an fp32 one), the kinds that run on half tiles as
@@ -1552,36 +1567,11 @@ static void ops_half_storage(void **state)
             ps_tile out[1] = {htile(false, 2, SH(3, 5000), NULL, NULL)};
             check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
         }
-        {
-            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
-            op.attrs.perm[0] = 2;
-            op.attrs.perm[1] = 0;
-            op.attrs.perm[2] = 3;
-            op.attrs.perm[3] = 1;
-            ps_tile in[1] = {hrand(4, SH(4, 3, 5, 6), NULL, NULL)};
-            ps_tile out[1] = {htile(false, 4, SH(5, 4, 6, 3), NULL, NULL)};
-            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
-        }
-        { /* an inner extent of 4: 2-byte values in 8-byte units */
-            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
-            op.attrs.perm[0] = 0;
-            op.attrs.perm[1] = 2;
-            op.attrs.perm[2] = 1;
-            op.attrs.perm[3] = 3;
-            ps_tile in[1] = {hrand(4, SH(2, 3, 5, 4), NULL, NULL)};
-            ps_tile out[1] = {htile(false, 4, SH(2, 5, 3, 4), NULL, NULL)};
-            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
-        }
-        { /* attention's heads: 2-byte values in 16-byte units */
-            ps_op op = mkop(PS_OP_TRANSPOSE, 1);
-            op.attrs.perm[0] = 0;
-            op.attrs.perm[1] = 2;
-            op.attrs.perm[2] = 1;
-            op.attrs.perm[3] = 3;
-            ps_tile in[1] = {hrand(4, SH(2, 6, 4, 16), NULL, NULL)};
-            ps_tile out[1] = {htile(false, 4, SH(2, 4, 6, 16), NULL, NULL)};
-            check_op_half(b, cpu, &op, in, out, 1u, 1u, t);
-        }
+        /* transposes: 2-byte values moved singly, in 8-byte units (an inner
+         * extent of 4), and in 16-byte units (attention's heads) */
+        check_half_transpose(b, cpu, t, SH(4, 3, 5, 6), (const int[]){2, 0, 3, 1});
+        check_half_transpose(b, cpu, t, SH(2, 3, 5, 4), (const int[]){0, 2, 1, 3});
+        check_half_transpose(b, cpu, t, SH(2, 6, 4, 16), (const int[]){0, 2, 1, 3});
         {
             ps_op op = mkop(PS_OP_RESHAPE, 1);
             op.attrs.shape_rank = 2;
