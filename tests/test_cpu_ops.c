@@ -1691,10 +1691,9 @@ static void closed_exp_inplace(void **state)
     double *x = malloc((N + 1) * sizeof *x), *orig = malloc(N * sizeof *orig);
     assert_non_null(x);
     assert_non_null(orig);
-    uint64_t seed = 7;
+    test_rng_seed(7);
     for (int i = 0; i < N; i++) { /* the range where exp is finite and normal, and past it */
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double u = uniform();
         orig[i] = i % 4 == 0 ? (u - 0.5) * 30 : -750 + u * 1462;
     }
     for (int len = 0; len <= N; len = len < 13 ? len + 1 : len == N ? N + 1 : N) {
